@@ -1,0 +1,22 @@
+"""webgrad: Python that trains and runs neural networks on the GPU inside a web page.
+
+Declare a Module, write a loss function, and `compile_module` traces it into a static-shape
+IR, appends gradients and the optimizer to the same IR, and runs each training step as one
+compiled program on "reference" (numpy), "torch", or "webgpu". See compile.py for the
+pipeline, primitives.py for the op registry.
+"""
+from . import init, lr, nn, ops, optim
+from .arrays import FeedError, HostArray
+from .compile import compile_forward, compile_module
+from .compiled import CompiledForward, CompiledModule
+from .ir import Graph, Node
+from .module import Module
+from .ops import capture
+from .primitives import ShapeError
+from .tensor import Tensor
+
+__version__ = "0.1.0"
+
+__all__ = ["Module", "Tensor", "ops", "nn", "lr", "init", "optim", "capture", "compile_module",
+           "compile_forward", "CompiledModule", "CompiledForward", "Graph", "Node", "HostArray",
+           "FeedError", "ShapeError", "__version__"]

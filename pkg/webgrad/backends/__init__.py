@@ -1,0 +1,67 @@
+"""Executors: where a compiled IR runs.
+
+Every backend owns a *store* of persistent buffers (params, optimizer state, the step
+counter), shared by all graphs compiled against it (a training step and its sibling
+forward graphs), and turns a Graph into an executable whose `run(feeds, fetch)` computes
+the requested outputs and then lands the graph's writebacks in the store.
+
+  reference   numpy interpreter, primitives.py's `ref` rules: the executable spec
+  torch       the same walk with torch ops, on any torch device ("torch:cuda")
+  webgpu      WGSL kernels and a buffer plan, on wgpu-py/Dawn or navigator.gpu
+  auto        webgpu when an adapter exists, else reference (said once)
+"""
+from __future__ import annotations
+
+import warnings
+
+
+class Backend:
+    name = "?"
+
+    def ensure(self, name: str, shape, dtype: str) -> bool:
+        """Create persistent buffer `name` if missing (zero-filled); True if created."""
+        raise NotImplementedError
+
+    def write(self, name: str, host) -> None:
+        raise NotImplementedError
+
+    async def read(self, name: str):
+        raise NotImplementedError
+
+    def prepare(self, graph):
+        raise NotImplementedError
+
+    def destroy(self) -> None:
+        pass
+
+
+_auto_said = False
+
+
+def get_backend(spec) -> Backend:
+    if isinstance(spec, Backend):
+        return spec
+    name, _, device = str(spec).partition(":")
+    if name == "reference":
+        from .reference import ReferenceBackend
+        return ReferenceBackend()
+    if name == "torch":
+        from .torch_backend import TorchBackend
+        return TorchBackend(device or "cpu")
+    if name == "webgpu":
+        from .webgpu import WebGPUBackend
+        return WebGPUBackend()
+    if name == "auto":
+        global _auto_said
+        try:
+            from .webgpu import WebGPUBackend
+            return WebGPUBackend()
+        except Exception as e:  # no adapter, no wgpu: fall back, but say so once
+            if not _auto_said:
+                warnings.warn(f"webgrad: no WebGPU adapter ({e}); backend='auto' uses 'reference'",
+                              stacklevel=3)
+                _auto_said = True
+            from .reference import ReferenceBackend
+            return ReferenceBackend()
+    raise ValueError(f"unknown backend {spec!r}: use 'reference', 'torch', 'torch:cuda', "
+                     "'webgpu' or 'auto'")

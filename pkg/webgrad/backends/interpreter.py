@@ -1,0 +1,60 @@
+"""A node-by-node interpreter of the IR, shared by the reference (numpy) and torch backends.
+
+Subclasses give the per-op implementation table and the conversions between HostArrays
+and their array type; the walk, the persistent store and the writeback rule live here.
+"""
+from __future__ import annotations
+
+from ..arrays import HostArray
+from . import Backend
+
+
+class Interpreter(Backend):
+    impls: dict  # op name -> fn(attrs, *arrays)
+
+    def __init__(self):
+        self.store: dict[str, object] = {}
+
+    # conversions, per array library
+    def from_host(self, h: HostArray): raise NotImplementedError
+    def to_host(self, x, dtype: str) -> HostArray: raise NotImplementedError
+    def zeros(self, shape, dtype): raise NotImplementedError
+
+    def ensure(self, name, shape, dtype):
+        if name in self.store:
+            return False
+        self.store[name] = self.zeros(tuple(shape), dtype)
+        return True
+
+    def write(self, name, host):
+        self.store[name] = self.from_host(host)
+
+    async def read(self, name):
+        x = self.store[name]
+        return self.to_host(x, "i32" if "int" in str(x.dtype) else "f32")
+
+    def prepare(self, graph):
+        missing = sorted({n.op for n in graph.nodes} - set(self.impls) - {"input", "param", "state"})
+        if missing:
+            raise NotImplementedError(f"backend {self.name!r} has no implementation of {missing}")
+        return _Run(self, graph)
+
+
+class _Run:
+    def __init__(self, backend: Interpreter, graph):
+        self.b, self.g = backend, graph
+
+    async def run(self, feeds: dict[str, HostArray], fetch: list[str]) -> dict[str, HostArray]:
+        b, g = self.b, self.g
+        vals: list = [None] * len(g.nodes)
+        for n in g.nodes:
+            if n.op == "input":
+                vals[n.id] = b.from_host(feeds[n.attrs["name"]])
+            elif n.op in ("param", "state"):
+                vals[n.id] = b.store[n.attrs["name"]]
+            else:
+                vals[n.id] = b.impls[n.op](n.attrs, *[vals[i] for i in n.inputs])
+        out = {k: b.to_host(vals[g.outputs[k]], g[g.outputs[k]].dtype) for k in fetch}
+        for name, i in g.writebacks.items():  # after every read: a step sees old values
+            b.store[name] = vals[i]
+        return out

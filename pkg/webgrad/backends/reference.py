@@ -1,0 +1,39 @@
+"""The reference executor: numpy, op by op, using each primitive's `ref` rule.
+
+This is the executable specification: every other executor is judged against it. It
+needs numpy (a test/optional dependency); the browser, which has none, uses webgpu.
+"""
+from __future__ import annotations
+
+from ..arrays import HostArray
+from ..primitives import PRIMS
+from .interpreter import Interpreter
+
+
+class ReferenceBackend(Interpreter):
+    name = "reference"
+
+    def __init__(self):
+        try:
+            import numpy as np
+        except ImportError:
+            raise ImportError("backend='reference' needs numpy (pip install numpy); in the "
+                              "browser use backend='webgpu'") from None
+        super().__init__()
+        self.np = np
+        self.impls = {name: (lambda ref: lambda attrs, *xs: ref(np, attrs, *xs))(p.ref)
+                      for name, p in PRIMS.items() if p.ref is not None}
+
+    def from_host(self, h: HostArray):
+        np = self.np
+        return np.frombuffer(h, dtype=np.float32 if h.dtype == "f32" else np.int32).reshape(h.shape).copy()
+
+    def to_host(self, x, dtype):
+        np = self.np
+        x = np.ascontiguousarray(x, dtype=np.float32 if dtype == "f32" else np.int32)
+        out = HostArray(dtype, shape=x.shape)
+        out.frombytes(x.tobytes())
+        return out
+
+    def zeros(self, shape, dtype):
+        return self.np.zeros(shape, self.np.float32 if dtype == "f32" else self.np.int32)

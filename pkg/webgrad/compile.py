@@ -1,0 +1,111 @@
+"""The compile driver — the table of contents of the pipeline.
+
+compile_module(factory, loss_fn, ...):
+  1. module.materialize   the factory's Module tree becomes named `param` leaves
+  2. trace                loss_fn(module, inputs) appends the forward nodes (tensor.py, ops.py)
+  3. grad.append_grad     reverse-mode gradients of the loss w.r.t. every param
+  4. optim                the optimizer's update is appended; new values become writebacks
+  5. dce.cse / dce.dce    shared subexpressions merged, dead nodes dropped
+  6. backend.prepare      reference/torch interpret the IR; webgpu plans buffers, emits WGSL
+                          (backends/webgpu.py -> codegen/) and records the dispatch list
+The result is a CompiledModule (compiled.py), the runtime API users call.
+"""
+from __future__ import annotations
+
+from .compiled import CompiledForward, CompiledModule, Program
+from .dce import cse, dce
+from .grad import append_grad
+from .ir import Graph
+from .module import materialize
+from .optim import Adam, Optimizer, OptimizerContext, ParamSlot
+from .primitives import bind
+from .tensor import Tensor, tracing
+
+_DEFAULT = object()
+
+
+def parse_inputs(inputs) -> dict[str, tuple[tuple[int, ...], str]]:
+    """{"x": ([B, 1], "f32")}, {"x": {"shape": [B, 1], "dtype": "i32"}} or {"x": [B, 1]}."""
+    out = {}
+    for name, spec in (inputs or {}).items():
+        if isinstance(spec, dict):
+            shape, dtype = spec["shape"], spec.get("dtype", "f32")
+        elif isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[1], str):
+            shape, dtype = spec
+        else:
+            shape, dtype = spec, "f32"
+        if dtype not in ("f32", "i32"):
+            raise ValueError(f"input {name!r}: dtype must be 'f32' or 'i32', got {dtype!r}")
+        out[name] = (tuple(int(s) for s in shape), dtype)
+    return out
+
+
+def _trace(graph: Graph, factory, fn, inputs, kind: str):
+    with tracing(graph):
+        module = factory()
+        specs = materialize(module)
+        bind("state", name="step", shape=(), dtype="f32")
+        feeds = {name: bind("input", name=name, shape=shape, dtype=dtype)
+                 for name, (shape, dtype) in inputs.items()}
+        out = fn(module, feeds)
+    if not isinstance(out, Tensor):
+        raise TypeError(f"{kind}: the function must return a webgrad Tensor, got {type(out).__name__}")
+    return specs, out
+
+
+def build_train_graph(factory, loss_fn, inputs, optimizer: Optimizer | None, *, keep_grads=True):
+    g = Graph()
+    specs, loss = _trace(g, factory, loss_fn, inputs, "compile_module")
+    if loss.shape != () or loss.dtype != "f32":
+        where = f" (built at {loss.node.loc})" if loss.node.loc else ""
+        raise ValueError(f"compile_module: the loss must be a rank-0 f32 Tensor (a scalar), got "
+                         f"{loss.dtype}{list(loss.shape)}{where}; reduce it with "
+                         "ops.mean_all(...) or ops.sum_all(...)")
+    g.outputs["loss"] = loss.id
+    forward = dce(Graph(list(g.nodes), dict(g.inputs), dict(g.params), dict(g.state), dict(g.outputs)))
+    grads = append_grad(g, loss.id, [g.params[n] for n in specs])
+    with tracing(g):
+        step = Tensor(g, g.state["step"])
+        slots = [ParamSlot(n, Tensor(g, g.params[n]), grads[g.params[n]], s.decays)
+                 for n, s in specs.items()]
+        if keep_grads:
+            for s in slots:
+                g.writebacks[f"grad/{s.name}"] = s.grad.id
+        if optimizer is not None:
+            optimizer.append(OptimizerContext(g, slots, step, optimizer.lr))
+        g.writebacks["step"] = (step + 1.0).id
+    return specs, dce(cse(g)), cse(forward)
+
+
+def build_forward_graph(factory, fwd_fn, inputs):
+    g = Graph()
+    specs, out = _trace(g, factory, fwd_fn, inputs, "compile_forward")
+    g.outputs["output"] = out.id
+    return specs, dce(cse(g))
+
+
+def compile_module(factory, loss_fn, *, inputs, optimizer=_DEFAULT, backend="reference",
+                   seed: int = 0, keep_grads: bool = True) -> CompiledModule:
+    """Trace, differentiate, append the optimizer and compile a whole training step.
+    optimizer: an optim.* instance (default Adam(lr=1e-3)); None computes gradients only."""
+    from .backends import get_backend
+    if optimizer is _DEFAULT:
+        optimizer = Adam()
+    if optimizer is not None and not isinstance(optimizer, Optimizer):
+        raise TypeError(f"optimizer must be an optim.Optimizer (e.g. optim.Adam(lr=1e-3)) or None, "
+                        f"got {optimizer!r}")
+    ins = parse_inputs(inputs)
+    specs, train, forward = build_train_graph(factory, loss_fn, ins, optimizer, keep_grads=keep_grads)
+    be = get_backend(backend)
+    return CompiledModule(be, factory, specs, Program(be, train, ins), Program(be, forward, ins),
+                          seed=seed)
+
+
+def compile_forward(factory, fwd_fn, *, inputs, backend="reference", seed: int = 0) -> CompiledForward:
+    """A forward-only program with its own parameters (initialised from the factory)."""
+    from .backends import get_backend
+    ins = parse_inputs(inputs)
+    specs, g = build_forward_graph(factory, fwd_fn, ins)
+    be = get_backend(backend)
+    owner = CompiledModule(be, factory, specs, None, None, seed=seed)
+    return CompiledForward(owner, Program(be, g, ins))

@@ -1,0 +1,239 @@
+"""The runtime API of a compiled program: step, run, parameter up/download, reset.
+
+Every method is async-first (`step_async`, ...), because in the browser a GPU read-back
+is a Promise; the blocking forms drive the coroutine to completion: directly when the
+backend never suspends (reference, torch, native WebGPU), through `pyodide.ffi.run_sync`
+(JSPI) in the browser worker. Bad input is refused before anything runs, so a refused call
+leaves parameters and optimizer state exactly as they were.
+"""
+from __future__ import annotations
+
+import sys
+
+from . import init as _init
+from .arrays import FeedError, HostArray, to_host, to_user
+from .optim import STATE_PREFIX
+
+
+def run_blocking(coro):
+    """Run a coroutine to completion from synchronous code."""
+    if sys.platform == "emscripten":
+        from pyodide.ffi import can_run_sync, run_sync
+        if can_run_sync():
+            return run_sync(coro)
+        coro.close()
+        raise RuntimeError("the blocking API needs JSPI (run the code with runPythonAsync in a "
+                           "browser that supports it); otherwise await the *_async methods")
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError("this backend suspends on the GPU: await the *_async method instead")
+
+
+class Program:
+    """One graph prepared on one backend, with its feed contract."""
+
+    def __init__(self, backend, graph, inputs):
+        self.backend, self.graph, self.inputs = backend, graph, inputs
+        for n in graph.nodes:
+            if n.op in ("param", "state"):
+                backend.ensure(n.attrs["name"], n.shape, n.dtype)
+        for name, i in graph.writebacks.items():
+            backend.ensure(name, graph[i].shape, graph[i].dtype)
+        self.exe = backend.prepare(graph)
+
+    def check_feed(self, feed, method: str) -> dict[str, HostArray]:
+        if not isinstance(feed, dict):
+            raise FeedError(f"{method}(): pass the inputs as a dict name -> array, got {type(feed).__name__}")
+        declared = ", ".join(f"'{k}' {d}{list(s)}" for k, (s, d) in self.inputs.items()) or "none"
+        unknown = sorted(set(feed) - set(self.inputs))
+        if unknown:
+            raise FeedError(f"{method}(): unknown input {', '.join(map(repr, unknown))}; this program "
+                            f"takes {declared}")
+        missing = sorted(set(self.inputs) - set(feed))
+        if missing:
+            raise FeedError(f"{method}(): missing input {', '.join(map(repr, missing))}; this program "
+                            f"takes {declared}")
+        return {k: to_host(feed[k], shape=s, dtype=d, what=f"{method}(): input '{k}'")
+                for k, (s, d) in self.inputs.items()}
+
+    def captures(self) -> list[str]:
+        return [k for k in self.graph.outputs if k.startswith("capture:")]
+
+    @property
+    def kernel_count(self) -> int:
+        n = getattr(self.exe, "kernel_count", None)
+        if n is not None:
+            return n
+        return sum(1 for n in self.graph.nodes if n.op not in ("input", "param", "state", "const", "reshape"))
+
+    async def execute(self, feed, method, main: str, with_captures: bool):
+        feeds = self.check_feed(feed, method)
+        fetch = [main] + (self.captures() if with_captures else [])
+        out = await self.exe.run(feeds, fetch)
+        caps = {k[len("capture:"):]: to_user(v) for k, v in out.items() if k.startswith("capture:")}
+        return out[main], caps
+
+
+class CompiledModule:
+    """A compiled training step (from compile_module) and the parameters it owns."""
+
+    def __init__(self, backend, factory, specs, train, forward, *, seed: int):
+        self.backend, self._factory, self._specs, self.seed = backend, factory, specs, seed
+        self._train, self._forward = train, forward
+        for name, spec in specs.items():
+            backend.ensure(name, spec.shape, "f32")
+        self.backend.ensure("step", (), "f32")
+        self._init_params()
+
+    # -- inspection
+    @property
+    def param_names(self) -> list[str]: return list(self._specs)
+    @property
+    def param_shapes(self) -> dict[str, tuple[int, ...]]: return {n: s.shape for n, s in self._specs.items()}
+    @property
+    def ir(self): return self._train.graph
+    @property
+    def kernel_count(self) -> int: return self._train.kernel_count
+    @property
+    def output_shape(self) -> tuple[int, ...]: return ()
+    @property
+    def input_specs(self): return dict(self._train.inputs)
+
+    def memory_report(self) -> dict:
+        rep = getattr(self._train.exe, "memory_report", None)
+        if rep is None:
+            raise NotImplementedError(f"backend {self.backend.name!r} does not plan buffers")
+        return rep()
+
+    # -- state
+    def _init_params(self):
+        for name, spec in self._specs.items():
+            vals = _init.generate(spec.init, spec.shape, seed=self.seed, name=name)
+            self.backend.write(name, HostArray("f32", vals, shape=spec.shape))
+
+    def _zero_state(self, optimizer_only: bool):
+        for name in list(self._state_names()):
+            if name == "step" or name.startswith(STATE_PREFIX) or (not optimizer_only and name.startswith("grad/")):
+                shape = self._state_shape(name)
+                self.backend.write(name, HostArray("f32", [0.0] * _size(shape), shape=shape))
+
+    def _state_names(self):
+        names = {"step"}
+        if self._train is not None:
+            g = self._train.graph
+            names |= set(g.state) | set(g.writebacks)
+        return names - set(self._specs)
+
+    def _state_shape(self, name):
+        g = self._train.graph if self._train is not None else None
+        if g is None or name == "step":
+            return ()
+        i = g.state.get(name, g.writebacks.get(name))
+        return g[i].shape
+
+    # -- the async API
+    async def step_async(self, feed, *, with_captures: bool = False):
+        self._need_train("step")
+        loss, caps = await self._train.execute(feed, "step", "loss", with_captures)
+        loss = float(loss[0])
+        return (loss, caps) if with_captures else loss
+
+    async def run_async(self, feed, *, with_captures: bool = False):
+        self._need_train("run")
+        loss, caps = await self._forward.execute(feed, "run", "loss", with_captures)
+        out = float(loss[0])
+        return (out, caps) if with_captures else out
+
+    async def download_params_async(self) -> dict:
+        return {n: to_user(await self.backend.read(n)) for n in self._specs}
+
+    async def download_param_grads_async(self) -> dict:
+        self._need_train("download_param_grads")
+        if not any(k.startswith("grad/") for k in self._train.graph.writebacks):
+            raise RuntimeError("this module was compiled with keep_grads=False")
+        return {n: to_user(await self.backend.read(f"grad/{n}")) for n in self._specs}
+
+    async def upload_params_async(self, params: dict, *, partial: bool = False) -> None:
+        unknown = sorted(set(params) - set(self._specs))
+        if unknown:
+            raise FeedError(f"upload_params(): unknown parameter {', '.join(map(repr, unknown))}; "
+                            f"the parameters are {', '.join(self._specs)}")
+        missing = [n for n in self._specs if n not in params]
+        if missing and not partial:
+            raise FeedError(f"upload_params(): missing {', '.join(map(repr, missing))}; pass all "
+                            "parameters or partial=True")
+        hosts = {n: to_host(v, shape=self._specs[n].shape, dtype="f32", what=f"upload_params(): '{n}'")
+                 for n, v in params.items()}  # every check before any write
+        for n, h in hosts.items():
+            self.backend.write(n, h)
+
+    async def reset_async(self) -> None:
+        self._init_params()
+        self._zero_state(optimizer_only=False)
+
+    async def reset_optimizer_state_async(self) -> None:
+        self._zero_state(optimizer_only=True)
+
+    # -- blocking forms
+    def step(self, feed, *, with_captures=False): return run_blocking(self.step_async(feed, with_captures=with_captures))
+    def run(self, feed, *, with_captures=False): return run_blocking(self.run_async(feed, with_captures=with_captures))
+    def download_params(self): return run_blocking(self.download_params_async())
+    def download_param_grads(self): return run_blocking(self.download_param_grads_async())
+    def upload_params(self, params, *, partial=False): return run_blocking(self.upload_params_async(params, partial=partial))
+    def reset(self): return run_blocking(self.reset_async())
+    def reset_optimizer_state(self): return run_blocking(self.reset_optimizer_state_async())
+
+    def destroy(self) -> None:
+        self.backend.destroy()
+        self._train = self._forward = None
+
+    def compile_forward(self, fwd_fn, *, inputs) -> "CompiledForward":
+        """A forward graph over the SAME parameters (and backend store) as this module."""
+        from .compile import build_forward_graph, parse_inputs
+        ins = parse_inputs(inputs)
+        specs, g = build_forward_graph(self._factory, fwd_fn, ins)
+        if {n: s.shape for n, s in specs.items()} != self.param_shapes:
+            raise ValueError("compile_forward: the factory built a model with different parameters")
+        return CompiledForward(self, Program(self.backend, g, ins))
+
+    def _need_train(self, method):
+        if self._train is None:
+            raise RuntimeError(f"{method}(): this module was destroyed or has no training graph")
+
+
+def _size(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+class CompiledForward:
+    """A forward-only program; shares parameters with the CompiledModule that made it."""
+
+    def __init__(self, owner: CompiledModule, program: Program):
+        self.owner, self._prog = owner, program
+
+    param_names = property(lambda self: self.owner.param_names)
+    ir = property(lambda self: self._prog.graph)
+    kernel_count = property(lambda self: self._prog.kernel_count)
+    output_shape = property(lambda self: self._prog.graph[self._prog.graph.outputs["output"]].shape)
+
+    async def run_async(self, feed, *, with_captures: bool = False):
+        out, caps = await self._prog.execute(feed, "run", "output", with_captures)
+        out = to_user(out)
+        return (out, caps) if with_captures else out
+
+    def run(self, feed, *, with_captures=False):
+        return run_blocking(self.run_async(feed, with_captures=with_captures))
+
+    # parameter access goes to the owner, whose store this program reads
+    def download_params(self): return self.owner.download_params()
+    async def download_params_async(self): return await self.owner.download_params_async()
+    def upload_params(self, params, *, partial=False): return self.owner.upload_params(params, partial=partial)
+    async def upload_params_async(self, params, *, partial=False): return await self.owner.upload_params_async(params, partial=partial)
+    def reset(self): return self.owner.reset()
+    def destroy(self): self._prog = None

@@ -1,0 +1,82 @@
+"""Module: a tree of parameter declarations.
+
+A Module subclass calls `self.param(shape, init=...)` in `__init__` and holds child modules
+as attributes (also in lists, tuples and dicts: `self.blocks = [Block() for _ in range(n)]`
+names its params "blocks.0.W", ...). Declaring stores a `ParamSpec`; `materialize` walks
+the tree in attribute order, names each spec by its attribute path, adds a `param` leaf to
+the graph being traced, and replaces the spec with that Tensor, so the user's forward
+function reads `m.W` as a Tensor.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import init as _init
+from .primitives import bind
+from .tensor import Tensor
+
+
+@dataclass
+class ParamSpec:
+    shape: tuple[int, ...]
+    init: _init.Init
+    decay: bool | None = None  # None: the init's default (see Init.decays)
+
+    @property
+    def decays(self) -> bool:
+        return self.init.decays if self.decay is None else self.decay
+
+
+class Module:
+    def __init__(self):
+        pass
+
+    def param(self, shape, init=None, *, decay: bool | None = None) -> ParamSpec:
+        """Declare a parameter. init: "randn" (default, std 0.02), "zeros", "ones", or an
+        init.* value; decay overrides whether AdamW/Lion weight decay applies."""
+        shape = tuple(int(s) for s in ([shape] if isinstance(shape, int) else shape))
+        if any(s <= 0 for s in shape):
+            raise ValueError(f"param shape {list(shape)} must have positive dims")
+        return ParamSpec(shape, _init.as_init(init), decay)
+
+    def named_specs(self, prefix: str = "") -> list[tuple[str, ParamSpec]]:
+        return [(n, s) for n, s, _, _ in _walk(self, prefix)]
+
+
+def _children(obj):
+    if isinstance(obj, Module):
+        return [(k, k, v) for k, v in vars(obj).items()]
+    if isinstance(obj, (list, tuple)):
+        return [(str(i), i, v) for i, v in enumerate(obj)]
+    if isinstance(obj, dict):
+        return [(str(k), k, v) for k, v in obj.items()]
+    return []
+
+
+def _walk(obj, prefix):
+    """Yield (name, spec, container, key) for every ParamSpec under obj."""
+    for part, key, v in _children(obj):
+        name = f"{prefix}{part}"
+        if isinstance(v, ParamSpec):
+            yield name, v, obj, key
+        elif isinstance(v, (Module, list, tuple, dict)):
+            yield from _walk(v, name + ".")
+
+
+def materialize(module: Module) -> dict[str, ParamSpec]:
+    """Replace every ParamSpec in the tree by a `param` Tensor of the current graph."""
+    if not isinstance(module, Module):
+        raise TypeError(f"the model factory must return a webgrad.Module, got {type(module).__name__}")
+    specs = {}
+    for name, spec, container, key in list(_walk(module, "")):
+        t = bind("param", name=name, shape=spec.shape, dtype="f32")
+        specs[name] = spec
+        if isinstance(container, Module):
+            setattr(container, key, t)
+        elif isinstance(container, list):
+            container[key] = t
+        elif isinstance(container, dict):
+            container[key] = t
+        else:
+            raise TypeError(f"param {name!r} sits in a tuple; use a list so it can be traced")
+    return specs

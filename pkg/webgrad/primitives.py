@@ -1,0 +1,588 @@
+"""The primitive registry: every IR op defined once, with all of its rules side by side.
+
+Adding a primitive takes, in this file:
+  1. a shape rule   `shape(ins: list[Node], attrs) -> (shape, dtype)`, raising ShapeError;
+  2. a derivative   `grad(g, ins: list[Tensor], out: Tensor, attrs) -> [Tensor | None]`
+                    written with webgrad.ops (so backward is traced into the same IR); the
+                    engine in grad.py sums a gradient down to its input's shape, so rules
+                    for broadcasting ops may return the broadcast shape. `grad=None` marks
+                    an op as not differentiable (comparisons, indices, random numbers);
+  3. a reference    `ref(np, attrs, *arrays)` in numpy: the executable specification that
+                    every other executor is judged against;
+and elsewhere:
+  4. a torch lowering in backends/torch_backend.py (TORCH_IMPLS);
+  5. a WGSL kernel in codegen/ for its family;
+  6. a row in the op oracle table in tests/ (tests/test_ops.py).
+tests/test_registry.py fails when a primitive lacks any rule that has a home.
+
+Everything else in webgrad.ops (gelu, silu, softmax_causal_last, conv2d, cross entropy, ...)
+is a composition of these; a new primitive earns its place only when a composition is slow
+or numerically poor (the reason is noted beside it).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from math import prod
+from typing import Callable
+
+from .ir import Node
+from .tensor import Tensor, current_graph, user_location
+
+
+class ShapeError(ValueError):
+    """A shape or dtype rule refused an op at trace time."""
+
+
+@dataclass
+class Prim:
+    name: str
+    family: str  # elementwise | reduce | layout | matmul | index | random | leaf | conv
+    shape: Callable
+    ref: Callable
+    grad: Callable | None
+    doc: str = ""
+
+
+PRIMS: dict[str, Prim] = {}
+
+
+def defprim(name, family, *, shape, ref, grad, doc=""):
+    PRIMS[name] = Prim(name, family, shape, ref, grad, doc)
+
+
+def _fmt(n: Node) -> str:
+    return f"{n.dtype}[{','.join(map(str, n.shape))}]"
+
+
+def bind(op: str, *args: Tensor, **attrs) -> Tensor:
+    """Append one primitive node to the graph being traced and return its Tensor."""
+    g = current_graph()
+    for a in args:
+        if not isinstance(a, Tensor):
+            raise TypeError(f"{op}: expected Tensor arguments, got {type(a).__name__}")
+        if a.graph is not g:
+            raise ValueError(f"{op}: a Tensor from another traced graph was used here; "
+                             "Tensors cannot be carried between compile calls")
+    ins = [a.node for a in args]
+    loc = user_location()
+    try:
+        shape, dtype = PRIMS[op].shape(ins, attrs)
+    except ShapeError as e:
+        where = f" (at {loc})" if loc else ""
+        got = ", ".join(_fmt(n) for n in ins)
+        raise ShapeError(f"{op}({got}): {e}{where}") from None
+    return Tensor(g, g.add(op, [a.id for a in args], shape, dtype, attrs, loc))
+
+
+# ---------------------------------------------------------------- shape rules
+
+def broadcast_shapes(*shapes) -> tuple[int, ...]:
+    r = max(len(s) for s in shapes)
+    out = []
+    for dims in zip(*[(1,) * (r - len(s)) + tuple(s) for s in shapes]):
+        big = {d for d in dims if d != 1}
+        if len(big) > 1:
+            raise ShapeError("shapes " + " and ".join(str(list(s)) for s in shapes)
+                             + " do not broadcast (numpy rules: trailing dims must match or be 1)")
+        out.append(big.pop() if big else 1)
+    return tuple(out)
+
+
+def _same_dtype(ins):
+    dts = {n.dtype for n in ins}
+    if len(dts) > 1:
+        raise ShapeError("operands have different dtypes " + "/".join(sorted(dts))
+                         + "; convert with ops.cast(x, 'f32')")
+    return dts.pop()
+
+
+def _unary_f32(ins, attrs):
+    if ins[0].dtype != "f32":
+        raise ShapeError("needs an f32 operand; convert indices with ops.cast(x, 'f32')")
+    return ins[0].shape, "f32"
+
+
+def _binary(ins, attrs):
+    return broadcast_shapes(ins[0].shape, ins[1].shape), _same_dtype(ins)
+
+
+def _compare(ins, attrs):
+    return broadcast_shapes(ins[0].shape, ins[1].shape), (_same_dtype(ins) and "f32")
+
+
+def _norm_axis(axis: int, rank: int, what="axis") -> int:
+    if not -rank <= axis < max(rank, 1):
+        raise ShapeError(f"{what} {axis} is out of range for rank {rank}")
+    return axis % max(rank, 1)
+
+
+def _last_axis(ins, attrs):
+    if not ins[0].shape:
+        raise ShapeError("needs at least one axis")
+    return _unary_f32(ins, attrs)
+
+
+# ---------------------------------------------------------------- helpers for grads
+
+def _O():
+    from . import ops
+    return ops
+
+
+def _keep(g: Tensor, shape) -> Tensor:
+    """Reshape a last-axis-reduced g back to keepdims form."""
+    return _O().reshape(g, tuple(shape[:-1]) + (1,))
+
+
+# ---------------------------------------------------------------- elementwise
+
+def _unary(name, ref, grad, doc=""):
+    defprim(name, "elementwise", shape=_unary_f32, ref=ref, grad=grad, doc=doc)
+
+
+def _erf_ref(np, a, x):
+    return np.vectorize(math.erf, otypes=[np.float64])(x).astype(x.dtype)
+
+
+_unary("neg", lambda np, a, x: -x, lambda g, i, o, a: [-g])
+_unary("exp", lambda np, a, x: np.exp(x), lambda g, i, o, a: [g * o])          # d e^x = e^x dx
+_unary("log", lambda np, a, x: np.log(x), lambda g, i, o, a: [g / i[0]])       # d log x = dx / x
+_unary("sqrt", lambda np, a, x: np.sqrt(x), lambda g, i, o, a: [g / (2 * o)])  # d sqrt x = dx / (2 sqrt x)
+_unary("rsqrt", lambda np, a, x: 1 / np.sqrt(x),
+       lambda g, i, o, a: [g * (-0.5) * o * o * o])                            # d x^-1/2 = -1/2 x^-3/2 dx
+_unary("tanh", lambda np, a, x: np.tanh(x), lambda g, i, o, a: [g * (1 - o * o)])  # d tanh = 1 - tanh^2
+_unary("sigmoid", lambda np, a, x: (1 / (1 + np.exp(-x))).astype(x.dtype),
+       lambda g, i, o, a: [g * o * (1 - o)],                                   # d s = s (1 - s) dx
+       doc="primitive rather than 1/(1+exp(-x)): one kernel and no inf/inf for large |x|")
+_unary("relu", lambda np, a, x: np.maximum(x, 0),
+       # relu'(0) = 0, as torch: written as a mask, not through maximum's tie rule
+       lambda g, i, o, a: [g * _O().greater(i[0], 0.0)])
+_unary("erf", _erf_ref,
+       lambda g, i, o, a: [g * (2 / math.sqrt(math.pi)) * _O().exp(-(i[0] * i[0]))],  # d erf = 2/sqrt(pi) e^{-x^2}
+       doc="no composition of exp/tanh gives erf to f32 accuracy")
+_unary("abs", lambda np, a, x: np.abs(x), lambda g, i, o, a: [g * _O().sign(i[0])])
+_unary("sign", lambda np, a, x: np.sign(x), None)
+_unary("sin", lambda np, a, x: np.sin(x), lambda g, i, o, a: [g * _O().cos(i[0])])
+_unary("cos", lambda np, a, x: np.cos(x), lambda g, i, o, a: [-g * _O().sin(i[0])])
+# x ** p for a Python number p (attrs: p); d x^p = p x^(p-1) dx
+_unary("pow", lambda np, a, x: np.power(x, np.asarray(a["p"], x.dtype)),
+       lambda g, i, o, a: [g * a["p"] * _O().pow(i[0], a["p"] - 1)] if a["p"] != 0 else [None])
+
+
+def _bin(name, ref, grad, shape=_binary):
+    defprim(name, "elementwise", shape=shape, ref=ref, grad=grad)
+
+
+_bin("add", lambda np, a, x, y: x + y, lambda g, i, o, a: [g, g])
+_bin("sub", lambda np, a, x, y: x - y, lambda g, i, o, a: [g, -g])
+_bin("mul", lambda np, a, x, y: x * y, lambda g, i, o, a: [g * i[1], g * i[0]])
+_bin("div", lambda np, a, x, y: (x / y) if x.dtype.kind == "f" else np.trunc(x / y).astype(x.dtype),
+     lambda g, i, o, a: [g / i[1], -g * o / i[1]])                             # d(x/y) = dx/y - x dy/y^2
+
+
+def _minmax_grad(first_wins):
+    # torch's rule: the larger (smaller) operand takes the gradient; on a tie each gets half
+    def grad(g, i, o, a):
+        O = _O()
+        win = O.greater(i[0], i[1]) if first_wins else O.less(i[0], i[1])
+        m = win + 0.5 * O.equal(i[0], i[1])
+        return [g * m, g * (1 - m)]
+    return grad
+
+
+_bin("maximum", lambda np, a, x, y: np.maximum(x, y), _minmax_grad(True))
+_bin("minimum", lambda np, a, x, y: np.minimum(x, y), _minmax_grad(False))
+_bin("less", lambda np, a, x, y: (x < y).astype("float32"), None, _compare)
+_bin("greater", lambda np, a, x, y: (x > y).astype("float32"), None, _compare)
+_bin("equal", lambda np, a, x, y: (x == y).astype("float32"), None, _compare)
+
+
+def _where_shape(ins, attrs):
+    c, x, y = ins
+    if c.dtype != "f32":
+        raise ShapeError("the condition must be an f32 mask (nonzero = true), as comparisons return")
+    return broadcast_shapes(c.shape, x.shape, y.shape), _same_dtype([x, y])
+
+
+defprim("where", "elementwise", shape=_where_shape,
+        ref=lambda np, a, c, x, y: np.where(c != 0, x, y),
+        grad=lambda g, i, o, a: [None, _O().where(i[0], g, 0.0), _O().where(i[0], 0.0, g)])
+
+
+def _cast_shape(ins, attrs):
+    if attrs["dtype"] not in ("f32", "i32"):
+        raise ShapeError(f"unknown dtype {attrs['dtype']!r}; use 'f32' or 'i32'")
+    return ins[0].shape, attrs["dtype"]
+
+
+defprim("cast", "elementwise", shape=_cast_shape,
+        ref=lambda np, a, x: x.astype("float32" if a["dtype"] == "f32" else "int32"),
+        grad=lambda g, i, o, a: [g if i[0].dtype == "f32" else None])
+
+# ---------------------------------------------------------------- leaves
+
+
+def _leaf_shape(ins, attrs):
+    return tuple(attrs["shape"]), attrs["dtype"]
+
+
+for _leaf in ("input", "param", "state"):
+    defprim(_leaf, "leaf", shape=_leaf_shape, ref=None, grad=None,
+            doc="read from the feed or the persistent store by the executor")
+defprim("const", "leaf", shape=_leaf_shape, grad=None,
+        ref=lambda np, a: np.asarray(a["value"], "float32" if a["dtype"] == "f32" else "int32")
+        .reshape(a["shape"]))
+defprim("arange", "leaf", shape=lambda ins, a: ((a["n"],), a["dtype"]), grad=None,
+        ref=lambda np, a: np.arange(a["n"], dtype="float32" if a["dtype"] == "f32" else "int32"))
+
+# ---------------------------------------------------------------- reductions
+
+
+def _sum_shape(ins, attrs):
+    x = ins[0]
+    axes = attrs["axes"]
+    if len(set(axes)) != len(axes) or any(not 0 <= ax < len(x.shape) for ax in axes):
+        raise ShapeError(f"bad axes {list(axes)} for rank {len(x.shape)}")
+    return tuple(d for k, d in enumerate(x.shape) if k not in axes), x.dtype
+
+
+def _sum_grad(g, i, o, a):
+    O = _O()
+    x = i[0]
+    keep = tuple(1 if k in a["axes"] else d for k, d in enumerate(x.shape))
+    return [O.broadcast_to(O.reshape(g, keep), x.shape)]
+
+
+defprim("sum", "reduce", shape=_sum_shape, grad=_sum_grad,
+        ref=lambda np, a, x: np.sum(x, axis=tuple(a["axes"]), dtype=x.dtype))
+defprim("max_last", "reduce", shape=lambda ins, a: (_last_axis(ins, a)[0][:-1], "f32"),
+        ref=lambda np, a, x: np.max(x, axis=-1),
+        # the gradient goes to the first maximal element (torch.max's choice)
+        grad=lambda g, i, o, a: [_O().unsqueeze(g, -1)
+                                 * _O().one_hot(_O().argmax_last(i[0]), i[0].shape[-1])])
+defprim("argmax_last", "reduce", shape=lambda ins, a: (_last_axis(ins, a)[0][:-1], "i32"),
+        ref=lambda np, a, x: np.argmax(x, axis=-1).astype("int32"), grad=None)
+
+
+def _softmax_ref(np, a, x):
+    e = np.exp(x - np.max(x, axis=-1, keepdims=True))
+    return e / np.sum(e, axis=-1, keepdims=True)
+
+
+def _log_softmax_ref(np, a, x):
+    z = x - np.max(x, axis=-1, keepdims=True)
+    return z - np.log(np.sum(np.exp(z), axis=-1, keepdims=True))
+
+
+def _softmax_grad(g, i, o, a):
+    # dx = y * (g - sum(g * y))
+    O = _O()
+    return [o * (g - O.sum_last(g * o, keepdims=True))]
+
+
+def _log_softmax_grad(g, i, o, a):
+    # dx = g - softmax(x) * sum(g)
+    O = _O()
+    return [g - O.exp(o) * O.sum_last(g, keepdims=True)]
+
+
+defprim("softmax_last", "reduce", shape=_last_axis, ref=_softmax_ref, grad=_softmax_grad,
+        doc="primitive: max-subtracted and one kernel; the composition needs 4 passes")
+defprim("log_softmax_last", "reduce", shape=_last_axis, ref=_log_softmax_ref,
+        grad=_log_softmax_grad, doc="primitive: log(softmax) underflows to -inf")
+
+
+def _layer_norm_ref(np, a, x):
+    mu = np.mean(x, axis=-1, keepdims=True)
+    var = np.mean((x - mu) ** 2, axis=-1, keepdims=True)
+    return ((x - mu) / np.sqrt(var + np.asarray(a["eps"], x.dtype))).astype(x.dtype)
+
+
+def _layer_norm_grad(g, i, o, a):
+    # xhat = (x - mu) * r, r = (var + eps)^-1/2:  dx = r * (g - mean(g) - xhat * mean(g * xhat))
+    O = _O()
+    x = i[0]
+    xc = x - O.mean_last(x, keepdims=True)
+    r = O.rsqrt(O.mean_last(xc * xc, keepdims=True) + a["eps"])
+    return [r * (g - O.mean_last(g, keepdims=True) - o * O.mean_last(g * o, keepdims=True))]
+
+
+defprim("layer_norm_last", "reduce", shape=_last_axis, ref=_layer_norm_ref,
+        grad=_layer_norm_grad, doc="normalisation without affine; primitive so that the "
+        "forward is one kernel (mean, variance and scale in one pass over a row)")
+
+# ---------------------------------------------------------------- layout
+
+
+def _reshape_shape(ins, attrs):
+    if prod(attrs["shape"]) != ins[0].size:
+        raise ShapeError(f"cannot reshape {list(ins[0].shape)} ({ins[0].size} elements) "
+                         f"to {list(attrs['shape'])} ({prod(attrs['shape'])} elements)")
+    return tuple(attrs["shape"]), ins[0].dtype
+
+
+defprim("reshape", "layout", shape=_reshape_shape,
+        ref=lambda np, a, x: x.reshape(a["shape"]),
+        grad=lambda g, i, o, a: [_O().reshape(g, i[0].shape)])
+
+
+def _transpose_shape(ins, attrs):
+    perm = attrs["perm"]
+    if sorted(perm) != list(range(len(ins[0].shape))):
+        raise ShapeError(f"perm {list(perm)} is not a permutation of the {len(ins[0].shape)} axes")
+    return tuple(ins[0].shape[p] for p in perm), ins[0].dtype
+
+
+def _inverse(perm):
+    inv = [0] * len(perm)
+    for k, p in enumerate(perm):
+        inv[p] = k
+    return tuple(inv)
+
+
+defprim("transpose", "layout", shape=_transpose_shape,
+        ref=lambda np, a, x: np.transpose(x, a["perm"]),
+        grad=lambda g, i, o, a: [_O().transpose(g, _inverse(a["perm"]))])
+
+
+def _broadcast_to_shape(ins, attrs):
+    tgt = tuple(attrs["shape"])
+    if broadcast_shapes(ins[0].shape, tgt) != tgt:
+        raise ShapeError(f"cannot broadcast {list(ins[0].shape)} to {list(tgt)}")
+    return tgt, ins[0].dtype
+
+
+defprim("broadcast_to", "layout", shape=_broadcast_to_shape,
+        ref=lambda np, a, x: np.broadcast_to(x, a["shape"]).copy(),
+        grad=lambda g, i, o, a: [g])  # grad.py sums g down to the input's shape
+
+
+def _concat_shape(ins, attrs):
+    ax = attrs["axis"]
+    r = len(ins[0].shape)
+    for n in ins[1:]:
+        if len(n.shape) != r or any(d != e for k, (d, e) in enumerate(zip(n.shape, ins[0].shape)) if k != ax):
+            raise ShapeError(f"all shapes must match except along axis {ax}")
+    out = list(ins[0].shape)
+    out[ax] = sum(n.shape[ax] for n in ins)
+    return tuple(out), _same_dtype(ins)
+
+
+def _concat_grad(g, i, o, a):
+    O = _O()
+    ax, out, start = a["axis"], [], 0
+    for t in i:
+        out.append(O.slice(g, ax, start, start + t.shape[ax]))
+        start += t.shape[ax]
+    return out
+
+
+defprim("concat", "layout", shape=_concat_shape, grad=_concat_grad,
+        ref=lambda np, a, *xs: np.concatenate(xs, axis=a["axis"]))
+
+
+def _slice_shape(ins, attrs):
+    ax, s, e = attrs["axis"], attrs["start"], attrs["stop"]
+    n = ins[0].shape[ax]
+    if not 0 <= s <= e <= n:
+        raise ShapeError(f"range [{s}, {e}) is outside axis {ax} of length {n}")
+    out = list(ins[0].shape)
+    out[ax] = e - s
+    return tuple(out), ins[0].dtype
+
+
+def _slice_ref(np, a, x):
+    idx = [slice(None)] * x.ndim
+    idx[a["axis"]] = slice(a["start"], a["stop"])
+    return x[tuple(idx)]
+
+
+defprim("slice", "layout", shape=_slice_shape, ref=_slice_ref,
+        grad=lambda g, i, o, a: [_O().pad(g, a["axis"], a["start"],
+                                          i[0].shape[a["axis"]] - a["stop"])])
+
+
+def _pad_shape(ins, attrs):
+    out = list(ins[0].shape)
+    out[attrs["axis"]] += attrs["before"] + attrs["after"]
+    return tuple(out), ins[0].dtype
+
+
+def _pad_ref(np, a, x):
+    w = [(0, 0)] * x.ndim
+    w[a["axis"]] = (a["before"], a["after"])
+    return np.pad(x, w)
+
+
+defprim("pad", "layout", shape=_pad_shape, ref=_pad_ref,
+        grad=lambda g, i, o, a: [_O().slice(g, a["axis"], a["before"],
+                                            a["before"] + i[0].shape[a["axis"]])],
+        doc="zero padding along one axis: the adjoint of slice")
+
+# ---------------------------------------------------------------- matmul
+
+
+def _matmul_shape(ins, attrs):
+    a, b = ins
+    if len(a.shape) < 2 or len(b.shape) < 2:
+        raise ShapeError("operands need rank >= 2 (ops.matmul lifts vectors)")
+    if a.shape[-1] != b.shape[-2]:
+        raise ShapeError(f"inner dimensions differ: {a.shape[-1]} vs {b.shape[-2]}")
+    if a.dtype != "f32" or b.dtype != "f32":
+        raise ShapeError("needs f32 operands")
+    batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    return batch + (a.shape[-2], b.shape[-1]), "f32"
+
+
+defprim("matmul", "matmul", shape=_matmul_shape, ref=lambda np, a, x, y: np.matmul(x, y),
+        # C = A B:  dA = dC B^T,  dB = A^T dC  (then summed over broadcast batch dims)
+        grad=lambda g, i, o, a: [_O().matmul(g, _O().swap_axes(i[1], -1, -2)),
+                                 _O().matmul(_O().swap_axes(i[0], -1, -2), g)])
+
+# ---------------------------------------------------------------- indices
+
+
+def _one_hot_shape(ins, attrs):
+    if ins[0].dtype != "i32":
+        raise ShapeError("indices must be i32")
+    return ins[0].shape + (attrs["n"],), "f32"
+
+
+defprim("one_hot", "index", shape=_one_hot_shape, grad=None,
+        ref=lambda np, a, i: (i[..., None] == np.arange(a["n"])).astype("float32"))
+
+
+def _gather_shape(ins, attrs):
+    w, idx = ins
+    if idx.dtype != "i32":
+        raise ShapeError("indices must be i32")
+    if not w.shape:
+        raise ShapeError("the table needs at least one axis")
+    return idx.shape + w.shape[1:], w.dtype
+
+
+defprim("gather_rows", "index", shape=_gather_shape,
+        ref=lambda np, a, w, i: w[i],
+        grad=lambda g, i, o, a: [_O().scatter_add_rows(g, i[1], i[0].shape[0]), None],
+        doc="rows of a table by index (embedding); primitive because one_hot @ W costs "
+            "V times more work and memory")
+
+
+def _scatter_shape(ins, attrs):
+    g, idx = ins
+    if idx.dtype != "i32":
+        raise ShapeError("indices must be i32")
+    if g.shape[:len(idx.shape)] != idx.shape:
+        raise ShapeError("values must start with the indices' shape")
+    return (attrs["n"],) + g.shape[len(idx.shape):], g.dtype
+
+
+def _scatter_ref(np, a, g, i):
+    out = np.zeros((a["n"],) + g.shape[i.ndim:], g.dtype)
+    np.add.at(out, i.reshape(-1), g.reshape((-1,) + g.shape[i.ndim:]))
+    return out
+
+
+defprim("scatter_add_rows", "index", shape=_scatter_shape, ref=_scatter_ref,
+        grad=lambda g, i, o, a: [_O().gather_rows(g, i[1]), None],
+        doc="the adjoint of gather_rows: rows summed into a zero table")
+
+# ---------------------------------------------------------------- random
+
+_M32 = 0xFFFFFFFF
+
+
+def _lowbias32(np, x):
+    # a 32-bit integer hash (two multiply-xorshift rounds); int64 lanes keep the low
+    # 32 bits exact on every executor, WGSL does the same in u32
+    x = x & _M32
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _M32
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & _M32
+    return x ^ (x >> 16)
+
+
+def rand_bits(np, counter: int, seed: int, n: int):
+    """The uniform generator's spec: u = (h >> 8) / 2^24 with h = H(i + H(seed + H(counter)))."""
+    key = int(_lowbias32(np, np.int64((seed + int(_lowbias32(np, np.int64(counter)))) & _M32)))
+    return _lowbias32(np, np.arange(n, dtype=np.int64) + key)
+
+
+def _rand_ref(np, a, counter):
+    n = prod(a["shape"])
+    h = rand_bits(np, int(counter.reshape(-1)[0]), a["seed"], n)
+    return ((h >> 8).astype(np.float32) * np.float32(2.0 ** -24)).reshape(a["shape"])
+
+
+def _rand_shape(ins, attrs):
+    if ins[0].shape not in ((), (1,)):
+        raise ShapeError("the counter must be a scalar")
+    return tuple(attrs["shape"]), "f32"
+
+
+defprim("rand_uniform", "random", shape=_rand_shape, ref=_rand_ref, grad=None,
+        doc="counter-based uniform [0, 1) numbers: same bits on every executor; the "
+            "counter is the step number, so dropout masks change every step")
+
+# ---------------------------------------------------------------- convolution windows
+
+
+def conv_out_size(n, k, s, p):
+    return (n + 2 * p - k) // s + 1
+
+
+def _unfold_shape(ins, attrs):
+    x = ins[0]
+    if len(x.shape) != 4:
+        raise ShapeError("expects [N, C, H, W]")
+    N, C, H, W = x.shape
+    (kh, kw), (sh, sw), (ph, pw) = attrs["kernel"], attrs["stride"], attrs["padding"]
+    oh, ow = conv_out_size(H, kh, sh, ph), conv_out_size(W, kw, sw, pw)
+    if oh < 1 or ow < 1:
+        raise ShapeError(f"a {kh}x{kw} window does not fit in {H}x{W} with padding {ph},{pw}")
+    return (N, C, kh * kw, oh * ow), x.dtype
+
+
+def _unfold_ref(np, a, x):
+    N, C, H, W = x.shape
+    (kh, kw), (sh, sw), (ph, pw) = a["kernel"], a["stride"], a["padding"]
+    oh, ow = conv_out_size(H, kh, sh, ph), conv_out_size(W, kw, sw, pw)
+    xp = np.full((N, C, H + 2 * ph, W + 2 * pw), a["pad_value"], x.dtype)
+    xp[:, :, ph:ph + H, pw:pw + W] = x
+    out = np.empty((N, C, kh * kw, oh * ow), x.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            out[:, :, i * kw + j] = xp[:, :, i:i + sh * oh:sh, j:j + sw * ow:sw].reshape(N, C, -1)
+    return out
+
+
+def _fold_shape(ins, attrs):
+    N, C, _, _ = ins[0].shape
+    return (N, C, attrs["size"][0], attrs["size"][1]), ins[0].dtype
+
+
+def _fold_ref(np, a, g):
+    N, C = g.shape[:2]
+    H, W = a["size"]
+    (kh, kw), (sh, sw), (ph, pw) = a["kernel"], a["stride"], a["padding"]
+    oh, ow = conv_out_size(H, kh, sh, ph), conv_out_size(W, kw, sw, pw)
+    out = np.zeros((N, C, H + 2 * ph, W + 2 * pw), g.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            out[:, :, i:i + sh * oh:sh, j:j + sw * ow:sw] += g[:, :, i * kw + j].reshape(N, C, oh, ow)
+    return out[:, :, ph:ph + H, pw:pw + W]
+
+
+def _window(a):
+    return {k: a[k] for k in ("kernel", "stride", "padding")}
+
+
+defprim("unfold2d", "conv", shape=_unfold_shape, ref=_unfold_ref,
+        grad=lambda g, i, o, a: [_O().fold2d(g, size=i[0].shape[2:], **_window(a))],
+        doc="sliding windows [N,C,H,W] -> [N,C,kh*kw,OH*OW] (im2col), so conv2d is a "
+            "matmul and max_pool2d a max_last; pad_value fills the border")
+defprim("fold2d", "conv", shape=_fold_shape, ref=_fold_ref,
+        grad=lambda g, i, o, a: [_O().unfold2d(g, pad_value=0.0, **_window(a))],
+        doc="the adjoint of unfold2d: window entries summed back into the image")

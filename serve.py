@@ -1,0 +1,318 @@
+#!/usr/bin/env python3
+"""Serve webgrad's browser app: the page, its Pyodide worker and the wheels it installs.
+
+webgrad's home is the browser: Python runs in Pyodide inside a module Web Worker and drives
+``navigator.gpu``. This script is what makes that page work from a source checkout:
+
+1. ``provision(root)`` fills ``web/assets/`` (git-ignored) on first use:
+   - Pyodide's core from npm (``npm install pyodide@PYODIDE_VERSION`` into ``web/assets/npm``);
+   - the micropip wheel from PyPI (``pip download``), which the worker loads to install webgrad;
+   - the webgrad wheel, zipped here from ``pkg/webgrad`` (rewritten only when its bytes change);
+   - ``web/assets/manifest.json``, which tells the worker the wheel file names.
+2. ``make_server(host, port, root)`` serves it all with the headers the page needs
+   (cross-origin isolation for SharedArrayBuffer, no caching so edits show up on reload).
+
+URL layout::
+
+    /                      web/index.html (and the rest of web/)
+    /worker/...            worker/
+    /assets/pyodide/...    web/assets/npm/node_modules/pyodide/
+    /assets/wheels/...     web/assets/wheels/
+    /assets/manifest.json  web/assets/manifest.json
+
+The page fetches nothing but these. Run ``python serve.py --help`` for the options.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+import urllib.parse
+import zipfile
+from functools import partial
+from http import HTTPStatus
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+PYODIDE_VERSION = "314.0.7"
+MICROPIP_VERSION = "0.11.1"
+# The files without which Pyodide cannot boot; checked after npm install.
+PYODIDE_FILES = ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_stdlib.zip",
+                 "pyodide-lock.json")
+
+MIME_TYPES = {
+    ".mjs": "text/javascript", ".js": "text/javascript", ".wasm": "application/wasm",
+    ".whl": "application/octet-stream", ".json": "application/json", ".html": "text/html",
+    ".css": "text/css", ".zip": "application/zip", ".tar": "application/x-tar",
+    ".py": "text/x-python", ".map": "application/json", ".txt": "text/plain",
+}
+HEADERS = {
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Cross-Origin-Embedder-Policy": "require-corp",
+    "Cross-Origin-Resource-Policy": "same-origin",
+    "Cache-Control": "no-cache",
+}
+
+
+class ProvisionError(RuntimeError):
+    """A browser asset could not be fetched or built; the message says what to install or fix."""
+
+
+def layout(root: Path | str = ROOT) -> dict[str, Path]:
+    """Where everything lives, relative to the repository root."""
+    root = Path(root).resolve()
+    assets = root / "web" / "assets"
+    return {
+        "root": root, "web": root / "web", "worker": root / "worker", "assets": assets,
+        "npm": assets / "npm", "pyodide": assets / "npm" / "node_modules" / "pyodide",
+        "wheels": assets / "wheels", "manifest": assets / "manifest.json",
+        "package": root / "pkg" / "webgrad",
+    }
+
+
+def project_metadata(root: Path | str = ROOT) -> dict:
+    """The ``[project]`` table of pyproject.toml (name, version, description, ...)."""
+    with open(Path(root) / "pyproject.toml", "rb") as f:
+        return tomllib.load(f)["project"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Provisioning
+
+def _run(cmd: list[str], what: str, fix: str) -> None:
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise ProvisionError(f"cannot {what}: {cmd[0]!r} is not installed. {fix}") from None
+    if done.returncode != 0:
+        raise ProvisionError(f"cannot {what}: `{' '.join(cmd)}` exited {done.returncode}.\n"
+                             f"{done.stdout[-2000:]}{done.stderr[-2000:]}\n{fix}")
+
+
+def provision_pyodide(paths: dict[str, Path]) -> Path:
+    """Install the npm package ``pyodide`` into web/assets/npm unless that version is there."""
+    pkg_json = paths["pyodide"] / "package.json"
+    have = json.loads(pkg_json.read_text())["version"] if pkg_json.exists() else None
+    if have != PYODIDE_VERSION or not all((paths["pyodide"] / f).exists() for f in PYODIDE_FILES):
+        paths["npm"].mkdir(parents=True, exist_ok=True)
+        npm = shutil.which("npm") or "npm"
+        _run([npm, "install", "--prefix", str(paths["npm"]), "--no-audit", "--no-fund",
+              "--loglevel=error", f"pyodide@{PYODIDE_VERSION}"],
+             f"install pyodide@{PYODIDE_VERSION} from npm",
+             "Install Node.js and npm (Debian: apt-get install npm) and make sure the npm "
+             "registry is reachable.")
+    missing = [f for f in PYODIDE_FILES if not (paths["pyodide"] / f).exists()]
+    if missing:
+        raise ProvisionError(f"{paths['pyodide']} lacks {missing}; delete {paths['npm']} and "
+                             "run serve.py again.")
+    return paths["pyodide"]
+
+
+def provision_micropip(paths: dict[str, Path]) -> str:
+    """Download the micropip wheel from PyPI into web/assets/wheels unless it is there.
+
+    The wheel is chosen for Pyodide's Python (read from pyodide-lock.json), not this one.
+    """
+    name = f"micropip-{MICROPIP_VERSION}-py3-none-any.whl"
+    if not (paths["wheels"] / name).exists():
+        paths["wheels"].mkdir(parents=True, exist_ok=True)
+        lock = json.loads((paths["pyodide"] / "pyodide-lock.json").read_text())
+        py_version = ".".join(lock["info"]["python"].split(".")[:2])
+        _run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+              "--no-deps", "--only-binary=:all:", "--python-version", py_version,
+              "-d", str(paths["wheels"]), f"micropip=={MICROPIP_VERSION}"],
+             f"download micropip=={MICROPIP_VERSION}",
+             "Make sure pip works and PyPI is reachable, or put the wheel there by hand.")
+        if not (paths["wheels"] / name).exists():
+            raise ProvisionError(f"pip download did not produce {paths['wheels'] / name}")
+    return name
+
+
+def _record_hash(data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return f"sha256={digest}"
+
+
+def wheel_bytes(root: Path | str = ROOT) -> tuple[str, bytes]:
+    """Zip pkg/webgrad into a py3-none-any wheel; returns (file name, bytes).
+
+    The zip is deterministic (sorted entries, fixed timestamps), so unchanged sources give
+    byte-identical wheels and ``provision`` can skip rewriting them.
+    """
+    paths = layout(root)
+    meta = project_metadata(paths["root"])
+    name, version = meta["name"], meta["version"]
+    dist_info = f"{name}-{version}.dist-info"
+    files: list[tuple[str, bytes]] = []
+    if paths["package"].is_dir():
+        for path in sorted(paths["package"].rglob("*")):
+            rel = path.relative_to(paths["package"].parent)
+            if path.is_file() and "__pycache__" not in rel.parts and path.suffix not in (".pyc", ".pyo"):
+                files.append((rel.as_posix(), path.read_bytes()))
+    metadata = [
+        "Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}",
+        f"Summary: {meta.get('description', '')}",
+        f"Requires-Python: {meta.get('requires-python', '>=3.11')}",
+    ]
+    metadata += [f"Requires-Dist: {dep}" for dep in meta.get("dependencies", [])]
+    files.append((f"{dist_info}/METADATA", ("\n".join(metadata) + "\n").encode()))
+    files.append((f"{dist_info}/WHEEL", (
+        "Wheel-Version: 1.0\nGenerator: webgrad serve.py\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n").encode()))
+    record = "".join(f"{arc},{_record_hash(data)},{len(data)}\n" for arc, data in files)
+    files.append((f"{dist_info}/RECORD", (record + f"{dist_info}/RECORD,,\n").encode()))
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for arc, data in files:
+            info = zipfile.ZipInfo(arc, date_time=(1980, 1, 1, 0, 0, 0))
+            info.external_attr = 0o644 << 16
+            info.compress_type = zipfile.ZIP_DEFLATED
+            zf.writestr(info, data)
+    return f"{name}-{version}-py3-none-any.whl", buf.getvalue()
+
+
+def provision_webgrad(paths: dict[str, Path]) -> str:
+    """Write web/assets/wheels/webgrad-*.whl from pkg/webgrad when its contents changed."""
+    name, data = wheel_bytes(paths["root"])
+    target = paths["wheels"] / name
+    if not target.exists() or target.read_bytes() != data:
+        paths["wheels"].mkdir(parents=True, exist_ok=True)
+        for old in paths["wheels"].glob("webgrad-*.whl"):
+            old.unlink()
+        tmp = target.with_suffix(".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, target)
+    return name
+
+
+def provision(root: Path | str = ROOT) -> dict:
+    """Make sure every browser asset exists; returns the manifest (also written to disk)."""
+    paths = layout(root)
+    provision_pyodide(paths)
+    manifest = {
+        "pyodide_version": PYODIDE_VERSION,
+        "micropip_wheel": provision_micropip(paths),
+        "webgrad_wheel": provision_webgrad(paths),
+        "webgrad_version": project_metadata(paths["root"])["version"],
+    }
+    text = json.dumps(manifest, indent=2) + "\n"
+    if not paths["manifest"].exists() or paths["manifest"].read_text() != text:
+        paths["manifest"].write_text(text)
+    return manifest
+
+
+# ---------------------------------------------------------------------------------------------
+# Serving
+
+class Handler(SimpleHTTPRequestHandler):
+    """Static files from a few mounted folders; no listings, no escapes, isolation headers."""
+
+    mounts: list[tuple[str, Path]] = []  # (URL prefix ending in '/', folder), longest first
+    quiet = True
+    extensions_map = {**SimpleHTTPRequestHandler.extensions_map, **MIME_TYPES}
+
+    def resolve(self, url_path: str) -> Path | None:
+        """The file a URL names, or None when it names nothing servable (or tries to escape)."""
+        path = urllib.parse.unquote(urllib.parse.urlsplit(url_path).path, errors="strict")
+        if not path.startswith("/") or "\\" in path or "\0" in path:
+            return None
+        for prefix, folder in self.mounts:
+            if path == prefix.rstrip("/") or path.startswith(prefix):
+                parts = [p for p in path[len(prefix):].split("/") if p]
+                if any(p in (".", "..") or ":" in p for p in parts):
+                    return None
+                target = folder.joinpath(*parts).resolve()
+                if target != folder and folder not in target.parents:
+                    return None
+                if target.is_dir():
+                    target = target / "index.html"
+                return target if target.is_file() else None
+        return None
+
+    def send_head(self):
+        try:
+            target = self.resolve(self.path)
+        except UnicodeDecodeError:
+            target = None
+        if target is None:
+            self.send_error(HTTPStatus.NOT_FOUND, "Not found")
+            return None
+        self.path_resolved = target
+        return super().send_head()
+
+    def translate_path(self, path: str) -> str:
+        return str(getattr(self, "path_resolved", "/nonexistent"))
+
+    def list_directory(self, path):  # never reached: resolve() maps folders to index.html
+        self.send_error(HTTPStatus.NOT_FOUND, "Not found")
+        return None
+
+    def end_headers(self):
+        for key, value in HEADERS.items():
+            self.send_header(key, value)
+        super().end_headers()
+
+    def log_message(self, format, *args):
+        if not self.quiet:
+            super().log_message(format, *args)
+
+
+def make_server(host: str = "127.0.0.1", port: int = 8000, root: Path | str = ROOT, *,
+                quiet: bool = True) -> ThreadingHTTPServer:
+    """A ThreadingHTTPServer for the app (port 0 picks a free port: see ``server_address``).
+
+    It does not provision; call ``provision(root)`` first. Run it with ``serve_forever()``.
+    """
+    paths = layout(root)
+    mounts = [("/assets/pyodide/", paths["pyodide"]), ("/worker/", paths["worker"]),
+              ("/", paths["web"])]
+    handler = type("WebgradHandler", (Handler,), {
+        "mounts": sorted(((p, f.resolve()) for p, f in mounts), key=lambda m: -len(m[0])),
+        "quiet": quiet,
+    })
+    return ThreadingHTTPServer((host, port), partial(handler, directory=str(paths["web"])))
+
+
+def server_url(server: ThreadingHTTPServer) -> str:
+    host, port = server.server_address[:2]
+    host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    return f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--no-browser-assets-check", action="store_true",
+                        help="serve web/assets as it is, without fetching or rebuilding anything")
+    args = parser.parse_args(argv)
+    if not args.no_browser_assets_check:
+        try:
+            manifest = provision(ROOT)
+        except ProvisionError as e:
+            print(f"serve.py: {e}", file=sys.stderr)
+            return 1
+        print(f"assets: pyodide {manifest['pyodide_version']}, {manifest['micropip_wheel']}, "
+              f"{manifest['webgrad_wheel']}")
+    server = make_server(args.host, args.port, ROOT, quiet=False)
+    print(f"webgrad: serving on {server_url(server)}  (Ctrl-C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
