@@ -294,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--no-browser-assets-check", action="store_true",
                         help="serve web/assets as it is, without fetching or rebuilding anything")
+    parser.add_argument("--provision-only", action="store_true",
+                        help="fetch and build the browser assets, then exit (used by the tests)")
     args = parser.parse_args(argv)
     if not args.no_browser_assets_check:
         try:
@@ -303,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"assets: pyodide {manifest['pyodide_version']}, {manifest['micropip_wheel']}, "
               f"{manifest['webgrad_wheel']}")
+    if args.provision_only:
+        return 0
     server = make_server(args.host, args.port, ROOT, quiet=False)
     print(f"webgrad: serving on {server_url(server)}  (Ctrl-C stops)", flush=True)
     try:

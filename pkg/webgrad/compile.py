@@ -40,7 +40,8 @@ def parse_inputs(inputs) -> dict[str, tuple[tuple[int, ...], str]]:
     return out
 
 
-def _trace(graph: Graph, factory, fn, inputs, kind: str):
+def _trace(graph: Graph, factory, fn, inputs, kind: str, seed: int):
+    graph.seed = int(seed)
     with tracing(graph):
         module = factory()
         specs = materialize(module)
@@ -53,16 +54,18 @@ def _trace(graph: Graph, factory, fn, inputs, kind: str):
     return specs, out
 
 
-def build_train_graph(factory, loss_fn, inputs, optimizer: Optimizer | None, *, keep_grads=True):
+def build_train_graph(factory, loss_fn, inputs, optimizer: Optimizer | None, *, keep_grads=True,
+                      seed: int = 0):
     g = Graph()
-    specs, loss = _trace(g, factory, loss_fn, inputs, "compile_module")
+    specs, loss = _trace(g, factory, loss_fn, inputs, "compile_module", seed)
     if loss.shape != () or loss.dtype != "f32":
         where = f" (built at {loss.node.loc})" if loss.node.loc else ""
         raise ValueError(f"compile_module: the loss must be a rank-0 f32 Tensor (a scalar), got "
                          f"{loss.dtype}{list(loss.shape)}{where}; reduce it with "
                          "ops.mean_all(...) or ops.sum_all(...)")
     g.outputs["loss"] = loss.id
-    forward = dce(Graph(list(g.nodes), dict(g.inputs), dict(g.params), dict(g.state), dict(g.outputs)))
+    forward = dce(Graph(list(g.nodes), dict(g.inputs), dict(g.params), dict(g.state), dict(g.outputs),
+                        seed=g.seed))
     grads = append_grad(g, loss.id, [g.params[n] for n in specs])
     with tracing(g):
         step = Tensor(g, g.state["step"])
@@ -77,9 +80,9 @@ def build_train_graph(factory, loss_fn, inputs, optimizer: Optimizer | None, *, 
     return specs, dce(cse(g)), cse(forward)
 
 
-def build_forward_graph(factory, fwd_fn, inputs):
+def build_forward_graph(factory, fwd_fn, inputs, seed: int = 0):
     g = Graph()
-    specs, out = _trace(g, factory, fwd_fn, inputs, "compile_forward")
+    specs, out = _trace(g, factory, fwd_fn, inputs, "compile_forward", seed)
     g.outputs["output"] = out.id
     return specs, dce(cse(g))
 
@@ -95,7 +98,8 @@ def compile_module(factory, loss_fn, *, inputs, optimizer=_DEFAULT, backend="ref
         raise TypeError(f"optimizer must be an optim.Optimizer (e.g. optim.Adam(lr=1e-3)) or None, "
                         f"got {optimizer!r}")
     ins = parse_inputs(inputs)
-    specs, train, forward = build_train_graph(factory, loss_fn, ins, optimizer, keep_grads=keep_grads)
+    specs, train, forward = build_train_graph(factory, loss_fn, ins, optimizer, keep_grads=keep_grads,
+                                                seed=seed)
     be = get_backend(backend)
     return CompiledModule(be, factory, specs, Program(be, train, ins), Program(be, forward, ins),
                           seed=seed)
@@ -105,7 +109,7 @@ def compile_forward(factory, fwd_fn, *, inputs, backend="reference", seed: int =
     """A forward-only program with its own parameters (initialised from the factory)."""
     from .backends import get_backend
     ins = parse_inputs(inputs)
-    specs, g = build_forward_graph(factory, fwd_fn, ins)
+    specs, g = build_forward_graph(factory, fwd_fn, ins, seed)
     be = get_backend(backend)
     owner = CompiledModule(be, factory, specs, None, None, seed=seed)
     return CompiledForward(owner, Program(be, g, ins))

@@ -194,7 +194,7 @@ class CompiledModule:
         """A forward graph over the SAME parameters (and backend store) as this module."""
         from .compile import build_forward_graph, parse_inputs
         ins = parse_inputs(inputs)
-        specs, g = build_forward_graph(self._factory, fwd_fn, ins)
+        specs, g = build_forward_graph(self._factory, fwd_fn, ins, self.seed)
         if {n: s.shape for n, s in specs.items()} != self.param_shapes:
             raise ValueError("compile_forward: the factory built a model with different parameters")
         return CompiledForward(self, Program(self.backend, g, ins))

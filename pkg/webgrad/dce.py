@@ -16,7 +16,7 @@ def dce(g: Graph) -> Graph:
         if n.id in live:
             live.update(n.inputs)
     remap: dict[int, int] = {}
-    out = Graph()
+    out = Graph(seed=g.seed)
     for n in g.nodes:
         if n.id in live:
             remap[n.id] = len(out.nodes)
@@ -32,7 +32,7 @@ def cse(g: Graph) -> Graph:
     reshape asked for by forward and backward). Leaves with names are never merged."""
     seen: dict[tuple, int] = {}
     remap: dict[int, int] = {}
-    out = Graph()
+    out = Graph(seed=g.seed)
     for n in g.nodes:
         ins = tuple(remap[i] for i in n.inputs)
         key = None

@@ -47,6 +47,7 @@ class Graph:
     state: dict[str, int] = field(default_factory=dict)    # state name -> node id
     outputs: dict[str, int] = field(default_factory=dict)  # "loss"/"output", "capture:x", ...
     writebacks: dict[str, int] = field(default_factory=dict)  # persistent name -> node id
+    seed: int = 0  # the compile seed; random ops fold it into their keys at trace time
 
     def add(self, op, inputs, shape, dtype, attrs=None, loc=None) -> int:
         assert dtype in DTYPES, dtype
@@ -88,7 +89,8 @@ def format_graph(g: Graph) -> str:
     for n in g.nodes:
         ty = f"{n.dtype}[{','.join(map(str, n.shape))}]"
         args = ", ".join(f"%{i}" for i in n.inputs)
-        attrs = " ".join(f"{k}={_fmt_attr(v)}" for k, v in n.attrs.items())
+        attrs = " ".join(f"{k}={_fmt_attr(v)}" for k, v in n.attrs.items()
+                         if k not in ("shape", "dtype") or n.inputs)  # a leaf's type is shown already
         lines.append(f"%{n.id}: {ty} = {n.op}" + (f" {args}" if args else "")
                      + (f" {{{attrs}}}" if attrs else ""))
     for name, i in g.outputs.items():

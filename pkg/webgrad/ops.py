@@ -304,7 +304,8 @@ def _step_counter():
 def rand_uniform(shape, *, seed: int = 0):
     """Uniform [0, 1) numbers, new every step (the step counter keys the generator)."""
     g = current_graph()
-    salt = (int(seed) * 0x9E3779B1 + len(g.nodes)) & 0xFFFFFFFF  # distinct per call site
+    # distinct per call site (its position in the graph), per user seed and per compile seed
+    salt = (int(seed) * 0x9E3779B1 + g.seed * 0x85EBCA77 + len(g.nodes)) & 0xFFFFFFFF
     return bind("rand_uniform", _step_counter(), shape=tuple(shape), seed=salt)
 
 

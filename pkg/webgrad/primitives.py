@@ -58,14 +58,15 @@ def _fmt(n: Node) -> str:
 def bind(op: str, *args: Tensor, **attrs) -> Tensor:
     """Append one primitive node to the graph being traced and return its Tensor."""
     g = current_graph()
+    loc = user_location()
     for a in args:
         if not isinstance(a, Tensor):
             raise TypeError(f"{op}: expected Tensor arguments, got {type(a).__name__}")
         if a.graph is not g:
-            raise ValueError(f"{op}: a Tensor from another traced graph was used here; "
-                             "Tensors cannot be carried between compile calls")
+            raise ValueError(f"{op}: a Tensor from another traced graph was used here"
+                             f"{f' (at {loc})' if loc else ''}; Tensors cannot be carried "
+                             "between compile calls")
     ins = [a.node for a in args]
-    loc = user_location()
     try:
         shape, dtype = PRIMS[op].shape(ins, attrs)
     except ShapeError as e:
@@ -506,7 +507,8 @@ def _lowbias32(np, x):
 
 def rand_bits(np, counter: int, seed: int, n: int):
     """The uniform generator's spec: u = (h >> 8) / 2^24 with h = H(i + H(seed + H(counter)))."""
-    key = int(_lowbias32(np, np.int64((seed + int(_lowbias32(np, np.int64(counter)))) & _M32)))
+    # the key in Python ints: exact, where an int64 scalar product overflows (and warns)
+    key = _lowbias32(np, (seed + _lowbias32(np, int(counter) & _M32)) & _M32)
     return _lowbias32(np, np.arange(n, dtype=np.int64) + key)
 
 

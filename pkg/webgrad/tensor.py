@@ -28,7 +28,9 @@ def tracing(graph: Graph):
 
 def current_graph() -> Graph:
     if not _graphs:
-        raise RuntimeError("webgrad ops build a graph and only work while tracing: call them "
+        loc = user_location()
+        raise RuntimeError("webgrad ops build a graph and only work while tracing"
+                           + (f" (used at {loc})" if loc else "") + ": call them "
                            "inside the forward/loss function given to compile_module or "
                            "compile_forward")
     return _graphs[-1]

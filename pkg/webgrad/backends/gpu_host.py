@@ -1,0 +1,55 @@
+"""The seam between a WebGPU program plan and the machine that runs it.
+
+Python plans, the host replays. `backends/webgpu.py` turns a Graph into a `Plan` — plain,
+JSON-able data: buffer sizes, WGSL texts, and an ordered list of commands. A host loads a
+plan once and then runs it once per step with only the per-step data crossing over. Two
+hosts implement this protocol and nothing else differs between them:
+
+  NativeHost  (webgpu_native.py)   wgpu-py in CPython (lavapipe, Vulkan, Dawn via wgpudawn)
+  BrowserHost (webgpu_browser.py)  navigator.gpu in the Pyodide worker; the per-step loop
+                                   is worker/replay.mjs, a short JS loop, because encoding
+                                   300 dispatches through the FFI costs ~2.5 ms vs 0.14 ms
+
+Plan (all plain data; bytes sizes are multiples of 4):
+  buffers:   [{"size": int, "label": str}]                       index = buffer id
+  pipelines: [{"wgsl": str}]                                     entry point "main";
+             hosts cache compiled pipelines by WGSL text
+  commands:  [{"op": "dispatch", "pipeline": int, "bindings": [buffer id, ...],
+               "workgroups": [x, y, z]},                          binding k = @binding(k), group 0
+              {"op": "copy", "src": int, "dst": int, "size": int,
+               "src_offset": int, "dst_offset": int}]
+A step = write the per-step buffers, encode all commands into ONE queue submission, read
+back the requested buffers. Buffers of a plan persist across runs (params, optimizer state).
+"""
+from __future__ import annotations
+
+
+class DeviceLostError(RuntimeError):
+    """The GPU device was lost; the compiled program cannot continue (recompile to recover)."""
+
+
+class GPUHost:
+    """What a WebGPU host provides. Every method that waits on the GPU is async."""
+
+    limits: dict  # "max_storage_buffer_binding_size", "max_compute_workgroups_per_dimension",
+                  # "max_compute_workgroup_size_x", "max_compute_invocations_per_workgroup", ...
+    info: str     # adapter description, for messages
+
+    def load(self, plan: dict) -> int:
+        """Create the plan's buffers and pipelines; returns a program handle."""
+        raise NotImplementedError
+
+    def write(self, program: int, buffer: int, data, offset: int = 0) -> None:
+        """Queue a write of bytes-like `data` into a plan buffer (lands before the next run)."""
+        raise NotImplementedError
+
+    async def run(self, program: int, writes: dict[int, bytes], reads: list[int]) -> list[bytes]:
+        """Write `writes` (buffer id -> bytes), submit every command once, return the bytes of
+        each buffer in `reads` (in order)."""
+        raise NotImplementedError
+
+    async def read(self, program: int, buffer: int) -> bytes:
+        raise NotImplementedError
+
+    def unload(self, program: int) -> None:
+        raise NotImplementedError

@@ -1,0 +1,259 @@
+"""The torch executor: the reference interpreter's walk, with torch ops on any torch device.
+
+`backend="torch"` runs on the CPU, `"torch:cuda"` (or any torch device string) elsewhere.
+Every primitive has one lowering in `TORCH_IMPLS`, `fn(attrs, *tensors)`, that reproduces
+primitives.py's numpy `ref` rule exactly: float32 values, i32 stays int32 (torch would
+widen sums and indices to int64), comparisons return float32 0/1, `where` selects on
+cond != 0, and `rand_uniform` yields the same bits as `primitives.rand_bits` (the 32-bit
+hash runs in int64 lanes with masking, as the spec does). Only the summation order of
+reductions and matmuls may differ from numpy, within float32 rounding.
+
+This module is imported only when a torch backend is asked for (backends.get_backend), so
+`import webgrad` never needs torch.
+"""
+from __future__ import annotations
+
+from math import prod
+
+from ..arrays import HostArray
+from ..primitives import _M32, _lowbias32, conv_out_size
+from .interpreter import Interpreter
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError:
+    raise ImportError("backend='torch' needs PyTorch (pip install torch); use "
+                      "backend='reference' (numpy) or 'webgpu' instead") from None
+
+
+def _tdtype(dtype: str):
+    return torch.float32 if dtype == "f32" else torch.int32
+
+
+# ---------------------------------------------------------------- elementwise
+
+def _div(a, x, y):
+    if x.dtype.is_floating_point:
+        return x / y
+    return torch.div(x, y, rounding_mode="trunc")  # numpy ref: trunc(x / y) for integers
+
+
+def _pow(a, x):
+    return torch.pow(x, torch.tensor(a["p"], dtype=x.dtype, device=x.device))
+
+
+def _cmp(fn):
+    return lambda a, x, y: fn(x, y).to(torch.float32)
+
+
+def _where(a, c, x, y):
+    return torch.where(c != 0, x, y)
+
+
+def _cast(a, x):
+    return x.to(_tdtype(a["dtype"]))
+
+
+# ---------------------------------------------------------------- leaves
+
+
+def _const(device):
+    # built once per node (keyed by its attrs dict, kept alive beside the tensor so the id
+    # cannot be reused): rope tables and loss weights are not rebuilt every step
+    cache: dict[int, tuple] = {}
+
+    def impl(a):
+        hit = cache.get(id(a))
+        if hit is None or hit[0] is not a:
+            t = torch.tensor(a["value"], dtype=_tdtype(a["dtype"]), device=device).reshape(a["shape"])
+            hit = cache[id(a)] = (a, t)
+        return hit[1]
+    return impl
+
+
+def _arange(device):
+    return lambda a: torch.arange(a["n"], dtype=_tdtype(a["dtype"]), device=device)
+
+
+# ---------------------------------------------------------------- reductions
+
+
+def _sum(a, x):
+    axes = tuple(a["axes"])
+    if not axes:  # numpy: sum over no axes is the identity (torch would reduce everything)
+        return x.clone()
+    return torch.sum(x, dim=axes, dtype=x.dtype)  # dtype: torch widens int32 sums to int64
+
+
+def _layer_norm(a, x):
+    # biased variance and eps inside the square root, as the ref rule and F.layer_norm
+    return F.layer_norm(x, (x.shape[-1],), eps=a["eps"])
+
+
+# ---------------------------------------------------------------- layout
+
+
+def _pad(a, x):
+    ax = a["axis"]
+    parts = []
+    for n in (a["before"], None, a["after"]):
+        if n is None:
+            parts.append(x)
+        elif n:
+            shape = list(x.shape)
+            shape[ax] = n
+            parts.append(x.new_zeros(shape))
+    return torch.cat(parts, dim=ax)
+
+
+# ---------------------------------------------------------------- indices
+
+
+def _one_hot(a, i):
+    # a comparison, not F.one_hot: out-of-range indices give a zero row, as in the ref rule
+    n = a["n"]
+    return (i.unsqueeze(-1) == torch.arange(n, dtype=i.dtype, device=i.device)).to(torch.float32)
+
+
+def _gather_rows(a, w, i):
+    return w[i.long()]
+
+
+def _scatter_add_rows(a, g, i):
+    rest = tuple(g.shape[i.dim():])
+    out = g.new_zeros((a["n"],) + rest)
+    return out.index_add_(0, i.reshape(-1).long(), g.reshape((-1,) + rest))
+
+
+# ---------------------------------------------------------------- random
+
+
+def _rand_uniform(a, counter):
+    # the generator's spec (primitives.rand_bits): the key is hashed with Python ints, the
+    # lanes in int64, where multiplications wrap mod 2^64 and masking keeps the low 32 bits
+    # exact, so the bits equal the numpy reference and the WGSL u32 kernels
+    c = int(counter.reshape(-1)[0].item())
+    key = int(_lowbias32(None, (a["seed"] + int(_lowbias32(None, c))) & _M32))
+    n = prod(a["shape"])
+    h = _lowbias32(None, torch.arange(n, dtype=torch.int64, device=counter.device) + key)
+    return ((h >> 8).to(torch.float32) * (2.0 ** -24)).reshape(a["shape"])
+
+
+# ---------------------------------------------------------------- convolution windows
+
+
+def _geometry(a, H, W):
+    (kh, kw), (sh, sw), (ph, pw) = a["kernel"], a["stride"], a["padding"]
+    return kh, kw, sh, sw, ph, pw, conv_out_size(H, kh, sh, ph), conv_out_size(W, kw, sw, pw)
+
+
+def _unfold2d(a, x):
+    # strided slices of a padded copy (not F.unfold: max_pool2d pads with pad_value)
+    N, C, H, W = x.shape
+    kh, kw, sh, sw, ph, pw, oh, ow = _geometry(a, H, W)
+    xp = x.new_full((N, C, H + 2 * ph, W + 2 * pw), a["pad_value"])
+    xp[:, :, ph:ph + H, pw:pw + W] = x
+    cols = [xp[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw].reshape(N, C, oh * ow)
+            for i in range(kh) for j in range(kw)]
+    return torch.stack(cols, dim=2)
+
+
+def _fold2d(a, g):
+    N, C = g.shape[:2]
+    H, W = a["size"]
+    kh, kw, sh, sw, ph, pw, oh, ow = _geometry(a, H, W)
+    out = g.new_zeros((N, C, H + 2 * ph, W + 2 * pw))
+    for i in range(kh):
+        for j in range(kw):
+            out[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw] += \
+                g[:, :, i * kw + j].reshape(N, C, oh, ow)
+    return out[:, :, ph:ph + H, pw:pw + W].contiguous()
+
+
+def _impls(device) -> dict:
+    """op name -> fn(attrs, *tensors); leaves that create tensors get the device."""
+    return {
+        "neg": lambda a, x: -x,
+        "exp": lambda a, x: torch.exp(x),
+        "log": lambda a, x: torch.log(x),
+        "sqrt": lambda a, x: torch.sqrt(x),
+        "rsqrt": lambda a, x: 1 / torch.sqrt(x),  # as the ref rule (torch.rsqrt rounds differently)
+        "tanh": lambda a, x: torch.tanh(x),
+        "sigmoid": lambda a, x: torch.sigmoid(x),
+        "relu": lambda a, x: torch.relu(x),
+        "erf": lambda a, x: torch.erf(x),
+        "abs": lambda a, x: torch.abs(x),
+        "sign": lambda a, x: torch.sign(x),
+        "sin": lambda a, x: torch.sin(x),
+        "cos": lambda a, x: torch.cos(x),
+        "pow": _pow,
+        "add": lambda a, x, y: x + y,
+        "sub": lambda a, x, y: x - y,
+        "mul": lambda a, x, y: x * y,
+        "div": _div,
+        "maximum": lambda a, x, y: torch.maximum(x, y),
+        "minimum": lambda a, x, y: torch.minimum(x, y),
+        "less": _cmp(torch.lt),
+        "greater": _cmp(torch.gt),
+        "equal": _cmp(torch.eq),
+        "where": _where,
+        "cast": _cast,
+        "const": _const(device),
+        "arange": _arange(device),
+        "sum": _sum,
+        "max_last": lambda a, x: torch.amax(x, dim=-1),
+        # torch.argmax returns the first maximal index, as np.argmax
+        "argmax_last": lambda a, x: torch.argmax(x, dim=-1).to(torch.int32),
+        "softmax_last": lambda a, x: torch.softmax(x, dim=-1),
+        "log_softmax_last": lambda a, x: torch.log_softmax(x, dim=-1),
+        "layer_norm_last": _layer_norm,
+        "reshape": lambda a, x: x.reshape(a["shape"]),
+        "transpose": lambda a, x: x.permute(*a["perm"]),
+        "broadcast_to": lambda a, x: x.expand(*a["shape"]).contiguous(),
+        "concat": lambda a, *xs: torch.cat(xs, dim=a["axis"]),
+        "slice": lambda a, x: x.narrow(a["axis"], a["start"], a["stop"] - a["start"]),
+        "pad": _pad,
+        "matmul": lambda a, x, y: torch.matmul(x, y),
+        "one_hot": _one_hot,
+        "gather_rows": _gather_rows,
+        "scatter_add_rows": _scatter_add_rows,
+        "rand_uniform": _rand_uniform,
+        "unfold2d": _unfold2d,
+        "fold2d": _fold2d,
+    }
+
+
+TORCH_IMPLS: dict = _impls("cpu")
+
+
+class TorchBackend(Interpreter):
+    name = "torch"
+
+    def __init__(self, device: str = "cpu"):
+        super().__init__()
+        try:
+            self.device = torch.device(device)
+            torch.empty(0, device=self.device)
+        except (RuntimeError, AssertionError) as e:
+            raise ValueError(f"backend='torch:{device}': torch cannot use device "
+                             f"{device!r} ({e})") from None
+        self.impls = TORCH_IMPLS if self.device.type == "cpu" else _impls(self.device)
+
+    def from_host(self, h: HostArray):
+        dt = _tdtype(h.dtype)
+        if len(h) == 0:
+            return torch.zeros(h.shape, dtype=dt, device=self.device)
+        t = torch.frombuffer(bytearray(h), dtype=dt)  # a copy: the HostArray stays the caller's
+        return t.reshape(h.shape).to(self.device)
+
+    def to_host(self, x, dtype):
+        x = x.detach().to("cpu", _tdtype(dtype)).contiguous()
+        out = HostArray(dtype, shape=tuple(x.shape))
+        if x.numel():
+            # clone(): a view (slice, expand) has a larger storage than its elements
+            out.frombytes(bytes(x.reshape(-1).clone().untyped_storage()))
+        return out
+
+    def zeros(self, shape, dtype):
+        return torch.zeros(tuple(shape), dtype=_tdtype(dtype), device=self.device)

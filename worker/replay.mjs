@@ -1,0 +1,333 @@
+// The browser's WebGPU host loop: loads a Plan (see pkg/webgrad/backends/gpu_host.py) and replays
+// it once per step. Python (webgrad/backends/webgpu_browser.py, in the Pyodide worker) calls it a
+// few times per step; everything per command lives here because encoding 300 dispatches through
+// the Python<->JS FFI costs ~2.5 ms where this loop costs ~0.14 ms.
+//
+//   const gpu = await requestDevice();        // adapter with its maximum limits -> Replay
+//   const id = gpu.load(planJSON);            // buffers, pipelines (cached by WGSL text) and one
+//   await gpu.ready(id);                      // bind group per dispatch; ready() rejects with the
+//                                             // WGSL compile / validation errors
+//   const bytes = await gpu.run(id, meta, blob, reads);   // ONE submit; ArrayBuffer of reads
+//
+// Errors thrown to Python carry `name`: "WGSLError" (shader compile or pipeline validation),
+// "DeviceLostError" (device.lost resolved: nothing can run on this device any more),
+// "GPUValidationError" / "GPUOutOfMemoryError" (anything else WebGPU refused), "PlanError".
+
+const STAGING_POOL = 4;  // free staging buffers kept per read buffer; more are made on demand
+
+function named(name, message) {
+  const error = new Error(message);
+  error.name = name;
+  return error;
+}
+
+/** The adapter's description, for messages ("google swiftshader (...)"). */
+function describe(info) {
+  if (!info) return "unknown WebGPU adapter";
+  const parts = [info.vendor, info.architecture, info.device].filter(Boolean);
+  const text = parts.join(" ") || "WebGPU adapter";
+  return info.description ? `${text} (${info.description})` : text;
+}
+
+/** Every numeric limit of a GPUSupportedLimits, as a plain object. */
+function plainLimits(limits) {
+  const out = {};
+  for (const key in limits) {  // WebIDL attributes are enumerable getters on the prototype
+    if (typeof limits[key] === "number") out[key] = limits[key];
+  }
+  return out;
+}
+
+/** Request an adapter and a device with the adapter's maximum limits; returns a Replay. */
+export async function requestDevice(options = {}) {
+  const gpu = globalThis.navigator?.gpu;
+  if (!gpu) {
+    throw named("WebGPUUnavailable", "navigator.gpu is missing: this browser (or this context) " +
+      "has no WebGPU. Use a Chromium-based browser (113+), Firefox 141+ or Safari 26+, served " +
+      "over https or localhost.");
+  }
+  const adapter = await gpu.requestAdapter(options.powerPreference
+    ? { powerPreference: options.powerPreference } : undefined);
+  if (!adapter) {
+    throw named("WebGPUUnavailable", "navigator.gpu.requestAdapter() found no GPU adapter " +
+      "(WebGPU may be disabled or blocklisted here: see chrome://gpu)");
+  }
+  const requiredLimits = plainLimits(adapter.limits);
+  const device = await adapter.requestDevice({ requiredLimits, label: "webgrad" });
+  return new Replay(device, describe(adapter.info));
+}
+
+/** Format getCompilationInfo() errors with the source line they point at. */
+function compileErrors(info, wgsl) {
+  const lines = wgsl.split("\n");
+  return info.messages.filter((m) => m.type === "error").map((m) => {
+    const src = lines[m.lineNum - 1];
+    const where = m.lineNum ? `${m.lineNum}:${m.linePos}: ` : "";
+    const caret = src === undefined ? "" : `\n    ${src}\n    ${" ".repeat(Math.max(0, m.linePos - 1))}^`;
+    return `${where}error: ${m.message}${caret}`;
+  }).join("\n");
+}
+
+export class Replay {
+  constructor(device, info) {
+    this.device = device;
+    this.queue = device.queue;
+    this.info = info;
+    this.limits = plainLimits(device.limits);
+    this.lost = null;        // {reason, message} once device.lost resolved
+    this.uncaptured = [];    // recent errors no scope caught, quoted in later messages
+    this.modules = new Map();   // WGSL text -> {pipeline, check: Promise<string|null>}
+    this.programs = new Map();
+    this.nextId = 1;
+    // Counters for profiling: runs, submits, milliseconds spent encoding (the JS loop alone).
+    this.stats = { runs: 0, submits: 0, dispatches: 0, encodeMs: 0 };
+    device.lost.then((info) => {
+      this.lost = { reason: String(info.reason), message: String(info.message || "") };
+    });
+    device.addEventListener("uncapturederror", (event) => {
+      if (this.uncaptured.push(String(event.error?.message ?? event.error)) > 8) {
+        this.uncaptured.shift();
+      }
+    });
+  }
+
+  lostError() {
+    const { reason, message } = this.lost;
+    return named("DeviceLostError", `the WebGPU device was lost (reason: ${reason}` +
+      `${message ? `: ${message}` : ""}); its buffers and programs are gone`);
+  }
+
+  program(id) {
+    if (this.lost) throw this.lostError();
+    const program = this.programs.get(id);
+    if (!program) throw named("PlanError", `no loaded program ${id} (unloaded, or never loaded)`);
+    return program;
+  }
+
+  /** A compute pipeline for this WGSL text, compiled once per device. */
+  pipeline(wgsl, label) {
+    let entry = this.modules.get(wgsl);
+    if (entry) return entry;
+    const device = this.device;
+    device.pushErrorScope("validation");
+    const module = device.createShaderModule({ code: wgsl, label });
+    const pipeline = device.createComputePipeline({
+      layout: "auto", compute: { module, entryPoint: "main" }, label });
+    const scope = device.popErrorScope();
+    const check = module.getCompilationInfo().then(async (info) => {
+      const errors = compileErrors(info, wgsl);
+      const validation = await scope;
+      if (errors) return errors;
+      return validation ? validation.message : null;
+    });
+    entry = { pipeline, check };
+    this.modules.set(wgsl, entry);
+    return entry;
+  }
+
+  /** Create a plan's buffers, pipelines and bind groups; returns the program id at once.
+   *  Errors (WGSL, validation, out of memory) surface through ready(id). */
+  load(planJSON) {
+    if (this.lost) throw this.lostError();
+    const plan = typeof planJSON === "string" ? JSON.parse(planJSON) : planJSON;
+    const device = this.device;
+    const usage = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST |
+      GPUBufferUsage.UNIFORM;
+    const maxWorkgroups = this.limits.maxComputeWorkgroupsPerDimension;
+    const id = this.nextId++;
+    device.pushErrorScope("out-of-memory");
+    device.pushErrorScope("validation");
+    const buffers = plan.buffers.map((b, i) => device.createBuffer({
+      size: Math.max(4, b.size), usage, label: b.label || `buffer ${i}` }));
+    const pipelines = plan.pipelines.map((p, k) =>
+      this.pipeline(p.wgsl, p.label || `pipeline ${k}`));
+    const bufferOf = (ref, where) => {
+      const index = typeof ref === "number" ? ref : ref.buffer;
+      if (!(index >= 0 && index < buffers.length)) {
+        throw named("PlanError", `${where}: buffer ${index} does not exist ` +
+          `(the plan has ${buffers.length})`);
+      }
+      return buffers[index];
+    };
+
+    // Consecutive dispatches share one compute pass; a copy ends the pass.
+    const segments = [];
+    let pass = null;
+    try {
+      plan.commands.forEach((c, i) => {
+        if (c.op === "dispatch") {
+          const entry = pipelines[c.pipeline];
+          if (!entry) throw named("PlanError", `command ${i}: pipeline ${c.pipeline} does not exist`);
+          const [x, y = 1, z = 1] = c.workgroups;
+          if (Math.max(x, y, z) > maxWorkgroups) {
+            throw named("PlanError", `command ${i} (${plan.pipelines[c.pipeline].label ||
+              `pipeline ${c.pipeline}`}): workgroups [${x}, ${y}, ${z}] exceed this device's ` +
+              `maxComputeWorkgroupsPerDimension ${maxWorkgroups}`);
+          }
+          const bindGroup = device.createBindGroup({
+            layout: entry.pipeline.getBindGroupLayout(0),
+            entries: c.bindings.map((ref, k) => ({
+              binding: k,
+              resource: typeof ref === "number" ? { buffer: bufferOf(ref, `command ${i}`) }
+                : { buffer: bufferOf(ref, `command ${i}`), offset: ref.offset ?? 0, size: ref.size },
+            })),
+            label: `command ${i}`,
+          });
+          if (!pass) segments.push(pass = { dispatches: [] });
+          pass.dispatches.push({ pipeline: entry.pipeline, bindGroup, x, y, z });
+        } else if (c.op === "copy") {
+          pass = null;
+          segments.push({ src: bufferOf(c.src, `command ${i}`), dst: bufferOf(c.dst, `command ${i}`),
+            srcOffset: c.src_offset ?? 0, dstOffset: c.dst_offset ?? 0, size: c.size });
+        } else {
+          throw named("PlanError", `command ${i}: unknown op ${JSON.stringify(c.op)} ` +
+            "(expected 'dispatch' or 'copy')");
+        }
+      });
+    } catch (e) {
+      device.popErrorScope();
+      device.popErrorScope();
+      for (const b of buffers) b.destroy();
+      throw e;
+    }
+    const validation = device.popErrorScope();
+    const memory = device.popErrorScope();
+    const ready = (async () => {
+      const checks = await Promise.all(pipelines.map((p) => p.check));
+      const bad = checks.findIndex((c) => c !== null);
+      if (bad >= 0) {
+        const label = plan.pipelines[bad].label || `pipeline ${bad}`;
+        throw named("WGSLError", `WGSL of ${label} does not compile:\n${checks[bad]}`);
+      }
+      const [v, m] = await Promise.all([validation, memory]);
+      if (m) throw named("GPUOutOfMemoryError", `loading the plan: ${m.message}`);
+      if (v) throw named("GPUValidationError", `loading the plan: ${v.message}`);
+    })();
+    const program = { buffers, segments, staging: new Map(), ready, loaded: false };
+    ready.then(() => { program.loaded = true; }, () => {});
+    this.programs.set(id, program);
+    return id;
+  }
+
+  /** Resolves once program `id` compiled and validated; rejects with the reason otherwise. */
+  ready(id) {
+    return this.program(id).ready;
+  }
+
+  /** queue.writeBuffer: lands before the next submit. */
+  write(id, buffer, data, offset = 0) {
+    const program = this.program(id);
+    this.queue.writeBuffer(program.buffers[buffer], offset, data);
+  }
+
+  takeStaging(program, buffer) {
+    const free = program.staging.get(buffer);
+    if (free && free.length) return free.pop();
+    return this.device.createBuffer({
+      size: program.buffers[buffer].size,
+      usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+      label: `staging ${program.buffers[buffer].label}`,
+    });
+  }
+
+  giveStaging(program, buffer, staging) {
+    let free = program.staging.get(buffer);
+    if (!free) program.staging.set(buffer, free = []);
+    if (!program.unloaded && free.length < STAGING_POOL) {
+      free.push(staging);
+    } else {
+      staging.destroy();
+    }
+  }
+
+  /** One step: writes, every command in ONE submission, then the reads.
+   *  meta: [buffer, offset, size, bufferOffset]* into blob (a Uint8Array) for each write;
+   *  reads: buffer ids. Resolves to one ArrayBuffer holding the reads back to back, or null. */
+  async run(id, meta, blob, reads, commands = true) {
+    const program = this.program(id);
+    if (!program.loaded) await program.ready;
+    const { device, queue } = this;
+    for (let i = 0; i < meta.length; i += 4) {
+      queue.writeBuffer(program.buffers[meta[i]], meta[i + 3], blob, meta[i + 1], meta[i + 2]);
+    }
+    const t0 = performance.now();
+    device.pushErrorScope("validation");
+    const encoder = device.createCommandEncoder();
+    if (commands) {
+      this.stats.runs++;
+      for (const seg of program.segments) {
+        if (seg.dispatches) {
+          const pass = encoder.beginComputePass();
+          let last = null;
+          for (const d of seg.dispatches) {
+            if (d.pipeline !== last) pass.setPipeline(last = d.pipeline);
+            pass.setBindGroup(0, d.bindGroup);
+            pass.dispatchWorkgroups(d.x, d.y, d.z);
+          }
+          pass.end();
+          this.stats.dispatches += seg.dispatches.length;
+        } else {
+          encoder.copyBufferToBuffer(seg.src, seg.srcOffset, seg.dst, seg.dstOffset, seg.size);
+        }
+      }
+    }
+    const staging = [];
+    for (const b of reads) {
+      const s = this.takeStaging(program, b);
+      encoder.copyBufferToBuffer(program.buffers[b], 0, s, 0, s.size);
+      staging.push(s);
+    }
+    queue.submit([encoder.finish()]);
+    this.stats.submits++;
+    const scope = device.popErrorScope();
+    this.stats.encodeMs += performance.now() - t0;
+    try {
+      const [error] = await Promise.all([scope, ...staging.map((s) => s.mapAsync(GPUMapMode.READ))]);
+      if (error) {
+        throw named("GPUValidationError", `running program ${id}: ${error.message}`);
+      }
+      if (!staging.length) return null;
+      if (staging.length === 1) {
+        const data = staging[0].getMappedRange().slice(0);
+        staging[0].unmap();
+        this.giveStaging(program, reads[0], staging[0]);
+        return data;
+      }
+      let total = 0;
+      for (const s of staging) total += s.size;
+      const out = new Uint8Array(total);
+      let at = 0;
+      staging.forEach((s, k) => {
+        out.set(new Uint8Array(s.getMappedRange()), at);
+        at += s.size;
+        s.unmap();
+        this.giveStaging(program, reads[k], s);
+      });
+      return out.buffer;
+    } catch (e) {
+      for (const s of staging) s.destroy();
+      // device.lost resolves a moment after the failure that it causes: wait for it briefly so
+      // that a lost device is reported as such, not as the failed mapAsync it led to.
+      if (!this.lost) await Promise.race([this.device.lost, new Promise((r) => setTimeout(r, 50))]);
+      if (this.lost) throw this.lostError();
+      throw e;
+    }
+  }
+
+  /** The bytes of one buffer (after everything submitted so far). */
+  read(id, buffer) {
+    return this.run(id, [], null, [buffer], false);
+  }
+
+  /** Free a program's buffers; its cached pipelines stay for plans with the same WGSL. */
+  unload(id) {
+    const program = this.programs.get(id);
+    if (!program) return;
+    this.programs.delete(id);
+    program.unloaded = true;
+    for (const b of program.buffers) b.destroy();
+    for (const free of program.staging.values()) for (const s of free) s.destroy();
+    program.staging.clear();
+    program.segments = [];
+  }
+}
