@@ -63,7 +63,8 @@ function compileErrors(info, wgsl) {
   return info.messages.filter((m) => m.type === "error").map((m) => {
     const src = lines[m.lineNum - 1];
     const where = m.lineNum ? `${m.lineNum}:${m.linePos}: ` : "";
-    const caret = src === undefined ? "" : `\n    ${src}\n    ${" ".repeat(Math.max(0, m.linePos - 1))}^`;
+    const pad = " ".repeat(Math.max(0, m.linePos - 1));
+    const caret = src === undefined ? "" : `\n    ${src}\n    ${pad}^`;
     return `${where}error: ${m.message}${caret}`;
   }).join("\n");
 }
@@ -78,6 +79,7 @@ export class Replay {
     this.uncaptured = [];    // recent errors no scope caught, quoted in later messages
     this.modules = new Map();   // WGSL text -> {pipeline, check: Promise<string|null>}
     this.programs = new Map();
+    this.persistent = new Map();  // scope + key -> {buffer, refs}
     this.nextId = 1;
     // Counters for profiling: runs, submits, milliseconds spent encoding (the JS loop alone).
     this.stats = { runs: 0, submits: 0, dispatches: 0, encodeMs: 0 };
@@ -126,19 +128,50 @@ export class Replay {
   }
 
   /** Create a plan's buffers, pipelines and bind groups; returns the program id at once.
-   *  Errors (WGSL, validation, out of memory) surface through ready(id). */
-  load(planJSON) {
+   *  Errors (WGSL, validation, out of memory) surface through ready(id).
+   *  `scope` namespaces the plan's persistent buffers: plans loaded with the same scope (one
+   *  Python host) share a buffer per "persistent" key, refcounted by the programs naming it. */
+  load(planJSON, scope = "") {
     if (this.lost) throw this.lostError();
     const plan = typeof planJSON === "string" ? JSON.parse(planJSON) : planJSON;
     const device = this.device;
     const usage = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST |
       GPUBufferUsage.UNIFORM;
     const maxWorkgroups = this.limits.maxComputeWorkgroupsPerDimension;
+    // Check the persistent buffers against those already there before creating anything.
+    // Like NativeHost: at least 16 bytes (a vec4), a multiple of 4, so every buffer can be bound.
+    const sizeOf = (b) => Math.max(16, Math.ceil(b.size / 4) * 4);
+    const keyOf = (b) => `${scope}\u0000${b.persistent}`;
+    plan.buffers.forEach((b, i) => {
+      const shared = b.persistent != null && this.persistent.get(keyOf(b));
+      if (shared && shared.buffer.size !== sizeOf(b)) {
+        throw named("PlanError", `buffer ${i} (${b.label || "unlabeled"}): persistent buffer ` +
+          `${JSON.stringify(b.persistent)} is ${shared.buffer.size} bytes in the programs ` +
+          `loaded before, ${b.size} in this plan`);
+      }
+    });
     const id = this.nextId++;
     device.pushErrorScope("out-of-memory");
     device.pushErrorScope("validation");
-    const buffers = plan.buffers.map((b, i) => device.createBuffer({
-      size: Math.max(4, b.size), usage, label: b.label || `buffer ${i}` }));
+    const owned = [], sharedKeys = [];
+    const buffers = plan.buffers.map((b, i) => {
+      if (b.persistent == null) {
+        const buffer = device.createBuffer({
+          size: sizeOf(b), usage, label: b.label || `buffer ${i}` });
+        owned.push(buffer);
+        return buffer;
+      }
+      const key = keyOf(b);
+      let shared = this.persistent.get(key);
+      if (!shared) {
+        shared = { refs: 0, buffer: device.createBuffer({  // zero-filled, as WebGPU promises
+          size: sizeOf(b), usage, label: b.label || String(b.persistent) }) };
+        this.persistent.set(key, shared);
+      }
+      shared.refs++;
+      sharedKeys.push(key);
+      return shared.buffer;
+    });
     const pipelines = plan.pipelines.map((p, k) =>
       this.pipeline(p.wgsl, p.label || `pipeline ${k}`));
     const bufferOf = (ref, where) => {
@@ -157,7 +190,9 @@ export class Replay {
       plan.commands.forEach((c, i) => {
         if (c.op === "dispatch") {
           const entry = pipelines[c.pipeline];
-          if (!entry) throw named("PlanError", `command ${i}: pipeline ${c.pipeline} does not exist`);
+          if (!entry) {
+            throw named("PlanError", `command ${i}: pipeline ${c.pipeline} does not exist`);
+          }
           const [x, y = 1, z = 1] = c.workgroups;
           if (Math.max(x, y, z) > maxWorkgroups) {
             throw named("PlanError", `command ${i} (${plan.pipelines[c.pipeline].label ||
@@ -169,7 +204,8 @@ export class Replay {
             entries: c.bindings.map((ref, k) => ({
               binding: k,
               resource: typeof ref === "number" ? { buffer: bufferOf(ref, `command ${i}`) }
-                : { buffer: bufferOf(ref, `command ${i}`), offset: ref.offset ?? 0, size: ref.size },
+                : { buffer: bufferOf(ref, `command ${i}`), offset: ref.offset ?? 0,
+                    size: ref.size },
             })),
             label: `command ${i}`,
           });
@@ -177,7 +213,8 @@ export class Replay {
           pass.dispatches.push({ pipeline: entry.pipeline, bindGroup, x, y, z });
         } else if (c.op === "copy") {
           pass = null;
-          segments.push({ src: bufferOf(c.src, `command ${i}`), dst: bufferOf(c.dst, `command ${i}`),
+          segments.push({
+            src: bufferOf(c.src, `command ${i}`), dst: bufferOf(c.dst, `command ${i}`),
             srcOffset: c.src_offset ?? 0, dstOffset: c.dst_offset ?? 0, size: c.size });
         } else {
           throw named("PlanError", `command ${i}: unknown op ${JSON.stringify(c.op)} ` +
@@ -187,7 +224,7 @@ export class Replay {
     } catch (e) {
       device.popErrorScope();
       device.popErrorScope();
-      for (const b of buffers) b.destroy();
+      this.release(owned, sharedKeys);
       throw e;
     }
     const validation = device.popErrorScope();
@@ -203,7 +240,10 @@ export class Replay {
       if (m) throw named("GPUOutOfMemoryError", `loading the plan: ${m.message}`);
       if (v) throw named("GPUValidationError", `loading the plan: ${v.message}`);
     })();
-    const program = { buffers, segments, staging: new Map(), ready, loaded: false };
+    // Reads return the plan's sizes (the buffers themselves may be a little larger).
+    const sizes = plan.buffers.map((b) => Math.ceil(b.size / 4) * 4);
+    const program = { buffers, sizes, owned, sharedKeys, segments, staging: new Map(), ready,
+                      loaded: false };
     ready.then(() => { program.loaded = true; }, () => {});
     this.programs.set(id, program);
     return id;
@@ -274,7 +314,9 @@ export class Replay {
     const staging = [];
     for (const b of reads) {
       const s = this.takeStaging(program, b);
-      encoder.copyBufferToBuffer(program.buffers[b], 0, s, 0, s.size);
+      if (program.sizes[b]) {
+        encoder.copyBufferToBuffer(program.buffers[b], 0, s, 0, program.sizes[b]);
+      }
       staging.push(s);
     }
     queue.submit([encoder.finish()]);
@@ -282,24 +324,26 @@ export class Replay {
     const scope = device.popErrorScope();
     this.stats.encodeMs += performance.now() - t0;
     try {
-      const [error] = await Promise.all([scope, ...staging.map((s) => s.mapAsync(GPUMapMode.READ))]);
+      const maps = staging.map((s) => s.mapAsync(GPUMapMode.READ));
+      const [error] = await Promise.all([scope, ...maps]);
       if (error) {
         throw named("GPUValidationError", `running program ${id}: ${error.message}`);
       }
       if (!staging.length) return null;
       if (staging.length === 1) {
-        const data = staging[0].getMappedRange().slice(0);
+        const data = staging[0].getMappedRange().slice(0, program.sizes[reads[0]]);
         staging[0].unmap();
         this.giveStaging(program, reads[0], staging[0]);
         return data;
       }
       let total = 0;
-      for (const s of staging) total += s.size;
+      for (const b of reads) total += program.sizes[b];
       const out = new Uint8Array(total);
       let at = 0;
       staging.forEach((s, k) => {
-        out.set(new Uint8Array(s.getMappedRange()), at);
-        at += s.size;
+        const size = program.sizes[reads[k]];
+        out.set(new Uint8Array(s.getMappedRange(), 0, size), at);
+        at += size;
         s.unmap();
         this.giveStaging(program, reads[k], s);
       });
@@ -325,9 +369,21 @@ export class Replay {
     if (!program) return;
     this.programs.delete(id);
     program.unloaded = true;
-    for (const b of program.buffers) b.destroy();
+    this.release(program.owned, program.sharedKeys);
     for (const free of program.staging.values()) for (const s of free) s.destroy();
     program.staging.clear();
     program.segments = [];
+  }
+
+  /** Destroy a program's own buffers; drop its references to persistent ones. */
+  release(owned, sharedKeys) {
+    for (const b of owned) b.destroy();
+    for (const key of sharedKeys) {
+      const shared = this.persistent.get(key);
+      if (shared && --shared.refs === 0) {
+        shared.buffer.destroy();
+        this.persistent.delete(key);
+      }
+    }
   }
 }

@@ -1,8 +1,11 @@
-"""BrowserHost (navigator.gpu in the Pyodide worker) against the GPUHost protocol of gpu_host.py.
+"""BrowserHost (navigator.gpu in the Pyodide worker) and webgrad's WebGPU backend in the browser.
 
-Hand-written plans run in the browser worker on WebGPU (SwiftShader in headless Chromium); the
-results come back to CPython and are compared with the same arithmetic done in plain Python.
-Every test shares the session's one browser and one Pyodide boot (``browser_session``).
+Hand-written plans exercise the GPUHost protocol of gpu_host.py (results, one submission per
+run, WGSL errors, persistent buffers, device loss); then the whole compile path runs inside the
+worker on backend="webgpu": the op oracle table (judged against torch in CPython) and
+examples/mlp_sin.py (the same file also runs in CPython on native WebGPU). WebGPU here is
+SwiftShader in headless Chromium. Every browser test shares the session's one browser and one
+Pyodide boot (``browser_session``).
 """
 from __future__ import annotations
 
@@ -143,6 +146,49 @@ def test_elementwise_plan_runs_twice(s):
 
 
 @browser
+def test_persistent_buffers_are_shared_by_plans_of_one_host(s):
+    n = 8
+    producer = affine_plan(n)  # writes out[i] = 2 a[i] + 1 into the persistent buffer "y"
+    producer["buffers"][1]["persistent"] = "y"
+    consumer = {"buffers": [{"size": 4 * n, "label": "y", "persistent": "y"},
+                            {"size": 4 * n, "label": "z"}],
+                "pipelines": [],
+                "commands": [{"op": "copy", "src": 0, "dst": 1, "size": 4 * n,
+                              "src_offset": 0, "dst_offset": 0}]}
+    out = s.run(f"""
+p1, p2 = host.load({producer!r}), host.load({consumer!r})
+await host.run(p1, {{0: f32(range({n}))}}, [])
+seen = (await host.run(p2, {{}}, [1]))[0]          # the consumer copies what p1 wrote
+host.write(p2, 0, f32([7.0] * {n}))                  # written through p2, read through p1
+through_p1 = await host.read(p1, 1)
+other = BrowserHost()                                # another host: its own "y"
+p3 = other.load({consumer!r})
+other_y = await other.read(p3, 0)
+host.unload(p1)                                      # p2 still holds "y": it survives
+kept = await host.read(p2, 0)
+host.unload(p2)
+p4 = host.load({consumer!r})                         # the last holder went: a fresh, zeroed "y"
+fresh = await host.read(p4, 0)
+bad = {{**{consumer!r}, "buffers": [{{"size": 8, "label": "y", "persistent": "y"}}]}}
+try:
+    host.load(bad)
+    mismatch = "no error"
+except Exception as e:
+    mismatch = type(e).__name__ + ": " + str(e)
+host.unload(p4); other.unload(p3)
+[seen, through_p1, other_y, kept, fresh, mismatch]
+""")
+    seen, through_p1, other_y, kept, fresh, mismatch = out
+    assert f32_values(seen) == [2.0 * i + 1 for i in range(n)]
+    assert f32_values(through_p1) == [7.0] * n
+    assert f32_values(other_y) == [0.0] * n
+    assert f32_values(kept) == [7.0] * n
+    assert f32_values(fresh) == [0.0] * n
+    assert mismatch.startswith("GPUError") and "persistent buffer" in mismatch, mismatch
+    assert "32 bytes" in mismatch and "8 in this plan" in mismatch, mismatch
+
+
+@browser
 def test_300_dispatches_one_submission(s):
     runs = 20
     out = s.run(f"""
@@ -253,6 +299,34 @@ host.unload(p2)
     assert f32_values(fine) == [5.0] * 8
 
 
+@browser
+def test_without_jspi_the_device_is_requested_first(s):
+    out = s.run("""
+import pyodide.ffi
+import webgrad.backends.webgpu_browser as wb
+saved, real_can_run_sync = wb._shared, pyodide.ffi.can_run_sync
+wb._shared = None                                   # as if no device had been requested yet
+pyodide.ffi.can_run_sync = lambda: False            # as if this stack could not block (no JSPI)
+try:
+    try:
+        BrowserHost()
+        refused = "no error"
+    except RuntimeError as e:
+        refused = str(e)
+    h = BrowserHost(await request_device(new=True))  # the async way needs no blocking
+    p = h.load(plan := {"buffers": [{"size": 4, "label": "x"}], "pipelines": [], "commands": []})
+    h.write(p, 0, f32([4.5]))
+    value = await h.read(p, 0)
+    h.close()
+finally:
+    wb._shared, pyodide.ffi.can_run_sync = saved, real_can_run_sync
+[refused, value]
+""")
+    refused, value = out
+    assert "request_device()" in refused and "JSPI" in refused, refused
+    assert f32_values(value) == [4.5]
+
+
 # ---------------------------------------------------------------- webgrad on WebGPU in the worker
 #
 # The whole compile path (trace, autograd, WebGPU plan) runs inside Pyodide and the plan runs
@@ -303,12 +377,26 @@ results
     return results
 
 
+# Records that SwiftShader cannot meet, with why. Its sin/cos are off by up to ~2e-4 (WGSL
+# promises only 2^-11 absolute error on [-pi, pi]); the oracle asks for 1e-5 + 1e-4 |want|, which
+# codegen can reach everywhere only with its own range reduction and polynomial.
+SWIFTSHADER_KNOWN = {
+    "sin/": "SwiftShader's WGSL sin() is accurate to ~2e-4 only (WGSL allows 2^-11)",
+    "cos/": "SwiftShader's WGSL cos() is accurate to ~2e-4 only (WGSL allows 2^-11)",
+}
+
+
 def _oracle_names():
     try:
         import oracle
     except Exception:  # collected without tests/ on the path: the fixture would say why
         return []
-    return [r.name for r in oracle.RECORDS]
+    params = []
+    for r in oracle.RECORDS:
+        known = [why for prefix, why in SWIFTSHADER_KNOWN.items() if r.name.startswith(prefix)]
+        params.append(pytest.param(r.name, marks=pytest.mark.xfail(reason=known[0], strict=False))
+                      if known else r.name)
+    return params
 
 
 @browser
@@ -372,3 +460,40 @@ def test_mlp_sin_same_script_native():
     assert out["reached"], f"loss {out['loss']:.2e} after {out['steps']} steps"
     assert torch_mlp_mse(out["params"]) < 5e-3
     print(f"\nMLP-sin natively on WebGPU: {out['steps']} steps, {out['ms_per_step']:.2f} ms/step")
+
+
+@browser
+@needs_webgpu_backend
+def test_lost_device_then_compile_again(s):
+    """Runs last: it destroys the worker's shared device (a fresh one replaces it)."""
+    out = s.run("""
+import webgrad as wg
+from webgrad import Module, init, ops
+
+class Affine(Module):
+    def __init__(self):
+        super().__init__()
+        self.w = self.param([3], init=init.literal([1.0, 2.0, 3.0]))
+
+def loss_fn(m, inp):
+    return ops.sum_all(inp["x"] * m.w)
+
+def compile_affine():
+    return wg.compile_module(Affine, loss_fn, inputs={"x": ([3], "f32")}, optimizer=None,
+                             backend="webgpu")
+
+c = compile_affine()
+before = c.step({"x": [1.0, 1.0, 1.0]})
+c.backend.host.device.destroy()
+try:
+    c.step({"x": [1.0, 1.0, 1.0]})
+    lost = "no error"
+except DeviceLostError as e:
+    lost = str(e)
+c2 = compile_affine()                               # a new device: training can go on
+after = await c2.step_async({"x": [1.0, 0.0, 2.0]})
+[before, lost, after, c2.backend.host._gpu is not c.backend.host._gpu]
+""")
+    before, lost, after, new_device = out
+    assert before == 6.0 and after == 7.0 and new_device
+    assert "device was lost" in lost and "Compile the module again" in lost, lost

@@ -20,6 +20,14 @@ Plan (all plain data; bytes sizes are multiples of 4):
                "src_offset": int, "dst_offset": int}]
 A step = write the per-step buffers, encode all commands into ONE queue submission, read
 back the requested buffers. Buffers of a plan persist across runs (params, optimizer state).
+
+Optional fields (hosts must accept them; older plans simply lack them):
+  buffers[i]["persistent"]: str   a buffer SHARED by every plan loaded on the same host that
+             names the same key: created zero-filled by the first load that names it, kept with
+             its contents while any program naming it is loaded (freed with the last unload).
+             This is how a training step and the forward programs compiled beside it see one
+             set of parameters; `write`/`read` through any of those programs reach the same
+             buffer. The sizes named by all such plans agree.
 """
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ leaks on the JS side; the JsProxies this module holds (the replay object) are dr
 """
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import sys
@@ -63,6 +64,7 @@ def _snake(name: str) -> str:
 # modules then share pipelines, and a second compile costs no adapter round trip.
 _replay_module = None
 _shared = None  # the JS Replay of the shared device
+_scopes = itertools.count(1)  # each host's namespace of persistent buffers on a shared device
 
 
 def _replay_url() -> str:
@@ -135,6 +137,7 @@ class BrowserHost(GPUHost):
         limits = replay.limits.to_py()
         self.limits = {_snake(k): v for k, v in limits.items()}
         self.info = str(replay.info)
+        self._scope = f"host{next(_scopes)}"  # plans of this host share persistent buffers
         self._sizes: dict[int, list[int]] = {}    # program -> buffer sizes
         self._labels: dict[int, list[str]] = {}
 
@@ -198,11 +201,11 @@ class BrowserHost(GPUHost):
             raise _translate(self._gpu.lostError(), "loading a plan")
         text = json.dumps(plan, separators=(",", ":"))
         try:
-            program = int(self._gpu.load(text))
+            program = int(self._gpu.load(text, self._scope))
         except Exception as e:
             raise _translate(e, "loading a plan") from None
-        # replay.mjs makes empty buffers 4 bytes long (WebGPU cannot bind empty ones)
-        self._sizes[program] = [max(4, int(b["size"])) for b in plan["buffers"]]
+        # reads return the plan's sizes (rounded up to 4 bytes, as copies need)
+        self._sizes[program] = [-(-int(b["size"]) // 4) * 4 for b in plan["buffers"]]
         self._labels[program] = [str(b.get("label", f"buffer {i}"))
                                  for i, b in enumerate(plan["buffers"])]
         from pyodide.ffi import can_run_sync

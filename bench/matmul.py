@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""GFLOP/s of webgrad's generated f32 matmul against torch's fp32 matmul on the same GPU.
+
+    python3 bench/matmul.py                          # 1024, 2048, 4096 (a GPU machine)
+    python3 bench/matmul.py --sizes 128,256 --reps 3 # lavapipe / CPU: small sizes
+    python3 bench/matmul.py --configs auto,8x8x8,8x8x16:novec,4x8x8:nopre   # compare tilings
+
+The WebGPU library: $WEBGRAD_WGPU_LIB if set, else wgpudawn (Dawn) where installed, else
+wgpu (wgpu-native); the one used is printed. The kernel is exactly what the compiler
+emits for an [n, n] @ [n, n] graph (codegen.lower); it is timed with the wall clock around
+one submission of --reps back-to-back dispatches and onSubmittedWorkDone (or a 16-byte
+read-back where that is broken), after --warmup
+such submissions. torch runs with TF32 off (allow_tf32 = False, precision "highest"),
+timed with CUDA events on a GPU (wall clock on the CPU). Results are checked against torch
+before they are timed (max |err| / (1 + |want|) over sampled rows).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pkg"))
+
+
+def pick_lib() -> str:
+    name = os.environ.get("WEBGRAD_WGPU_LIB")
+    if name:
+        return name
+    for cand in ("wgpudawn", "wgpu"):
+        try:
+            __import__(cand)
+            os.environ["WEBGRAD_WGPU_LIB"] = cand
+            return cand
+        except ImportError:
+            continue
+    sys.exit("neither wgpudawn nor wgpu is installed: pip install wgpudawn (or wgpu)")
+
+
+def parse_config(text: str):
+    from webgrad.codegen.matmul import Config
+    if text == "auto":
+        return None
+    shape, *flags = text.split(":")
+    tm, tn, bk = (int(v) for v in shape.split("x"))
+    return Config(tm, tn, bk, vec="novec" not in flags, prefetch="nopre" not in flags)
+
+
+def build(host, n: int, config):
+    from webgrad.codegen import Limits, lower
+    from webgrad.codegen import matmul as mm
+    from webgrad.ir import Graph
+    g = Graph()
+    a = g.add("input", [], (n, n), "f32", {"name": "a", "shape": (n, n), "dtype": "f32"})
+    b = g.add("input", [], (n, n), "f32", {"name": "b", "shape": (n, n), "dtype": "f32"})
+    g.outputs["out"] = g.add("matmul", [a, b], (n, n), "f32")
+    mm.FORCE_CONFIG = config
+    try:
+        low, names = lower(g, Limits.from_host(host.limits))
+    finally:
+        mm.FORCE_CONFIG = None
+    return low, names[0]
+
+
+def time_webgpu(host, program: int, reps: int, warmup: int) -> float:
+    """Seconds per matmul: `reps` dispatches in one submission, wall clock to work done."""
+    p = host._programs[program]
+    (_, pipe, bg, wg), = [c for c in p.commands if c[0] == "dispatch"]
+    dev = host.device
+    probe = p.buffers[0]
+
+    def wait():
+        try:
+            dev.queue.on_submitted_work_done_sync()
+        except TypeError:  # wgpu-py 0.32 on some wgpu-native builds: read a few bytes instead
+            dev.queue.read_buffer(probe, 0, 16)
+
+    def submit():
+        enc = dev.create_command_encoder()
+        cp = enc.begin_compute_pass()
+        cp.set_pipeline(pipe)
+        cp.set_bind_group(0, bg)
+        for _ in range(reps):
+            cp.dispatch_workgroups(*wg)
+        cp.end()
+        t0 = time.perf_counter()
+        dev.queue.submit([enc.finish()])
+        wait()
+        return time.perf_counter() - t0
+    for _ in range(warmup):
+        submit()
+    return min(submit() for _ in range(3)) / reps
+
+
+def time_torch(torch, A, B, reps: int, warmup: int) -> float:
+    for _ in range(warmup):
+        torch.matmul(A, B)
+    if A.is_cuda:
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        best = float("inf")
+        for _ in range(3):
+            start.record()
+            for _ in range(reps):
+                torch.matmul(A, B)
+            end.record()
+            torch.cuda.synchronize()
+            best = min(best, start.elapsed_time(end) / 1000 / reps)
+        return best
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            torch.matmul(A, B)
+        best = min(best, (time.perf_counter() - t0) / reps)
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="1024,2048,4096")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--configs", default="auto",
+                    help="comma-separated tilings: auto | TMxTNxBK[:novec][:nopre]")
+    args = ap.parse_args()
+    lib = pick_lib()
+    import numpy as np
+    import torch
+    from webgrad.backends.webgpu_native import NativeHost
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    host = NativeHost()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    print(f"webgpu: {host.info}  (library {lib})")
+    print(f"torch {torch.__version__} on {torch.cuda.get_device_name() if dev == 'cuda' else 'cpu'}, "
+          "fp32, TF32 off")
+    print(f"{'n':>6} {'tiling':>28} {'webgrad GFLOP/s':>16} {'torch GFLOP/s':>14} {'ratio':>6}  max err")
+    rng = np.random.default_rng(0)
+    for n in [int(s) for s in args.sizes.split(",")]:
+        A = rng.standard_normal((n, n), dtype=np.float32)
+        B = rng.standard_normal((n, n), dtype=np.float32)
+        tA, tB = torch.from_numpy(A).to(dev), torch.from_numpy(B).to(dev)
+        t_torch = time_torch(torch, tA, tB, args.reps, args.warmup)
+        rows = np.unique(np.linspace(0, n - 1, 8).astype(int))
+        want = (torch.from_numpy(A[rows]).double() @ torch.from_numpy(B).double()).numpy()
+        for ctext in args.configs.split(","):
+            low, name = build(host, n, parse_config(ctext))
+            prog = host.load(low.plan)
+            host.write(prog, low.feeds["a"], A.tobytes())
+            host.write(prog, low.feeds["b"], B.tobytes())
+            from webgrad.compiled import run_blocking
+            buf = low.outputs["out"][0]
+            out = run_blocking(host.run(prog, {}, [buf]))[0]
+            C = np.frombuffer(out, np.float32, n * n).reshape(n, n)
+            err = float(np.max(np.abs(C[rows] - want) / (1 + np.abs(want))))
+            t = time_webgpu(host, prog, args.reps, args.warmup)
+            host.unload(prog)
+            flop = 2.0 * n ** 3
+            tiling = name.split("tile ")[-1] + ("" if ctext == "auto" else f" ({ctext})")
+            print(f"{n:>6} {tiling:>28} {flop / t / 1e9:>16.1f} {flop / t_torch / 1e9:>14.1f} "
+                  f"{t_torch / t:>6.2f}  {err:.1e}" + ("  WRONG" if err > 1e-3 else ""),
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""The WebGPU executor: WGSL kernels and a buffer plan, on any GPUHost.
+
+`WebGPUBackend.prepare(graph)` lowers the graph (codegen/: fusion, buffer plan, one WGSL
+kernel per group, a dispatch list) into a Plan, loads it on the host once, and returns a
+`WebGPUProgram` whose `run` makes one queue submission per step and reads back only what
+was asked for (the loss, plus captures when requested).
+
+The persistent store (params, optimizer state, kept gradients, the step counter) lives in
+host buffers shared by every program of this backend (the plan's "persistent" buffers): a
+training step and the forward programs compiled beside it read the same parameters. Until
+a program that uses a persistent buffer is loaded, its value waits here, on the CPU.
+The same code runs on NativeHost (wgpu-py, Dawn) and BrowserHost (navigator.gpu): the
+host is the only thing that differs (hosts.default_host()).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from math import prod
+
+from ..arrays import HostArray
+from ..codegen import LOWERED_OPS, Limits, lower
+from . import Backend
+
+__all__ = ["WebGPUBackend", "WebGPUProgram", "LOWERED_OPS"]
+
+_uids = itertools.count(1)
+
+
+@dataclass
+class _Slot:
+    shape: tuple
+    dtype: str
+    shadow: bytes | None = None        # value not yet on the GPU (None: zeros)
+    home: tuple[int, int] | None = None  # (program, buffer id) once a program holds it
+
+
+class WebGPUBackend(Backend):
+    name = "webgpu"
+
+    def __init__(self, host=None):
+        if host is None:
+            from .hosts import default_host
+            host = default_host()  # raises when there is no adapter: backend="auto" falls back
+        self.host = host
+        self.limits = Limits.from_host(getattr(host, "limits", None))
+        self.uid = next(_uids)
+        self.store: dict[str, _Slot] = {}
+        self.programs: list[int] = []
+
+    def _key(self, name: str) -> str:
+        return f"webgrad{self.uid}:{name}"
+
+    def ensure(self, name, shape, dtype):
+        if name in self.store:
+            return False
+        self.store[name] = _Slot(tuple(shape), dtype)
+        return True
+
+    def write(self, name, host):
+        slot = self.store[name]
+        data = host.tobytes() if hasattr(host, "tobytes") else bytes(host)
+        if len(data) != 4 * prod(slot.shape):
+            raise ValueError(f"write of {len(data)} bytes into '{name}' {slot.dtype}{list(slot.shape)}")
+        if slot.home is not None:
+            self.host.write(slot.home[0], slot.home[1], data)
+        else:
+            slot.shadow = data
+
+    async def read(self, name):
+        slot = self.store[name]
+        n = 4 * prod(slot.shape)
+        if slot.home is not None:
+            data = (await self.host.read(*slot.home))[:n]
+        else:
+            data = slot.shadow if slot.shadow is not None else bytes(n)
+        out = HostArray(slot.dtype, shape=slot.shape)
+        out.frombytes(data)
+        return out
+
+    def prepare(self, graph):
+        lowered, names = lower(graph, self.limits, self._key)
+        program = self.host.load(lowered.plan)
+        self.programs.append(program)
+        for name, buf in lowered.persistent.items():
+            slot = self.store.get(name)
+            if slot is None:  # a writeback target nobody ensured: zeros
+                node = graph[graph.writebacks[name]]
+                slot = self.store[name] = _Slot(node.shape, node.dtype)
+            if slot.home is None:
+                slot.home = (program, buf)
+                if slot.shadow is not None:
+                    self.host.write(program, buf, slot.shadow)
+                    slot.shadow = None
+        for buf, data in lowered.const_data.items():
+            self.host.write(program, buf, data)
+        return WebGPUProgram(self, lowered, names, program)
+
+    def destroy(self) -> None:
+        for p in self.programs:
+            self.host.unload(p)
+        self.programs = []
+        for slot in self.store.values():
+            slot.home = None
+
+
+class WebGPUProgram:
+    """One graph loaded on a host: `run(feeds, fetch)` per step."""
+
+    def __init__(self, backend: WebGPUBackend, lowered, names, program: int):
+        self.backend, self.lowered, self.program = backend, lowered, program
+        self.kernel_names = names
+
+    @property
+    def kernel_count(self) -> int:
+        return self.lowered.kernel_count
+
+    @property
+    def plan(self) -> dict:
+        return self.lowered.plan
+
+    def memory_report(self) -> dict:
+        """planned_bytes (all buffers of the plan) vs naive_bytes (every tensor of the graph
+        in its own buffer), persistent/input/const/pool bytes, counts."""
+        return dict(self.lowered.report)
+
+    async def run(self, feeds: dict, fetch: list[str]) -> dict:
+        low = self.lowered
+        writes = {low.feeds[k]: v.tobytes() for k, v in feeds.items() if k in low.feeds}
+        reads = list(dict.fromkeys(low.outputs[k][0] for k in fetch))
+        data = dict(zip(reads, await self.backend.host.run(self.program, writes, reads)))
+        out = {}
+        for k in fetch:
+            buf, off, nbytes, shape, dtype = low.outputs[k]
+            h = HostArray(dtype, shape=shape)
+            h.frombytes(data[buf][off:off + nbytes])
+            out[k] = h
+        return out

@@ -1,0 +1,307 @@
+"""NativeHost: runs WebGPU program plans in CPython through the wgpu-py API.
+
+Which implementation: $WEBGRAD_WGPU_LIB names the module to import ("wgpudawn" for Dawn,
+Chrome's WebGPU; "wgpu" for wgpu-py on wgpu-native); unset, wgpudawn is used where it is
+installed, else wgpu. Both expose the same API (`import wgpudawn as wgpu`). On a machine
+without a GPU, wgpu-native finds Mesa's lavapipe (Vulkan on the CPU); set
+XDG_RUNTIME_DIR (we default it to /tmp) to keep the Vulkan loader quiet.
+
+One device per process: every NativeHost() shares it, and with it the pipeline cache (keyed
+by WGSL text), because creating a device and compiling pipelines is the slow part. A host
+made with NativeHost(private=True) has a device of its own (tests destroy it to simulate a
+lost device). A lost device turns every later call into DeviceLostError, promptly: wgpu-py
+raises on any use of a lost device, and the host remembers it.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+
+from .gpu_host import DeviceLostError, GPUHost
+
+# the limits a plan may need beyond WebGPU's defaults (requested up to the adapter's maximum)
+_WANTED_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size",
+                  "max-storage-buffers-per-shader-stage", "max-compute-workgroup-storage-size",
+                  "max-compute-invocations-per-workgroup", "max-compute-workgroup-size-x",
+                  "max-compute-workgroups-per-dimension")
+
+
+def wgpu_module():
+    """The wgpu-py API module this process uses (see the module docstring)."""
+    name = os.environ.get("WEBGRAD_WGPU_LIB")
+    if name:
+        return importlib.import_module(name)
+    try:
+        return importlib.import_module("wgpudawn")
+    except ImportError:
+        return importlib.import_module("wgpu")
+
+
+class _Device:
+    """An adapter, its device, and compiled pipelines by WGSL text."""
+
+    def __init__(self, lib=None):
+        os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+        try:
+            self.lib = lib or wgpu_module()
+        except ImportError as e:
+            raise RuntimeError(f"no WebGPU implementation for Python ({e}); pip install wgpu") from None
+        adapter = self.lib.gpu.request_adapter_sync(power_preference="high-performance")
+        if adapter is None:
+            raise RuntimeError("wgpu found no WebGPU adapter (no Vulkan/Metal/D3D12 driver?)")
+        have = adapter.limits
+        self.device = adapter.request_device_sync(
+            required_limits={k: have[k] for k in _WANTED_LIMITS if k in have})
+        self.info = f"{adapter.summary} [{self.lib.__name__}]"
+        self.limits = {k.replace("-", "_"): v for k, v in self.device.limits.items()
+                       if isinstance(v, int)}
+        self.pipelines: dict[str, object] = {}
+        self._lost = False
+
+    @property
+    def lost(self) -> bool:
+        """Known lost: by an error we saw, or by the device's lost promise (wgpudawn keeps
+        one; wgpu-native raises on every use of a lost device instead)."""
+        if not self._lost:
+            try:
+                promise = self.device._get_lost_async()
+            except Exception:  # NotImplementedError on wgpu-native
+                promise = None
+            if promise is not None and getattr(promise, "_state", "pending") != "pending":
+                self._lost = True
+        return self._lost
+
+    @lost.setter
+    def lost(self, value: bool) -> None:
+        self._lost = value
+
+    def pipeline(self, wgsl: str):
+        p = self.pipelines.get(wgsl)
+        if p is None:
+            try:
+                module = self.device.create_shader_module(code=wgsl)
+                p = self.device.create_compute_pipeline(
+                    layout="auto", compute={"module": module, "entry_point": "main"})
+            except Exception as e:
+                head = wgsl.splitlines()[0] if wgsl else ""
+                raise RuntimeError(f"WGSL kernel {head!r} failed to compile: {e}\n--- WGSL ---\n"
+                                   f"{wgsl}") from None
+            self.pipelines[wgsl] = p
+        return p
+
+
+_shared: _Device | None = None
+# Objects of lost devices are kept here, never released: wgpudawn crashes (segfault in the
+# garbage collector) when objects of a destroyed device are released. A lost device is rare
+# and its objects are small handles, so leaking them is the safe choice.
+_GRAVEYARD: list = []
+
+
+def shared_device() -> _Device:
+    global _shared
+    if _shared is None or _shared.lost:
+        _shared = _Device()
+    return _shared
+
+
+class _Program:
+    def __init__(self):
+        self.buffers: list = []
+        self.sizes: list[int] = []
+        self.keys: list[str | None] = []
+        self.commands: list[tuple] = []
+        self.staging: dict[int, object] = {}
+
+
+class NativeHost(GPUHost):
+    """A GPUHost on wgpu-py (or wgpudawn)."""
+
+    def __init__(self, *, private: bool = False):
+        self._dev = _Device() if private else shared_device()
+        self.device = self._dev.device
+        self.lib = self._dev.lib
+        self.limits = dict(self._dev.limits)
+        self.info = self._dev.info
+        self._programs: dict[int, _Program] = {}
+        self._next = 1
+        self._persistent: dict[str, list] = {}  # key -> [GPUBuffer, size, programs using it]
+        self._inflight: list = []  # the running step's encoder, pass, staging (see _bury)
+
+    # -- errors
+    def _bury(self) -> None:
+        """Keep every object of this lost device alive (see _GRAVEYARD)."""
+        _GRAVEYARD.append((self._dev, self._programs, self._persistent, self._inflight))
+        self._inflight = []
+
+    def _translate(self, e: BaseException, what: str) -> BaseException:
+        # Drop the failed call's frames now, by reference counting: left to the cycle
+        # collector (our error's __context__ -> e -> traceback -> frames), a frame holding
+        # a cffi view of a memoryview crashes the interpreter (wgpudawn's write_buffer).
+        e.__traceback__ = None
+        text = str(e)
+        if self._dev.lost or "lost" in text.lower() or "destroyed" in text.lower():
+            self._dev.lost = True
+            self._bury()
+            first = text.strip().splitlines()[-1].strip() if text.strip() else type(e).__name__
+            return DeviceLostError(
+                f"the WebGPU device ({self.info}) was lost while {what} ({first}); this "
+                "compiled program cannot continue: compile it again to get a new device")
+        return e
+
+    def _check(self, program: int) -> _Program:
+        if self._dev.lost:
+            self._bury()
+            raise DeviceLostError(f"the WebGPU device ({self.info}) was lost; compile again "
+                                  "to get a new device")
+        p = self._programs.get(program)
+        if p is None:
+            raise RuntimeError(f"program {program} is not loaded on this host")
+        return p
+
+    def destroy_device(self) -> None:
+        """Destroy the device (tests: simulate a lost device)."""
+        self._bury()
+        self.device.destroy()
+
+    # -- GPUHost
+    def load(self, plan: dict) -> int:
+        if self._dev.lost:
+            raise DeviceLostError(f"the WebGPU device ({self.info}) was lost; compile again")
+        lib, dev = self.lib, self.device
+        usage = lib.BufferUsage.STORAGE | lib.BufferUsage.COPY_SRC | lib.BufferUsage.COPY_DST
+        p = _Program()
+        program = self._next
+        self._next += 1
+        try:
+            for k, b in enumerate(plan["buffers"]):
+                size = max(16, -(-int(b["size"]) // 4) * 4)
+                key = b.get("persistent")
+                if key is not None:
+                    entry = self._persistent.get(key)
+                    if entry is None:
+                        entry = self._persistent[key] = [
+                            dev.create_buffer(size=size, usage=usage, label=str(b.get("label", key))),
+                            size, set()]
+                    elif entry[1] != size:
+                        raise ValueError(f"persistent buffer {key!r}: plans disagree on its size "
+                                         f"({entry[1]} vs {size} bytes)")
+                    entry[2].add(program)
+                    buf = entry[0]
+                else:
+                    buf = dev.create_buffer(size=size, usage=usage, label=str(b.get("label", k)))
+                p.buffers.append(buf)
+                p.sizes.append(size)
+                p.keys.append(key)
+            pipes = [self._dev.pipeline(q["wgsl"]) for q in plan["pipelines"]]
+            for c in plan["commands"]:
+                if c["op"] == "dispatch":
+                    pipe = pipes[c["pipeline"]]
+                    bg = dev.create_bind_group(
+                        layout=pipe.get_bind_group_layout(0),
+                        entries=[{"binding": k, "resource": {"buffer": p.buffers[b], "offset": 0,
+                                                             "size": p.sizes[b]}}
+                                 for k, b in enumerate(c["bindings"])])
+                    p.commands.append(("dispatch", pipe, bg, tuple(c["workgroups"])))
+                elif c["op"] == "copy":
+                    p.commands.append(("copy", p.buffers[c["src"]], int(c.get("src_offset", 0)),
+                                       p.buffers[c["dst"]], int(c.get("dst_offset", 0)),
+                                       int(c["size"])))
+                else:
+                    raise ValueError(f"unknown plan command {c['op']!r}")
+        except Exception as e:
+            self._programs[program] = p
+            self.unload(program)
+            raise self._translate(e, "loading a program") from None
+        self._programs[program] = p
+        return program
+
+    def write(self, program: int, buffer: int, data, offset: int = 0) -> None:
+        p = self._check(program)
+        try:
+            self.device.queue.write_buffer(p.buffers[buffer], offset, data)
+        except Exception as e:
+            raise self._translate(e, "writing a buffer") from None
+
+    async def run(self, program: int, writes: dict[int, bytes], reads: list[int]) -> list[bytes]:
+        p = self._check(program)
+        lib = self.lib
+        try:
+            q = self.device.queue
+            for b, data in writes.items():
+                q.write_buffer(p.buffers[b], 0, data)
+            enc = self.device.create_command_encoder()
+            self._inflight = [enc]
+            cpass = None
+            for c in p.commands:
+                if c[0] == "dispatch":
+                    if cpass is None:
+                        cpass = enc.begin_compute_pass()
+                        self._inflight.append(cpass)
+                    cpass.set_pipeline(c[1])
+                    cpass.set_bind_group(0, c[2])
+                    cpass.dispatch_workgroups(*c[3])
+                else:
+                    if cpass is not None:
+                        cpass.end()
+                        cpass = None
+                    enc.copy_buffer_to_buffer(c[1], c[2], c[3], c[4], c[5])
+            if cpass is not None:
+                cpass.end()
+            stagings = []
+            for b in reads:
+                s = p.staging.get(b)
+                if s is None:
+                    s = p.staging[b] = self.device.create_buffer(
+                        size=p.sizes[b], usage=lib.BufferUsage.MAP_READ | lib.BufferUsage.COPY_DST)
+                enc.copy_buffer_to_buffer(p.buffers[b], 0, s, 0, p.sizes[b])
+                stagings.append(s)
+            cmd = enc.finish()
+            self._inflight.append(cmd)
+            q.submit([cmd])  # the step's ONE submission
+            out = []
+            for s in stagings:
+                s.map_sync(lib.MapMode.READ)
+                if self._dev.lost:  # a map on a lost device may "succeed" with no data
+                    raise RuntimeError("device lost during the step")
+                out.append(bytes(s.read_mapped()))
+                s.unmap()
+            self._inflight = []
+            return out
+        except Exception as e:
+            raise self._translate(e, "running a step") from None
+
+    async def read(self, program: int, buffer: int) -> bytes:
+        p = self._check(program)
+        try:
+            data = bytes(self.device.queue.read_buffer(p.buffers[buffer]))
+            if self._dev.lost:
+                raise RuntimeError("device lost during the read")
+            return data
+        except Exception as e:
+            raise self._translate(e, "reading a buffer") from None
+
+    def unload(self, program: int) -> None:
+        if self._dev.lost:
+            return  # buried: nothing of a lost device is released
+        p = self._programs.pop(program, None)
+        if p is None:
+            return
+        for buf, key in zip(p.buffers, p.keys):
+            if key is None:
+                _destroy(buf)
+                continue
+            entry = self._persistent.get(key)
+            if entry is not None:
+                entry[2].discard(program)
+                if not entry[2]:
+                    _destroy(entry[0])
+                    del self._persistent[key]
+        for s in p.staging.values():
+            _destroy(s)
+
+
+def _destroy(buf) -> None:
+    try:
+        buf.destroy()
+    except Exception:  # a lost device's buffers are gone already
+        pass

@@ -1,0 +1,27 @@
+"""WGSL code generation: from a Graph to a WebGPU Plan (backends/gpu_host.py).
+
+  wgsl.py         the builder: bindings, limits, workgroup sizing, dispatch splitting, literals
+  emit.py         expressions: any fusable node's value at an index, as WGSL text
+  elementwise.py  elementwise formulas (erf, pow, ...) and the fused elementwise kernel
+  layout.py       reshape/transpose/broadcast/slice/pad/concat as index arithmetic; affine views
+  index.py        one_hot, gather_rows (expressions), scatter_add_rows (kernel)
+  random.py       rand_uniform, bit-identical to primitives.rand_bits
+  conv.py         unfold2d (expression), fold2d (kernel)
+  reduce.py       sum, max_last, argmax_last, softmax/log_softmax/layer_norm (one kernel each)
+  matmul.py       the tiled, register-blocked matmul
+  fusion.py       storage decisions, kernel groups, merges, in-place writebacks, schedule
+  program.py      the driver: buffer plan (../buffers.py), kernels, commands -> Lowered
+LOWERED_OPS lists every IR op this back end lowers (tests/test_registry.py checks it
+against primitives.PRIMS).
+"""
+from __future__ import annotations
+
+from . import conv, elementwise, index, layout, random  # noqa: F401  (register expression rules)
+from .emit import EXPR_RULES
+from .fusion import KERNEL_OPS, LEAF_OPS, FusionError
+from .program import Lowered, lower
+from .wgsl import LimitError, Limits
+
+LOWERED_OPS: frozenset[str] = frozenset(set(EXPR_RULES) | KERNEL_OPS | LEAF_OPS)
+
+__all__ = ["LOWERED_OPS", "lower", "Lowered", "Limits", "LimitError", "FusionError"]

@@ -1,0 +1,168 @@
+"""Elementwise ops: their WGSL formulas, and the fused elementwise kernel.
+
+Each elementwise primitive is one expression rule (emit.EXPR_RULES): the value at an index
+from its inputs' values at the broadcast index. Fusion needs nothing more: a group of
+elementwise nodes (chosen by fusion.py) becomes ONE kernel of one thread per output
+element that evaluates every output of the group at its flat index, sharing common
+subexpressions, and stores them all (the Adam update of a parameter writes m, v and p from
+one kernel). Numerics that WGSL leaves loose are pinned here:
+  tanh   clamped to [-15, 15] first (tanh(15) rounds to 1 in f32), so no inf/inf
+  pow    integer exponents by multiplication / |x|^p with the sign fixed (WGSL's pow is
+         exp2(p log2 x): NaN for x < 0); p = +-0.5 as sqrt / inverseSqrt
+  erf    our own f32 approximation (below), max relative error ~1.7e-7 (3 ulp)
+  i32 /  WGSL truncates toward zero, as numpy's trunc(x / y) does
+"""
+from __future__ import annotations
+
+from .emit import Emitter, Idx, rule
+from .wgsl import WG, f32_lit, lit
+
+# erf(x) for |x| < 0.75 is x * P(x^2); for 0.75 <= |x| < 4 it is 1 - exp(-x^2) Q(s), where
+# Q approximates erfc(x) exp(x^2) in s = (1/x - 0.79167) / 0.54167 in [-1, 1]; beyond 4,
+# erfc(x) < 1.6e-8 is below half an ulp of 1. P (degree 6 in x^2) and Q (degree 11) are
+# least-squares fits on Chebyshev nodes against math.erf/erfc in double precision, with the
+# coefficients rounded to f32; evaluated in f32 the result is within 1.7e-7 relative of erf.
+_ERF_P = (9.473000682191923e-05, -0.0008357358165085316, 0.005216816905885935,
+          -0.026864780113101006, 0.1128377839922905, -0.37612637877464294, 1.128379225730896)
+_ERF_Q = (9.641810720495414e-06, -1.554706977913156e-05, -1.516406518931035e-05,
+          7.479099440388381e-05, -0.0001993217010749504, 0.0004818224406335503,
+          -0.0007836109143681824, -0.00013569001748692244, 0.0078864935785532,
+          -0.043530456721782684, 0.1780710518360138, 0.3650936484336853)
+_ERF_MID, _ERF_INVHALF = 0.7916666865348816, 1.8461538553237915
+
+
+def _horner(coeffs, v) -> str:
+    e = f32_lit(coeffs[0])
+    for c in coeffs[1:]:
+        e = f"fma({e}, {v}, {f32_lit(c)})"
+    return e
+
+
+ERF_WGSL = f"""fn erf_f(x: f32) -> f32 {{
+  let a = abs(x);
+  if (a < 0.75f) {{
+    let t = a * a;
+    return x * {_horner(_ERF_P, "t")};
+  }}
+  if (a >= 4.0f) {{
+    return sign(x);
+  }}
+  let s = (1.0f / a - {f32_lit(_ERF_MID)}) * {f32_lit(_ERF_INVHALF)};
+  let r = 1.0f - exp(-(a * a)) * {_horner(_ERF_Q, "s")};
+  return select(r, -r, x < 0.0f);
+}}
+"""
+
+
+def _pow(x: str, p: float) -> str:
+    if p == 0:
+        return "1.0f"
+    if p == int(p) and abs(p) <= 4:
+        n = int(abs(p))
+        e = " * ".join([x] * n)
+        return f"({e})" if p > 0 else f"(1.0f / ({e}))"
+    if p == 0.5:
+        return f"sqrt({x})"
+    if p == -0.5:
+        return f"inverseSqrt({x})"
+    if p == int(p):
+        s = f"pow(abs({x}), {f32_lit(p)})"
+        return f"select({s}, -{s}, {x} < 0.0f)" if int(p) % 2 else s
+    return f"pow({x}, {f32_lit(p)})"
+
+
+_UNARY = {
+    "neg": lambda x, a: f"(-{x})",
+    "exp": lambda x, a: f"exp({x})",
+    "log": lambda x, a: f"log({x})",
+    "sqrt": lambda x, a: f"sqrt({x})",
+    "rsqrt": lambda x, a: f"inverseSqrt({x})",
+    "tanh": lambda x, a: f"tanh(clamp({x}, -15.0f, 15.0f))",
+    "sigmoid": lambda x, a: f"(1.0f / (1.0f + exp(-{x})))",
+    "relu": lambda x, a: f"max({x}, 0.0f)",
+    "erf": lambda x, a: f"erf_f({x})",
+    "abs": lambda x, a: f"abs({x})",
+    "sign": lambda x, a: f"sign({x})",
+    "sin": lambda x, a: f"sin({x})",
+    "cos": lambda x, a: f"cos({x})",
+    "pow": lambda x, a: _pow(x, float(a["p"])),
+}
+
+_BINARY = {
+    "add": lambda x, y: f"({x} + {y})",
+    "sub": lambda x, y: f"({x} - {y})",
+    "mul": lambda x, y: f"({x} * {y})",
+    "div": lambda x, y: f"({x} / {y})",
+    "maximum": lambda x, y: f"max({x}, {y})",
+    "minimum": lambda x, y: f"min({x}, {y})",
+    "less": lambda x, y: f"select(0.0f, 1.0f, {x} < {y})",
+    "greater": lambda x, y: f"select(0.0f, 1.0f, {x} > {y})",
+    "equal": lambda x, y: f"select(0.0f, 1.0f, {x} == {y})",
+}
+
+ELEMENTWISE_OPS = set(_UNARY) | set(_BINARY) | {"where", "cast", "const", "arange"}
+
+
+@rule(*_UNARY)
+def _unary_rule(em: Emitter, node, idx: Idx) -> str:
+    if node.op == "erf":
+        em.k.helper("erf_f", ERF_WGSL)
+    return _UNARY[node.op](em.arg(node, 0, idx), node.attrs)
+
+
+@rule(*_BINARY)
+def _binary_rule(em: Emitter, node, idx: Idx) -> str:
+    return _BINARY[node.op](em.arg(node, 0, idx), em.arg(node, 1, idx))
+
+
+@rule("where")
+def _where_rule(em, node, idx):
+    c, x, y = (em.arg(node, k, idx) for k in range(3))
+    return f"select({y}, {x}, {c} != 0.0f)"
+
+
+@rule("cast")
+def _cast_rule(em, node, idx):
+    return f"{'f32' if node.dtype == 'f32' else 'i32'}({em.arg(node, 0, idx)})"
+
+
+def const_fill(node):
+    """The single value of a constant whose elements are all equal (inlined as a literal),
+    else None (the constant gets a buffer)."""
+    v = node.attrs["value"]
+    if not isinstance(v, tuple):
+        return v
+    if len(v) and all(e == v[0] for e in v):
+        return v[0]
+    if not v:
+        return 0
+    return None
+
+
+@rule("const")
+def _const_rule(em, node, idx):
+    v = const_fill(node)
+    if v is None:
+        raise AssertionError("a non-uniform constant must have storage")
+    return lit(v, node.dtype)
+
+
+@rule("arange")
+def _arange_rule(em, node, idx):
+    i = idx.dims(em)[0]
+    return f"f32({i})" if node.dtype == "f32" else f"i32({i})"
+
+
+# ---------------------------------------------------------------- the fused kernel
+
+def build_elementwise(ctx) -> list:
+    """One thread per element of the group's domain; every output stored at its flat index."""
+    kernel = ctx.kernel("elementwise")
+    n = ctx.numel
+    grid = kernel.grid(-(-n // WG))
+    em = ctx.emitter(kernel)
+    em.emit(f"let i = ({kernel.wg_linear()}) * {WG}u + lid;")
+    em.emit(f"if (i >= {n}u) {{ return; }}")
+    ctx.write_outputs(em, "i", None)
+    return [ctx.dispatch(kernel, em.lines, grid, WG)]
+

@@ -1,0 +1,205 @@
+"""Expression emission: the value of any fusable node at an index, as WGSL text.
+
+A kernel never loops over "ops": it asks `Emitter.value(node, idx)` for the value of a node
+at an index and gets back a WGSL name. A node with storage outside the kernel is a load; any
+other node is computed from its inputs by its family's *expression rule* (EXPR_RULES, filled
+by elementwise.py, layout.py, index.py, random.py and conv.py), recursively. This is what
+fuses: a chain of elementwise ops, broadcasts, transposes, slices, one_hot, gathers and
+random numbers becomes one expression, and a reduction or matmul reads its inputs through
+the same call (prologue) and hands its result to the same machinery (epilogue).
+
+Indices are `Idx`: per-dimension u32 expressions and/or the flat row-major index, each
+derived from the other on demand (so an elementwise chain over same-shaped tensors never
+divides: it indexes storage with the flat thread index). Every `let` is deduplicated by its
+text within the enclosing blocks, which is common-subexpression elimination for free: the
+Adam update's three outputs share one computation of m' and v'.
+"""
+from __future__ import annotations
+
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass
+from math import prod
+
+from .wgsl import Kernel
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z_0-9]*$|^\(?-?[0-9][0-9.eE+-]*[fiu]?\)?$")
+
+EXPR_RULES: dict = {}  # op -> rule(em, node, idx) -> WGSL expression text
+
+
+def rule(*ops):
+    def deco(fn):
+        for op in ops:
+            EXPR_RULES[op] = fn
+        return fn
+    return deco
+
+
+@dataclass(frozen=True)
+class Storage:
+    """Where a tensor lives: a plan buffer, an element offset, its dtype."""
+    buffer: int
+    offset: int
+    dtype: str
+    nbytes: int
+    what: str  # for error messages: "param 'l1.W'", "%12 matmul at model.py:7"
+
+
+class Idx:
+    """An index into a tensor of `shape`: per-dim u32 expressions and/or the flat index."""
+    __slots__ = ("shape", "_dims", "_flat")
+
+    def __init__(self, shape, dims=None, flat=None):
+        self.shape = tuple(shape)
+        self._dims = list(dims) if dims is not None else None
+        self._flat = flat
+        if dims is None and flat is None:
+            raise ValueError("Idx needs dims or flat")
+
+    # Derived forms are not cached on the Idx: an Idx may be used in several blocks (a loop
+    # body, then after it), and the emitter's CSE already reuses a name where it is in scope.
+    def dims(self, em: "Emitter") -> list[str]:
+        return self._dims if self._dims is not None else em.unravel(self._flat, self.shape)
+
+    def flat(self, em: "Emitter") -> str:
+        return self._flat if self._flat is not None else em.ravel(self._dims, self.shape)
+
+    @property
+    def known_flat(self):
+        return self._flat
+
+
+class Emitter:
+    """Writes the statements of one WGSL function body.
+
+    storage(n) -> Storage | None  where node n lives (None: compute it here)
+    compute:   nodes computed in this kernel even though they have storage (the kernel's
+               own fused outputs: read at the same index they are computed, never loaded)
+    bound:     {node: (flat index text, WGSL name)}: a kernel's main result, valid at
+               exactly that index (the epilogue)
+    """
+
+    def __init__(self, kernel: Kernel, graph, storage, compute=(), bound=None, indent=1):
+        self.k, self.g, self.storage = kernel, graph, storage
+        self.compute = set(compute)
+        self.bound = dict(bound or {})
+        self.lines: list[str] = []
+        self._ind = indent
+        self._scopes: list[dict[str, str]] = [{}]
+        self._counter = [0]
+
+    def fork(self, indent=1) -> "Emitter":
+        """A fresh body (another function) over the same kernel and tensors."""
+        em = Emitter(self.k, self.g, self.storage, self.compute, self.bound, indent)
+        em._counter = self._counter  # names stay unique across the module
+        return em
+
+    # -- statements
+    def emit(self, line: str) -> None:
+        self.lines.append("  " * self._ind + line)
+
+    def fresh(self, prefix="v") -> str:
+        self._counter[0] += 1
+        return f"{prefix}{self._counter[0]}"
+
+    def let(self, expr: str) -> str:
+        if _NAME.match(expr):
+            return expr
+        for scope in reversed(self._scopes):
+            if expr in scope:
+                return scope[expr]
+        name = self.fresh()
+        self.emit(f"let {name} = {expr};")
+        self._scopes[-1][expr] = name
+        return name
+
+    def snapshot(self, expr: str) -> str:
+        """A `let` that is never shared: for reads of memory that changes (shared arrays)."""
+        name = self.fresh()
+        self.emit(f"let {name} = {expr};")
+        return name
+
+    def var(self, ty: str, init: str, prefix="a") -> str:
+        name = self.fresh(prefix)
+        self.emit(f"var {name}: {ty} = {init};")
+        return name
+
+    @contextmanager
+    def block(self, header: str):
+        """`header {` ... `}` with its own CSE scope (names made inside stay inside)."""
+        self.emit(header + " {")
+        self._ind += 1
+        self._scopes.append({})
+        try:
+            yield
+        finally:
+            self._scopes.pop()
+            self._ind -= 1
+            self.emit("}")
+
+    # -- indices
+    def ravel(self, dims, shape) -> str:
+        terms = []
+        for k, d in enumerate(shape):
+            if d == 1:
+                continue
+            stride = prod(shape[k + 1:])
+            terms.append(dims[k] if stride == 1 else f"{dims[k]} * {stride}u")
+        return self.let(" + ".join(terms)) if terms else "0u"
+
+    def unravel(self, flat, shape) -> list[str]:
+        out = []
+        for k, d in enumerate(shape):
+            if d == 1:
+                out.append("0u")
+                continue
+            stride = prod(shape[k + 1:])
+            e = flat if stride == 1 else f"({flat} / {stride}u)"
+            if prod(shape[:k]) > 1:
+                e = f"{e} % {d}u"
+            out.append(self.let(e))
+        return out
+
+    def bcast(self, idx: Idx, in_shape) -> Idx:
+        """The index into an operand of shape `in_shape` that numpy-broadcasts to idx.shape."""
+        in_shape = tuple(in_shape)
+        if prod(in_shape) == prod(idx.shape):  # broadcasting only added size-1 dims
+            return Idx(in_shape, flat=idx.flat(self))
+        dims = idx.dims(self)
+        r = len(idx.shape) - len(in_shape)
+        return Idx(in_shape, dims=["0u" if in_shape[k] == 1 else dims[r + k]
+                                   for k in range(len(in_shape))])
+
+    # -- values
+    def value(self, n: int, idx: Idx) -> str:
+        b = self.bound.get(n)
+        if b is not None:
+            if idx.known_flat != b[0]:
+                raise AssertionError(f"kernel reads its own output %{n} at another index")
+            return b[1]
+        if n not in self.compute:
+            st = self.storage(n)
+            if st is not None:
+                return self.load(st, idx)
+        node = self.g[n]
+        fn = EXPR_RULES.get(node.op)
+        if fn is None:
+            raise AssertionError(f"%{n} {node.op} has no storage and no expression rule")
+        return self.let(fn(self, node, idx))
+
+    def arg(self, node, k: int, idx: Idx) -> str:
+        """Input k of an elementwise node at the broadcast index."""
+        i = node.inputs[k]
+        return self.value(i, self.bcast(idx, self.g[i].shape))
+
+    def load(self, st: Storage, idx: Idx) -> str:
+        name = self.k.binding(st.buffer, st.dtype, what=st.what, nbytes=st.nbytes)
+        flat = idx.flat(self)
+        at = flat if st.offset == 0 else f"{st.offset}u + {flat}"
+        return self.let(f"{name}[{at}]")
+
+    def store(self, st: Storage, flat: str, value: str) -> None:
+        name = self.k.binding(st.buffer, st.dtype, write=True, what=st.what, nbytes=st.nbytes)
+        at = flat if st.offset == 0 else f"{st.offset}u + {flat}"
+        self.emit(f"{name}[{at}] = {value};")

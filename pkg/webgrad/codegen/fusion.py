@@ -1,0 +1,441 @@
+"""Fusion: which tensors get storage, which kernel computes each, and in what order.
+
+The IR is cut into *groups*; each group is one kernel (a reduction split in two passes is
+two dispatches of one group) that computes some tensors and stores those that anything
+outside it reads. The rules, in order:
+
+ 1. Storage. Leaves (inputs, params, state) and non-uniform constants are stored; so is
+    the output of every kernel op (matmul, reductions, row ops, scatter, fold). Everything
+    else - elementwise ops, layout ops, one_hot, gathers, random numbers, unfold - is an
+    *expression*, computed inside whichever kernel reads it.
+ 2. An expression is stored (becomes an *anchor*) when it must be: it is a graph output or
+    a writeback value (unless it is a free reshape of something stored), or a matmul reads
+    it and no affine view reaches it (matmul wants strides, not recomputation), or it is
+    worth it: read by several kernels and costly, or read through a broadcast (it would be
+    recomputed many times), or its kernel would bind more buffers than the device allows.
+ 3. Merging. An anchor's kernel is merged into the kernel of a tensor it reads at the
+    *same flat index* (same element count, read through elementwise ops and reshapes
+    only): the reader's expression is evaluated by the producer's writer thread. So bias +
+    relu join their matmul (an epilogue), the loss chain joins its sum, and the whole Adam
+    update of a parameter (m', v', p') joins the kernel that produced the gradient - one
+    kernel writing several tensors. A merge is refused if it would form a cycle or exceed
+    the binding limit.
+ 4. Writebacks in place. A new value of a param/state is computed straight into the
+    persistent buffer when every other reader of the old value can run before the writing
+    kernel and the writer itself reads the old value only at the same index; those readers
+    get ordering edges. Otherwise the value goes to a temporary and is copied at the end of
+    the step (copyBufferToBuffer): a step always sees the old values everywhere.
+Two algebraic folds save whole kernels: sum(sum(x, A1), A2) is one reduction of x, and a
+sum over the batch axes of a batched matmul (every weight gradient of a layer applied to
+[B, T, D] activations) is one matmul whose K runs over batch and k. A concat with more
+inputs than a kernel may bind is written one input per dispatch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import prod
+
+from .elementwise import ELEMENTWISE_OPS, const_fill
+from .emit import EXPR_RULES
+from .layout import merge_batch_into_k, strided_view
+from .reduce import REDUCE_OPS, ROW_OPS
+from .wgsl import Limits
+
+KERNEL_OPS = {"matmul", "scatter_add_rows", "fold2d"} | REDUCE_OPS | ROW_OPS
+LEAF_OPS = {"input", "param", "state"}
+VIEW_OPS = {"transpose", "broadcast_to", "slice", "reshape"}
+_COSTLY = {"exp", "log", "tanh", "sigmoid", "erf", "pow", "sin", "cos", "sqrt", "rsqrt", "div"}
+_FREE = VIEW_OPS | {"const", "arange", "cast"}
+
+
+@dataclass
+class Group:
+    id: int
+    main: int | None               # the kernel op's node (None: elementwise kernel)
+    anchors: list[int]             # fused tensors this kernel computes (in node order)
+    numel: int                     # elements of the domain every output is indexed by
+    order: int = 0                 # node order (for a stable schedule)
+    after: set[int] = field(default_factory=set)  # extra ordering edges (in-place writes)
+
+    @property
+    def outputs(self) -> list[int]:
+        return ([self.main] if self.main is not None else []) + self.anchors
+
+
+class FusionError(NotImplementedError):
+    pass
+
+
+class Fusion:
+    def __init__(self, g, limits: Limits):
+        self.g, self.limits = g, limits
+        self.cons: dict[int, list[int]] = {n.id: [] for n in g.nodes}
+        for n in g.nodes:
+            for i in dict.fromkeys(n.inputs):
+                self.cons[i].append(n.id)
+        self.stored: set[int] = set()
+        self.mat: set[int] = set()
+        self.persist_leaf = {name: i for name, i in list(g.params.items()) + list(g.state.items())}
+        self._classify()
+        self._fold_sums()
+        self._matmul_operands()
+        self._fold_matmul_sums()
+        self._costs()
+        for sid, x in list(self.matmul_fold.items()):  # its matmul got stored after all
+            if x in self.mat or self.folded_views(x) is None:
+                del self.matmul_fold[sid]
+                self.mat.add(x)
+        for sid in list(self.sum_source):  # likewise an inner sum: reduce what is stored
+            if g[sid].inputs[0] in self.mat:
+                del self.sum_source[sid]
+        self._roots()
+        self._form_groups()
+        self._merge()
+        self._inplace()
+        self._schedule()
+
+    # ------------------------------------------------------------ storage decisions
+    def has_storage(self, n: int) -> bool:
+        return n in self.stored or n in self.mat
+
+    def _classify(self):
+        for n in self.g.nodes:
+            if n.op in LEAF_OPS:
+                self.stored.add(n.id)
+            elif n.op == "const" and const_fill(n) is None:
+                self.stored.add(n.id)
+            elif n.op in KERNEL_OPS:
+                self.mat.add(n.id)
+            elif n.op not in EXPR_RULES:
+                where = f" (at {n.loc})" if n.loc else ""
+                raise FusionError(f"backend 'webgpu' cannot lower op {n.op!r} (%{n.id}){where}")
+
+    def _fold_sums(self):
+        """sum(sum(x, A1), A2) is one reduction of x over both sets of axes when nothing
+        else reads the inner sum (cross entropy: take_along_last's sum, then mean_all)."""
+        g = self.g
+        roots = set(g.outputs.values()) | set(g.writebacks.values())
+        self.sum_source: dict[int, tuple[int, tuple[int, ...]]] = {}
+        for n in g.nodes:
+            if n.op != "sum":
+                continue
+            x = n.inputs[0]
+            if g[x].op != "sum" or len(self.cons[x]) != 1 or x in roots:
+                continue
+            x0, a0 = self.sum_source.get(x, (g[x].inputs[0], tuple(g[x].attrs["axes"])))
+            kept = [d for d in range(len(g[x0].shape)) if d not in a0]
+            self.sum_source[n.id] = (x0, tuple(sorted(set(a0) | {kept[a] for a in n.attrs["axes"]})))
+            self.mat.discard(x)
+            self.sum_source.pop(x, None)
+
+    def _matmul_operands(self):
+        g = self.g
+        for n in g.nodes:
+            if n.op != "matmul":
+                continue
+            for x in n.inputs:
+                while strided_view(g, x, self.has_storage) is None:
+                    y = x
+                    while g[y].op in VIEW_OPS and not self.has_storage(y):
+                        y = g[y].inputs[0]
+                    if self.has_storage(y):  # a view no digits express: store the operand
+                        self.mat.add(x)
+                        break
+                    self.mat.add(y)         # an expression under the view: store it
+
+    def _fold_matmul_sums(self):
+        """sum over all batch axes of a batched matmul (a weight gradient: sum_b x_b^T g_b)
+        is one matmul whose K runs over batch and k, when nothing else reads the batched
+        product and both operands' batch strides continue their K stride."""
+        g = self.g
+        roots = set(g.outputs.values()) | set(g.writebacks.values())
+        self.matmul_fold: dict[int, int] = {}  # sum node -> its batched matmul
+        for n in g.nodes:
+            if n.op != "sum" or n.id in self.sum_source:
+                continue
+            x = n.inputs[0]
+            mm = g[x]
+            nb = len(mm.shape) - 2
+            if (mm.op != "matmul" or nb == 0 or len(self.cons[x]) != 1 or x in roots
+                    or tuple(sorted(n.attrs["axes"])) != tuple(range(nb))):
+                continue
+            if self.folded_views(x) is not None:
+                self.matmul_fold[n.id] = x
+                self.mat.discard(x)
+
+    def folded_views(self, x: int):
+        """[(base node, offset, dims, shape)] of a batched matmul's operands, 2-D, with the
+        batch merged into K, or None (see layout.merge_batch_into_k)."""
+        g = self.g
+        views = []
+        for op_, k_axis in zip(g[x].inputs, (-1, -2)):
+            sh = g[op_].shape
+            if tuple(sh[:-2]) != tuple(g[x].shape[:-2]):
+                return None  # a broadcast operand: sum_b A B_b is not one matmul of this form
+            v = strided_view(g, op_, self.has_storage)
+            if v is None:
+                return None
+            kt = prod(sh[:-2]) * sh[k_axis]
+            shape2 = (sh[-2], kt) if k_axis == -1 else (kt, sh[-1])
+            views.append((v[0], v[1], merge_batch_into_k(v[2], k_axis), shape2))
+        return views
+
+    def _costs(self):
+        """Store expressions that are costly to recompute or that bind too many buffers."""
+        g, limit = self.g, self.limits.max_storage_buffers_per_shader_stage
+        cost: dict[int, int] = {}
+        loads: dict[int, frozenset] = {}
+
+        def store(i):
+            self.mat.add(i)
+            cost[i], loads[i] = 0, frozenset([i])
+
+        def shrink(n, budget):
+            while True:
+                ls = frozenset().union(*(loads[i] for i in n.inputs)) if n.inputs else frozenset()
+                if len(ls) <= budget:
+                    return ls
+                cands = [i for i in n.inputs if not self.has_storage(i) and len(loads[i]) > 1]
+                if not cands:
+                    return ls  # nothing left to store: the binding check in wgsl.py reports it
+                store(max(cands, key=lambda i: len(loads[i])))
+
+        self.piecewise: set[int] = set()  # concats written one input per dispatch
+        for n in g.nodes:
+            if self.has_storage(n.id):
+                if n.op in KERNEL_OPS:  # its prologue's loads, its output and a scratch buffer
+                    shrink(n, max(2, limit - 2))
+                elif n.id in self.mat:  # an anchor already: its expression's loads + its output
+                    shrink(n, max(2, limit - 1))
+                cost[n.id], loads[n.id] = 0, frozenset([n.id])
+                continue
+            ls = shrink(n, max(2, limit - 1))
+            if n.op == "concat" and len(ls) > max(2, limit - 1):
+                self.piecewise.add(n.id)  # more inputs than bindings: copy them one by one
+                store(n.id)
+                continue
+            c = (0 if n.op in _FREE else 4 if n.op in _COSTLY else 6 if n.op == "rand_uniform"
+                 else 1) + sum(cost[i] for i in n.inputs)
+            cost[n.id], loads[n.id] = c, ls
+            if n.size <= 1 or not self.cons[n.id]:
+                continue
+            expand = any(g[c2].op not in KERNEL_OPS and g[c2].size > n.size for c2 in self.cons[n.id])
+            if (expand and c >= 3) or (len(self.cons[n.id]) >= 2 and c >= 8):
+                store(n.id)
+
+    def storage_base(self, n: int):
+        """The stored node whose buffer holds n's elements in n's order (n itself, or under
+        reshapes / size-preserving broadcasts), or None."""
+        g = self.g
+        while not self.has_storage(n):
+            node = g[n]
+            if node.op in ("reshape", "broadcast_to") and g[node.inputs[0]].size == node.size:
+                n = node.inputs[0]
+            else:
+                return None
+        return n
+
+    def _roots(self):
+        g = self.g
+        written = {self.persist_leaf[name] for name in g.writebacks if name in self.persist_leaf}
+        for r in g.outputs.values():
+            s = self.storage_base(r)
+            if s is None or s in written:  # an output must show the value from before the step
+                self.mat.add(r)
+        for name, r in g.writebacks.items():
+            s = self.storage_base(r)
+            if s is None or (s in written and s != self.persist_leaf.get(name)):
+                self.mat.add(r)
+
+    # ------------------------------------------------------------ groups
+    def _form_groups(self):
+        self.groups: dict[int, Group] = {}
+        self.group_of: dict[int, int] = {}
+        for n in self.g.nodes:
+            if n.id not in self.mat:
+                continue
+            gid = len(self.groups)
+            if n.op in KERNEL_OPS:
+                G = Group(gid, n.id, [], n.size, n.id)
+            else:
+                G = Group(gid, None, [n.id], n.size, n.id)
+            self.groups[gid] = G
+            self.group_of[n.id] = gid
+        self._loads_cache: dict[int, dict[int, bool]] = {}
+
+    def preserves(self, node, k: int) -> bool:
+        """Is input k read at the flat index node is read at?"""
+        x = self.g[node.inputs[k]]
+        if node.op in ELEMENTWISE_OPS or node.op in ("reshape", "broadcast_to"):
+            return x.size == node.size
+        if node.op == "transpose":
+            moved = [p for p in node.attrs["perm"] if x.shape[p] != 1]
+            return moved == sorted(moved)
+        return False
+
+    def loads(self, gid: int) -> dict[int, bool]:
+        """Stored tensors group gid reads -> whether every read is at the domain's index."""
+        if gid in self._loads_cache:
+            return self._loads_cache[gid]
+        G, g = self.groups[gid], self.g
+        inside = set(G.anchors)
+        res: dict[int, bool] = {}
+        seen = set()
+        stack = [(a, True) for a in G.anchors]
+        if G.main is not None:
+            stack += [(i, False) for i in g[G.main].inputs]
+        while stack:
+            n, ident = stack.pop()
+            if (n, ident) in seen:
+                continue
+            seen.add((n, ident))
+            if n == G.main or (self.has_storage(n) and n not in inside):
+                res[n] = res.get(n, True) and ident
+                continue
+            node = g[n]
+            for k, i in enumerate(node.inputs):
+                stack.append((i, ident and self.preserves(node, k)))
+        self._loads_cache[gid] = res
+        return res
+
+    def deps(self, gid: int) -> set[int]:
+        out = {self.group_of[s] for s in self.loads(gid) if s in self.mat}
+        out |= self.groups[gid].after
+        out.discard(gid)
+        return out
+
+    def depends(self, a: int, b: int) -> bool:
+        """Does group a (transitively) need group b?"""
+        stack, seen = [a], set()
+        while stack:
+            x = stack.pop()
+            for d in self.deps(x):
+                if d == b:
+                    return True
+                if d not in seen:
+                    seen.add(d)
+                    stack.append(d)
+        return False
+
+    def binding_estimate(self, outputs, loads) -> int:
+        inplace = 0
+        for o in outputs:
+            for name, r in self.g.writebacks.items():
+                leaf = self.persist_leaf.get(name)
+                if r == o and leaf is not None and loads.get(leaf):
+                    inplace += 1
+                    break
+        return len(set(loads) | set(outputs)) - inplace
+
+    def _merge(self):
+        limit = self.limits.max_storage_buffers_per_shader_stage
+        for gid in sorted(self.groups, key=lambda i: self.groups[i].order):
+            G = self.groups.get(gid)
+            if (G is None or G.main is not None or len(G.anchors) != 1
+                    or G.anchors[0] in self.piecewise):
+                continue
+            ld = self.loads(gid)
+            cands: dict[int, bool] = {}
+            reads: dict[int, int] = {}
+            for s, ident in ld.items():
+                h = self.group_of.get(s)
+                if h is not None and h != gid and self.groups[h].numel == G.numel:
+                    cands[h] = cands.get(h, True) and ident
+                    reads[h] = reads.get(h, 0) + 1
+            # prefer the kernel that computes most of what this one reads (Adam's p' reads
+            # m' and v': join their kernel), then the latest
+            for h in sorted(cands, key=lambda i: (-reads[i], -self.groups[i].order)):
+                if not cands[h]:
+                    continue
+                H = self.groups[h]
+                if any(a in self.piecewise for a in H.anchors):
+                    continue
+                if any(self.depends(d, h) for d in self.deps(gid) if d != h):
+                    continue  # gid needs something that needs H: merging would form a cycle
+                merged_loads = dict(self.loads(h))
+                for s, ident in ld.items():
+                    merged_loads[s] = merged_loads.get(s, True) and ident
+                outs = H.outputs + G.anchors
+                for o in outs:
+                    merged_loads.pop(o, None)
+                if self.binding_estimate(outs, merged_loads) > limit:
+                    continue
+                H.anchors += G.anchors
+                H.after |= G.after
+                for a in G.anchors:
+                    self.group_of[a] = h
+                del self.groups[gid]
+                self._loads_cache.clear()
+                break
+
+    # ------------------------------------------------------------ in-place writebacks
+    def _inplace(self):
+        g = self.g
+        self.inplace: dict[int, str] = {}   # node -> persistent name it is computed into
+        self.end_copies: list[tuple[int, str]] = []  # (stored node, persistent name)
+        for name, r in g.writebacks.items():
+            s = self.storage_base(r) if r not in self.mat else r
+            leaf = self.persist_leaf.get(name)
+            if s == leaf:
+                continue  # the value is the old value: nothing to do
+            if s in self.stored or s in self.inplace:
+                self.end_copies.append((s, name))
+                continue
+            gid = self.group_of[s]
+            ok = g[s].size == g[leaf].size if leaf is not None else True
+            readers = []
+            if ok and leaf is not None:
+                for h in self.groups:
+                    ld = self.loads(h)
+                    if leaf not in ld:
+                        continue
+                    if h == gid:
+                        ok = ok and ld[leaf]
+                    else:
+                        readers.append(h)
+                        ok = ok and not self.depends(h, gid)
+            if ok:
+                self.groups[gid].after |= set(readers)
+                self.inplace[s] = name
+            else:
+                self.end_copies.append((s, name))
+
+    # ------------------------------------------------------------ schedule
+    def _schedule(self):
+        """Groups in dependency order, ties by node order."""
+        import heapq
+        deps = {gid: self.deps(gid) for gid in self.groups}
+        users: dict[int, list[int]] = {gid: [] for gid in self.groups}
+        for gid, ds in deps.items():
+            for d in ds:
+                users[d].append(gid)
+        indeg = {gid: len(ds) for gid, ds in deps.items()}
+        ready = [(self.groups[gid].order, gid) for gid, k in indeg.items() if k == 0]
+        heapq.heapify(ready)
+        self.order: list[int] = []
+        while ready:
+            _, gid = heapq.heappop(ready)
+            self.order.append(gid)
+            for u in users[gid]:
+                indeg[u] -= 1
+                if indeg[u] == 0:
+                    heapq.heappush(ready, (self.groups[u].order, u))
+        if len(self.order) != len(self.groups):
+            raise AssertionError("fusion produced a cyclic schedule")
+
+    # ------------------------------------------------------------ what needs storage
+    def needs_storage(self) -> set[int]:
+        """Outputs of groups that something reads from memory: another group, the host
+        (outputs), or an end-of-step copy."""
+        need = set(self.g.outputs.values()) | set(self.g.writebacks.values())
+        need = {self.storage_base(n) if n not in self.mat else n for n in need}
+        for gid in self.groups:
+            G = self.groups[gid]
+            for s in self.loads(gid):
+                if s in self.mat and self.group_of[s] != gid:
+                    need.add(s)
+        need |= set(self.inplace)
+        return {n for n in need if n is not None and n in self.mat}
+
+    def size(self, n: int) -> int:
+        return prod(self.g[n].shape)

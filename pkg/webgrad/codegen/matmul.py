@@ -1,0 +1,228 @@
+"""Tiled matmul: C[b, m, n] = sum_k A[b, m, k] B[b, k, n] with batch broadcasting.
+
+A workgroup of 16 x 16 threads computes a BM x BN tile of C (BM = 16 TM, BN = 16 TN): each
+thread owns a TM x TN block of accumulators held in registers (the code is unrolled here, in
+Python, so they stay registers). K advances BK at a time: the workgroup stages an A tile
+(BM x BK) and a B tile (BK x BN) in shared memory, k-major so that a thread's TM (TN)
+operands are adjacent, then every thread does TM*TN*BK fused multiply-adds.
+
+Operands are *strided views* (layout.strided_view): base buffer, offset, and per axis a
+list of (size, stride) digits. A transposed operand (backward passes multiply by
+swap_axes(W)) is just other strides, a broadcast batch axis has stride 0, and merge_heads'
+transpose + reshape is two digits on one axis: nothing is copied. A weight gradient
+sum_b x_b^T g_b is one matmul whose K axis runs over (b, k) (fusion.matmul_fold). The
+thread->element map of the tile
+loads follows whichever axis has the smaller stride, so global reads stay coalesced for
+either orientation. Shapes are constants; bounds tests are emitted only where a dimension
+is not a multiple of its tile. The result goes to the group's epilogue `epi(flat, v)`, so
+elementwise consumers (bias, relu, an optimizer update) are fused into the writer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+from .layout import digits_addr
+
+
+TARGET_TILES = 256  # fewer workgroups than this: shrink the tile (an H200 has 132 SMs)
+FORCE_CONFIG = None  # bench/matmul.py sets a Config here to compare tilings
+
+
+@dataclass(frozen=True)
+class Config:
+    """tm x tn accumulators per thread (16 x 16 threads: a 16 tm x 16 tn tile), bk: K step.
+    vec: a thread's rows (columns) are 4-wide groups 64 apart, read from shared memory as
+    vec4 (conflict-free); prefetch: the next K step's global loads are issued into
+    registers before this step's multiply-adds, hiding their latency."""
+    tm: int
+    tn: int
+    bk: int
+    pad: int = 4
+    vec: bool = True
+    prefetch: bool = True
+
+    @property
+    def bm(self): return 16 * self.tm
+    @property
+    def bn(self): return 16 * self.tn
+
+
+def choose_config(M: int, N: int, K: int, nb: int, shared_limit: int = 16384) -> Config:
+    if FORCE_CONFIG is not None:
+        return FORCE_CONFIG
+
+    def t(d):
+        return 8 if d >= 128 else 4 if d >= 64 else 2 if d >= 32 else 1
+    tm, tn = t(M), t(N)
+
+    def tiles(tm, tn):
+        return -(-M // (16 * tm)) * -(-N // (16 * tn)) * nb
+    while tiles(tm, tn) < TARGET_TILES and (tm > 2 or tn > 2):
+        if tm >= tn:
+            tm //= 2
+        else:
+            tn //= 2
+    bk = max(8 if max(tm, tn) >= 8 else 16, 16 // min(tm, tn))  # whole elements per thread
+    return Config(tm, tn, bk)
+
+
+def _offsets(T: int, vec: bool) -> list[int]:
+    """Offsets (within the tile, in units of the thread id) of a thread's T rows: with vec,
+    groups of 4 adjacent rows, 64 apart (thread t owns 4t..4t+3, 64+4t.., ...)."""
+    if vec and T >= 4:
+        return [(i // 4) * 64 + i % 4 for i in range(T)]
+    return list(range(T))
+
+
+def build_matmul(ctx, config: Config | None = None) -> list:
+    node = ctx.main_node
+    (sa, offa, dima, ash), (sb, offb, dimb, bsh) = ctx.matmul_operands()
+    M, K, N = ash[-2], ash[-1], bsh[-1]
+    batch = tuple(node.shape[:-2])
+    nb = prod(batch)
+    cfg = config or choose_config(M, N, K, nb, ctx.limits.max_compute_workgroup_storage_size)
+    BM, BN, BK, TM, TN = cfg.bm, cfg.bn, cfg.bk, cfg.tm, cfg.tn
+    LDA, LDB = BM + cfg.pad, BN + cfg.pad
+    va, vb = cfg.vec and TM >= 4, cfg.vec and TN >= 4
+    if 4 * BK * (LDA + LDB) > ctx.limits.max_compute_workgroup_storage_size and BK > 8 \
+            and BM * 8 % 256 == 0 and BN * 8 % 256 == 0:
+        BK = 8
+    assert BM * BK % 256 == 0 and BN * BK % 256 == 0, cfg
+    tiles_m, tiles_n = -(-M // BM), -(-N // BN)
+    total = tiles_m * tiles_n * nb
+
+    kernel = ctx.kernel(f"matmul {'x'.join(map(str, node.shape))} K={K} tile {BM}x{BN}x{BK}")
+    grid = kernel.grid(total)
+    A = kernel.binding(sa.buffer, "f32", what=sa.what, nbytes=sa.nbytes)
+    B = kernel.binding(sb.buffer, "f32", what=sb.what, nbytes=sb.nbytes)
+    for name, ld, vec in (("As", LDA, va), ("Bs", LDB, vb)):
+        n = BK * ld
+        kernel.decls.append(f"var<workgroup> {name}: array<vec4<f32>, {n // 4}>;" if vec else
+                            f"var<workgroup> {name}: array<f32, {n}>;")
+    epi = ctx.epilogue_fn(kernel)
+    em = ctx.emitter(kernel)
+    L = em.emit
+
+    L(f"let w = {kernel.wg_linear()};")
+    L(f"if (w >= {total}u) {{ return; }}")  # workgroup-uniform
+    L(f"let tn = w % {tiles_n}u;")
+    L(f"let tm = (w / {tiles_n}u) % {tiles_m}u;")
+    L(f"let bt = w / {tiles_m * tiles_n}u;")
+    L("let tx = lid % 16u;")
+    L("let ty = lid / 16u;")
+    L(f"let row0 = tm * {BM}u;")
+    L(f"let col0 = tn * {BN}u;")
+    bdims = em.unravel("bt", batch) if batch else []
+
+    def base(off, dims, shape):
+        terms = [f"{off}u"] if off else []
+        r = len(batch) - (len(shape) - 2)
+        for k, d in enumerate(shape[:-2]):
+            if d != 1:
+                terms += digits_addr(dims[k], bdims[k + r], d)
+        return em.let(" + ".join(terms)) if terms else "0u"
+
+    base_a = base(offa, dima, ash)
+    base_b = base(offb, dimb, bsh)
+    # innermost strides, to pick the coalesced thread -> element map of the tile loads
+    sam, sak = dima[-2][-1][1], dima[-1][-1][1]
+    sbk, sbn = dimb[-2][-1][1], dimb[-1][-1][1]
+
+    acc = [[f"c{i}_{j}" for j in range(TN)] for i in range(TM)]
+    for i in range(TM):
+        for j in range(TN):
+            L(f"var {acc[i][j]}: f32 = 0.0f;")
+
+    # -- staging: thread -> (x, k) element map, the global read, the shared store
+    def plan_tile(tag, rows, s_row, s_col, need_r, need_c, nrows, row0):
+        per = rows * BK // 256
+        x_fast = s_row == 1 or (s_col != 1 and s_row <= s_col)
+        items = []
+        for r in range(per):
+            e = f"({r * 256}u + lid)" if r else "lid"
+            xl, kl = (f"{e} % {rows}u", f"{e} / {rows}u") if x_fast else \
+                (f"{e} / {BK}u", f"{e} % {BK}u")
+            L(f"let {tag}x{r} = {xl};")
+            L(f"let {tag}k{r} = {kl};")
+            items.append((f"{tag}x{r}", f"{tag}k{r}"))
+        return items
+
+    def global_read(name, base_e, item, xdim, kdim, need_r, need_c, nrows, row0, k0):
+        x, k = item
+        gx, gk = f"({row0} + {x})", f"({k0} + {k})"
+        at = " + ".join([base_e] + digits_addr(xdim, gx, nrows) + digits_addr(kdim, gk, K))
+        conds = ([f"{gx} < {nrows}u"] if need_r else []) + ([f"{gk} < {K}u"] if need_c else [])
+        v = f"{name}[{at}]"
+        return f"select(0.0f, {v}, {' && '.join(conds)})" if conds else v
+
+    def shared_store(arr, ld, vec, item, v):
+        x, k = item
+        if vec:
+            L(f"{{ let q = {k} * {ld}u + {x}; {arr}[q >> 2u][q & 3u] = {v}; }}")
+        else:
+            L(f"{arr}[{k} * {ld}u + {x}] = {v};")
+
+    need_m, need_n, need_k = M % BM != 0, N % BN != 0, K % BK != 0
+    ia = plan_tile("a", BM, sam, sak, need_m, need_k, M, "row0")
+    ib = plan_tile("b", BN, sbn, sbk, need_n, need_k, N, "col0")
+    reads = ([(A, base_a, it, dima[-2], dima[-1], need_m, M, "row0", "As", LDA, va) for it in ia]
+             + [(B, base_b, it, dimb[-1], dimb[-2], need_n, N, "col0", "Bs", LDB, vb) for it in ib])
+
+    def fetch(k0):
+        return [global_read(nm, be, it, sr, sc, nr, need_k, nrows, r0, k0)
+                for nm, be, it, sr, sc, nr, nrows, r0, _, _, _ in reads]
+
+    if cfg.prefetch:
+        regs = [f"p{r}" for r in range(len(reads))]
+        for reg, v in zip(regs, fetch("0u")):
+            L(f"var {reg}: f32 = {v};")
+
+    rows_a, cols_b = _offsets(TM, va), _offsets(TN, vb)
+    with em.block(f"for (var k0 = 0u; k0 < {K}u; k0 += {BK}u)"):
+        if cfg.prefetch:
+            for reg, rd in zip(regs, reads):
+                shared_store(rd[8], rd[9], rd[10], rd[2], reg)
+            L("workgroupBarrier();")
+            with em.block(f"if (k0 + {BK}u < {K}u)"):
+                for reg, v in zip(regs, fetch(f"k0 + {BK}u")):
+                    L(f"{reg} = {v};")
+        else:
+            for rd, v in zip(reads, fetch("k0")):
+                shared_store(rd[8], rd[9], rd[10], rd[2], v)
+            L("workgroupBarrier();")
+        for kk in range(BK):
+            if va:
+                for q in range(TM // 4):
+                    L(f"let av{kk}_{q} = As[{kk * LDA // 4}u + ty + {16 * q}u];")
+                a_of = lambda i: f"av{kk}_{i // 4}.{'xyzw'[i % 4]}"  # noqa: E731
+            else:
+                for i in range(TM):
+                    L(f"let a{kk}_{i} = As[{kk * LDA}u + ty * {TM}u + {i}u];")
+                a_of = lambda i: f"a{kk}_{i}"  # noqa: E731
+            if vb:
+                for q in range(TN // 4):
+                    L(f"let bv{kk}_{q} = Bs[{kk * LDB // 4}u + tx + {16 * q}u];")
+                b_of = lambda j: f"bv{kk}_{j // 4}.{'xyzw'[j % 4]}"  # noqa: E731
+            else:
+                for j in range(TN):
+                    L(f"let b{kk}_{j} = Bs[{kk * LDB}u + tx * {TN}u + {j}u];")
+                b_of = lambda j: f"b{kk}_{j}"  # noqa: E731
+            for i in range(TM):
+                for j in range(TN):
+                    L(f"{acc[i][j]} = fma({a_of(i)}, {b_of(j)}, {acc[i][j]});")
+        L("workgroupBarrier();")
+
+    L(f"let m0 = row0 + ty * {4 if va else TM}u;")
+    L(f"let n0 = col0 + tx * {4 if vb else TN}u;")
+    L(f"let f0 = bt * {M * N}u + m0 * {N}u + n0;")
+    for i, ri in enumerate(rows_a):
+        for j, cj in enumerate(cols_b):
+            conds = (([f"m0 + {ri}u < {M}u"] if need_m else [])
+                     + ([f"n0 + {cj}u < {N}u"] if need_n else []))
+            call = f"{epi}(f0 + {ri * N + cj}u, {acc[i][j]});"
+            L(f"if ({' && '.join(conds)}) {{ {call} }}" if conds else call)
+    return [ctx.dispatch(kernel, em.lines, grid, 256)]
+
+
+__all__ = ["Config", "choose_config", "build_matmul", "FORCE_CONFIG"]

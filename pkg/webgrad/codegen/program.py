@@ -1,0 +1,280 @@
+"""Graph -> Plan: fusion groups, a buffer plan, one WGSL kernel per group, the command list.
+
+`lower(graph, limits)` is the whole WebGPU compiler back end; its result is plain data (the
+Plan of backends/gpu_host.py) plus the maps the runtime needs: which buffer each feed is
+written to, where each output is read from, which buffers are the persistent store, what
+constant data to upload once. Buffers:
+  persistent  one per param / state / writeback name, shared with sibling programs
+              (the plan's optional "persistent" key)
+  feeds       one per input, written before every step
+  constants   one per non-uniform constant, written once at load
+  pool        temporaries, planned by liveness (buffers.py)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..buffers import END, Live, align, plan_pool
+from .conv import build_fold
+from .elementwise import build_elementwise
+from .emit import Emitter, Idx, Storage
+from .fusion import Fusion
+from .index import build_scatter
+from .layout import build_concat_pieces, strided_view
+from .matmul import build_matmul
+from .reduce import REDUCE_OPS, ROW_OPS, build_reduce, scratch_bytes
+from .wgsl import Kernel, LimitError, Limits
+
+
+def describe(node) -> str:
+    """How errors name a tensor: "input 'x' f32[2048]", "%3 matmul f32[33,33] (built at ...)"."""
+    ty = f"{node.dtype}[{','.join(map(str, node.shape))}]"
+    if node.op in ("input", "param", "state"):
+        return f"{node.op} '{node.attrs['name']}' {ty}"
+    where = f" (built at {node.loc})" if node.loc else ""
+    return f"%{node.id} {node.op} {ty}{where}"
+
+
+@dataclass
+class Lowered:
+    plan: dict
+    feeds: dict            # input name -> buffer id
+    outputs: dict          # output name -> (buffer id, byte offset, nbytes, shape, dtype)
+    persistent: dict       # persistent name -> buffer id
+    const_data: dict       # buffer id -> bytes to upload once
+    kernel_count: int
+    report: dict
+    writers: dict          # persistent name -> index of the dispatch that writes it, or "copy"
+
+
+class GroupCtx:
+    """What a kernel builder needs to know about its group (see the builders' modules)."""
+
+    def __init__(self, low: "_Lowering", gid: int):
+        fu = low.fu
+        G = fu.groups[gid]
+        self.g, self.limits, self.group = fu.g, low.limits, G
+        self.main_node = fu.g[G.main] if G.main is not None else None
+        self.numel = G.numel
+        self._low = low
+        self.compute = set(G.anchors)
+        self.outs = [n for n in G.outputs if n in low.storage]
+        self.scratch = low.scratch.get(gid, [])
+        self.sum_source = fu.sum_source.get(G.main)  # (x, axes): a folded sum(sum(x))
+
+    def storage(self, n):
+        return self._low.storage.get(n)
+
+    def kernel(self, name: str) -> Kernel:
+        return Kernel(self.limits, name)
+
+    def emitter(self, kernel: Kernel) -> Emitter:
+        return Emitter(kernel, self.g, self.storage, compute=self.compute)
+
+    def matmul_operands(self):
+        """[(Storage, element offset, dims, shape)] for A and B (layout.strided_view): the
+        main matmul's operands, or, for a sum folded over a batched matmul, the 2-D views
+        with the batch merged into K."""
+        fu = self._low.fu
+        x = fu.matmul_fold.get(self.group.main)
+        if x is not None:
+            views = fu.folded_views(x)
+        else:
+            views = []
+            for i in self.main_node.inputs:
+                base, off, dims = strided_view(self.g, i, fu.has_storage)
+                views.append((base, off, dims, tuple(self.g[i].shape)))
+        out = []
+        for base, off, dims, shape in views:
+            st = self.storage(base)
+            out.append((st, st.offset + off, dims, tuple(shape)))
+        return out
+
+    def write_outputs(self, em: Emitter, flat: str, main_val: str | None) -> None:
+        """Evaluate every stored output of the group at flat index `flat`, then store them
+        (all values first: an output written in place must not change under a later read)."""
+        G = self.group
+        if main_val is not None:
+            em.bound[G.main] = (flat, main_val)
+        vals = []
+        for n in self.outs:
+            v = main_val if n == G.main else em.value(n, Idx(self.g[n].shape, flat=flat))
+            vals.append((self.storage(n), v))
+        for st, v in vals:
+            em.store(st, flat, v)
+
+    def epilogue_fn(self, kernel: Kernel) -> str:
+        """`fn epi(f: u32, v: T)`: the main result v at flat index f, and all fused outputs."""
+        em = self.emitter(kernel)
+        self.write_outputs(em, "f", "v")
+        kernel.functions.append(f"fn epi(f: u32, v: {self.main_node.dtype}) {{\n"
+                                + "\n".join(em.lines) + "\n}\n")
+        return "epi"
+
+    def dispatch(self, kernel: Kernel, lines, grid, wgs) -> dict:
+        return {"wgsl": kernel.source(lines, workgroup_size=wgs),
+                "bindings": [b.buffer for b in kernel.bindings], "workgroups": grid,
+                "name": kernel.name}
+
+
+class _Lowering:
+    def __init__(self, graph, limits: Limits, persist_key):
+        self.g, self.limits = graph, limits
+        self.fu = fu = Fusion(graph, limits)
+        self.buffers: list[dict] = []
+        self.storage: dict[int, Storage] = {}
+        self.scratch: dict[int, list[Storage]] = {}
+        self.persistent: dict[str, int] = {}
+        self.feeds: dict[str, int] = {}
+        self.const_data: dict[int, bytes] = {}
+        g = graph
+
+        def new_buffer(nbytes, label, **extra):
+            if nbytes > limits.max_buffer_size:
+                raise LimitError(f"{label} needs a {nbytes}-byte buffer but this device allows "
+                                 f"{limits.max_buffer_size} (maxBufferSize)")
+            self.buffers.append({"size": align(nbytes), "label": label, **extra})
+            return len(self.buffers) - 1
+
+        def check(n, nbytes):
+            if nbytes > limits.max_storage_buffer_binding_size:
+                raise LimitError(
+                    f"webgpu: tensor {describe(g[n])} needs {nbytes} bytes but this device's "
+                    f"maxStorageBufferBindingSize is {limits.max_storage_buffer_binding_size}: "
+                    "make it smaller (e.g. split the batch) or use a device with a larger limit")
+
+        def st(n, buf, what=None):
+            node = g[n]
+            check(n, 4 * node.size)
+            self.storage[n] = Storage(buf, 0, node.dtype, 4 * node.size, what or describe(node))
+
+        # persistent store: params, state, every writeback target
+        pshape = {}
+        for name, i in list(g.params.items()) + list(g.state.items()):
+            pshape[name] = g[i]
+        for name, i in g.writebacks.items():
+            pshape.setdefault(name, g[i])
+        for name, node in pshape.items():
+            self.persistent[name] = new_buffer(4 * node.size, f"{name}",
+                                               persistent=persist_key(name))
+        for name, i in list(g.params.items()) + list(g.state.items()):
+            st(i, self.persistent[name])
+        for name, i in g.inputs.items():
+            self.feeds[name] = new_buffer(4 * g[i].size, f"input {name}")
+            st(i, self.feeds[name])
+        for n in g.nodes:
+            if n.op == "const" and n.id in fu.stored:
+                b = new_buffer(4 * n.size, f"const %{n.id}")
+                st(n.id, b)
+                import array
+                self.const_data[b] = array.array("f" if n.dtype == "f32" else "i",
+                                                 n.attrs["value"]).tobytes()
+        for n, name in fu.inplace.items():
+            st(n, self.persistent[name], f"{describe(g[n])} (written into '{name}')")
+
+        # temporaries by liveness over the schedule
+        need = fu.needs_storage() - set(fu.inplace)
+        pos = {gid: t for t, gid in enumerate(fu.order)}
+        last: dict[int, int] = {}
+        for gid in fu.order:
+            for s in fu.loads(gid):
+                if s in need and fu.group_of[s] != gid:
+                    last[s] = max(last.get(s, -1), pos[gid])
+        ends = {fu.storage_base(r) if r not in fu.mat else r
+                for r in list(g.outputs.values())} | {s for s, _ in fu.end_copies}
+        lives = []
+        for n in sorted(need):
+            check(n, 4 * g[n].size)
+            first = pos[fu.group_of[n]]
+            lives.append(Live(("t", n), 4 * g[n].size, first, END if n in ends else last.get(n, first)))
+        for gid in fu.order:
+            G = fu.groups[gid]
+            if G.main is not None and g[G.main].op in REDUCE_OPS:
+                nb = scratch_bytes(g, g[G.main], fu.sum_source.get(G.main))
+                if nb:
+                    lives.append(Live(("s", gid), nb, pos[gid], pos[gid]))
+        slots, assign = plan_pool(lives)
+        base = len(self.buffers)
+        for k, size in enumerate(slots):
+            self.buffers.append({"size": size, "label": f"pool {k}"})
+        for lv in lives:
+            kind, key = lv.key
+            buf = base + assign[lv.key]
+            if kind == "t":
+                st(key, buf)
+            else:
+                self.scratch[key] = [Storage(buf, 0, "f32", lv.nbytes, f"scratch of group {key}")]
+        self.report = {
+            "planned_bytes": sum(b["size"] for b in self.buffers),
+            "naive_bytes": sum(4 * n.size for n in g.nodes),
+            "persistent_bytes": sum(self.buffers[b]["size"] for b in self.persistent.values()),
+            "input_bytes": sum(self.buffers[b]["size"] for b in self.feeds.values()),
+            "const_bytes": sum(self.buffers[b]["size"] for b in self.const_data),
+            "pool_bytes": sum(slots),
+            "temporaries": len(lives),
+            "pool_buffers": len(slots),
+            "buffers": len(self.buffers),
+        }
+
+    def build(self) -> Lowered:
+        fu, g = self.fu, self.g
+        pipelines: list[dict] = []
+        by_text: dict[str, int] = {}
+        commands: list[dict] = []
+        names = []
+        writers = {}
+        for gid in fu.order:
+            ctx = GroupCtx(self, gid)
+            for d in _build_group(ctx):
+                p = by_text.get(d["wgsl"])
+                if p is None:
+                    p = by_text[d["wgsl"]] = len(pipelines)
+                    pipelines.append({"wgsl": d["wgsl"]})
+                commands.append({"op": "dispatch", "pipeline": p, "bindings": d["bindings"],
+                                 "workgroups": d["workgroups"]})
+                names.append(d["name"])
+            for n in fu.groups[gid].outputs:  # the group's last dispatch writes its outputs
+                if n in fu.inplace:
+                    writers[fu.inplace[n]] = len(commands) - 1
+        kernels = len(commands)
+        for s, name in fu.end_copies:
+            writers[name] = "copy"
+            src = self.storage[s]
+            commands.append({"op": "copy", "src": src.buffer, "dst": self.persistent[name],
+                             "size": src.nbytes, "src_offset": 4 * src.offset, "dst_offset": 0})
+        outputs = {}
+        for name, r in g.outputs.items():
+            s = r if r in fu.mat else fu.storage_base(r)
+            stg = self.storage[s]
+            outputs[name] = (stg.buffer, 4 * stg.offset, 4 * g[r].size, g[r].shape, g[r].dtype)
+        plan = {"buffers": self.buffers, "pipelines": pipelines, "commands": commands}
+        report = dict(self.report, kernels=kernels, pipelines=len(pipelines),
+                      end_copies=len(fu.end_copies), in_place=len(fu.inplace))
+        return Lowered(plan, self.feeds, outputs, self.persistent, self.const_data, kernels,
+                       report, writers), names
+
+
+def _build_group(ctx: GroupCtx) -> list[dict]:
+    m = ctx.main_node
+    if m is None and ctx.group.anchors[0] in ctx._low.fu.piecewise:
+        return build_concat_pieces(ctx)
+    if m is None:
+        return build_elementwise(ctx)
+    if m.op == "matmul" or m.id in ctx._low.fu.matmul_fold:
+        return build_matmul(ctx)
+    if m.op in REDUCE_OPS or m.op in ROW_OPS:
+        return build_reduce(ctx)
+    if m.op == "scatter_add_rows":
+        return build_scatter(ctx)
+    if m.op == "fold2d":
+        return build_fold(ctx)
+    raise AssertionError(m.op)
+
+
+def lower(graph, limits: Limits | None = None, persist_key=lambda name: name):
+    """Compile a Graph into (Lowered, kernel names)."""
+    low = _Lowering(graph, limits or Limits(), persist_key)
+    return low.build()
+
+
+__all__ = ["lower", "Lowered", "describe"]

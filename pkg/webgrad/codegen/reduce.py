@@ -1,0 +1,330 @@
+"""Reductions: sum over axes, max_last, argmax_last, and the row ops softmax_last,
+log_softmax_last and layer_norm_last, each ONE kernel (two for very long reductions).
+
+Strategies, by the shape of the reduction (R elements reduced into each of O outputs):
+  wg        reduced axes trailing and R >= 64: a workgroup per output; its threads stride
+            over the row, then a shared-memory tree combines them. Row ops do their passes
+            (max, sum of exp / mean, variance, write) inside the same workgroup.
+  thread    short rows, or reduced axes in front (a bias gradient sums [N, D] over N): a
+            thread per output loops over R; neighbouring threads read neighbouring columns.
+  split     very long reductions with few outputs: pass 1 reduces chunks into a scratch
+            buffer, pass 2 reduces the partials and runs the epilogue (2 dispatches).
+Inputs are read through the emitter, so an elementwise producer is computed inside the
+reduction (loss chains: sum(d * d) is one kernel); the result goes through the group's
+epilogue (`epi(flat, value)`), where fused elementwise consumers are evaluated.
+Summation order is a tree (or chunked), not numpy's pairwise order: results agree within
+f32 rounding of the sum's magnitude (~log2(R) * 6e-8 * sum|x|).
+"""
+from __future__ import annotations
+
+from math import prod
+
+from .emit import Emitter, Idx
+from .wgsl import WG, f32_lit, pow2ceil, tree_reduce, zero
+
+REDUCE_OPS = {"sum", "max_last", "argmax_last"}
+ROW_OPS = {"softmax_last", "log_softmax_last", "layer_norm_last"}
+_NEG_INF = f32_lit(float("-inf"))
+
+SPLIT_CHUNK = 4096     # elements per workgroup in pass 1 of a split row reduction
+THREAD_CHUNK = 256     # elements per thread in pass 1 of a split column reduction
+
+
+class _Shape:
+    """What is reduced: x's shape, the reduced axes, O outputs of R elements each."""
+
+    def __init__(self, g, node, source=None):
+        """source: (x, axes) when fusion folded sum(sum(x)) into one reduction of x."""
+        self.x = source[0] if source else node.inputs[0]
+        self.xs = tuple(g[self.x].shape)
+        if source:
+            self.axes = tuple(source[1])
+        elif node.op == "sum":
+            self.axes = tuple(sorted(node.attrs["axes"]))
+        else:
+            self.axes = (len(self.xs) - 1,)
+        self.R = prod(self.xs[a] for a in self.axes)
+        self.O = prod(node.shape) if node.op not in ROW_OPS else prod(self.xs[:-1])
+        n = len(self.xs)
+        self.trailing = self.axes == tuple(range(n - len(self.axes), n))
+        self.kept = tuple(d for k, d in enumerate(self.xs) if k not in self.axes)
+        self.red = tuple(self.xs[a] for a in self.axes)
+        self.kind = {"sum": "sum", "max_last": "max", "argmax_last": "argmax"}.get(node.op, "row")
+
+    def strategy(self):
+        if self.kind == "row":
+            return ("wg", None) if self.R > 32 else ("thread", None)
+        if self.trailing and self.R >= 64:
+            if self.kind != "argmax" and self.R >= 8 * SPLIT_CHUNK and self.O <= 64:
+                return "wg_split", min(-(-self.R // SPLIT_CHUNK), 1024)
+            return "wg", None
+        if self.kind == "sum" and not self.trailing and self.R >= 8 * THREAD_CHUNK and self.O <= 8192:
+            return "thread_split", min(-(-self.R // THREAD_CHUNK), 1024)
+        return "thread", None
+
+    def x_idx(self, em: Emitter, o: str, r: str) -> Idx:
+        if self.trailing:
+            if self.O == 1:
+                return Idx(self.xs, flat=r)
+            if self.R == 1:
+                return Idx(self.xs, flat=o)
+            return Idx(self.xs, flat=em.let(f"{o} * {self.R}u + {r}"))
+        kd = iter(em.unravel(o, self.kept))
+        rd = iter(em.unravel(r, self.red))
+        return Idx(self.xs, dims=[next(rd) if k in self.axes else next(kd)
+                                  for k in range(len(self.xs))])
+
+
+def scratch_bytes(g, node, source=None) -> int:
+    """Bytes of scratch a reduction needs between its two passes (0: one pass)."""
+    if node.op not in REDUCE_OPS:
+        return 0
+    s = _Shape(g, node, source)
+    strat, P = s.strategy()
+    return 4 * s.O * P if strat in ("wg_split", "thread_split") else 0
+
+
+def _wgsize(ctx, n: int) -> int:
+    cap = min(WG, ctx.limits.max_compute_invocations_per_workgroup,
+              ctx.limits.max_compute_workgroup_size_x)
+    return max(1, min(cap, max(32, pow2ceil(n))))
+
+
+def _combine(kind: str, dtype: str):
+    if kind == "sum":
+        return lambda a, b: f"{a} = {a} + {b};"
+    return lambda a, b: f"{a} = max({a}, {b});"
+
+
+def _init(kind: str, dtype: str) -> str:
+    return zero(dtype) if kind == "sum" else _NEG_INF
+
+
+def build_reduce(ctx) -> list:
+    node = ctx.main_node
+    s = _Shape(ctx.g, node, ctx.sum_source)
+    strat, P = s.strategy()
+    if node.op in ROW_OPS:
+        return [_row_op(ctx, node, s, strat)]
+    if strat == "wg":
+        return [_wg_reduce(ctx, node, s)]
+    if strat == "thread":
+        return [_thread_reduce(ctx, node, s)]
+    if strat == "wg_split":
+        return _wg_split(ctx, node, s, P)
+    return _thread_split(ctx, node, s, P)
+
+
+def _accumulate(em, s, kind, acc, acci, o, r):
+    v = em.value(s.x, s.x_idx(em, o, r))
+    if kind == "argmax":
+        with em.block(f"if ({v} > {acc})"):
+            em.emit(f"{acc} = {v};")
+            em.emit(f"{acci} = {r};")
+    elif kind == "sum":
+        em.emit(f"{acc} = {acc} + {v};")
+    else:
+        em.emit(f"{acc} = max({acc}, {v});")
+
+
+def _thread_reduce(ctx, node, s):
+    kernel = ctx.kernel(node.op)
+    grid = kernel.grid(-(-s.O // WG))
+    xdt = ctx.g[s.x].dtype
+    epi = ctx.epilogue_fn(kernel)
+    em = ctx.emitter(kernel)
+    em.emit(f"let o = ({kernel.wg_linear()}) * {WG}u + lid;")
+    em.emit(f"if (o >= {s.O}u) {{ return; }}")
+    acc = em.var(xdt, _init(s.kind, xdt))
+    acci = em.var("u32", "0u") if s.kind == "argmax" else None
+    with em.block(f"for (var r = 0u; r < {s.R}u; r++)"):
+        _accumulate(em, s, s.kind, acc, acci, "o", "r")
+    em.emit(f"{epi}(o, {'i32(' + acci + ')' if s.kind == 'argmax' else acc});")
+    return ctx.dispatch(kernel, em.lines, grid, WG)
+
+
+def _tree_argmax(em, wgs):
+    em.emit("workgroupBarrier();")
+    st = wgs // 2
+    while st >= 1:
+        em.emit(f"if (lid < {st}u) {{ let bv = red[lid + {st}u]; let bi = redi[lid + {st}u]; "
+                f"if (bv > red[lid] || (bv == red[lid] && bi < redi[lid])) "
+                f"{{ red[lid] = bv; redi[lid] = bi; }} }}")
+        em.emit("workgroupBarrier();")
+        st //= 2
+
+
+def _wg_body(ctx, kernel, em, s, kind, dtype, o, r_from, r_to, wgs, finish):
+    acc = em.var(dtype, _init(kind, dtype))
+    acci = em.var("u32", "0u") if kind == "argmax" else None
+    with em.block(f"for (var r = {r_from} + lid; r < {r_to}; r += {wgs}u)"):
+        _accumulate(em, s, kind, acc, acci, o, "r")
+    em.emit(f"red[lid] = {acc};")
+    if kind == "argmax":
+        em.emit(f"redi[lid] = {acci};")
+        _tree_argmax(em, wgs)
+    else:
+        tree_reduce(em.lines, "  ", "red", wgs, _combine(kind, dtype))
+    with em.block("if (lid == 0u)"):
+        finish("red[0]" if kind != "argmax" else "i32(redi[0])")
+
+
+def _wg_reduce(ctx, node, s):
+    kernel = ctx.kernel(node.op)
+    wgs = _wgsize(ctx, s.R)
+    grid = kernel.grid(s.O)
+    xdt = ctx.g[s.x].dtype
+    kernel.decls.append(f"var<workgroup> red: array<{xdt}, {wgs}>;")
+    if s.kind == "argmax":
+        kernel.decls.append(f"var<workgroup> redi: array<u32, {wgs}>;")
+    epi = ctx.epilogue_fn(kernel)
+    em = ctx.emitter(kernel)
+    em.emit(f"let o = {kernel.wg_linear()};")
+    em.emit(f"if (o >= {s.O}u) {{ return; }}")  # o is workgroup-uniform: barriers stay legal
+    _wg_body(ctx, kernel, em, s, s.kind, xdt, "o", "0u", f"{s.R}u", wgs,
+             lambda v: em.emit(f"{epi}(o, {v});"))
+    return ctx.dispatch(kernel, em.lines, grid, wgs)
+
+
+def _wg_split(ctx, node, s, P):
+    xdt = ctx.g[s.x].dtype
+    scratch = ctx.scratch[0]
+    C = -(-s.R // P)
+    # pass 1: workgroup (o, p) reduces x[o, p*C : (p+1)*C] into scratch[o*P + p]
+    k1 = ctx.kernel(node.op + " (pass 1)")
+    wgs = _wgsize(ctx, C)
+    grid1 = k1.grid(s.O * P)
+    k1.decls.append(f"var<workgroup> red: array<{xdt}, {wgs}>;")
+    em = ctx.emitter(k1)
+    em.emit(f"let w = {k1.wg_linear()};")
+    em.emit(f"if (w >= {s.O * P}u) {{ return; }}")
+    em.emit(f"let o = w / {P}u;")
+    em.emit(f"let p = w % {P}u;")
+    em.emit(f"let r0 = p * {C}u;")
+    em.emit(f"let r1 = min(r0 + {C}u, {s.R}u);")
+    _wg_body(ctx, k1, em, s, s.kind, xdt, "o", "r0", "r1", wgs,
+             lambda v: em.store(scratch, "w", v))
+    d1 = ctx.dispatch(k1, em.lines, grid1, wgs)
+    # pass 2: workgroup o reduces the P partials, then the epilogue
+    k2 = ctx.kernel(node.op + " (pass 2)")
+    wgs2 = _wgsize(ctx, P)
+    grid2 = k2.grid(s.O)
+    k2.decls.append(f"var<workgroup> red: array<{xdt}, {wgs2}>;")
+    epi = ctx.epilogue_fn(k2)
+    em = ctx.emitter(k2)
+    em.emit(f"let o = {k2.wg_linear()};")
+    em.emit(f"if (o >= {s.O}u) {{ return; }}")
+    acc = em.var(xdt, _init(s.kind, xdt))
+    comb = _combine(s.kind, xdt)
+    with em.block(f"for (var r = lid; r < {P}u; r += {wgs2}u)"):
+        v = em.load(scratch, Idx((s.O * P,), flat=em.let(f"o * {P}u + r")))
+        em.emit(comb(acc, v))
+    em.emit(f"red[lid] = {acc};")
+    tree_reduce(em.lines, "  ", "red", wgs2, comb)
+    with em.block("if (lid == 0u)"):
+        em.emit(f"{epi}(o, red[0]);")
+    return [d1, ctx.dispatch(k2, em.lines, grid2, wgs2)]
+
+
+def _thread_split(ctx, node, s, P):
+    xdt = ctx.g[s.x].dtype
+    scratch = ctx.scratch[0]
+    C = -(-s.R // P)
+    comb = _combine(s.kind, xdt)
+    # pass 1: thread (p, o) reduces r in [p*C, (p+1)*C) into scratch[p*O + o]
+    k1 = ctx.kernel(node.op + " (pass 1)")
+    total = s.O * P
+    grid1 = k1.grid(-(-total // WG))
+    em = ctx.emitter(k1)
+    em.emit(f"let t = ({k1.wg_linear()}) * {WG}u + lid;")
+    em.emit(f"if (t >= {total}u) {{ return; }}")
+    em.emit(f"let o = t % {s.O}u;")
+    em.emit(f"let r0 = (t / {s.O}u) * {C}u;")
+    em.emit(f"let r1 = min(r0 + {C}u, {s.R}u);")
+    acc = em.var(xdt, _init(s.kind, xdt))
+    with em.block("for (var r = r0; r < r1; r++)"):
+        _accumulate(em, s, s.kind, acc, None, "o", "r")
+    em.store(scratch, "t", acc)
+    d1 = ctx.dispatch(k1, em.lines, grid1, WG)
+    # pass 2: thread o sums its P partials, then the epilogue
+    k2 = ctx.kernel(node.op + " (pass 2)")
+    grid2 = k2.grid(-(-s.O // WG))
+    epi = ctx.epilogue_fn(k2)
+    em = ctx.emitter(k2)
+    em.emit(f"let o = ({k2.wg_linear()}) * {WG}u + lid;")
+    em.emit(f"if (o >= {s.O}u) {{ return; }}")
+    acc = em.var(xdt, _init(s.kind, xdt))
+    with em.block(f"for (var p = 0u; p < {P}u; p++)"):
+        v = em.load(scratch, Idx((total,), flat=em.let(f"p * {s.O}u + o")))
+        em.emit(comb(acc, v))
+    em.emit(f"{epi}(o, {acc});")
+    return [d1, ctx.dispatch(k2, em.lines, grid2, WG)]
+
+
+# ---------------------------------------------------------------- row ops
+
+def _row_op(ctx, node, s, strat):
+    """softmax / log_softmax / layer_norm over the last axis (D = s.R), rows = s.O."""
+    D, rows = s.R, s.O
+    op = node.op
+    kernel = ctx.kernel(op)
+    epi = ctx.epilogue_fn(kernel)
+    wg = strat == "wg"
+    wgs = _wgsize(ctx, D) if wg else WG
+    grid = kernel.grid(rows if wg else -(-rows // WG))
+    if wg:
+        kernel.decls.append(f"var<workgroup> red: array<f32, {wgs}>;")
+    em = ctx.emitter(kernel)
+    if wg:
+        em.emit(f"let row = {kernel.wg_linear()};")
+    else:
+        em.emit(f"let row = ({kernel.wg_linear()}) * {WG}u + lid;")
+    em.emit(f"if (row >= {rows}u) {{ return; }}")
+    loop = f"for (var j = lid; j < {D}u; j += {wgs}u)" if wg else f"for (var j = 0u; j < {D}u; j++)"
+
+    def x_at():
+        return em.value(s.x, Idx(s.xs, flat=em.let(f"row * {D}u + j") if rows > 1 else "j"))
+
+    def reduce_all(acc, kind):
+        """acc (a per-thread var) -> a let holding the row's total."""
+        if not wg:
+            return em.let(acc)
+        em.emit(f"red[lid] = {acc};")
+        tree_reduce(em.lines, "  ", "red", wgs, _combine(kind, "f32"))
+        total = em.snapshot("red[0]")
+        em.emit("workgroupBarrier();")  # everyone has read red[0] before it is reused
+        return total
+
+    def out_flat():
+        return em.let(f"row * {D}u + j") if rows > 1 else "j"
+
+    if op in ("softmax_last", "log_softmax_last"):
+        m = em.var("f32", _NEG_INF)
+        with em.block(loop):
+            em.emit(f"{m} = max({m}, {x_at()});")
+        mx = reduce_all(m, "max")
+        acc = em.var("f32", "0.0f")
+        with em.block(loop):
+            em.emit(f"{acc} = {acc} + exp({x_at()} - {mx});")
+        tot = reduce_all(acc, "sum")
+        if op == "log_softmax_last":
+            lse = em.let(f"{mx} + log({tot})")
+            with em.block(loop):
+                em.emit(f"{epi}({out_flat()}, {x_at()} - {lse});")
+        else:
+            with em.block(loop):
+                em.emit(f"{epi}({out_flat()}, exp({x_at()} - {mx}) / {tot});")
+    else:  # layer_norm_last: mean, then the variance about it (two passes, as the reference)
+        acc = em.var("f32", "0.0f")
+        with em.block(loop):
+            em.emit(f"{acc} = {acc} + {x_at()};")
+        mean = em.let(f"{reduce_all(acc, 'sum')} / {f32_lit(D)}")
+        acc2 = em.var("f32", "0.0f")
+        with em.block(loop):
+            dv = em.let(f"{x_at()} - {mean}")
+            em.emit(f"{acc2} = {acc2} + {dv} * {dv};")
+        var = em.let(f"{reduce_all(acc2, 'sum')} / {f32_lit(D)}")
+        den = em.let(f"sqrt({var} + {f32_lit(node.attrs['eps'])})")
+        with em.block(loop):
+            em.emit(f"{epi}({out_flat()}, ({x_at()} - {mean}) / {den});")
+    return ctx.dispatch(kernel, em.lines, grid, wgs if wg else WG)

@@ -1,0 +1,223 @@
+"""The WGSL builder: the one module where WebGPU's rules and quirks live.
+
+Everything else in codegen/ writes kernel *bodies* as text and asks a `Kernel` for the rest:
+  * binding layout: every buffer a kernel touches is one `var<storage>` binding in group 0,
+    numbered in first-use order (binding k = plan command's bindings[k]); a buffer both read
+    and written is bound once, read_write (WebGPU refuses a writable binding that aliases
+    another binding of the same buffer in one dispatch);
+  * limits: `Limits` holds the device's numbers (the WebGPU defaults when a host does not
+    say); too many bindings or a binding larger than maxStorageBufferBindingSize raise
+    `LimitError` naming the tensor;
+  * workgroup sizing and dispatch splitting: a kernel asks for N workgroups, `grid(N)` splits
+    them over x/y/z so that no dimension exceeds maxComputeWorkgroupsPerDimension (65535),
+    and the kernel reads its linear workgroup index from `wg_linear()`; workgroups past N
+    return at once (a workgroup-uniform test, so barriers after it stay legal);
+  * literals: f32 values are written so that they round back to the same float32
+    (inf/nan through bitcast, negative numbers parenthesised so `a - -1` never forms `--`).
+"""
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+
+WG = 256  # default workgroup size for one-thread-per-element kernels (WebGPU's default max)
+
+
+class LimitError(ValueError):
+    """A program needs more than the WebGPU device allows."""
+
+
+@dataclass
+class Limits:
+    """The device limits codegen obeys (names as wgpu-py/JS give them, snake_case)."""
+    max_storage_buffer_binding_size: int = 134217728
+    max_buffer_size: int = 268435456
+    max_compute_workgroups_per_dimension: int = 65535
+    max_compute_invocations_per_workgroup: int = 256
+    max_compute_workgroup_size_x: int = 256
+    max_compute_workgroup_storage_size: int = 16384
+    max_storage_buffers_per_shader_stage: int = 8
+
+    @classmethod
+    def from_host(cls, limits: dict | None) -> "Limits":
+        out = cls()
+        for k, v in (limits or {}).items():
+            k = k.replace("-", "_")
+            if hasattr(out, k) and isinstance(v, int):
+                setattr(out, k, v)
+        return out
+
+
+# ---------------------------------------------------------------- literals
+
+def f32_lit(v: float) -> str:
+    """A WGSL f32 literal that rounds back to float32(v)."""
+    v = float(v)
+    if math.isfinite(v):
+        try:
+            v = struct.unpack("<f", struct.pack("<f", v))[0]
+        except OverflowError:  # beyond float32's range: float32(v) is infinite
+            v = math.copysign(math.inf, v)
+    # Not bitcast<f32>(0x...u): a const-expression that is inf/nan is a shader-creation error
+    # (Tint, so Chrome, enforces it; naga does not). Kernel.source declares these variables.
+    if math.isnan(v):
+        return "bitcast<f32>(wg_nan_bits)"
+    if math.isinf(v):
+        return "bitcast<f32>(wg_pinf_bits)" if v > 0 else "bitcast<f32>(wg_ninf_bits)"
+    if v == 0.0:
+        return "(-0.0f)" if math.copysign(1.0, v) < 0 else "0.0f"
+    text = repr(v)
+    if "e" not in text and "." not in text:
+        text += ".0"
+    if "inf" in text or "nan" in text:  # unreachable: handled above
+        raise ValueError(v)
+    return f"({text}f)" if v < 0 else f"{text}f"
+
+
+def i32_lit(v: int) -> str:
+    v = int(v)
+    if v == -2**31:
+        return "bitcast<i32>(0x80000000u)"
+    if not -2**31 < v < 2**31:
+        raise LimitError(f"integer constant {v} does not fit in i32")
+    return f"({v}i)" if v < 0 else f"{v}i"
+
+
+def u32_lit(v: int) -> str:
+    v = int(v)
+    if not 0 <= v < 2**32:
+        raise LimitError(f"index constant {v} does not fit in u32")
+    return f"{v}u"
+
+
+def lit(v, dtype: str) -> str:
+    return f32_lit(v) if dtype == "f32" else i32_lit(v)
+
+
+def wgsl_type(dtype: str) -> str:
+    return {"f32": "f32", "i32": "i32", "u32": "u32"}[dtype]
+
+
+def zero(dtype: str) -> str:
+    return "0.0f" if dtype == "f32" else "0i"
+
+
+def pow2ceil(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+# ---------------------------------------------------------------- the kernel builder
+
+@dataclass
+class Binding:
+    buffer: int      # plan buffer id
+    elem: str        # WGSL element type of the array view
+    write: bool
+    what: str        # the tensor(s) it holds, for error messages
+
+
+class Kernel:
+    """Collects the module-scope parts of one WGSL compute shader and assembles it."""
+
+    def __init__(self, limits: Limits, name: str):
+        self.limits, self.name = limits, name
+        self.bindings: list[Binding] = []
+        self._by_buffer: dict[int, int] = {}
+        self.decls: list[str] = []          # module-scope declarations (shared memory, ...)
+        self._helpers: dict[str, str] = {}  # helper functions by name (erf, hash, ...)
+        self.functions: list[str] = []      # generated functions (epilogues)
+        self.workgroup_size = WG
+        self.nx = self.ny = self.nz = 1
+
+    # -- buffers
+    def binding(self, buffer: int, dtype: str, *, write: bool = False, what: str = "",
+                nbytes: int = 0) -> str:
+        """The WGSL name of `buffer`'s binding (created on first use)."""
+        if nbytes > self.limits.max_storage_buffer_binding_size:
+            raise LimitError(
+                f"{what or 'a tensor'} needs {nbytes} bytes in one storage binding but this "
+                f"device allows {self.limits.max_storage_buffer_binding_size} "
+                "(maxStorageBufferBindingSize); use smaller shapes (split the batch) or a GPU "
+                "with a larger limit")
+        k = self._by_buffer.get(buffer)
+        if k is None:
+            k = len(self.bindings)
+            self._by_buffer[buffer] = k
+            self.bindings.append(Binding(buffer, wgsl_type(dtype), write, what))
+        else:
+            b = self.bindings[k]
+            b.write = b.write or write
+            if b.elem != wgsl_type(dtype):
+                raise AssertionError(f"buffer {buffer} bound as {b.elem} and {dtype} in one kernel")
+        return f"b{k}"
+
+    def helper(self, name: str, code: str) -> str:
+        self._helpers.setdefault(name, code)
+        return name
+
+    # -- dispatch
+    def grid(self, workgroups: int) -> list[int]:
+        """Split `workgroups` over x/y/z within maxComputeWorkgroupsPerDimension."""
+        m = self.limits.max_compute_workgroups_per_dimension
+        n = max(1, int(workgroups))
+        if n <= m:
+            x, y, z = n, 1, 1
+        elif n <= m * m:
+            y = -(-n // m)
+            x, z = -(-n // y), 1
+        else:
+            z = -(-n // (m * m))
+            if z > m:
+                raise LimitError(f"{self.name}: {n} workgroups exceed even a 3-D grid of {m}^3")
+            x, y = m, m
+        self.nx, self.ny, self.nz = x, y, z
+        return [x, y, z]
+
+    def wg_linear(self) -> str:
+        """WGSL expression of the linear workgroup index (valid after grid())."""
+        parts = ["wid.x"]
+        if self.ny > 1 or self.nz > 1:
+            parts.append(f"wid.y * {self.nx}u")
+        if self.nz > 1:
+            parts.append(f"wid.z * {self.nx * self.ny}u")
+        return " + ".join(parts)
+
+    # -- assembly
+    def source(self, body: list[str], *, workgroup_size: int | None = None) -> str:
+        wgs = workgroup_size or self.workgroup_size
+        if wgs > self.limits.max_compute_invocations_per_workgroup:
+            raise LimitError(f"{self.name}: workgroup of {wgs} invocations exceeds the device's "
+                             f"{self.limits.max_compute_invocations_per_workgroup}")
+        if len(self.bindings) > self.limits.max_storage_buffers_per_shader_stage:
+            names = ", ".join(b.what for b in self.bindings)
+            raise LimitError(f"{self.name}: needs {len(self.bindings)} storage buffers in one "
+                             f"kernel ({names}) but the device allows "
+                             f"{self.limits.max_storage_buffers_per_shader_stage}")
+        out = [f"// webgrad: {self.name}"]
+        for k, b in enumerate(self.bindings):
+            access = "read_write" if b.write else "read"
+            out.append(f"@group(0) @binding({k}) var<storage, {access}> b{k}: array<{b.elem}>;")
+        out += ["var<private> wg_pinf_bits: u32 = 0x7f800000u;",  # see f32_lit
+                "var<private> wg_ninf_bits: u32 = 0xff800000u;",
+                "var<private> wg_nan_bits: u32 = 0x7fc00000u;"]
+        out += self.decls
+        out += self._helpers.values()
+        out += self.functions
+        out.append(f"@compute @workgroup_size({wgs})")
+        out.append("fn main(@builtin(workgroup_id) wid: vec3<u32>, "
+                   "@builtin(local_invocation_index) lid: u32) {")
+        out += body
+        out.append("}")
+        return "\n".join(out) + "\n"
+
+
+def tree_reduce(lines: list[str], ind: str, arr: str, wgs: int, combine) -> None:
+    """Append a shared-memory tree reduction over `arr[0..wgs)` (unrolled; result in arr[0]).
+    `combine(a, b)` -> WGSL statement(s) that fold element b into a (strings of lvalues)."""
+    lines.append(f"{ind}workgroupBarrier();")
+    s = wgs // 2
+    while s >= 1:
+        lines.append(f"{ind}if (lid < {s}u) {{ {combine(f'{arr}[lid]', f'{arr}[lid + {s}u]')} }}")
+        lines.append(f"{ind}workgroupBarrier();")
+        s //= 2

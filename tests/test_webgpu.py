@@ -1,0 +1,444 @@
+"""The WebGPU executor (backend="webgpu") on a native adapter: wgpu-py, lavapipe in CI.
+
+Every test compares against something independent of the WGSL it runs: torch in float64
+(the op oracle table, tests/oracle.py), the numpy reference executor (whole training
+steps), numpy/math directly (reductions, matmuls, erf, random bits), or brute force (the
+buffer pool). Tolerances are the oracle's (rtol 1e-4, atol 1e-5 elementwise; atol 2e-5 for
+reductions and 1e-4 for matmul-like records, whose f32 summation order differs from
+torch's float64); the bounds of the other tests are stated where they are asserted.
+Skipped cleanly when no adapter exists.
+"""
+from __future__ import annotations
+
+import gc
+import math
+import random
+
+import numpy as np
+import pytest
+
+import models
+import oracle
+import webgrad as wg
+from webgrad import Module, nn, ops, optim
+
+pytestmark = pytest.mark.webgpu
+
+try:
+    from webgrad.backends.webgpu_native import NativeHost
+    NativeHost()
+except Exception as e:  # no wgpu, no adapter: nothing here can run
+    pytest.skip(f"no native WebGPU adapter: {e}", allow_module_level=True)
+
+from webgrad.backends.gpu_host import DeviceLostError  # noqa: E402
+from webgrad.backends.webgpu import LOWERED_OPS, WebGPUBackend  # noqa: E402
+from webgrad.buffers import END, Live, plan_pool  # noqa: E402
+from webgrad.codegen import LimitError  # noqa: E402
+from webgrad.primitives import PRIMS, rand_bits  # noqa: E402
+
+
+def forward(fn, inputs, backend="webgpu"):
+    """A forward program with no parameters: fn(feeds) over the declared inputs."""
+    return wg.compile_forward(Module, lambda m, i: fn(**i), inputs=inputs, backend=backend)
+
+
+def exe(c):
+    """The WebGPUProgram behind a compiled module or forward program."""
+    prog = c._train if hasattr(c, "_train") else c._prog
+    return prog.exe
+
+
+# ---------------------------------------------------------------- (a) the op oracle table
+
+@pytest.mark.parametrize("record", oracle.RECORDS, ids=[r.name for r in oracle.RECORDS])
+def test_oracle(record):
+    oracle.check(record, "webgpu")
+
+
+def test_every_primitive_lowers():
+    missing = sorted(set(PRIMS) - LOWERED_OPS)
+    assert not missing, f"codegen/ has no WGSL lowering for {missing}"
+
+
+# ---------------------------------------------------------------- (b) whole training steps
+
+def _mlp_batches():
+    rng = random.Random(7)
+    return [models.sin_batch(rng) for _ in range(50)]
+
+
+@pytest.mark.parametrize("model", ["mlp", "transformer"])
+def test_training_matches_reference(model):
+    """50 Adam steps on WebGPU equal the reference executor's within f32 noise: each step's
+    loss within 1e-3 relative, final params within 2e-2 relative + 1e-3 (Adam divides by
+    sqrt(v), which amplifies f32 rounding of near-zero gradients over 50 steps)."""
+    if model == "mlp":
+        make, batches = models.compile_mlp, _mlp_batches()
+    else:
+        make, batches = models.compile_transformer, [models.reversal_batch(0)] * 50
+    c, r = make("webgpu"), make("reference")
+    for k, b in enumerate(batches):
+        lw, lr_ = c.step(b), r.step(b)
+        assert abs(lw - lr_) <= 1e-3 * abs(lr_) + 1e-6, f"step {k}: webgpu {lw} vs reference {lr_}"
+    pw, pr = c.download_params(), r.download_params()
+    for name in pr:
+        np.testing.assert_allclose(pw[name], pr[name], rtol=2e-2, atol=1e-3, err_msg=name)
+    gw, gr = c.download_param_grads(), r.download_param_grads()
+    for name in gr:
+        np.testing.assert_allclose(gw[name], gr[name], rtol=1e-2, atol=1e-4, err_msg=name)
+    # run() (the sibling forward program) sees the trained parameters
+    assert abs(c.run(batches[0]) - r.run(batches[0])) <= 1e-3 * abs(r.run(batches[0])) + 1e-6
+    print(f"{model}: {c.kernel_count} kernels per step, memory {c.memory_report()}")
+
+
+# ---------------------------------------------------------------- (c) memory plan, kernel count
+
+def test_mlp_memory_plan_and_kernel_count():
+    c = models.compile_mlp("webgpu")
+    rep = c.memory_report()
+    for key in ("planned_bytes", "naive_bytes", "persistent_bytes", "pool_bytes"):
+        assert key in rep, key
+    assert rep["planned_bytes"] < rep["naive_bytes"], rep
+    assert rep["pool_bytes"] < rep["planned_bytes"]
+    # params (6) + Adam m, v (12) + kept grads (6) + step: persistent, 4 bytes each at least
+    ir = c.ir
+    matmuls = sum(1 for n in ir.nodes if n.op == "matmul")
+    names = exe(c).kernel_names
+    # no kernel exists for a transpose, a broadcast, the loss chain or an optimizer update:
+    # every matmul is one kernel, and the rest are reductions and the step counter
+    assert sum(1 for n in names if n.startswith("matmul")) == matmuls
+    assert c.kernel_count <= 16, names  # 13 today (tensorgrad: 63)
+    print(f"MLP step: {c.kernel_count} kernels {names}; memory {rep}")
+
+
+def test_adam_update_is_one_kernel_per_parameter():
+    """p, m and v of each parameter are written by one dispatch, in place."""
+    c = models.compile_mlp("webgpu")
+    writers = exe(c).lowered.writers
+    for p in c.param_names:
+        ks = {writers[p], writers[f"opt/adam.m.{p}"], writers[f"opt/adam.v.{p}"]}
+        assert len(ks) == 1 and "copy" not in ks, (p, ks)
+
+
+# ---------------------------------------------------------------- (d) layout folds
+
+FOLDS = [
+    # (name, fn, inputs, numpy, kernels)
+    ("swap_axes @", lambda a, b: ops.swap_axes(a, -1, -2) @ b,
+     {"a": [5, 3], "b": [5, 4]}, lambda a, b: a.T @ b, 1),
+    ("@ swap_axes, batched", lambda a, b: a @ ops.swap_axes(b, -1, -2),
+     {"a": [2, 3, 5], "b": [4, 5]}, lambda a, b: a @ b.T, 1),
+    ("transposed elementwise", lambda a, b: ops.transpose(a, (1, 0)) * b + 1.0,
+     {"a": [4, 3], "b": [3, 4]}, lambda a, b: a.T * b + 1, 1),
+    ("broadcast_to", lambda a, b: ops.broadcast_to(a, (3, 4)) - b,
+     {"a": [3, 1], "b": [3, 4]}, lambda a, b: a - b, 1),
+    ("reshape @", lambda a, b: ops.reshape(a, (6, 2)) @ b,
+     {"a": [3, 4], "b": [2, 5]}, lambda a, b: a.reshape(6, 2) @ b, 1),
+    ("split_heads @ swap_axes",
+     lambda q, k: nn.split_heads(q, 2) @ ops.swap_axes(nn.split_heads(k, 2), -1, -2),
+     {"q": [2, 3, 8], "k": [2, 3, 8]},
+     lambda q, k: q.reshape(2, 3, 2, 4).transpose(0, 2, 1, 3) @ k.reshape(2, 3, 2, 4).transpose(0, 2, 3, 1), 1),
+    ("merge_heads @ (two strides on one axis)", lambda x, w: nn.merge_heads(x) @ w,
+     {"x": [2, 2, 3, 4], "w": [8, 5]}, lambda x, w: x.transpose(0, 2, 1, 3).reshape(2, 3, 8) @ w, 1),
+    ("weight gradient: sum over batch of x^T g", lambda x, g: ops.sum(ops.swap_axes(x, -1, -2) @ g, 0),
+     {"x": [3, 4, 5], "g": [3, 4, 6]}, lambda x, g: np.einsum("btd,btn->dn", x, g), 1),
+    ("weight gradient through merge_heads",
+     lambda x, g: ops.sum(ops.swap_axes(nn.merge_heads(x), -1, -2) @ g, 0),
+     {"x": [2, 2, 3, 4], "g": [2, 3, 6]},
+     lambda x, g: np.einsum("btd,btn->dn", x.transpose(0, 2, 1, 3).reshape(2, 3, 8), g), 1),
+    ("cross entropy forward", lambda x, t: nn.cross_entropy_last(x, ops.cast(t, "i32")),
+     {"x": [4, 5], "t": [4]}, None, 2),
+]
+
+
+@pytest.mark.parametrize("case", FOLDS, ids=[c[0] for c in FOLDS])
+def test_layout_ops_fold_into_consumers(case):
+    name, fn, shapes, ref, kernels = case
+    f = forward(fn, {k: s for k, s in shapes.items()})
+    rng = np.random.default_rng(0)
+    feed = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+    if "t" in feed:
+        feed["t"] = np.array([0, 4, 2, 1], np.float32)
+    got = f.run(feed)
+    assert f.kernel_count == kernels, exe(f).kernel_names
+    if ref is not None:
+        np.testing.assert_allclose(got, ref(*[feed[k].astype(np.float64) for k in shapes]),
+                                   rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- long reductions, matmuls
+
+def _shift(x):
+    return x - x.max(-1, keepdims=True)
+
+
+REDUCTIONS = [
+    # (name, fn, shape, numpy): every split strategy of codegen/reduce.py
+    ("sum_all long (2-pass)", lambda x: ops.sum_all(x), [100_003], lambda x: x.sum()),
+    ("sum axis 0 long (2-pass)", lambda x: ops.sum(x, 0), [5000, 7], lambda x: x.sum(0)),
+    ("sum middle axis", lambda x: ops.sum(x, 1), [3, 300, 5], lambda x: x.sum(1)),
+    ("max_last long (2-pass)", lambda x: ops.max_last(x), [2, 70_001], lambda x: x.max(-1)),
+    ("argmax_last long", lambda x: ops.cast(ops.argmax_last(x), "f32"), [3, 5000],
+     lambda x: x.argmax(-1)),
+    ("softmax_last long", lambda x: ops.softmax_last(x), [3, 3000],
+     lambda x: np.exp(_shift(x)) / np.exp(_shift(x)).sum(-1, keepdims=True)),
+    ("log_softmax short rows", lambda x: ops.log_softmax_last(x), [300, 7],
+     lambda x: _shift(x) - np.log(np.exp(_shift(x)).sum(-1, keepdims=True))),
+    ("layer_norm long", lambda x: ops.layer_norm_last(x), [2, 1000],
+     lambda x: (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5)),
+]
+
+
+@pytest.mark.parametrize("case", REDUCTIONS, ids=[c[0] for c in REDUCTIONS])
+def test_long_reductions(case):
+    """Bound: |err| <= 1e-6 * sum|x| (tree/chunked f32 summation) + 1e-5 (1 + |want|)."""
+    name, fn, shape, ref = case
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    got = forward(fn, {"x": shape}).run({"x": x})
+    want = ref(x.astype(np.float64))
+    scale = np.abs(x).sum() * 1e-6
+    assert np.all(np.abs(got - want) <= scale + 1e-5 * (1 + np.abs(want))), \
+        f"{name}: max err {np.max(np.abs(got - want))}"
+
+
+# ---------------------------------------------------------------- (e) limits
+
+def test_oversized_tensor_is_refused_naming_it():
+    be = WebGPUBackend()
+    be.limits.max_storage_buffer_binding_size = 4096
+    with pytest.raises(LimitError, match=r"input 'x'.*maxStorageBufferBindingSize"):
+        forward(lambda x: x * 2.0, {"x": [2048]}, backend=be)
+    be = WebGPUBackend()
+    be.limits.max_storage_buffer_binding_size = 4096
+    # an intermediate: the message names the op and the user's line that built it
+    with pytest.raises(LimitError, match=r"matmul f32\[33,33\].*test_webgpu\.py"):
+        forward(lambda a, b: ops.sum_all(a @ b), {"a": [33, 1], "b": [1, 33]}, backend=be)
+
+
+def test_dispatch_over_65535_workgroups():
+    """An elementwise kernel over 65536 * 256 + 37 elements needs 65537 workgroups of 256:
+    the grid is split in two dimensions and every element is still computed once."""
+    n = 65536 * 256 + 37
+    f = forward(lambda x: x * 0.5 + 1.0, {"x": [n]})
+    (cmd,) = [c for c in exe(f).plan["commands"] if c["op"] == "dispatch"]
+    x, y, z = cmd["workgroups"]
+    assert max(x, y, z) <= 65535 and x * y * z >= 65537 and y > 1
+    xs = np.arange(n, dtype=np.float32) % 1024
+    np.testing.assert_array_equal(f.run({"x": xs}), xs * np.float32(0.5) + np.float32(1.0))
+
+
+@pytest.mark.parametrize("limit", [8, 5])
+def test_binding_limit_is_obeyed(limit):
+    """maxStorageBuffersPerShaderStage is 8 by WebGPU's default (browsers may give 8-10):
+    fusion stores intermediates and refuses merges so that no kernel binds more, and the
+    transformer still trains like the reference executor (3 steps, as in (b))."""
+    be = WebGPUBackend()
+    be.limits.max_storage_buffers_per_shader_stage = limit
+    c, r = models.compile_transformer(be), models.compile_transformer("reference")
+    worst = max(len(cmd["bindings"]) for cmd in exe(c).plan["commands"] if cmd["op"] == "dispatch")
+    assert worst <= limit
+    b = models.reversal_batch(0)
+    for _ in range(3):
+        lw, lr_ = c.step(b), r.step(b)
+        assert abs(lw - lr_) <= 1e-3 * abs(lr_)
+
+
+def test_concat_of_more_inputs_than_bindings():
+    """9 inputs under a 4-buffer limit: one dispatch per input writes its slab."""
+    be = WebGPUBackend()
+    be.limits.max_storage_buffers_per_shader_stage = 4
+    shapes = {f"x{k}": [2, k + 1, 3] for k in range(9)}
+    f = wg.compile_forward(Module, lambda m, i: ops.exp(ops.concat([i[k] * 2.0 for k in shapes], 1)),
+                           inputs=shapes, backend=be)
+    rng = np.random.default_rng(0)
+    feed = {k: rng.uniform(-1, 1, s).astype(np.float32) for k, s in shapes.items()}
+    want = np.exp(np.concatenate([feed[k].astype(np.float64) * 2 for k in shapes], 1))
+    np.testing.assert_allclose(f.run(feed), want, rtol=1e-5)
+    assert max(len(c["bindings"]) for c in exe(f).plan["commands"]) <= 4
+
+
+@pytest.mark.parametrize("name", ["softmax_last/3d", "sum/axes", "matmul/batch_bcast",
+                                  "argmax_last", "scatter_add_rows", "fold2d", "embedding",
+                                  "layer_norm_last"])
+def test_split_grids_with_a_tiny_dimension_limit(name):
+    """With maxComputeWorkgroupsPerDimension forced to 2, every kernel kind runs on a
+    split 2-D/3-D grid (with workgroups past the end that must do nothing)."""
+    be = WebGPUBackend()
+    be.limits.max_compute_workgroups_per_dimension = 2
+    oracle.check(oracle.BY_NAME[name], be)
+
+
+# ---------------------------------------------------------------- (f) device loss
+
+def test_device_loss_raises_instead_of_hanging():
+    host = NativeHost(private=True)
+    c = models.compile_mlp(WebGPUBackend(host))
+    b = models.sin_batch(random.Random(0))
+    assert math.isfinite(c.step(b))
+    host.destroy_device()
+    with pytest.raises(DeviceLostError, match="lost"):
+        c.step(b)
+    with pytest.raises(DeviceLostError):
+        c.download_params()
+    del c
+    gc.collect()  # releasing a lost device's objects must not crash (wgpudawn did)
+    # the shared device of every other compile is untouched
+    assert math.isfinite(models.compile_mlp("webgpu").step(b))
+
+
+# ---------------------------------------------------------------- numerics
+
+def test_erf_is_accurate_to_a_few_ulp():
+    """Against math.erf (double): relative error below 3e-7 (~3 f32 ulps)."""
+    xs = np.concatenate([np.linspace(-5, 5, 20001), [1e-30, -1e-8, 1e-4, 0.75, -0.75, 3.99, 4.0, 0.0]])
+    xs = xs.astype(np.float32)
+    got = forward(lambda x: ops.erf(x), {"x": [xs.size]}).run({"x": xs}).astype(np.float64)
+    want = np.array([math.erf(float(v)) for v in xs])
+    rel = np.abs(got - want) / np.maximum(np.abs(want), 1e-38)
+    assert rel.max() < 3e-7, (rel.max(), xs[rel.argmax()])
+
+
+def test_random_bits_match_the_spec_at_later_steps():
+    """rand_uniform at step counter 3 equals primitives.rand_bits bit for bit."""
+    seed_box = {}
+
+    def loss(m, i):
+        u = ops.rand_uniform((40, 7), seed=5)
+        seed_box["seed"] = u.node.attrs["seed"]
+        ops.capture("u", u)
+        return ops.sum_all(m.w * u)
+
+    class M(Module):
+        def __init__(self):
+            super().__init__()
+            self.w = self.param([40, 7], init="zeros")
+
+    c = wg.compile_module(M, loss, inputs={}, optimizer=optim.SGD(lr=0.0), backend="webgpu")
+    for _ in range(3):
+        c.step({})
+    _, caps = c.step({}, with_captures=True)
+    h = rand_bits(np, 3, seed_box["seed"], 280)
+    want = ((h >> 8).astype(np.float32) * np.float32(2.0 ** -24)).reshape(40, 7)
+    np.testing.assert_array_equal(caps["u"], want)
+
+
+# ---------------------------------------------------------------- runtime behaviour
+
+def test_forward_program_shares_parameters_with_the_step():
+    c = models.compile_mlp("webgpu")
+    rng = random.Random(3)
+    for _ in range(3):
+        c.step(models.sin_batch(rng))
+    f = c.compile_forward(lambda m, i: models.mlp_forward(m, i["x"]), inputs={"x": [5, 1]})
+    x = np.linspace(-1, 1, 5, dtype=np.float32)[:, None]
+
+    def numpy_mlp(p):
+        h = np.maximum(x @ p["l1.W"] + p["l1.b"], 0)
+        h = np.maximum(h @ p["l2.W"] + p["l2.b"], 0)
+        return h @ p["l3.W"] + p["l3.b"]
+    np.testing.assert_allclose(f.run({"x": x}), numpy_mlp(c.download_params()), rtol=1e-5, atol=1e-6)
+    new = {k: v * 0.5 for k, v in c.download_params().items()}
+    c.upload_params(new)
+    np.testing.assert_allclose(f.run({"x": x}), numpy_mlp(new), rtol=1e-5, atol=1e-6)
+    c.reset()
+    fresh = models.compile_mlp("reference").download_params()
+    np.testing.assert_allclose(c.download_params()["l1.W"], fresh["l1.W"])
+
+
+def test_auto_backend_picks_webgpu():
+    from webgrad.backends import get_backend
+    assert isinstance(get_backend("auto"), WebGPUBackend)
+
+
+def test_pipelines_are_cached_by_wgsl_text():
+    from webgrad.backends.webgpu_native import shared_device
+    models.compile_mlp("webgpu")
+    before = len(shared_device().pipelines)
+    models.compile_mlp("webgpu")
+    assert len(shared_device().pipelines) == before
+
+
+def test_buffer_pool_never_shares_a_buffer_between_live_tensors():
+    """Brute force over random lifetimes: tensors whose [first, last] steps overlap never
+    get the same pool buffer, and every buffer is big enough for its tensors."""
+    rng = random.Random(0)
+    for _ in range(50):
+        lives = []
+        for k in range(30):
+            first = rng.randrange(20)
+            last = END if rng.random() < 0.1 else first + rng.randrange(6)
+            lives.append(Live(k, rng.randrange(1, 5000), first, last))
+        slots, assign = plan_pool(lives)
+        for a in lives:
+            assert slots[assign[a.key]] >= a.nbytes
+            for b in lives:
+                if a.key < b.key and assign[a.key] == assign[b.key]:
+                    assert a.last < b.first or b.last < a.first, (a, b)
+        assert sum(slots) <= sum(max(16, -(-t.nbytes // 16) * 16) for t in lives)
+
+
+# ---------------------------------------------------------------- Tint (Chromium) accepts the WGSL
+
+_TINT_JS = """async (shaders) => {
+  const adapter = await navigator.gpu.requestAdapter();
+  const device = await adapter.requestDevice();  // WebGPU's default limits
+  const bad = [];
+  for (let i = 0; i < shaders.length; i++) {
+    device.pushErrorScope("validation");
+    const module = device.createShaderModule({code: shaders[i]});
+    const msgs = (await module.getCompilationInfo()).messages
+      .filter((m) => m.type === "error").map((m) => `${m.lineNum}:${m.linePos} ${m.message}`);
+    try {
+      await device.createComputePipelineAsync({layout: "auto", compute: {module, entryPoint: "main"}});
+    } catch (e) { msgs.push(e.message); }
+    const err = await device.popErrorScope();
+    if (err) msgs.push(err.message);
+    if (msgs.length) bad.push([i, msgs.join("; ")]);
+  }
+  return bad;
+}"""
+
+
+@pytest.mark.browser
+def test_every_kernel_compiles_in_chromium():
+    """naga (wgpu-native, these tests) and Tint (Chrome's compiler, the browser worker) do
+    not accept the same WGSL (e.g. Tint refuses a constant that evaluates to inf). Lower the
+    oracle table and both models for WebGPU's default limits (8 storage buffers, 16 KiB of
+    workgroup memory) and compile every distinct kernel in headless Chromium."""
+    import os
+    import shutil
+    playwright = pytest.importorskip("playwright.sync_api")
+    chromium = os.environ.get("WEBGRAD_CHROMIUM", "/usr/bin/chromium")
+    if not (os.path.isfile(chromium) or shutil.which(chromium)):
+        pytest.skip(f"Chromium not found at {chromium}")
+    from webgrad.browser import CHROMIUM_FLAGS
+    from webgrad.codegen import Limits, lower
+    from webgrad.compile import build_train_graph, parse_inputs
+    graphs = []
+    for r in oracle.RECORDS:
+        factory, loss_fn, inputs, _ = oracle.build_record(r)
+        graphs.append(build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1])
+    graphs.append(build_train_graph(models.MLP, models.mlp_loss, parse_inputs(models.MLP_INPUTS),
+                                    optim.Adam(lr=0.005))[1])
+    graphs.append(build_train_graph(models.Transformer, models.transformer_loss,
+                                    parse_inputs(models.TF_INPUTS), optim.Adam(lr=0.01))[1])
+    shaders = {}
+    for g in graphs:
+        low, _ = lower(g, Limits())
+        for p in low.plan["pipelines"]:
+            shaders.setdefault(p["wgsl"], None)
+    shaders = list(shaders)
+    with playwright.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page()
+            page.route("https://webgrad.test/**",  # a secure context, with no server
+                       lambda route: route.fulfill(body="<html></html>", content_type="text/html"))
+            page.goto("https://webgrad.test/")
+            if not page.evaluate("() => !!navigator.gpu"):
+                pytest.skip("this Chromium has no WebGPU")
+            bad = page.evaluate(_TINT_JS, shaders)
+        finally:
+            browser.close()
+    assert not bad, f"{len(bad)} of {len(shaders)} kernels rejected by Tint; first: " + \
+        f"{bad[0][1]}\n{shaders[bad[0][0]]}"
