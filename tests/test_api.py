@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import array
 import asyncio
+import concurrent.futures
 import importlib.util
 import json
 import os
@@ -326,6 +327,13 @@ def test_captures_in_step_and_run():
 
 # ---------------------------------------------------------------- async twins
 
+def _asyncio_run(coro):
+    """asyncio.run in a thread of its own: while a browser test's Playwright session lives,
+    the main thread already runs an asyncio loop (Playwright's sync API), which refuses it."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
 def test_async_twins_equal_blocking():
     data = feeds(3)
     sync, asy = compile_net(seed=3), compile_net(seed=3)
@@ -338,7 +346,7 @@ def test_async_twins_equal_blocking():
         grads = await asy.download_param_grads_async()
         return losses, loss_c, caps, run, params, grads
 
-    losses, loss_c, caps, run, params, grads = asyncio.run(drive())
+    losses, loss_c, caps, run, params, grads = _asyncio_run(drive())
     assert losses == [sync.step(feed) for feed in data]
     loss_s, caps_s = sync.step(data[0], with_captures=True)
     assert loss_c == loss_s
@@ -348,11 +356,11 @@ def test_async_twins_equal_blocking():
     assert_params_equal(grads, sync.download_param_grads())
 
     new = _new_values(sync.param_shapes, ["gain"])
-    asyncio.run(asy.upload_params_async(new, partial=True))
+    _asyncio_run(asy.upload_params_async(new, partial=True))
     np.testing.assert_array_equal(asy.download_params()["gain"], new["gain"])
-    asyncio.run(asy.reset_async())
+    _asyncio_run(asy.reset_async())
     assert_params_equal(asy.download_params(), compile_net(seed=3).download_params())
-    asyncio.run(asy.reset_optimizer_state_async())
+    _asyncio_run(asy.reset_optimizer_state_async())
 
 
 # ---------------------------------------------------------------- input formats

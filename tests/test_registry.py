@@ -59,6 +59,13 @@ def test_every_primitive_has_a_torch_lowering():
     assert not stale, f"backends/torch_backend.py: TORCH_IMPLS has ops that are not primitives: {stale}"
 
 
+def test_every_primitive_has_a_wgsl_lowering():
+    # codegen/ registers one emit rule per op; a primitive without one cannot run on WebGPU
+    from webgrad.codegen import LOWERED_OPS
+    missing = sorted(set(PRIMS) - set(LOWERED_OPS))
+    assert not missing, f"codegen/: no WGSL lowering for {missing}"
+
+
 def test_oracle_exercises_every_primitive():
     seen: dict[str, list[str]] = {}
     for record in oracle.RECORDS:

@@ -400,18 +400,12 @@ _TINT_JS = """async (shaders) => {
 
 
 @pytest.mark.browser
-def test_every_kernel_compiles_in_chromium():
+@pytest.mark.browser
+def test_every_kernel_compiles_in_chromium(browser_session):
     """naga (wgpu-native, these tests) and Tint (Chrome's compiler, the browser worker) do
     not accept the same WGSL (e.g. Tint refuses a constant that evaluates to inf). Lower the
     oracle table and both models for WebGPU's default limits (8 storage buffers, 16 KiB of
     workgroup memory) and compile every distinct kernel in headless Chromium."""
-    import os
-    import shutil
-    playwright = pytest.importorskip("playwright.sync_api")
-    chromium = os.environ.get("WEBGRAD_CHROMIUM", "/usr/bin/chromium")
-    if not (os.path.isfile(chromium) or shutil.which(chromium)):
-        pytest.skip(f"Chromium not found at {chromium}")
-    from webgrad.browser import CHROMIUM_FLAGS
     from webgrad.codegen import Limits, lower
     from webgrad.compile import build_train_graph, parse_inputs
     graphs = []
@@ -428,17 +422,15 @@ def test_every_kernel_compiles_in_chromium():
         for p in low.plan["pipelines"]:
             shaders.setdefault(p["wgsl"], None)
     shaders = list(shaders)
-    with playwright.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=chromium, headless=True, args=CHROMIUM_FLAGS)
-        try:
-            page = browser.new_page()
-            page.route("https://webgrad.test/**",  # a secure context, with no server
-                       lambda route: route.fulfill(body="<html></html>", content_type="text/html"))
-            page.goto("https://webgrad.test/")
-            if not page.evaluate("() => !!navigator.gpu"):
-                pytest.skip("this Chromium has no WebGPU")
-            bad = page.evaluate(_TINT_JS, shaders)
-        finally:
-            browser.close()
+    page = browser_session.browser.new_page()  # the session's Chromium; a page of its own
+    try:
+        page.route("https://webgrad.test/**",  # a secure context, with no server
+                   lambda route: route.fulfill(body="<html></html>", content_type="text/html"))
+        page.goto("https://webgrad.test/")
+        if not page.evaluate("() => !!navigator.gpu"):
+            pytest.skip("this Chromium has no WebGPU")
+        bad = page.evaluate(_TINT_JS, shaders)
+    finally:
+        page.close()
     assert not bad, f"{len(bad)} of {len(shaders)} kernels rejected by Tint; first: " + \
         f"{bad[0][1]}\n{shaders[bad[0][0]]}"

@@ -15,12 +15,49 @@
 // `error`/`messageerror` event, or is terminated, every pending call rejects and so do later ones.
 
 // The snippet the page starts with: change it to show something else.
-export const DEFAULT_SNIPPET = `import sys
-import webgrad
+export const DEFAULT_SNIPPET = `# An MLP learns sin(x) on this page's GPU (WebGPU), from Python running in a worker.
+import math, random, time
+import webgrad as wg
+from webgrad import Module, ops, init, optim
 
-print("Python", sys.version.split()[0], "on", sys.platform)
-print("webgrad", webgrad.__version__)
-webgrad.__version__
+B = 256
+
+class Linear(Module):
+    def __init__(self, d_in, d_out):
+        super().__init__()
+        self.W = self.param([d_in, d_out], init=init.kaiming())
+        self.b = self.param([d_out], init="zeros")
+
+class MLP(Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = [Linear(1, 64), Linear(64, 64), Linear(64, 1)]
+
+def forward(m, x):
+    for i, layer in enumerate(m.layers):
+        x = x @ layer.W + layer.b
+        x = ops.relu(x) if i < 2 else x
+    return x
+
+def loss_fn(m, inputs):
+    d = forward(m, inputs["x"]) - inputs["y"]
+    return ops.sum_all(d * d) / B
+
+c = wg.compile_module(MLP, loss_fn, inputs={"x": ([B, 1], "f32"), "y": ([B, 1], "f32")},
+                      optimizer=optim.Adam(lr=0.005), backend="webgpu")
+print(f"compiled: {c.kernel_count} kernels per training step")
+rng = random.Random(0)
+t0 = time.perf_counter()
+for step in range(1000):
+    xs = [rng.uniform(-math.pi, math.pi) for _ in range(B)]
+    loss = c.step({"x": xs, "y": [math.sin(x) for x in xs]})
+    if step % 100 == 0:
+        print(f"step {step:4d}  loss {loss:.6f}")
+    if loss < 1e-3:
+        break
+ms = 1e3 * (time.perf_counter() - t0) / (step + 1)
+print(f"step {step:4d}  loss {loss:.6f}  ({ms:.1f} ms/step)")
+{"steps": step + 1, "loss": loss, "ms_per_step": ms}
 `;
 
 const MAX_PROGRESS = 1000;

@@ -9,6 +9,7 @@ with a `.shape`. Out: numpy.ndarray where numpy imports, else the HostArray itse
 from __future__ import annotations
 
 import array
+import sys
 from math import prod
 
 TYPECODE = {"f32": "f", "i32": "i"}
@@ -68,6 +69,7 @@ def to_host(value, *, shape, dtype: str, what: str) -> HostArray:
     """Convert and check one value; `what` names it in errors ("step(): input 'x'")."""
     shape = tuple(shape)
     want = f"{dtype}{list(shape)}"
+    value = _from_js(value)
     if isinstance(value, HostArray) and value.dtype == dtype:
         got_shape = value.shape
         data = value
@@ -80,8 +82,8 @@ def to_host(value, *, shape, dtype: str, what: str) -> HostArray:
         got_shape = tuple(value.shape)
         if prod(got_shape) == prod(shape):
             data = value.astype("float32" if dtype == "f32" else "int32").tobytes()
-    elif isinstance(value, (bytes, bytearray, memoryview)) or _is_js_typed_array(value):
-        mv = memoryview(value.to_py() if _is_js_typed_array(value) else value)
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        mv = memoryview(value)
         if mv.format in ("f", "i") and TYPECODE[dtype] != mv.format:
             raise FeedError(f"{what}: expects {want}, got {'f32' if mv.format == 'f' else 'i32'} data")
         nbytes = mv.nbytes
@@ -119,8 +121,17 @@ def _is_numpy_like(v) -> bool:
     return hasattr(v, "__array_interface__") or type(v).__module__.startswith("torch")
 
 
-def _is_js_typed_array(v) -> bool:
-    return type(v).__name__.startswith("JsProxy") or type(v).__name__ == "JsTypedArray"
+def _from_js(v):
+    """Under Pyodide, a JS typed array becomes a memoryview of its format (Float32Array ->
+    'f'), a JS Array a list; anything else passes through."""
+    if sys.platform != "emscripten":
+        return v
+    from pyodide.ffi import JsProxy
+    if not isinstance(v, JsProxy):
+        return v
+    if hasattr(v, "to_memoryview"):
+        return v.to_memoryview()
+    return v.to_py()
 
 
 def numpy_or_none():

@@ -11,7 +11,8 @@ Adding a primitive takes, in this file:
                     every other executor is judged against;
 and elsewhere:
   4. a torch lowering in backends/torch_backend.py (TORCH_IMPLS);
-  5. a WGSL kernel in codegen/ for its family;
+  5. a WGSL lowering in codegen/ for its family (an expression rule, fused into whichever
+     kernel reads it, or a kernel of its own); codegen.LOWERED_OPS lists them;
   6. a row in the op oracle table in tests/ (tests/test_ops.py).
 tests/test_registry.py fails when a primitive lacks any rule that has a home.
 

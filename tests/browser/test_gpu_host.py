@@ -377,26 +377,12 @@ results
     return results
 
 
-# Records that SwiftShader cannot meet, with why. Its sin/cos are off by up to ~2e-4 (WGSL
-# promises only 2^-11 absolute error on [-pi, pi]); the oracle asks for 1e-5 + 1e-4 |want|, which
-# codegen can reach everywhere only with its own range reduction and polynomial.
-SWIFTSHADER_KNOWN = {
-    "sin/": "SwiftShader's WGSL sin() is accurate to ~2e-4 only (WGSL allows 2^-11)",
-    "cos/": "SwiftShader's WGSL cos() is accurate to ~2e-4 only (WGSL allows 2^-11)",
-}
-
-
 def _oracle_names():
     try:
         import oracle
     except Exception:  # collected without tests/ on the path: the fixture would say why
         return []
-    params = []
-    for r in oracle.RECORDS:
-        known = [why for prefix, why in SWIFTSHADER_KNOWN.items() if r.name.startswith(prefix)]
-        params.append(pytest.param(r.name, marks=pytest.mark.xfail(reason=known[0], strict=False))
-                      if known else r.name)
-    return params
+    return [r.name for r in oracle.RECORDS]
 
 
 @browser

@@ -71,6 +71,21 @@ def _pow(x: str, p: float) -> str:
     return f"pow({x}, {f32_lit(p)})"
 
 
+# sin/cos: WGSL only promises 2^-11 absolute error (SwiftShader is off by ~2e-4), so they are
+# ours: k = round(x 2/pi), r = x - k pi/2 with pi/2 split in three parts (Cody-Waite; the first
+# has 8 significant bits, so k * part is exact for |k| < 2^16), then the f32 minimax polynomials
+# for sin and cos on [-pi/4, pi/4] (Cephes' sinf/cosf coefficients) and the quadrant k mod 4.
+TRIG_WGSL = """fn trig_f(x: f32, quarter_turns: i32) -> f32 {
+    let kf = round(x * 0.636619772f);
+    let r = ((x - kf * 1.5703125f) - kf * 4.837512969970703e-4f) - kf * 7.549789954891882e-8f;
+    let z = r * r;
+    let s = ((-1.9515295891e-4f * z + 8.3321608736e-3f) * z - 1.6666654611e-1f) * z * r + r;
+    let c = ((2.443315711809948e-5f * z - 1.388731625493765e-3f) * z + 4.166664568298827e-2f) * z * z
+            - 0.5f * z + 1.0f;
+    let q = (i32(kf) + quarter_turns) & 3;
+    return select(select(select(-c, -s, q == 2), c, q == 1), s, q == 0);
+}"""
+
 _UNARY = {
     "neg": lambda x, a: f"(-{x})",
     "exp": lambda x, a: f"exp({x})",
@@ -83,8 +98,8 @@ _UNARY = {
     "erf": lambda x, a: f"erf_f({x})",
     "abs": lambda x, a: f"abs({x})",
     "sign": lambda x, a: f"sign({x})",
-    "sin": lambda x, a: f"sin({x})",
-    "cos": lambda x, a: f"cos({x})",
+    "sin": lambda x, a: f"trig_f({x}, 0)",
+    "cos": lambda x, a: f"trig_f({x}, 1)",  # cos x = sin(x + pi/2)
     "pow": lambda x, a: _pow(x, float(a["p"])),
 }
 
@@ -107,6 +122,8 @@ ELEMENTWISE_OPS = set(_UNARY) | set(_BINARY) | {"where", "cast", "const", "arang
 def _unary_rule(em: Emitter, node, idx: Idx) -> str:
     if node.op == "erf":
         em.k.helper("erf_f", ERF_WGSL)
+    if node.op in ("sin", "cos"):
+        em.k.helper("trig_f", TRIG_WGSL)
     return _UNARY[node.op](em.arg(node, 0, idx), node.attrs)
 
 
