@@ -75,7 +75,11 @@ export function startWebgrad(workerURL = new URL("../worker/worker.mjs", import.
   // Shared memory needs cross-origin isolation, which serve.py's COOP/COEP headers give.
   const interruptBuffer = globalThis.crossOriginIsolated
     ? new Uint8Array(new SharedArrayBuffer(1)) : null;
-  if (interruptBuffer) worker.postMessage({ type: "init", interruptBuffer });
+  // A worker that dies without an `error` event (closed itself, killed for memory) would leave
+  // calls waiting forever. It holds a Web Lock for as long as it lives: when the lock comes
+  // free, the worker is gone, and every pending call fails.
+  const lifeLock = globalThis.navigator?.locks ? `webgrad-worker-${crypto.randomUUID()}` : null;
+  worker.postMessage({ type: "init", interruptBuffer, lifeLock });
 
   function die(error) {
     if (dead) return;
@@ -97,6 +101,12 @@ export function startWebgrad(workerURL = new URL("../worker/worker.mjs", import.
     else if (data.type === "progress" && progress.push(data) > MAX_PROGRESS) progress.shift();
     else if (data.type === "ready") settleReady.resolve(data);
     else if (data.type === "fatal") die(data.error);
+    else if (data.type === "alive") {
+      navigator.locks.request(data.lifeLock, () => die({
+        type: "WorkerDied", traceback: "",
+        message: "the Python worker stopped (it crashed, ran out of memory or closed itself); " +
+                 "reload the page to start a new one" }));
+    }
     for (const fn of listeners) fn(data);
   });
   worker.addEventListener("error", (event) => {

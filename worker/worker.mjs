@@ -11,9 +11,12 @@
 //     {id, type: "call", name, args} call the global Python function `name` with args (an array);
 //                                    a coroutine result is awaited
 //     {id, type: "ping"}             answered at once with value "pong", even during boot
-//     {type: "init", interruptBuffer}  optional, first: a Uint8Array on a SharedArrayBuffer;
-//                                    the page writes 2 into it to raise KeyboardInterrupt in the
-//                                    running code (needs a cross-origin isolated page)
+//     {type: "init", interruptBuffer, lifeLock}  optional, first. interruptBuffer: a Uint8Array
+//                                    on a SharedArrayBuffer; the page writes 2 into it to raise
+//                                    KeyboardInterrupt in the running code (needs a cross-origin
+//                                    isolated page). lifeLock: a Web Lock name the worker holds
+//                                    while it lives, answered by {type: "alive", lifeLock}; the
+//                                    page waits on the same lock to learn of a silent death
 //   replies:
 //     {id, ok: true, value}
 //     {id, ok: false, error: {type, message, traceback}}
@@ -118,6 +121,12 @@ self.addEventListener("message", (event) => {
   if (request?.type === "init") {
     interruptBuffer = request.interruptBuffer ?? null;
     if (pyodide && interruptBuffer) pyodide.setInterruptBuffer(interruptBuffer);
+    if (request.lifeLock && navigator.locks) {  // held until this worker is gone (see main.mjs)
+      navigator.locks.request(request.lifeLock, () => {
+        post({ type: "alive", lifeLock: request.lifeLock });
+        return new Promise(() => {});
+      });
+    }
     return;
   }
   queue = queue.then(() => handle(request)).then((reply) => {

@@ -204,7 +204,7 @@ class BrowserSession:
         error = _decode(reply["error"]) or {}
         if not isinstance(error, dict):
             error = {"type": "Error", "message": str(error)}
-        if error.get("type") in ("WorkerError", "WorkerTerminated", "MessageError") or (
+        if error.get("type") in ("WorkerError", "WorkerTerminated", "WorkerDied", "MessageError") or (
                 method == "ready"):
             console = "\n".join(self.console[-20:])
             raise BrowserError(f"{what} failed: {error.get('type')}: {error.get('message')}\n"

@@ -126,6 +126,30 @@ def test_killed_worker_rejects_pending_calls(browser_session):
     assert outcome["later"]["type"] == "WorkerTerminated"
 
 
+@browser
+def test_worker_that_dies_silently_fails_pending_calls(browser_session):
+    # close() ends the worker with no `error` event; the page learns of it from the Web Lock the
+    # worker held while alive, so the pending call fails instead of waiting forever
+    page = browser_session.new_page()
+    try:
+        outcome = page.evaluate("""async () => {
+          const api = window.webgrad;
+          await api.ready;
+          const pending = api.run("import js, asyncio\\njs.close()\\nawait asyncio.sleep(3600)");
+          const settle = (p) => Promise.race([p.then(() => "resolved", (e) => e),
+            new Promise((resolve) => setTimeout(() => resolve("hung"), 30000))]);
+          const first = await settle(pending);
+          const later = await settle(api.run("1"));
+          return {first, later};
+        }""")
+    finally:
+        page.close()
+    assert outcome["first"] != "hung", "a pending call waited on a dead worker"
+    assert outcome["first"]["type"] == "WorkerDied", outcome
+    assert "reload the page" in outcome["first"]["message"]
+    assert outcome["later"]["type"] == "WorkerDied"
+
+
 # --- serve.py, over plain HTTP ---------------------------------------------------------------
 
 @pytest.fixture(scope="module")
