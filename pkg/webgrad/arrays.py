@@ -73,7 +73,7 @@ def to_host(value, *, shape, dtype: str, what: str) -> HostArray:
     if isinstance(value, HostArray) and value.dtype == dtype:
         got_shape = value.shape
         data = value
-    elif hasattr(value, "__array_interface__") or type(value).__module__.startswith("torch"):
+    elif _is_numpy_like(value):
         if hasattr(value, "detach"):
             value = value.detach().cpu().numpy()
         kind = value.dtype.kind
@@ -145,6 +145,9 @@ def numpy_or_none():
 def to_user(h: HostArray):
     """What users get back: numpy where available, else the HostArray."""
     np = numpy_or_none()
-    if np is None:
-        return h
+    return h if np is None else to_numpy(np, h)
+
+
+def to_numpy(np, h: HostArray):
+    """A numpy copy of h, with its shape and dtype (float32 / int32)."""
     return np.frombuffer(h, dtype=np.float32 if h.dtype == "f32" else np.int32).reshape(h.shape).copy()

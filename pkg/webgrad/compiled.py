@@ -9,6 +9,7 @@ leaves parameters and optimizer state exactly as they were.
 from __future__ import annotations
 
 import sys
+from math import prod
 
 from . import init as _init
 from .arrays import FeedError, HostArray, to_host, to_user
@@ -47,13 +48,13 @@ class Program:
     def check_feed(self, feed, method: str) -> dict[str, HostArray]:
         if not isinstance(feed, dict):
             raise FeedError(f"{method}(): pass the inputs as a dict name -> array, got {type(feed).__name__}")
-        declared = ", ".join(f"'{k}' {d}{list(s)}" for k, (s, d) in self.inputs.items()) or "none"
-        unknown = sorted(set(feed) - set(self.inputs))
-        if unknown:
-            raise FeedError(f"{method}(): unknown input {', '.join(map(repr, unknown))}; this program "
-                            f"takes {declared}")
-        missing = sorted(set(self.inputs) - set(feed))
-        if missing:
+        if feed.keys() != self.inputs.keys():  # the message is built only for a bad feed
+            declared = ", ".join(f"'{k}' {d}{list(s)}" for k, (s, d) in self.inputs.items()) or "none"
+            unknown = sorted(set(feed) - set(self.inputs))
+            if unknown:
+                raise FeedError(f"{method}(): unknown input {', '.join(map(repr, unknown))}; this "
+                                f"program takes {declared}")
+            missing = sorted(set(self.inputs) - set(feed))
             raise FeedError(f"{method}(): missing input {', '.join(map(repr, missing))}; this program "
                             f"takes {declared}")
         return {k: to_host(feed[k], shape=s, dtype=d, what=f"{method}(): input '{k}'")
@@ -118,7 +119,7 @@ class CompiledModule:
         for name in list(self._state_names()):
             if name == "step" or name.startswith(STATE_PREFIX) or (not optimizer_only and name.startswith("grad/")):
                 shape = self._state_shape(name)
-                self.backend.write(name, HostArray("f32", [0.0] * _size(shape), shape=shape))
+                self.backend.write(name, HostArray("f32", [0.0] * prod(shape), shape=shape))
 
     def _state_names(self):
         names = {"step"}
@@ -202,13 +203,6 @@ class CompiledModule:
     def _need_train(self, method):
         if self._train is None:
             raise RuntimeError(f"{method}(): this module was destroyed or has no training graph")
-
-
-def _size(shape):
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 class CompiledForward:

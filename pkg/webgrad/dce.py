@@ -22,9 +22,7 @@ def dce(g: Graph) -> Graph:
             remap[n.id] = len(out.nodes)
             out.nodes.append(Node(remap[n.id], n.op, tuple(remap[i] for i in n.inputs), n.shape,
                                   n.dtype, n.attrs, n.loc))
-    for name in ("inputs", "params", "state", "outputs", "writebacks"):
-        setattr(out, name, {k: remap[v] for k, v in getattr(g, name).items()})
-    return out
+    return _remap_tables(g, out, remap)
 
 
 def cse(g: Graph) -> Graph:
@@ -45,6 +43,11 @@ def cse(g: Graph) -> Graph:
         out.nodes.append(Node(remap[n.id], n.op, ins, n.shape, n.dtype, n.attrs, n.loc))
         if key is not None:
             seen[key] = remap[n.id]
+    return _remap_tables(g, out, remap)
+
+
+def _remap_tables(g: Graph, out: Graph, remap: dict[int, int]) -> Graph:
+    """Copy g's name -> id tables into out, with ids renumbered by remap."""
     for name in ("inputs", "params", "state", "outputs", "writebacks"):
         setattr(out, name, {k: remap[v] for k, v in getattr(g, name).items()})
     return out

@@ -28,11 +28,12 @@ def sum_to(g: Tensor, shape: tuple[int, ...]) -> Tensor:
 def append_grad(graph, loss_id: int, wrt: list[int]) -> dict[int, Tensor]:
     """Append d loss / d x for each node id in `wrt`; returns {id: gradient Tensor}.
     A node the loss does not depend on gets a zero gradient."""
+    keep = set(wrt)  # their gradients stay in `grads` to be returned; others are dropped once used
     with tracing(graph):
         grads: dict[int, Tensor] = {loss_id: ops.constant(1.0) if not graph[loss_id].shape
                                     else ops.broadcast_to(1.0, graph[loss_id].shape)}
         for node in reversed(graph.nodes[:loss_id + 1]):
-            g = grads.pop(node.id, None) if node.id not in wrt else grads.get(node.id)
+            g = grads.pop(node.id, None) if node.id not in keep else grads.get(node.id)
             if g is None or not node.inputs:
                 continue
             rule = PRIMS[node.op].grad

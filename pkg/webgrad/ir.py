@@ -38,6 +38,11 @@ class Node:
     def size(self) -> int:
         return prod(self.shape)
 
+    @property
+    def type_str(self) -> str:
+        """`f32[256,64]`: how the IR text and error messages write a node's type."""
+        return f"{self.dtype}[{','.join(map(str, self.shape))}]"
+
 
 @dataclass(eq=False)
 class Graph:
@@ -87,11 +92,10 @@ def format_graph(g: Graph) -> str:
     """Readable IR text, one node per line: `%7: f32[256,64] = matmul %3, %5`."""
     lines = []
     for n in g.nodes:
-        ty = f"{n.dtype}[{','.join(map(str, n.shape))}]"
         args = ", ".join(f"%{i}" for i in n.inputs)
         attrs = " ".join(f"{k}={_fmt_attr(v)}" for k, v in n.attrs.items()
                          if k not in ("shape", "dtype") or n.inputs)  # a leaf's type is shown already
-        lines.append(f"%{n.id}: {ty} = {n.op}" + (f" {args}" if args else "")
+        lines.append(f"%{n.id}: {n.type_str} = {n.op}" + (f" {args}" if args else "")
                      + (f" {{{attrs}}}" if attrs else ""))
     for name, i in g.outputs.items():
         lines.append(f"output {name} = %{i}")

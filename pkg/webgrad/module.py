@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from . import init as _init
 from .primitives import bind
-from .tensor import Tensor
 
 
 @dataclass
@@ -32,8 +31,8 @@ class Module:
         pass
 
     def param(self, shape, init=None, *, decay: bool | None = None) -> ParamSpec:
-        """Declare a parameter. init: "randn" (default, std 0.02), "zeros", "ones", or an
-        init.* value; decay overrides whether AdamW/Lion weight decay applies."""
+        """Declare a parameter. init: "randn" (default, std 0.02), "zeros", "ones", "kaiming",
+        or an init.* value; decay overrides whether AdamW/Lion weight decay applies."""
         shape = tuple(int(s) for s in ([shape] if isinstance(shape, int) else shape))
         if any(s <= 0 for s in shape):
             raise ValueError(f"param shape {list(shape)} must have positive dims")
@@ -73,9 +72,7 @@ def materialize(module: Module) -> dict[str, ParamSpec]:
         specs[name] = spec
         if isinstance(container, Module):
             setattr(container, key, t)
-        elif isinstance(container, list):
-            container[key] = t
-        elif isinstance(container, dict):
+        elif isinstance(container, (list, dict)):
             container[key] = t
         else:
             raise TypeError(f"param {name!r} sits in a tuple; use a list so it can be traced")

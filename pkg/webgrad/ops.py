@@ -12,7 +12,7 @@ import math
 from math import prod
 from typing import Sequence
 
-from .primitives import ShapeError, bind, broadcast_shapes
+from .primitives import ShapeError, bind, conv_out_size
 from .tensor import Tensor, current_graph, user_location
 
 
@@ -356,8 +356,7 @@ def conv2d(x, w, b=None, *, stride=1, padding=0, groups: int = 1):
     wm = reshape(w, (groups, O // groups, Cg * kh * kw))
     out = matmul(wm, cols)  # [N, G, O/G, P]
     (sh, sw), (ph, pw) = _two(stride), _two(padding)
-    oh, ow = (H + 2 * ph - kh) // sh + 1, (W + 2 * pw - kw) // sw + 1
-    out = reshape(out, (N, O, oh, ow))
+    out = reshape(out, (N, O, conv_out_size(H, kh, sh, ph), conv_out_size(W, kw, sw, pw)))
     return out if b is None else out + reshape(b, (O, 1, 1))
 
 
@@ -367,7 +366,7 @@ def max_pool2d(x, kernel, stride=None, padding=0):
     (sh, sw), (ph, pw) = _two(stride if stride is not None else kernel), _two(padding)
     cols = unfold2d(x, kernel=(kh, kw), stride=(sh, sw), padding=(ph, pw), pad_value=-3.0e38)
     out = max_last(swap_axes(cols, -1, -2))  # [N, C, P]
-    return reshape(out, (N, C, (H + 2 * ph - kh) // sh + 1, (W + 2 * pw - kw) // sw + 1))
+    return reshape(out, (N, C, conv_out_size(H, kh, sh, ph), conv_out_size(W, kw, sw, pw)))
 
 
 # ---------------------------------------------------------------- captures
@@ -383,4 +382,5 @@ def capture(name: str, x: Tensor) -> Tensor:
 
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in (
-    "annotations", "math", "prod", "Sequence", "Tensor", "bind", "current_graph", "user_location")]
+    "annotations", "math", "prod", "Sequence", "Tensor", "bind", "conv_out_size", "current_graph",
+    "user_location")]

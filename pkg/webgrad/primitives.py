@@ -13,7 +13,7 @@ and elsewhere:
   4. a torch lowering in backends/torch_backend.py (TORCH_IMPLS);
   5. a WGSL lowering in codegen/ for its family (an expression rule, fused into whichever
      kernel reads it, or a kernel of its own); codegen.LOWERED_OPS lists them;
-  6. a row in the op oracle table in tests/ (tests/test_ops.py).
+  6. a record in the op oracle table, tests/oracle.py (run by tests/test_ops.py).
 tests/test_registry.py fails when a primitive lacks any rule that has a home.
 
 Everything else in webgrad.ops (gelu, silu, softmax_causal_last, conv2d, cross entropy, ...)
@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from math import prod
 from typing import Callable
 
-from .ir import Node
 from .tensor import Tensor, current_graph, user_location
 
 
@@ -52,10 +51,6 @@ def defprim(name, family, *, shape, ref, grad, doc=""):
     PRIMS[name] = Prim(name, family, shape, ref, grad, doc)
 
 
-def _fmt(n: Node) -> str:
-    return f"{n.dtype}[{','.join(map(str, n.shape))}]"
-
-
 def bind(op: str, *args: Tensor, **attrs) -> Tensor:
     """Append one primitive node to the graph being traced and return its Tensor."""
     g = current_graph()
@@ -72,7 +67,7 @@ def bind(op: str, *args: Tensor, **attrs) -> Tensor:
         shape, dtype = PRIMS[op].shape(ins, attrs)
     except ShapeError as e:
         where = f" (at {loc})" if loc else ""
-        got = ", ".join(_fmt(n) for n in ins)
+        got = ", ".join(n.type_str for n in ins)
         raise ShapeError(f"{op}({got}): {e}{where}") from None
     return Tensor(g, g.add(op, [a.id for a in args], shape, dtype, attrs, loc))
 
@@ -111,12 +106,6 @@ def _binary(ins, attrs):
 
 def _compare(ins, attrs):
     return broadcast_shapes(ins[0].shape, ins[1].shape), (_same_dtype(ins) and "f32")
-
-
-def _norm_axis(axis: int, rank: int, what="axis") -> int:
-    if not -rank <= axis < max(rank, 1):
-        raise ShapeError(f"{what} {axis} is out of range for rank {rank}")
-    return axis % max(rank, 1)
 
 
 def _last_axis(ins, attrs):
@@ -506,11 +495,15 @@ def _lowbias32(np, x):
     return x ^ (x >> 16)
 
 
+def rand_key(counter: int, seed: int) -> int:
+    """H(seed + H(counter)), the per-step key of rand_bits, in Python ints: exact, where an
+    int64 scalar product overflows (and warns). Every executor derives its key here."""
+    return _lowbias32(None, (seed + _lowbias32(None, int(counter) & _M32)) & _M32)
+
+
 def rand_bits(np, counter: int, seed: int, n: int):
     """The uniform generator's spec: u = (h >> 8) / 2^24 with h = H(i + H(seed + H(counter)))."""
-    # the key in Python ints: exact, where an int64 scalar product overflows (and warns)
-    key = _lowbias32(np, (seed + _lowbias32(np, int(counter) & _M32)) & _M32)
-    return _lowbias32(np, np.arange(n, dtype=np.int64) + key)
+    return _lowbias32(np, np.arange(n, dtype=np.int64) + rand_key(counter, seed))
 
 
 def _rand_ref(np, a, counter):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from webgrad.browser import BrowserError, BrowserPythonError, BrowserTimeout
+from webgrad.browser import BrowserPythonError, BrowserTimeout
 
 REPO = Path(__file__).resolve().parents[2]
 browser = pytest.mark.browser

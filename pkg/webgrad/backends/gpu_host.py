@@ -1,9 +1,9 @@
 """The seam between a WebGPU program plan and the machine that runs it.
 
-Python plans, the host replays. `backends/webgpu.py` turns a Graph into a `Plan` — plain,
-JSON-able data: buffer sizes, WGSL texts, and an ordered list of commands. A host loads a
-plan once and then runs it once per step with only the per-step data crossing over. Two
-hosts implement this protocol and nothing else differs between them:
+Python plans, the host replays. `codegen.lower` (called by backends/webgpu.py) turns a Graph
+into a `Plan` — plain, JSON-able data: buffer sizes, WGSL texts, and an ordered list of
+commands. A host loads a plan once and then runs it once per step with only the per-step
+data crossing over. Two hosts implement this protocol and nothing else differs between them:
 
   NativeHost  (webgpu_native.py)   wgpu-py in CPython (lavapipe, Vulkan, Dawn via wgpudawn)
   BrowserHost (webgpu_browser.py)  navigator.gpu in the Pyodide worker; the per-step loop

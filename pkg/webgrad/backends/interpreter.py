@@ -2,6 +2,7 @@
 
 Subclasses give the per-op implementation table and the conversions between HostArrays
 and their array type; the walk, the persistent store and the writeback rule live here.
+Leaves that read nothing (constants, aranges) are built once, when a graph is prepared.
 """
 from __future__ import annotations
 
@@ -34,15 +35,22 @@ class Interpreter(Backend):
         return self.to_host(x, "i32" if "int" in str(x.dtype) else "f32")
 
     def prepare(self, graph):
-        missing = sorted({n.op for n in graph.nodes} - set(self.impls) - {"input", "param", "state"})
+        missing = sorted({n.op for n in graph.nodes} - set(self.impls) - set(_READ_LEAVES))
         if missing:
             raise NotImplementedError(f"backend {self.name!r} has no implementation of {missing}")
         return _Run(self, graph)
 
 
+_READ_LEAVES = ("input", "param", "state")  # read per step; every other leaf is fixed
+
+
 class _Run:
     def __init__(self, backend: Interpreter, graph):
         self.b, self.g = backend, graph
+        # constants and aranges are the same every step: built once here (rope tables, loss
+        # weights); no implementation writes into its operands, so sharing them is safe
+        self.fixed = {n.id: backend.impls[n.op](n.attrs) for n in graph.nodes
+                      if not n.inputs and n.op not in _READ_LEAVES}
 
     async def run(self, feeds: dict[str, HostArray], fetch: list[str]) -> dict[str, HostArray]:
         b, g = self.b, self.g
@@ -52,8 +60,10 @@ class _Run:
                 vals[n.id] = b.from_host(feeds[n.attrs["name"]])
             elif n.op in ("param", "state"):
                 vals[n.id] = b.store[n.attrs["name"]]
-            else:
+            elif n.inputs:
                 vals[n.id] = b.impls[n.op](n.attrs, *[vals[i] for i in n.inputs])
+            else:
+                vals[n.id] = self.fixed[n.id]
         out = {k: b.to_host(vals[g.outputs[k]], g[g.outputs[k]].dtype) for k in fetch}
         for name, i in g.writebacks.items():  # after every read: a step sees old values
             b.store[name] = vals[i]

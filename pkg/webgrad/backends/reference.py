@@ -5,7 +5,7 @@ needs numpy (a test/optional dependency); the browser, which has none, uses webg
 """
 from __future__ import annotations
 
-from ..arrays import HostArray
+from ..arrays import HostArray, to_numpy
 from ..primitives import PRIMS
 from .interpreter import Interpreter
 
@@ -25,8 +25,7 @@ class ReferenceBackend(Interpreter):
                       for name, p in PRIMS.items() if p.ref is not None}
 
     def from_host(self, h: HostArray):
-        np = self.np
-        return np.frombuffer(h, dtype=np.float32 if h.dtype == "f32" else np.int32).reshape(h.shape).copy()
+        return to_numpy(self.np, h)
 
     def to_host(self, x, dtype):
         np = self.np

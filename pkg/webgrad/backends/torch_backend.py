@@ -16,7 +16,7 @@ from __future__ import annotations
 from math import prod
 
 from ..arrays import HostArray
-from ..primitives import _M32, _lowbias32, conv_out_size
+from ..primitives import _lowbias32, conv_out_size, rand_key
 from .interpreter import Interpreter
 
 try:
@@ -59,17 +59,9 @@ def _cast(a, x):
 
 
 def _const(device):
-    # built once per node (keyed by its attrs dict, kept alive beside the tensor so the id
-    # cannot be reused): rope tables and loss weights are not rebuilt every step
-    cache: dict[int, tuple] = {}
-
-    def impl(a):
-        hit = cache.get(id(a))
-        if hit is None or hit[0] is not a:
-            t = torch.tensor(a["value"], dtype=_tdtype(a["dtype"]), device=device).reshape(a["shape"])
-            hit = cache[id(a)] = (a, t)
-        return hit[1]
-    return impl
+    # called once per node, when the interpreter prepares a graph (not every step)
+    return lambda a: torch.tensor(a["value"], dtype=_tdtype(a["dtype"]),
+                                  device=device).reshape(a["shape"])
 
 
 def _arange(device):
@@ -133,8 +125,7 @@ def _rand_uniform(a, counter):
     # the generator's spec (primitives.rand_bits): the key is hashed with Python ints, the
     # lanes in int64, where multiplications wrap mod 2^64 and masking keeps the low 32 bits
     # exact, so the bits equal the numpy reference and the WGSL u32 kernels
-    c = int(counter.reshape(-1)[0].item())
-    key = int(_lowbias32(None, (a["seed"] + int(_lowbias32(None, c))) & _M32))
+    key = rand_key(int(counter.reshape(-1)[0].item()), a["seed"])
     n = prod(a["shape"])
     h = _lowbias32(None, torch.arange(n, dtype=torch.int64, device=counter.device) + key)
     return ((h >> 8).to(torch.float32) * (2.0 ** -24)).reshape(a["shape"])

@@ -19,7 +19,7 @@ from .wgsl import WG, f32_lit, zero
 def _unfold_rule(em: Emitter, node, idx: Idx) -> str:
     x = node.inputs[0]
     N, C, H, W = em.g[x].shape
-    (kh, kw), (sh, sw), (ph, pw) = node.attrs["kernel"], node.attrs["stride"], node.attrs["padding"]
+    (_, kw), (sh, sw), (ph, pw) = node.attrs["kernel"], node.attrs["stride"], node.attrs["padding"]
     ow = conv_out_size(W, kw, sw, pw)
     n, c, kk, p = idx.dims(em)
     i = em.let(f"{kk} / {kw}u") if kw > 1 else kk

@@ -374,7 +374,7 @@ class Fusion:
         self.inplace: dict[int, str] = {}   # node -> persistent name it is computed into
         self.end_copies: list[tuple[int, str]] = []  # (stored node, persistent name)
         for name, r in g.writebacks.items():
-            s = self.storage_base(r) if r not in self.mat else r
+            s = self.storage_base(r)
             leaf = self.persist_leaf.get(name)
             if s == leaf:
                 continue  # the value is the old value: nothing to do
@@ -428,14 +428,10 @@ class Fusion:
         """Outputs of groups that something reads from memory: another group, the host
         (outputs), or an end-of-step copy."""
         need = set(self.g.outputs.values()) | set(self.g.writebacks.values())
-        need = {self.storage_base(n) if n not in self.mat else n for n in need}
+        need = {self.storage_base(n) for n in need}
         for gid in self.groups:
-            G = self.groups[gid]
             for s in self.loads(gid):
                 if s in self.mat and self.group_of[s] != gid:
                     need.add(s)
         need |= set(self.inplace)
         return {n for n in need if n is not None and n in self.mat}
-
-    def size(self, n: int) -> int:
-        return prod(self.g[n].shape)

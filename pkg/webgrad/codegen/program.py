@@ -12,6 +12,7 @@ constant data to upload once. Buffers:
 """
 from __future__ import annotations
 
+import array
 from dataclasses import dataclass
 
 from ..buffers import END, Live, align, plan_pool
@@ -28,11 +29,10 @@ from .wgsl import Kernel, LimitError, Limits
 
 def describe(node) -> str:
     """How errors name a tensor: "input 'x' f32[2048]", "%3 matmul f32[33,33] (built at ...)"."""
-    ty = f"{node.dtype}[{','.join(map(str, node.shape))}]"
     if node.op in ("input", "param", "state"):
-        return f"{node.op} '{node.attrs['name']}' {ty}"
+        return f"{node.op} '{node.attrs['name']}' {node.type_str}"
     where = f" (built at {node.loc})" if node.loc else ""
-    return f"%{node.id} {node.op} {ty}{where}"
+    return f"%{node.id} {node.op} {node.type_str}{where}"
 
 
 @dataclass
@@ -166,7 +166,6 @@ class _Lowering:
             if n.op == "const" and n.id in fu.stored:
                 b = new_buffer(4 * n.size, f"const %{n.id}")
                 st(n.id, b)
-                import array
                 self.const_data[b] = array.array("f" if n.dtype == "f32" else "i",
                                                  n.attrs["value"]).tobytes()
         for n, name in fu.inplace.items():
@@ -180,8 +179,7 @@ class _Lowering:
             for s in fu.loads(gid):
                 if s in need and fu.group_of[s] != gid:
                     last[s] = max(last.get(s, -1), pos[gid])
-        ends = {fu.storage_base(r) if r not in fu.mat else r
-                for r in list(g.outputs.values())} | {s for s, _ in fu.end_copies}
+        ends = {fu.storage_base(r) for r in g.outputs.values()} | {s for s, _ in fu.end_copies}
         lives = []
         for n in sorted(need):
             check(n, 4 * g[n].size)
@@ -244,7 +242,7 @@ class _Lowering:
                              "size": src.nbytes, "src_offset": 4 * src.offset, "dst_offset": 0})
         outputs = {}
         for name, r in g.outputs.items():
-            s = r if r in fu.mat else fu.storage_base(r)
+            s = fu.storage_base(r)
             stg = self.storage[s]
             outputs[name] = (stg.buffer, 4 * stg.offset, 4 * g[r].size, g[r].shape, g[r].dtype)
         plan = {"buffers": self.buffers, "pipelines": pipelines, "commands": commands}
