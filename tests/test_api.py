@@ -542,3 +542,23 @@ def test_dropout_is_seeded_per_step():
         assert a[0][0] == pytest.approx(float(np.mean(masks[0])), rel=1e-6)
     # a new step draws a new mask
     assert not np.array_equal(masks[0], masks[1]) and not np.array_equal(masks[1], masks[2])
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+def test_compile_forward_is_an_inference_graph(backend):
+    # dropout keeps everything in compile_forward's graphs (sibling or standalone), unless
+    # training=True asks for the training behaviour
+    x = np.random.default_rng(0).standard_normal((16, 64)).astype(np.float32)
+    c = wg.compile_module(Gate, gate_loss, inputs={"x": [16, 64]}, optimizer=optim.SGD(lr=0.0),
+                          backend=backend)
+    fwd = lambda m, inp: ops.dropout(inp["x"] * m.w, 0.5)  # noqa: E731
+    infer = c.compile_forward(fwd, inputs={"x": [16, 64]})
+    np.testing.assert_array_equal(infer.run({"x": x}), x)
+    alone = wg.compile_forward(Gate, fwd, inputs={"x": [16, 64]}, backend=backend)
+    np.testing.assert_array_equal(alone.run({"x": x}), x)
+    train = c.compile_forward(fwd, inputs={"x": [16, 64]}, training=True)
+    y = train.run({"x": x})
+    kept = y != 0
+    assert 0.4 < kept.mean() < 0.6
+    np.testing.assert_allclose(y[kept], 2 * x[kept], rtol=1e-6)
+    assert not any(n.op == "rand_uniform" for n in infer.ir.nodes)

@@ -64,6 +64,7 @@ def build_train_graph(factory, loss_fn, inputs, optimizer: Optimizer | None, *, 
                          f"{loss.dtype}{list(loss.shape)}{where}; reduce it with "
                          "ops.mean_all(...) or ops.sum_all(...)")
     g.outputs["loss"] = loss.id
+    # run() evaluates this same trace (dropout included), so its loss is the one step() sees
     forward = dce(Graph(list(g.nodes), dict(g.inputs), dict(g.params), dict(g.state), dict(g.outputs),
                         seed=g.seed))
     grads = append_grad(g, loss.id, [g.params[n] for n in specs])
@@ -80,8 +81,8 @@ def build_train_graph(factory, loss_fn, inputs, optimizer: Optimizer | None, *, 
     return specs, dce(cse(g)), cse(forward)
 
 
-def build_forward_graph(factory, fwd_fn, inputs, seed: int = 0):
-    g = Graph()
+def build_forward_graph(factory, fwd_fn, inputs, seed: int = 0, training: bool = False):
+    g = Graph(training=training)
     specs, out = _trace(g, factory, fwd_fn, inputs, "compile_forward", seed)
     g.outputs["output"] = out.id
     return specs, dce(cse(g))
@@ -105,11 +106,13 @@ def compile_module(factory, loss_fn, *, inputs, optimizer=_DEFAULT, backend="ref
                           seed=seed)
 
 
-def compile_forward(factory, fwd_fn, *, inputs, backend="reference", seed: int = 0) -> CompiledForward:
-    """A forward-only program with its own parameters (initialised from the factory)."""
+def compile_forward(factory, fwd_fn, *, inputs, backend="reference", seed: int = 0,
+                    training: bool = False) -> CompiledForward:
+    """A forward-only program with its own parameters (initialised from the factory).
+    An inference graph: dropout is the identity unless training=True."""
     from .backends import get_backend
     ins = parse_inputs(inputs)
-    specs, g = build_forward_graph(factory, fwd_fn, ins, seed)
+    specs, g = build_forward_graph(factory, fwd_fn, ins, seed, training)
     be = get_backend(backend)
     owner = CompiledModule(be, factory, specs, None, None, seed=seed)
     return CompiledForward(owner, Program(be, g, ins))

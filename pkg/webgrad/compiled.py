@@ -191,11 +191,12 @@ class CompiledModule:
         self.backend.destroy()
         self._train = self._forward = None
 
-    def compile_forward(self, fwd_fn, *, inputs) -> "CompiledForward":
-        """A forward graph over the SAME parameters (and backend store) as this module."""
+    def compile_forward(self, fwd_fn, *, inputs, training: bool = False) -> "CompiledForward":
+        """A forward graph over the SAME parameters (and backend store) as this module.
+        An inference graph: dropout is the identity unless training=True."""
         from .compile import build_forward_graph, parse_inputs
         ins = parse_inputs(inputs)
-        specs, g = build_forward_graph(self._factory, fwd_fn, ins, self.seed)
+        specs, g = build_forward_graph(self._factory, fwd_fn, ins, self.seed, training)
         if {n: s.shape for n, s in specs.items()} != self.param_shapes:
             raise ValueError("compile_forward: the factory built a model with different parameters")
         return CompiledForward(self, Program(self.backend, g, ins))

@@ -16,7 +16,7 @@ def dce(g: Graph) -> Graph:
         if n.id in live:
             live.update(n.inputs)
     remap: dict[int, int] = {}
-    out = Graph(seed=g.seed)
+    out = Graph(seed=g.seed, training=g.training)
     for n in g.nodes:
         if n.id in live:
             remap[n.id] = len(out.nodes)
@@ -30,7 +30,7 @@ def cse(g: Graph) -> Graph:
     reshape asked for by forward and backward). Leaves with names are never merged."""
     seen: dict[tuple, int] = {}
     remap: dict[int, int] = {}
-    out = Graph(seed=g.seed)
+    out = Graph(seed=g.seed, training=g.training)
     for n in g.nodes:
         ins = tuple(remap[i] for i in n.inputs)
         key = None

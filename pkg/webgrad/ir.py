@@ -53,6 +53,7 @@ class Graph:
     outputs: dict[str, int] = field(default_factory=dict)  # "loss"/"output", "capture:x", ...
     writebacks: dict[str, int] = field(default_factory=dict)  # persistent name -> node id
     seed: int = 0  # the compile seed; random ops fold it into their keys at trace time
+    training: bool = True  # False in inference graphs (compile_forward): dropout is identity
 
     def add(self, op, inputs, shape, dtype, attrs=None, loc=None) -> int:
         assert dtype in DTYPES, dtype

@@ -310,10 +310,11 @@ def rand_uniform(shape, *, seed: int = 0):
 
 
 def dropout(x, p: float, *, seed: int = 0):
-    """Inverted dropout: zero each element with probability p, scale the rest by 1/(1-p)."""
+    """Inverted dropout: zero each element with probability p, scale the rest by 1/(1-p).
+    In training graphs only: compile_forward builds inference graphs, where it is the identity."""
     if not 0 <= p < 1:
         raise ValueError(f"dropout: p must be in [0, 1), got {p}")
-    if p == 0:
+    if p == 0 or not current_graph().training:  # inference graphs (compile_forward) keep all
         return x
     keep = greater_equal(rand_uniform(x.shape, seed=seed), p)
     return x * keep * (1.0 / (1.0 - p))
