@@ -13,7 +13,7 @@ from math import prod
 from typing import Sequence
 
 from .primitives import ShapeError, bind, conv_out_size
-from .tensor import Tensor, current_graph, user_location
+from .tensor import Tensor, at_user_line, current_graph
 
 
 # ---------------------------------------------------------------- constants and lifting
@@ -129,8 +129,8 @@ def silu(x): return x * sigmoid(x)
 
 def _axis(x, axis):
     if not -x.ndim <= axis < x.ndim:
-        raise ShapeError(f"axis {axis} is out of range for {x.dtype}{list(x.shape)} "
-                         f"(at {user_location()})")
+        raise ShapeError(f"axis {axis} is out of range for {x.dtype}{list(x.shape)}"
+                         + at_user_line())
     return axis % x.ndim
 
 
@@ -257,7 +257,7 @@ def take_along_last(x, idx):
     gradient needs no scatter."""
     if idx.shape[:-1] != x.shape[:-1]:
         raise ShapeError(f"take_along_last: indices {list(idx.shape)} must match "
-                         f"{list(x.shape)} except in the last axis (at {user_location()})")
+                         f"{list(x.shape)} except in the last axis" + at_user_line())
     return sum_last(unsqueeze(x, -2) * one_hot(idx, x.shape[-1]))
 
 
@@ -349,8 +349,8 @@ def conv2d(x, w, b=None, *, stride=1, padding=0, groups: int = 1):
     O, Cg, kh, kw = w.shape
     if C % groups or O % groups or Cg != C // groups:
         raise ShapeError(f"conv2d: input {list(x.shape)} and weight {list(w.shape)} do not "
-                         f"agree with groups={groups} (weight axis 1 must be C/groups) "
-                         f"(at {user_location()})")
+                         f"agree with groups={groups} (weight axis 1 must be C/groups)"
+                         + at_user_line())
     cols = unfold2d(x, kernel=(kh, kw), stride=stride, padding=padding)  # [N,C,k,P]
     P = cols.shape[-1]
     cols = reshape(cols, (N, groups, Cg * kh * kw, P))
@@ -384,4 +384,4 @@ def capture(name: str, x: Tensor) -> Tensor:
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in (
     "annotations", "math", "prod", "Sequence", "Tensor", "bind", "conv_out_size", "current_graph",
-    "user_location")]
+    "at_user_line")]

@@ -55,18 +55,18 @@ def bind(op: str, *args: Tensor, **attrs) -> Tensor:
     """Append one primitive node to the graph being traced and return its Tensor."""
     g = current_graph()
     loc = user_location()
+    where = f" (at {loc})" if loc else ""
     for a in args:
         if not isinstance(a, Tensor):
             raise TypeError(f"{op}: expected Tensor arguments, got {type(a).__name__}")
         if a.graph is not g:
             raise ValueError(f"{op}: a Tensor from another traced graph was used here"
-                             f"{f' (at {loc})' if loc else ''}; Tensors cannot be carried "
+                             f"{where}; Tensors cannot be carried "
                              "between compile calls")
     ins = [a.node for a in args]
     try:
         shape, dtype = PRIMS[op].shape(ins, attrs)
     except ShapeError as e:
-        where = f" (at {loc})" if loc else ""
         got = ", ".join(n.type_str for n in ins)
         raise ShapeError(f"{op}({got}): {e}{where}") from None
     return Tensor(g, g.add(op, [a.id for a in args], shape, dtype, attrs, loc))

@@ -47,6 +47,12 @@ def user_location() -> str | None:
     return None
 
 
+def at_user_line() -> str:
+    """' (at file.py:12 in loss_fn)' for error messages, or '' when there is no user frame."""
+    loc = user_location()
+    return f" (at {loc})" if loc else ""
+
+
 class Tensor:
     __slots__ = ("graph", "id")
     __array_priority__ = 1000  # so numpy scalars on the left defer to our operators
