@@ -31,9 +31,10 @@ except Exception as e:  # no wgpu, no adapter: nothing here can run
     pytest.skip(f"no native WebGPU adapter: {e}", allow_module_level=True)
 
 from webgrad.backends.gpu_host import DeviceLostError  # noqa: E402
-from webgrad.backends.webgpu import LOWERED_OPS, WebGPUBackend  # noqa: E402
+from webgrad.backends.webgpu import LOWERED_OPS, WebGPUBackend, is_cpu_adapter  # noqa: E402
 from webgrad.buffers import END, Live, plan_pool  # noqa: E402
 from webgrad.codegen import LimitError  # noqa: E402
+from webgrad.codegen import matmul as mm  # noqa: E402
 from webgrad.primitives import PRIMS, rand_bits  # noqa: E402
 
 
@@ -55,6 +56,30 @@ def test_oracle(record):
     oracle.check(record, "webgpu")
 
 
+def _lowered_kernel_names(record) -> list[str]:
+    from webgrad.codegen import Limits, lower
+    from webgrad.compile import build_train_graph, parse_inputs
+    factory, loss_fn, inputs, _ = oracle.build_record(record)
+    return lower(build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1], Limits())[1]
+
+
+# records whose step (forward and gradients) has a matmul kernel: run under both kernels
+MATMUL_RECORDS = [r for r in oracle.RECORDS
+                  if any(n.startswith("matmul") for n in _lowered_kernel_names(r))]
+MATMUL_KERNELS = {"direct": True, "tiled": False}  # codegen/matmul.py's FORCE_DIRECT
+
+
+@pytest.mark.parametrize("kernel", list(MATMUL_KERNELS))
+@pytest.mark.parametrize("record", MATMUL_RECORDS, ids=[r.name for r in MATMUL_RECORDS])
+def test_oracle_under_both_matmul_kernels(record, kernel, monkeypatch):
+    """The oracle records with a matmul (forward or gradient), through the barrier-free and
+    the tiled kernel alike: which one runs by default depends on the adapter and the size."""
+    monkeypatch.setattr(mm, "FORCE_DIRECT", MATMUL_KERNELS[kernel])
+    names = [n for n in _lowered_kernel_names(record) if n.startswith("matmul")]
+    assert names and all((" direct " in n) == (kernel == "direct") for n in names), names
+    oracle.check(record, "webgpu")
+
+
 def test_every_primitive_lowers():
     missing = sorted(set(PRIMS) - LOWERED_OPS)
     assert not missing, f"codegen/ has no WGSL lowering for {missing}"
@@ -67,11 +92,14 @@ def _mlp_batches():
     return [models.sin_batch(rng) for _ in range(50)]
 
 
+@pytest.mark.parametrize("kernel", list(MATMUL_KERNELS))
 @pytest.mark.parametrize("model", ["mlp", "transformer"])
-def test_training_matches_reference(model):
+def test_training_matches_reference(model, kernel, monkeypatch):
     """50 Adam steps on WebGPU equal the reference executor's within f32 noise: each step's
     loss within 1e-3 relative, final params within 2e-2 relative + 1e-3 (Adam divides by
-    sqrt(v), which amplifies f32 rounding of near-zero gradients over 50 steps)."""
+    sqrt(v), which amplifies f32 rounding of near-zero gradients over 50 steps). Under
+    either matmul kernel (barrier-free on CPU adapters, tiled on GPUs)."""
+    monkeypatch.setattr(mm, "FORCE_DIRECT", MATMUL_KERNELS[kernel])
     if model == "mlp":
         make, batches = models.compile_mlp, _mlp_batches()
     else:
@@ -109,6 +137,54 @@ def test_mlp_memory_plan_and_kernel_count():
     assert sum(1 for n in names if n.startswith("matmul")) == matmuls
     assert c.kernel_count <= 16, names  # 13 today (tensorgrad: 63)
     print(f"MLP step: {c.kernel_count} kernels {names}; memory {rep}")
+
+
+def _mlp_matmul_kernels(limits) -> list[tuple[str, str]]:
+    """(name, WGSL) of the MLP training step's matmul kernels lowered for `limits`."""
+    from webgrad.codegen import lower
+    from webgrad.compile import build_train_graph, parse_inputs
+    g = build_train_graph(models.MLP, models.mlp_loss, parse_inputs(models.MLP_INPUTS),
+                          optim.Adam(lr=0.005))[1]
+    low, names = lower(g, limits)
+    dispatches = [q for q in low.plan["commands"] if q["op"] == "dispatch"]
+    return [(n, low.plan["pipelines"][d["pipeline"]]["wgsl"])
+            for n, d in zip(names, dispatches) if n.startswith("matmul")]
+
+
+@pytest.mark.parametrize("cpu", [True, False])
+def test_matmul_kernel_follows_the_adapter(cpu):
+    """On a CPU adapter (Limits.cpu) every matmul of the MLP step is barrier-free (no shared
+    memory, no workgroupBarrier: 4-15x faster on SwiftShader/lavapipe); on a GPU the tiled
+    kernel. Both kernels' results are compared with torch/the reference executor by
+    test_oracle_under_both_matmul_kernels and test_training_matches_reference."""
+    from webgrad.codegen import Limits
+    kernels = _mlp_matmul_kernels(Limits(cpu=cpu))
+    assert kernels
+    for name, wgsl in kernels:
+        assert (" direct " in name) == cpu, name
+        assert ("workgroupBarrier" in wgsl) != cpu and ("var<workgroup>" in wgsl) != cpu, wgsl
+
+
+def test_this_adapter_gets_its_matmul_kernel():
+    """The backend flags the adapter it runs on (lavapipe in CI: a CPU) and codegen follows."""
+    c = models.compile_mlp("webgpu")
+    be = exe(c).backend
+    assert be.limits.cpu == is_cpu_adapter(be.host.info), be.host.info
+    names = [n for n in exe(c).kernel_names if n.startswith("matmul")]
+    assert names and all((" direct " in n) == be.limits.cpu for n in names), names
+
+
+CPU_ADAPTERS = [  # (adapter description as a host gives it, a CPU rasterizer?)
+    ("llvmpipe (LLVM 15.0.6, 256 bits) (CPU) via Vulkan", True),  # wgpu-py summary, lavapipe
+    ("google swiftshader", True),                                  # Chromium's BrowserHost
+    ("NVIDIA H200 (DiscreteGPU) via Vulkan [wgpudawn]", False),
+    ("apple metal-3 (Apple M2)", False),
+]
+
+
+@pytest.mark.parametrize("info, cpu", CPU_ADAPTERS)
+def test_cpu_adapters_are_recognised(info, cpu):
+    assert is_cpu_adapter(info) == cpu
 
 
 def test_adam_update_is_one_kernel_per_parameter():
@@ -405,7 +481,8 @@ def test_every_kernel_compiles_in_chromium(browser_session):
     """naga (wgpu-native, these tests) and Tint (Chrome's compiler, the browser worker) do
     not accept the same WGSL (e.g. Tint refuses a constant that evaluates to inf). Lower the
     oracle table and both models for WebGPU's default limits (8 storage buffers, 16 KiB of
-    workgroup memory) and compile every distinct kernel in headless Chromium."""
+    workgroup memory), with either matmul kernel, and compile every distinct kernel in
+    headless Chromium."""
     from webgrad.codegen import Limits, lower
     from webgrad.compile import build_train_graph, parse_inputs
     graphs = []
@@ -417,10 +494,15 @@ def test_every_kernel_compiles_in_chromium(browser_session):
     graphs.append(build_train_graph(models.Transformer, models.transformer_loss,
                                     parse_inputs(models.TF_INPUTS), optim.Adam(lr=0.01))[1])
     shaders = {}
-    for g in graphs:
-        low, _ = lower(g, Limits())
-        for p in low.plan["pipelines"]:
-            shaders.setdefault(p["wgsl"], None)
+    for force in (True, False):  # both matmul kernels (barrier-free, tiled)
+        mm.FORCE_DIRECT = force
+        try:
+            for g in graphs:
+                low, _ = lower(g, Limits())
+                for p in low.plan["pipelines"]:
+                    shaders.setdefault(p["wgsl"], None)
+        finally:
+            mm.FORCE_DIRECT = None
     shaders = list(shaders)
     page = browser_session.browser.new_page()  # the session's Chromium; a page of its own
     try:

@@ -26,6 +26,16 @@ __all__ = ["WebGPUBackend", "WebGPUProgram", "LOWERED_OPS"]
 
 _uids = itertools.count(1)
 
+# words in an adapter description (wgpu-py's summary, the browser's GPUAdapterInfo) that
+# mean its "GPU" is emulated on the CPU, where codegen prefers barrier-free kernels
+_CPU_ADAPTER_WORDS = ("(cpu)", "swiftshader", "llvmpipe", "lavapipe", "software", "basic render")
+
+
+def is_cpu_adapter(info: str) -> bool:
+    """Whether the adapter described by `info` is a CPU rasterizer."""
+    text = info.lower()
+    return any(w in text for w in _CPU_ADAPTER_WORDS)
+
 
 @dataclass
 class _Slot:
@@ -44,6 +54,7 @@ class WebGPUBackend(Backend):
             host = default_host()  # raises when there is no adapter: backend="auto" falls back
         self.host = host
         self.limits = Limits.from_host(getattr(host, "limits", None))
+        self.limits.cpu = is_cpu_adapter(str(getattr(host, "info", "")))
         self.uid = next(_uids)
         self.store: dict[str, _Slot] = {}
         self.programs: list[int] = []

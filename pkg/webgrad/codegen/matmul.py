@@ -1,4 +1,10 @@
-"""Tiled matmul: C[b, m, n] = sum_k A[b, m, k] B[b, k, n] with batch broadcasting.
+"""Matmul: C[b, m, n] = sum_k A[b, m, k] B[b, k, n] with batch broadcasting; two kernels.
+
+Barrier-free (`_build_direct`, on CPU adapters: `use_direct`): each thread owns an 8 x 4
+block of C and loops over K reading A and B straight from global memory. CPU-emulated
+WebGPU (SwiftShader, lavapipe) runs a workgroup's threads as fibers, so a barrier costs a
+switch per thread: there this kernel is several times faster than the tiled one at any
+size. Tiled (every GPU), below:
 
 A workgroup of 16 x 16 threads computes a BM x BN tile of C (BM = 16 TM, BN = 16 TN): each
 thread owns a TM x TN block of accumulators held in registers (the code is unrolled here, in
@@ -27,6 +33,9 @@ from .layout import digits_addr
 
 TARGET_TILES = 256  # fewer workgroups than this: shrink the tile (an H200 has 132 SMs)
 FORCE_CONFIG = None  # bench/matmul.py sets a Config here to compare tilings
+DIRECT_WG = 64             # threads per workgroup of the barrier-free kernel
+DIRECT_TM, DIRECT_TN = 8, 4  # C block per thread of the barrier-free kernel
+FORCE_DIRECT = None        # tests: True/False forces the barrier-free/tiled kernel
 
 
 @dataclass(frozen=True)
@@ -75,12 +84,39 @@ def _offsets(T: int, vec: bool) -> list[int]:
     return list(range(T))
 
 
+def use_direct(cpu: bool) -> bool:
+    """Whether the barrier-free kernel (_build_direct) computes a matmul: on CPU adapters.
+
+    There (SwiftShader, lavapipe: Limits.cpu) a workgroup's threads are emulated and every
+    workgroupBarrier costs a switch per thread: the tiled kernel was 2-5x slower for square
+    n = 64..512 and 6-15x for the MLP's shapes on lavapipe (bench/README.md). On an H200 the
+    barrier-free kernel did not help even the MLP's tiny matmuls (its step took 0.41-0.60 ms
+    against 0.41-0.44 ms tiled), so GPUs keep the tiled kernel at every size."""
+    if FORCE_CONFIG is not None:
+        return False
+    if FORCE_DIRECT is not None:
+        return FORCE_DIRECT
+    return cpu
+
+
+def _batch_base(em, batch, bdims, off, dims, shape) -> str:
+    """WGSL address of an operand's (broadcast) batch element `bdims` of C's batch."""
+    terms = [f"{off}u"] if off else []
+    r = len(batch) - (len(shape) - 2)
+    for k, d in enumerate(shape[:-2]):
+        if d != 1:
+            terms += digits_addr(dims[k], bdims[k + r], d)
+    return em.let(" + ".join(terms)) if terms else "0u"
+
+
 def build_matmul(ctx, config: Config | None = None) -> list:
     node = ctx.main_node
     (sa, offa, dima, ash), (sb, offb, dimb, bsh) = ctx.matmul_operands()
     M, K, N = ash[-2], ash[-1], bsh[-1]
     batch = tuple(node.shape[:-2])
     nb = prod(batch)
+    if config is None and use_direct(ctx.limits.cpu):
+        return _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh)
     cfg = config or choose_config(M, N, K, nb, ctx.limits.max_compute_workgroup_storage_size)
     BM, BN, BK, TM, TN = cfg.bm, cfg.bn, cfg.bk, cfg.tm, cfg.tn
     LDA, LDB = BM + cfg.pad, BN + cfg.pad
@@ -115,16 +151,8 @@ def build_matmul(ctx, config: Config | None = None) -> list:
     L(f"let col0 = tn * {BN}u;")
     bdims = em.unravel("bt", batch) if batch else []
 
-    def base(off, dims, shape):
-        terms = [f"{off}u"] if off else []
-        r = len(batch) - (len(shape) - 2)
-        for k, d in enumerate(shape[:-2]):
-            if d != 1:
-                terms += digits_addr(dims[k], bdims[k + r], d)
-        return em.let(" + ".join(terms)) if terms else "0u"
-
-    base_a = base(offa, dima, ash)
-    base_b = base(offb, dimb, bsh)
+    base_a = _batch_base(em, batch, bdims, offa, dima, ash)
+    base_b = _batch_base(em, batch, bdims, offb, dimb, bsh)
     # innermost strides, to pick the coalesced thread -> element map of the tile loads
     sam, sak = dima[-2][-1][1], dima[-1][-1][1]
     sbk, sbn = dimb[-2][-1][1], dimb[-1][-1][1]
@@ -225,4 +253,71 @@ def build_matmul(ctx, config: Config | None = None) -> list:
     return [ctx.dispatch(kernel, em.lines, grid, 256)]
 
 
-__all__ = ["Config", "choose_config", "build_matmul", "FORCE_CONFIG"]
+def _sum(terms: list[str]) -> str:
+    """A WGSL sum of address terms, without the zeros."""
+    return " + ".join(t for t in terms if t != "0u") or "0u"
+
+
+def _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh) -> list:
+    """Barrier-free matmul: each thread owns a TM x TN block of C and reads its A rows and
+    B columns straight from global memory (no shared memory, no barriers). Neighbouring
+    threads own neighbouring column blocks, so B reads coalesce; out-of-range rows/columns
+    read a clamped (valid) address and are not written."""
+    M, K, N = ash[-2], ash[-1], bsh[-1]
+    batch = tuple(node.shape[:-2])
+    nb = prod(batch)
+    TM = min(DIRECT_TM, M)
+    TN = min(DIRECT_TN, N)
+    tiles_m, tiles_n = -(-M // TM), -(-N // TN)
+    total = tiles_m * tiles_n * nb
+    kernel = ctx.kernel(f"matmul {'x'.join(map(str, node.shape))} K={K} direct {TM}x{TN}")
+    grid = kernel.grid(-(-total // DIRECT_WG))
+    A = kernel.binding(sa.buffer, "f32", what=sa.what, nbytes=sa.nbytes)
+    B = kernel.binding(sb.buffer, "f32", what=sb.what, nbytes=sb.nbytes)
+    epi = ctx.epilogue_fn(kernel)
+    em = ctx.emitter(kernel)
+    L = em.emit
+    L(f"let t = ({kernel.wg_linear()}) * {DIRECT_WG}u + lid;")
+    L(f"if (t >= {total}u) {{ return; }}")
+    L(f"let m0 = ((t / {tiles_n}u) % {tiles_m}u) * {TM}u;")
+    L(f"let n0 = (t % {tiles_n}u) * {TN}u;")
+    L(f"let bt = t / {tiles_m * tiles_n}u;")
+    bdims = em.unravel("bt", batch) if batch else []
+
+    base_a = _batch_base(em, batch, bdims, offa, dima, ash)
+    base_b = _batch_base(em, batch, bdims, offb, dimb, bsh)
+    # per-row (per-column) address parts, hoisted out of the K loop
+    ra = []
+    for i in range(TM):
+        row = f"m0 + {i}u" if M % TM == 0 or i == 0 else f"min(m0 + {i}u, {M - 1}u)"
+        ra.append(em.let(_sum([base_a] + digits_addr(dima[-2], f"({row})", M))))
+    cb = []
+    for j in range(TN):
+        col = f"n0 + {j}u" if N % TN == 0 or j == 0 else f"min(n0 + {j}u, {N - 1}u)"
+        cb.append(em.let(_sum([base_b] + digits_addr(dimb[-1], f"({col})", N))))
+    acc = [[f"c{i}_{j}" for j in range(TN)] for i in range(TM)]
+    for i in range(TM):
+        for j in range(TN):
+            L(f"var {acc[i][j]}: f32 = 0.0f;")
+    with em.block(f"for (var k = 0u; k < {K}u; k++)"):
+        L(f"let ka = {_sum(digits_addr(dima[-1], 'k', K))};")
+        L(f"let kb = {_sum(digits_addr(dimb[-2], 'k', K))};")
+        for i in range(TM):
+            L(f"let xa{i} = {A}[{ra[i]} + ka];")
+        for j in range(TN):
+            L(f"let yb{j} = {B}[{cb[j]} + kb];")
+        for i in range(TM):
+            for j in range(TN):
+                L(f"{acc[i][j]} = fma(xa{i}, yb{j}, {acc[i][j]});")
+    L(f"let f0 = bt * {M * N}u + m0 * {N}u + n0;")
+    for i in range(TM):
+        for j in range(TN):
+            conds = (([f"m0 + {i}u < {M}u"] if M % TM else [])
+                     + ([f"n0 + {j}u < {N}u"] if N % TN else []))
+            call = f"{epi}(f0 + {i * N + j}u, {acc[i][j]});"
+            L(f"if ({' && '.join(conds)}) {{ {call} }}" if conds else call)
+    return [ctx.dispatch(kernel, em.lines, grid, DIRECT_WG)]
+
+
+__all__ = ["Config", "choose_config", "build_matmul", "use_direct", "FORCE_CONFIG",
+           "FORCE_DIRECT"]
