@@ -43,11 +43,9 @@ def build_fold(ctx) -> list:
     oh, ow = conv_out_size(H, kh, sh, ph), conv_out_size(W, kw, sw, pw)
     total = prod(node.shape)
     kernel = ctx.kernel("fold2d")
-    grid = kernel.grid(-(-total // WG))
     epi = ctx.epilogue_fn(kernel)
     em = ctx.emitter(kernel)
-    em.emit(f"let o = ({kernel.wg_linear()}) * {WG}u + lid;")
-    em.emit(f"if (o >= {total}u) {{ return; }}")
+    grid = kernel.thread_index(em, total, "o")
     n, c, y, x = em.unravel("o", node.shape)
     acc = em.var(node.dtype, zero(node.dtype))
     for i in range(kh):

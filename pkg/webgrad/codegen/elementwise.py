@@ -175,11 +175,8 @@ def _arange_rule(em, node, idx):
 def build_elementwise(ctx) -> list:
     """One thread per element of the group's domain; every output stored at its flat index."""
     kernel = ctx.kernel("elementwise")
-    n = ctx.numel
-    grid = kernel.grid(-(-n // WG))
     em = ctx.emitter(kernel)
-    em.emit(f"let i = ({kernel.wg_linear()}) * {WG}u + lid;")
-    em.emit(f"if (i >= {n}u) {{ return; }}")
+    grid = kernel.thread_index(em, ctx.numel, "i")
     ctx.write_outputs(em, "i", None)
     return [ctx.dispatch(kernel, em.lines, grid, WG)]
 

@@ -43,11 +43,9 @@ def build_scatter(ctx) -> list:
     D = prod(node.shape[1:])
     total = n_rows * D
     kernel = ctx.kernel("scatter_add_rows")
-    grid = kernel.grid(-(-total // WG))
     epi = ctx.epilogue_fn(kernel)
     em = ctx.emitter(kernel)
-    em.emit(f"let o = ({kernel.wg_linear()}) * {WG}u + lid;")
-    em.emit(f"if (o >= {total}u) {{ return; }}")
+    grid = kernel.thread_index(em, total, "o")
     r = em.let(f"i32(o / {D}u)") if D > 1 else "i32(o)"
     d = em.let(f"o % {D}u") if D > 1 else "0u"
     acc = em.var(node.dtype, zero(node.dtype))

@@ -100,10 +100,8 @@ def build_concat_pieces(ctx) -> list:
         shape = ctx.g[x].shape
         size = prod(shape)
         kernel = ctx.kernel(f"concat piece {k}")
-        grid = kernel.grid(-(-size // WG))
         em = ctx.emitter(kernel)
-        em.emit(f"let i = ({kernel.wg_linear()}) * {WG}u + lid;")
-        em.emit(f"if (i >= {size}u) {{ return; }}")
+        grid = kernel.thread_index(em, size, "i")
         v = em.value(x, Idx(shape, flat="i"))
         dims = list(em.unravel("i", shape))
         if start:

@@ -129,7 +129,6 @@ def build_matmul(ctx, config: Config | None = None) -> list:
     total = tiles_m * tiles_n * nb
 
     kernel = ctx.kernel(f"matmul {'x'.join(map(str, node.shape))} K={K} tile {BM}x{BN}x{BK}")
-    grid = kernel.grid(total)
     A = kernel.binding(sa.buffer, "f32", what=sa.what, nbytes=sa.nbytes)
     B = kernel.binding(sb.buffer, "f32", what=sb.what, nbytes=sb.nbytes)
     for name, ld, vec in (("As", LDA, va), ("Bs", LDB, vb)):
@@ -140,8 +139,7 @@ def build_matmul(ctx, config: Config | None = None) -> list:
     em = ctx.emitter(kernel)
     L = em.emit
 
-    L(f"let w = {kernel.wg_linear()};")
-    L(f"if (w >= {total}u) {{ return; }}")  # workgroup-uniform
+    grid = kernel.workgroup_index(em, total, "w")  # workgroup-uniform: barriers stay legal
     L(f"let tn = w % {tiles_n}u;")
     L(f"let tm = (w / {tiles_n}u) % {tiles_m}u;")
     L(f"let bt = w / {tiles_m * tiles_n}u;")
@@ -271,14 +269,12 @@ def _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh) -> list:
     tiles_m, tiles_n = -(-M // TM), -(-N // TN)
     total = tiles_m * tiles_n * nb
     kernel = ctx.kernel(f"matmul {'x'.join(map(str, node.shape))} K={K} direct {TM}x{TN}")
-    grid = kernel.grid(-(-total // DIRECT_WG))
     A = kernel.binding(sa.buffer, "f32", what=sa.what, nbytes=sa.nbytes)
     B = kernel.binding(sb.buffer, "f32", what=sb.what, nbytes=sb.nbytes)
     epi = ctx.epilogue_fn(kernel)
     em = ctx.emitter(kernel)
     L = em.emit
-    L(f"let t = ({kernel.wg_linear()}) * {DIRECT_WG}u + lid;")
-    L(f"if (t >= {total}u) {{ return; }}")
+    grid = kernel.thread_index(em, total, "t", DIRECT_WG)
     L(f"let m0 = ((t / {tiles_n}u) % {tiles_m}u) * {TM}u;")
     L(f"let n0 = (t % {tiles_n}u) * {TN}u;")
     L(f"let bt = t / {tiles_m * tiles_n}u;")

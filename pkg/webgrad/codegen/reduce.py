@@ -129,12 +129,10 @@ def _accumulate(em, s, kind, acc, acci, o, r):
 
 def _thread_reduce(ctx, node, s):
     kernel = ctx.kernel(node.op)
-    grid = kernel.grid(-(-s.O // WG))
     xdt = ctx.g[s.x].dtype
     epi = ctx.epilogue_fn(kernel)
     em = ctx.emitter(kernel)
-    em.emit(f"let o = ({kernel.wg_linear()}) * {WG}u + lid;")
-    em.emit(f"if (o >= {s.O}u) {{ return; }}")
+    grid = kernel.thread_index(em, s.O, "o")
     acc = em.var(xdt, _init(s.kind, xdt))
     acci = em.var("u32", "0u") if s.kind == "argmax" else None
     with em.block(f"for (var r = 0u; r < {s.R}u; r++)"):
@@ -172,15 +170,13 @@ def _wg_body(ctx, kernel, em, s, kind, dtype, o, r_from, r_to, wgs, finish):
 def _wg_reduce(ctx, node, s):
     kernel = ctx.kernel(node.op)
     wgs = _wgsize(ctx, s.R)
-    grid = kernel.grid(s.O)
     xdt = ctx.g[s.x].dtype
     kernel.decls.append(f"var<workgroup> red: array<{xdt}, {wgs}>;")
     if s.kind == "argmax":
         kernel.decls.append(f"var<workgroup> redi: array<u32, {wgs}>;")
     epi = ctx.epilogue_fn(kernel)
     em = ctx.emitter(kernel)
-    em.emit(f"let o = {kernel.wg_linear()};")
-    em.emit(f"if (o >= {s.O}u) {{ return; }}")  # o is workgroup-uniform: barriers stay legal
+    grid = kernel.workgroup_index(em, s.O, "o")  # workgroup-uniform: barriers stay legal
     _wg_body(ctx, kernel, em, s, s.kind, xdt, "o", "0u", f"{s.R}u", wgs,
              lambda v: em.emit(f"{epi}(o, {v});"))
     return ctx.dispatch(kernel, em.lines, grid, wgs)
@@ -193,11 +189,9 @@ def _wg_split(ctx, node, s, P):
     # pass 1: workgroup (o, p) reduces x[o, p*C : (p+1)*C] into scratch[o*P + p]
     k1 = ctx.kernel(node.op + " (pass 1)")
     wgs = _wgsize(ctx, C)
-    grid1 = k1.grid(s.O * P)
     k1.decls.append(f"var<workgroup> red: array<{xdt}, {wgs}>;")
     em = ctx.emitter(k1)
-    em.emit(f"let w = {k1.wg_linear()};")
-    em.emit(f"if (w >= {s.O * P}u) {{ return; }}")
+    grid1 = k1.workgroup_index(em, s.O * P, "w")
     em.emit(f"let o = w / {P}u;")
     em.emit(f"let p = w % {P}u;")
     em.emit(f"let r0 = p * {C}u;")
@@ -208,12 +202,10 @@ def _wg_split(ctx, node, s, P):
     # pass 2: workgroup o reduces the P partials, then the epilogue
     k2 = ctx.kernel(node.op + " (pass 2)")
     wgs2 = _wgsize(ctx, P)
-    grid2 = k2.grid(s.O)
     k2.decls.append(f"var<workgroup> red: array<{xdt}, {wgs2}>;")
     epi = ctx.epilogue_fn(k2)
     em = ctx.emitter(k2)
-    em.emit(f"let o = {k2.wg_linear()};")
-    em.emit(f"if (o >= {s.O}u) {{ return; }}")
+    grid2 = k2.workgroup_index(em, s.O, "o")
     acc = em.var(xdt, _init(s.kind, xdt))
     comb = _combine(s.kind, xdt)
     with em.block(f"for (var r = lid; r < {P}u; r += {wgs2}u)"):
@@ -234,10 +226,8 @@ def _thread_split(ctx, node, s, P):
     # pass 1: thread (p, o) reduces r in [p*C, (p+1)*C) into scratch[p*O + o]
     k1 = ctx.kernel(node.op + " (pass 1)")
     total = s.O * P
-    grid1 = k1.grid(-(-total // WG))
     em = ctx.emitter(k1)
-    em.emit(f"let t = ({k1.wg_linear()}) * {WG}u + lid;")
-    em.emit(f"if (t >= {total}u) {{ return; }}")
+    grid1 = k1.thread_index(em, total, "t")
     em.emit(f"let o = t % {s.O}u;")
     em.emit(f"let r0 = (t / {s.O}u) * {C}u;")
     em.emit(f"let r1 = min(r0 + {C}u, {s.R}u);")
@@ -248,11 +238,9 @@ def _thread_split(ctx, node, s, P):
     d1 = ctx.dispatch(k1, em.lines, grid1, WG)
     # pass 2: thread o sums its P partials, then the epilogue
     k2 = ctx.kernel(node.op + " (pass 2)")
-    grid2 = k2.grid(-(-s.O // WG))
     epi = ctx.epilogue_fn(k2)
     em = ctx.emitter(k2)
-    em.emit(f"let o = ({k2.wg_linear()}) * {WG}u + lid;")
-    em.emit(f"if (o >= {s.O}u) {{ return; }}")
+    grid2 = k2.thread_index(em, s.O, "o")
     acc = em.var(xdt, _init(s.kind, xdt))
     with em.block(f"for (var p = 0u; p < {P}u; p++)"):
         v = em.load(scratch, Idx((total,), flat=em.let(f"p * {s.O}u + o")))
@@ -271,15 +259,10 @@ def _row_op(ctx, node, s, strat):
     epi = ctx.epilogue_fn(kernel)
     wg = strat == "wg"
     wgs = _wgsize(ctx, D) if wg else WG
-    grid = kernel.grid(rows if wg else -(-rows // WG))
     if wg:
         kernel.decls.append(f"var<workgroup> red: array<f32, {wgs}>;")
     em = ctx.emitter(kernel)
-    if wg:
-        em.emit(f"let row = {kernel.wg_linear()};")
-    else:
-        em.emit(f"let row = ({kernel.wg_linear()}) * {WG}u + lid;")
-    em.emit(f"if (row >= {rows}u) {{ return; }}")
+    grid = kernel.workgroup_index(em, rows, "row") if wg else kernel.thread_index(em, rows, "row")
     loop = f"for (var j = lid; j < {D}u; j += {wgs}u)" if wg else f"for (var j = 0u; j < {D}u; j++)"
 
     def x_at():

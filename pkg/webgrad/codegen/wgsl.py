@@ -11,7 +11,9 @@ Everything else in codegen/ writes kernel *bodies* as text and asks a `Kernel` f
   * workgroup sizing and dispatch splitting: a kernel asks for N workgroups, `grid(N)` splits
     them over x/y/z so that no dimension exceeds maxComputeWorkgroupsPerDimension (65535),
     and the kernel reads its linear workgroup index from `wg_linear()`; workgroups past N
-    return at once (a workgroup-uniform test, so barriers after it stay legal);
+    return at once (a workgroup-uniform test, so barriers after it stay legal).
+    `thread_index` / `workgroup_index` emit that preamble for the two kernel shapes (one
+    thread per item / one workgroup per item), so builders never spell it out;
   * literals: f32 values are written so that they round back to the same float32
     (inf/nan through bitcast, negative numbers parenthesised so `a - -1` never forms `--`).
 """
@@ -183,6 +185,25 @@ class Kernel:
         if self.nz > 1:
             parts.append(f"wid.z * {self.nx * self.ny}u")
         return " + ".join(parts)
+
+    def thread_index(self, em, total: int, var: str = "o", wgs: int = WG) -> list[int]:
+        """One thread per item of `total`: size the grid (ceil(total / wgs) workgroups of
+        `wgs` threads), emit `let {var}` = the thread's item index into `em` and return at
+        once from threads past the end. Returns the grid for the dispatch. The return is
+        not workgroup-uniform: kernels using it must not barrier afterwards."""
+        grid = self.grid(-(-total // wgs))
+        em.emit(f"let {var} = ({self.wg_linear()}) * {wgs}u + lid;")
+        em.emit(f"if ({var} >= {total}u) {{ return; }}")
+        return grid
+
+    def workgroup_index(self, em, total: int, var: str = "o") -> list[int]:
+        """One workgroup per item of `total`: size the grid, emit `let {var}` = the
+        workgroup's item index into `em` and return from workgroups past the end (a
+        workgroup-uniform test, so barriers after it stay legal). Returns the grid."""
+        grid = self.grid(total)
+        em.emit(f"let {var} = {self.wg_linear()};")
+        em.emit(f"if ({var} >= {total}u) {{ return; }}")
+        return grid
 
     # -- assembly
     def source(self, body: list[str], *, workgroup_size: int | None = None) -> str:
