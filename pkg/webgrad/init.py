@@ -12,6 +12,8 @@ import random
 from dataclasses import dataclass
 from math import prod
 
+from .arrays import _flat_list
+
 
 @dataclass(frozen=True)
 class Init:
@@ -34,18 +36,11 @@ def ones() -> Init: return Init("ones")
 
 def literal(values) -> Init:
     """Exact initial values: a flat or nested list, array.array, numpy array, memoryview."""
-    if hasattr(values, "tolist"):
+    if hasattr(values, "tolist"):  # numpy, array.array, memoryview
         values = values.tolist()
-    flat: list[float] = []
-
-    def walk(v):
-        if isinstance(v, (list, tuple)):
-            for e in v:
-                walk(e)
-        else:
-            flat.append(float(v))
-    walk(list(values) if isinstance(values, memoryview) else values)
-    return Init("literal", data=tuple(flat))
+    flat: list = []
+    _flat_list(values, flat)
+    return Init("literal", data=tuple(float(v) for v in flat))
 
 
 def as_init(spec) -> Init:
