@@ -178,7 +178,18 @@ class CompiledModule:
     async def reset_optimizer_state_async(self) -> None:
         self._zero_state(optimizer_only=True)
 
+    # -- checkpoints: safetensors files of params (+ optimizer state, step); io/checkpoint.py
+    async def save_async(self, dst=None, *, optimizer: bool = True):
+        from .io import checkpoint
+        return await checkpoint.save_async(self, dst, optimizer=optimizer)
+
+    async def load_async(self, src, *, optimizer: bool | None = None) -> None:
+        from .io import checkpoint
+        await checkpoint.load_async(self, src, optimizer=optimizer)
+
     # -- blocking forms
+    def save(self, dst=None, *, optimizer=True): return run_blocking(self.save_async(dst, optimizer=optimizer))
+    def load(self, src, *, optimizer=None): return run_blocking(self.load_async(src, optimizer=optimizer))
     def step(self, feed, *, with_captures=False): return run_blocking(self.step_async(feed, with_captures=with_captures))
     def run(self, feed, *, with_captures=False): return run_blocking(self.run_async(feed, with_captures=with_captures))
     def download_params(self): return run_blocking(self.download_params_async())
