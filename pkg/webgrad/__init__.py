@@ -9,6 +9,7 @@ from . import init, lr, nn, ops, optim
 from .arrays import FeedError, HostArray
 from .compile import compile_forward, compile_module
 from .compiled import CompiledForward, CompiledModule
+from .io.torch_interop import from_torch_state_dict
 from .ir import Graph, Node
 from .module import Module
 from .ops import capture
@@ -19,4 +20,4 @@ __version__ = "0.1.0"
 
 __all__ = ["Module", "Tensor", "ops", "nn", "lr", "init", "optim", "capture", "compile_module",
            "compile_forward", "CompiledModule", "CompiledForward", "Graph", "Node", "HostArray",
-           "FeedError", "ShapeError", "__version__"]
+           "FeedError", "ShapeError", "from_torch_state_dict", "__version__"]
