@@ -1,0 +1,1 @@
+"""Ready-made models built on webgrad: gpt2 (training, KV-cached decoding, surprisal)."""
