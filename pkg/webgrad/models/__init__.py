@@ -1,1 +1,2 @@
-"""Ready-made models built on webgrad: gpt2 (training, KV-cached decoding, surprisal)."""
+"""Models built on webgrad: GPT-2 (`gpt2`: training, KV-cached decoding on the device,
+sampling, surprisal) and its byte-level BPE tokenizer (`bpe`)."""
