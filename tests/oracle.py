@@ -570,6 +570,22 @@ rec("gather_rows/repeats", "lambda w, i: ops.gather_rows(w, i)", lambda w, i: w[
     f32(3, 2), i32((5,), 0, 3))
 rec("scatter_add_rows", "lambda v, i: ops.scatter_add_rows(v, i, 5)",
     lambda v, i: torch.zeros(5, 3, dtype=torch.float64).index_add(0, i, v), f32(4, 3), i32((4,), 0, 3))
+
+
+def _t_write_rows(b, v, s):
+    out, s, n = b.clone(), int(torch.as_tensor(s).reshape(-1)[0]), b.shape[0]
+    lo, hi = max(s, 0), min(s + v.shape[0], n)
+    if lo < hi:
+        out[lo:hi] = v[lo - s:hi - s]
+    return out
+
+
+rec("write_rows/fed_start", "lambda b, v, s: ops.write_rows(b, v, s)", _t_write_rows,
+    f32(5, 3), f32(2, 3), i32((1,), 0, 4))
+rec("write_rows/past_the_end", "lambda b, v: ops.write_rows(b, v, 4)",
+    lambda b, v: _t_write_rows(b, v, 4), f32(5, 2, 3), f32(3, 2, 3))
+rec("write_rows/before_the_start", "lambda b, v: ops.write_rows(b, v, -1)",
+    lambda b, v: _t_write_rows(b, v, -1), f32(4, 3), f32(2, 3))
 rec("take_along_last", "lambda x, i: ops.take_along_last(x, i)",
     lambda x, i: torch.gather(x, -1, i), f32(3, 5), i32((3, 2), 0, 5))
 

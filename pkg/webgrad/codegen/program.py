@@ -24,6 +24,7 @@ from .index import build_scatter
 from .layout import build_concat_pieces, strided_view
 from .matmul import build_matmul
 from .reduce import REDUCE_OPS, ROW_OPS, build_reduce, scratch_bytes
+from .rows import build_write_rows
 from .wgsl import Kernel, LimitError, Limits
 
 
@@ -266,6 +267,8 @@ def _build_group(ctx: GroupCtx) -> list[dict]:
         return build_scatter(ctx)
     if m.op == "fold2d":
         return build_fold(ctx)
+    if m.op == "write_rows":
+        return build_write_rows(ctx)
     raise AssertionError(m.op)
 
 
