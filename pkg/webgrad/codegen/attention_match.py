@@ -156,6 +156,17 @@ class _Matcher:
             lo, hi = (x, y) if op == "less" else (y, x)  # lo < hi  <=>  hi - lo > 0
             d = _arith("sub", hi, lo)
             return ("sel", (d[1], d[2], True), 1.0, 0.0)
+        if op == "equal":  # a mask compared with a constant: `mask == 0`
+            x, y = self.sym(ins[0]), self.sym(ins[1])
+            if x is None or y is None:
+                return None
+            if x[0] == "aff" and not x[2]:
+                x, y = y, x
+            if y[0] != "aff" or y[2]:
+                return None
+            if x[0] == "aff":
+                return None if x[2] else ("aff", float(x[1] == y[1]), {})
+            return ("sel", x[1], float(x[2] == y[1]), float(x[3] == y[1]))
         if op == "where":
             c, x, y = (self.sym(i) for i in ins)
             if c is None or x is None or y is None or x[0] != "aff" or y[0] != "aff" \
