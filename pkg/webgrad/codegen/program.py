@@ -16,6 +16,8 @@ import array
 from dataclasses import dataclass
 
 from ..buffers import END, Live, align, plan_pool
+from .attention import ATTN_OPS, build_attention
+from .attention_match import rewrite_attention
 from .conv import build_fold
 from .elementwise import build_elementwise
 from .emit import Emitter, Idx, Storage
@@ -263,6 +265,8 @@ def _build_group(ctx: GroupCtx) -> list[dict]:
         return build_matmul(ctx)
     if m.op in REDUCE_OPS or m.op in ROW_OPS:
         return build_reduce(ctx)
+    if m.op in ATTN_OPS:
+        return build_attention(ctx)
     if m.op == "scatter_add_rows":
         return build_scatter(ctx)
     if m.op == "fold2d":
@@ -274,7 +278,9 @@ def _build_group(ctx: GroupCtx) -> list[dict]:
 
 def lower(graph, limits: Limits | None = None, persist_key=lambda name: name):
     """Compile a Graph into (Lowered, kernel names)."""
-    low = _Lowering(graph, limits or Limits(), persist_key)
+    limits = limits or Limits()
+    graph = rewrite_attention(graph, limits)  # fused attention kernels (attention_match.py)
+    low = _Lowering(graph, limits, persist_key)
     return low.build()
 
 
