@@ -13,6 +13,7 @@ This module is imported only when a torch backend is asked for (backends.get_bac
 """
 from __future__ import annotations
 
+import ctypes
 from math import prod
 
 from ..arrays import HostArray
@@ -252,8 +253,9 @@ class TorchBackend(Interpreter):
         x = x.detach().to("cpu", _tdtype(dtype)).contiguous()
         out = HostArray(dtype, shape=tuple(x.shape))
         if x.numel():
-            # clone(): a view (slice, expand) has a larger storage than its elements
-            out.frombytes(bytes(x.reshape(-1).clone().untyped_storage()))
+            # one memcpy of the elements (contiguous() above; data_ptr() includes a view's
+            # offset), not bytes(storage), which walks the storage one byte at a time
+            out.frombytes(ctypes.string_at(x.data_ptr(), 4 * x.numel()))
         return out
 
     def zeros(self, shape, dtype):
