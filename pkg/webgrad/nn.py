@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from . import init, ops
 from .module import Module
+from .primitives import ShapeError
+from .tensor import Tensor, at_user_line
 
 
 class Linear(Module):
@@ -81,16 +83,25 @@ class Conv2d(Module):
     __call__ = fwd
 
 
+def _rank(op, x, rank, layout):
+    if not isinstance(x, Tensor) or x.ndim != rank:
+        got = f"{x.dtype}{list(x.shape)}" if isinstance(x, Tensor) else type(x).__name__
+        raise ShapeError(f"{op}: expects a rank-{rank} {layout} input, got {got}" + at_user_line())
+
+
 def split_heads(x, n_heads: int):
     """[B, T, D] -> [B, H, T, D/H]."""
+    _rank("split_heads", x, 3, "[B, T, D]")
     B, T, D = x.shape
     if D % n_heads:
-        raise ValueError(f"split_heads: width {D} is not divisible by {n_heads} heads")
+        raise ShapeError(f"split_heads: width {D} of {x.dtype}{list(x.shape)} is not divisible "
+                         f"by {n_heads} heads" + at_user_line())
     return ops.transpose(ops.reshape(x, (B, T, n_heads, D // n_heads)), (0, 2, 1, 3))
 
 
 def merge_heads(x):
     """[B, H, T, Dh] -> [B, T, H*Dh]."""
+    _rank("merge_heads", x, 4, "[B, H, T, Dh]")
     B, H, T, Dh = x.shape
     return ops.reshape(ops.transpose(x, (0, 2, 1, 3)), (B, T, H * Dh))
 

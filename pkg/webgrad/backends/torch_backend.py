@@ -16,7 +16,7 @@ from __future__ import annotations
 from math import prod
 
 from ..arrays import HostArray
-from ..primitives import _lowbias32, conv_out_size, rand_key
+from ..primitives import _lowbias32, rand_key, window, window_rows
 from .interpreter import Interpreter
 
 try:
@@ -134,32 +134,35 @@ def _rand_uniform(a, counter):
 # ---------------------------------------------------------------- convolution windows
 
 
-def _geometry(a, H, W):
-    (kh, kw), (sh, sw), (ph, pw) = a["kernel"], a["stride"], a["padding"]
-    return kh, kw, sh, sw, ph, pw, conv_out_size(H, kh, sh, ph), conv_out_size(W, kw, sw, pw)
+def _taps(a, H, W, device):
+    """(window, flat pixel index [kh, kw, oh, ow] (clamped), inside mask): the same index
+    arrays as primitives._unfold_ref, in torch."""
+    w = window(a, H, W)
+    rows, cols = window_rows(torch, w)
+    r = rows[:, None, :, None].expand(w.kh, w.kw, w.oh, w.ow)
+    c = cols[None, :, None, :].expand(w.kh, w.kw, w.oh, w.ow)
+    inside = (r >= 0) & (r < H) & (c >= 0) & (c < W)
+    flat = r.clamp(0, H - 1) * W + c.clamp(0, W - 1)
+    return w, flat.to(device), inside.to(device)
 
 
 def _unfold2d(a, x):
-    # strided slices of a padded copy (not F.unfold: max_pool2d pads with pad_value)
+    # an index gather (not F.unfold: max_pool2d pads with pad_value, ceil_mode overhangs)
     N, C, H, W = x.shape
-    kh, kw, sh, sw, ph, pw, oh, ow = _geometry(a, H, W)
-    xp = x.new_full((N, C, H + 2 * ph, W + 2 * pw), a["pad_value"])
-    xp[:, :, ph:ph + H, pw:pw + W] = x
-    cols = [xp[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw].reshape(N, C, oh * ow)
-            for i in range(kh) for j in range(kw)]
-    return torch.stack(cols, dim=2)
+    w, flat, inside = _taps(a, H, W, x.device)
+    v = x.reshape(N, C, H * W)[:, :, flat]
+    out = torch.where(inside, v, torch.tensor(a["pad_value"], dtype=x.dtype, device=x.device))
+    return out.reshape(N, C, w.kh * w.kw, w.oh * w.ow)
 
 
 def _fold2d(a, g):
     N, C = g.shape[:2]
     H, W = a["size"]
-    kh, kw, sh, sw, ph, pw, oh, ow = _geometry(a, H, W)
-    out = g.new_zeros((N, C, H + 2 * ph, W + 2 * pw))
-    for i in range(kh):
-        for j in range(kw):
-            out[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw] += \
-                g[:, :, i * kw + j].reshape(N, C, oh, ow)
-    return out[:, :, ph:ph + H, pw:pw + W].contiguous()
+    w, flat, inside = _taps(a, H, W, g.device)
+    out = g.new_zeros((N, C, H * W))
+    vals = g.reshape(N, C, w.kh, w.kw, w.oh, w.ow)[:, :, inside]
+    out.index_add_(2, flat[inside], vals)
+    return out.reshape(N, C, H, W)
 
 
 def _impls(device) -> dict:
