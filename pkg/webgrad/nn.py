@@ -68,17 +68,18 @@ class Embedding(Module):
 class Conv2d(Module):
     """[N, C, H, W] -> [N, O, OH, OW]; weight [O, C/groups, k, k] (torch's layout)."""
 
-    def __init__(self, c_in: int, c_out: int, kernel: int, *, stride=1, padding=0, groups=1,
-                 bias: bool = True):
+    def __init__(self, c_in: int, c_out: int, kernel: int, *, stride=1, padding=0, dilation=1,
+                 groups=1, bias: bool = True):
         super().__init__()
         k = (kernel, kernel) if isinstance(kernel, int) else tuple(kernel)
         self.stride, self.padding, self.groups = stride, padding, groups
+        self.dilation = dilation
         self.weight = self.param([c_out, c_in // groups, *k], init=init.kaiming())
         self.bias = self.param([c_out], init="zeros") if bias else None
 
     def fwd(self, x):
         return ops.conv2d(x, self.weight, self.bias, stride=self.stride, padding=self.padding,
-                          groups=self.groups)
+                          dilation=self.dilation, groups=self.groups)
 
     __call__ = fwd
 

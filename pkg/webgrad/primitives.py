@@ -459,8 +459,15 @@ def _gather_shape(ins, attrs):
     return idx.shape + w.shape[1:], w.dtype
 
 
-defprim("gather_rows", "index", shape=_gather_shape,
-        ref=lambda np, a, w, i: w[i],
+def _gather_ref(np, a, w, i):
+    # rows outside [0, n) read as zeros and negative indices never wrap (bounds.py: fed
+    # indices are refused before a step; this is the rule for computed ones)
+    ok = (i >= 0) & (i < w.shape[0])
+    rows = w[np.where(ok, i, 0)]
+    return np.where(ok.reshape(ok.shape + (1,) * (w.ndim - 1)), rows, np.zeros_like(rows))
+
+
+defprim("gather_rows", "index", shape=_gather_shape, ref=_gather_ref,
         grad=lambda g, i, o, a: [_O().scatter_add_rows(g, i[1], i[0].shape[0]), None],
         doc="rows of a table by index (embedding); primitive because one_hot @ W costs "
             "V times more work and memory")
@@ -476,8 +483,11 @@ def _scatter_shape(ins, attrs):
 
 
 def _scatter_ref(np, a, g, i):
-    out = np.zeros((a["n"],) + g.shape[i.ndim:], g.dtype)
-    np.add.at(out, i.reshape(-1), g.reshape((-1,) + g.shape[i.ndim:]))
+    rest = g.shape[i.ndim:]
+    out = np.zeros((a["n"],) + rest, g.dtype)
+    flat = i.reshape(-1)
+    ok = (flat >= 0) & (flat < a["n"])  # out-of-range rows are dropped (gather reads zeros)
+    np.add.at(out, flat[ok], g.reshape((-1,) + rest)[ok])
     return out
 
 

@@ -109,13 +109,18 @@ def _one_hot(a, i):
 
 
 def _gather_rows(a, w, i):
-    return w[i.long()]
+    # as the ref rule: rows outside [0, n) read as zeros, no negative wrap
+    ok = (i >= 0) & (i < w.shape[0])
+    rows = w[torch.where(ok, i, 0).long()]
+    return torch.where(ok.reshape(ok.shape + (1,) * (w.dim() - 1)), rows, rows.new_zeros(()))
 
 
 def _scatter_add_rows(a, g, i):
     rest = tuple(g.shape[i.dim():])
     out = g.new_zeros((a["n"],) + rest)
-    return out.index_add_(0, i.reshape(-1).long(), g.reshape((-1,) + rest))
+    flat = i.reshape(-1)
+    ok = (flat >= 0) & (flat < a["n"])  # out-of-range rows are dropped
+    return out.index_add_(0, flat[ok].long(), g.reshape((-1,) + rest)[ok])
 
 
 # ---------------------------------------------------------------- random

@@ -120,9 +120,10 @@ _BINARY = {
     "sub": lambda x, y: f"({x} - {y})",
     "mul": lambda x, y: f"({x} * {y})",
     "div": lambda x, y: f"({x} / {y})",
-    # x + y: NaN when either is (the select keeps max/min's value otherwise)
-    "maximum": lambda x, y: f"select(max({x}, {y}), {x} + {y}, isnan_f({x}) || isnan_f({y}))",
-    "minimum": lambda x, y: f"select(min({x}, {y}), {x} + {y}, isnan_f({x}) || isnan_f({y}))",
+    # the NaN operand itself (not x + y: a driver may fold x + (-x) to 0 under NaN-unsafe
+    # algebra, lavapipe does)
+    "maximum": lambda x, y: f"select(select(max({x}, {y}), {y}, isnan_f({y})), {x}, isnan_f({x}))",
+    "minimum": lambda x, y: f"select(select(min({x}, {y}), {y}, isnan_f({y})), {x}, isnan_f({x}))",
     "less": lambda x, y: f"select(0.0f, 1.0f, {x} < {y})",
     "greater": lambda x, y: f"select(0.0f, 1.0f, {x} > {y})",
     "equal": lambda x, y: f"select(0.0f, 1.0f, {x} == {y})",

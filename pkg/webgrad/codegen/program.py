@@ -20,7 +20,7 @@ from .conv import build_fold
 from .elementwise import build_elementwise
 from .emit import Emitter, Idx, Storage
 from .fusion import Fusion
-from .index import build_scatter
+from .index import build_scatter, scatter_scratch
 from .layout import build_concat_pieces, strided_view
 from .matmul import build_matmul
 from .reduce import REDUCE_OPS, ROW_OPS, build_reduce, scratch_specs
@@ -278,6 +278,8 @@ def _scratch_specs(g, node, source) -> list[tuple[int, str]]:
     """[(bytes, dtype)]: the scratch buffers a kernel op needs between its dispatches."""
     if node.op in REDUCE_OPS:
         return scratch_specs(g, node, source)
+    if node.op == "scatter_add_rows":
+        return scatter_scratch(g, node)
     return []
 
 

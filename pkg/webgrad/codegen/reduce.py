@@ -108,8 +108,8 @@ def _kernel(ctx, name: str, kind: str):
 
 
 def _max(a: str, b: str) -> str:
-    """max that propagates NaN (a + b is NaN when either is), as torch.amax."""
-    return f"select(max({a}, {b}), {a} + {b}, isnan_f({a}) || isnan_f({b}))"
+    """max that propagates NaN, as torch.amax (elementwise.py's maximum)."""
+    return f"select(select(max({a}, {b}), {b}, isnan_f({b})), {a}, isnan_f({a}))"
 
 
 def _init(kind: str, dtype: str) -> str:
