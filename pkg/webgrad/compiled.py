@@ -15,6 +15,7 @@ from math import prod
 from . import init as _init
 from .arrays import FeedError, HostArray, to_host, to_user
 from .backends.gpu_host import DeviceLostError
+from .bounds import check_index_feeds, index_checks
 from .optim import STATE_PREFIX
 from .recovery import Guard
 
@@ -51,6 +52,7 @@ class Program:
         for name, i in graph.writebacks.items():
             backend.ensure(name, graph[i].shape, graph[i].dtype)
         self.exe = backend.prepare(graph)
+        self.index_checks = index_checks(graph)  # fed indices: range-checked per step
 
     def reload(self, backend) -> "Program":
         """The same graph prepared on another backend (recover(): a new device)."""
@@ -68,8 +70,10 @@ class Program:
             missing = sorted(set(self.inputs) - set(feed))
             raise FeedError(f"{method}(): missing input {', '.join(map(repr, missing))}; this program "
                             f"takes {declared}")
-        return {k: to_host(feed[k], shape=s, dtype=d, what=f"{method}(): input '{k}'")
-                for k, (s, d) in self.inputs.items()}
+        hosts = {k: to_host(feed[k], shape=s, dtype=d, what=f"{method}(): input '{k}'")
+                 for k, (s, d) in self.inputs.items()}
+        check_index_feeds(hosts, self.index_checks, method)
+        return hosts
 
     def captures(self) -> list[str]:
         return [k for k in self.graph.outputs if k.startswith("capture:")]
