@@ -181,7 +181,7 @@ def test_gpt2_state_dict_round_trip(tmp_path, with_output):
     path, _ = gpt2_gguf(tmp_path, model, cfg, with_output=with_output)
     hp, sd = wgg.gpt2_state_dict(path)
     assert hp == {"n_layer": 2, "n_head": 4, "n_embd": 64, "n_ctx": 16, "vocab_size": 96,
-                  "layer_norm_epsilon": pytest.approx(1e-5)}
+                  "layer_norm_epsilon": pytest.approx(1e-5), "eos_token_id": None}
     want = {k: v for k, v in model.transformer.state_dict().items()
             if not k.endswith((".attn.bias", ".attn.masked_bias"))}
     assert set(sd) == set(want) | ({"lm_head.weight"} if with_output else set())
@@ -205,6 +205,59 @@ def test_gpt2_quantized_weights(tmp_path):
     w = np.asarray(sd["h.1.mlp.c_fc.weight"].tolist(), np.float32)
     assert np.array_equal(w, stored["blk.1.ffn_up.weight"].T)   # dequantized gguf's way, [in, out]
     assert wgg.load(path).tensors["blk.1.ffn_up.weight"].type_name == "Q8_0"
+
+
+@pytest.mark.parametrize("qtype", [None, QT.Q8_0, QT.Q4_0], ids=["F32", "Q8_0", "Q4_0"])
+def test_gpt2_from_gguf_logits(tmp_path, qtype):
+    """GPT2.from_gguf: F32 weights give transformers' logits; quantized ones give the logits
+    of the same weights dequantized on the host by gguf and loaded from a state dict."""
+    import torch
+    from webgrad.models import gpt2
+    cfg, model = hf_gpt2(n_embd=64, n_head=2)
+    path, stored = gpt2_gguf(tmp_path, model, cfg, with_output=qtype is None, qtype=qtype)
+    m = gpt2.GPT2.from_gguf(path, backend="reference")
+    ids = [3, 1, 4, 1, 5, 9, 2, 6]
+    got = np.asarray(m.forward(ids))
+    if qtype is None:
+        with torch.no_grad():
+            want = model(torch.tensor([ids])).logits[0].numpy()
+    else:                                   # gguf's dequantization, then transformers' names
+        name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPT2, cfg.n_layer)
+        sd = {}
+        for k in model.transformer.state_dict():
+            if k.endswith((".attn.bias", ".attn.masked_bias")):
+                continue
+            base, _, suffix = ("transformer." + k).rpartition(".")
+            v = stored[f"{name_map.get_name(base)}.{suffix}"]
+            sd[k] = v.T if k.endswith((".c_attn.weight", ".c_proj.weight", ".c_fc.weight")) else v
+        host = gpt2.GPT2.from_hf_state_dict(gpt2.GPT2Config(**wgg.gpt2_state_dict(path)[0]), sd,
+                                            backend="reference")
+        want = np.asarray(host.forward(ids))
+        assert not np.allclose(want, model(torch.tensor([ids])).logits[0].detach().numpy(),
+                               atol=1e-4)      # quantization did change the weights
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
+
+
+def test_tensors_upload_directly(tmp_path):
+    """GGUF and safetensors tensors go straight into upload_params (arrays.to_host calls
+    their to_host)."""
+    import webgrad as wg
+    from webgrad import Module, ops
+    from webgrad.io import safetensors as st
+
+    class M(Module):
+        def __init__(self):
+            super().__init__()
+            self.w = self.param([2, 32])
+
+    c = wg.compile_forward(M, lambda m, i: ops.sum_all(m.w), inputs={}, backend="reference")
+    x = np.arange(64, dtype=np.float32).reshape(2, 32) / 7
+    q = gguf.quants.quantize(x, QT.Q8_0)
+    path = write(tmp_path, lambda w: w.add_tensor("w", q, raw_shape=q.shape, raw_dtype=QT.Q8_0))
+    c.upload_params(wgg.load(path).tensors)
+    assert np.array_equal(c.download_params()["w"], gguf.quants.dequantize(q, QT.Q8_0))
+    c.upload_params(st.load(st.dumps({"w": x.astype(np.float16)})))
+    assert np.array_equal(c.download_params()["w"], x.astype(np.float16).astype(np.float32))
 
 
 def test_gpt2_errors(tmp_path):

@@ -20,7 +20,8 @@ API (consumers: GPT-2 loading, the tests, the browser page):
     t.dequantize()                # HostArray f32 with t.shape (F32/F16/BF16/Q8_0/Q4_0/Q4_K)
     gguf.dequantize(type_name, raw, n)  # array('f') of n values from raw blocks
     gguf.gpt2_state_dict(f)       # (hyper-parameters, state dict in transformers' GPT-2
-                                  #  names and layouts) from llama.cpp's gpt2 tensors
+                                  #  names and layouts) from llama.cpp's gpt2 tensors;
+                                  #  webgrad.models.gpt2.GPT2.from_gguf is built on it
 
 Dequantization equals the `gguf` package's bit for bit (tests/test_gguf.py): the block
 formulas below, computed in Python floats and rounded once to f32, are exact, because every
@@ -104,6 +105,8 @@ class GGUFTensor:
         out = HostArray("f32", shape=self.shape)
         out.extend(dequantize(self.type_name, self.data, self.n_elements, what=self.name))
         return out
+
+    to_host = dequantize          # what arrays.to_host calls: upload_params takes GGUFTensors
 
 
 class GGUFFile:
@@ -410,7 +413,7 @@ def _transpose(h: HostArray) -> HostArray:
 def gpt2_state_dict(f: GGUFFile | object) -> tuple[dict, dict[str, HostArray]]:
     """(hyper-parameters, state dict) of a llama.cpp gpt2 GGUF, in transformers' GPT-2 names
     and layouts, dequantized to f32. Hyper-parameters: n_layer, n_head, n_embd, n_ctx,
-    vocab_size, layer_norm_epsilon (GPT2Config's fields). A missing output.weight means the
+    vocab_size, layer_norm_epsilon, eos_token_id (GPT2Config's fields). A missing output.weight means the
     head is tied to token_embd.weight (GPT-2's own tying); a present one comes back as
     "lm_head.weight", as in transformers' state dict (llama.cpp's converter writes the tied
     table twice, and llama-quantize may then give the two copies different types)."""
@@ -455,7 +458,8 @@ def gpt2_state_dict(f: GGUFFile | object) -> tuple[dict, dict[str, HostArray]]:
     cfg = {"n_layer": n_layer, "n_head": int(key("attention.head_count")),
            "n_embd": int(key("embedding_length")), "n_ctx": int(key("context_length")),
            "vocab_size": vocab,
-           "layer_norm_epsilon": float(md.get("gpt2.attention.layer_norm_epsilon", 1e-5))}
+           "layer_norm_epsilon": float(md.get("gpt2.attention.layer_norm_epsilon", 1e-5)),
+           "eos_token_id": md.get("tokenizer.ggml.eos_token_id")}
     if cfg["n_embd"] != n_embd:
         raise GGUFError(f"GGUF file {f.name}: metadata 'gpt2.embedding_length' is "
                         f"{cfg['n_embd']} but token_embd.weight has {n_embd} columns")
