@@ -277,6 +277,20 @@ def _f16(raw) -> float:
     return struct.unpack("<e", raw)[0]
 
 
+_F16: list | None = None
+
+
+def _f16_table() -> list:
+    """Every f16 bit pattern's value (65536 floats, built once): struct's per-value 'e'
+    unpacking is several times slower than a list lookup."""
+    global _F16
+    if _F16 is None:
+        _F16 = list(struct.unpack("<65536e", array.array("H", range(65536)).tobytes()
+                                  if sys.byteorder == "little" else
+                                  struct.pack("<65536H", *range(65536))))
+    return _F16
+
+
 def _q8_0(raw: memoryview, nblocks: int, out: array.array) -> None:
     # block: d (f16), q[32] (i8);  x = d * q
     for b in range(nblocks):
@@ -374,8 +388,19 @@ def dequantize(type_name: str, raw, n: int, *, what: str = "tensor", use_numpy: 
         if sys.byteorder != "little":
             out.byteswap()
         return out
-    if type_name in ("F16", "F64"):
-        out.extend(struct.unpack(f"<{n}{'e' if type_name == 'F16' else 'd'}", raw))
+    if type_name == "F16":
+        np = numpy_or_none() if use_numpy else None
+        if np is not None:
+            out.frombytes(np.frombuffer(raw, dtype="<f2").astype("<f4").tobytes())
+            return out
+        halves = array.array("H")
+        halves.frombytes(raw)
+        if sys.byteorder != "little":
+            halves.byteswap()
+        out.extend(map(_f16_table().__getitem__, halves))   # one C-level lookup per value
+        return out
+    if type_name == "F64":
+        out.extend(struct.unpack(f"<{n}d", raw))
         return out
     impl = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_K": _q4_k}.get(type_name)
     if impl is None:
