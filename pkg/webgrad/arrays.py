@@ -79,7 +79,7 @@ _FORMAT_NAMES = {"b": "int8", "B": "uint8", "h": "int16", "H": "uint16", "i": "i
                  "n": "ssize_t", "N": "size_t", "e": "f16", "f": "f32", "d": "f64"}  # i32/f32: our names
 
 
-def to_host(value, *, shape, dtype: str, what: str) -> HostArray:
+def to_host(value, *, shape, dtype: str, what: str, allow_nan: bool = False) -> HostArray:
     """Convert and check one value; `what` names it in errors ("step(): input 'x'").
 
     Values are converted, never reinterpreted: a float64 buffer fed as f32 is rounded value by
@@ -117,7 +117,7 @@ def to_host(value, *, shape, dtype: str, what: str) -> HostArray:
         out.extend(data)
     if len(out) != prod(shape):
         raise FeedError(f"{what}: expects {prod(shape)} values for {want}, got {len(out)}")
-    if dtype == "f32":
+    if dtype == "f32" and not allow_nan:
         _refuse_nan(out, shape, what)
     return out
 

@@ -46,6 +46,7 @@ class Program:
 
     def __init__(self, backend, graph, inputs):
         self.backend, self.graph, self.inputs = backend, graph, inputs
+        self.allow_nan = False  # CompiledForward turns it on
         for n in graph.nodes:
             if n.op in ("param", "state"):
                 backend.ensure(n.attrs["name"], n.shape, n.dtype)
@@ -56,7 +57,9 @@ class Program:
 
     def reload(self, backend) -> "Program":
         """The same graph prepared on another backend (recover(): a new device)."""
-        return Program(backend, self.graph, self.inputs)
+        p = Program(backend, self.graph, self.inputs)
+        p.allow_nan = self.allow_nan
+        return p
 
     def check_feed(self, feed, method: str) -> dict[str, HostArray]:
         if not isinstance(feed, dict):
@@ -70,7 +73,8 @@ class Program:
             missing = sorted(set(self.inputs) - set(feed))
             raise FeedError(f"{method}(): missing input {', '.join(map(repr, missing))}; this program "
                             f"takes {declared}")
-        hosts = {k: to_host(feed[k], shape=s, dtype=d, what=f"{method}(): input '{k}'")
+        hosts = {k: to_host(feed[k], shape=s, dtype=d, what=f"{method}(): input '{k}'",
+                            allow_nan=self.allow_nan)
                  for k, (s, d) in self.inputs.items()}
         check_index_feeds(hosts, self.index_checks, method)
         return hosts
@@ -333,6 +337,9 @@ class CompiledForward:
 
     def __init__(self, owner: CompiledModule, program: Program, *, owns_owner: bool = False):
         self.owner, self._prog = owner, program
+        # an inference program stores nothing, so NaN inputs are evaluated as torch would;
+        # the training program refuses them (they would spread into parameters and moments)
+        program.allow_nan = True
         self._owns_owner = owns_owner  # compile_forward's own store: destroyed with this program
 
     param_names = property(lambda self: self.owner.param_names)
