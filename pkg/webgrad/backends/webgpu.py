@@ -89,6 +89,37 @@ class WebGPUBackend(Backend):
         out.frombytes(data)
         return out
 
+    def init_params(self, items, *, seed: int) -> None:
+        """Parameters that a loaded program holds are filled on the device by one small
+        program (codegen/initparams.py); the rest (literals, not yet loaded) on the host."""
+        from ..codegen.initparams import init_plan
+        from ..init import recipe
+        on_device, on_host = [], []
+        for name, spec, shape in items:
+            r = recipe(spec, shape, seed=seed, name=name)
+            slot = self.store[name]
+            (on_device if r[0] != "literal" and slot.home is not None else on_host).append(
+                (name, spec, shape, r))
+        if on_device:
+            from ..compiled import run_blocking
+            plan, writes = init_plan([(n, shape, r) for n, _, shape, r in on_device],
+                                     self.limits, self._key)
+            program = self.host.load(plan)
+            try:
+                for buf, data in writes:
+                    self.host.write(program, buf, data)
+                # one submission, not waited for: the next step is queued behind it, and
+                # WebGPU frees the argument buffers only once the work that uses them is done
+                run_blocking(self.host.run(program, {}, []))
+            except RuntimeError as e:  # a browser without JSPI cannot block: on the host
+                if "JSPI" not in str(e):
+                    raise
+                on_host = on_device + on_host
+            finally:
+                self.host.unload(program)
+        if on_host:
+            super().init_params([(n, spec, shape) for n, spec, shape, _ in on_host], seed=seed)
+
     def prepare(self, graph):
         lowered, names = lower(graph, self.limits, self._key)
         program = self.host.load(lowered.plan)
@@ -134,6 +165,11 @@ class WebGPUProgram:
         """planned_bytes (all buffers of the plan) vs naive_bytes (every tensor of the graph
         in its own buffer), persistent/input/const/pool bytes, counts."""
         return dict(self.lowered.report)
+
+    async def profile(self, feeds: dict):
+        """One step with per-kernel timing: a profile.Profile."""
+        from ..profile import profile_program
+        return await profile_program(self, feeds)
 
     async def run(self, feeds: dict, fetch: list[str]) -> dict:
         low = self.lowered

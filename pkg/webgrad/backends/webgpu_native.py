@@ -24,6 +24,7 @@ _WANTED_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size",
                   "max-storage-buffers-per-shader-stage", "max-compute-workgroup-storage-size",
                   "max-compute-invocations-per-workgroup", "max-compute-workgroup-size-x",
                   "max-compute-workgroups-per-dimension")
+_WANTED_FEATURES = ("timestamp-query",)
 
 
 def wgpu_module():
@@ -50,7 +51,10 @@ class _Device:
         if adapter is None:
             raise RuntimeError("wgpu found no WebGPU adapter (no Vulkan/Metal/D3D12 driver?)")
         have = adapter.limits
+        # timestamps let the profiler time each kernel on the GPU (profile.py)
+        self.features = {f for f in _WANTED_FEATURES if f in adapter.features}
         self.device = adapter.request_device_sync(
+            required_features=sorted(self.features),
             required_limits={k: have[k] for k in _WANTED_LIMITS if k in have})
         self.info = f"{adapter.summary} [{self.lib.__name__}]"
         self.limits = {k.replace("-", "_"): v for k, v in self.device.limits.items()
@@ -269,6 +273,81 @@ class NativeHost(GPUHost):
             return out
         except Exception as e:
             raise self._translate(e, "running a step") from None
+
+    async def profile(self, program: int, writes: dict[int, bytes]):
+        """Run the program once, each dispatch in a compute pass of its own, and return
+        ([seconds per command, None for copies], "timestamp") from GPU timestamps, or
+        "wall" times of each command submitted and waited for alone where the adapter has
+        no 'timestamp-query' (profile.py)."""
+        import struct
+        import time
+        p = self._check(program)
+        lib, dev = self.lib, self.device
+        try:
+            q = dev.queue
+            for b, data in writes.items():
+                q.write_buffer(p.buffers[b], 0, data)
+            if "timestamp-query" not in self._dev.features:
+                out = []
+                for c in p.commands:
+                    enc = dev.create_command_encoder()
+                    self._encode(enc, [c])
+                    t0 = time.perf_counter()
+                    q.submit([enc.finish()])
+                    q.read_buffer(p.buffers[0], 0, 16)  # waits for the work (sizes >= 16)
+                    out.append(time.perf_counter() - t0)
+                return out, "wall"
+            nd = sum(1 for c in p.commands if c[0] == "dispatch")
+            qs = dev.create_query_set(type=lib.QueryType.timestamp, count=2 * max(nd, 1))
+            resolve = dev.create_buffer(size=16 * max(nd, 1), usage=lib.BufferUsage.QUERY_RESOLVE
+                                        | lib.BufferUsage.COPY_SRC)
+            enc = dev.create_command_encoder()
+            k = 0
+            for c in p.commands:
+                if c[0] == "dispatch":
+                    self._encode(enc, [c], timestamps={"query_set": qs,
+                                                       "beginning_of_pass_write_index": 2 * k,
+                                                       "end_of_pass_write_index": 2 * k + 1})
+                    k += 1
+                else:
+                    self._encode(enc, [c])
+            if nd:
+                enc.resolve_query_set(qs, 0, 2 * nd, resolve, 0)
+            q.submit([enc.finish()])
+            ticks = struct.unpack(f"<{2 * nd}Q", bytes(q.read_buffer(resolve))[:16 * nd])
+            resolve.destroy()
+            qs.destroy()
+            out, k = [], 0
+            for c in p.commands:
+                if c[0] == "dispatch":
+                    out.append(max(ticks[2 * k + 1] - ticks[2 * k], 0) / 1e9)  # nanoseconds
+                    k += 1
+                else:
+                    out.append(None)
+            return out, "timestamp"
+        except Exception as e:
+            raise self._translate(e, "profiling a step") from None
+
+    @staticmethod
+    def _encode(enc, commands, timestamps=None) -> None:
+        """Record plan commands into a command encoder (one compute pass per run of
+        dispatches)."""
+        cpass = None
+        for c in commands:
+            if c[0] == "dispatch":
+                if cpass is None:
+                    cpass = (enc.begin_compute_pass(timestamp_writes=timestamps) if timestamps
+                             else enc.begin_compute_pass())
+                cpass.set_pipeline(c[1])
+                cpass.set_bind_group(0, c[2])
+                cpass.dispatch_workgroups(*c[3])
+            else:
+                if cpass is not None:
+                    cpass.end()
+                    cpass = None
+                enc.copy_buffer_to_buffer(c[1], c[2], c[3], c[4], c[5])
+        if cpass is not None:
+            cpass.end()
 
     async def read(self, program: int, buffer: int) -> bytes:
         p = self._check(program)

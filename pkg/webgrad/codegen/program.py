@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import array
 from dataclasses import dataclass
+from math import prod
 
 from ..buffers import END, Live, align, plan_pool
+from ..profile import group_cost
 from .conv import build_fold
 from .elementwise import build_elementwise
 from .emit import Emitter, Idx, Storage
@@ -45,6 +47,7 @@ class Lowered:
     kernel_count: int
     report: dict
     writers: dict          # persistent name -> index of the dispatch that writes it, or "copy"
+    kernels: list = None   # per command: name, ops, nodes, workgroups, bytes, flops (profile.py)
 
 
 class GroupCtx:
@@ -221,9 +224,13 @@ class _Lowering:
         commands: list[dict] = []
         names = []
         writers = {}
+        kernels = []
         for gid in fu.order:
             ctx = GroupCtx(self, gid)
+            cost = group_cost(fu, gid, ctx.outs)  # on the group's first dispatch
             for d in _build_group(ctx):
+                kernels.append(dict(cost, name=d["name"], workgroups=prod(d["workgroups"])))
+                cost = dict(cost, bytes=0, flops=0)
                 p = by_text.get(d["wgsl"])
                 if p is None:
                     p = by_text[d["wgsl"]] = len(pipelines)
@@ -234,10 +241,12 @@ class _Lowering:
             for n in fu.groups[gid].outputs:  # the group's last dispatch writes its outputs
                 if n in fu.inplace:
                     writers[fu.inplace[n]] = len(commands) - 1
-        kernels = len(commands)
+        n_kernels = len(commands)
         for s, name in fu.end_copies:
             writers[name] = "copy"
             src = self.storage[s]
+            kernels.append({"name": f"copy -> '{name}'", "ops": "copy", "nodes": [s],
+                            "workgroups": 0, "bytes": 2 * src.nbytes, "flops": 0})
             commands.append({"op": "copy", "src": src.buffer, "dst": self.persistent[name],
                              "size": src.nbytes, "src_offset": 4 * src.offset, "dst_offset": 0})
         outputs = {}
@@ -246,10 +255,10 @@ class _Lowering:
             stg = self.storage[s]
             outputs[name] = (stg.buffer, 4 * stg.offset, 4 * g[r].size, g[r].shape, g[r].dtype)
         plan = {"buffers": self.buffers, "pipelines": pipelines, "commands": commands}
-        report = dict(self.report, kernels=kernels, pipelines=len(pipelines),
+        report = dict(self.report, kernels=n_kernels, pipelines=len(pipelines),
                       end_copies=len(fu.end_copies), in_place=len(fu.inplace))
-        return Lowered(plan, self.feeds, outputs, self.persistent, self.const_data, kernels,
-                       report, writers), names
+        return Lowered(plan, self.feeds, outputs, self.persistent, self.const_data, n_kernels,
+                       report, writers, kernels), names
 
 
 def _build_group(ctx: GroupCtx) -> list[dict]:
