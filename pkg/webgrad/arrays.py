@@ -143,9 +143,13 @@ def numpy_or_none():
 
 
 def to_user(h: HostArray):
-    """What users get back: numpy where available, else the HostArray."""
+    """What users get back: numpy where available, else the HostArray. The array views the
+    HostArray's memory (no copy: every caller hands over a fresh HostArray nobody else
+    holds, and a 100 MB result should not be copied once more)."""
     np = numpy_or_none()
-    return h if np is None else to_numpy(np, h)
+    if np is None:
+        return h
+    return np.frombuffer(h, dtype=np.float32 if h.dtype == "f32" else np.int32).reshape(h.shape)
 
 
 def to_numpy(np, h: HostArray):

@@ -82,7 +82,7 @@ class WebGPUBackend(Backend):
         slot = self.store[name]
         n = 4 * prod(slot.shape)
         if slot.home is not None:
-            data = (await self.host.read(*slot.home))[:n]
+            data = memoryview(await self.host.read(*slot.home))[:n]  # no copy
         else:
             data = slot.shadow if slot.shadow is not None else bytes(n)
         out = HostArray(slot.dtype, shape=slot.shape)
@@ -180,6 +180,6 @@ class WebGPUProgram:
         for k in fetch:
             buf, off, nbytes, shape, dtype = low.outputs[k]
             h = HostArray(dtype, shape=shape)
-            h.frombytes(data[buf][off:off + nbytes])
+            h.frombytes(memoryview(data[buf])[off:off + nbytes])  # one copy, not two
             out[k] = h
         return out

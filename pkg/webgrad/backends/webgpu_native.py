@@ -267,8 +267,7 @@ class NativeHost(GPUHost):
                 s.map_sync(lib.MapMode.READ)
                 if self._dev.lost:  # a map on a lost device may "succeed" with no data
                     raise RuntimeError("device lost during the step")
-                out.append(bytes(s.read_mapped()))
-                s.unmap()
+                out.append(_take_mapped(s))
             self._inflight = []
             return out
         except Exception as e:
@@ -352,7 +351,21 @@ class NativeHost(GPUHost):
     async def read(self, program: int, buffer: int) -> bytes:
         p = self._check(program)
         try:
-            data = bytes(self.device.queue.read_buffer(p.buffers[buffer]))
+            # a staging buffer of our own, not queue.read_buffer: that copies the data
+            # twice more on the way out (bench/readback.py)
+            size = p.sizes[buffer]
+            s = self.device.create_buffer(
+                size=size, usage=self.lib.BufferUsage.MAP_READ | self.lib.BufferUsage.COPY_DST)
+            try:
+                enc = self.device.create_command_encoder()
+                enc.copy_buffer_to_buffer(p.buffers[buffer], 0, s, 0, size)
+                self.device.queue.submit([enc.finish()])
+                s.map_sync(self.lib.MapMode.READ)
+                if self._dev.lost:
+                    raise RuntimeError("device lost during the read")
+                data = _take_mapped(s)
+            finally:
+                _destroy(s)
             if self._dev.lost:
                 raise RuntimeError("device lost during the read")
             return data
@@ -377,6 +390,19 @@ class NativeHost(GPUHost):
                     del self._persistent[key]
         for s in p.staging.values():
             _destroy(s)
+
+
+def _take_mapped(staging) -> bytes:
+    """The contents of a mapped staging buffer as bytes (ONE copy, from the mapping: the
+    default read_mapped() copies once more), then unmap it."""
+    try:
+        view = staging.read_mapped(copy=False)
+        data = bytes(view)
+        del view
+    except TypeError:  # an API without copy=
+        data = bytes(staging.read_mapped())
+    staging.unmap()
+    return data
 
 
 def _destroy(buf) -> None:
