@@ -33,10 +33,43 @@ def median_time(fn, reps):
     return statistics.median(times)
 
 
+def phases(p, nbytes, reps):
+    """copy to a staging buffer + map, then the copy out of the mapping, timed apart."""
+    backend = p.owner.backend
+    host = backend.host
+    prog, buf = backend.store["W"].home
+    hp = host._programs[prog]
+    lib, dev = host.lib, host.device
+    size = hp.sizes[buf]
+    s = dev.create_buffer(size=size, usage=lib.BufferUsage.MAP_READ | lib.BufferUsage.COPY_DST)
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        enc = dev.create_command_encoder()
+        enc.copy_buffer_to_buffer(hp.buffers[buf], 0, s, 0, size)
+        dev.queue.submit([enc.finish()])
+        s.map_sync(lib.MapMode.READ)
+        t1 = time.perf_counter()
+        view = s.read_mapped(copy=False)
+        t2 = time.perf_counter()
+        data = bytes(view)
+        t3 = time.perf_counter()
+        del view
+        s.unmap()
+        ba = bytearray(size)
+        t4 = time.perf_counter()
+        ba[:] = data
+        t5 = time.perf_counter()
+        print(f"  copy+map {1e3 * (t1 - t0):.1f} ms, read_mapped {1e3 * (t2 - t1):.1f} ms, "
+              f"bytes(mapped) {1e3 * (t3 - t2):.1f} ms ({nbytes / (t3 - t2) / 1e9:.2f} GB/s), "
+              f"host memcpy {1e3 * (t5 - t4):.1f} ms ({nbytes / (t5 - t4) / 1e9:.2f} GB/s)")
+    s.destroy()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=float, default=100.0)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--phases", action="store_true", help="time the read's phases apart")
     args = ap.parse_args()
     from matmul import pick_lib
     lib = pick_lib()
@@ -69,6 +102,8 @@ def main() -> None:
     print(f"run() output      {t_run * 1e3:8.1f} ms  {nbytes / t_run / 1e9:6.2f} GB/s  "
           f"(its kernel {kernel * 1e3:.2f} ms on the GPU)")
     print(f"download_params() {t_dl * 1e3:8.1f} ms  {nbytes / t_dl / 1e9:6.2f} GB/s")
+    if args.phases:
+        phases(p, nbytes, args.reps)
     try:
         import torch
     except ImportError:

@@ -570,6 +570,9 @@ rec("gather_rows/repeats", "lambda w, i: ops.gather_rows(w, i)", lambda w, i: w[
     f32(3, 2), i32((5,), 0, 3))
 rec("scatter_add_rows", "lambda v, i: ops.scatter_add_rows(v, i, 5)",
     lambda v, i: torch.zeros(5, 3, dtype=torch.float64).index_add(0, i, v), f32(4, 3), i32((4,), 0, 3))
+rec("scatter_add_rows/many_repeats", "lambda v, i: ops.scatter_add_rows(v, i, 9)",  # 2-D rows
+    lambda v, i: torch.zeros(9, 2, 3, dtype=torch.float64).index_add(0, i.reshape(-1), v.reshape(-1, 2, 3)),
+    f32(5, 8, 2, 3), i32((5, 8), 0, 7))
 rec("take_along_last", "lambda x, i: ops.take_along_last(x, i)",
     lambda x, i: torch.gather(x, -1, i), f32(3, 5), i32((3, 2), 0, 5))
 

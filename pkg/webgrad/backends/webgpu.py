@@ -18,7 +18,7 @@ import itertools
 from dataclasses import dataclass
 from math import prod
 
-from ..arrays import HostArray
+from ..arrays import device_result
 from ..codegen import LOWERED_OPS, Limits, lower
 from . import Backend
 
@@ -82,12 +82,10 @@ class WebGPUBackend(Backend):
         slot = self.store[name]
         n = 4 * prod(slot.shape)
         if slot.home is not None:
-            data = memoryview(await self.host.read(*slot.home))[:n]  # no copy
+            data = await self.host.read(*slot.home)
         else:
             data = slot.shadow if slot.shadow is not None else bytes(n)
-        out = HostArray(slot.dtype, shape=slot.shape)
-        out.frombytes(data)
-        return out
+        return device_result(data, 0, n, slot.dtype, slot.shape)
 
     def init_params(self, items, *, seed: int) -> None:
         """Parameters that a loaded program holds are filled on the device by one small
@@ -179,7 +177,5 @@ class WebGPUProgram:
         out = {}
         for k in fetch:
             buf, off, nbytes, shape, dtype = low.outputs[k]
-            h = HostArray(dtype, shape=shape)
-            h.frombytes(memoryview(data[buf])[off:off + nbytes])  # one copy, not two
-            out[k] = h
+            out[k] = device_result(data[buf], off, nbytes, dtype, shape)
         return out

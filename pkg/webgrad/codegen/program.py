@@ -22,7 +22,7 @@ from .conv import build_fold
 from .elementwise import build_elementwise
 from .emit import Emitter, Idx, Storage
 from .fusion import Fusion
-from .index import build_scatter
+from .index import build_scatter, scatter_scratch_bytes
 from .layout import build_concat_pieces, strided_view
 from .matmul import build_matmul
 from .reduce import REDUCE_OPS, ROW_OPS, build_reduce, scratch_bytes
@@ -182,18 +182,27 @@ class _Lowering:
             for s in fu.loads(gid):
                 if s in need and fu.group_of[s] != gid:
                     last[s] = max(last.get(s, -1), pos[gid])
-        ends = {fu.storage_base(r) for r in g.outputs.values()} | {s for s, _ in fu.end_copies}
+        fetched = {fu.storage_base(r) for r in g.outputs.values()}
+        ends = fetched | {s for s, _ in fu.end_copies}
         lives = []
         for n in sorted(need):
             check(n, 4 * g[n].size)
+            if n in fetched:  # read back after the step: a buffer of its own, exactly its size,
+                # since hosts read whole buffers (a scalar loss in a 500 MB pool slot cost GPT-2
+                # 0.5 s a step in copies)
+                st(n, new_buffer(4 * g[n].size, f"output {describe(g[n])}"))
+                continue
             first = pos[fu.group_of[n]]
             lives.append(Live(("t", n), 4 * g[n].size, first, END if n in ends else last.get(n, first)))
         for gid in fu.order:
             G = fu.groups[gid]
+            nb = 0
             if G.main is not None and g[G.main].op in REDUCE_OPS:
                 nb = scratch_bytes(g, g[G.main], fu.sum_source.get(G.main))
-                if nb:
-                    lives.append(Live(("s", gid), nb, pos[gid], pos[gid]))
+            elif G.main is not None and g[G.main].op == "scatter_add_rows":
+                nb = scatter_scratch_bytes(g, g[G.main])
+            if nb:
+                lives.append(Live(("s", gid), nb, pos[gid], pos[gid]))
         slots, assign = plan_pool(lives)
         base = len(self.buffers)
         for k, size in enumerate(slots):
@@ -227,10 +236,13 @@ class _Lowering:
         kernels = []
         for gid in fu.order:
             ctx = GroupCtx(self, gid)
-            cost = group_cost(fu, gid, ctx.outs)  # on the group's first dispatch
-            for d in _build_group(ctx):
+            cost = group_cost(fu, gid, ctx.outs)  # on the group's last dispatch (its epilogue)
+            built = _build_group(ctx)
+            for k, d in enumerate(built):
                 kernels.append(dict(cost, name=d["name"], workgroups=prod(d["workgroups"])))
-                cost = dict(cost, bytes=0, flops=0)
+                if k < len(built) - 1:
+                    kernels[-1].update(bytes=0, flops=0)
+            for d in built:
                 p = by_text.get(d["wgsl"])
                 if p is None:
                     p = by_text[d["wgsl"]] = len(pipelines)
