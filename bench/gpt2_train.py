@@ -22,7 +22,7 @@ Per row and library: compile + init (webgrad: compile_module, which traces, diff
 plans, emits WGSL, loads pipelines and initialises the parameters; torch: building the
 model on the GPU and the optimizer), the first step, then the median wall time of
 --steps steps (batch in, loss read back as a float: both libraries do the same work per
-step) after --warmup steps, tokens/s, kernels per step (webgrad: dispatches of its plan;
+step) after --warmup steps and at least 1.5 s of steps (a GPU left idle lowers its clocks), tokens/s, kernels per step (webgrad: dispatches of its plan;
 torch: CUDA kernels launched in one profiled step), peak GPU bytes (webgrad: every buffer of
 its plans, `memory_report()["planned_bytes"]`, a static figure; torch:
 `torch.cuda.max_memory_allocated()` over the timed steps) and the ratios webgrad / torch.
@@ -152,6 +152,16 @@ def batch(np, vocab, B, T, seed):
     return idx[:, :T].copy(), idx[:, 1:].copy()
 
 
+def warm_up(step, n: int, seconds: float = 1.5) -> None:
+    """At least n steps and `seconds` of them: a GPU left idle drops its clocks, and short
+    steps (2 x 256) measured 12 to 37 ms/step after 2 warm-up steps, depending on what ran
+    before them."""
+    t0, s = time.perf_counter(), 0
+    while s < n or time.perf_counter() - t0 < seconds:
+        step(s)
+        s += 1
+
+
 def run_webgrad(row, args, np):
     import webgrad as wg
     from webgrad import optim
@@ -166,8 +176,7 @@ def run_webgrad(row, args, np):
     t0 = time.perf_counter()
     first_loss = c.step(feeds[0])
     t_first = time.perf_counter() - t0
-    for s in range(args.warmup):
-        c.step(feeds[s % 4])
+    warm_up(lambda s: c.step(feeds[s % 4]), args.warmup)
     times = []
     for s in range(args.steps):
         t0 = time.perf_counter()
@@ -213,8 +222,7 @@ def run_torch(row, args, np, torch):
     t0 = time.perf_counter()
     first_loss = step(feeds[0])
     t_first = time.perf_counter() - t0
-    for s in range(args.warmup):
-        step(feeds[s % 4])
+    warm_up(lambda s: step(feeds[s % 4]), args.warmup)
     kernels = None
     if dev == "cuda":
         torch.cuda.reset_peak_memory_stats()

@@ -130,12 +130,15 @@ class NativeHost(GPUHost):
         self._next = 1
         self._persistent: dict[str, list] = {}  # key -> [GPUBuffer, size, programs using it]
         self._inflight: list = []  # the running step's encoder, pass, staging (see _bury)
+        self._staging = None       # read()'s staging buffer (_read_staging)
 
     # -- errors
     def _bury(self) -> None:
         """Keep every object of this lost device alive (see _GRAVEYARD)."""
-        _GRAVEYARD.append((self._dev, self._programs, self._persistent, self._inflight))
+        _GRAVEYARD.append((self._dev, self._programs, self._persistent, self._inflight,
+                           self._staging))
         self._inflight = []
+        self._staging = None
 
     def _translate(self, e: BaseException, what: str) -> BaseException:
         # Drop the failed call's frames now, by reference counting: left to the cycle
@@ -354,23 +357,30 @@ class NativeHost(GPUHost):
             # a staging buffer of our own, not queue.read_buffer: that copies the data
             # twice more on the way out (bench/readback.py)
             size = p.sizes[buffer]
-            s = self.device.create_buffer(
-                size=size, usage=self.lib.BufferUsage.MAP_READ | self.lib.BufferUsage.COPY_DST)
-            try:
-                enc = self.device.create_command_encoder()
-                enc.copy_buffer_to_buffer(p.buffers[buffer], 0, s, 0, size)
-                self.device.queue.submit([enc.finish()])
-                s.map_sync(self.lib.MapMode.READ)
-                if self._dev.lost:
-                    raise RuntimeError("device lost during the read")
-                data = _take_mapped(s)
-            finally:
-                _destroy(s)
+            s = self._read_staging(size)
+            enc = self.device.create_command_encoder()
+            enc.copy_buffer_to_buffer(p.buffers[buffer], 0, s, 0, size)
+            self.device.queue.submit([enc.finish()])
+            s.map_sync(self.lib.MapMode.READ, 0, size)
+            if self._dev.lost:
+                raise RuntimeError("device lost during the read")
+            data = _take_mapped(s, size)
             if self._dev.lost:
                 raise RuntimeError("device lost during the read")
             return data
         except Exception as e:
             raise self._translate(e, "reading a buffer") from None
+
+    def _read_staging(self, size: int):
+        """One mappable staging buffer for read(), kept and grown to the largest read: a new
+        100 MB mappable buffer per read costs more than the copy (bench/readback.py)."""
+        s = self._staging
+        if s is None or s.size < size:
+            if s is not None:
+                _destroy(s)
+            s = self._staging = self.device.create_buffer(
+                size=size, usage=self.lib.BufferUsage.MAP_READ | self.lib.BufferUsage.COPY_DST)
+        return s
 
     def unload(self, program: int) -> None:
         if self._dev.lost:
@@ -392,16 +402,16 @@ class NativeHost(GPUHost):
             _destroy(s)
 
 
-def _take_mapped(staging):
+def _take_mapped(staging, size: int | None = None):
     """The contents of a mapped staging buffer, copied ONCE out of the mapping (the default
     read_mapped() copies twice), then unmapped. Bytes-like: a numpy uint8 array where numpy
     imports, since a large numpy allocation gets transparent huge pages and the copy then
     runs at memory speed, where a fresh `bytes` object pays a page fault every 4 KiB
     (1.4-1.7 GB/s for 100 MB on the H200 host: bench/readback.py)."""
     try:
-        view = staging.read_mapped(copy=False)
+        view = staging.read_mapped(0, size, copy=False)
     except TypeError:  # an API without copy=
-        view = staging.read_mapped()
+        view = staging.read_mapped(0, size)
     try:
         import numpy as np
     except ImportError:
