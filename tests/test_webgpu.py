@@ -67,6 +67,8 @@ def _lowered_kernel_names(record) -> list[str]:
 MATMUL_RECORDS = [r for r in oracle.RECORDS
                   if any(n.startswith("matmul") for n in _lowered_kernel_names(r))]
 MATMUL_KERNELS = {"direct": True, "tiled": False}  # codegen/matmul.py's FORCE_DIRECT
+# split-K forced on every matmul: 3 K chunks (empty ones where K is short), 32 x 32 tiles
+SPLIT_CONFIG = mm.Config(2, 2, 16, splits=3)
 
 
 @pytest.mark.parametrize("kernel", list(MATMUL_KERNELS))
@@ -78,6 +80,31 @@ def test_oracle_under_both_matmul_kernels(record, kernel, monkeypatch):
     names = [n for n in _lowered_kernel_names(record) if n.startswith("matmul")]
     assert names and all((" direct " in n) == (kernel == "direct") for n in names), names
     oracle.check(record, "webgpu")
+
+
+@pytest.mark.parametrize("record", MATMUL_RECORDS, ids=[r.name for r in MATMUL_RECORDS])
+def test_oracle_under_split_k(record, monkeypatch):
+    """The same records with every matmul split into K chunks (partial sums in scratch, a
+    second kernel adds them and runs the epilogue)."""
+    monkeypatch.setattr(mm, "FORCE_CONFIG", SPLIT_CONFIG)
+    names = [n for n in _lowered_kernel_names(record) if n.startswith("matmul")]
+    assert any(" split 3" in n for n in names) and any("sum of 3 K chunks" in n for n in names)
+    oracle.check(record, "webgpu")
+
+
+@pytest.mark.parametrize("M,K,N,nb,splits", [
+    (512, 16384, 1536, 1, 11),   # the QKV weight gradient of the 64 x 256 GPT step
+    (512, 16384, 2048, 1, 4),    # the MLP up-projection's
+    (16384, 512, 1536, 1, 1),    # enough tiles: no split
+    (1024, 1024, 1024, 1, 1),    # K too short to split: smaller tiles instead
+])
+def test_split_k_is_chosen_for_long_k_and_few_tiles(M, K, N, nb, splits):
+    cfg = mm.choose_config(M, N, K, nb, adapter="NVIDIA H200 (DiscreteGPU) via Vulkan")
+    assert cfg.splits == splits, cfg
+    if splits > 1:
+        assert (cfg.bm, cfg.bn) == (128, 128)
+    # an adapter with no row in the table never splits
+    assert mm.choose_config(M, N, K, nb, adapter="some GPU").splits == 1
 
 
 def test_every_primitive_lowers():

@@ -24,7 +24,7 @@ from .emit import Emitter, Idx, Storage
 from .fusion import Fusion
 from .index import build_scatter, scatter_scratch_bytes
 from .layout import build_concat_pieces, strided_view
-from .matmul import build_matmul
+from .matmul import build_matmul, matmul_scratch_bytes
 from .reduce import REDUCE_OPS, ROW_OPS, build_reduce, scratch_bytes
 from .wgsl import Kernel, LimitError, Limits
 
@@ -197,7 +197,9 @@ class _Lowering:
         for gid in fu.order:
             G = fu.groups[gid]
             nb = 0
-            if G.main is not None and g[G.main].op in REDUCE_OPS:
+            if G.main is not None and (g[G.main].op == "matmul" or G.main in fu.matmul_fold):
+                nb = matmul_scratch_bytes(g, fu, G.main, limits)
+            elif G.main is not None and g[G.main].op in REDUCE_OPS:
                 nb = scratch_bytes(g, g[G.main], fu.sum_source.get(G.main))
             elif G.main is not None and g[G.main].op == "scatter_add_rows":
                 nb = scatter_scratch_bytes(g, g[G.main])
