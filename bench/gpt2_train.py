@@ -5,6 +5,7 @@
     python3 bench/gpt2_train.py --rows small2,gpt2    # a subset
     python3 bench/gpt2_train.py --rows tiny --steps 3 # lavapipe / CPU: a toy row
     python3 bench/gpt2_train.py --no-torch --profile 0  # webgrad alone, no kernel table
+    python3 bench/gpt2_train.py --model module        # webgrad.models.gpt2.GPT2Module (tied head)
 
 Rows (model x batch):
   small2   d 512, 8 layers, 8 heads, vocab 4096, B x T = 2 x 256
@@ -162,17 +163,28 @@ def warm_up(step, n: int, seconds: float = 1.5) -> None:
         s += 1
 
 
+def module_model(d, layers, heads, vocab, context):
+    """(factory, loss_fn, input names) of webgrad.models.gpt2.GPT2Module (--model module):
+    the same blocks, but its LM head is tied to the token table, as GPT-2's is."""
+    from webgrad.models.gpt2 import GPT2Config, GPT2Module, lm_loss
+    cfg = GPT2Config(layers, heads, d, context, vocab)
+    return (lambda: GPT2Module(cfg)), lm_loss, ("tokens", "targets")
+
+
 def run_webgrad(row, args, np):
     import webgrad as wg
     from webgrad import optim
     d, layers, heads, vocab, context, B, T = ROWS[row]
-    factory, loss_fn = webgrad_model(d, layers, heads, vocab, context)
+    if args.model == "module":
+        factory, loss_fn, names = module_model(d, layers, heads, vocab, context)
+    else:
+        (factory, loss_fn), names = webgrad_model(d, layers, heads, vocab, context), ("idx", "target")
     t0 = time.perf_counter()
     c = wg.compile_module(factory, loss_fn, backend=args.backend,
-                          inputs={"idx": ([B, T], "i32"), "target": ([B, T], "i32")},
+                          inputs={names[0]: ([B, T], "i32"), names[1]: ([B, T], "i32")},
                           optimizer=optim.AdamW(lr=LR, weight_decay=WD))
     t_compile = time.perf_counter() - t0
-    feeds = [dict(zip(("idx", "target"), batch(np, vocab, B, T, s))) for s in range(4)]
+    feeds = [dict(zip(names, batch(np, vocab, B, T, s))) for s in range(4)]
     t0 = time.perf_counter()
     first_loss = c.step(feeds[0])
     t_first = time.perf_counter() - t0
@@ -204,7 +216,10 @@ def run_torch(row, args, np, torch):
     if dev == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
-    model = torch_model(torch, d, layers, heads, vocab, context).to(dev)
+    model = torch_model(torch, d, layers, heads, vocab, context)
+    if args.model == "module":  # GPT2Module ties the head to the token table
+        model.head.weight = model.wte.weight
+    model = model.to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD)
     if dev == "cuda":
         torch.cuda.synchronize()
@@ -255,6 +270,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8, help="timed steps (median)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--backend", default="webgpu")
+    ap.add_argument("--model", default="bench", choices=("bench", "module"),
+                    help="bench: the model defined here (untied head, issue 11's table); "
+                    "module: webgrad.models.gpt2.GPT2Module (head tied to wte), torch tied too")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--profile", type=int, default=10, help="top-N kernels of webgrad's profile")
     args = ap.parse_args()

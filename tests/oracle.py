@@ -670,6 +670,11 @@ rec("take_along_last", "lambda x, i: ops.take_along_last(x, i)",
 
 # -- softmax family and masks
 rec("softmax_last/2d", "lambda x: ops.softmax_last(x)", lambda x: torch.softmax(x, -1), f32(3, 5))
+# rows wide enough for the workgroup strategy (a shared-memory tree of NaN-propagating maxes)
+rec("softmax_last/wide_rows", "lambda x: ops.softmax_last(x)", lambda x: torch.softmax(x, -1),
+    f32(3, 700))
+rec("log_softmax_last/wide_rows", "lambda x: ops.log_softmax_last(x)",
+    lambda x: torch.log_softmax(x, -1), f32(3, 700))
 rec("softmax_last/3d", "lambda x: ops.softmax_last(x * 4.0)", lambda x: torch.softmax(x * 4, -1),
     f32(2, 3, 4))
 rec("log_softmax_last/2d", "lambda x: ops.log_softmax_last(x)", lambda x: torch.log_softmax(x, -1),
