@@ -270,12 +270,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8, help="timed steps (median)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--backend", default="webgpu")
+    ap.add_argument("--attention", default="fused", choices=("fused", "unfused"),
+                    help="unfused: skip codegen's attention pass (attention_match.py)")
     ap.add_argument("--model", default="bench", choices=("bench", "module"),
                     help="bench: the model defined here (untied head, issue 11's table); "
                     "module: webgrad.models.gpt2.GPT2Module (head tied to wte), torch tied too")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--profile", type=int, default=10, help="top-N kernels of webgrad's profile")
     args = ap.parse_args()
+    if args.attention == "unfused":  # the graph as traced: matmuls and a row softmax
+        import webgrad.codegen.program as program
+        program.rewrite_attention = lambda graph, limits=None: graph
     import numpy as np
     if args.backend == "webgpu":
         from matmul import pick_lib

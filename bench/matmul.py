@@ -92,8 +92,10 @@ def build(host, shape, config):
     b = operand("b", k, n, "tb" in flags)
     g.outputs["out"] = g.add("matmul", [a, b], batch + (m, n), "f32")
     mm.FORCE_CONFIG = config
+    limits = Limits.from_host(host.limits)
+    limits.adapter = host.info  # the adapter's row of matmul.ADAPTER_TILINGS, as the backend does
     try:
-        low, names = lower(g, Limits.from_host(host.limits))
+        low, names = lower(g, limits)
     finally:
         mm.FORCE_CONFIG = None
     return low, names[0]

@@ -105,9 +105,10 @@ def choose_config(M: int, N: int, K: int, nb: int, shared_limit: int = 16384,
     def tiles(tm, tn):
         return -(-M // (16 * tm)) * -(-N // (16 * tn)) * nb
     slots = adapter_tiling(adapter).get("slots", 0)
-    if tiles(tm, tn) < TARGET_TILES and K >= SPLIT_MIN_K and slots:
-        # a long K over few output tiles (a weight gradient: K = B*T): keep the large
-        # tile, which does the most work per byte, and fill the GPU with K chunks instead
+    if K >= SPLIT_MIN_K and slots:
+        # a long K over too few output tiles for whole waves (a weight gradient: K = B*T;
+        # the LM head's input gradient: K = vocabulary): keep the large tile, which does
+        # the most work per byte, and fill the GPU with K chunks instead
         S = choose_splits(tiles(tm, tn), K, slots)
         if S > 1:
             return Config(tm, tn, max(8 if max(tm, tn) >= 8 else 16, 16 // min(tm, tn)),
