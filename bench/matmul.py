@@ -104,7 +104,7 @@ def build(host, shape, config):
 def time_webgpu(host, program: int, reps: int, warmup: int) -> float:
     """Seconds per matmul: `reps` dispatches in one submission, wall clock to work done."""
     p = host._programs[program]
-    (_, pipe, bg, wg), = [c for c in p.commands if c[0] == "dispatch"]
+    dispatches = [c[1:] for c in p.commands if c[0] == "dispatch"]  # split-K: two kernels
     dev = host.device
     probe = p.buffers[0]
 
@@ -117,10 +117,11 @@ def time_webgpu(host, program: int, reps: int, warmup: int) -> float:
     def submit():
         enc = dev.create_command_encoder()
         cp = enc.begin_compute_pass()
-        cp.set_pipeline(pipe)
-        cp.set_bind_group(0, bg)
         for _ in range(reps):
-            cp.dispatch_workgroups(*wg)
+            for pipe, bg, wg in dispatches:
+                cp.set_pipeline(pipe)
+                cp.set_bind_group(0, bg)
+                cp.dispatch_workgroups(*wg)
         cp.end()
         t0 = time.perf_counter()
         dev.queue.submit([enc.finish()])
