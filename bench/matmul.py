@@ -49,7 +49,7 @@ def parse_config(text: str):
     tm, tn, bk = (int(v) for v in shape.split("x"))
     splits = [int(f[1:]) for f in flags if f.startswith("s") and f[1:].isdigit()]
     return Config(tm, tn, bk, vec="novec" not in flags, prefetch="nopre" not in flags,
-                  splits=splits[0] if splits else 1)
+                  splits=splits[0] if splits else 1, double="db" in flags)
 
 
 # the matmuls of bench/gpt2_train.py's 64 x 256 row (d 512): name, [batch], M, K, N, and
@@ -165,7 +165,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--configs", default="auto",
-                    help="comma-separated tilings: auto | TMxTNxBK[:novec][:nopre][:sN] (N K chunks)")
+                    help="comma-separated tilings: auto | TMxTNxBK[:novec][:nopre][:sN][:db] (N K "
+                    "chunks; db: double-buffered shared memory)")
     args = ap.parse_args()
     lib = pick_lib()
     import numpy as np

@@ -92,6 +92,20 @@ def test_oracle_under_split_k(record, monkeypatch):
     oracle.check(record, "webgpu")
 
 
+DB_RECORDS = [r for r in MATMUL_RECORDS if r.name.startswith("matmul")]
+
+
+@pytest.mark.parametrize("config", [mm.Config(2, 2, 16, double=True),
+                                    mm.Config(4, 4, 16, vec=False, splits=3, double=True)],
+                         ids=["double", "double_split_scalar"])
+@pytest.mark.parametrize("record", DB_RECORDS, ids=[r.name for r in DB_RECORDS])
+def test_oracle_under_double_buffering(record, config, monkeypatch):
+    """The matmul records through the double-buffered kernel (one barrier per K step),
+    alone and with split-K and scalar shared-memory reads."""
+    monkeypatch.setattr(mm, "FORCE_CONFIG", config)
+    oracle.check(record, "webgpu")
+
+
 @pytest.mark.parametrize("M,K,N,nb,splits", [
     (512, 16384, 1536, 1, 11),   # the QKV weight gradient of the 64 x 256 GPT step
     (512, 16384, 2048, 1, 4),    # the MLP up-projection's
@@ -103,6 +117,7 @@ def test_split_k_is_chosen_for_long_k_and_few_tiles(M, K, N, nb, splits):
     assert cfg.splits == splits, cfg
     if splits > 1:
         assert (cfg.bm, cfg.bn) == (128, 128)
+    assert cfg.double  # the H200 row double-buffers
     # an adapter with no row in the table never splits
     assert mm.choose_config(M, N, K, nb, adapter="some GPU").splits == 1
 

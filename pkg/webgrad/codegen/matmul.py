@@ -25,7 +25,7 @@ elementwise consumers (bias, relu, an optimizer update) are fused into the write
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod
 
 from .layout import digits_addr
@@ -38,11 +38,12 @@ MAX_SPLITS = 16
 
 # Tilings per adapter class: the first row whose words occur in the adapter's description
 # (Limits.adapter) applies. "slots": how many 16 x 16-thread workgroups of the largest tile
-# run at once (SMs x workgroups per SM): split-K sizes its grid in whole waves of these.
+# run at once (SMs x workgroups per SM): split-K sizes its grid in whole waves of these;
+# "double": double-buffered shared memory (Config.double).
 # Measured on the H200 (bench/matmul.py --sizes issue, bench/README.md); GPUs not listed
 # get no split-K (their slot count is unknown) and the tile-shrinking rule alone.
 ADAPTER_TILINGS = (
-    (("h200", "h100"), {"slots": 264}),  # 132 SMs, two 128 x 128 workgroups each
+    (("h200", "h100"), {"slots": 264, "double": True}),  # 132 SMs, two 128 x 128 workgroups each
 )
 
 
@@ -71,6 +72,7 @@ class Config:
     vec: bool = True
     prefetch: bool = True
     splits: int = 1  # split-K: workgroups each sum one K chunk, a second kernel adds them
+    double: bool = False  # two shared-memory buffers: one barrier per K step, not two
 
     @property
     def bm(self): return 16 * self.tm
@@ -97,6 +99,13 @@ def choose_config(M: int, N: int, K: int, nb: int, shared_limit: int = 16384,
                   adapter: str = "") -> Config:
     if FORCE_CONFIG is not None:
         return FORCE_CONFIG
+    cfg = _choose_config(M, N, K, nb, adapter)
+    if adapter_tiling(adapter).get("double"):
+        cfg = replace(cfg, double=True)
+    return cfg
+
+
+def _choose_config(M: int, N: int, K: int, nb: int, adapter: str) -> Config:
 
     def t(d):
         return 8 if d >= 128 else 4 if d >= 64 else 2 if d >= 32 else 1
@@ -207,8 +216,10 @@ def build_matmul(ctx, config: Config | None = None) -> list:
     kernel = ctx.kernel(f"matmul {'x'.join(map(str, node.shape))} K={K} tile {BM}x{BN}x{BK}{split}")
     A = kernel.binding(sa.buffer, "f32", what=sa.what, nbytes=sa.nbytes)
     B = kernel.binding(sb.buffer, "f32", what=sb.what, nbytes=sb.nbytes)
+    db = (cfg.double and cfg.prefetch
+          and 8 * BK * (LDA + LDB) <= ctx.limits.max_compute_workgroup_storage_size)
     for name, ld, vec in (("As", LDA, va), ("Bs", LDB, vb)):
-        n = BK * ld
+        n = BK * ld * (2 if db else 1)
         kernel.decls.append(f"var<workgroup> {name}: array<vec4<f32>, {n // 4}>;" if vec else
                             f"var<workgroup> {name}: array<f32, {n}>;")
     if S > 1:  # partial sums go to scratch; the second kernel runs the epilogue
@@ -269,12 +280,13 @@ def build_matmul(ctx, config: Config | None = None) -> list:
         v = f"{name}[{at}]"
         return f"select(0.0f, {v}, {' && '.join(conds)})" if conds else v
 
-    def shared_store(arr, ld, vec, item, v):
+    def shared_store(arr, ld, vec, item, v, base=""):
         x, k = item
+        at = f"{base}{k} * {ld}u + {x}"
         if vec:
-            L(f"{{ let q = {k} * {ld}u + {x}; {arr}[q >> 2u][q & 3u] = {v}; }}")
+            L(f"{{ let q = {at}; {arr}[q >> 2u][q & 3u] = {v}; }}")
         else:
-            L(f"{arr}[{k} * {ld}u + {x}] = {v};")
+            L(f"{arr}[{at}] = {v};")
 
     need_m, need_n, need_k = M % BM != 0, N % BN != 0, K % BK != 0
     ia = plan_tile("a", BM, sam, sak, need_m, need_k, M, "row0")
@@ -292,8 +304,26 @@ def build_matmul(ctx, config: Config | None = None) -> list:
             L(f"var {reg}: f32 = {v};")
 
     rows_a, cols_b = _offsets(TM, va), _offsets(TN, vb)
+    oa = ob = ""  # the current buffer's offset in As / Bs (double buffering)
+    if db:
+        # the first K step's tiles go to buffer 0; then each step computes from buffer sb
+        # while its successor's tiles (already in registers) go to the other buffer, and
+        # one barrier ends the step: the other buffer was last read in the step before,
+        # which that step's barrier closed
+        for reg, rd in zip(regs, reads):
+            shared_store(rd[8], rd[9], rd[10], rd[2], reg)
+        L("workgroupBarrier();")
+        L("var sb = 0u;")
     with em.block(f"for (var k0 = {kbeg}; k0 < {kend}; k0 += {BK}u)"):
-        if cfg.prefetch:
+        if db:
+            L(f"let more = k0 + {BK}u < {kend};")
+            with em.block("if (more)"):
+                for reg, v in zip(regs, fetch(f"k0 + {BK}u")):
+                    L(f"{reg} = {v};")
+            L(f"let oa = sb * {BK * LDA // (4 if va else 1)}u;")
+            L(f"let ob = sb * {BK * LDB // (4 if vb else 1)}u;")
+            oa, ob = "oa + ", "ob + "
+        elif cfg.prefetch:
             for reg, rd in zip(regs, reads):
                 shared_store(rd[8], rd[9], rd[10], rd[2], reg)
             L("workgroupBarrier();")
@@ -307,24 +337,32 @@ def build_matmul(ctx, config: Config | None = None) -> list:
         for kk in range(BK):
             if va:
                 for q in range(TM // 4):
-                    L(f"let av{kk}_{q} = As[{kk * LDA // 4}u + ty + {16 * q}u];")
+                    L(f"let av{kk}_{q} = As[{oa}{kk * LDA // 4}u + ty + {16 * q}u];")
                 a_of = lambda i: f"av{kk}_{i // 4}.{'xyzw'[i % 4]}"  # noqa: E731
             else:
                 for i in range(TM):
-                    L(f"let a{kk}_{i} = As[{kk * LDA}u + ty * {TM}u + {i}u];")
+                    L(f"let a{kk}_{i} = As[{oa}{kk * LDA}u + ty * {TM}u + {i}u];")
                 a_of = lambda i: f"a{kk}_{i}"  # noqa: E731
             if vb:
                 for q in range(TN // 4):
-                    L(f"let bv{kk}_{q} = Bs[{kk * LDB // 4}u + tx + {16 * q}u];")
+                    L(f"let bv{kk}_{q} = Bs[{ob}{kk * LDB // 4}u + tx + {16 * q}u];")
                 b_of = lambda j: f"bv{kk}_{j // 4}.{'xyzw'[j % 4]}"  # noqa: E731
             else:
                 for j in range(TN):
-                    L(f"let b{kk}_{j} = Bs[{kk * LDB}u + tx * {TN}u + {j}u];")
+                    L(f"let b{kk}_{j} = Bs[{ob}{kk * LDB}u + tx * {TN}u + {j}u];")
                 b_of = lambda j: f"b{kk}_{j}"  # noqa: E731
             for i in range(TM):
                 for j in range(TN):
                     L(f"{acc[i][j]} = fma({a_of(i)}, {b_of(j)}, {acc[i][j]});")
-        L("workgroupBarrier();")
+        if db:
+            with em.block("if (more)"):
+                for reg, rd in zip(regs, reads):
+                    nbuf = BK * rd[9]
+                    shared_store(rd[8], rd[9], rd[10], rd[2], reg, f"(1u - sb) * {nbuf}u + ")
+            L("workgroupBarrier();")
+            L("sb = 1u - sb;")
+        else:
+            L("workgroupBarrier();")
 
     L(f"let m0 = row0 + ty * {4 if va else TM}u;")
     L(f"let n0 = col0 + tx * {4 if vb else TN}u;")
@@ -340,6 +378,7 @@ def build_matmul(ctx, config: Config | None = None) -> list:
             L(f"if ({' && '.join(conds)}) {{ {call} }}" if conds else call)
     out = [ctx.dispatch(kernel, em.lines, grid, 256)]
     if S > 1:
+        out[0]["cost"] = True  # the profiler's bytes and FLOPs: the product, not the sum
         out.append(_build_split_sum(ctx, node, S, nb * M * N))
     return out
 

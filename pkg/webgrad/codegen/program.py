@@ -258,11 +258,14 @@ class _Lowering:
         kernels = []
         for gid in fu.order:
             ctx = GroupCtx(self, gid)
-            cost = group_cost(fu, gid, ctx.outs)  # on the group's last dispatch (its epilogue)
+            # the group's bytes and FLOPs go to the dispatch a builder marks "cost" (split-K's
+            # first), else its last one (the epilogue's)
+            cost = group_cost(fu, gid, ctx.outs)
             built = _build_group(ctx)
+            at = next((k for k, d in enumerate(built) if d.get("cost")), len(built) - 1)
             for k, d in enumerate(built):
                 kernels.append(dict(cost, name=d["name"], workgroups=prod(d["workgroups"])))
-                if k < len(built) - 1:
+                if k != at:
                     kernels[-1].update(bytes=0, flops=0)
             for d in built:
                 p = by_text.get(d["wgsl"])
