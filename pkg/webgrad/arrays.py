@@ -284,10 +284,30 @@ def numpy_or_none():
         return None
 
 
+BIG_RESULT = 1 << 20  # bytes: results this large come back as numpy arrays (device_result)
+
+
+def device_result(data, offset: int, nbytes: int, dtype: str, shape):
+    """A result read back from a GPU host, from bytes-like `data` at byte `offset`: a
+    HostArray (one copy), or, when the host handed a numpy array and the result is large,
+    a numpy view of it (no copy at all: bench/readback.py)."""
+    if nbytes >= BIG_RESULT and type(data).__module__ == "numpy":
+        import numpy as np
+        return data[offset:offset + nbytes].view(
+            np.float32 if dtype == "f32" else np.int32).reshape(shape)
+    out = HostArray(dtype, shape=shape)
+    out.frombytes(memoryview(data)[offset:offset + nbytes])
+    return out
+
+
 def to_user(h: HostArray):
-    """What users get back: numpy where available, else the HostArray."""
+    """What users get back: numpy where available, else the HostArray. The array views the
+    HostArray's memory (no copy: every caller hands over a fresh HostArray nobody else
+    holds, and a 100 MB result should not be copied once more)."""
     np = numpy_or_none()
-    return h if np is None else to_numpy(np, h)
+    if np is None or not isinstance(h, HostArray):  # a numpy array already (device_result)
+        return h
+    return np.frombuffer(h, dtype=np.float32 if h.dtype == "f32" else np.int32).reshape(h.shape)
 
 
 def to_numpy(np, h: HostArray):

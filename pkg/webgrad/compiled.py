@@ -12,7 +12,6 @@ import sys
 import weakref
 from math import prod
 
-from . import init as _init
 from .arrays import FeedError, HostArray, to_host, to_user
 from .backends.gpu_host import DeviceLostError
 from .bounds import check_index_feeds, index_checks
@@ -89,6 +88,13 @@ class Program:
             return n
         return sum(1 for n in self.graph.nodes if n.op not in ("input", "param", "state", "const", "reshape"))
 
+    async def profile(self, feed, method: str):
+        prof = getattr(self.exe, "profile", None)
+        if prof is None:
+            raise NotImplementedError(f"{method}(): the profiler times WebGPU kernels; backend "
+                                      f"{self.backend.name!r} has none (use backend='webgpu')")
+        return await prof(self.check_feed(feed, method))
+
     async def execute(self, feed, method, main: str, with_captures: bool):
         feeds = self.check_feed(feed, method)
         fetch = [main] + (self.captures() if with_captures else [])
@@ -135,9 +141,8 @@ class CompiledModule:
 
     # -- state
     def _init_params(self):
-        for name, spec in self._specs.items():
-            vals = _init.generate(spec.init, spec.shape, seed=self.seed, name=name)
-            self.backend.write(name, HostArray("f32", vals, shape=spec.shape))
+        self.backend.init_params([(n, s.init, s.shape) for n, s in self._specs.items()],
+                                 seed=self.seed)
 
     def _zero_state(self, optimizer_only: bool):
         for name in list(self._state_names()):
@@ -177,6 +182,12 @@ class CompiledModule:
             loss, caps = await self._forward.execute(feed, "run", "loss", with_captures)
         out = float(loss[0])
         return (out, caps) if with_captures else out
+
+    async def profile_async(self, feed):
+        """Run one training step (it trains, as step() does) timing every kernel: a
+        profile.Profile whose text() is a per-kernel table (see profile.py)."""
+        self._need_train("profile")
+        return await self._train.profile(feed, "profile")
 
     async def download_params_async(self) -> dict:
         self._alive("download_params")
@@ -272,6 +283,7 @@ class CompiledModule:
     def step(self, feed, *, with_captures=False): return run_blocking(self.step_async(feed, with_captures=with_captures))
     def run(self, feed, *, with_captures=False): return run_blocking(self.run_async(feed, with_captures=with_captures))
     def download_params(self): return run_blocking(self.download_params_async())
+    def profile(self, feed): return run_blocking(self.profile_async(feed))
     def download_param_grads(self): return run_blocking(self.download_param_grads_async())
     def upload_params(self, params, *, partial=False): return run_blocking(self.upload_params_async(params, partial=partial))
     def reset(self): return run_blocking(self.reset_async())
@@ -356,6 +368,12 @@ class CompiledForward:
 
     def run(self, feed, *, with_captures=False):
         return run_blocking(self.run_async(feed, with_captures=with_captures))
+
+    async def profile_async(self, feed):
+        """One forward run timing every kernel (profile.py)."""
+        return await self._prog.profile(feed, "profile")
+
+    def profile(self, feed): return run_blocking(self.profile_async(feed))
 
     # parameter access goes to the owner, whose store this program reads
     def download_params(self): return self.owner.download_params()
