@@ -92,6 +92,8 @@ def to_host(value, *, shape, dtype: str, what: str, allow_nan: bool = False) -> 
     shape = tuple(shape)
     want = f"{dtype}{list(shape)}"
     value = _from_js(value)
+    if not isinstance(value, HostArray) and callable(getattr(value, "to_host", None)):
+        value = value.to_host()      # a tensor read from a file: io.safetensors, io.gguf
     if isinstance(value, HostArray) and value.dtype == dtype:
         got_shape, data = value.shape, value
     elif _is_numpy_like(value):

@@ -277,7 +277,19 @@ class CompiledModule:
         from .io import checkpoint
         await checkpoint.load_async(self, src, optimizer=optimizer)
 
+    # -- PyTorch: the loss graph as a torch.nn.Module, state dicts back; io/torch_interop.py
+    async def to_torch_async(self):
+        from .io import torch_interop
+        self._need_train("to_torch")
+        return await torch_interop.to_torch_async(self, self._forward.graph, "loss")
+
+    async def load_state_dict_async(self, state_dict, *, strict: bool = True) -> None:
+        from .io import torch_interop
+        await torch_interop.load_state_dict_async(self, state_dict, strict=strict)
+
     # -- blocking forms
+    def to_torch(self): return run_blocking(self.to_torch_async())
+    def load_state_dict(self, state_dict, *, strict=True): return run_blocking(self.load_state_dict_async(state_dict, strict=strict))
     def save(self, dst=None, *, optimizer=True): return run_blocking(self.save_async(dst, optimizer=optimizer))
     def load(self, src, *, optimizer=None): return run_blocking(self.load_async(src, optimizer=optimizer))
     def step(self, feed, *, with_captures=False): return run_blocking(self.step_async(feed, with_captures=with_captures))
@@ -374,6 +386,13 @@ class CompiledForward:
         return await self._prog.profile(feed, "profile")
 
     def profile(self, feed): return run_blocking(self.profile_async(feed))
+
+    async def to_torch_async(self):
+        """This forward graph as a torch.nn.Module (io/torch_interop.py), output as forward's."""
+        from .io import torch_interop
+        return await torch_interop.to_torch_async(self.owner, self._prog.graph, "output")
+
+    def to_torch(self): return run_blocking(self.to_torch_async())
 
     # parameter access goes to the owner, whose store this program reads
     def download_params(self): return self.owner.download_params()

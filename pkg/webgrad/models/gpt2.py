@@ -380,6 +380,14 @@ class GPT2:
         return cls.from_hf_state_dict(cfg, sd, backend)
 
     @classmethod
+    def from_gguf(cls, path_or_bytes, backend="auto") -> "GPT2":
+        """A llama.cpp gpt2 GGUF (io/gguf.py maps its names and metadata; F32/F16/BF16/Q8_0/
+        Q4_0/Q4_K weights are dequantized on the host; no output.weight = tied to the table)."""
+        from ..io import gguf
+        hp, sd = gguf.gpt2_state_dict(path_or_bytes)
+        return cls.from_hf_state_dict(GPT2Config(**hp), sd, backend)
+
+    @classmethod
     def from_compiled(cls, compiled, cfg: GPT2Config) -> "GPT2":
         """A GPT2 over the parameters of a compiled GPT2Module (compile_module / compile_forward):
         the same backend store, so trained weights decode without leaving the device."""
