@@ -369,9 +369,9 @@ class GPT2:
         vocab, n_ctx, n_embd and n_layer; n_head = n_embd / 64 (every GPT-2 size)."""
         from ..io import safetensors as st
         tensors = st.load(path_or_bytes)
-        sd = {}
-        for name, t in tensors.items():
-            sd[_strip(name)] = _as_f32_array(t)
+        sd = {_strip(name): t for name, t in tensors.items()
+              if not _strip(name).endswith((".attn.bias", ".attn.masked_bias"))}
+        sd = {n: t.to_host() for n, t in sd.items()}   # f32 HostArrays (F16/BF16 widened)
         if cfg is None:
             V, D = _shape_of(tensors, "wte.weight")
             n_ctx = _shape_of(tensors, "wpe.weight")[0]
@@ -417,6 +417,19 @@ class GPT2:
                     self.backend.write(f"wte.{k}.weight", HostArray("f32", h[a * D:b * D], shape=(b - a, D)))
             else:
                 self.backend.write(n, h)
+
+    async def save_safetensors_async(self, dst=None, metadata: dict | None = None):
+        """Write the weights as a GPT-2 model.safetensors (transformers' names, lm_head tied so
+        not stored) to `dst` (a path or binary file), or return the file's bytes."""
+        from ..io import safetensors as st
+        sd = await self.state_dict_async()
+        meta = {"format": "pt", **(metadata or {})}
+        if dst is None:
+            return st.dumps(sd, metadata=meta)
+        st.save(sd, dst, metadata=meta)
+
+    def save_safetensors(self, dst=None, metadata=None):
+        return run_blocking(self.save_safetensors_async(dst, metadata))
 
     async def state_dict_async(self) -> dict:
         """The weights in transformers' names (without "transformer."), one "wte.weight"."""
@@ -621,11 +634,11 @@ def _cat_rows(blocks) -> HostArray:
 
 
 def _as_f32_array(v):
-    """torch tensors -> numpy; anything else is taken as to_host takes it."""
+    """torch tensors -> numpy (any dtype/device); anything else as to_host takes it."""
     if type(v).__module__.startswith("torch"):
         return v.detach().to("cpu").float().numpy()
-    if isinstance(v, tuple) and len(v) == 3:   # (dtype, shape, data) from a safetensors reader
-        return v
+    if hasattr(v, "to_host") and hasattr(v, "dtype"):   # a safetensors StoredTensor
+        return v.to_host()
     return v
 
 
