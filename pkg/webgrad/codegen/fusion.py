@@ -36,13 +36,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import prod
 
+from .attention_match import ATTN_OPS
 from .elementwise import ELEMENTWISE_OPS, const_fill
 from .emit import EXPR_RULES
 from .layout import merge_batch_into_k, strided_view
 from .reduce import REDUCE_OPS, ROW_OPS
 from .wgsl import Limits
 
-KERNEL_OPS = {"matmul", "scatter_add_rows", "fold2d", "write_rows"} | REDUCE_OPS | ROW_OPS
+KERNEL_OPS = {"matmul", "scatter_add_rows", "fold2d", "write_rows"} | REDUCE_OPS | ROW_OPS | ATTN_OPS
 LEAF_OPS = {"input", "param", "state"}
 VIEW_OPS = {"transpose", "broadcast_to", "slice", "reshape"}
 _COSTLY = {"exp", "log", "tanh", "sigmoid", "erf", "pow", "sin", "cos", "sqrt", "rsqrt", "div"}
@@ -132,7 +133,9 @@ class Fusion:
     def _matmul_operands(self):
         g = self.g
         for n in g.nodes:
-            if n.op != "matmul":
+            # attention kernels read every row of k and v once per query: operands stay
+            # strided views of stored tensors, as matmul's do, never recomputed expressions
+            if n.op != "matmul" and n.op not in ATTN_OPS:
                 continue
             for x in n.inputs:
                 while strided_view(g, x, self.has_storage) is None:
