@@ -9,6 +9,8 @@ compile_module(factory, loss_fn, ...):
   6. backend.prepare      reference/torch interpret the IR; webgpu plans buffers, emits WGSL
                           (backends/webgpu.py -> codegen/) and records the dispatch list
 The result is a CompiledModule (compiled.py), the runtime API users call.
+Programs with several outputs and persistent state written in place (a KV cache) are traced
+the same way by stateful.compile_program, over the parameters of any program on that backend.
 """
 from __future__ import annotations
 

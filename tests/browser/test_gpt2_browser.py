@@ -48,8 +48,29 @@ async def gpt2_parity(weights, ids):
     close(cached, want)
 
 
+def _ensure_pydoc_data(s):
+    """Pyodide unvendors pydoc_data from its stdlib (a package its CDN serves, which the npm
+    distribution served offline here lacks): when the worker cannot import it, ship this
+    Python's own copy of the module (the same text) into the worker's filesystem."""
+    if s.run("import importlib.util; importlib.util.find_spec('pydoc_data') is not None"):
+        return
+    import pydoc_data.topics
+    source = Path(pydoc_data.topics.__file__).read_text()
+    s.run(f"""
+import os, sys, importlib
+os.makedirs("/home/pyodide/webgrad_corpus/pydoc_data", exist_ok=True)
+open("/home/pyodide/webgrad_corpus/pydoc_data/__init__.py", "w").close()
+with open("/home/pyodide/webgrad_corpus/pydoc_data/topics.py", "w") as f:
+    f.write({source!r})
+if "/home/pyodide/webgrad_corpus" not in sys.path:
+    sys.path.insert(0, "/home/pyodide/webgrad_corpus")
+importlib.invalidate_caches()
+""")
+
+
 @browser
 def test_gpt2_trains_on_pydoc_topics_in_the_worker(browser_session):
+    _ensure_pydoc_data(browser_session)
     got = browser_session.run("""
 import math, random, time
 from collections import Counter
