@@ -13,6 +13,8 @@ compile_module(factory, loss_fn, ...):
                           (codegen/initparams.py), the same bits everywhere
 The result is a CompiledModule (compiled.py), the runtime API users call; its profile(feed)
 times every kernel of a step (profile.py: ops covered, bytes, FLOPs, GPU time).
+Programs with several outputs and persistent state written in place (a KV cache) are traced
+the same way by stateful.compile_program, over the parameters of any program on that backend.
 """
 from __future__ import annotations
 
