@@ -16,7 +16,7 @@ against primitives.PRIMS).
 """
 from __future__ import annotations
 
-from . import conv, elementwise, index, layout, random  # noqa: F401  (register expression rules)
+from . import conv, elementwise, index, layout, random, rows  # noqa: F401  (register expression rules)
 from .emit import EXPR_RULES
 from .fusion import KERNEL_OPS, LEAF_OPS, FusionError
 from .program import Lowered, lower

@@ -40,9 +40,10 @@ from .elementwise import ELEMENTWISE_OPS, const_fill
 from .emit import EXPR_RULES
 from .layout import merge_batch_into_k, strided_view
 from .reduce import REDUCE_OPS, ROW_OPS
+from .rows_match import ROW_KERNEL_OPS
 from .wgsl import Limits
 
-KERNEL_OPS = {"matmul", "scatter_add_rows", "fold2d"} | REDUCE_OPS | ROW_OPS | ATTN_OPS
+KERNEL_OPS = {"matmul", "scatter_add_rows", "fold2d"} | REDUCE_OPS | ROW_OPS | ATTN_OPS | ROW_KERNEL_OPS
 LEAF_OPS = {"input", "param", "state"}
 VIEW_OPS = {"transpose", "broadcast_to", "slice", "reshape"}
 _COSTLY = {"exp", "log", "tanh", "sigmoid", "erf", "pow", "sin", "cos", "sqrt", "rsqrt", "div"}

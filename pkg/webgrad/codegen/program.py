@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from ..buffers import END, Live, align, plan_pool
 from .attention import ATTN_OPS, build_attention
 from .attention_match import rewrite_attention
+from .rows import ROW_KERNEL_OPS, build_row_kernel
+from .rows_match import rewrite_rows
 from .conv import build_fold
 from .elementwise import build_elementwise
 from .emit import Emitter, Idx, Storage
@@ -266,6 +268,8 @@ def _build_group(ctx: GroupCtx) -> list[dict]:
         return build_reduce(ctx)
     if m.op in ATTN_OPS:
         return build_attention(ctx)
+    if m.op in ROW_KERNEL_OPS:
+        return build_row_kernel(ctx)
     if m.op == "scatter_add_rows":
         return build_scatter(ctx)
     if m.op == "fold2d":
@@ -277,6 +281,7 @@ def lower(graph, limits: Limits | None = None, persist_key=lambda name: name):
     """Compile a Graph into (Lowered, kernel names)."""
     limits = limits or Limits()
     graph = rewrite_attention(graph, limits)  # fused attention kernels (attention_match.py)
+    graph = rewrite_rows(graph)  # cross entropy, layer-norm backward (rows_match.py)
     low = _Lowering(graph, limits, persist_key)
     return low.build()
 
