@@ -714,5 +714,20 @@ rec("attention/table_mask_inf",
     lambda q, k, v: _t_sdpa(q, k, v, 1.0, _t_causal(7, 7)),
     f32(1, 1, 7, 8), f32(1, 1, 7, 8), f32(1, 1, 7, 8), **MM)
 
+# cross entropy and layer norm as row kernels on WebGPU (codegen/rows_match.py)
+rec("nn.cross_entropy_last/vocab_50257", "lambda l, t: nn.cross_entropy_last(l, t)",
+    lambda l, t: F.cross_entropy(l, t), f32(2, 50257), i32((2,), 0, 50257), **RED)
+rec("nn.cross_entropy_last/odd_rows", "lambda l, t: nn.cross_entropy_last(l * 3.0, t)",
+    lambda l, t: F.cross_entropy(l.reshape(-1, 33) * 3.0, t.reshape(-1)),
+    f32(3, 7, 33), i32((3, 7), 0, 33), **RED)
+rec("take_along_last/out_of_range",  # an index outside [0, V) picks 0 (an all-zero one-hot)
+    "lambda x, i: ops.take_along_last(x, i)",
+    lambda x, i: torch.where((i >= 0) & (i < 5), torch.gather(x, -1, i.clamp(0, 4)), 0.0),
+    f32(3, 5), i32((3, 2), -1, 7))
+rec("nn.LayerNorm/width_768", "lambda x, w, b: with_params(nn.LayerNorm(768), weight=w, bias=b)(x)",
+    lambda x, w, b: F.layer_norm(x, (768,), w, b), f32(3, 768), f32(768), f32(768), **RED)
+rec("layer_norm_last/odd_300", "lambda x: ops.layer_norm_last(x * 2.0 + 1.0)",
+    lambda x: F.layer_norm(x * 2.0 + 1.0, (300,)), f32(5, 300), **RED)
+
 BY_NAME: dict[str, Record] = {r.name: r for r in RECORDS}
 assert len(BY_NAME) == len(RECORDS), "oracle record names must be unique"
