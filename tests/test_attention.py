@@ -171,6 +171,47 @@ def test_transformer_kernel_count():
     assert sum(n.startswith("attn_") for n in fused) == 5 * models.N_LAYERS
 
 
+def test_inference_attention_is_one_kernel():
+    """With nothing to differentiate, attn_out runs the softmax online: no lse kernel."""
+    from webgrad.compile import build_forward_graph
+    g = build_forward_graph(Module, lambda m, i: ops.softmax_causal_last(i["q"] @ kT(i["k"])) @ i["v"],
+                            {k: (s, "f32") for k, s in QKV.items()})[1]
+    assert lower(g, Limits())[1] == ["attn_out [2x2] T6 S6 D8"]
+
+
+@pytest.mark.parametrize("name, cpu, loops", [
+    ("attention/qkv_slices_T70_D32", False, False), ("attention/qkv_slices_T70_D32", True, True),
+    ("attention/div_scale_D128", False, True)])
+def test_code_shape_follows_the_adapter(name, cpu, loops):
+    factory, loss_fn, inputs, _ = oracle.build_record(oracle.BY_NAME[name])
+    g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
+    low, names = lower(g, Limits(cpu=cpu))
+    cmds = [c for c in low.plan["commands"] if c["op"] == "dispatch"]
+    for n, c in zip(names, cmds):
+        if n.startswith("attn_"):
+            assert ("array<vec4<f32>," in low.plan["pipelines"][c["pipeline"]]["wgsl"]) == loops, n
+
+
+UNROLLED = ["attention", "attention/qkv_slices_T70_D32", "attention/cache_block_T3_S9",
+            "attention/cross_shared_kv_Dv12"]
+
+
+@pytest.mark.webgpu
+@pytest.mark.parametrize("form", ["unrolled", "loops"])
+@pytest.mark.parametrize("name", UNROLLED)
+def test_records_in_both_code_shapes(name, form):
+    """GPUs get the head dim unrolled into registers, CPU adapters loops (codegen/attention.py):
+    run both on the native adapter, forward (inference and training) and gradients against
+    torch. (The other attention records run in the adapter's own shape in test_webgpu.py.)"""
+    try:
+        from webgrad.backends.webgpu import WebGPUBackend
+        be = WebGPUBackend()
+    except Exception as e:
+        pytest.skip(f"no native WebGPU adapter: {e}")
+    be.limits.cpu = form == "loops"
+    oracle.check(oracle.BY_NAME[name], be)
+
+
 # ---------------------------------------------------------------- GPT-2 size
 
 def _sdpa_module(shape):

@@ -9,8 +9,12 @@
   conv.py         unfold2d (expression), fold2d (kernel)
   reduce.py       sum, max_last, argmax_last, softmax/log_softmax/layer_norm (one kernel each)
   matmul.py       the tiled, register-blocked matmul
+  attention_match.py, attention.py   softmax(mask(q k^T)) v and its gradient found in the
+                  graph, rewritten into flash-style kernels (no [T, S] tensor stored)
+  rows_match.py, rows.py   cross entropy as logits - logsumexp + a pick; layer-norm
+                  backward as one row kernel
   fusion.py       storage decisions, kernel groups, merges, in-place writebacks, schedule
-  program.py      the driver: buffer plan (../buffers.py), kernels, commands -> Lowered
+  program.py      the driver: pattern passes, buffer plan (../buffers.py), kernels, commands
 LOWERED_OPS lists every IR op this back end lowers (tests/test_registry.py checks it
 against primitives.PRIMS).
 """

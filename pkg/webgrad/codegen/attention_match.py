@@ -25,6 +25,7 @@ What is matched (backward), from grad.py's rules for exactly those ops:
   (mul(g, c), div(g, c), where(m, g, 0), the identity for add/sub); gA = matmul(gS, B^T),
   gB = matmul(A^T, gS).
 Rewrite (lse: the row log-sum-exp of the masked, scaled scores):
+  O = attn_out(A, B, V)                  when nothing differentiates O (inference), else
   lse = attn_lse(A, B); O = attn_out(A, B, V, lse)
   gV = attn_dv(A, B, G, lse); Drow = sum_last(G * O)  (= sum_last(gP * P), plain IR)
   gA = attn_dq(A, B, V, G, lse, Drow); gB = transpose(attn_dk(A, B, V, G, lse, Drow))
@@ -519,6 +520,9 @@ def _rebuild(g: Graph, matches: list[Match]):
         D = g[m.a].shape[-1]
         attrs = {"scale": m.scale, "offset": m.offset}
         if what == "o":
+            if m.g is None:  # no backward: one kernel, softmax online
+                remap[n.id] = add("attn_out", [A, B, V], n.shape, attrs, n.loc)
+                continue
             lse = add("attn_lse", [A, B], batch + (T,), attrs, n.loc)
             made[(m.o, "lse")] = lse
             remap[n.id] = add("attn_out", [A, B, V, lse], n.shape, attrs, n.loc)

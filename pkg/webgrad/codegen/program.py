@@ -185,10 +185,12 @@ class _Lowering:
                     last[s] = max(last.get(s, -1), pos[gid])
         ends = {fu.storage_base(r) for r in g.outputs.values()} | {s for s, _ in fu.end_copies}
         lives = []
+        donors = _donors(fu, need, pos, last, ends)
         for n in sorted(need):
             check(n, 4 * g[n].size)
             first = pos[fu.group_of[n]]
-            lives.append(Live(("t", n), 4 * g[n].size, first, END if n in ends else last.get(n, first)))
+            lives.append(Live(("t", n), 4 * g[n].size, first, END if n in ends else last.get(n, first),
+                              ("t", donors[n]) if n in donors else None))
         for gid in fu.order:
             G = fu.groups[gid]
             if G.main is not None and g[G.main].op in REDUCE_OPS:
@@ -254,6 +256,29 @@ class _Lowering:
                       end_copies=len(fu.end_copies), in_place=len(fu.inplace))
         return Lowered(plan, self.feeds, outputs, self.persistent, self.const_data, kernels,
                        report, writers), names
+
+
+def _donors(fu, need, pos, last, ends) -> dict[int, int]:
+    """Output -> a temporary of the same size and dtype whose buffer it may take over: the
+    group writing the output is the temporary's last reader and reads it only at the
+    index it writes (fusion.loads' identity flag), so each thread reads its element before
+    it overwrites it (cross entropy's logit gradient in the logits' buffer, a residual
+    update, an activation's backward)."""
+    g, out = fu.g, {}
+    for gid in fu.order:
+        G = fu.groups[gid]
+        cands = [s for s, ident in fu.loads(gid).items()
+                 if ident and s in need and s not in ends and fu.group_of.get(s) != gid
+                 and last.get(s) == pos[gid] and g[s].size == G.numel]
+        for n in G.outputs:
+            if n not in need:
+                continue
+            for s in cands:
+                if g[s].dtype == g[n].dtype and g[s].size == g[n].size:
+                    out[n] = s
+                    cands.remove(s)
+                    break
+    return out
 
 
 def _build_group(ctx: GroupCtx) -> list[dict]:
