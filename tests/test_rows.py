@@ -76,3 +76,36 @@ def test_transformer_kernel_count():
     # per layer norm (5): 4 row sums + the elementwise rest -> 1; cross entropy: -1
     assert counts[(False, True)] <= counts[(False, False)] - 3 * 5
     assert counts[(True, True)] < counts[(True, False)] < counts[(False, False)]
+
+
+def test_logit_gradient_takes_over_the_logits_buffer():
+    """h @ W -> cross entropy over 1000 classes: the logits' gradient is written in place of
+    the logits (buffers.Live.donor), so the step holds one [N, V] temporary, not two."""
+    from webgrad import Module, init, nn
+
+    N, d, V = 64, 16, 1000
+
+    class Head(Module):
+        def __init__(self):
+            super().__init__()
+            self.h = self.param([N, d], init=init.randn(1.0))
+            self.W = self.param([d, V], init=init.randn(0.1))
+
+    def loss(m, inp):
+        return nn.cross_entropy_last(m.h @ m.W, inp["t"])
+    g = build_train_graph(Head, loss, parse_inputs({"t": ([N], "i32")}), None)[1]
+    low, _ = lower(g, Limits())
+    pool = [b for b in low.plan["buffers"] if b["label"].startswith("pool")]
+    assert sum(b["size"] >= 4 * N * V for b in pool) == 1, pool
+
+
+def test_donor_shares_only_in_the_writing_step():
+    """plan_pool: a tensor may take its donor's buffer only when the donor's last read is
+    the step that writes it; otherwise the usual rule (no buffer shared within a step)."""
+    from webgrad.buffers import Live, plan_pool
+    slots, a = plan_pool([Live("x", 400, 0, 1), Live("y", 400, 1, 2, donor="x")])
+    assert a["x"] == a["y"] and len(slots) == 1
+    slots, a = plan_pool([Live("x", 400, 0, 2), Live("y", 400, 1, 3, donor="x")])
+    assert a["x"] != a["y"]  # x is still read after y is written
+    slots, a = plan_pool([Live("x", 400, 0, 1), Live("y", 400, 1, 2)])
+    assert a["x"] != a["y"]
