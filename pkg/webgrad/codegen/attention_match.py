@@ -144,6 +144,10 @@ class _Matcher:
         if op in ("reshape", "broadcast_to", "transpose"):
             x = self.sym(ins[0])
             return None if x is None else _remap_axes(x, self.g[ins[0]].shape, node)
+        if op == "add":  # ops.less_equal / greater_equal: less(a, b) + equal(a, b)
+            le = self._compare_or_equal(*(self.g[i] for i in ins))
+            if le is not None:
+                return le
         if op in ("add", "sub", "mul", "div"):
             x, y = self.sym(ins[0]), self.sym(ins[1])
             return None if x is None or y is None else _arith(op, x, y)
@@ -180,6 +184,19 @@ class _Matcher:
                 return x if a != 0 else y
             return ("sel", pred, x[1], y[1]) if a != 0 else ("sel", pred, y[1], x[1])
         return None
+
+    def _compare_or_equal(self, a, b):
+        """less(x, y) + equal(x, y) (either order) as one non-strict half-plane x <= y."""
+        if a.op == "equal":
+            a, b = b, a
+        if a.op not in ("less", "greater") or b.op != "equal" \
+                or sorted(a.inputs) != sorted(b.inputs):
+            return None
+        strict = self.sym(a.id)
+        if strict is None or strict[0] != "sel":
+            return None
+        _, (c0, coefs, _), one, zero = strict
+        return ("sel", (c0, coefs, False), one, zero)
 
     def kept(self, m: int, shape, keeps: str) -> tuple[bool, int | None]:
         """(ok, offset) for a mask m read over scores of `shape`: key j of query i is kept

@@ -19,7 +19,7 @@ mathematics up to f32 rounding. Three rewrites, each local:
     r = rsqrt(mean((x - mean x)^2) + eps) (primitives._layer_norm_grad), ->
     layer_norm_grad(x, g): one row kernel for what was four row reductions and the
     elementwise rest.
-Kernels and the pick's expression rule: codegen/rows.py.
+Kernels and the pick's expression rule: codegen/rowfuse.py.
 """
 from __future__ import annotations
 

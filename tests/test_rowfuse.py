@@ -1,4 +1,4 @@
-"""The row pass (codegen/rows_match.py, codegen/rows.py), device-free.
+"""The row-fusion pass (codegen/rowfuse_match.py, codegen/rowfuse.py), device-free.
 
 Which graphs are rewritten: cross entropy keeps no [N, V] log-probabilities and picks the
 target instead of scanning the vocabulary; layer_norm_last's gradient is one
@@ -15,7 +15,7 @@ import models
 import oracle
 from webgrad import optim, ops
 from webgrad.codegen import Limits, lower
-from webgrad.codegen.rows_match import rewrite_rows
+from webgrad.codegen.rowfuse_match import rewrite_rows
 from webgrad.compile import build_train_graph, build_forward_graph, parse_inputs
 
 
