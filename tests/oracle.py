@@ -826,6 +826,12 @@ rec("attention/table_mask_inf",
     " for j in range(7)] for i in range(7)]), q @ ops.swap_axes(k, -1, -2), float('-inf'))) @ v",
     lambda q, k, v: _t_sdpa(q, k, v, 1.0, _t_causal(7, 7)),
     f32(1, 1, 7, 8), f32(1, 1, 7, 8), f32(1, 1, 7, 8), **MM)
+rec("attention/cache_position",  # 3 queries at a runtime position p of a 9-row cache
+    "lambda q, k, v, p: ops.softmax_last(ops.where(ops.greater_equal(ops.reshape(ops.cast("
+    "ops.arange(3) + p, 'f32'), (3, 1)), ops.reshape(ops.arange(9, dtype='f32'), (1, 9))),"
+    " q @ ops.swap_axes(k, -1, -2) * 0.25, -1e30)) @ v",
+    lambda q, k, v, p: _t_sdpa(q, k, v, 0.25, torch.arange(9)[None, :] <= torch.arange(3)[:, None] + p),
+    f32(1, 2, 3, 16), f32(1, 2, 9, 16), f32(1, 2, 9, 16), i32((1,), 0, 7), **MM)
 
 # cross entropy and layer norm as row kernels on WebGPU (codegen/rowfuse_match.py)
 rec("nn.cross_entropy_last/vocab_50257", "lambda l, t: nn.cross_entropy_last(l, t)",

@@ -8,7 +8,9 @@ None); lse_i = log sum_j exp(s_ij); p_ij = exp(s_ij - lse_i), the softmax.
   attn_lse (A, B)                    lse_i, by an online log-sum-exp over the keys
   attn_out (A, B, V, lse)            O_i = sum_j p_ij v_j
   attn_out (A, B, V)                 the same with the softmax online (inference graphs,
-                                     where no backward needs lse)
+                                     where no backward needs lse; attrs online)
+Each takes a last input `pos` when attrs dyn is set: the causal offset grows by that
+runtime scalar (a KV cache's position).
   attn_dv  (A, B, G, lse)            dV_j = sum_i p_ij g_i
   attn_dq  (A, B, V, G, lse, Drow)   dQ_i = scale sum_j ds_ij k_j
   attn_dk  (A, B, V, G, lse, Drow)   dK_j = scale sum_i ds_ij q_i
@@ -182,9 +184,16 @@ def build_attention(ctx) -> list[dict]:
     def done():
         return [ctx.dispatch(kernel, em.lines, grid, WGS)]
 
+    dyn = None
+    if node.attrs.get("dyn"):  # offset + a runtime scalar (a cache position), read once
+        pn = node.inputs[-1]
+        dyn = em.let(f"i32({em.value(pn, Idx(g[pn].shape, flat='0u'))})")
+
     if not per_key:
         # query i = r: keys j < jend
         jend = f"{S}u" if off is None else f"min(r + {off + 1}u, {S}u)"
+        if dyn is not None:
+            jend = em.let(f"u32(clamp(i32(r) + {off + 1}i + {dyn}, 0i, {S}i))")
         keys = f"for (var j = 0u; j < {jend}; j++)"
         q = R.regs(D, row(a, "r"))
         if op == "attn_lse":
@@ -197,7 +206,7 @@ def build_attention(ctx) -> list[dict]:
             em.emit(f"{epi}(o, {m} + log({l_}));")
             return done()
         v_ = node.inputs[2]
-        if op == "attn_out" and len(node.inputs) == 3:  # inference: online softmax
+        if node.attrs.get("online"):  # inference: softmax online, no lse input
             acc = R.regs(Dv)
             m, l_ = em.var("f32", neg_inf), em.var("f32", "0.0f")
             with em.block(keys):
@@ -230,6 +239,8 @@ def build_attention(ctx) -> list[dict]:
 
     # key j = r: queries i >= istart (kept iff j <= i + off)
     istart = "0u" if off is None else (f"select(0u, r - {off}u, r > {off}u)" if off else "r")
+    if dyn is not None:
+        istart = em.let(f"u32(clamp(i32(r) - {off}i - {dyn}, 0i, {T}i))")
     queries = f"for (var i = {istart}; i < {T}u; i++)"
     k = R.regs(D, row(b, "r", True))
     if op == "attn_dv":
