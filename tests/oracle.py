@@ -839,10 +839,10 @@ rec("nn.cross_entropy_last/vocab_50257", "lambda l, t: nn.cross_entropy_last(l, 
 rec("nn.cross_entropy_last/odd_rows", "lambda l, t: nn.cross_entropy_last(l * 3.0, t)",
     lambda l, t: F.cross_entropy(l.reshape(-1, 33) * 3.0, t.reshape(-1)),
     f32(3, 7, 33), i32((3, 7), 0, 33), **RED)
-rec("take_along_last/out_of_range",  # an index outside [0, V) picks 0 (an all-zero one-hot)
-    "lambda x, i: ops.take_along_last(x, i)",
-    lambda x, i: torch.where((i >= 0) & (i < 5), torch.gather(x, -1, i.clamp(0, 4)), 0.0),
-    f32(3, 5), i32((3, 2), -1, 7))
+rec("one_hot/pick_computed_out_of_range",  # sum(x * one_hot(i - 2)): a stray index picks 0
+    "lambda x, i: ops.sum_last(x * ops.one_hot(i - 2, 5))",
+    lambda x, i: torch.where((i >= 2) & (i < 7), torch.gather(x, -1, (i - 2).clamp(0, 4)[:, None])[:, 0], 0.0),
+    f32(6, 5), i32((6,), 0, 5))
 rec("nn.LayerNorm/width_768", "lambda x, w, b: with_params(nn.LayerNorm(768), weight=w, bias=b)(x)",
     lambda x, w, b: F.layer_norm(x, (768,), w, b), f32(3, 768), f32(768), f32(768), **RED)
 rec("layer_norm_last/odd_300", "lambda x: ops.layer_norm_last(x * 2.0 + 1.0)",
