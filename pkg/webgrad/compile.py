@@ -8,7 +8,8 @@ compile_module(factory, loss_fn, ...):
   5. dce.cse / dce.dce    shared subexpressions merged, dead nodes dropped
   6. backend.prepare      reference/torch interpret the IR; webgpu plans buffers, emits WGSL
                           (backends/webgpu.py -> codegen/) and records the dispatch list
-The result is a CompiledModule (compiled.py), the runtime API users call.
+The result is a CompiledModule (compiled.py), the runtime API users call; with check_finite
+or recovery, recovery.py keeps a host copy of its last good state.
 """
 from __future__ import annotations
 
