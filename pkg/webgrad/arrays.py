@@ -36,6 +36,12 @@ class HostArray(array.array):
         flat = list(array.array.tolist(self))
         if not self.shape:
             return flat[0]
+        if 0 in self.shape:                   # nothing to chunk: [] nested to the first 0
+            k = self.shape.index(0)
+            out: list = []
+            for d in reversed(self.shape[:k]):
+                out = [list(out) for _ in range(d)]
+            return out
         for d in reversed(self.shape[1:]):
             flat = [flat[i:i + d] for i in range(0, len(flat), d)]
         return flat

@@ -15,6 +15,7 @@ from math import prod
 from . import init as _init
 from .arrays import FeedError, HostArray, to_host, to_user
 from .backends.gpu_host import DeviceLostError
+from .bounds import check_index_feeds, index_checks
 from .optim import STATE_PREFIX
 from .recovery import Guard
 
@@ -51,6 +52,7 @@ class Program:
         for name, i in graph.writebacks.items():
             backend.ensure(name, graph[i].shape, graph[i].dtype)
         self.exe = backend.prepare(graph)
+        self.index_checks = index_checks(graph)  # fed indices: range-checked per step
 
     def reload(self, backend) -> "Program":
         """The same graph prepared on another backend (recover(): a new device)."""
@@ -68,8 +70,10 @@ class Program:
             missing = sorted(set(self.inputs) - set(feed))
             raise FeedError(f"{method}(): missing input {', '.join(map(repr, missing))}; this program "
                             f"takes {declared}")
-        return {k: to_host(feed[k], shape=s, dtype=d, what=f"{method}(): input '{k}'")
-                for k, (s, d) in self.inputs.items()}
+        hosts = {k: to_host(feed[k], shape=s, dtype=d, what=f"{method}(): input '{k}'")
+                 for k, (s, d) in self.inputs.items()}
+        check_index_feeds(hosts, self.index_checks, method)
+        return hosts
 
     def captures(self) -> list[str]:
         return [k for k in self.graph.outputs if k.startswith("capture:")]
@@ -249,7 +253,21 @@ class CompiledModule:
         self._guard.commit(state)
         return int(state["step"][0]) if "step" in state else 0
 
+    # -- checkpoints: safetensors files of params (+ optimizer state, step); io/checkpoint.py
+    async def save_async(self, dst=None, *, optimizer: bool = True):
+        from .io import checkpoint
+        self._alive("save")
+        return await checkpoint.save_async(self, dst, optimizer=optimizer)
+
+    async def load_async(self, src, *, optimizer: bool | None = None) -> None:
+        from .io import checkpoint
+        self._alive("load")
+        await checkpoint.load_async(self, src, optimizer=optimizer)
+        await self._recopy()  # recover() must not undo a load
+
     # -- blocking forms
+    def save(self, dst=None, *, optimizer=True): return run_blocking(self.save_async(dst, optimizer=optimizer))
+    def load(self, src, *, optimizer=None): return run_blocking(self.load_async(src, optimizer=optimizer))
     def step(self, feed, *, with_captures=False): return run_blocking(self.step_async(feed, with_captures=with_captures))
     def run(self, feed, *, with_captures=False): return run_blocking(self.run_async(feed, with_captures=with_captures))
     def download_params(self): return run_blocking(self.download_params_async())
