@@ -456,6 +456,19 @@ def test_check_finite_refuses_the_step_and_keeps_the_state(backend, bad, words):
     assert_same_state(state_of(c), state_of(twin))
 
 
+def test_check_finite_with_the_copy_kept_in_a_checkpoint_file(tmp_path):
+    """recovery=path keeps no second copy in memory: a refused step is undone from the file."""
+    path = str(tmp_path / "root.safetensors")
+    c = compile_root("torch", check_finite=True, recovery=path)
+    twin = compile_root("torch")
+    assert c.step({"x": [1.0, 2.0, 0.5]}) == twin.step({"x": [1.0, 2.0, 0.5]})
+    assert c._guard.state is None and os.path.exists(path)
+    with pytest.raises(NonFiniteError, match="the loss is nan"):
+        c.step({"x": [1.0, -1.0, 1.0]})
+    assert_same_state(state_of(c), state_of(twin))
+    assert c.step({"x": [0.5, 0.5, 0.5]}) == twin.step({"x": [0.5, 0.5, 0.5]})
+
+
 def test_without_check_finite_a_nan_step_goes_through():
     """The check is what makes the difference (a test that could not fail otherwise)."""
     c = compile_root("reference")

@@ -220,7 +220,7 @@ class CompiledModule:
             await self._recopy()
 
     async def _recopy(self) -> None:
-        if self._guard is not None and self._guard.state is not None:
+        if self._guard is not None and self._guard.has_copy:
             self._guard.commit(await self._guard.read())
 
     async def recover_async(self) -> int:

@@ -55,7 +55,10 @@ class Guard:
         self.module, self.check_finite = module, check_finite
         self.path = None if recovery in (None, "memory") else os.fspath(recovery)
         self.recovery = recovery is not None
-        self.state: dict[str, HostArray] | None = None  # the last good copy
+        # the last good copy: in memory, or only in the file (a checkpoint keeps host memory
+        # free of a second copy of the model; the finite check then reads it back on refusal)
+        self.state: dict[str, HostArray] | None = None
+        self.has_copy = False
 
     def names(self) -> list[str]:
         m = self.module
@@ -67,18 +70,19 @@ class Guard:
 
     async def ensure_copy(self) -> None:
         """Before the first step: copy the starting state (init, or what was uploaded)."""
-        if self.state is None:
+        if not self.has_copy:
             self.commit(await self.read())
 
     def commit(self, state: dict[str, HostArray]) -> None:
-        self.state = state
         if self.path is not None:
             save_state(self.path, state)
+        self.state = state if self.path is None else None
+        self.has_copy = True
 
     def update(self, values: dict[str, HostArray]) -> None:
         """Values written from the host (upload_params): the copy follows without a read."""
-        if self.state is not None:
-            self.commit({**self.state, **values})
+        if self.has_copy:
+            self.commit({**self.last(), **values})
 
     def restore(self, state: dict[str, HostArray]) -> None:
         for name, h in state.items():
@@ -88,9 +92,9 @@ class Guard:
     def last(self) -> dict[str, HostArray]:
         if self.state is not None:
             return self.state
-        if self.path is not None and os.path.exists(self.path):
+        if self.has_copy:
             return load_state(self.path)
-        raise RuntimeError("recover(): there is no copy of the state yet (no step completed)")
+        raise RuntimeError("recover(): there is no copy of the state yet (no step ran)")
 
     async def after_step(self, loss: float) -> None:
         """Copy the new state; with check_finite, refuse it (restoring the last copy) when the
@@ -99,7 +103,7 @@ class Guard:
         if self.check_finite:
             bad = _first_nonfinite(loss, state)
             if bad is not None:
-                self.restore(self.state)
+                self.restore(self.last())
                 raise NonFiniteError(f"step(): {bad}; the step was refused: parameters, optimizer "
                                      "state and the step counter are as before this call. Lower "
                                      "the learning rate, clip gradients (clip_norm=) or check the "

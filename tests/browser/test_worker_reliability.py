@@ -134,13 +134,15 @@ except wg.NonFiniteError as e:
 
 
 @browser
-def test_lost_device_then_recover_in_the_browser(s):
+@pytest.mark.parametrize("recovery", ["memory", "/tmp/recovery.safetensors"])
+def test_lost_device_then_recover_in_the_browser(s, recovery):
+    """recovery="memory", or a checkpoint file in Pyodide's file system."""
     want = reference_losses(range(6))
-    out = s.run('''
+    out = s.run(f'''
 from webgrad.backends.webgpu import WebGPUBackend
 from webgrad.backends.webgpu_browser import BrowserHost, request_device
 host = BrowserHost(await request_device(new=True))     # a device of its own: the shared one lives
-c = compile_net(WebGPUBackend(host), recovery="memory")
+c = compile_net(WebGPUBackend(host), recovery={recovery!r})
 losses = [c.step(feed(k)) for k in range(3)]
 host.device.destroy()
 try:
