@@ -15,6 +15,7 @@ browser = pytest.mark.browser
 
 MODEL = '''
 import array, math
+import webgrad as wg
 from webgrad import Module, ops, optim
 
 class Net(Module):
