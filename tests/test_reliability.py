@@ -119,12 +119,25 @@ def _nan_forms() -> dict:
 def test_nan_feed_is_refused_naming_input_and_position(backend, form):
     c, twin = trained_pair(backend)
     before = state_of(c)
-    for method in (c.step, c.run):
-        with pytest.raises(FeedError) as e:
-            method({"x": _nan_forms()[form], "idx": [0, 1]})
-        msg = str(e.value)
-        assert msg.startswith(f"{method.__name__}(): input 'x'"), msg
-        assert "NaN at index [1, 2]" in msg and "flat position 6" in msg, msg
+    with pytest.raises(FeedError) as e:
+        c.step({"x": _nan_forms()[form], "idx": [0, 1]})
+    msg = str(e.value)
+    assert msg.startswith("step(): input 'x'"), msg
+    assert "NaN at index [1, 2]" in msg and "flat position 6" in msg, msg
+    assert_nothing_changed(c, twin, before)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nan_in_a_forward_run_computes_nan_and_keeps_nothing(backend):
+    """run() keeps no state: a NaN input gives the NaN output torch gives, and the
+    parameters stay as they were."""
+    c, twin = trained_pair(backend)
+    before = state_of(c)
+    assert math.isnan(c.run({"x": NAN_X, "idx": [0, 1]}))
+    f = c.compile_forward(lambda m, inp: ops.tanh(inp["x"] @ m.W), inputs={"x": [2, 4]})
+    got = f.run({"x": NAN_X})
+    want = torch.tanh(torch.from_numpy(NAN_X) @ torch.from_numpy(c.download_params()["W"]))
+    np.testing.assert_array_equal(np.isnan(got), torch.isnan(want).numpy())
     assert_nothing_changed(c, twin, before)
 
 

@@ -80,14 +80,14 @@ _FORMAT_NAMES = {"b": "int8", "B": "uint8", "h": "int16", "H": "uint16", "i": "i
                  "n": "ssize_t", "N": "size_t", "e": "f16", "f": "f32", "d": "f64"}  # i32/f32: our names
 
 
-def to_host(value, *, shape, dtype: str, what: str) -> HostArray:
+def to_host(value, *, shape, dtype: str, what: str, allow_nan: bool = False) -> HostArray:
     """Convert and check one value; `what` names it in errors ("step(): input 'x'").
 
     Values are converted, never reinterpreted: a float64 buffer fed as f32 is rounded value by
     value, an int16 or int64 buffer fed as i32 is widened or range-checked. The raw-bytes form
     (bytes, bytearray, a memoryview of format 'B') is the one exception: it IS the f32/i32 data.
-    Refused, naming the input and the position: NaN in f32 data (it would poison parameters and
-    optimizer state for good), integers outside i32, integer *buffers* for f32 (an index array
+    Refused, naming the input and the position: NaN in f32 data unless allow_nan (a NaN fed to
+    a training step poisons parameters and optimizer state for good), integers outside i32, integer *buffers* for f32 (an index array
     uploaded as weights is a mistake; Python lists of ints are fine), non-numbers in lists.
     """
     shape = tuple(shape)
@@ -126,7 +126,7 @@ def to_host(value, *, shape, dtype: str, what: str) -> HostArray:
                             f"{data[at]!r} at {_position(at, got_shape)}") from None
     if len(out) != prod(shape):
         raise FeedError(f"{what}: expects {prod(shape)} values for {want}, got {len(out)}")
-    if dtype == "f32":
+    if dtype == "f32" and not allow_nan:
         _refuse_nan(out, shape, what)
     return out
 

@@ -70,7 +70,10 @@ class Program:
             missing = sorted(set(self.inputs) - set(feed))
             raise FeedError(f"{method}(): missing input {', '.join(map(repr, missing))}; this program "
                             f"takes {declared}")
-        hosts = {k: to_host(feed[k], shape=s, dtype=d, what=f"{method}(): input '{k}'")
+        # NaN is refused where it would land in the persistent state (a training step); a
+        # forward run computes with it (NaN out, as torch gives) and keeps nothing
+        hosts = {k: to_host(feed[k], shape=s, dtype=d, what=f"{method}(): input '{k}'",
+                            allow_nan=method != "step")
                  for k, (s, d) in self.inputs.items()}
         check_index_feeds(hosts, self.index_checks, method)
         return hosts

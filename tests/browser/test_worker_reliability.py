@@ -64,7 +64,7 @@ errors = []
 nan_x = [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, float("nan"), 1.0]]
 for call in (lambda: c.step({"x": nan_x}),
              lambda: c.step({"x": array.array("f", sum(nan_x, []))}),
-             lambda: c.run({"x": memoryview(array.array("d", sum(nan_x, [])))}),
+             lambda: c.step({"x": memoryview(array.array("d", sum(nan_x, [])))}),
              lambda: c.upload_params({"b": [0.0, float("nan"), 1.0]}, partial=True),
              lambda: c.upload_params({"b": array.array("i", [1, 2, 3])}, partial=True),
              lambda: c.step({"x": [[1.0, "2", 3.0, 4.0], [1.0] * 4]})):
