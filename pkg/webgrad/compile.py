@@ -18,6 +18,7 @@ The result is a CompiledModule (compiled.py), the runtime API users call; its pr
 times every kernel of a step (profile.py: ops covered, bytes, FLOPs, GPU time).
 Programs with several outputs and persistent state written in place (a KV cache) are traced
 the same way by stateful.compile_program, over the parameters of any program on that backend.
+With check_finite or recovery, recovery.py keeps a host copy of a module's last good state.
 """
 from __future__ import annotations
 
