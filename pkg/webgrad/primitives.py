@@ -114,6 +114,14 @@ def _last_axis(ins, attrs):
     return _unary_f32(ins, attrs)
 
 
+def _nonempty_last(ins, attrs):
+    # the max of nothing has no value (torch and numpy refuse it too)
+    x = ins[0]
+    if x.shape and x.shape[-1] == 0 and prod(x.shape[:-1]) > 0:
+        raise ShapeError("reduces an empty last axis, which has no maximum")
+    return _last_axis(ins, attrs)
+
+
 # ---------------------------------------------------------------- helpers for grads
 
 def _O():
@@ -256,9 +264,9 @@ def _max_grad(g, i, o, a):
     return [O.unsqueeze(g, -1) * hit / O.sum_last(hit, keepdims=True)]
 
 
-defprim("max_last", "reduce", shape=lambda ins, a: (_last_axis(ins, a)[0][:-1], "f32"),
+defprim("max_last", "reduce", shape=lambda ins, a: (_nonempty_last(ins, a)[0][:-1], "f32"),
         ref=lambda np, a, x: np.max(x, axis=-1), grad=_max_grad)
-defprim("argmax_last", "reduce", shape=lambda ins, a: (_last_axis(ins, a)[0][:-1], "i32"),
+defprim("argmax_last", "reduce", shape=lambda ins, a: (_nonempty_last(ins, a)[0][:-1], "i32"),
         ref=lambda np, a, x: np.argmax(x, axis=-1).astype("int32"), grad=None)
 
 

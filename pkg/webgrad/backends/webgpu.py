@@ -73,6 +73,8 @@ class WebGPUBackend(Backend):
         data = host.tobytes() if hasattr(host, "tobytes") else bytes(host)
         if len(data) != 4 * prod(slot.shape):
             raise ValueError(f"write of {len(data)} bytes into '{name}' {slot.dtype}{list(slot.shape)}")
+        if not data:  # zero-size: never on the GPU (codegen/empty.py)
+            return
         if slot.home is not None:
             self.host.write(slot.home[0], slot.home[1], data)
         else:
@@ -138,10 +140,13 @@ class WebGPUProgram:
     async def run(self, feeds: dict, fetch: list[str]) -> dict:
         low = self.lowered
         writes = {low.feeds[k]: v.tobytes() for k, v in feeds.items() if k in low.feeds}
-        reads = list(dict.fromkeys(low.outputs[k][0] for k in fetch))
+        reads = list(dict.fromkeys(low.outputs[k][0] for k in fetch if k in low.outputs))
         data = dict(zip(reads, await self.backend.host.run(self.program, writes, reads)))
         out = {}
         for k in fetch:
+            if k in low.empty_outputs:
+                out[k] = HostArray(low.empty_outputs[k][1], shape=low.empty_outputs[k][0])
+                continue
             buf, off, nbytes, shape, dtype = low.outputs[k]
             h = HostArray(dtype, shape=shape)
             h.frombytes(data[buf][off:off + nbytes])

@@ -13,11 +13,12 @@ constant data to upload once. Buffers:
 from __future__ import annotations
 
 import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..buffers import END, Live, align, plan_pool
 from .conv import build_fold
 from .elementwise import build_elementwise
+from .empty import strip_empty
 from .emit import Emitter, Idx, Storage
 from .fusion import Fusion
 from .index import build_scatter, scatter_scratch
@@ -45,6 +46,7 @@ class Lowered:
     kernel_count: int
     report: dict
     writers: dict          # persistent name -> index of the dispatch that writes it, or "copy"
+    empty_outputs: dict = field(default_factory=dict)  # name -> (shape, dtype): zero-size
 
 
 class GroupCtx:
@@ -302,8 +304,11 @@ def _build_group(ctx: GroupCtx) -> list[dict]:
 
 def lower(graph, limits: Limits | None = None, persist_key=lambda name: name):
     """Compile a Graph into (Lowered, kernel names)."""
+    graph, empty = strip_empty(graph)  # zero-size tensors: nothing to compute or bind
     low = _Lowering(graph, limits or Limits(), persist_key)
-    return low.build()
+    lowered, names = low.build()
+    lowered.empty_outputs = empty
+    return lowered, names
 
 
 __all__ = ["lower", "Lowered", "describe"]
