@@ -466,6 +466,28 @@ rec("pow/half", "lambda x: ops.pow(x, 0.5)", lambda x: x ** 0.5, f32(3, 4, kind=
 rec("pow/neg_frac", "lambda x: x ** -1.5", lambda x: x ** -1.5, f32(2, 3, kind="positive"))
 rec("pow/square", "lambda x: x ** 2", lambda x: x ** 2, f32(4))
 rec("pow/zero", "lambda x: ops.pow(x, 0)", lambda x: x ** 0, f32(4))
+for op in ("floor", "trunc", "round"):  # grid: halves, where round goes to even
+    rec(f"{op}/grid", f"lambda x: ops.{op}(x * 1.5)", (lambda op: lambda x: getattr(torch, op)(x * 1.5))(op),
+        f32(3, 6, kind="grid"))
+    rec(f"{op}/normal", f"lambda x: ops.{op}(x * 3.0) * x", (lambda op: lambda x: getattr(torch, op)(x * 3) * x)(op),
+        f32(10))
+    rec(f"{op}/special", f"lambda x: ops.{op}(x)", (lambda op: lambda x: getattr(torch, op)(x))(op),
+        f32(10, kind="special"), check_grads=False)
+rec("pow/tensor", "lambda x, y: ops.pow(x, y)", lambda x, y: torch.pow(x, y),
+    f32(3, 4, kind="positive"), f32(3, 4))
+rec("pow/tensor_bcast", "lambda x, y: x ** y", lambda x, y: x ** y, f32(2, 1, 3, kind="positive"),
+    f32(4, 1, kind="unit"))
+rec("pow/tensor_int_exponents", "lambda x, y: ops.pow(x, ops.round(y * 3.0))",  # negative bases
+    lambda x, y: torch.pow(x, torch.round(y * 3)), f32(3, 5, kind="away"), f32(3, 5, kind="unit"),
+    atol=1e-4)
+rec("pow/tensor_zero_base", "lambda x, y: ops.pow(x, y)",  # 0^y: 0, 1 or inf; no dy at 0
+    lambda x, y: torch.pow(x, y), f32(8, kind="zeros"), f32(8, kind="grid"), check_grads=False)
+rec("pow/reflected", "lambda x: 2.0 ** x", lambda x: 2.0 ** x, f32(2, 3))
+rec("pow/special", "lambda x: ops.pow(x, x * 0.5)", lambda x: torch.pow(x, x * 0.5),
+    f32(10, kind="special"), check_grads=False)
+rec("stop_gradient", "lambda x, y: ops.stop_gradient(x) * y + x",
+    lambda x, y: x.detach() * y + x, f32(3, 2), f32(3, 2))
+
 
 # -- elementwise, binary (with broadcasting, scalars and Python numbers)
 for op, tfn in [("add", lambda a, b: a + b), ("sub", lambda a, b: a - b),
@@ -566,6 +588,33 @@ rec("max_last/ties", "lambda x: ops.max_last(x)", lambda x: x.amax(-1),  # share
 rec("max_last/keepdims", "lambda x: ops.max_last(x, keepdims=True)",
     lambda x: x.amax(-1, keepdim=True), f32(2, 3, 4))
 rec("argmax_last", "lambda x: ops.argmax_last(x)", lambda x: torch.argmax(x, -1), f32(4, 6))
+# -- reductions over any axes (compositions over sum / max_last / argmax_last)
+rec("mean/axes", "lambda x: ops.mean(x, (0, 2))", lambda x: x.mean((0, 2)), f32(2, 3, 4), **RED)
+rec("mean/all_keepdims", "lambda x: ops.mean(x, keepdims=True)", lambda x: x.mean().reshape(1, 1),
+    f32(3, 5), **RED)
+rec("mean/axis_neg", "lambda x: ops.mean(x, -2)", lambda x: x.mean(-2), f32(2, 3, 4), **RED)
+rec("max/axis0", "lambda x: ops.max(x, 0)", lambda x: x.amax(0), f32(4, 5))
+rec("max/axes_ties", "lambda x: ops.max(x, (0, 2), keepdims=True)",  # ties share the gradient
+    lambda x: x.amax((0, 2), keepdim=True), f32(3, 2, 4, kind="coarse"))
+rec("max/all", "lambda x: ops.max(x)", lambda x: x.amax(), f32(3, 4, kind="coarse"))
+rec("min/axis1", "lambda x: ops.min(x, 1)", lambda x: x.amin(1), f32(2, 5, 3, kind="coarse"))
+rec("logsumexp/last", "lambda x: ops.logsumexp(x, -1)", lambda x: torch.logsumexp(x, -1),
+    f32(3, 5), **RED)
+rec("logsumexp/axes_keepdims", "lambda x: ops.logsumexp(x * 30.0, (0, 1), keepdims=True)",
+    lambda x: torch.logsumexp(x * 30, (0, 1), keepdim=True), f32(2, 3, 4), atol=1e-4)
+rec("logsumexp/inf", "lambda x: ops.logsumexp(x, 1)", lambda x: torch.logsumexp(x, 1),
+    f32(5, 4, kind="special"), check_grads=False)
+rec("argmax/axis0", "lambda x: ops.argmax(x, 0)", lambda x: torch.argmax(x, 0), f32(5, 3))
+rec("argmax/flat", "lambda x: ops.argmax(x)", lambda x: torch.argmax(x), f32(3, 4))
+rec("argmax/keepdims_ties", "lambda x: ops.argmax(x, 1, keepdims=True)",
+    lambda x: torch.argmax(x, 1, keepdim=True), f32(2, 6, 3, kind="coarse"))
+# -- zero-size dimensions
+rec("sum/empty_axis", "lambda x: ops.sum(x, 0)", lambda x: x.sum(0), f32(0, 3))
+rec("matmul/empty_k", "lambda a, b: a @ b", lambda a, b: a @ b, f32(3, 0), f32(0, 2))
+rec("concat/empty", "lambda a, b: ops.concat([a, b], 0) * 2.0", lambda a, b: torch.cat([a, b], 0) * 2,
+    f32(0, 3), f32(2, 3))
+rec("relu/empty", "lambda x: ops.relu(x)", lambda x: torch.relu(x), f32(2, 0, 3))
+
 
 # -- layout
 rec("reshape/2d", "lambda x: ops.reshape(x, (3, 4))", lambda x: x.reshape(3, 4), f32(2, 6))
@@ -613,6 +662,10 @@ rec("arange/f32", "lambda x: x + ops.arange(4, dtype='f32')",
     lambda x: x + torch.arange(4, dtype=torch.float64), f32(2, 4))
 rec("embedding", "lambda w, i: ops.embedding(w, i)", lambda w, i: F.embedding(i, w),
     f32(6, 3), i32((2, 4), 0, 6))
+rec("embedding/padding_idx", "lambda w, i: ops.embedding(w, i, padding_idx=2)",
+    lambda w, i: F.embedding(i, w, padding_idx=2), f32(5, 3), i32((3, 4), 0, 5))
+rec("embedding/padding_idx_negative", "lambda w, i: ops.embedding(w, i, padding_idx=-1)",
+    lambda w, i: F.embedding(i, w, padding_idx=-1), f32(4, 2), i32((6,), 0, 4))
 rec("gather_rows/repeats", "lambda w, i: ops.gather_rows(w, i)", lambda w, i: w[i],
     f32(3, 2), i32((5,), 0, 3))
 rec("scatter_add_rows", "lambda v, i: ops.scatter_add_rows(v, i, 5)",
@@ -740,6 +793,8 @@ rec("nn.RMSNorm", "lambda x, w: with_params(nn.RMSNorm(6), weight=w)(x)",
     lambda x, w: F.rms_norm(x, (6,), w, eps=1e-6), f32(3, 6), f32(6))
 rec("nn.Embedding", "lambda w, i: with_params(nn.Embedding(5, 3), W=w)(i)",
     lambda w, i: F.embedding(i, w), f32(5, 3), i32((3, 2), 0, 5))
+rec("nn.Embedding/padding_idx", "lambda w, i: with_params(nn.Embedding(5, 3, padding_idx=0), W=w)(i)",
+    lambda w, i: F.embedding(i, w, padding_idx=0), f32(5, 3), i32((3, 2), 0, 5))
 rec("nn.Conv2d", "lambda x, w, b: with_params(nn.Conv2d(4, 4, 3, stride=2, padding=1, groups=2), "
     "weight=w, bias=b)(x)", lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1, groups=2),
     f32(1, 4, 5, 5), f32(4, 2, 3, 3), f32(4), **MM)

@@ -270,3 +270,29 @@ def test_scatter_add_rows_at_a_50k_vocabulary(backend):
     want = np.zeros((V, D))
     np.add.at(want, idx, vals.astype(np.float64))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-5)
+
+
+# ---------------------------------------------------------------- embedding padding row
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_embedding_padding_row_starts_at_zero_and_never_trains(backend):
+    class E(Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(6, 4, padding_idx=1)
+
+    def loss(m, inp):
+        return ops.sum_all(ops.tanh(m.emb(inp["i"])) * inp["y"])
+    c = wg.compile_module(E, loss, inputs={"i": ([8], "i32"), "y": [8, 4]},
+                          optimizer=optim.SGD(lr=0.5), backend=backend)
+    w0 = c.download_params()["emb.W"]
+    np.testing.assert_array_equal(w0[1], 0.0)
+    assert np.abs(np.delete(w0, 1, axis=0)).min() > 0
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        c.step({"i": np.array([1, 1, 0, 2, 3, 1, 5, 4], np.int32),
+                "y": rng.standard_normal((8, 4)).astype(np.float32)})
+    w = c.download_params()["emb.W"]
+    np.testing.assert_array_equal(w[1], 0.0)  # read 3 times per step, never updated
+    assert (np.abs(w - w0)[[0, 2, 3, 4, 5]] > 0).all()

@@ -20,6 +20,7 @@ class Init:
     kind: str                  # randn | kaiming | zeros | ones | literal | uniform
     scale: float = 0.02        # randn std, or kaiming gain, or uniform bound
     data: tuple | None = None  # literal values, flat
+    zero_rows: tuple[int, ...] = ()  # rows (along axis 0) set to zero after drawing
 
     @property
     def decays(self) -> bool:
@@ -43,6 +44,13 @@ def literal(values) -> Init:
     return Init("literal", data=tuple(float(v) for v in flat))
 
 
+def with_zero_rows(spec, rows) -> Init:
+    """`spec` with the given rows (axis 0) zeroed: an embedding's padding row, as torch's
+    nn.Embedding(padding_idx=) starts it."""
+    import dataclasses
+    return dataclasses.replace(as_init(spec), zero_rows=tuple(int(r) for r in rows))
+
+
 def as_init(spec) -> Init:
     if isinstance(spec, Init):
         return spec
@@ -62,6 +70,15 @@ def fan_in(shape) -> int:
 
 
 def generate(spec: Init, shape, *, seed: int, name: str) -> list[float]:
+    vals = _draw(spec, shape, seed=seed, name=name)
+    if spec.zero_rows and shape:
+        width = prod(shape[1:])
+        for r in spec.zero_rows:
+            vals[(r % shape[0]) * width:(r % shape[0] + 1) * width] = [0.0] * width
+    return vals
+
+
+def _draw(spec: Init, shape, *, seed: int, name: str) -> list[float]:
     n = prod(shape)
     if spec.kind == "zeros":
         return [0.0] * n

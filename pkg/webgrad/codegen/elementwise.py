@@ -98,6 +98,30 @@ ISNAN_WGSL = """fn isnan_f(x: f32) -> bool {
 
 _NAN_SAFE = {"relu", "tanh", "sign", "maximum", "minimum"}  # need isnan_f
 
+# x ** y for two tensors, as torch.pow: WGSL's pow is exp2(y log2 x), undefined for x <= 0.
+# Here |x|^y = exp2(y log2 |x|) with the sign of an odd integer y, NaN for a negative base
+# and a non-integer y, x^0 = 1 (also for NaN), and 0^y = 0 / inf by the sign of y (signed
+# like the base for odd y), 1^y = 1 (also for NaN y), NaN otherwise when either is NaN.
+POW_WGSL = """fn pow_f(x: f32, y: f32) -> f32 {
+  if (y == 0.0f || x == 1.0f) { return 1.0f; }
+  if (isnan_f(x) || isnan_f(y)) { return bitcast<f32>(wg_nan_bits); }
+  let yint = trunc(y) == y;
+  let odd = yint && abs(y) < 16777216.0f && (i32(y) & 1) == 1;
+  var m: f32;
+  if (x == 0.0f) {
+    m = select(bitcast<f32>(wg_pinf_bits), 0.0f, y > 0.0f);
+  } else {
+    m = exp2(y * log2(abs(x)));
+  }
+  if (x < 0.0f) {
+    if (!yint) { return bitcast<f32>(wg_nan_bits); }
+    return select(m, -m, odd);
+  }
+  if (odd && (bitcast<u32>(x) & 0x80000000u) != 0u) { return -m; }  // -0 ** odd
+  return m;
+}
+"""
+
 _UNARY = {
     "neg": lambda x, a: f"(-{x})",
     "exp": lambda x, a: f"exp({x})",
@@ -113,6 +137,10 @@ _UNARY = {
     "sin": lambda x, a: f"trig_f({x}, 0)",
     "cos": lambda x, a: f"trig_f({x}, 1)",  # cos x = sin(x + pi/2)
     "pow": lambda x, a: _pow(x, float(a["p"])),
+    "floor": lambda x, a: f"floor({x})",
+    "trunc": lambda x, a: f"trunc({x})",
+    "round": lambda x, a: f"round({x})",  # half to even, as torch.round
+    "stop_gradient": lambda x, a: x,
 }
 
 _BINARY = {
@@ -127,6 +155,7 @@ _BINARY = {
     "less": lambda x, y: f"select(0.0f, 1.0f, {x} < {y})",
     "greater": lambda x, y: f"select(0.0f, 1.0f, {x} > {y})",
     "equal": lambda x, y: f"select(0.0f, 1.0f, {x} == {y})",
+    "power": lambda x, y: f"pow_f({x}, {y})",
 }
 
 ELEMENTWISE_OPS = set(_UNARY) | set(_BINARY) | {"where", "cast", "const", "arange"}
@@ -146,6 +175,9 @@ def _unary_rule(em: Emitter, node, idx: Idx) -> str:
 @rule(*_BINARY)
 def _binary_rule(em: Emitter, node, idx: Idx) -> str:
     x, y = em.arg(node, 0, idx), em.arg(node, 1, idx)
+    if node.op == "power":
+        em.k.helper("isnan_f", ISNAN_WGSL)
+        em.k.helper("pow_f", POW_WGSL)
     if node.op in _NAN_SAFE and node.dtype == "i32":  # integers have no NaN
         return f"{node.op[:3]}({x}, {y})"
     if node.op in _NAN_SAFE:
