@@ -56,7 +56,7 @@ class Arg:
     """One argument: its shape and how its values are drawn.
     kinds: normal N(0,1) | unit U(-1,1) | positive U(0.5,2) | away +-U(0.5,2) |
            grid multiples of 0.5 in [-2,2] (exact zeros) | coarse -1/0/1 (many ties) |
-           zeros | special (NaN, +-inf, +-0, +-1 and ordinary values, cycled) | i32 in [lo, hi)."""
+           zeros | large +-10^U(3,12) | special (NaN, +-inf, +-0, +-1 and ordinary values, cycled) | i32 in [lo, hi)."""
     shape: tuple[int, ...]
     kind: str = "normal"
     lo: int = 0
@@ -121,6 +121,7 @@ def make_inputs(record: Record) -> list[list]:
             "grid": lambda: rng.randrange(-4, 5) * 0.5,
             "coarse": lambda: float(rng.randrange(-1, 2)),
             "zeros": lambda: 0.0,
+            "large": lambda: rng.choice((-1.0, 1.0)) * 10.0 ** rng.uniform(3.0, 12.0),
         }[a.kind]
         out.append(_round_f32(draw() for _ in range(n)))
     return out
@@ -459,6 +460,8 @@ for op, tfn, kind in [
 ]:
     rec(f"{op}/2d", f"lambda x: ops.{op}(x)", tfn, f32(3, 4, kind=kind))
     rec(f"{op}/scalar", f"lambda x: ops.{op}(x)", tfn, f32(kind=kind))
+rec("sin/large", "lambda x: ops.sin(x)", lambda x: torch.sin(x), f32(40, kind="large"))
+rec("cos/large", "lambda x: ops.cos(x)", lambda x: torch.cos(x), f32(40, kind="large"))
 rec("sigmoid/large", "lambda x: ops.sigmoid(x * 30.0)", lambda x: torch.sigmoid(x * 30), f32(2, 5))
 rec("gelu/3d", "lambda x: ops.gelu(x)", lambda x: F.gelu(x, approximate="tanh"), f32(2, 3, 2))
 rec("pow/cube", "lambda x: ops.pow(x, 3)", lambda x: x ** 3, f32(3, 4))
