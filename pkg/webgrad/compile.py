@@ -8,6 +8,8 @@ compile_module(factory, loss_fn, ...):
   5. dce.cse / dce.dce    shared subexpressions merged, dead nodes dropped
   6. backend.prepare      reference/torch interpret the IR; webgpu plans buffers, emits WGSL
                           (backends/webgpu.py -> codegen/) and records the dispatch list
+  7. bounds.index_checks  which feeds are indices and their ranges: every step checks them
+                          on the host before anything runs (compiled.Program)
 The result is a CompiledModule (compiled.py), the runtime API users call.
 """
 from __future__ import annotations

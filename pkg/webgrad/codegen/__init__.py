@@ -9,6 +9,7 @@
   conv.py         unfold2d (expression), fold2d (kernel)
   reduce.py       sum, max_last, argmax_last, softmax/log_softmax/layer_norm (one kernel each)
   matmul.py       the tiled, register-blocked matmul
+  empty.py        zero-size tensors leave the graph before anything is planned
   fusion.py       storage decisions, kernel groups, merges, in-place writebacks, schedule
   program.py      the driver: buffer plan (../buffers.py), kernels, commands -> Lowered
 LOWERED_OPS lists every IR op this back end lowers (tests/test_registry.py checks it

@@ -38,7 +38,7 @@ from math import prod
 from .elementwise import ELEMENTWISE_OPS, const_fill
 from .emit import EXPR_RULES
 from .layout import merge_batch_into_k, strided_view
-from .reduce import REDUCE_OPS, ROW_OPS
+from .reduce import REDUCE_OPS, ROW_OPS, scratch_specs
 from .wgsl import Limits
 
 KERNEL_OPS = {"matmul", "scatter_add_rows", "fold2d"} | REDUCE_OPS | ROW_OPS
@@ -327,6 +327,18 @@ class Fusion:
                     break
         return len(set(loads) | set(outputs)) - inplace
 
+    def scratch_bindings(self, G: Group) -> int:
+        """Scratch buffers the last dispatch of G's kernel binds beside its epilogue's:
+        one for a split reduction's partials or scatter_add_rows' row lists."""
+        if G.main is None:
+            return 0
+        node = self.g[G.main]
+        if node.op == "scatter_add_rows":
+            return 1
+        if node.op in REDUCE_OPS:
+            return 1 if scratch_specs(self.g, node, self.sum_source.get(G.main)) else 0
+        return 0
+
     def _merge(self):
         limit = self.limits.max_storage_buffers_per_shader_stage
         for gid in sorted(self.groups, key=lambda i: self.groups[i].order):
@@ -358,7 +370,7 @@ class Fusion:
                 outs = H.outputs + G.anchors
                 for o in outs:
                     merged_loads.pop(o, None)
-                if self.binding_estimate(outs, merged_loads) > limit:
+                if self.binding_estimate(outs, merged_loads) > limit - self.scratch_bindings(H):
                     continue
                 H.anchors += G.anchors
                 H.after |= G.after
