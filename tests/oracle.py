@@ -428,6 +428,19 @@ def _t_attention(q, k, v, heads):
     return (torch.softmax(s, -1) @ split(v)).permute(0, 2, 1, 3).reshape(B, T, D)
 
 
+def _t_sdpa(q, k, v, scale, keep=None):
+    """softmax(scale q k^T, masked to `keep` [T, S]) v, written with torch's own ops."""
+    s = q @ k.transpose(-1, -2) * scale
+    if keep is not None:
+        s = s.masked_fill(~keep, float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def _t_split(x, heads):
+    B, T, D = x.shape
+    return x.reshape(B, T, heads, D // heads).permute(0, 2, 1, 3)
+
+
 # ---------------------------------------------------------------- the table
 
 MM = dict(atol=1e-4)    # matmul / conv: float32 dot products of a few terms vs float64
@@ -687,6 +700,22 @@ rec("scatter_add_rows/many_rows", "lambda v, i: ops.scatter_add_rows(v, i, 300)"
 rec("scatter_add_rows/repeats", "lambda v, i: ops.scatter_add_rows(v, i, 3)",
     lambda v, i: torch.zeros(3, 2, 2, dtype=torch.float64).index_add(0, i.reshape(-1), v.reshape(-1, 2, 2)),
     f32(4, 5, 2, 2), i32((4, 5), 0, 2))
+
+
+def _t_write_rows(b, v, s):
+    out, s, n = b.clone(), int(torch.as_tensor(s).reshape(-1)[0]), b.shape[0]
+    lo, hi = max(s, 0), min(s + v.shape[0], n)
+    if lo < hi:
+        out[lo:hi] = v[lo - s:hi - s]
+    return out
+
+
+rec("write_rows/fed_start", "lambda b, v, s: ops.write_rows(b, v, s)", _t_write_rows,
+    f32(5, 3), f32(2, 3), i32((1,), 0, 4))
+rec("write_rows/past_the_end", "lambda b, v: ops.write_rows(b, v, 4)",
+    lambda b, v: _t_write_rows(b, v, 4), f32(5, 2, 3), f32(3, 2, 3))
+rec("write_rows/before_the_start", "lambda b, v: ops.write_rows(b, v, -1)",
+    lambda b, v: _t_write_rows(b, v, -1), f32(4, 3), f32(2, 3))
 rec("take_along_last", "lambda x, i: ops.take_along_last(x, i)",
     lambda x, i: torch.gather(x, -1, i), f32(3, 5), i32((3, 2), 0, 5))
 
@@ -818,6 +847,43 @@ rec("attention", "lambda q, k, v: nn.merge_heads(ops.softmax_causal_last("
     "nn.split_heads(q, 2) @ ops.swap_axes(nn.split_heads(k, 2), -1, -2) * (1 / math.sqrt(4)))"
     " @ nn.split_heads(v, 2))", lambda q, k, v: _t_attention(q, k, v, 2),
     f32(1, 4, 8), f32(1, 4, 8), f32(1, 4, 8), **MM)
+# fused on WebGPU (codegen/attention_match.py): the usual spellings of scale and mask, odd
+# lengths, head dims 32 / 64 / 128, a query block at the end of a cache, one query
+rec("attention/qkv_slices_T70_D32",
+    "lambda x: nn.merge_heads(ops.softmax_last(ops.where_causal("
+    "nn.split_heads(ops.slice_last_range(x, 0, 64), 2)"
+    " @ ops.swap_axes(nn.split_heads(ops.slice_last_range(x, 64, 128), 2), -1, -2))"
+    " * (1 / math.sqrt(32))) @ nn.split_heads(ops.slice_last_range(x, 128, 192), 2))",
+    lambda x: _t_sdpa(*[_t_split(z, 2) for z in x.split(64, -1)], 1 / math.sqrt(32),
+                      _t_causal(70, 70)).permute(0, 2, 1, 3).reshape(2, 70, 64),
+    f32(2, 70, 192), atol=2e-4)
+rec("attention/div_scale_D128",
+    "lambda q, k, v: ops.softmax_causal_last(q @ ops.swap_axes(k, -1, -2) / math.sqrt(128)) @ v",
+    lambda q, k, v: _t_sdpa(q, k, v, 1 / math.sqrt(128), _t_causal(5, 5)),
+    f32(1, 1, 5, 128), f32(1, 1, 5, 128), f32(1, 1, 5, 128), atol=2e-4)
+rec("attention/additive_mask_T33_D64",
+    "lambda q, k, v: ops.softmax_last(q @ ops.swap_axes(k, -1, -2) * 0.125"
+    " + (1.0 - ops.causal_mask(33, 33)) * -1e9) @ v",
+    lambda q, k, v: _t_sdpa(q, k, v, 0.125, _t_causal(33, 33)),
+    f32(1, 2, 33, 64), f32(1, 2, 33, 64), f32(1, 2, 33, 64), atol=2e-4)
+rec("attention/cache_block_T3_S9",
+    "lambda q, k, v: ops.softmax_last(ops.where(ops.causal_mask(3, 9),"
+    " q @ ops.swap_axes(k, -1, -2) * 0.25, -1e30)) @ v",
+    lambda q, k, v: _t_sdpa(q, k, v, 0.25, _t_causal(3, 9)),
+    f32(1, 2, 3, 16), f32(1, 2, 9, 16), f32(1, 2, 9, 16), **MM)
+rec("attention/decode_T1_S9",
+    "lambda q, k, v: ops.softmax_causal_last(q @ ops.swap_axes(k, -1, -2) * 0.2) @ v",
+    lambda q, k, v: _t_sdpa(q, k, v, 0.2, _t_causal(1, 9)),
+    f32(2, 2, 1, 32), f32(2, 2, 9, 32), f32(2, 2, 9, 32), **MM)
+rec("attention/cross_shared_kv_Dv12",  # no mask, k and v shared by the 3 heads, Dv != D
+    "lambda q, k, v: ops.softmax_last(q @ ops.swap_axes(k, -1, -2) * 0.3) @ v",
+    lambda q, k, v: _t_sdpa(q, k, v, 0.3),
+    f32(2, 3, 6, 8), f32(2, 1, 11, 8), f32(2, 1, 11, 12), **MM)
+rec("attention/table_mask_inf",
+    "lambda q, k, v: ops.softmax_last(ops.where(ops.constant([[1.0 if j <= i else 0.0"
+    " for j in range(7)] for i in range(7)]), q @ ops.swap_axes(k, -1, -2), float('-inf'))) @ v",
+    lambda q, k, v: _t_sdpa(q, k, v, 1.0, _t_causal(7, 7)),
+    f32(1, 1, 7, 8), f32(1, 1, 7, 8), f32(1, 1, 7, 8), **MM)
 
 BY_NAME: dict[str, Record] = {r.name: r for r in RECORDS}
 assert len(BY_NAME) == len(RECORDS), "oracle record names must be unique"

@@ -351,6 +351,15 @@ def gather_rows(table, idx):
 def scatter_add_rows(values, idx, n: int): return bind("scatter_add_rows", values, idx, n=int(n))
 
 
+def write_rows(base, values, start):
+    """base with rows start..start+T-1 replaced by values [T, ...]; start is an i32 Tensor (a
+    feed: one program serves every position) or an int; rows past either end are dropped.
+    Assigned back to a state buffer it is written in place (see webgrad/stateful.py)."""
+    if not isinstance(start, Tensor):
+        start = constant(int(start), dtype="i32")
+    return bind("write_rows", base, values, start)
+
+
 def take_along_last(x, idx):
     """out[..., k] = x[..., idx[..., k]] for i32 idx; as a one-hot contraction so that its
     gradient needs no scatter."""

@@ -540,6 +540,52 @@ defprim("scatter_add_rows", "index", shape=_scatter_shape, ref=_scatter_ref,
         grad=lambda g, i, o, a: [_O().gather_rows(g, i[1]), None],
         doc="the adjoint of gather_rows: rows summed into a zero table")
 
+def _write_rows_shape(ins, attrs):
+    base, vals, start = ins
+    if not base.shape:
+        raise ShapeError("the target needs at least one axis (its rows)")
+    if vals.shape[1:] != base.shape[1:] or len(vals.shape) != len(base.shape):
+        raise ShapeError(f"values {list(vals.shape)} must be rows of the target {list(base.shape)} "
+                         f"(shape [T, {', '.join(map(str, base.shape[1:]))}])")
+    if vals.dtype != base.dtype:
+        raise ShapeError(f"values are {vals.dtype}, the target {base.dtype}")
+    if start.dtype != "i32" or start.size != 1:
+        raise ShapeError(f"start must be one i32 (shape [] or [1]), got {start.type_str}")
+    return base.shape, base.dtype
+
+
+def _write_rows_ref(np, a, base, vals, start):
+    out = base.copy()
+    s, n = int(start.reshape(-1)[0]), base.shape[0]
+    lo, hi = max(s, 0), min(s + vals.shape[0], n)  # rows that land outside the target are dropped
+    if lo < hi:
+        out[lo:hi] = vals[lo - s:hi - s]
+    return out
+
+
+def _write_rows_grad(g, i, o, a):
+    # out[r] = values[r - s] where 0 <= r - s < T, else base[r]:
+    #   d base = g off the written rows,  d values[t] = g[s + t] (0 where s + t is outside)
+    O = _O()
+    base, vals, start = i
+    n, t = base.shape[0], vals.shape[0]
+    s = O.reshape(start, (1,))
+    rows = O.arange(n) - s
+    written = O.cast(O.greater_equal(rows, 0), "f32") * O.less(rows, t)
+    keep = O.reshape(1.0 - written, (n,) + (1,) * (len(base.shape) - 1))
+    dst = O.arange(t) + s
+    inside = O.greater_equal(dst, 0) * O.less(dst, n)
+    rows_of_g = O.gather_rows(g, O.minimum(O.maximum(dst, 0), n - 1))
+    return [g * keep, rows_of_g * O.reshape(inside, (t,) + (1,) * (len(base.shape) - 1)), None]
+
+
+defprim("write_rows", "index", shape=_write_rows_shape, ref=_write_rows_ref, grad=_write_rows_grad,
+        doc="rows start..start+T-1 of a target replaced by values (start a run-time i32; rows "
+            "outside the target dropped). A primitive, not where(mask, gather(values), base), "
+            "because assigned back to its own state (stateful.py) the WebGPU kernel writes only "
+            "the T rows in place: a KV cache step touches T rows, not the whole cache")
+
+
 # ---------------------------------------------------------------- random
 
 _M32 = 0xFFFFFFFF

@@ -42,7 +42,8 @@ def user_location() -> str | None:
     f = sys._getframe(1)
     while f is not None:
         fn = f.f_code.co_filename
-        if not os.path.abspath(fn).startswith(_PKG_DIR) and not fn.startswith("<frozen"):
+        generated = fn == "<string>" and f.f_code.co_name == "__init__"  # a dataclass's __init__
+        if not os.path.abspath(fn).startswith(_PKG_DIR) and not fn.startswith("<frozen") and not generated:
             return f"{os.path.basename(fn)}:{f.f_lineno} in {f.f_code.co_name}"
         f = f.f_back
     return None

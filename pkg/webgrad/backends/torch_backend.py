@@ -124,6 +124,15 @@ def _scatter_add_rows(a, g, i):
     return out.index_add_(0, flat[ok].long(), g.reshape((-1,) + rest)[ok])
 
 
+def _write_rows(a, base, vals, start):
+    out = base.clone()
+    s, n = int(start.reshape(-1)[0]), base.shape[0]
+    lo, hi = max(s, 0), min(s + vals.shape[0], n)  # rows outside the target are dropped
+    if lo < hi:
+        out[lo:hi] = vals[lo - s:hi - s]
+    return out
+
+
 # ---------------------------------------------------------------- random
 
 
@@ -223,6 +232,7 @@ def _impls(device) -> dict:
         "one_hot": _one_hot,
         "gather_rows": _gather_rows,
         "scatter_add_rows": _scatter_add_rows,
+        "write_rows": _write_rows,
         "rand_uniform": _rand_uniform,
         "unfold2d": _unfold2d,
         "fold2d": _fold2d,

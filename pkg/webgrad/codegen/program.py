@@ -16,6 +16,8 @@ import array
 from dataclasses import dataclass, field
 
 from ..buffers import END, Live, align, plan_pool
+from .attention import ATTN_OPS, build_attention
+from .attention_match import rewrite_attention
 from .conv import build_fold
 from .elementwise import build_elementwise
 from .empty import strip_empty
@@ -25,6 +27,7 @@ from .index import build_scatter, scatter_scratch
 from .layout import build_concat_pieces, strided_view
 from .matmul import build_matmul
 from .reduce import REDUCE_OPS, ROW_OPS, build_reduce, scratch_specs
+from .rows import build_write_rows
 from .wgsl import Kernel, LimitError, Limits
 
 
@@ -295,17 +298,23 @@ def _build_group(ctx: GroupCtx) -> list[dict]:
         return build_matmul(ctx)
     if m.op in REDUCE_OPS or m.op in ROW_OPS:
         return build_reduce(ctx)
+    if m.op in ATTN_OPS:
+        return build_attention(ctx)
     if m.op == "scatter_add_rows":
         return build_scatter(ctx)
     if m.op == "fold2d":
         return build_fold(ctx)
+    if m.op == "write_rows":
+        return build_write_rows(ctx)
     raise AssertionError(m.op)
 
 
 def lower(graph, limits: Limits | None = None, persist_key=lambda name: name):
     """Compile a Graph into (Lowered, kernel names)."""
+    limits = limits or Limits()
     graph, empty = strip_empty(graph)  # zero-size tensors: nothing to compute or bind
-    low = _Lowering(graph, limits or Limits(), persist_key)
+    graph = rewrite_attention(graph, limits)  # fused attention kernels (attention_match.py)
+    low = _Lowering(graph, limits, persist_key)
     lowered, names = low.build()
     lowered.empty_outputs = empty
     return lowered, names
