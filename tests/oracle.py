@@ -670,8 +670,9 @@ rec("matmul_batched", "lambda a, b: ops.matmul_batched(a, b)", lambda a, b: torc
 # -- indices
 rec("one_hot", "lambda x, i: x * ops.one_hot(i, 4)", lambda x, i: x * F.one_hot(i, 4).double(),
     f32(2, 3, 4), i32((2, 3), 0, 4))
-rec("one_hot/out_of_range", "lambda x, i: x * ops.one_hot(i, 3)",  # index 3: an all-zero row
-    lambda x, i: x * (i[..., None] == torch.arange(3)).double(), f32(5, 3), i32((5,), 0, 4))
+rec("one_hot/out_of_range", "lambda x, i: x * ops.one_hot(i - 2, 3)",  # computed -2..3:
+    lambda x, i: x * ((i - 2)[..., None] == torch.arange(3)).double(),   # zero rows outside
+    f32(12, 3), i32((12,), 0, 6))
 rec("arange/i32", "lambda x: x * ops.cast(ops.arange(5), 'f32')",
     lambda x: x * torch.arange(5, dtype=torch.float64), f32(3, 5))
 rec("arange/f32", "lambda x: x + ops.arange(4, dtype='f32')",
