@@ -536,7 +536,8 @@ for op, tfn in [("less", lambda a, b: (a < b).double()), ("greater", lambda a, b
 rec("less/operator", "lambda a: a < 0.5", lambda a: (a < 0.5).double(), f32(5, kind="grid"))
 rec("not_equal/ties", "lambda a, b: ops.not_equal(a, b)", lambda a, b: (a != b).double(),
     f32(4, 5, kind="coarse"), f32(4, 5, kind="coarse"))
-rec("less_equal/operator", "lambda a: a <= 0.5", lambda a: (a <= 0.5).double(), f32(5, kind="grid"))
+rec("less_equal/operator", "lambda a: a <= 1.0", lambda a: (a <= 1.0).double(),  # holds a 1.0
+    f32(5, kind="grid"))
 rec("greater_equal/operator", "lambda a, b: a >= b", lambda a, b: (a >= b).double(),
     f32(3, 4, kind="coarse"), f32(4, kind="coarse"))
 rec("equal/operator", "lambda a: a == 0.0", lambda a: (a == 0.0).double(), f32(6, kind="grid"))
