@@ -14,6 +14,8 @@ compile_module(factory, loss_fn, ...):
   7. init                 parameters get their initial values from one counter-based generator
                           (init.py): numpy on the CPU executors, a device program on webgpu
                           (codegen/initparams.py), the same bits everywhere
+  8. bounds.index_checks  which feeds are indices and their ranges: every step checks them
+                          on the host before anything runs (compiled.Program)
 The result is a CompiledModule (compiled.py), the runtime API users call; its profile(feed)
 times every kernel of a step (profile.py: ops covered, bytes, FLOPs, GPU time).
 Programs with several outputs and persistent state written in place (a KV cache) are traced

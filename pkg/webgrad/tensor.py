@@ -101,11 +101,8 @@ class Tensor:
     def __neg__(self): return _ops().neg(self)
     def __abs__(self): return _ops().abs(self)
 
-    def __pow__(self, p):
-        if not isinstance(p, (int, float)):
-            raise TypeError("Tensor ** only takes a Python number exponent; for a tensor "
-                            "exponent write ops.exp(b * ops.log(a))")
-        return _ops().pow(self, p)
+    def __pow__(self, p): return _ops().pow(self, p)
+    def __rpow__(self, b): return _ops().pow(b, self)
 
     # Comparisons are elementwise and return f32 0/1 masks, as torch's (bool) tensors do.
     # `==` too: a silent identity test (`t == 0.0` -> False) hides bugs. Tensors stay

@@ -13,7 +13,7 @@ constant data to upload once. Buffers:
 from __future__ import annotations
 
 import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import prod
 
 from ..buffers import END, Live, align, plan_pool
@@ -24,6 +24,7 @@ from .rowfuse import ROW_KERNEL_OPS, build_row_kernel
 from .rowfuse_match import rewrite_rows
 from .conv import build_fold
 from .elementwise import build_elementwise
+from .empty import strip_empty
 from .emit import Emitter, Idx, Storage
 from .fusion import Fusion
 from .index import build_scatter, scatter_scratch
@@ -53,6 +54,7 @@ class Lowered:
     report: dict
     writers: dict          # persistent name -> index of the dispatch that writes it, or "copy"
     kernels: list = None   # per command: name, ops, nodes, workgroups, bytes, flops (profile.py)
+    empty_outputs: dict = field(default_factory=dict)  # name -> (shape, dtype): zero-size
 
 
 class GroupCtx:
@@ -365,10 +367,13 @@ def _build_group(ctx: GroupCtx) -> list[dict]:
 def lower(graph, limits: Limits | None = None, persist_key=lambda name: name):
     """Compile a Graph into (Lowered, kernel names)."""
     limits = limits or Limits()
+    graph, empty = strip_empty(graph)  # zero-size tensors: nothing to compute or bind
     graph = rewrite_attention(graph, limits)  # fused attention kernels (attention_match.py)
     graph = rewrite_rows(graph)  # cross entropy, layer-norm backward (rowfuse_match.py)
     low = _Lowering(graph, limits, persist_key)
-    return low.build()
+    lowered, names = low.build()
+    lowered.empty_outputs = empty
+    return lowered, names
 
 
 __all__ = ["lower", "Lowered", "describe"]
