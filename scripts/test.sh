@@ -4,12 +4,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install.sh
+PY="$(./scripts/python.sh)"
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
-python3 serve.py --provision-only
+"$PY" serve.py --provision-only
 set +e
-python3 -m pytest -q "$@"
+"$PY" -m pytest -q "$@"
 rc=$?
 set -e
-# pytest exits 5 when it collected nothing (e.g. a filter matched no test): not a failure here
-if [ "$rc" = 5 ]; then echo "pytest collected no tests"; exit 0; fi
+# pytest exits 5 when it collected nothing (a filter that matched no test, a broken
+# collection): a run that tested nothing must not pass
+if [ "$rc" = 5 ]; then echo "scripts/test.sh: pytest collected no tests; failing" >&2; fi
 exit "$rc"

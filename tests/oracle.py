@@ -56,7 +56,7 @@ class Arg:
     """One argument: its shape and how its values are drawn.
     kinds: normal N(0,1) | unit U(-1,1) | positive U(0.5,2) | away +-U(0.5,2) |
            grid multiples of 0.5 in [-2,2] (exact zeros) | coarse -1/0/1 (many ties) |
-           zeros | i32 in [lo, hi)."""
+           zeros | special (NaN, +-inf, +-0, +-1 and ordinary values, cycled) | i32 in [lo, hi)."""
     shape: tuple[int, ...]
     kind: str = "normal"
     lo: int = 0
@@ -77,6 +77,8 @@ class Record:
     atol: float = DEFAULT_ATOL
     torch_takes_out: bool = False     # torch_fn(out, *args): reuses webgrad's random draw
     stat_check: Callable | None = None  # fn(record, got, inputs) for random ops
+    check_grads: bool = True          # False: values only (NaN/inf inputs, where gradients
+                                      # are not specified)
 
     @property
     def arg_names(self) -> list[str]:
@@ -106,6 +108,10 @@ def make_inputs(record: Record) -> list[list]:
         n = math.prod(a.shape)
         if a.kind == "i32":
             out.append([rng.randrange(a.lo, a.hi) for _ in range(n)])
+            continue
+        if a.kind == "special":
+            vals = [math.nan, math.inf, -math.inf, 0.0, -0.0, 1.0, -1.0, 0.5, -2.0, 3.0]
+            out.append(_round_f32(vals[k % len(vals)] for k in range(n)))
             continue
         draw = {
             "normal": lambda: rng.gauss(0.0, 1.0),
@@ -273,12 +279,17 @@ def _close(what, got, want, rtol, atol, ctx, shape=None):
     for k, (g, w) in enumerate(zip(got, want)):
         err = abs(g - w)
         excess = err - (atol + rtol * abs(w))
-        if not excess <= 0 or math.isnan(g) != math.isnan(w):  # NaN counts as a failure
+        if math.isnan(g) and math.isnan(w):  # both NaN: they agree (records of special values)
+            continue
+        if g == w:  # equal infinities
+            continue
+        if not excess <= 0 or math.isnan(g) != math.isnan(w):  # one NaN counts as a failure
             if at < 0 or excess > worst or math.isnan(excess):
                 worst, at = excess, k
     if at >= 0:
         g, w = got[at], want[at]
-        nbad = sum(1 for x, y in zip(got, want) if not abs(x - y) <= atol + rtol * abs(y))
+        nbad = sum(1 for x, y in zip(got, want) if not (abs(x - y) <= atol + rtol * abs(y) or x == y
+                                                        or (math.isnan(x) and math.isnan(y))))
         raise AssertionError(
             f"{ctx}: {what}{' ' + str(list(shape)) if shape is not None else ''} differs from "
             f"torch (float64) at {nbad} of {len(got)} values; worst at flat index {at}: got {g!r}, "
@@ -314,7 +325,7 @@ def check_result(record: Record, got: dict, backend: str = "?") -> None:
         raise AssertionError(f"{ctx}: gradients for {sorted(got['grads'])}, expected "
                              f"{sorted(want['grads'])}")
     shapes = {n: a.shape for n, a in zip(record.arg_names, record.args)}
-    for name in want["grads"]:
+    for name in want["grads"] if record.check_grads else ():
         _close(f"gradient of argument {name!r}", got["grads"][name], want["grads"][name],
                rtol, atol, ctx, shapes[name])
     if record.stat_check is not None:
@@ -416,6 +427,19 @@ def _t_attention(q, k, v, heads):
     return (torch.softmax(s, -1) @ split(v)).permute(0, 2, 1, 3).reshape(B, T, D)
 
 
+def _t_sdpa(q, k, v, scale, keep=None):
+    """softmax(scale q k^T, masked to `keep` [T, S]) v, written with torch's own ops."""
+    s = q @ k.transpose(-1, -2) * scale
+    if keep is not None:
+        s = s.masked_fill(~keep, float("-inf"))
+    return torch.softmax(s, -1) @ v
+
+
+def _t_split(x, heads):
+    B, T, D = x.shape
+    return x.reshape(B, T, heads, D // heads).permute(0, 2, 1, 3)
+
+
 # ---------------------------------------------------------------- the table
 
 MM = dict(atol=1e-4)    # matmul / conv: float32 dot products of a few terms vs float64
@@ -485,6 +509,40 @@ for op, tfn in [("less", lambda a, b: (a < b).double()), ("greater", lambda a, b
         f32(4, 5, kind="coarse"), f32(4, 5, kind="coarse"))
     rec(f"{op}/bcast", f"lambda a, b: ops.{op}(a, b)", tfn, f32(3, 1, kind="grid"), f32(4, kind="grid"))
 rec("less/operator", "lambda a: a < 0.5", lambda a: (a < 0.5).double(), f32(5, kind="grid"))
+rec("not_equal/ties", "lambda a, b: ops.not_equal(a, b)", lambda a, b: (a != b).double(),
+    f32(4, 5, kind="coarse"), f32(4, 5, kind="coarse"))
+rec("less_equal/operator", "lambda a: a <= 0.5", lambda a: (a <= 0.5).double(), f32(5, kind="grid"))
+rec("greater_equal/operator", "lambda a, b: a >= b", lambda a, b: (a >= b).double(),
+    f32(3, 4, kind="coarse"), f32(4, kind="coarse"))
+rec("equal/operator", "lambda a: a == 0.0", lambda a: (a == 0.0).double(), f32(6, kind="grid"))
+rec("not_equal/operator", "lambda a, b: a != b", lambda a, b: (a != b).double(),
+    f32(3, 4, kind="coarse"), f32(3, 4, kind="coarse"))
+rec("abs/operator", "lambda a: abs(a) * 2.0", lambda a: abs(a) * 2.0, f32(5, kind="grid"))
+# NaN, infinities and signed zeros: every executor follows torch (NaN propagates through
+# relu, tanh, maximum, minimum, max; comparisons with NaN are false except !=; sign(NaN) = 0)
+for op, src, tfn in [
+    ("relu", "ops.relu(x)", lambda x: torch.relu(x)),
+    ("tanh", "ops.tanh(x)", lambda x: torch.tanh(x)),
+    ("sigmoid", "ops.sigmoid(x)", lambda x: torch.sigmoid(x)),
+    ("sign", "ops.sign(x)", lambda x: torch.sign(x)),
+    ("abs", "ops.abs(x)", lambda x: torch.abs(x)),
+    ("exp", "ops.exp(x)", lambda x: torch.exp(x)),
+    ("maximum", "ops.maximum(x, x * -1.0)",
+     lambda x: torch.maximum(x, x * -1.0)),
+    ("minimum", "ops.minimum(x, x * -1.0)", lambda x: torch.minimum(x, x * -1.0)),
+    ("maximum_inf", "ops.maximum(x, float('inf'))", lambda x: torch.maximum(x, torch.tensor(math.inf, dtype=x.dtype))),
+    ("less_equal", "ops.less_equal(x, 0.5)", lambda x: (x <= 0.5).double()),
+    ("greater_equal", "ops.greater_equal(x, 0.5)", lambda x: (x >= 0.5).double()),
+    ("equal", "ops.equal(x, x)", lambda x: (x == x).double()),
+    ("not_equal", "ops.not_equal(x, x)", lambda x: (x != x).double()),
+    ("where", "ops.where(ops.greater(x, 0.0), x, 0.0)", lambda x: torch.where(x > 0, x, 0.0)),
+]:
+    rec(f"{op}/special", f"lambda x: {src}", tfn, f32(10, kind="special"), check_grads=False)
+rec("max_last/special", "lambda x: ops.max_last(x)", lambda x: x.amax(-1), f32(3, 4, kind="special"),
+    check_grads=False)
+rec("argmax_last/special", "lambda x: ops.argmax_last(x)", lambda x: torch.argmax(x, -1),
+    f32(5, 4, kind="special"), check_grads=False)
+
 rec("greater/operator", "lambda a: a > 0.5", lambda a: (a > 0.5).double(), f32(5, kind="grid"))
 rec("where/mask", "lambda c, x, y: ops.where(c, x, y)",  # nonzero (also negative) = true
     lambda c, x, y: torch.where(c != 0, x, y), f32(3, 4, kind="grid"), f32(3, 4), f32(3, 4))
@@ -516,6 +574,8 @@ rec("mean_last/keepdims", "lambda x: ops.mean_last(x, keepdims=True)",
     lambda x: x.mean(-1, keepdim=True), f32(3, 5), **RED)
 rec("mean_all/2d", "lambda x: ops.mean_all(x)", lambda x: x.mean(), f32(3, 4), **RED)
 rec("max_last/2d", "lambda x: ops.max_last(x)", lambda x: x.amax(-1), f32(3, 5))
+rec("max_last/ties", "lambda x: ops.max_last(x)", lambda x: x.amax(-1),  # shared gradient
+    f32(4, 6, kind="coarse"))
 rec("max_last/keepdims", "lambda x: ops.max_last(x, keepdims=True)",
     lambda x: x.amax(-1, keepdim=True), f32(2, 3, 4))
 rec("argmax_last", "lambda x: ops.argmax_last(x)", lambda x: torch.argmax(x, -1), f32(4, 6))
@@ -570,6 +630,36 @@ rec("gather_rows/repeats", "lambda w, i: ops.gather_rows(w, i)", lambda w, i: w[
     f32(3, 2), i32((5,), 0, 3))
 rec("scatter_add_rows", "lambda v, i: ops.scatter_add_rows(v, i, 5)",
     lambda v, i: torch.zeros(5, 3, dtype=torch.float64).index_add(0, i, v), f32(4, 3), i32((4,), 0, 3))
+# computed indices outside [0, n): gather_rows reads zeros, scatter_add_rows drops them,
+# negative ones never wrap (fed indices are refused before the step: webgrad/bounds.py)
+rec("gather_rows/computed_out_of_range", "lambda w, i: ops.gather_rows(w, i - 2)",
+    lambda w, i: torch.where(((i - 2 >= 0) & (i - 2 < 4))[:, None], w[(i - 2).clamp(0, 3)], 0.0),
+    f32(4, 3), i32((8,), 0, 8))
+rec("scatter_add_rows/computed_out_of_range", "lambda v, i: ops.scatter_add_rows(v, i - 2, 4)",
+    lambda v, i: torch.zeros(4, 2, dtype=torch.float64).index_add(
+        0, (i - 2)[(i >= 2) & (i < 6)], v[(i >= 2) & (i < 6)]), f32(9, 2), i32((9,), 0, 8))
+rec("scatter_add_rows/many_rows", "lambda v, i: ops.scatter_add_rows(v, i, 300)",
+    lambda v, i: torch.zeros(300, 3, dtype=torch.float64).index_add(0, i, v), f32(40, 3),
+    i32((40,), 0, 300))
+rec("scatter_add_rows/repeats", "lambda v, i: ops.scatter_add_rows(v, i, 3)",
+    lambda v, i: torch.zeros(3, 2, 2, dtype=torch.float64).index_add(0, i.reshape(-1), v.reshape(-1, 2, 2)),
+    f32(4, 5, 2, 2), i32((4, 5), 0, 2))
+
+
+def _t_write_rows(b, v, s):
+    out, s, n = b.clone(), int(torch.as_tensor(s).reshape(-1)[0]), b.shape[0]
+    lo, hi = max(s, 0), min(s + v.shape[0], n)
+    if lo < hi:
+        out[lo:hi] = v[lo - s:hi - s]
+    return out
+
+
+rec("write_rows/fed_start", "lambda b, v, s: ops.write_rows(b, v, s)", _t_write_rows,
+    f32(5, 3), f32(2, 3), i32((1,), 0, 4))
+rec("write_rows/past_the_end", "lambda b, v: ops.write_rows(b, v, 4)",
+    lambda b, v: _t_write_rows(b, v, 4), f32(5, 2, 3), f32(3, 2, 3))
+rec("write_rows/before_the_start", "lambda b, v: ops.write_rows(b, v, -1)",
+    lambda b, v: _t_write_rows(b, v, -1), f32(4, 3), f32(2, 3))
 rec("take_along_last", "lambda x, i: ops.take_along_last(x, i)",
     lambda x, i: torch.gather(x, -1, i), f32(3, 5), i32((3, 2), 0, 5))
 
@@ -630,6 +720,36 @@ rec("max_pool2d/pad", "lambda x: ops.max_pool2d(x, 3, stride=1, padding=1)",
     lambda x: F.max_pool2d(x, 3, stride=1, padding=1), f32(1, 1, 5, 5))
 rec("max_pool2d/rect", "lambda x: ops.max_pool2d(x, (2, 3), stride=(2, 1))",
     lambda x: F.max_pool2d(x, (2, 3), stride=(2, 1)), f32(2, 1, 4, 5))
+rec("max_pool2d/ties", "lambda x: ops.max_pool2d(x, 2)",  # torch routes to the first maximum
+    lambda x: F.max_pool2d(x, 2), f32(1, 2, 4, 6, kind="coarse"))
+rec("max_pool2d/dilation", "lambda x: ops.max_pool2d(x, 2, stride=1, padding=1, dilation=2)",
+    lambda x: F.max_pool2d(x, 2, stride=1, padding=1, dilation=2), f32(1, 2, 5, 6))
+rec("max_pool2d/ceil_mode", "lambda x: ops.max_pool2d(x, 3, stride=2, padding=1, ceil_mode=True)",
+    lambda x: F.max_pool2d(x, 3, stride=2, padding=1, ceil_mode=True), f32(2, 1, 6, 7))
+rec("max_pool2d/ceil_mode_nopad", "lambda x: ops.max_pool2d(x, 2, ceil_mode=True)",
+    lambda x: F.max_pool2d(x, 2, ceil_mode=True), f32(1, 2, 5, 5))
+rec("max_pool2d/return_indices", "lambda x: ops.max_pool2d(x, (2, 3), stride=(2, 1), padding=1, "
+    "dilation=(1, 2), ceil_mode=True, return_indices=True)[1]",
+    lambda x: F.max_pool2d(x, (2, 3), stride=(2, 1), padding=1, dilation=(1, 2), ceil_mode=True,
+                           return_indices=True)[1], f32(2, 2, 5, 7))
+rec("max_pool2d/return_indices_values", "lambda x: ops.max_pool2d(x, 2, return_indices=True)[0]",
+    lambda x: F.max_pool2d(x, 2, return_indices=True)[0], f32(1, 1, 4, 4, kind="coarse"))
+rec("conv2d/dilation", "lambda x, w, b: ops.conv2d(x, w, b, padding=2, dilation=2)",
+    lambda x, w, b: F.conv2d(x, w, b, padding=2, dilation=2), f32(1, 2, 6, 5), f32(3, 2, 3, 3),
+    f32(3), **MM)
+rec("conv2d/dilation_rect", "lambda x, w: ops.conv2d(x, w, stride=(2, 1), dilation=(1, 3))",
+    lambda x, w: F.conv2d(x, w, stride=(2, 1), dilation=(1, 3)), f32(2, 1, 5, 8), f32(2, 1, 2, 2),
+    **MM)
+rec("nn.Conv2d/dilation", "lambda x, w: with_params(nn.Conv2d(2, 2, 3, padding=2, dilation=2, "
+    "bias=False), weight=w)(x)", lambda x, w: F.conv2d(x, w, padding=2, dilation=2),
+    f32(1, 2, 5, 5), f32(2, 2, 3, 3), **MM)
+rec("unfold2d/dilation_ceil", "lambda x: ops.unfold2d(x, kernel=2, stride=2, dilation=2, "
+    "ceil=True, pad_value=-1.0)",
+    lambda x: F.unfold(F.pad(x, (0, 1, 0, 1), value=-1.0), 2, dilation=2, stride=2)
+    .reshape(1, 1, 4, 9), f32(1, 1, 6, 6))
+rec("fold2d/dilation", "lambda g: ops.fold2d(g, size=(4, 4), kernel=2, stride=1, padding=1, "
+    "dilation=2)", lambda g: F.fold(g.reshape(1, 4, 16), (4, 4), 2, dilation=2, padding=1),
+    f32(1, 1, 4, 16))
 rec("unfold2d", "lambda x: ops.unfold2d(x, kernel=2, padding=1)",
     lambda x: F.unfold(x, 2, padding=1).reshape(1, 2, 4, 16), f32(1, 2, 3, 3))
 rec("unfold2d/pad_value", "lambda x: ops.unfold2d(x, kernel=3, stride=2, padding=1, pad_value=-1.0)",
@@ -658,11 +778,54 @@ rec("nn.merge_heads", "lambda x: nn.merge_heads(x)",
     lambda x: x.permute(0, 2, 1, 3).reshape(2, 3, 8), f32(2, 2, 3, 4))
 rec("nn.cross_entropy_last", "lambda l, t: nn.cross_entropy_last(l, t)",
     lambda l, t: F.cross_entropy(l.reshape(-1, 5), t.reshape(-1)), f32(2, 3, 5), i32((2, 3), 0, 5))
+rec("nn.cross_entropy_last/NCd", "lambda l, t: nn.cross_entropy_last(ops.swap_axes(l, 1, 2), t)",
+    lambda l, t: F.cross_entropy(l, t), f32(2, 3, 1), i32((2, 1), 0, 3))
+rec("nn.cross_entropy_last/NCd4", "lambda l, t: nn.cross_entropy_last(ops.swap_axes(l, 1, 2), t)",
+    lambda l, t: F.cross_entropy(l, t), f32(2, 5, 4), i32((2, 4), 0, 5))
+rec("log_softmax_last/transposed", "lambda x: ops.log_softmax_last(ops.transpose(x, (0, 2, 1)))",
+    lambda x: torch.log_softmax(x.permute(0, 2, 1), -1), f32(2, 3, 1))
 rec("nn.mse", "lambda p, t: nn.mse(p, t)", lambda p, t: F.mse_loss(p, t), f32(3, 4), f32(3, 4))
 rec("attention", "lambda q, k, v: nn.merge_heads(ops.softmax_causal_last("
     "nn.split_heads(q, 2) @ ops.swap_axes(nn.split_heads(k, 2), -1, -2) * (1 / math.sqrt(4)))"
     " @ nn.split_heads(v, 2))", lambda q, k, v: _t_attention(q, k, v, 2),
     f32(1, 4, 8), f32(1, 4, 8), f32(1, 4, 8), **MM)
+# fused on WebGPU (codegen/attention_match.py): the usual spellings of scale and mask, odd
+# lengths, head dims 32 / 64 / 128, a query block at the end of a cache, one query
+rec("attention/qkv_slices_T70_D32",
+    "lambda x: nn.merge_heads(ops.softmax_last(ops.where_causal("
+    "nn.split_heads(ops.slice_last_range(x, 0, 64), 2)"
+    " @ ops.swap_axes(nn.split_heads(ops.slice_last_range(x, 64, 128), 2), -1, -2))"
+    " * (1 / math.sqrt(32))) @ nn.split_heads(ops.slice_last_range(x, 128, 192), 2))",
+    lambda x: _t_sdpa(*[_t_split(z, 2) for z in x.split(64, -1)], 1 / math.sqrt(32),
+                      _t_causal(70, 70)).permute(0, 2, 1, 3).reshape(2, 70, 64),
+    f32(2, 70, 192), atol=2e-4)
+rec("attention/div_scale_D128",
+    "lambda q, k, v: ops.softmax_causal_last(q @ ops.swap_axes(k, -1, -2) / math.sqrt(128)) @ v",
+    lambda q, k, v: _t_sdpa(q, k, v, 1 / math.sqrt(128), _t_causal(5, 5)),
+    f32(1, 1, 5, 128), f32(1, 1, 5, 128), f32(1, 1, 5, 128), atol=2e-4)
+rec("attention/additive_mask_T33_D64",
+    "lambda q, k, v: ops.softmax_last(q @ ops.swap_axes(k, -1, -2) * 0.125"
+    " + (1.0 - ops.causal_mask(33, 33)) * -1e9) @ v",
+    lambda q, k, v: _t_sdpa(q, k, v, 0.125, _t_causal(33, 33)),
+    f32(1, 2, 33, 64), f32(1, 2, 33, 64), f32(1, 2, 33, 64), atol=2e-4)
+rec("attention/cache_block_T3_S9",
+    "lambda q, k, v: ops.softmax_last(ops.where(ops.causal_mask(3, 9),"
+    " q @ ops.swap_axes(k, -1, -2) * 0.25, -1e30)) @ v",
+    lambda q, k, v: _t_sdpa(q, k, v, 0.25, _t_causal(3, 9)),
+    f32(1, 2, 3, 16), f32(1, 2, 9, 16), f32(1, 2, 9, 16), **MM)
+rec("attention/decode_T1_S9",
+    "lambda q, k, v: ops.softmax_causal_last(q @ ops.swap_axes(k, -1, -2) * 0.2) @ v",
+    lambda q, k, v: _t_sdpa(q, k, v, 0.2, _t_causal(1, 9)),
+    f32(2, 2, 1, 32), f32(2, 2, 9, 32), f32(2, 2, 9, 32), **MM)
+rec("attention/cross_shared_kv_Dv12",  # no mask, k and v shared by the 3 heads, Dv != D
+    "lambda q, k, v: ops.softmax_last(q @ ops.swap_axes(k, -1, -2) * 0.3) @ v",
+    lambda q, k, v: _t_sdpa(q, k, v, 0.3),
+    f32(2, 3, 6, 8), f32(2, 1, 11, 8), f32(2, 1, 11, 12), **MM)
+rec("attention/table_mask_inf",
+    "lambda q, k, v: ops.softmax_last(ops.where(ops.constant([[1.0 if j <= i else 0.0"
+    " for j in range(7)] for i in range(7)]), q @ ops.swap_axes(k, -1, -2), float('-inf'))) @ v",
+    lambda q, k, v: _t_sdpa(q, k, v, 1.0, _t_causal(7, 7)),
+    f32(1, 1, 7, 8), f32(1, 1, 7, 8), f32(1, 1, 7, 8), **MM)
 
 BY_NAME: dict[str, Record] = {r.name: r for r in RECORDS}
 assert len(BY_NAME) == len(RECORDS), "oracle record names must be unique"

@@ -15,7 +15,6 @@ from __future__ import annotations
 import array
 import asyncio
 import concurrent.futures
-import importlib.util
 import json
 import os
 import re
@@ -29,9 +28,7 @@ import pytest
 import webgrad as wg
 from webgrad import FeedError, HostArray, Module, capture, init, ops, optim
 
-_HAS_TORCH_BACKEND = importlib.util.find_spec("webgrad.backends.torch_backend") is not None
-BACKENDS = ["reference", pytest.param("torch", marks=pytest.mark.skipif(
-    not _HAS_TORCH_BACKEND, reason="webgrad.backends.torch_backend is not written yet"))]
+BACKENDS = ["reference", "torch"]
 
 B, D_IN, D, D_OUT = 5, 3, 4, 2
 PKG = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "pkg")

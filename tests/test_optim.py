@@ -13,7 +13,6 @@ schedulers. The last test is a user optimizer written against optim.py's extensi
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import numpy as np
@@ -23,10 +22,7 @@ import torch
 import webgrad as wg
 from webgrad import Module, init, lr, ops, optim
 
-# The torch executor is a separate module; until it lands, its cases skip and say why.
-_HAS_TORCH_BACKEND = importlib.util.find_spec("webgrad.backends.torch_backend") is not None
-BACKENDS = ["reference", pytest.param("torch", marks=pytest.mark.skipif(
-    not _HAS_TORCH_BACKEND, reason="webgrad.backends.torch_backend is not written yet"))]
+BACKENDS = ["reference", "torch"]
 
 STEPS = 20
 B, D_IN, D_OUT = 8, 3, 4
@@ -263,3 +259,74 @@ def test_nested_warmup_round_trips():
     assert lr.from_dict(json.loads(json.dumps(s.to_dict()))) == s
     assert [s.value(t) for t in range(7)] == pytest.approx([0.5, 1.0, 0.5 / 3, 1 / 3, 0.5, 0.1, 0.1])
 
+
+
+# ---------------------------------------------------------------- the default decay rule
+
+# Which params weight decay touches when Module.param is given no decay=: tensorgrad's rule,
+# written out here independently of init.Init.decays (weights decay, biases and gains do not).
+DEFAULT_DECAY = {"randn": True, "kaiming": True, "uniform": True, "literal": True,
+                 "zeros": False, "ones": False}
+
+
+class Kinds(Module):
+    """One param of each init kind, all with the default decay rule, plus the two overrides."""
+
+    def __init__(self):
+        super().__init__()
+        self.randn = self.param([D_IN, D_OUT], init="randn")
+        self.kaiming = self.param([D_IN, D_OUT], init="kaiming")
+        self.uniform = self.param([D_OUT], init=init.uniform(0.5))
+        self.literal = self.param([D_OUT], init=init.literal([0.1, -0.2, 0.3, 0.4]))
+        self.zeros = self.param([D_OUT], init="zeros")
+        self.ones = self.param([D_OUT], init="ones")
+        self.ones_on = self.param([D_OUT], init="ones", decay=True)
+        self.randn_off = self.param([D_OUT], init="randn", decay=False)
+
+
+KIND_DECAYS = {**DEFAULT_DECAY, "ones_on": True, "randn_off": False}
+
+
+def kinds_loss(m, inp):
+    h = ops.tanh(inp["x"] @ (m.randn + m.kaiming) + m.uniform + m.literal + m.zeros)
+    return ops.mean_all((h * m.ones * m.ones_on + m.randn_off - inp["y"]) ** 2)
+
+
+def torch_kinds_loss(p, x, y):
+    h = torch.tanh(x @ (p["randn"] + p["kaiming"]) + p["uniform"] + p["literal"] + p["zeros"])
+    return ((h * p["ones"] * p["ones_on"] + p["randn_off"] - y) ** 2).mean()
+
+
+def test_default_decay_rule_per_init_kind():
+    specs = dict(Kinds().named_specs())
+    assert {n: s.decays for n, s in specs.items()} == KIND_DECAYS
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name,wg_opt,make_torch_opt", [
+    ("adamw", optim.AdamW(lr=0.01, weight_decay=0.5),
+     lambda g: torch.optim.AdamW(g(0.5), lr=0.01)),
+    ("adam_l2", optim.Adam(lr=0.01, weight_decay=0.5), lambda g: torch.optim.Adam(g(0.5), lr=0.01)),
+    ("sgd", optim.SGD(lr=0.1, weight_decay=0.5), lambda g: torch.optim.SGD(g(0.5), lr=0.1)),
+    ("lion", optim.Lion(lr=0.01, weight_decay=0.5), lambda g: TorchLion(g(0.5), lr=0.01)),
+])
+def test_weight_decay_follows_the_rule_for_every_init_kind(name, wg_opt, make_torch_opt, backend):
+    """A large decay (0.5) on every kind of param: turning decay off for a randn/kaiming
+    param, or on for a ones/zeros one, moves that param visibly away from torch's."""
+    c = wg.compile_module(Kinds, kinds_loss, inputs={"x": [B, D_IN], "y": [B, D_OUT]},
+                          optimizer=wg_opt, backend=backend, seed=5)
+    tp = {k: torch.tensor(v, requires_grad=True) for k, v in c.download_params().items()}
+    assert tp.keys() == KIND_DECAYS.keys()
+
+    def torch_groups(wd):
+        return [{"params": [tp[n] for n, d in KIND_DECAYS.items() if d], "weight_decay": wd},
+                {"params": [tp[n] for n, d in KIND_DECAYS.items() if not d], "weight_decay": 0.0}]
+    topt = make_torch_opt(torch_groups)
+    for feed in batches(5, seed=1):
+        c.step(feed)
+        topt.zero_grad()
+        torch_kinds_loss(tp, torch.from_numpy(feed["x"]), torch.from_numpy(feed["y"])).backward()
+        topt.step()
+    got = c.download_params()
+    for k, v in tp.items():
+        np.testing.assert_allclose(got[k], v.detach().numpy(), atol=2e-5, err_msg=f"{name}: {k}")

@@ -9,7 +9,6 @@
 """
 from __future__ import annotations
 
-import importlib.util
 import math
 import random
 
@@ -20,9 +19,7 @@ import torch.nn.functional as F
 
 import models
 
-_HAS_TORCH_BACKEND = importlib.util.find_spec("webgrad.backends.torch_backend") is not None
-BACKENDS = ["reference", pytest.param("torch", marks=pytest.mark.skipif(
-    not _HAS_TORCH_BACKEND, reason="webgrad.backends.torch_backend is not written yet"))]
+BACKENDS = ["reference", "torch"]
 
 
 def numpy_mlp(p: dict, x: np.ndarray) -> np.ndarray:

@@ -8,15 +8,18 @@ pipeline, primitives.py for the op registry.
 from . import init, lr, nn, ops, optim
 from .arrays import FeedError, HostArray
 from .compile import compile_forward, compile_module
-from .compiled import CompiledForward, CompiledModule
+from .backends.gpu_host import DeviceLostError
+from .compiled import CompiledForward, CompiledModule, DestroyedError
 from .ir import Graph, Node
 from .module import Module
 from .ops import capture
 from .primitives import ShapeError
+from .recovery import NonFiniteError
 from .tensor import Tensor
 
 __version__ = "0.1.0"
 
 __all__ = ["Module", "Tensor", "ops", "nn", "lr", "init", "optim", "capture", "compile_module",
            "compile_forward", "CompiledModule", "CompiledForward", "Graph", "Node", "HostArray",
-           "FeedError", "ShapeError", "__version__"]
+           "FeedError", "ShapeError", "DestroyedError", "DeviceLostError", "NonFiniteError",
+           "__version__"]

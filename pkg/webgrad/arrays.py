@@ -36,6 +36,12 @@ class HostArray(array.array):
         flat = list(array.array.tolist(self))
         if not self.shape:
             return flat[0]
+        if 0 in self.shape:                   # nothing to chunk: [] nested to the first 0
+            k = self.shape.index(0)
+            out: list = []
+            for d in reversed(self.shape[:k]):
+                out = [list(out) for _ in range(d)]
+            return out
         for d in reversed(self.shape[1:]):
             flat = [flat[i:i + d] for i in range(0, len(flat), d)]
         return flat
@@ -65,43 +71,40 @@ def _flat_list(v, out):
         out.append(v)
 
 
+I32_MIN, I32_MAX = -2 ** 31, 2 ** 31 - 1
+_INT_FORMATS = "bBhHiIlLqQnN"
+_FLOAT_FORMATS = "efd"
+_FORMAT_NAMES = {"b": "int8", "B": "uint8", "h": "int16", "H": "uint16", "i": "i32",
+                 "I": "uint32", "l": "int64", "L": "uint64", "q": "int64", "Q": "uint64",
+                 "n": "ssize_t", "N": "size_t", "e": "f16", "f": "f32", "d": "f64"}  # i32/f32: our names
+
+
 def to_host(value, *, shape, dtype: str, what: str) -> HostArray:
-    """Convert and check one value; `what` names it in errors ("step(): input 'x'")."""
+    """Convert and check one value; `what` names it in errors ("step(): input 'x'").
+
+    Values are converted, never reinterpreted: a float64 buffer fed as f32 is rounded value by
+    value, an int16 or int64 buffer fed as i32 is widened or range-checked. The raw-bytes form
+    (bytes, bytearray, a memoryview of format 'B') is the one exception: it IS the f32/i32 data.
+    Refused, naming the input and the position: NaN in f32 data (it would poison parameters and
+    optimizer state for good), integers outside i32, integer *buffers* for f32 (an index array
+    uploaded as weights is a mistake; Python lists of ints are fine), non-numbers in lists.
+    """
     shape = tuple(shape)
     want = f"{dtype}{list(shape)}"
     value = _from_js(value)
     if isinstance(value, HostArray) and value.dtype == dtype:
-        got_shape = value.shape
-        data = value
+        got_shape, data = value.shape, value
     elif _is_numpy_like(value):
-        if hasattr(value, "detach"):
-            value = value.detach().cpu().numpy()
-        kind = value.dtype.kind
-        if dtype == "i32" and kind not in "iu":
-            raise FeedError(f"{what}: expects integer indices ({want}), got dtype {value.dtype}")
-        got_shape = tuple(value.shape)
-        if prod(got_shape) == prod(shape):
-            data = value.astype("float32" if dtype == "f32" else "int32").tobytes()
+        got_shape, data = _from_numpy(value, dtype, want, what)
     elif isinstance(value, (bytes, bytearray, memoryview)):
-        mv = memoryview(value)
-        if mv.format in ("f", "i") and TYPECODE[dtype] != mv.format:
-            raise FeedError(f"{what}: expects {want}, got {'f32' if mv.format == 'f' else 'i32'} data")
-        nbytes = mv.nbytes
-        if nbytes != 4 * prod(shape):
-            raise FeedError(f"{what}: expects {want} ({4 * prod(shape)} bytes), got {nbytes} bytes")
-        got_shape, data = shape, mv.cast("B").tobytes()
+        got_shape, data = _from_buffer(memoryview(value), shape, dtype, want, what)
     elif isinstance(value, array.array):
-        if value.typecode not in ("f", "d") if dtype == "f32" else value.typecode not in "bBhHiIlLqQ":
-            raise FeedError(f"{what}: expects {want}, got array('{value.typecode}')")
-        got_shape = (len(value),) if len(value) != prod(shape) else shape
-        data = list(value)
-    elif isinstance(value, (list, tuple, int, float)):
+        got_shape, data = _from_array(value, shape, dtype, want, what)
+    elif isinstance(value, (list, tuple, int, float)) and not isinstance(value, bool):
         got_shape = _shape_of(value) or ()
-        flat: list = []
-        _flat_list(value, flat)
-        if dtype == "i32" and any(not isinstance(v, int) or isinstance(v, bool) for v in flat):
-            raise FeedError(f"{what}: expects integer indices ({want}), got non-integers")
-        data = flat
+        data = []
+        _flat_list(value, data)
+        _check_numbers(data, dtype, want, what, got_shape)
     else:
         raise FeedError(f"{what}: cannot read a {type(value).__name__}; pass a numpy array, "
                         "array.array, memoryview, nested list or JS typed array")
@@ -114,7 +117,146 @@ def to_host(value, *, shape, dtype: str, what: str) -> HostArray:
         out.extend(data)
     if len(out) != prod(shape):
         raise FeedError(f"{what}: expects {prod(shape)} values for {want}, got {len(out)}")
+    if dtype == "f32":
+        _refuse_nan(out, shape, what)
     return out
+
+
+def _from_numpy(value, dtype, want, what):
+    if hasattr(value, "detach"):
+        value = value.detach().cpu().numpy()
+    kind = value.dtype.kind
+    if dtype == "i32":
+        if kind not in "iu":
+            raise FeedError(f"{what}: expects integer indices ({want}), got dtype {value.dtype}")
+        if value.size and value.dtype.itemsize >= 4 and value.dtype != "int32":
+            lo, hi = int(value.min()), int(value.max())
+            if lo < I32_MIN or hi > I32_MAX:
+                bad = lo if lo < I32_MIN else hi
+                pos = _np_position(value, value == bad)
+                raise FeedError(f"{what}: value {bad} at {pos} does not fit i32 ({want}); i32 "
+                                f"holds {I32_MIN}..{I32_MAX}")
+        return tuple(value.shape), value.astype("int32").tobytes()
+    if kind != "f":
+        raise FeedError(f"{what}: expects {want}, got dtype {value.dtype}; convert it first "
+                        "(.astype(numpy.float32)) if these are really values, not indices")
+    return tuple(value.shape), value.astype("float32").tobytes()
+
+
+def _np_position(value, mask) -> str:
+    import numpy
+    idx = tuple(int(i) for i in numpy.argwhere(mask)[0])
+    return f"index {list(idx)}"
+
+
+def _format(mv: memoryview, what: str) -> str:
+    fmt = mv.format
+    if len(fmt) == 2 and fmt[0] in "@=<>!":
+        if fmt[0] in ">!" and sys.byteorder == "little":
+            raise FeedError(f"{what}: big-endian data ({fmt!r}) is not supported; byte-swap it first")
+        fmt = fmt[1:]
+    return fmt
+
+
+def _from_buffer(mv, shape, dtype, want, what):
+    fmt = _format(mv, what)
+    if fmt in ("B", "c"):  # raw bytes: the f32/i32 data itself
+        if mv.nbytes != 4 * prod(shape):
+            raise FeedError(f"{what}: expects {want} ({4 * prod(shape)} bytes), got {mv.nbytes} bytes")
+        return shape, mv.tobytes()
+    name = _FORMAT_NAMES.get(fmt, repr(fmt))
+    got_shape = tuple(mv.shape) if mv.ndim else ()
+    ok = _FLOAT_FORMATS if dtype == "f32" else _INT_FORMATS
+    if fmt not in ok:
+        raise FeedError(f"{what}: expects {want}, got {name} data (memoryview format {mv.format!r})")
+    if fmt == TYPECODE[dtype]:
+        return got_shape, mv.tobytes()
+    raw = mv.tobytes()
+    if fmt == "e":  # memoryview cannot cast to half floats; struct can read them
+        import struct
+        values = list(struct.unpack(f"{len(raw) // 2}e", raw))
+    else:
+        values = memoryview(raw).cast(fmt)
+    if dtype == "i32":
+        _check_i32_range(values, what, want)
+    return got_shape, values
+
+
+def _from_array(value, shape, dtype, want, what):
+    ok = "fd" if dtype == "f32" else "bBhHiIlLqQ"
+    if value.typecode not in ok:
+        raise FeedError(f"{what}: expects {want}, got array('{value.typecode}')")
+    if dtype == "i32" and value.typecode in "IlLqQ":
+        _check_i32_range(value, what, want)
+    got_shape = (len(value),) if len(value) != prod(shape) else shape
+    # array.extend refuses an array of another typecode; a memoryview of it is just iterable
+    return got_shape, value if value.typecode == TYPECODE[dtype] else memoryview(value)
+
+
+def _check_i32_range(values, what, want):
+    if len(values) and (min(values) < I32_MIN or max(values) > I32_MAX):
+        at = next(i for i, v in enumerate(values) if not I32_MIN <= v <= I32_MAX)
+        raise FeedError(f"{what}: value {values[at]} at flat position {at} does not fit i32 "
+                        f"({want}); i32 holds {I32_MIN}..{I32_MAX}")
+
+
+def _check_numbers(flat: list, dtype, want, what, got_shape):
+    """Python numbers only (no str, None, bool); i32: ints in range. One pass, at C speed
+    when all is well (all(map(...))); the position is looked for only on failure."""
+    if dtype == "i32":
+        if all(map(_is_int, flat)):
+            _check_i32_range(flat, what, want)
+            return
+        at = next(i for i, v in enumerate(flat) if not _is_int(v))
+        raise FeedError(f"{what}: expects integer indices ({want}), got non-integers: "
+                        f"{flat[at]!r} at {_position(at, got_shape)}")
+    if not all(map(_is_number, flat)):
+        at = next(i for i, v in enumerate(flat) if not _is_number(v))
+        raise FeedError(f"{what}: expects numbers ({want}), got {type(flat[at]).__name__} "
+                        f"{flat[at]!r} at {_position(at, got_shape)}")
+
+
+def _is_int(v) -> bool:
+    return type(v) is int or (isinstance(v, int) and not isinstance(v, bool))
+
+
+def _is_number(v) -> bool:
+    return type(v) in (float, int) or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+def _position(flat_index: int, shape) -> str:
+    """'index [1, 2]' for a flat position in a C-ordered array of `shape`."""
+    if len(shape) <= 1:
+        return f"index {flat_index}"
+    idx = []
+    for d in reversed(shape):
+        idx.append(flat_index % d if d else 0)
+        flat_index //= d if d else 1
+    return f"index {list(reversed(idx))}"
+
+
+def first_nan(h: array.array) -> int | None:
+    """The flat position of the first NaN in f32 data, or None.
+
+    Cheap on the common path: with numpy, one vectorised isnan over a zero-copy view; without
+    (the browser), one C-level sum() (NaN propagates through it; inf - inf can also make NaN,
+    so a NaN sum is confirmed by a scan, which only a bad feed pays)."""
+    np = numpy_or_none()
+    if np is not None:
+        hits = np.flatnonzero(np.isnan(np.frombuffer(h, dtype=np.float32)))
+        return int(hits[0]) if hits.size else None
+    s = sum(h)
+    if s == s:
+        return None
+    return next((i for i, v in enumerate(h) if v != v), None)
+
+
+def _refuse_nan(h: HostArray, shape, what: str) -> None:
+    at = first_nan(h)
+    if at is not None:
+        raise FeedError(f"{what}: NaN at {_position(at, shape)} (flat position {at}); a NaN "
+                        "would spread into the parameters and optimizer state, so nothing ran. "
+                        "Clean the data (e.g. numpy.nan_to_num) or mask it out")
 
 
 def _is_numpy_like(v) -> bool:

@@ -78,7 +78,18 @@ def build_train_graph(factory, loss_fn, inputs, optimizer: Optimizer | None, *, 
         if optimizer is not None:
             optimizer.append(OptimizerContext(g, slots, step, optimizer.lr))
         g.writebacks["step"] = (step + 1.0).id
+        _copy_updated_captures(g)
     return specs, dce(cse(g)), cse(forward)
+
+
+def _copy_updated_captures(g: Graph) -> None:
+    """capture("c", m.w) of a parameter the step also updates returns the value the step
+    used, so it must be read before the update lands: capture a copy (x * 1, exact for every
+    value including -0 and NaN) instead of the buffer the writeback overwrites."""
+    written = {g[i].attrs["name"] for i in (*g.params.values(), *g.state.values())} & set(g.writebacks)
+    for key, i in list(g.outputs.items()):
+        if key.startswith("capture:") and g[i].op in ("param", "state") and g[i].attrs["name"] in written:
+            g.outputs[key] = (Tensor(g, i) * 1.0).id
 
 
 def build_forward_graph(factory, fwd_fn, inputs, seed: int = 0, training: bool = False):
@@ -89,9 +100,14 @@ def build_forward_graph(factory, fwd_fn, inputs, seed: int = 0, training: bool =
 
 
 def compile_module(factory, loss_fn, *, inputs, optimizer=_DEFAULT, backend="reference",
-                   seed: int = 0, keep_grads: bool = True) -> CompiledModule:
+                   seed: int = 0, keep_grads: bool = True, check_finite: bool = False,
+                   recovery=None) -> CompiledModule:
     """Trace, differentiate, append the optimizer and compile a whole training step.
-    optimizer: an optim.* instance (default Adam(lr=1e-3)); None computes gradients only."""
+    optimizer: an optim.* instance (default Adam(lr=1e-3)); None computes gradients only.
+    check_finite: refuse (NonFiniteError, state untouched) a step whose loss or gradients are
+    not finite. recovery: "memory" or a checkpoint path keeps the last completed step's state
+    so that recover() can continue after a lost device. Both read the whole state back after
+    each step (recovery.py says what that costs)."""
     from .backends import get_backend
     if optimizer is _DEFAULT:
         optimizer = Adam()
@@ -103,7 +119,7 @@ def compile_module(factory, loss_fn, *, inputs, optimizer=_DEFAULT, backend="ref
                                                 seed=seed)
     be = get_backend(backend)
     return CompiledModule(be, factory, specs, Program(be, train, ins), Program(be, forward, ins),
-                          seed=seed)
+                          seed=seed, check_finite=check_finite, recovery=recovery)
 
 
 def compile_forward(factory, fwd_fn, *, inputs, backend="reference", seed: int = 0,
@@ -115,4 +131,4 @@ def compile_forward(factory, fwd_fn, *, inputs, backend="reference", seed: int =
     specs, g = build_forward_graph(factory, fwd_fn, ins, seed, training)
     be = get_backend(backend)
     owner = CompiledModule(be, factory, specs, None, None, seed=seed)
-    return CompiledForward(owner, Program(be, g, ins))
+    return CompiledForward(owner, Program(be, g, ins), owns_owner=True)

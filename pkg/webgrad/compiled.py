@@ -9,11 +9,19 @@ leaves parameters and optimizer state exactly as they were.
 from __future__ import annotations
 
 import sys
+import weakref
 from math import prod
 
 from . import init as _init
 from .arrays import FeedError, HostArray, to_host, to_user
+from .backends.gpu_host import DeviceLostError
+from .bounds import check_index_feeds, index_checks
 from .optim import STATE_PREFIX
+from .recovery import Guard
+
+
+class DestroyedError(RuntimeError):
+    """A method was called on a compiled module (or forward program) after destroy()."""
 
 
 def run_blocking(coro):
@@ -44,6 +52,11 @@ class Program:
         for name, i in graph.writebacks.items():
             backend.ensure(name, graph[i].shape, graph[i].dtype)
         self.exe = backend.prepare(graph)
+        self.index_checks = index_checks(graph)  # fed indices: range-checked per step
+
+    def reload(self, backend) -> "Program":
+        """The same graph prepared on another backend (recover(): a new device)."""
+        return Program(backend, self.graph, self.inputs)
 
     def check_feed(self, feed, method: str) -> dict[str, HostArray]:
         if not isinstance(feed, dict):
@@ -57,8 +70,10 @@ class Program:
             missing = sorted(set(self.inputs) - set(feed))
             raise FeedError(f"{method}(): missing input {', '.join(map(repr, missing))}; this program "
                             f"takes {declared}")
-        return {k: to_host(feed[k], shape=s, dtype=d, what=f"{method}(): input '{k}'")
-                for k, (s, d) in self.inputs.items()}
+        hosts = {k: to_host(feed[k], shape=s, dtype=d, what=f"{method}(): input '{k}'")
+                 for k, (s, d) in self.inputs.items()}
+        check_index_feeds(hosts, self.index_checks, method)
+        return hosts
 
     def captures(self) -> list[str]:
         return [k for k in self.graph.outputs if k.startswith("capture:")]
@@ -81,9 +96,14 @@ class Program:
 class CompiledModule:
     """A compiled training step (from compile_module) and the parameters it owns."""
 
-    def __init__(self, backend, factory, specs, train, forward, *, seed: int):
+    def __init__(self, backend, factory, specs, train, forward, *, seed: int,
+                 check_finite: bool = False, recovery=None):
         self.backend, self._factory, self._specs, self.seed = backend, factory, specs, seed
         self._train, self._forward = train, forward
+        self._destroyed = False
+        self._siblings = weakref.WeakSet()  # forward programs over this store (recover() reloads them)
+        self._guard = (Guard(self, check_finite=check_finite, recovery=recovery)
+                       if check_finite or recovery is not None else None)
         for name, spec in specs.items():
             backend.ensure(name, spec.shape, "f32")
         self.backend.ensure("step", (), "f32")
@@ -138,26 +158,38 @@ class CompiledModule:
     # -- the async API
     async def step_async(self, feed, *, with_captures: bool = False):
         self._need_train("step")
-        loss, caps = await self._train.execute(feed, "step", "loss", with_captures)
-        loss = float(loss[0])
+        async with self._lost("step"):
+            if self._guard is not None:
+                await self._guard.ensure_copy()
+            loss, caps = await self._train.execute(feed, "step", "loss", with_captures)
+            loss = float(loss[0])
+            if self._guard is not None:
+                await self._guard.after_step(loss)
         return (loss, caps) if with_captures else loss
 
     async def run_async(self, feed, *, with_captures: bool = False):
         self._need_train("run")
-        loss, caps = await self._forward.execute(feed, "run", "loss", with_captures)
+        async with self._lost("run"):
+            loss, caps = await self._forward.execute(feed, "run", "loss", with_captures)
         out = float(loss[0])
         return (out, caps) if with_captures else out
 
     async def download_params_async(self) -> dict:
-        return {n: to_user(await self.backend.read(n)) for n in self._specs}
+        self._alive("download_params")
+        async with self._lost("download_params"):
+            return {n: to_user(await self.backend.read(n)) for n in self._specs}
 
     async def download_param_grads_async(self) -> dict:
         self._need_train("download_param_grads")
         if not any(k.startswith("grad/") for k in self._train.graph.writebacks):
             raise RuntimeError("this module was compiled with keep_grads=False")
-        return {n: to_user(await self.backend.read(f"grad/{n}")) for n in self._specs}
+        async with self._lost("download_param_grads"):
+            return {n: to_user(await self.backend.read(f"grad/{n}")) for n in self._specs}
 
     async def upload_params_async(self, params: dict, *, partial: bool = False) -> None:
+        self._alive("upload_params")
+        if not isinstance(params, dict):
+            raise FeedError(f"upload_params(): pass a dict name -> array, got {type(params).__name__}")
         unknown = sorted(set(params) - set(self._specs))
         if unknown:
             raise FeedError(f"upload_params(): unknown parameter {', '.join(map(repr, unknown))}; "
@@ -168,17 +200,71 @@ class CompiledModule:
                             "parameters or partial=True")
         hosts = {n: to_host(v, shape=self._specs[n].shape, dtype="f32", what=f"upload_params(): '{n}'")
                  for n, v in params.items()}  # every check before any write
-        for n, h in hosts.items():
-            self.backend.write(n, h)
+        async with self._lost("upload_params"):
+            for n, h in hosts.items():
+                self.backend.write(n, h)
+        if self._guard is not None:
+            self._guard.update(hosts)
 
     async def reset_async(self) -> None:
-        self._init_params()
-        self._zero_state(optimizer_only=False)
+        self._alive("reset")
+        async with self._lost("reset"):
+            self._init_params()
+            self._zero_state(optimizer_only=False)
+            await self._recopy()
 
     async def reset_optimizer_state_async(self) -> None:
-        self._zero_state(optimizer_only=True)
+        self._alive("reset_optimizer_state")
+        async with self._lost("reset_optimizer_state"):
+            self._zero_state(optimizer_only=True)
+            await self._recopy()
+
+    async def _recopy(self) -> None:
+        if self._guard is not None and self._guard.state is not None:
+            self._guard.commit(await self._guard.read())
+
+    async def recover_async(self) -> int:
+        """After DeviceLostError: rebuild every program of this module (the training step, its
+        run() graph, forward programs made by compile_forward) on a new device and write back
+        the last completed step's parameters, optimizer state and step counter. Returns that
+        step counter. Needs compile_module(..., recovery="memory" or a checkpoint path)."""
+        self._alive("recover")
+        if self._guard is None or not self._guard.recovery:
+            raise RuntimeError("recover(): this module keeps no copy of its state; compile it "
+                               "with recovery='memory' (or recovery='file.safetensors')")
+        state = self._guard.last()
+        old, new = self.backend, self.backend.renewed()
+        try:
+            old.destroy()
+        except Exception:  # a lost device may refuse even the release; its objects are dropped
+            pass
+        self.backend = new
+        for name, spec in self._specs.items():
+            new.ensure(name, spec.shape, "f32")
+        new.ensure("step", (), "f32")
+        for attr in ("_train", "_forward"):
+            p = getattr(self, attr)
+            if p is not None:
+                setattr(self, attr, p.reload(new))
+        for fwd in list(self._siblings):
+            if fwd._prog is not None:
+                fwd._prog = fwd._prog.reload(new)
+        self._guard.restore(state)
+        self._guard.commit(state)
+        return int(state["step"][0]) if "step" in state else 0
+
+    # -- checkpoints: safetensors files of params (+ optimizer state, step); io/checkpoint.py
+    async def save_async(self, dst=None, *, optimizer: bool = True):
+        from .io import checkpoint
+        return await checkpoint.save_async(self, dst, optimizer=optimizer)
+
+    async def load_async(self, src, *, optimizer: bool | None = None) -> None:
+        from .io import checkpoint
+        await checkpoint.load_async(self, src, optimizer=optimizer)
 
     # -- blocking forms
+    def save(self, dst=None, *, optimizer=True): return run_blocking(self.save_async(dst, optimizer=optimizer))
+    def load(self, src, *, optimizer=None): return run_blocking(self.load_async(src, optimizer=optimizer))
     def step(self, feed, *, with_captures=False): return run_blocking(self.step_async(feed, with_captures=with_captures))
     def run(self, feed, *, with_captures=False): return run_blocking(self.run_async(feed, with_captures=with_captures))
     def download_params(self): return run_blocking(self.download_params_async())
@@ -186,31 +272,68 @@ class CompiledModule:
     def upload_params(self, params, *, partial=False): return run_blocking(self.upload_params_async(params, partial=partial))
     def reset(self): return run_blocking(self.reset_async())
     def reset_optimizer_state(self): return run_blocking(self.reset_optimizer_state_async())
+    def recover(self) -> int: return run_blocking(self.recover_async())
 
     def destroy(self) -> None:
-        self.backend.destroy()
-        self._train = self._forward = None
+        """Release the programs and GPU buffers; every later call raises DestroyedError."""
+        if not self._destroyed:
+            self._destroyed = True
+            self.backend.destroy()
+            self._train = self._forward = None
 
     def compile_forward(self, fwd_fn, *, inputs, training: bool = False) -> "CompiledForward":
         """A forward graph over the SAME parameters (and backend store) as this module.
         An inference graph: dropout is the identity unless training=True."""
         from .compile import build_forward_graph, parse_inputs
+        self._alive("compile_forward")
         ins = parse_inputs(inputs)
         specs, g = build_forward_graph(self._factory, fwd_fn, ins, self.seed, training)
         if {n: s.shape for n, s in specs.items()} != self.param_shapes:
             raise ValueError("compile_forward: the factory built a model with different parameters")
-        return CompiledForward(self, Program(self.backend, g, ins))
+        fwd = CompiledForward(self, Program(self.backend, g, ins))
+        self._siblings.add(fwd)
+        return fwd
+
+    def _alive(self, method: str) -> None:
+        if self._destroyed:
+            raise DestroyedError(f"{method}(): this compiled module was destroyed (destroy() "
+                                 "released its programs and buffers); compile it again")
 
     def _need_train(self, method):
+        self._alive(method)
         if self._train is None:
-            raise RuntimeError(f"{method}(): this module was destroyed or has no training graph")
+            raise RuntimeError(f"{method}(): this module has no training graph (it was made by "
+                               "compile_forward)")
+
+    def _lost(self, method: str):
+        return _LostDevice(self, method)
+
+
+class _LostDevice:
+    """Adds what to do next to a DeviceLostError raised inside `async with`."""
+
+    def __init__(self, module, method):
+        self.module, self.method = module, method
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, kind, e, tb):
+        if kind is not None and issubclass(kind, DeviceLostError) and "recover()" not in str(e):
+            g = self.module._guard
+            hint = ("call recover() to continue from the last completed step on a new device"
+                    if g is not None and g.recovery else
+                    "compile with recovery='memory' to be able to recover() from this")
+            raise DeviceLostError(f"{self.method}(): {e}; {hint}") from None
+        return False
 
 
 class CompiledForward:
     """A forward-only program; shares parameters with the CompiledModule that made it."""
 
-    def __init__(self, owner: CompiledModule, program: Program):
+    def __init__(self, owner: CompiledModule, program: Program, *, owns_owner: bool = False):
         self.owner, self._prog = owner, program
+        self._owns_owner = owns_owner  # compile_forward's own store: destroyed with this program
 
     param_names = property(lambda self: self.owner.param_names)
     ir = property(lambda self: self._prog.graph)
@@ -218,7 +341,9 @@ class CompiledForward:
     output_shape = property(lambda self: self._prog.graph[self._prog.graph.outputs["output"]].shape)
 
     async def run_async(self, feed, *, with_captures: bool = False):
-        out, caps = await self._prog.execute(feed, "run", "output", with_captures)
+        self._alive("run")
+        async with self.owner._lost("run"):
+            out, caps = await self._prog.execute(feed, "run", "output", with_captures)
         out = to_user(out)
         return (out, caps) if with_captures else out
 
@@ -231,4 +356,14 @@ class CompiledForward:
     def upload_params(self, params, *, partial=False): return self.owner.upload_params(params, partial=partial)
     async def upload_params_async(self, params, *, partial=False): return await self.owner.upload_params_async(params, partial=partial)
     def reset(self): return self.owner.reset()
-    def destroy(self): self._prog = None
+
+    def destroy(self) -> None:
+        """Release this program; every later run raises DestroyedError."""
+        prog, self._prog = self._prog, None
+        if prog is not None and self._owns_owner:
+            self.owner.destroy()
+
+    def _alive(self, method: str) -> None:
+        if self._prog is None:
+            raise DestroyedError(f"{method}(): this forward program was destroyed; compile it again")
+        self.owner._alive(method)

@@ -12,9 +12,14 @@ import math
 from dataclasses import asdict, dataclass
 
 from . import ops
+from .tensor import at_user_line
 
 
 class Schedule:
+    def __post_init__(self):  # every dataclass below runs this on construction
+        if "steps" in self.__dataclass_fields__:
+            object.__setattr__(self, "steps", _steps(type(self).__name__, self.steps))
+
     def value(self, t: int) -> float: raise NotImplementedError
     def tensor(self, t): raise NotImplementedError
 
@@ -78,13 +83,21 @@ class Warmup(Schedule):
                          self.after.tensor(t - float(self.steps)))
 
 
+def _steps(kind: str, steps) -> int:
+    # a schedule divides by its step count: 0 would fail deep inside tracing or evaluation
+    if isinstance(steps, bool) or not isinstance(steps, (int, float)) or steps != int(steps) or steps < 1:
+        raise ValueError(f"lr.{kind}: steps must be a positive whole number of updates, got "
+                         f"{steps!r}" + at_user_line())
+    return int(steps)
+
+
 def constant(lr: float) -> Schedule: return Constant(float(lr))
-def linear_decay(*, peak, final, steps) -> Schedule: return LinearDecay(float(peak), float(final), int(steps))
-def cosine_decay(*, peak, final, steps) -> Schedule: return CosineDecay(float(peak), float(final), int(steps))
+def linear_decay(*, peak, final, steps) -> Schedule: return LinearDecay(float(peak), float(final), steps)
+def cosine_decay(*, peak, final, steps) -> Schedule: return CosineDecay(float(peak), float(final), steps)
 
 
 def warmup(*, peak, steps, after: Schedule | float | None = None) -> Schedule:
-    return Warmup(float(peak), int(steps), as_schedule(peak if after is None else after))
+    return Warmup(float(peak), steps, as_schedule(peak if after is None else after))
 
 
 def as_schedule(lr) -> Schedule:
@@ -98,9 +111,16 @@ def as_schedule(lr) -> Schedule:
 
 
 def from_dict(d: dict) -> Schedule:
+    kinds = {c.__name__: c for c in (Constant, LinearDecay, CosineDecay, Warmup)}
+    if not isinstance(d, dict) or d.get("kind") not in kinds:
+        got = d.get("kind") if isinstance(d, dict) else d
+        raise ValueError(f"lr.from_dict: unknown schedule kind {got!r}; the kinds are "
+                         f"{', '.join(kinds)} (as written by Schedule.to_dict())" + at_user_line())
     d = dict(d)
-    kind = d.pop("kind")
-    cls = {c.__name__: c for c in (Constant, LinearDecay, CosineDecay, Warmup)}[kind]
+    cls = kinds[d.pop("kind")]
     if "after" in d:
         d["after"] = from_dict(d["after"])
-    return cls(**d)
+    try:
+        return cls(**d)
+    except TypeError as e:
+        raise ValueError(f"lr.from_dict: bad fields for {cls.__name__} ({e})" + at_user_line()) from None

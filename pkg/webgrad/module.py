@@ -5,7 +5,7 @@ as attributes (also in lists, tuples and dicts: `self.blocks = [Block() for _ in
 names its params "blocks.0.W", ...). Declaring stores a `ParamSpec`; `materialize` walks
 the tree in attribute order, names each spec by its attribute path, adds a `param` leaf to
 the graph being traced, and replaces the spec with that Tensor, so the user's forward
-function reads `m.W` as a Tensor.
+function reads `m.W` as a Tensor. A spec held in two places (tied weights) is one parameter.
 """
 from __future__ import annotations
 
@@ -39,7 +39,14 @@ class Module:
         return ParamSpec(shape, _init.as_init(init), decay)
 
     def named_specs(self, prefix: str = "") -> list[tuple[str, ParamSpec]]:
-        return [(n, s) for n, s, _, _ in _walk(self, prefix)]
+        """Each parameter once, under the first path that reaches it (tied weights: one)."""
+        seen: set[int] = set()
+        out = []
+        for n, s, _, _ in _walk(self, prefix):
+            if id(s) not in seen:
+                seen.add(id(s))
+                out.append((n, s))
+        return out
 
 
 def _children(obj):
@@ -67,9 +74,14 @@ def materialize(module: Module) -> dict[str, ParamSpec]:
     if not isinstance(module, Module):
         raise TypeError(f"the model factory must return a webgrad.Module, got {type(module).__name__}")
     specs = {}
+    tied: dict[int, object] = {}  # id(spec) -> its Tensor
     for name, spec, container, key in list(_walk(module, "")):
-        t = bind("param", name=name, shape=spec.shape, dtype="f32")
-        specs[name] = spec
+        # weight tying (`self.out = self.emb.W`): the same spec reached twice is ONE parameter,
+        # named by its first path; every use reads it, so its gradient is the sum of the uses'
+        t = tied.get(id(spec))
+        if t is None:
+            t = tied[id(spec)] = bind("param", name=name, shape=spec.shape, dtype="f32")
+            specs[name] = spec
         if isinstance(container, Module):
             setattr(container, key, t)
         elif isinstance(container, (list, dict)):

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from . import init, ops
 from .module import Module
+from .primitives import ShapeError
+from .tensor import Tensor, at_user_line
 
 
 class Linear(Module):
@@ -66,31 +68,41 @@ class Embedding(Module):
 class Conv2d(Module):
     """[N, C, H, W] -> [N, O, OH, OW]; weight [O, C/groups, k, k] (torch's layout)."""
 
-    def __init__(self, c_in: int, c_out: int, kernel: int, *, stride=1, padding=0, groups=1,
-                 bias: bool = True):
+    def __init__(self, c_in: int, c_out: int, kernel: int, *, stride=1, padding=0, dilation=1,
+                 groups=1, bias: bool = True):
         super().__init__()
         k = (kernel, kernel) if isinstance(kernel, int) else tuple(kernel)
         self.stride, self.padding, self.groups = stride, padding, groups
+        self.dilation = dilation
         self.weight = self.param([c_out, c_in // groups, *k], init=init.kaiming())
         self.bias = self.param([c_out], init="zeros") if bias else None
 
     def fwd(self, x):
         return ops.conv2d(x, self.weight, self.bias, stride=self.stride, padding=self.padding,
-                          groups=self.groups)
+                          dilation=self.dilation, groups=self.groups)
 
     __call__ = fwd
 
 
+def _rank(op, x, rank, layout):
+    if not isinstance(x, Tensor) or x.ndim != rank:
+        got = f"{x.dtype}{list(x.shape)}" if isinstance(x, Tensor) else type(x).__name__
+        raise ShapeError(f"{op}: expects a rank-{rank} {layout} input, got {got}" + at_user_line())
+
+
 def split_heads(x, n_heads: int):
     """[B, T, D] -> [B, H, T, D/H]."""
+    _rank("split_heads", x, 3, "[B, T, D]")
     B, T, D = x.shape
     if D % n_heads:
-        raise ValueError(f"split_heads: width {D} is not divisible by {n_heads} heads")
+        raise ShapeError(f"split_heads: width {D} of {x.dtype}{list(x.shape)} is not divisible "
+                         f"by {n_heads} heads" + at_user_line())
     return ops.transpose(ops.reshape(x, (B, T, n_heads, D // n_heads)), (0, 2, 1, 3))
 
 
 def merge_heads(x):
     """[B, H, T, Dh] -> [B, T, H*Dh]."""
+    _rank("merge_heads", x, 4, "[B, H, T, Dh]")
     B, H, T, Dh = x.shape
     return ops.reshape(ops.transpose(x, (0, 2, 1, 3)), (B, T, H * Dh))
 

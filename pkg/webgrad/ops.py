@@ -82,8 +82,11 @@ def minimum(a, b): return bind("minimum", *_pair(a, b))
 def less(a, b): return bind("less", *_pair(a, b))
 def greater(a, b): return bind("greater", *_pair(a, b))
 def equal(a, b): return bind("equal", *_pair(a, b))
-def less_equal(a, b): return 1.0 - greater(a, b)
-def greater_equal(a, b): return 1.0 - less(a, b)
+# not 1 - greater(a, b): that is 1 where either operand is NaN (torch: False); two
+# exclusive masks added fuse into one expression
+def less_equal(a, b): return less(a, b) + equal(a, b)
+def greater_equal(a, b): return greater(a, b) + equal(a, b)
+def not_equal(a, b): return 1.0 - equal(a, b)  # NaN != NaN is true, as in torch
 def neg(x): return bind("neg", x)
 def exp(x): return bind("exp", x)
 def log(x): return bind("log", x)
@@ -252,6 +255,15 @@ gather_rows = embedding
 def scatter_add_rows(values, idx, n: int): return bind("scatter_add_rows", values, idx, n=int(n))
 
 
+def write_rows(base, values, start):
+    """base with rows start..start+T-1 replaced by values [T, ...]; start is an i32 Tensor (a
+    feed: one program serves every position) or an int; rows past either end are dropped.
+    Assigned back to a state buffer it is written in place (see webgrad/stateful.py)."""
+    if not isinstance(start, Tensor):
+        start = constant(int(start), dtype="i32")
+    return bind("write_rows", base, values, start)
+
+
 def take_along_last(x, idx):
     """out[..., k] = x[..., idx[..., k]] for i32 idx; as a one-hot contraction so that its
     gradient needs no scatter."""
@@ -333,41 +345,82 @@ def _two(v):
     return (int(v), int(v)) if isinstance(v, int) else tuple(int(e) for e in v)
 
 
-def unfold2d(x, *, kernel, stride=1, padding=0, pad_value: float = 0.0):
-    return bind("unfold2d", x, kernel=_two(kernel), stride=_two(stride),
-                padding=_two(padding), pad_value=float(pad_value))
+def unfold2d(x, *, kernel, stride=1, padding=0, dilation=1, ceil: bool = False,
+             pad_value: float = 0.0):
+    """Sliding windows [N,C,H,W] -> [N,C,kh*kw,OH*OW] (im2col), pad_value outside."""
+    if x.ndim != 4:
+        raise ShapeError(f"unfold2d: expects an [N, C, H, W] input, got {x.dtype}{list(x.shape)}"
+                         + at_user_line())
+    attrs = dict(kernel=_two(kernel), stride=_two(stride), padding=_two(padding),
+                 pad_value=float(pad_value))
+    if _two(dilation) != (1, 1) or ceil:  # the common case keeps the short IR text
+        attrs.update(dilation=_two(dilation), ceil=bool(ceil))
+    return bind("unfold2d", x, **attrs)
 
 
-def fold2d(g, *, size, kernel, stride, padding):
-    return bind("fold2d", g, size=tuple(size), kernel=_two(kernel), stride=_two(stride),
-                padding=_two(padding))
+def fold2d(g, *, size, kernel, stride, padding, dilation=1, ceil: bool = False):
+    attrs = dict(size=tuple(size), kernel=_two(kernel), stride=_two(stride),
+                 padding=_two(padding))
+    if _two(dilation) != (1, 1) or ceil:
+        attrs.update(dilation=_two(dilation), ceil=bool(ceil))
+    return bind("fold2d", g, **attrs)
 
 
-def conv2d(x, w, b=None, *, stride=1, padding=0, groups: int = 1):
-    """x [N,C,H,W] * w [O, C/groups, kh, kw] (+ b [O]) -> [N,O,OH,OW], as im2col + matmul."""
+def _need_rank(op, x, rank, layout, w=None):
+    if not isinstance(x, Tensor) or x.ndim != rank:
+        got = f"{x.dtype}{list(x.shape)}" if isinstance(x, Tensor) else type(x).__name__
+        raise ShapeError(f"{op}: expects {w or 'an input'} of rank {rank} {layout}, got {got}"
+                         + at_user_line())
+
+
+def conv2d(x, w, b=None, *, stride=1, padding=0, dilation=1, groups: int = 1):
+    """x [N,C,H,W] * w [O, C/groups, kh, kw] (+ b [O]) -> [N,O,OH,OW], as im2col + matmul;
+    dilation spaces the kernel taps (torch's F.conv2d)."""
+    _need_rank("conv2d", x, 4, "[N, C, H, W]")
+    _need_rank("conv2d", w, 4, "[O, C/groups, kh, kw]", "a weight")
     N, C, H, W = x.shape
     O, Cg, kh, kw = w.shape
     if C % groups or O % groups or Cg != C // groups:
         raise ShapeError(f"conv2d: input {list(x.shape)} and weight {list(w.shape)} do not "
                          f"agree with groups={groups} (weight axis 1 must be C/groups)"
                          + at_user_line())
-    cols = unfold2d(x, kernel=(kh, kw), stride=stride, padding=padding)  # [N,C,k,P]
+    cols = unfold2d(x, kernel=(kh, kw), stride=stride, padding=padding, dilation=dilation)
     P = cols.shape[-1]
     cols = reshape(cols, (N, groups, Cg * kh * kw, P))
     wm = reshape(w, (groups, O // groups, Cg * kh * kw))
     out = matmul(wm, cols)  # [N, G, O/G, P]
-    (sh, sw), (ph, pw) = _two(stride), _two(padding)
-    out = reshape(out, (N, O, conv_out_size(H, kh, sh, ph), conv_out_size(W, kw, sw, pw)))
+    (sh, sw), (ph, pw), (dh, dw) = _two(stride), _two(padding), _two(dilation)
+    out = reshape(out, (N, O, conv_out_size(H, kh, sh, ph, dh), conv_out_size(W, kw, sw, pw, dw)))
     return out if b is None else out + reshape(b, (O, 1, 1))
 
 
-def max_pool2d(x, kernel, stride=None, padding=0):
+def max_pool2d(x, kernel, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
+               return_indices: bool = False):
+    """torch's F.max_pool2d on [N, C, H, W]. The gradient goes to one maximal element per
+    window (the first, in window order), as torch's does, where max(..) would share it
+    among ties. return_indices: also the i32 flat index (y * W + x) of each maximum."""
+    _need_rank("max_pool2d", x, 4, "[N, C, H, W]")
     N, C, H, W = x.shape
     kh, kw = _two(kernel)
     (sh, sw), (ph, pw) = _two(stride if stride is not None else kernel), _two(padding)
-    cols = unfold2d(x, kernel=(kh, kw), stride=(sh, sw), padding=(ph, pw), pad_value=-3.0e38)
-    out = max_last(swap_axes(cols, -1, -2))  # [N, C, P]
-    return reshape(out, (N, C, conv_out_size(H, kh, sh, ph), conv_out_size(W, kw, sw, pw)))
+    dh, dw = _two(dilation)
+    cols = swap_axes(unfold2d(x, kernel=(kh, kw), stride=(sh, sw), padding=(ph, pw),
+                              dilation=(dh, dw), ceil=ceil_mode, pad_value=float("-inf")),
+                     -1, -2)  # [N, C, P, k]
+    at = argmax_last(cols)   # the first maximum of each window
+    out = sum_last(where(one_hot(at, kh * kw), cols, 0.0))  # a select, so -inf * 0 never forms
+    oh = conv_out_size(H, kh, sh, ph, dh, ceil_mode)
+    ow = conv_out_size(W, kw, sw, pw, dw, ceil_mode)
+    out = reshape(out, (N, C, oh, ow))
+    if not return_indices:
+        return out
+    # window tap (i, j) of output (oy, ox) reads pixel (oy*sh + i*dh - ph, ox*sw + j*dw - pw)
+    i = div(at, kw)
+    j = at - i * kw
+    y0 = constant([oy * sh - ph for oy in range(oh) for _ in range(ow)], dtype="i32")
+    x0 = constant([ox * sw - pw for _ in range(oh) for ox in range(ow)], dtype="i32")
+    flat = (y0 + i * dh) * W + x0 + j * dw
+    return out, reshape(flat, (N, C, oh, ow))
 
 
 # ---------------------------------------------------------------- captures

@@ -28,6 +28,7 @@ from . import ops
 from .ir import Graph
 from .lr import Schedule, as_schedule
 from .primitives import bind
+from .tensor import at_user_line
 from .tensor import Tensor
 
 STATE_PREFIX = "opt/"
@@ -90,6 +91,24 @@ def clip_by_global_norm(params: list[ParamSlot], max_norm: float) -> Tensor:
     return coef
 
 
+def _power(b: float, t):
+    """b^t for a traced step count t >= 1, as exp(t log b); b = 0 (torch accepts beta1 = 0:
+    no momentum) has no logarithm, and 0^t = 0 for every t >= 1."""
+    return ops.exp(t * math.log(b)) if b > 0 else t * 0.0
+
+
+def _check_betas(kind: str, betas) -> tuple[float, float]:
+    """torch's rule: 0 <= beta < 1 for each; said at the user's line, not deep in tracing."""
+    try:
+        b = tuple(float(x) for x in betas)
+    except (TypeError, ValueError):
+        b = ()
+    if len(b) != 2 or not all(0.0 <= x < 1.0 for x in b):
+        raise ValueError(f"optim.{kind}: betas must be two numbers in [0, 1), got {betas!r}"
+                         + at_user_line())
+    return b
+
+
 class Adam(Optimizer):
     """Adam with bias correction. weight_decay adds wd * p to the gradient of decaying
     params (torch.optim.Adam's L2 form); AdamW decouples it."""
@@ -98,14 +117,15 @@ class Adam(Optimizer):
 
     def __init__(self, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *, clip_norm=None):
         super().__init__(lr, clip_norm=clip_norm)
-        self.betas, self.eps, self.weight_decay = tuple(betas), float(eps), float(weight_decay)
+        self.betas = _check_betas(type(self).__name__, betas)
+        self.eps, self.weight_decay = float(eps), float(weight_decay)
 
     def apply(self, ctx):
         b1, b2 = self.betas
         lr = ctx.lr()
         t1 = ctx.step + 1.0
-        bc1 = 1.0 - ops.exp(t1 * math.log(b1))  # 1 - b1^t
-        bc2 = 1.0 - ops.exp(t1 * math.log(b2))
+        bc1 = 1.0 - _power(b1, t1)  # 1 - b1^t
+        bc2 = 1.0 - _power(b2, t1)
         step_size = lr / bc1
         inv_sqrt_bc2 = ops.rsqrt(bc2)
         for p in ctx.params:
@@ -163,7 +183,7 @@ class Lion(Optimizer):
 
     def __init__(self, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, *, clip_norm=None):
         super().__init__(lr, clip_norm=clip_norm)
-        self.betas, self.weight_decay = tuple(betas), float(weight_decay)
+        self.betas, self.weight_decay = _check_betas("Lion", betas), float(weight_decay)
 
     def apply(self, ctx):
         b1, b2 = self.betas

@@ -153,7 +153,8 @@ _unary("erf", _erf_ref,
        lambda g, i, o, a: [g * (2 / math.sqrt(math.pi)) * _O().exp(-(i[0] * i[0]))],  # d erf = 2/sqrt(pi) e^{-x^2}
        doc="no composition of exp/tanh gives erf to f32 accuracy")
 _unary("abs", lambda np, a, x: np.abs(x), lambda g, i, o, a: [g * _O().sign(i[0])])
-_unary("sign", lambda np, a, x: np.sign(x), None)
+# sign(NaN) = 0, as torch (numpy says NaN)
+_unary("sign", lambda np, a, x: np.where(np.isnan(x), np.zeros_like(x), np.sign(x)), None)
 _unary("sin", lambda np, a, x: np.sin(x), lambda g, i, o, a: [g * _O().cos(i[0])])
 _unary("cos", lambda np, a, x: np.cos(x), lambda g, i, o, a: [-g * _O().sin(i[0])])
 # x ** p for a Python number p (attrs: p); d x^p = p x^(p-1) dx
@@ -247,11 +248,16 @@ def _sum_grad(g, i, o, a):
 
 defprim("sum", "reduce", shape=_sum_shape, grad=_sum_grad,
         ref=lambda np, a, x: np.sum(x, axis=tuple(a["axes"]), dtype=x.dtype))
+def _max_grad(g, i, o, a):
+    # torch.amax's rule: the gradient is shared equally by all the maximal elements,
+    # dx = g * [x == max] / #{x == max} (max_pool2d routes it to one element instead)
+    O = _O()
+    hit = O.equal(i[0], O.unsqueeze(o, -1))
+    return [O.unsqueeze(g, -1) * hit / O.sum_last(hit, keepdims=True)]
+
+
 defprim("max_last", "reduce", shape=lambda ins, a: (_last_axis(ins, a)[0][:-1], "f32"),
-        ref=lambda np, a, x: np.max(x, axis=-1),
-        # the gradient goes to the first maximal element (torch.max's choice)
-        grad=lambda g, i, o, a: [_O().unsqueeze(g, -1)
-                                 * _O().one_hot(_O().argmax_last(i[0]), i[0].shape[-1])])
+        ref=lambda np, a, x: np.max(x, axis=-1), grad=_max_grad)
 defprim("argmax_last", "reduce", shape=lambda ins, a: (_last_axis(ins, a)[0][:-1], "i32"),
         ref=lambda np, a, x: np.argmax(x, axis=-1).astype("int32"), grad=None)
 
@@ -453,8 +459,15 @@ def _gather_shape(ins, attrs):
     return idx.shape + w.shape[1:], w.dtype
 
 
-defprim("gather_rows", "index", shape=_gather_shape,
-        ref=lambda np, a, w, i: w[i],
+def _gather_ref(np, a, w, i):
+    # rows outside [0, n) read as zeros and negative indices never wrap (bounds.py: fed
+    # indices are refused before a step; this is the rule for computed ones)
+    ok = (i >= 0) & (i < w.shape[0])
+    rows = w[np.where(ok, i, 0)]
+    return np.where(ok.reshape(ok.shape + (1,) * (w.ndim - 1)), rows, np.zeros_like(rows))
+
+
+defprim("gather_rows", "index", shape=_gather_shape, ref=_gather_ref,
         grad=lambda g, i, o, a: [_O().scatter_add_rows(g, i[1], i[0].shape[0]), None],
         doc="rows of a table by index (embedding); primitive because one_hot @ W costs "
             "V times more work and memory")
@@ -470,14 +483,63 @@ def _scatter_shape(ins, attrs):
 
 
 def _scatter_ref(np, a, g, i):
-    out = np.zeros((a["n"],) + g.shape[i.ndim:], g.dtype)
-    np.add.at(out, i.reshape(-1), g.reshape((-1,) + g.shape[i.ndim:]))
+    rest = g.shape[i.ndim:]
+    out = np.zeros((a["n"],) + rest, g.dtype)
+    flat = i.reshape(-1)
+    ok = (flat >= 0) & (flat < a["n"])  # out-of-range rows are dropped (gather reads zeros)
+    np.add.at(out, flat[ok], g.reshape((-1,) + rest)[ok])
     return out
 
 
 defprim("scatter_add_rows", "index", shape=_scatter_shape, ref=_scatter_ref,
         grad=lambda g, i, o, a: [_O().gather_rows(g, i[1]), None],
         doc="the adjoint of gather_rows: rows summed into a zero table")
+
+def _write_rows_shape(ins, attrs):
+    base, vals, start = ins
+    if not base.shape:
+        raise ShapeError("the target needs at least one axis (its rows)")
+    if vals.shape[1:] != base.shape[1:] or len(vals.shape) != len(base.shape):
+        raise ShapeError(f"values {list(vals.shape)} must be rows of the target {list(base.shape)} "
+                         f"(shape [T, {', '.join(map(str, base.shape[1:]))}])")
+    if vals.dtype != base.dtype:
+        raise ShapeError(f"values are {vals.dtype}, the target {base.dtype}")
+    if start.dtype != "i32" or start.size != 1:
+        raise ShapeError(f"start must be one i32 (shape [] or [1]), got {start.type_str}")
+    return base.shape, base.dtype
+
+
+def _write_rows_ref(np, a, base, vals, start):
+    out = base.copy()
+    s, n = int(start.reshape(-1)[0]), base.shape[0]
+    lo, hi = max(s, 0), min(s + vals.shape[0], n)  # rows that land outside the target are dropped
+    if lo < hi:
+        out[lo:hi] = vals[lo - s:hi - s]
+    return out
+
+
+def _write_rows_grad(g, i, o, a):
+    # out[r] = values[r - s] where 0 <= r - s < T, else base[r]:
+    #   d base = g off the written rows,  d values[t] = g[s + t] (0 where s + t is outside)
+    O = _O()
+    base, vals, start = i
+    n, t = base.shape[0], vals.shape[0]
+    s = O.reshape(start, (1,))
+    rows = O.arange(n) - s
+    written = O.cast(O.greater_equal(rows, 0), "f32") * O.less(rows, t)
+    keep = O.reshape(1.0 - written, (n,) + (1,) * (len(base.shape) - 1))
+    dst = O.arange(t) + s
+    inside = O.greater_equal(dst, 0) * O.less(dst, n)
+    rows_of_g = O.gather_rows(g, O.minimum(O.maximum(dst, 0), n - 1))
+    return [g * keep, rows_of_g * O.reshape(inside, (t,) + (1,) * (len(base.shape) - 1)), None]
+
+
+defprim("write_rows", "index", shape=_write_rows_shape, ref=_write_rows_ref, grad=_write_rows_grad,
+        doc="rows start..start+T-1 of a target replaced by values (start a run-time i32; rows "
+            "outside the target dropped). A primitive, not where(mask, gather(values), base), "
+            "because assigned back to its own state (stateful.py) the WebGPU kernel writes only "
+            "the T rows in place: a KV cache step touches T rows, not the whole cache")
+
 
 # ---------------------------------------------------------------- random
 
@@ -525,8 +587,48 @@ defprim("rand_uniform", "random", shape=_rand_shape, ref=_rand_ref, grad=None,
 # ---------------------------------------------------------------- convolution windows
 
 
-def conv_out_size(n, k, s, p):
-    return (n + 2 * p - k) // s + 1
+def conv_out_size(n, k, s, p, d=1, ceil=False):
+    """Output length of a window of k taps spaced d apart, stride s, padding p on both
+    sides (torch's rule). ceil: round up, but a window must start inside the input or
+    its left padding (torch's ceil_mode)."""
+    span = d * (k - 1) + 1
+    if not ceil:
+        return (n + 2 * p - span) // s + 1
+    out = -(-(n + 2 * p - span) // s) + 1
+    if (out - 1) * s >= n + p:
+        out -= 1
+    return out
+
+
+@dataclass(frozen=True)
+class Window:
+    """The geometry of an unfold2d/fold2d node: taps (kh, kw) spaced (dh, dw), stride,
+    padding and output grid (oh, ow) over an H x W image."""
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    ph: int
+    pw: int
+    dh: int
+    dw: int
+    oh: int
+    ow: int
+
+
+def window(attrs, H: int, W: int) -> Window:
+    (kh, kw), (sh, sw), (ph, pw) = attrs["kernel"], attrs["stride"], attrs["padding"]
+    dh, dw = attrs.get("dilation", (1, 1))
+    ceil = attrs.get("ceil", False)
+    return Window(kh, kw, sh, sw, ph, pw, dh, dw, conv_out_size(H, kh, sh, ph, dh, ceil),
+                  conv_out_size(W, kw, sw, pw, dw, ceil))
+
+
+def window_rows(np, w: Window):
+    """(rows [kh, oh], cols [kw, ow]): the image coordinate each tap reads (may be outside)."""
+    rows = np.arange(w.oh)[None, :] * w.sh + np.arange(w.kh)[:, None] * w.dh - w.ph
+    cols = np.arange(w.ow)[None, :] * w.sw + np.arange(w.kw)[:, None] * w.dw - w.pw
+    return rows, cols
 
 
 def _unfold_shape(ins, attrs):
@@ -534,24 +636,24 @@ def _unfold_shape(ins, attrs):
     if len(x.shape) != 4:
         raise ShapeError("expects [N, C, H, W]")
     N, C, H, W = x.shape
-    (kh, kw), (sh, sw), (ph, pw) = attrs["kernel"], attrs["stride"], attrs["padding"]
-    oh, ow = conv_out_size(H, kh, sh, ph), conv_out_size(W, kw, sw, pw)
-    if oh < 1 or ow < 1:
-        raise ShapeError(f"a {kh}x{kw} window does not fit in {H}x{W} with padding {ph},{pw}")
-    return (N, C, kh * kw, oh * ow), x.dtype
+    w = window(attrs, H, W)
+    if w.oh < 1 or w.ow < 1:
+        raise ShapeError(f"a {w.kh}x{w.kw} window (dilation {w.dh},{w.dw}) does not fit in "
+                         f"{H}x{W} with padding {w.ph},{w.pw}")
+    return (N, C, w.kh * w.kw, w.oh * w.ow), x.dtype
 
 
 def _unfold_ref(np, a, x):
+    # out[n, c, i*kw + j, oy*ow + ox] = x[n, c, rows[i, oy], cols[j, ox]], pad_value outside
     N, C, H, W = x.shape
-    (kh, kw), (sh, sw), (ph, pw) = a["kernel"], a["stride"], a["padding"]
-    oh, ow = conv_out_size(H, kh, sh, ph), conv_out_size(W, kw, sw, pw)
-    xp = np.full((N, C, H + 2 * ph, W + 2 * pw), a["pad_value"], x.dtype)
-    xp[:, :, ph:ph + H, pw:pw + W] = x
-    out = np.empty((N, C, kh * kw, oh * ow), x.dtype)
-    for i in range(kh):
-        for j in range(kw):
-            out[:, :, i * kw + j] = xp[:, :, i:i + sh * oh:sh, j:j + sw * ow:sw].reshape(N, C, -1)
-    return out
+    w = window(a, H, W)
+    rows, cols = window_rows(np, w)
+    r = rows[:, None, :, None]
+    c = cols[None, :, None, :]
+    inside = (r >= 0) & (r < H) & (c >= 0) & (c < W)
+    v = x[:, :, np.clip(r, 0, H - 1), np.clip(c, 0, W - 1)]  # [N, C, kh, kw, oh, ow]
+    out = np.where(inside, v, np.asarray(a["pad_value"], x.dtype)).astype(x.dtype)
+    return out.reshape(N, C, w.kh * w.kw, w.oh * w.ow)
 
 
 def _fold_shape(ins, attrs):
@@ -560,19 +662,22 @@ def _fold_shape(ins, attrs):
 
 
 def _fold_ref(np, a, g):
+    # the adjoint: every window entry that lies inside the image is added back to its pixel
     N, C = g.shape[:2]
     H, W = a["size"]
-    (kh, kw), (sh, sw), (ph, pw) = a["kernel"], a["stride"], a["padding"]
-    oh, ow = conv_out_size(H, kh, sh, ph), conv_out_size(W, kw, sw, pw)
-    out = np.zeros((N, C, H + 2 * ph, W + 2 * pw), g.dtype)
-    for i in range(kh):
-        for j in range(kw):
-            out[:, :, i:i + sh * oh:sh, j:j + sw * ow:sw] += g[:, :, i * kw + j].reshape(N, C, oh, ow)
-    return out[:, :, ph:ph + H, pw:pw + W]
+    w = window(a, H, W)
+    rows, cols = window_rows(np, w)
+    r = np.broadcast_to(rows[:, None, :, None], (w.kh, w.kw, w.oh, w.ow))
+    c = np.broadcast_to(cols[None, :, None, :], (w.kh, w.kw, w.oh, w.ow))
+    inside = (r >= 0) & (r < H) & (c >= 0) & (c < W)
+    out = np.zeros((N, C, H * W), g.dtype)
+    vals = g.reshape(N, C, w.kh, w.kw, w.oh, w.ow)[:, :, inside]
+    np.add.at(out, (slice(None), slice(None), (r * W + c)[inside]), vals)
+    return out.reshape(N, C, H, W)
 
 
 def _window(a):
-    return {k: a[k] for k in ("kernel", "stride", "padding")}
+    return {k: a[k] for k in ("kernel", "stride", "padding", "dilation", "ceil") if k in a}
 
 
 defprim("unfold2d", "conv", shape=_unfold_shape, ref=_unfold_ref,

@@ -1,8 +1,9 @@
 """Tensor: a symbolic handle on one IR node, used while tracing.
 
 A Tensor holds no data. Calling an op on Tensors appends a node to the graph being traced
-(the innermost `tracing(graph)` context) and returns a new Tensor. Operators `+ - * / @ **`
-and unary `-` forward to `webgrad.ops`. Each node records the user's source line, so
+(the innermost `tracing(graph)` context) and returns a new Tensor. Operators `+ - * / @ **`,
+unary `-`, `abs()` and the comparisons `< <= > >= == !=` (elementwise, f32 0/1 masks)
+forward to `webgrad.ops`. Each node records the user's source line, so
 errors raised later (shape mismatches, bad feeds) can point at the line that built it.
 """
 from __future__ import annotations
@@ -41,7 +42,8 @@ def user_location() -> str | None:
     f = sys._getframe(1)
     while f is not None:
         fn = f.f_code.co_filename
-        if not os.path.abspath(fn).startswith(_PKG_DIR) and not fn.startswith("<frozen"):
+        generated = fn == "<string>" and f.f_code.co_name == "__init__"  # a dataclass's __init__
+        if not os.path.abspath(fn).startswith(_PKG_DIR) and not fn.startswith("<frozen") and not generated:
             return f"{os.path.basename(fn)}:{f.f_lineno} in {f.f_code.co_name}"
         f = f.f_back
     return None
@@ -97,6 +99,7 @@ class Tensor:
     def __matmul__(self, o): return _ops().matmul(self, o)
     def __rmatmul__(self, o): return _ops().matmul(o, self)
     def __neg__(self): return _ops().neg(self)
+    def __abs__(self): return _ops().abs(self)
 
     def __pow__(self, p):
         if not isinstance(p, (int, float)):
@@ -104,8 +107,16 @@ class Tensor:
                             "exponent write ops.exp(b * ops.log(a))")
         return _ops().pow(self, p)
 
+    # Comparisons are elementwise and return f32 0/1 masks, as torch's (bool) tensors do.
+    # `==` too: a silent identity test (`t == 0.0` -> False) hides bugs. Tensors stay
+    # hashable by identity, so they can still be dict keys.
     def __lt__(self, o): return _ops().less(self, o)
     def __gt__(self, o): return _ops().greater(self, o)
+    def __le__(self, o): return _ops().less_equal(self, o)
+    def __ge__(self, o): return _ops().greater_equal(self, o)
+    def __eq__(self, o): return _ops().equal(self, o)
+    def __ne__(self, o): return _ops().not_equal(self, o)
+    __hash__ = object.__hash__
 
     def reshape(self, *shape): return _ops().reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], (list, tuple)) else shape)
     def transpose(self, *perm): return _ops().transpose(self, perm[0] if len(perm) == 1 and isinstance(perm[0], (list, tuple)) else perm)

@@ -34,6 +34,11 @@ class Backend:
     def destroy(self) -> None:
         pass
 
+    def renewed(self) -> "Backend":
+        """A backend of the same kind on a working device, for recover() after a lost one.
+        CPU executors never lose theirs: they return themselves."""
+        return self
+
 
 _auto_said = False
 

@@ -29,7 +29,8 @@ class ReferenceBackend(Interpreter):
 
     def to_host(self, x, dtype):
         np = self.np
-        x = np.ascontiguousarray(x, dtype=np.float32 if dtype == "f32" else np.int32)
+        # np.asarray + order="C", not ascontiguousarray: that one turns rank 0 into shape (1,)
+        x = np.asarray(x, dtype=np.float32 if dtype == "f32" else np.int32, order="C")
         out = HostArray(dtype, shape=x.shape)
         out.frombytes(x.tobytes())
         return out

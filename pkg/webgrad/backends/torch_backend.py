@@ -13,10 +13,11 @@ This module is imported only when a torch backend is asked for (backends.get_bac
 """
 from __future__ import annotations
 
+import ctypes
 from math import prod
 
 from ..arrays import HostArray
-from ..primitives import _lowbias32, conv_out_size, rand_key
+from ..primitives import _lowbias32, rand_key, window, window_rows
 from .interpreter import Interpreter
 
 try:
@@ -109,13 +110,27 @@ def _one_hot(a, i):
 
 
 def _gather_rows(a, w, i):
-    return w[i.long()]
+    # as the ref rule: rows outside [0, n) read as zeros, no negative wrap
+    ok = (i >= 0) & (i < w.shape[0])
+    rows = w[torch.where(ok, i, 0).long()]
+    return torch.where(ok.reshape(ok.shape + (1,) * (w.dim() - 1)), rows, rows.new_zeros(()))
 
 
 def _scatter_add_rows(a, g, i):
     rest = tuple(g.shape[i.dim():])
     out = g.new_zeros((a["n"],) + rest)
-    return out.index_add_(0, i.reshape(-1).long(), g.reshape((-1,) + rest))
+    flat = i.reshape(-1)
+    ok = (flat >= 0) & (flat < a["n"])  # out-of-range rows are dropped
+    return out.index_add_(0, flat[ok].long(), g.reshape((-1,) + rest)[ok])
+
+
+def _write_rows(a, base, vals, start):
+    out = base.clone()
+    s, n = int(start.reshape(-1)[0]), base.shape[0]
+    lo, hi = max(s, 0), min(s + vals.shape[0], n)  # rows outside the target are dropped
+    if lo < hi:
+        out[lo:hi] = vals[lo - s:hi - s]
+    return out
 
 
 # ---------------------------------------------------------------- random
@@ -134,32 +149,35 @@ def _rand_uniform(a, counter):
 # ---------------------------------------------------------------- convolution windows
 
 
-def _geometry(a, H, W):
-    (kh, kw), (sh, sw), (ph, pw) = a["kernel"], a["stride"], a["padding"]
-    return kh, kw, sh, sw, ph, pw, conv_out_size(H, kh, sh, ph), conv_out_size(W, kw, sw, pw)
+def _taps(a, H, W, device):
+    """(window, flat pixel index [kh, kw, oh, ow] (clamped), inside mask): the same index
+    arrays as primitives._unfold_ref, in torch."""
+    w = window(a, H, W)
+    rows, cols = window_rows(torch, w)
+    r = rows[:, None, :, None].expand(w.kh, w.kw, w.oh, w.ow)
+    c = cols[None, :, None, :].expand(w.kh, w.kw, w.oh, w.ow)
+    inside = (r >= 0) & (r < H) & (c >= 0) & (c < W)
+    flat = r.clamp(0, H - 1) * W + c.clamp(0, W - 1)
+    return w, flat.to(device), inside.to(device)
 
 
 def _unfold2d(a, x):
-    # strided slices of a padded copy (not F.unfold: max_pool2d pads with pad_value)
+    # an index gather (not F.unfold: max_pool2d pads with pad_value, ceil_mode overhangs)
     N, C, H, W = x.shape
-    kh, kw, sh, sw, ph, pw, oh, ow = _geometry(a, H, W)
-    xp = x.new_full((N, C, H + 2 * ph, W + 2 * pw), a["pad_value"])
-    xp[:, :, ph:ph + H, pw:pw + W] = x
-    cols = [xp[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw].reshape(N, C, oh * ow)
-            for i in range(kh) for j in range(kw)]
-    return torch.stack(cols, dim=2)
+    w, flat, inside = _taps(a, H, W, x.device)
+    v = x.reshape(N, C, H * W)[:, :, flat]
+    out = torch.where(inside, v, torch.tensor(a["pad_value"], dtype=x.dtype, device=x.device))
+    return out.reshape(N, C, w.kh * w.kw, w.oh * w.ow)
 
 
 def _fold2d(a, g):
     N, C = g.shape[:2]
     H, W = a["size"]
-    kh, kw, sh, sw, ph, pw, oh, ow = _geometry(a, H, W)
-    out = g.new_zeros((N, C, H + 2 * ph, W + 2 * pw))
-    for i in range(kh):
-        for j in range(kw):
-            out[:, :, i:i + sh * (oh - 1) + 1:sh, j:j + sw * (ow - 1) + 1:sw] += \
-                g[:, :, i * kw + j].reshape(N, C, oh, ow)
-    return out[:, :, ph:ph + H, pw:pw + W].contiguous()
+    w, flat, inside = _taps(a, H, W, g.device)
+    out = g.new_zeros((N, C, H * W))
+    vals = g.reshape(N, C, w.kh, w.kw, w.oh, w.ow)[:, :, inside]
+    out.index_add_(2, flat[inside], vals)
+    return out.reshape(N, C, H, W)
 
 
 def _impls(device) -> dict:
@@ -209,6 +227,7 @@ def _impls(device) -> dict:
         "one_hot": _one_hot,
         "gather_rows": _gather_rows,
         "scatter_add_rows": _scatter_add_rows,
+        "write_rows": _write_rows,
         "rand_uniform": _rand_uniform,
         "unfold2d": _unfold2d,
         "fold2d": _fold2d,
@@ -242,8 +261,9 @@ class TorchBackend(Interpreter):
         x = x.detach().to("cpu", _tdtype(dtype)).contiguous()
         out = HostArray(dtype, shape=tuple(x.shape))
         if x.numel():
-            # clone(): a view (slice, expand) has a larger storage than its elements
-            out.frombytes(bytes(x.reshape(-1).clone().untyped_storage()))
+            # one memcpy of the contiguous CPU tensor (bytes(untyped_storage()) iterates
+            # byte by byte: seconds for a megabyte)
+            out.frombytes(ctypes.string_at(x.data_ptr(), x.numel() * x.element_size()))
         return out
 
     def zeros(self, shape, dtype):

@@ -107,6 +107,10 @@ class WebGPUBackend(Backend):
             self.host.write(program, buf, data)
         return WebGPUProgram(self, lowered, names, program)
 
+    def renewed(self) -> "WebGPUBackend":
+        # the default host of this process: a lost shared device is replaced by a new one
+        return WebGPUBackend()
+
     def destroy(self) -> None:
         for p in self.programs:
             self.host.unload(p)

@@ -7,6 +7,7 @@
   index.py        one_hot, gather_rows (expressions), scatter_add_rows (kernel)
   random.py       rand_uniform, bit-identical to primitives.rand_bits
   conv.py         unfold2d (expression), fold2d (kernel)
+  rows.py         write_rows (kernel; in place into a state buffer: the KV cache step)
   reduce.py       sum, max_last, argmax_last, softmax/log_softmax/layer_norm (one kernel each)
   matmul.py       the tiled, register-blocked matmul
   fusion.py       storage decisions, kernel groups, merges, in-place writebacks, schedule

@@ -1,6 +1,6 @@
 """Convolution windows: unfold2d (im2col) is an expression, fold2d (col2im) a kernel.
 
-unfold2d  out[n, c, i*kw + j, oy*OW + ox] = x[n, c, oy*sh + i - ph, ox*sw + j - pw], or
+unfold2d  out[n, c, i*kw + j, oy*OW + ox] = x[n, c, oy*sh + i*dh - ph, ox*sw + j*dw - pw], or
           pad_value outside the image: index arithmetic in the consumer (conv2d's matmul
           reads it through a stored copy; max_pool2d's max_last reads it directly)
 fold2d    its adjoint: one thread per image pixel sums the window entries that cover it
@@ -11,7 +11,7 @@ from __future__ import annotations
 from math import prod
 
 from .emit import Emitter, Idx, rule
-from ..primitives import conv_out_size
+from ..primitives import window
 from .wgsl import WG, f32_lit, zero
 
 
@@ -19,15 +19,14 @@ from .wgsl import WG, f32_lit, zero
 def _unfold_rule(em: Emitter, node, idx: Idx) -> str:
     x = node.inputs[0]
     N, C, H, W = em.g[x].shape
-    (_, kw), (sh, sw), (ph, pw) = node.attrs["kernel"], node.attrs["stride"], node.attrs["padding"]
-    ow = conv_out_size(W, kw, sw, pw)
+    w = window(node.attrs, H, W)
     n, c, kk, p = idx.dims(em)
-    i = em.let(f"{kk} / {kw}u") if kw > 1 else kk
-    j = em.let(f"{kk} % {kw}u") if kw > 1 else "0u"
-    oy = em.let(f"{p} / {ow}u") if ow > 1 else p
-    ox = em.let(f"{p} % {ow}u") if ow > 1 else "0u"
-    y = em.let(f"i32({oy} * {sh}u + {i}) - {ph}i")
-    xx = em.let(f"i32({ox} * {sw}u + {j}) - {pw}i")
+    i = em.let(f"{kk} / {w.kw}u") if w.kw > 1 else kk
+    j = em.let(f"{kk} % {w.kw}u") if w.kw > 1 else "0u"
+    oy = em.let(f"{p} / {w.ow}u") if w.ow > 1 else p
+    ox = em.let(f"{p} % {w.ow}u") if w.ow > 1 else "0u"
+    y = em.let(f"i32({oy} * {w.sh}u + {i} * {w.dh}u) - {w.ph}i")
+    xx = em.let(f"i32({ox} * {w.sw}u + {j} * {w.dw}u) - {w.pw}i")
     inside = em.let(f"{y} >= 0i && {y} < {H}i && {xx} >= 0i && {xx} < {W}i")
     yc = em.let(f"u32(clamp({y}, 0i, {H - 1}i))")
     xc = em.let(f"u32(clamp({xx}, 0i, {W - 1}i))")
@@ -39,8 +38,7 @@ def build_fold(ctx) -> list:
     node = ctx.main_node
     g_in = node.inputs[0]
     N, C, H, W = node.shape
-    (kh, kw), (sh, sw), (ph, pw) = node.attrs["kernel"], node.attrs["stride"], node.attrs["padding"]
-    oh, ow = conv_out_size(H, kh, sh, ph), conv_out_size(W, kw, sw, pw)
+    w = window(node.attrs, H, W)
     total = prod(node.shape)
     kernel = ctx.kernel("fold2d")
     epi = ctx.epilogue_fn(kernel)
@@ -48,18 +46,19 @@ def build_fold(ctx) -> list:
     grid = kernel.thread_index(em, total, "o")
     n, c, y, x = em.unravel("o", node.shape)
     acc = em.var(node.dtype, zero(node.dtype))
-    for i in range(kh):
-        for j in range(kw):
-            ty = em.let(f"i32({y}) + {ph - i}i")
-            tx = em.let(f"i32({x}) + {pw - j}i")
-            conds = [f"{ty} >= 0i", f"{tx} >= 0i", f"{ty} < {oh * sh}i", f"{tx} < {ow * sw}i"]
-            if sh > 1:
-                conds.append(f"{ty} % {sh}i == 0i")
-            if sw > 1:
-                conds.append(f"{tx} % {sw}i == 0i")
+    for i in range(w.kh):
+        for j in range(w.kw):
+            # tap (i, j) of output (oy, ox) covers this pixel when oy*sh = y + ph - i*dh
+            ty = em.let(f"i32({y}) + {w.ph - i * w.dh}i")
+            tx = em.let(f"i32({x}) + {w.pw - j * w.dw}i")
+            conds = [f"{ty} >= 0i", f"{tx} >= 0i", f"{ty} < {w.oh * w.sh}i", f"{tx} < {w.ow * w.sw}i"]
+            if w.sh > 1:
+                conds.append(f"{ty} % {w.sh}i == 0i")
+            if w.sw > 1:
+                conds.append(f"{tx} % {w.sw}i == 0i")
             with em.block(f"if ({' && '.join(conds)})"):
-                p = em.let(f"u32({ty} / {sh}i) * {ow}u + u32({tx} / {sw}i)")
-                v = em.value(g_in, Idx(em.g[g_in].shape, dims=[n, c, f"{i * kw + j}u", p]))
+                p = em.let(f"u32({ty} / {w.sh}i) * {w.ow}u + u32({tx} / {w.sw}i)")
+                v = em.value(g_in, Idx(em.g[g_in].shape, dims=[n, c, f"{i * w.kw + j}u", p]))
                 em.emit(f"{acc} += {v};")
     em.emit(f"{epi}(o, {acc});")
     return [ctx.dispatch(kernel, em.lines, grid, WG)]

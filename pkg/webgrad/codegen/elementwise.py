@@ -11,6 +11,10 @@ one kernel). Numerics that WGSL leaves loose are pinned here:
          exp2(p log2 x): NaN for x < 0); p = +-0.5 as sqrt / inverseSqrt
   erf    our own f32 approximation (below), max relative error ~1.7e-7 (3 ulp)
   i32 /  WGSL truncates toward zero, as numpy's trunc(x / y) does
+  NaN    WGSL leaves max/min/clamp/sign of NaN undefined (lavapipe: relu(NaN) = 0,
+         tanh(NaN) = -1, max(inf, NaN) = inf), which would hide a NaN loss; these ops test
+         for NaN on the bits (isnan_f: a compiler may fold `x != x` away) and follow torch:
+         relu/tanh/maximum/minimum propagate NaN, sign(NaN) = 0
 """
 from __future__ import annotations
 
@@ -86,18 +90,26 @@ TRIG_WGSL = """fn trig_f(x: f32, quarter_turns: i32) -> f32 {
     return select(select(select(-c, -s, q == 2), c, q == 1), s, q == 0);
 }"""
 
+# NaN by its bits, which no float optimisation can assume away
+ISNAN_WGSL = """fn isnan_f(x: f32) -> bool {
+  return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u;
+}
+"""
+
+_NAN_SAFE = {"relu", "tanh", "sign", "maximum", "minimum"}  # need isnan_f
+
 _UNARY = {
     "neg": lambda x, a: f"(-{x})",
     "exp": lambda x, a: f"exp({x})",
     "log": lambda x, a: f"log({x})",
     "sqrt": lambda x, a: f"sqrt({x})",
     "rsqrt": lambda x, a: f"inverseSqrt({x})",
-    "tanh": lambda x, a: f"tanh(clamp({x}, -15.0f, 15.0f))",
+    "tanh": lambda x, a: f"select(tanh(clamp({x}, -15.0f, 15.0f)), {x}, isnan_f({x}))",
     "sigmoid": lambda x, a: f"(1.0f / (1.0f + exp(-{x})))",
-    "relu": lambda x, a: f"max({x}, 0.0f)",
+    "relu": lambda x, a: f"select(max({x}, 0.0f), {x}, isnan_f({x}))",
     "erf": lambda x, a: f"erf_f({x})",
     "abs": lambda x, a: f"abs({x})",
-    "sign": lambda x, a: f"sign({x})",
+    "sign": lambda x, a: f"select(sign({x}), 0.0f, isnan_f({x}))",
     "sin": lambda x, a: f"trig_f({x}, 0)",
     "cos": lambda x, a: f"trig_f({x}, 1)",  # cos x = sin(x + pi/2)
     "pow": lambda x, a: _pow(x, float(a["p"])),
@@ -108,8 +120,10 @@ _BINARY = {
     "sub": lambda x, y: f"({x} - {y})",
     "mul": lambda x, y: f"({x} * {y})",
     "div": lambda x, y: f"({x} / {y})",
-    "maximum": lambda x, y: f"max({x}, {y})",
-    "minimum": lambda x, y: f"min({x}, {y})",
+    # the NaN operand itself (not x + y: a driver may fold x + (-x) to 0 under NaN-unsafe
+    # algebra, lavapipe does)
+    "maximum": lambda x, y: f"select(select(max({x}, {y}), {y}, isnan_f({y})), {x}, isnan_f({x}))",
+    "minimum": lambda x, y: f"select(select(min({x}, {y}), {y}, isnan_f({y})), {x}, isnan_f({x}))",
     "less": lambda x, y: f"select(0.0f, 1.0f, {x} < {y})",
     "greater": lambda x, y: f"select(0.0f, 1.0f, {x} > {y})",
     "equal": lambda x, y: f"select(0.0f, 1.0f, {x} == {y})",
@@ -124,12 +138,19 @@ def _unary_rule(em: Emitter, node, idx: Idx) -> str:
         em.k.helper("erf_f", ERF_WGSL)
     if node.op in ("sin", "cos"):
         em.k.helper("trig_f", TRIG_WGSL)
+    if node.op in _NAN_SAFE:
+        em.k.helper("isnan_f", ISNAN_WGSL)
     return _UNARY[node.op](em.arg(node, 0, idx), node.attrs)
 
 
 @rule(*_BINARY)
 def _binary_rule(em: Emitter, node, idx: Idx) -> str:
-    return _BINARY[node.op](em.arg(node, 0, idx), em.arg(node, 1, idx))
+    x, y = em.arg(node, 0, idx), em.arg(node, 1, idx)
+    if node.op in _NAN_SAFE and node.dtype == "i32":  # integers have no NaN
+        return f"{node.op[:3]}({x}, {y})"
+    if node.op in _NAN_SAFE:
+        em.k.helper("isnan_f", ISNAN_WGSL)
+    return _BINARY[node.op](x, y)
 
 
 @rule("where")

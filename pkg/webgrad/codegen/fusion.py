@@ -22,8 +22,9 @@ outside it reads. The rules, in order:
     the binding limit.
  4. Writebacks in place. A new value of a param/state is computed straight into the
     persistent buffer when every other reader of the old value can run before the writing
-    kernel and the writer itself reads the old value only at the same index; those readers
-    get ordering edges. Otherwise the value goes to a temporary and is copied at the end of
+    kernel and the writer itself reads the old value only at the same index (or is a
+    write_rows of that very buffer, which then writes only its new rows: codegen/rows.py);
+    those readers get ordering edges. Otherwise the value goes to a temporary and is copied at the end of
     the step (copyBufferToBuffer): a step always sees the old values everywhere.
 Two algebraic folds save whole kernels: sum(sum(x, A1), A2) is one reduction of x, and a
 sum over the batch axes of a batched matmul (every weight gradient of a layer applied to
@@ -35,13 +36,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import prod
 
+from .attention_match import ATTN_OPS
 from .elementwise import ELEMENTWISE_OPS, const_fill
 from .emit import EXPR_RULES
 from .layout import merge_batch_into_k, strided_view
 from .reduce import REDUCE_OPS, ROW_OPS
 from .wgsl import Limits
 
-KERNEL_OPS = {"matmul", "scatter_add_rows", "fold2d"} | REDUCE_OPS | ROW_OPS
+KERNEL_OPS = {"matmul", "scatter_add_rows", "fold2d", "write_rows"} | REDUCE_OPS | ROW_OPS | ATTN_OPS
 LEAF_OPS = {"input", "param", "state"}
 VIEW_OPS = {"transpose", "broadcast_to", "slice", "reshape"}
 _COSTLY = {"exp", "log", "tanh", "sigmoid", "erf", "pow", "sin", "cos", "sqrt", "rsqrt", "div"}
@@ -131,7 +133,9 @@ class Fusion:
     def _matmul_operands(self):
         g = self.g
         for n in g.nodes:
-            if n.op != "matmul":
+            # attention kernels read every row of k and v once per query: operands stay
+            # strided views of stored tensors, as matmul's do, never recomputed expressions
+            if n.op != "matmul" and n.op not in ATTN_OPS:
                 continue
             for x in n.inputs:
                 while strided_view(g, x, self.has_storage) is None:
@@ -350,6 +354,8 @@ class Fusion:
                 H = self.groups[h]
                 if any(a in self.piecewise for a in H.anchors):
                     continue
+                if H.main is not None and self.g[H.main].op == "write_rows":
+                    continue  # its in-place form visits only the new rows: no epilogue
                 if any(self.depends(d, h) for d in self.deps(gid) if d != h):
                     continue  # gid needs something that needs H: merging would form a cycle
                 merged_loads = dict(self.loads(h))
@@ -389,8 +395,8 @@ class Fusion:
                     ld = self.loads(h)
                     if leaf not in ld:
                         continue
-                    if h == gid:
-                        ok = ok and ld[leaf]
+                    if h == gid:  # write_rows of the leaf itself: written row by row, in place
+                        ok = ok and (ld[leaf] or (g[s].op == "write_rows" and g[s].inputs[0] == leaf))
                     else:
                         readers.append(h)
                         ok = ok and not self.depends(h, gid)

@@ -2,10 +2,15 @@
 
 one_hot      (idx == j) as f32, read where the consumer reads it (no [.., n] tensor made
              unless something needs one stored)
-gather_rows  the table read at the row an index names (negative rows wrap, as numpy's)
-scatter_add_rows  WGSL has no float atomics, so each output element (row r, column d) is
-             one thread that loops over all indices and adds the values whose index is r:
-             deterministic, and the summation order is index order, as numpy's add.at
+gather_rows  the table read at the row an index names; a row outside [0, n) reads zeros
+             (no negative wrap: bounds.py refuses such feeds, this is the computed-index rule)
+scatter_add_rows  WGSL has no float atomics. The indices are grouped by row first (a
+             counting sort with u32 atomics, then each row's segment put in index order),
+             and one thread per output element (row r, column d) sums its row's segment:
+             O(N + V + N*D + V*D) for N indices into V rows of width D, where the loop over
+             every index per output element cost O(V*D*N) (a 50k vocabulary made the
+             embedding gradient unusable). Deterministic: the sum runs in index order, as
+             numpy's add.at. Rows outside [0, V) are dropped.
 """
 from __future__ import annotations
 
@@ -30,30 +35,138 @@ def _gather_rule(em, node, idx):
     rows = em.g[w].shape[0]
     dims = idx.dims(em)
     r = em.value(i, Idx(em.g[i].shape, dims=dims[:k]))
-    row = em.let(f"u32(select({r}, {r} + {rows}i, {r} < 0i))")
-    return em.value(w, Idx(em.g[w].shape, dims=[row] + list(dims[k:])))
+    ok = em.let(f"{r} >= 0i && {r} < {rows}i")
+    row = em.let(f"u32(clamp({r}, 0i, {max(rows - 1, 0)}i))")
+    v = em.value(w, Idx(em.g[w].shape, dims=[row] + list(dims[k:])))
+    return f"select({zero(node.dtype)}, {v}, {ok})"
+
+
+def scatter_scratch(g, node) -> list[tuple[int, str]]:
+    """Scratch of scatter_add_rows: per-row counts (reused as placement cursors), row starts,
+    the index positions grouped by row, then sorted within each row."""
+    n_rows, n_idx = node.shape[0], prod(g[node.inputs[1]].shape)
+    rows = 4 * max(n_rows + 1, 1)
+    return [(rows, "u32"), (rows, "u32"), (4 * max(n_idx, 1), "u32"), (4 * max(n_idx, 1), "u32")]
 
 
 def build_scatter(ctx) -> list:
+    """Six dispatches, O(N + V + V*D + N*D) work for N indices into V rows of D values:
+      1 zero the counts   2 count each row (atomicAdd on u32)   3 exclusive scan of the
+      counts into row starts (one workgroup), counts reset to serve as cursors   4 place
+      each index position in its row's segment (atomicAdd on the cursor: any order)
+      5 sort each segment by position (a position's rank = how many in its segment are
+      smaller)   6 one thread per output element sums its row's segment in position order.
+    Out-of-range indices are dropped in 2 and 4. The sum runs in index order, as numpy's
+    add.at, so the result is deterministic although 4's placement is not."""
     node = ctx.main_node
     g_in, i_in = node.inputs
     G = ctx.g
-    n_idx = prod(G[i_in].shape)
-    n_rows = node.shape[0]
+    N = prod(G[i_in].shape)
+    V = node.shape[0]
     D = prod(node.shape[1:])
-    total = n_rows * D
-    kernel = ctx.kernel("scatter_add_rows")
-    epi = ctx.epilogue_fn(kernel)
-    em = ctx.emitter(kernel)
-    grid = kernel.thread_index(em, total, "o")
-    r = em.let(f"i32(o / {D}u)") if D > 1 else "i32(o)"
+    counts, starts, grouped, ordered = ctx.scratch
+    out = []
+
+    def index_at(em, j):
+        t = em.value(i_in, Idx(G[i_in].shape, flat=j))
+        return t, em.let(f"{t} >= 0i && {t} < {V}i")
+
+    def bind(k, st, dtype, write=False):
+        return k.binding(st.buffer, dtype, write=write, what=st.what, nbytes=st.nbytes)
+
+    # 1: zero the counts
+    k = ctx.kernel("scatter_add_rows (zero)")
+    em = ctx.emitter(k)
+    grid = k.thread_index(em, V + 1, "r")
+    em.emit(f"atomicStore(&{bind(k, counts, 'atomic_u32', True)}[r], 0u);")
+    out.append(ctx.dispatch(k, em.lines, grid, WG))
+    # 2: count
+    k = ctx.kernel("scatter_add_rows (count)")
+    em = ctx.emitter(k)
+    grid = k.thread_index(em, N, "j")
+    t, ok = index_at(em, "j")
+    c = bind(k, counts, "atomic_u32", True)
+    with em.block(f"if ({ok})"):
+        em.emit(f"atomicAdd(&{c}[u32({t})], 1u);")
+    out.append(ctx.dispatch(k, em.lines, grid, WG))
+    # 3: exclusive scan, one workgroup: each thread scans a chunk of rows serially, the
+    #    chunk totals are scanned in shared memory (Hillis-Steele), then written back
+    wgs = min(WG, ctx.limits.max_compute_invocations_per_workgroup,
+              ctx.limits.max_compute_workgroup_size_x)
+    chunk = -(-V // wgs) if V else 1
+    k = ctx.kernel("scatter_add_rows (scan)")
+    k.decls.append(f"var<workgroup> part: array<u32, {wgs}>;")
+    em = ctx.emitter(k)
+    grid = k.grid(1)
+    c = bind(k, counts, "atomic_u32", True)
+    s = bind(k, starts, "u32", True)
+    em.emit(f"let r0 = min(lid * {chunk}u, {V}u);")
+    em.emit(f"let r1 = min(r0 + {chunk}u, {V}u);")
+    tot = em.var("u32", "0u")
+    with em.block("for (var r = r0; r < r1; r++)"):
+        em.emit(f"{tot} += atomicLoad(&{c}[r]);")
+    em.emit(f"part[lid] = {tot};")
+    st = 1
+    while st < wgs:
+        em.emit("workgroupBarrier();")
+        em.emit(f"let p{st} = select(0u, part[lid - {st}u], lid >= {st}u);")
+        em.emit("workgroupBarrier();")
+        em.emit(f"part[lid] += p{st};")
+        st *= 2
+    em.emit("workgroupBarrier();")
+    run = em.var("u32", f"part[lid] - {tot}")  # the exclusive prefix of this chunk
+    with em.block("for (var r = r0; r < r1; r++)"):
+        em.emit(f"let cr = atomicLoad(&{c}[r]);")
+        em.emit(f"{s}[r] = {run};")
+        em.emit(f"{run} += cr;")
+        em.emit(f"atomicStore(&{c}[r], 0u);")
+    with em.block(f"if (lid == {wgs - 1}u)"):
+        em.emit(f"{s}[{V}u] = part[lid];")
+    out.append(ctx.dispatch(k, em.lines, grid, wgs))
+    # 4: place each position in its row's segment
+    k = ctx.kernel("scatter_add_rows (place)")
+    em = ctx.emitter(k)
+    grid = k.thread_index(em, N, "j")
+    t, ok = index_at(em, "j")
+    c = bind(k, counts, "atomic_u32", True)
+    s = bind(k, starts, "u32")
+    gl = bind(k, grouped, "u32", True)
+    with em.block(f"if ({ok})"):
+        em.emit(f"let row = u32({t});")
+        em.emit(f"{gl}[{s}[row] + atomicAdd(&{c}[row], 1u)] = j;")
+    out.append(ctx.dispatch(k, em.lines, grid, WG))
+    # 5: sort within segments: position j goes to its segment's start + its rank
+    k = ctx.kernel("scatter_add_rows (order)")
+    em = ctx.emitter(k)
+    grid = k.thread_index(em, N, "q")
+    s = bind(k, starts, "u32")
+    gl = bind(k, grouped, "u32")
+    od = bind(k, ordered, "u32", True)
+    with em.block(f"if (q < {s}[{V}u])"):
+        em.emit(f"let j = {gl}[q];")
+        t = em.value(i_in, Idx(G[i_in].shape, flat="j"))
+        em.emit(f"let row = u32({t});")
+        em.emit(f"let a = {s}[row];")
+        em.emit(f"let b = {s}[row + 1u];")
+        em.emit("var rank = 0u;")
+        with em.block("for (var q2 = a; q2 < b; q2++)"):
+            em.emit(f"rank += select(0u, 1u, {gl}[q2] < j);")
+        em.emit(f"{od}[a + rank] = j;")
+    out.append(ctx.dispatch(k, em.lines, grid, WG))
+    # 6: one thread per output element sums its row's values in index order
+    k = ctx.kernel("scatter_add_rows")
+    epi = ctx.epilogue_fn(k)
+    em = ctx.emitter(k)
+    grid = k.thread_index(em, V * D, "o")
+    s = bind(k, starts, "u32")
+    od = bind(k, ordered, "u32")
+    r = em.let(f"o / {D}u") if D > 1 else "o"
     d = em.let(f"o % {D}u") if D > 1 else "0u"
     acc = em.var(node.dtype, zero(node.dtype))
-    with em.block(f"for (var j = 0u; j < {n_idx}u; j++)"):
-        t = em.value(i_in, Idx(G[i_in].shape, flat="j"))
-        t = em.let(f"select({t}, {t} + {n_rows}i, {t} < 0i)")
-        with em.block(f"if ({t} == {r})"):
-            v = em.value(g_in, Idx(G[g_in].shape, flat=em.let(f"j * {D}u + {d}") if D > 1 else "j"))
-            em.emit(f"{acc} += {v};")
+    with em.block(f"for (var q = {s}[{r}]; q < {s}[{r} + 1u]; q++)"):
+        em.emit(f"let j = {od}[q];")
+        v = em.value(g_in, Idx(G[g_in].shape, flat=em.let(f"j * {D}u + {d}") if D > 1 else "j"))
+        em.emit(f"{acc} += {v};")
     em.emit(f"{epi}(o, {acc});")
-    return [ctx.dispatch(kernel, em.lines, grid, WG)]
+    out.append(ctx.dispatch(k, em.lines, grid, WG))
+    return out

@@ -31,6 +31,12 @@ def _reshape_rule(em: Emitter, node, idx: Idx) -> str:
 @rule("transpose")
 def _transpose_rule(em, node, idx):
     x = node.inputs[0]
+    xs = em.g[x].shape
+    moved = [p for p in node.attrs["perm"] if xs[p] != 1]
+    if moved == sorted(moved):
+        # only size-1 axes move: a reshape, so the flat index carries over (fusion's
+        # `preserves` relies on this: a kernel reads its own output at the same text index)
+        return em.value(x, Idx(xs, flat=idx.flat(em)))
     dims = idx.dims(em)
     ind = [None] * len(dims)
     for k, p in enumerate(node.attrs["perm"]):

@@ -16,14 +16,17 @@ import array
 from dataclasses import dataclass
 
 from ..buffers import END, Live, align, plan_pool
+from .attention import ATTN_OPS, build_attention
+from .attention_match import rewrite_attention
 from .conv import build_fold
 from .elementwise import build_elementwise
 from .emit import Emitter, Idx, Storage
 from .fusion import Fusion
-from .index import build_scatter
+from .index import build_scatter, scatter_scratch
 from .layout import build_concat_pieces, strided_view
 from .matmul import build_matmul
-from .reduce import REDUCE_OPS, ROW_OPS, build_reduce, scratch_bytes
+from .reduce import REDUCE_OPS, ROW_OPS, build_reduce, scratch_specs
+from .rows import build_write_rows
 from .wgsl import Kernel, LimitError, Limits
 
 
@@ -117,9 +120,29 @@ class GroupCtx:
                 "name": kernel.name}
 
 
+def check_index_range(g) -> None:
+    """Kernels index with u32: a tensor of 2^32 elements or more (a broadcast can make one
+    without any memory) cannot be addressed. Refuse it here, naming the op that reads it,
+    instead of emitting WGSL whose literals overflow."""
+    readers: dict[int, list] = {}
+    for n in g.nodes:
+        for i in n.inputs:
+            readers.setdefault(i, []).append(n)
+    for n in g.nodes:
+        if n.size >= 2 ** 32:
+            users = readers.get(n.id, [])
+            by = f", read by {', '.join(describe(u) for u in users[:3])}" if users else ""
+            raise LimitError(
+                f"webgpu: {describe(n)} has {n.size} elements{by}; WGSL indexes tensors with "
+                "32-bit integers, so no tensor (not even a virtual one, such as a broadcast "
+                "summed without being stored) may reach 2**32 elements: reduce in steps "
+                "(sum over a smaller broadcast, or sum the factors first)")
+
+
 class _Lowering:
     def __init__(self, graph, limits: Limits, persist_key):
         self.g, self.limits = graph, limits
+        check_index_range(graph)
         self.fu = fu = Fusion(graph, limits)
         self.buffers: list[dict] = []
         self.storage: dict[int, Storage] = {}
@@ -185,12 +208,13 @@ class _Lowering:
             check(n, 4 * g[n].size)
             first = pos[fu.group_of[n]]
             lives.append(Live(("t", n), 4 * g[n].size, first, END if n in ends else last.get(n, first)))
+        scratch_dtype = {}
         for gid in fu.order:
             G = fu.groups[gid]
-            if G.main is not None and g[G.main].op in REDUCE_OPS:
-                nb = scratch_bytes(g, g[G.main], fu.sum_source.get(G.main))
-                if nb:
-                    lives.append(Live(("s", gid), nb, pos[gid], pos[gid]))
+            if G.main is not None:
+                for k, (nb, dt) in enumerate(_scratch_specs(g, g[G.main], fu.sum_source.get(G.main))):
+                    lives.append(Live(("s", (gid, k)), nb, pos[gid], pos[gid]))
+                    scratch_dtype[(gid, k)] = dt
         slots, assign = plan_pool(lives)
         base = len(self.buffers)
         for k, size in enumerate(slots):
@@ -200,8 +224,9 @@ class _Lowering:
             buf = base + assign[lv.key]
             if kind == "t":
                 st(key, buf)
-            else:
-                self.scratch[key] = [Storage(buf, 0, "f32", lv.nbytes, f"scratch of group {key}")]
+            else:  # scratch piece k of a group, in order
+                self.scratch.setdefault(key[0], []).append(
+                    Storage(buf, 0, scratch_dtype[key], lv.nbytes, f"scratch {key[1]} of group {key[0]}"))
         self.report = {
             "planned_bytes": sum(b["size"] for b in self.buffers),
             "naive_bytes": sum(4 * n.size for n in g.nodes),
@@ -252,6 +277,15 @@ class _Lowering:
                        report, writers), names
 
 
+def _scratch_specs(g, node, source) -> list[tuple[int, str]]:
+    """[(bytes, dtype)]: the scratch buffers a kernel op needs between its dispatches."""
+    if node.op in REDUCE_OPS:
+        return scratch_specs(g, node, source)
+    if node.op == "scatter_add_rows":
+        return scatter_scratch(g, node)
+    return []
+
+
 def _build_group(ctx: GroupCtx) -> list[dict]:
     m = ctx.main_node
     if m is None and ctx.group.anchors[0] in ctx._low.fu.piecewise:
@@ -262,16 +296,22 @@ def _build_group(ctx: GroupCtx) -> list[dict]:
         return build_matmul(ctx)
     if m.op in REDUCE_OPS or m.op in ROW_OPS:
         return build_reduce(ctx)
+    if m.op in ATTN_OPS:
+        return build_attention(ctx)
     if m.op == "scatter_add_rows":
         return build_scatter(ctx)
     if m.op == "fold2d":
         return build_fold(ctx)
+    if m.op == "write_rows":
+        return build_write_rows(ctx)
     raise AssertionError(m.op)
 
 
 def lower(graph, limits: Limits | None = None, persist_key=lambda name: name):
     """Compile a Graph into (Lowered, kernel names)."""
-    low = _Lowering(graph, limits or Limits(), persist_key)
+    limits = limits or Limits()
+    graph = rewrite_attention(graph, limits)  # fused attention kernels (attention_match.py)
+    low = _Lowering(graph, limits, persist_key)
     return low.build()
 
 

@@ -14,11 +14,14 @@ reduction (loss chains: sum(d * d) is one kernel); the result goes through the g
 epilogue (`epi(flat, value)`), where fused elementwise consumers are evaluated.
 Summation order is a tree (or chunked), not numpy's pairwise order: results agree within
 f32 rounding of the sum's magnitude (~log2(R) * 6e-8 * sum|x|).
+NaN follows torch: max propagates it and argmax picks the first NaN (WGSL's max leaves
+NaN undefined, so both test the bits, elementwise.ISNAN_WGSL).
 """
 from __future__ import annotations
 
 from math import prod
 
+from .elementwise import ISNAN_WGSL
 from .emit import Emitter, Idx
 from .wgsl import WG, f32_lit, pow2ceil, tree_reduce, zero
 
@@ -75,13 +78,14 @@ class _Shape:
                                   for k in range(len(self.xs))])
 
 
-def scratch_bytes(g, node, source=None) -> int:
-    """Bytes of scratch a reduction needs between its two passes (0: one pass)."""
+def scratch_specs(g, node, source=None) -> list[tuple[int, str]]:
+    """[(bytes, dtype)] of scratch a reduction needs between its two passes (none: one
+    pass); the partials have the reduced tensor's dtype (i32 sums stay i32)."""
     if node.op not in REDUCE_OPS:
-        return 0
+        return []
     s = _Shape(g, node, source)
     strat, P = s.strategy()
-    return 4 * s.O * P if strat in ("wg_split", "thread_split") else 0
+    return [(4 * s.O * P, g[s.x].dtype)] if strat in ("wg_split", "thread_split") else []
 
 
 def _wgsize(ctx, n: int) -> int:
@@ -93,7 +97,19 @@ def _wgsize(ctx, n: int) -> int:
 def _combine(kind: str, dtype: str):
     if kind == "sum":
         return lambda a, b: f"{a} = {a} + {b};"
-    return lambda a, b: f"{a} = max({a}, {b});"
+    return lambda a, b: f"{a} = {_max(a, b)};"
+
+
+def _kernel(ctx, name: str, kind: str):
+    k = ctx.kernel(name)
+    if kind in ("max", "argmax"):
+        k.helper("isnan_f", ISNAN_WGSL)
+    return k
+
+
+def _max(a: str, b: str) -> str:
+    """max that propagates NaN, as torch.amax (elementwise.py's maximum)."""
+    return f"select(select(max({a}, {b}), {b}, isnan_f({b})), {a}, isnan_f({a}))"
 
 
 def _init(kind: str, dtype: str) -> str:
@@ -106,6 +122,7 @@ def build_reduce(ctx) -> list:
     strat, P = s.strategy()
     if node.op in ROW_OPS:
         return [_row_op(ctx, node, s, strat)]
+
     if strat == "wg":
         return [_wg_reduce(ctx, node, s)]
     if strat == "thread":
@@ -117,18 +134,18 @@ def build_reduce(ctx) -> list:
 
 def _accumulate(em, s, kind, acc, acci, o, r):
     v = em.value(s.x, s.x_idx(em, o, r))
-    if kind == "argmax":
-        with em.block(f"if ({v} > {acc})"):
+    if kind == "argmax":  # the first maximum; a NaN beats everything but an earlier NaN
+        with em.block(f"if ({v} > {acc} || (isnan_f({v}) && !isnan_f({acc})))"):
             em.emit(f"{acc} = {v};")
             em.emit(f"{acci} = {r};")
     elif kind == "sum":
         em.emit(f"{acc} = {acc} + {v};")
     else:
-        em.emit(f"{acc} = max({acc}, {v});")
+        em.emit(f"{acc} = {_max(acc, v)};")
 
 
 def _thread_reduce(ctx, node, s):
-    kernel = ctx.kernel(node.op)
+    kernel = _kernel(ctx, node.op, s.kind)
     xdt = ctx.g[s.x].dtype
     epi = ctx.epilogue_fn(kernel)
     em = ctx.emitter(kernel)
@@ -146,8 +163,9 @@ def _tree_argmax(em, wgs):
     st = wgs // 2
     while st >= 1:
         em.emit(f"if (lid < {st}u) {{ let bv = red[lid + {st}u]; let bi = redi[lid + {st}u]; "
-                f"if (bv > red[lid] || (bv == red[lid] && bi < redi[lid])) "
-                f"{{ red[lid] = bv; redi[lid] = bi; }} }}")
+                f"let an = isnan_f(red[lid]); let bn = isnan_f(bv); "
+                f"if ((bn && !an) || bv > red[lid] || ((bv == red[lid] || (an && bn)) "
+                f"&& bi < redi[lid])) {{ red[lid] = bv; redi[lid] = bi; }} }}")
         em.emit("workgroupBarrier();")
         st //= 2
 
@@ -168,7 +186,7 @@ def _wg_body(ctx, kernel, em, s, kind, dtype, o, r_from, r_to, wgs, finish):
 
 
 def _wg_reduce(ctx, node, s):
-    kernel = ctx.kernel(node.op)
+    kernel = _kernel(ctx, node.op, s.kind)
     wgs = _wgsize(ctx, s.R)
     xdt = ctx.g[s.x].dtype
     kernel.decls.append(f"var<workgroup> red: array<{xdt}, {wgs}>;")
@@ -187,7 +205,7 @@ def _wg_split(ctx, node, s, P):
     scratch = ctx.scratch[0]
     C = -(-s.R // P)
     # pass 1: workgroup (o, p) reduces x[o, p*C : (p+1)*C] into scratch[o*P + p]
-    k1 = ctx.kernel(node.op + " (pass 1)")
+    k1 = _kernel(ctx, node.op + " (pass 1)", s.kind)
     wgs = _wgsize(ctx, C)
     k1.decls.append(f"var<workgroup> red: array<{xdt}, {wgs}>;")
     em = ctx.emitter(k1)
@@ -200,7 +218,7 @@ def _wg_split(ctx, node, s, P):
              lambda v: em.store(scratch, "w", v))
     d1 = ctx.dispatch(k1, em.lines, grid1, wgs)
     # pass 2: workgroup o reduces the P partials, then the epilogue
-    k2 = ctx.kernel(node.op + " (pass 2)")
+    k2 = _kernel(ctx, node.op + " (pass 2)", s.kind)
     wgs2 = _wgsize(ctx, P)
     k2.decls.append(f"var<workgroup> red: array<{xdt}, {wgs2}>;")
     epi = ctx.epilogue_fn(k2)
@@ -224,7 +242,7 @@ def _thread_split(ctx, node, s, P):
     C = -(-s.R // P)
     comb = _combine(s.kind, xdt)
     # pass 1: thread (p, o) reduces r in [p*C, (p+1)*C) into scratch[p*O + o]
-    k1 = ctx.kernel(node.op + " (pass 1)")
+    k1 = _kernel(ctx, node.op + " (pass 1)", s.kind)
     total = s.O * P
     em = ctx.emitter(k1)
     grid1 = k1.thread_index(em, total, "t")
@@ -237,7 +255,7 @@ def _thread_split(ctx, node, s, P):
     em.store(scratch, "t", acc)
     d1 = ctx.dispatch(k1, em.lines, grid1, WG)
     # pass 2: thread o sums its P partials, then the epilogue
-    k2 = ctx.kernel(node.op + " (pass 2)")
+    k2 = _kernel(ctx, node.op + " (pass 2)", s.kind)
     epi = ctx.epilogue_fn(k2)
     em = ctx.emitter(k2)
     grid2 = k2.thread_index(em, s.O, "o")

@@ -99,7 +99,7 @@ def lit(v, dtype: str) -> str:
 
 
 def wgsl_type(dtype: str) -> str:
-    return {"f32": "f32", "i32": "i32", "u32": "u32"}[dtype]
+    return {"f32": "f32", "i32": "i32", "u32": "u32", "atomic_u32": "atomic<u32>"}[dtype]
 
 
 def zero(dtype: str) -> str:

@@ -1,0 +1,116 @@
+"""Training checkpoints: a CompiledModule's parameters, optimizer state and step counter in
+one safetensors file (CompiledModule.save / .load are thin wrappers over this module).
+
+The file is an ordinary safetensors file, so the safetensors library and torch read it
+(`safetensors.torch.load_file`), and a state dict written there (names = c.param_names,
+float tensors of the right shapes) loads here:
+
+    layers.0.W, layers.0.b, ...     the parameters, F32, under their webgrad names
+    opt/m.layers.0.W, ...           optimizer state (optimizer=True): the optim.py buffers
+    step                            the step counter (optimizer=True), F32 scalar
+    __metadata__                    {"format": "pt", "webgrad": "checkpoint", "step": "12",
+                                     "seed": "0"}   (step and seed with optimizer=True)
+
+Resuming continues training exactly as if it never stopped: the step counter drives the
+learning-rate schedule and the dropout masks, and the optimizer buffers hold the moments,
+so `c.load(f)` on a module compiled with the same factory, loss, optimizer and seed (the
+seed also keys the dropout masks; the file's metadata records it), then
+the same feeds, gives the same losses bit for bit (tests/test_checkpoint.py, per backend).
+
+Loading checks the whole file against the module before writing anything: an unknown or
+missing parameter, a wrong shape or a non-float dtype raises CheckpointError naming the
+file and the tensor, and the module keeps its parameters, optimizer state and step.
+"""
+from __future__ import annotations
+
+from math import prod
+
+from ..arrays import HostArray
+from ..optim import STATE_PREFIX
+from . import safetensors as st
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not fit the module it is loaded into."""
+
+
+def _state_names(c) -> list[str]:
+    """The optimizer buffers of c's training graph, then the step counter."""
+    return sorted(n for n in c._state_names() if n.startswith(STATE_PREFIX)) + ["step"]
+
+
+async def to_tensors(c, *, optimizer: bool = True) -> dict[str, HostArray]:
+    """name -> HostArray of everything a checkpoint of c holds."""
+    out = {n: await c.backend.read(n) for n in c.param_names}
+    if optimizer:
+        c._need_train("save")
+        for n in _state_names(c):
+            out[n] = await c.backend.read(n)
+    return out
+
+
+async def save_async(c, dst=None, *, optimizer: bool = True) -> bytes | None:
+    """Write c's checkpoint to dst (a path or binary file); with dst=None, return the bytes."""
+    tensors = await to_tensors(c, optimizer=optimizer)
+    meta = {"format": "pt", "webgrad": "checkpoint"}
+    if optimizer:
+        meta["step"] = str(int(tensors["step"][0]))
+        meta["seed"] = str(c.seed)
+    if dst is None:
+        return st.dumps(tensors, meta)
+    st.save(tensors, dst, meta)
+    return None
+
+
+def _fail(file, msg):
+    raise CheckpointError(f"load(): checkpoint {file}: {msg}")
+
+
+def check_tensors(c, f: dict, file: str, *, optimizer: bool | None) -> dict[str, HostArray]:
+    """Validate a name -> StoredTensor mapping against c; the HostArrays to write.
+
+    optimizer=None loads the optimizer state and step when the file has them (any opt/ name
+    or "step"), True requires them, False ignores them."""
+    params = c.param_shapes
+    has_opt = "step" in f or any(k.startswith(STATE_PREFIX) for k in f)
+    want_opt = has_opt if optimizer is None else optimizer
+    if want_opt and not has_opt:
+        _fail(file, "optimizer=True but the file holds no optimizer state or step (it was "
+              "saved with optimizer=False, or by another program)")
+    expected = dict(params)
+    if want_opt:
+        c._need_train("load")
+        expected.update({n: tuple(c._state_shape(n)) for n in _state_names(c)})
+    ignored = set() if want_opt else {k for k in f if k == "step" or k.startswith(STATE_PREFIX)}
+    unknown = sorted(set(f) - set(expected) - ignored)
+    if unknown:
+        which = [u for u in unknown if u.startswith(STATE_PREFIX)]
+        hint = (" (optimizer state of a different optimizer? load with optimizer=False to "
+                "take only the parameters)" if which else "")
+        _fail(file, f"unknown tensor {', '.join(map(repr, unknown[:8]))}"
+              f"{' ...' if len(unknown) > 8 else ''}{hint}; the module's parameters are "
+              f"{', '.join(c.param_names)}")
+    missing = [n for n in expected if n not in f]
+    if missing:
+        _fail(file, f"missing {', '.join(map(repr, missing[:8]))}"
+              f"{' ...' if len(missing) > 8 else ''}")
+    hosts = {}
+    for name, shape in expected.items():
+        t = f[name]
+        if tuple(t.shape) != tuple(shape) and not (prod(t.shape) == 1 and prod(shape) == 1):
+            _fail(file, f"tensor {name!r} has shape {list(t.shape)}, the module's is {list(shape)}")
+        if t.dtype not in ("F32", "F16", "BF16", "F64"):
+            _fail(file, f"tensor {name!r} has dtype {t.dtype}; parameters and optimizer state "
+                  "are floats (F32, or F16/BF16/F64 converted)")
+        h = t.to_host()
+        h.shape = tuple(shape)
+        hosts[name] = h
+    return hosts
+
+
+async def load_async(c, src, *, optimizer: bool | None = None) -> None:
+    """Load a checkpoint (path, bytes or binary file) into c: all checks first, then writes."""
+    f = st.load(src)                    # a broken file raises SafetensorsError, naming it
+    hosts = check_tensors(c, f, f.name, optimizer=optimizer)
+    for name, h in hosts.items():
+        c.backend.write(name, h)

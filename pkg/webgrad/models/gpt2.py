@@ -1,0 +1,640 @@
+"""GPT-2: train it with compile_module, decode it with a KV cache on the device, score text.
+
+Two faces of one model, sharing parameter names (those of transformers' GPT2LMHeadModel
+without the "transformer." prefix: "wte.weight", "h.0.attn.c_attn.weight", ...):
+
+  GPT2Module + lm_loss   the ordinary training path: a webgrad Module and a loss for
+                         wg.compile_module (inputs tokens/targets, [B, T] i32). Attention is
+                         written with plain ops (q @ k^T * scale, causal mask, softmax, @ v),
+                         which the compiler's attention fusion recognises.
+  GPT2                   inference: forward(ids) -> [len, vocab] logits; new_cache() and
+                         logits_step(ids, cache) decode with the key/value cache living in
+                         persistent device buffers written in place (webgrad/stateful.py);
+                         generate / generate_stream sample (sampling.py); surprisal scores
+                         text in bits. Every method has an awaitable *_async twin.
+
+Layout (transformers' Conv1D): a linear layer's weight is [in, out] and y = x @ W + b; the
+LM head is tied to wte (logits = h @ wte^T). GELU is the tanh form ("gelu_new").
+
+The cache: per layer, K and V are state buffers [n_ctx, n_embd] ("kv.{layer}.k"/".v"); a
+step program for T new tokens takes ids [T] and pos [1] (i32), writes the T new rows with
+ops.write_rows at pos, and attends over all n_ctx rows with the mask key <= pos + query, so
+one program serves every position (static shapes). A decode step uploads 8 bytes and reads
+back only what is asked: the last position's logits, or (greedy) just the argmax token.
+One cache is live per model: new_cache() retires the previous one (its use then raises).
+Rows the mask hides are never NaN (they hold earlier finite values or zeros), so hidden
+rows contribute exactly 0.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from math import prod
+
+from .. import init, ops
+from ..arrays import HostArray, to_host
+from ..compiled import run_blocking
+from ..module import Module
+from ..stateful import assign, compile_program, state
+from . import sampling
+
+try:  # the byte-level BPE tokenizer (bpe.py) may land after this module
+    from .bpe import Tokenizer
+except ImportError:  # pragma: no cover
+    Tokenizer = None
+
+
+@dataclass(frozen=True)
+class GPT2Config:
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    n_ctx: int = 1024
+    vocab_size: int = 50257
+    layer_norm_epsilon: float = 1e-5
+    eos_token_id: int | None = None
+
+    @classmethod
+    def small(cls) -> "GPT2Config":
+        """The 124M GPT-2 (gpt2 on the Hugging Face hub)."""
+        return cls(12, 12, 768, 1024, 50257, 1e-5, 50256)
+
+    def __post_init__(self):
+        if self.n_embd % self.n_head:
+            raise ValueError(f"GPT2Config: n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+
+# ---------------------------------------------------------------- the Module (parameters)
+
+class _Linear(Module):   # transformers' Conv1D: weight [in, out]
+    def __init__(self, d_in, d_out, std=0.02):
+        super().__init__()
+        self.weight = self.param([d_in, d_out], init=init.randn(std))
+        self.bias = self.param([d_out], init="zeros")
+
+
+class _LayerNorm(Module):
+    def __init__(self, d):
+        super().__init__()
+        self.weight = self.param([d], init="ones")
+        self.bias = self.param([d], init="zeros")
+
+
+class _Table(Module):
+    def __init__(self, n, d, std):
+        super().__init__()
+        self.weight = self.param([n, d], init=init.randn(std))
+
+
+class _Attention(Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.c_attn = _Linear(cfg.n_embd, 3 * cfg.n_embd)
+        # GPT-2 scales the residual projections by 1/sqrt(2 n_layer) at init
+        self.c_proj = _Linear(cfg.n_embd, cfg.n_embd, 0.02 / math.sqrt(2 * cfg.n_layer))
+
+
+class _MLP(Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.c_fc = _Linear(cfg.n_embd, 4 * cfg.n_embd)
+        self.c_proj = _Linear(4 * cfg.n_embd, cfg.n_embd, 0.02 / math.sqrt(2 * cfg.n_layer))
+
+
+class _Block(Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.ln_1 = _LayerNorm(cfg.n_embd)
+        self.attn = _Attention(cfg)
+        self.ln_2 = _LayerNorm(cfg.n_embd)
+        self.mlp = _MLP(cfg)
+
+
+class GPT2Module(Module):
+    """GPT-2's parameters, named as transformers' GPT2Model's state_dict.
+    wte_chunks > 1 splits the token table into row blocks "wte.{k}.weight" (see wte_split):
+    WebGPU binds at most maxStorageBufferBindingSize (128 MiB by default) per tensor, less
+    than the 124M model's 154 MB table."""
+
+    def __init__(self, cfg: GPT2Config, wte_chunks: int = 1):
+        super().__init__()
+        self.cfg = cfg
+        if wte_chunks == 1:
+            self.wte = _Table(cfg.vocab_size, cfg.n_embd, 0.02)
+        else:
+            self.wte = [_Table(b - a, cfg.n_embd, 0.02) for a, b in wte_split(cfg, wte_chunks)]
+        self.wpe = _Table(cfg.n_ctx, cfg.n_embd, 0.01)
+        self.h = [_Block(cfg) for _ in range(cfg.n_layer)]
+        self.ln_f = _LayerNorm(cfg.n_embd)
+
+
+def param_shapes(cfg: GPT2Config, wte_chunks: int = 1) -> dict[str, tuple[int, ...]]:
+    return {n: s.shape for n, s in GPT2Module(cfg, wte_chunks).named_specs()}
+
+
+def wte_split(cfg: GPT2Config, chunks: int) -> list[tuple[int, int]]:
+    """[(first row, end row)] of each block of the token table."""
+    step = -(-cfg.vocab_size // chunks)
+    return [(a, min(a + step, cfg.vocab_size)) for a in range(0, cfg.vocab_size, step)]
+
+
+def wte_chunks_for(cfg: GPT2Config, backend) -> int:
+    """How many row blocks the token table needs on `backend` (1 unless a binding limit bites)."""
+    lim = getattr(getattr(backend, "limits", None), "max_storage_buffer_binding_size", None)
+    if not lim:
+        return 1
+    need = 4 * cfg.vocab_size * cfg.n_embd
+    k = 1
+    while 4 * -(-cfg.vocab_size // k) * cfg.n_embd > lim:
+        k += 1
+    return k if need > lim else 1
+
+
+def _tables(m):
+    """[(table Tensor, first row)] of the (possibly split) token table."""
+    if isinstance(m.wte, list):
+        out, a = [], 0
+        for t in m.wte:
+            out.append((t.weight, a))
+            a += t.weight.shape[0]
+        return out
+    return [(m.wte.weight, 0)]
+
+
+def embed(m, ids):
+    """wte rows of ids, across the table's blocks (a block adds its rows where ids fall in it)."""
+    parts = _tables(m)
+    if len(parts) == 1:
+        return ops.embedding(parts[0][0], ids)
+    x = None
+    for w, a in parts:
+        n = w.shape[0]
+        local = ids - a
+        inside = ops.greater_equal(local, 0) * ops.less(local, n)
+        rows = ops.embedding(w, ops.minimum(ops.maximum(local, 0), n - 1)) * ops.unsqueeze(inside, -1)
+        x = rows if x is None else x + rows
+    return x
+
+
+def head(m, h):
+    """[(logits block [..., rows_k], first row)]: the tied LM head, h @ wte^T, per table block."""
+    return [(ops.matmul(h, ops.swap_axes(w, 0, 1)), a) for w, a in _tables(m)]
+
+
+def head_stats(blocks, targets=None):
+    """From the head's blocks, without forming [..., vocab]: log-sum-exp, the max logit and its
+    token (first on ties), and the logit of `targets` when given."""
+    mx = top = None
+    for l, a in blocks:
+        v, i = ops.max_last(l), ops.argmax_last(l) + a
+        if mx is None:
+            mx, top = v, i
+        else:
+            better = ops.greater(v, mx)
+            mx, top = ops.maximum(mx, v), ops.where(better, i, top)
+    z = None
+    for l, a in blocks:
+        e = ops.sum_last(ops.exp(l - ops.unsqueeze(mx, -1)))
+        z = e if z is None else z + e
+    lse = mx + ops.log(z)
+    picked = None
+    if targets is not None:
+        for l, a in blocks:
+            n = l.shape[-1]
+            local = targets - a
+            inside = ops.greater_equal(local, 0) * ops.less(local, n)
+            p = ops.take_along_last(l, ops.unsqueeze(ops.minimum(ops.maximum(local, 0), n - 1), -1))
+            p = ops.reshape(p, inside.shape) * inside
+            picked = p if picked is None else picked + p
+    return lse, mx, top, picked
+
+
+# ---------------------------------------------------------------- the forward, in ops
+
+def _ln(p, x, eps):
+    return ops.layer_norm_last(x, eps) * p.weight + p.bias
+
+
+def _lin(p, x):
+    return ops.matmul(x, p.weight) + p.bias
+
+
+def _heads(x, n_head):
+    """[..., T, D] -> [..., H, T, D/H]."""
+    *lead, T, D = x.shape
+    x = ops.reshape(x, (*lead, T, n_head, D // n_head))
+    k = len(lead)
+    return ops.transpose(x, tuple(range(k)) + (k + 1, k, k + 2))
+
+
+def _merge(x):
+    """[..., H, T, Dh] -> [..., T, H*Dh]."""
+    *lead, H, T, Dh = x.shape
+    k = len(lead)
+    x = ops.transpose(x, tuple(range(k)) + (k + 1, k, k + 2))
+    return ops.reshape(x, (*lead, T, H * Dh))
+
+
+def _qkv(blk, x, cfg):
+    qkv = _lin(blk.attn.c_attn, _ln(blk.ln_1, x, cfg.layer_norm_epsilon))
+    D = cfg.n_embd
+    return (ops.slice_last_range(qkv, 0, D), ops.slice_last_range(qkv, D, 2 * D),
+            ops.slice_last_range(qkv, 2 * D, 3 * D))
+
+
+def _finish_block(blk, x, att, cfg):
+    x = x + _lin(blk.attn.c_proj, att)
+    h = ops.gelu(_lin(blk.mlp.c_fc, _ln(blk.ln_2, x, cfg.layer_norm_epsilon)))
+    return x + _lin(blk.mlp.c_proj, h)
+
+
+def hidden(m: GPT2Module, tokens, cfg: GPT2Config):
+    """tokens [..., T] i32 -> final hidden states [..., T, D] (after ln_f), full causal attention."""
+    T = tokens.shape[-1]
+    if T > cfg.n_ctx:
+        raise ValueError(f"gpt2: {T} positions exceed n_ctx={cfg.n_ctx}")
+    x = embed(m, tokens) + ops.slice(m.wpe.weight, 0, 0, T)
+    scale = 1.0 / math.sqrt(cfg.head_dim)
+    for blk in m.h:
+        q, k, v = (_heads(t, cfg.n_head) for t in _qkv(blk, x, cfg))
+        s = ops.matmul(q, ops.swap_axes(k, -1, -2)) * scale
+        att = ops.matmul(ops.softmax_last(ops.where_causal(s, -1e30)), v)
+        x = _finish_block(blk, x, _merge(att), cfg)
+    return _ln(m.ln_f, x, cfg.layer_norm_epsilon)
+
+
+def logits_of(m, h):
+    """The tied LM head: h @ wte^T (one table block; see head() for split tables)."""
+    blocks = head(m, h)
+    return blocks[0][0] if len(blocks) == 1 else ops.concat([b for b, _ in blocks], -1)
+
+
+def lm_loss(m: GPT2Module, inputs):
+    """Mean next-token cross entropy (nats); inputs tokens, targets [B, T] i32."""
+    logits = logits_of(m, hidden(m, inputs["tokens"], m.cfg))
+    logp = ops.log_softmax_last(logits)
+    return -ops.mean_all(ops.take_along_last(logp, ops.unsqueeze(inputs["targets"], -1)))
+
+
+def cached_hidden(m: GPT2Module, ids, pos, cfg: GPT2Config):
+    """ids [T] i32 at positions pos.. (pos [1] i32): writes their K/V rows into the cache
+    state and attends over the whole cache with key <= pos + query. -> [T, D] after ln_f."""
+    T, S = ids.shape[0], cfg.n_ctx
+    at = ops.minimum(ops.arange(T) + pos, S - 1)   # past the end: clamped, rows dropped
+    x = embed(m, ids) + ops.gather_rows(m.wpe.weight, at)
+    qpos = ops.reshape(ops.cast(ops.arange(T) + pos, "f32"), (T, 1))
+    visible = ops.greater_equal(qpos, ops.reshape(ops.arange(S, dtype="f32"), (1, S)))  # [T, S]
+    scale = 1.0 / math.sqrt(cfg.head_dim)
+    for li, blk in enumerate(m.h):
+        q, k, v = _qkv(blk, x, cfg)
+        kv = []
+        for name, new in ((f"kv.{li}.k", k), (f"kv.{li}.v", v)):
+            full = ops.write_rows(state(name, (S, cfg.n_embd)), new, pos)
+            assign(name, full)
+            kv.append(_heads(full, cfg.n_head))          # [H, S, Dh]
+        q = _heads(q, cfg.n_head)                         # [H, T, Dh]
+        s = ops.matmul(q, ops.swap_axes(kv[0], -1, -2)) * scale
+        att = ops.matmul(ops.softmax_last(ops.where(visible, s, -1e30)), kv[1])
+        x = _finish_block(blk, x, _merge(att), cfg)
+    return _ln(m.ln_f, x, cfg.layer_norm_epsilon)
+
+
+# ---------------------------------------------------------------- inference
+
+@dataclass
+class Cache:
+    """A position in the model's device-resident KV cache (see the module header)."""
+    model: "GPT2"
+    generation: int
+    pos: int = 0
+
+    def __len__(self):
+        return self.pos
+
+
+@dataclass
+class Surprisal:
+    bits: list      # bits[i] = -log2 p(ids[i] | ids[:i]); bits[0] = 0
+    top: list       # top[i] = the model's argmax having seen ids[:i] (top[0] = -1)
+    top_p: list     # its probability (top_p[0] = 0)
+
+
+def _strip(name: str) -> str:
+    return name[len("transformer."):] if name.startswith("transformer.") else name
+
+
+class GPT2:
+    """GPT-2 inference on any backend; see the module header for the cache."""
+
+    def __init__(self, cfg: GPT2Config, backend="auto", *, wte_chunks: int | None = None):
+        """Zero weights on `backend`; wte_chunks (default: what the device's binding limit
+        needs) splits the token table into row blocks."""
+        from ..backends import get_backend
+        self.cfg = cfg
+        self.backend = get_backend(backend)
+        self.wte_chunks = wte_chunks or wte_chunks_for(cfg, self.backend)
+        self.shapes = param_shapes(cfg, self.wte_chunks)
+        for n, s in self.shapes.items():
+            self.backend.ensure(n, s, "f32")
+        self._programs: dict = {}
+        self._generation = 0
+        self._live: Cache | None = None
+
+    # -- construction
+    @classmethod
+    def init_random(cls, cfg: GPT2Config, seed: int = 0, backend="auto") -> "GPT2":
+        """GPT-2's own init (N(0, 0.02), residual projections scaled, norms 1/0), from `seed`."""
+        m = cls(cfg, backend)
+        m._write({n: HostArray("f32", init.generate(spec.init, spec.shape, seed=seed, name=n),
+                               shape=spec.shape)
+                  for n, spec in GPT2Module(cfg).named_specs()})
+        return m
+
+    @classmethod
+    def from_hf_state_dict(cls, cfg: GPT2Config, state_dict, backend="auto") -> "GPT2":
+        """Weights named and laid out as transformers' GPT2LMHeadModel.state_dict() (with or
+        without "transformer."; lm_head.weight, tied to wte, and attention mask buffers are
+        ignored). Values: numpy arrays, torch tensors, array.array or memoryviews."""
+        m = cls(cfg, backend)
+        m.load_state_dict(state_dict)
+        return m
+
+    @classmethod
+    def from_safetensors(cls, path_or_bytes, cfg: GPT2Config | None = None, backend="auto") -> "GPT2":
+        """A GPT-2 model.safetensors (transformers' names). Without cfg the shapes give
+        vocab, n_ctx, n_embd and n_layer; n_head = n_embd / 64 (every GPT-2 size)."""
+        from ..io import safetensors as st
+        tensors = st.load(path_or_bytes)
+        sd = {}
+        for name, t in tensors.items():
+            sd[_strip(name)] = _as_f32_array(t)
+        if cfg is None:
+            V, D = _shape_of(tensors, "wte.weight")
+            n_ctx = _shape_of(tensors, "wpe.weight")[0]
+            layers = {int(k.split(".")[1]) for k in sd if k.startswith("h.")}
+            cfg = GPT2Config(len(layers), max(1, D // 64), D, n_ctx, V)
+        return cls.from_hf_state_dict(cfg, sd, backend)
+
+    @classmethod
+    def from_compiled(cls, compiled, cfg: GPT2Config) -> "GPT2":
+        """A GPT2 over the parameters of a compiled GPT2Module (compile_module / compile_forward):
+        the same backend store, so trained weights decode without leaving the device."""
+        owner = getattr(compiled, "owner", compiled)
+        names = set(getattr(owner, "param_names", []))
+        want = param_shapes(cfg)
+        if names != set(want) or any(tuple(owner.param_shapes[n]) != s for n, s in want.items()):
+            raise ValueError("GPT2.from_compiled: the compiled module's parameters are not a "
+                             f"GPT2Module of {cfg}")
+        m = cls(cfg, owner.backend)
+        if m.wte_chunks != 1:
+            raise ValueError("GPT2.from_compiled: this device needs the token table split; move "
+                             "the weights through the host (from_hf_state_dict(download_params()))")
+        return m
+
+    def load_state_dict(self, state_dict) -> None:
+        """Checks every tensor before writing any (a refused call changes nothing)."""
+        sd = {_strip(k): v for k, v in state_dict.items()}
+        shapes = param_shapes(self.cfg)
+        ignored = {k for k in sd if k == "lm_head.weight" or k.endswith((".attn.bias", ".attn.masked_bias"))}
+        unknown = sorted(set(sd) - set(shapes) - ignored)
+        missing = sorted(set(shapes) - set(sd))
+        if unknown or missing:
+            raise ValueError(f"GPT2.from_hf_state_dict: unknown {unknown[:5]} / missing {missing[:5]} "
+                             f"for {self.cfg}")
+        self._write({n: to_host(_as_f32_array(sd[n]), shape=s, dtype="f32", what=f"GPT-2 weight '{n}'")
+                     for n, s in shapes.items()})
+
+    def _write(self, hosts: dict) -> None:
+        """Write full-layout weights (one "wte.weight"), splitting the table into its blocks."""
+        for n, h in hosts.items():
+            if n == "wte.weight" and self.wte_chunks > 1:
+                D = self.cfg.n_embd
+                for k, (a, b) in enumerate(wte_split(self.cfg, self.wte_chunks)):
+                    self.backend.write(f"wte.{k}.weight", HostArray("f32", h[a * D:b * D], shape=(b - a, D)))
+            else:
+                self.backend.write(n, h)
+
+    async def state_dict_async(self) -> dict:
+        """The weights in transformers' names (without "transformer."), one "wte.weight"."""
+        from ..arrays import to_user
+        out = {}
+        for n in param_shapes(self.cfg):
+            if n == "wte.weight" and self.wte_chunks > 1:
+                table = HostArray("f32", shape=(self.cfg.vocab_size, self.cfg.n_embd))
+                for k in range(self.wte_chunks):   # blocks of rows: one after the other
+                    table.extend(await self.backend.read(f"wte.{k}.weight"))
+                out[n] = to_user(table)
+            else:
+                out[n] = to_user(await self.backend.read(n))
+        return out
+
+    def state_dict(self) -> dict:
+        return run_blocking(self.state_dict_async())
+
+    # -- programs (compiled once per shape, on first use)
+    def _program(self, kind: str, T: int):
+        key = (kind, T)
+        p = self._programs.get(key)
+        if p is None:
+            p = self._programs[key] = _build_program(self, kind, T)
+        return p
+
+    def _check_ids(self, ids, what, *, empty_ok=False) -> list[int]:
+        if hasattr(ids, "tolist"):
+            ids = ids.tolist()
+        if isinstance(ids, int):
+            ids = [ids]
+        ids = list(ids)
+        if not ids and not empty_ok:
+            raise ValueError(f"{what}: ids is empty")
+        V = self.cfg.vocab_size
+        for k, t in enumerate(ids):
+            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < V:
+                raise ValueError(f"{what}: ids[{k}] = {t!r} is not a token id in [0, {V})")
+        if len(ids) > self.cfg.n_ctx:
+            raise ValueError(f"{what}: {len(ids)} ids exceed n_ctx={self.cfg.n_ctx}")
+        return ids
+
+    # -- the API
+    async def forward_async(self, ids):
+        """[len(ids), vocab] logits (full causal forward, no cache)."""
+        ids = self._check_ids(ids, "forward")
+        out = await self._program("full", len(ids)).run_raw_async({"ids": ids}, self._names("logits"))
+        return self._joined(out, "logits")
+
+    def _names(self, base):
+        return [f"{base}.{k}" for k in range(self.wte_chunks)]
+
+    def _joined(self, out, base):
+        """The vocab blocks of output `base` side by side, as the user's array type."""
+        from ..arrays import to_user
+        return to_user(_cat_rows([out[n] for n in self._names(base)]))
+
+    def new_cache(self) -> Cache:
+        """An empty cache; the previous cache of this model is retired."""
+        self._generation += 1
+        self._live = Cache(self, self._generation)
+        return self._live
+
+    def _check_cache(self, cache, n, what):
+        if not isinstance(cache, Cache) or cache.model is not self:
+            raise ValueError(f"{what}: pass a cache from this model's new_cache()")
+        if cache.generation != self._generation:
+            raise ValueError(f"{what}: this cache was retired by a later new_cache() (one cache "
+                             "lives on the device per model)")
+        if cache.pos + n > self.cfg.n_ctx:
+            raise ValueError(f"{what}: the cache holds {cache.pos} positions; {n} more exceed "
+                             f"n_ctx={self.cfg.n_ctx}")
+
+    async def _step(self, ids, cache, fetch, what):
+        ids = self._check_ids(ids, what)
+        self._check_cache(cache, len(ids), what)
+        prog = self._program("step", len(ids))
+        out = await prog.run_raw_async({"ids": ids, "pos": [cache.pos]}, fetch)
+        cache.pos += len(ids)
+        return out
+
+    async def logits_step_async(self, ids, cache):
+        """Append ids (one or many) to the cache; [vocab] logits of the last position."""
+        return self._joined(await self._step(ids, cache, self._names("last"), "logits_step"), "last")
+
+    async def logits_all_step_async(self, ids, cache):
+        """As logits_step, but [len(ids), vocab]: the logits at every appended position."""
+        return self._joined(await self._step(ids, cache, self._names("logits"), "logits_step"), "logits")
+
+    async def generate_stream_async(self, ids, max_new_tokens=20, temperature=1.0, top_k=None,
+                                    top_p=None, seed=0, stop_at_eos=True):
+        """Yield new tokens one by one. temperature 0 is greedy (argmax on the device: each step
+        reads back one i32); otherwise the step reads the last logits and sampling.py draws
+        from a random.Random(seed) stream: the same seed gives the same tokens everywhere."""
+        ids = self._check_ids(ids, "generate")
+        sampling.check_params(temperature, top_k, top_p)
+        n = min(int(max_new_tokens), self.cfg.n_ctx - len(ids))
+        cache = self.new_cache()
+        rng = sampling.rng(seed)
+        greedy = temperature == 0
+        feed = ids
+        for _ in range(n):
+            out = await self._step(feed, cache, ["next"] if greedy else self._names("last"), "generate")
+            if greedy:
+                tok = int(out["next"][0])
+            else:
+                last = _cat_rows([out[n] for n in self._names("last")])
+                tok = sampling.sample(last, temperature=temperature, top_k=top_k,
+                                      top_p=top_p, rng=rng)
+            yield tok
+            if stop_at_eos and self.cfg.eos_token_id is not None and tok == self.cfg.eos_token_id:
+                return
+            feed = [tok]
+
+    async def generate_async(self, ids, max_new_tokens=20, temperature=1.0, top_k=None,
+                             top_p=None, seed=0, stop_at_eos=True) -> list[int]:
+        """ids followed by up to max_new_tokens sampled tokens."""
+        out = list(self._check_ids(ids, "generate"))
+        async for tok in self.generate_stream_async(ids, max_new_tokens, temperature, top_k,
+                                                    top_p, seed, stop_at_eos):
+            out.append(tok)
+        return out
+
+    async def surprisal_async(self, ids) -> Surprisal:
+        """Per-token surprisal in bits, the model's top guess and its probability, computed on
+        the device (reads back 3 numbers per token, not the logits)."""
+        ids = self._check_ids(ids, "surprisal")
+        targets = ids[1:] + [0]
+        out = await self._program("surprisal", len(ids)).run_raw_async(
+            {"ids": ids, "targets": targets}, ["bits", "top", "top_p"])
+        bits = [0.0] + [float(b) for b in out["bits"][:-1]]
+        top = [-1] + [int(t) for t in out["top"][:-1]]
+        top_p = [0.0] + [float(p) for p in out["top_p"][:-1]]
+        return Surprisal(bits, top, top_p)
+
+    # -- blocking forms
+    def forward(self, ids): return run_blocking(self.forward_async(ids))
+    def logits_step(self, ids, cache): return run_blocking(self.logits_step_async(ids, cache))
+    def logits_all_step(self, ids, cache): return run_blocking(self.logits_all_step_async(ids, cache))
+    def surprisal(self, ids): return run_blocking(self.surprisal_async(ids))
+
+    def generate(self, ids, max_new_tokens=20, temperature=1.0, top_k=None, top_p=None, seed=0,
+                 stop_at_eos=True) -> list[int]:
+        return list(ids) + list(self.generate_stream(ids, max_new_tokens, temperature, top_k, top_p,
+                                                     seed, stop_at_eos))
+
+    def generate_stream(self, ids, max_new_tokens=20, temperature=1.0, top_k=None, top_p=None,
+                        seed=0, stop_at_eos=True):
+        agen = self.generate_stream_async(ids, max_new_tokens, temperature, top_k, top_p, seed,
+                                          stop_at_eos)
+        while True:
+            try:
+                yield run_blocking(agen.__anext__())
+            except StopAsyncIteration:
+                return
+
+
+def _build_program(model: GPT2, kind: str, T: int):
+    cfg, chunks = model.cfg, model.wte_chunks
+
+    def factory():
+        return GPT2Module(cfg, chunks)
+
+    def named(base, blocks):
+        return {f"{base}.{k}": b for k, (b, _) in enumerate(blocks)}
+
+    if kind == "full":
+        def fn(m, f):
+            return named("logits", head(m, hidden(m, f["ids"], cfg)))
+        inputs = {"ids": ([T], "i32")}
+    elif kind == "surprisal":
+        def fn(m, f):
+            lse, mx, top, picked = head_stats(head(m, hidden(m, f["ids"], cfg)), f["targets"])
+            return {"bits": (lse - picked) * (1.0 / math.log(2.0)), "top": top,
+                    "top_p": ops.exp(mx - lse)}
+        inputs = {"ids": ([T], "i32"), "targets": ([T], "i32")}
+    elif kind == "step":
+        def fn(m, f):
+            h = cached_hidden(m, f["ids"], f["pos"], cfg)
+            blocks = head(m, h)
+            lasts = [(ops.reshape(ops.slice(b, 0, T - 1, T), (b.shape[-1],)), a) for b, a in blocks]
+            top = head_stats(lasts)[2]
+            return {**named("logits", blocks), **named("last", lasts), "next": top}
+        inputs = {"ids": ([T], "i32"), "pos": ([1], "i32")}
+    else:
+        raise AssertionError(kind)
+    return compile_program(model.backend, factory, fn, inputs=inputs)
+
+
+def _cat_rows(blocks) -> HostArray:
+    """HostArrays [..., n_k] side by side along the last axis (no numpy needed)."""
+    if len(blocks) == 1:
+        return blocks[0]
+    lead = blocks[0].shape[:-1]
+    rows = prod(lead)
+    widths = [b.shape[-1] for b in blocks]
+    out = HostArray("f32", shape=lead + (sum(widths),))
+    for r in range(rows):
+        for b, w in zip(blocks, widths):
+            out.extend(b[r * w:(r + 1) * w])
+    return out
+
+
+def _as_f32_array(v):
+    """torch tensors -> numpy; anything else is taken as to_host takes it."""
+    if type(v).__module__.startswith("torch"):
+        return v.detach().to("cpu").float().numpy()
+    if isinstance(v, tuple) and len(v) == 3:   # (dtype, shape, data) from a safetensors reader
+        return v
+    return v
+
+
+def _shape_of(tensors, name):
+    for k, t in tensors.items():
+        if _strip(k) == name:
+            return tuple(getattr(t, "shape", None) or t[1])
+    raise ValueError(f"from_safetensors: no tensor {name!r}: not a GPT-2 checkpoint")
+
+
+__all__ = ["GPT2Config", "GPT2Module", "GPT2", "Cache", "Surprisal", "lm_loss", "hidden",
+           "logits_of", "cached_hidden", "param_shapes", "Tokenizer"]

@@ -1,0 +1,227 @@
+"""Fused attention (codegen/attention_match.py, codegen/attention.py).
+
+Device-free: which spellings of `softmax(mask(scale * q @ k^T)) @ v` the WebGPU lowering
+fuses (scale and causal offset read from the graph are compared with the values the test
+wrote), which it must leave alone (a mask that is not causal, dropout on the
+probabilities, a captured probability tensor), and that every `attention*` record of the
+op oracle is fused forward and backward with no [.., T, S] tensor left in the graph. The
+values are checked against torch by the oracle records themselves (tests/test_webgpu.py,
+the browser suite) and, at GPT-2 size (T = 1024, 12 heads), by the last test here on the
+native adapter against torch in float64.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import models
+import oracle
+from webgrad import Module, init, nn, ops, optim
+from webgrad.codegen import Limits, lower
+from webgrad.codegen.attention_match import find_matches, rewrite_attention
+from webgrad.compile import build_train_graph, parse_inputs
+
+
+def _graph(fn, shapes, optimizer=None):
+    """The training graph of loss = sum(fn(q, k, v) * w) with q, k, v parameters."""
+    class M(Module):
+        def __init__(self):
+            super().__init__()
+            for name, shape in shapes.items():
+                setattr(self, name, self.param(list(shape), init=init.randn(1.0)))
+
+    def loss(m, inp):
+        y = fn(*[getattr(m, n) for n in shapes])
+        return ops.sum_all(y * ops.constant([0.5 + 0.01 * i for i in range(y.node.size)],
+                                            shape=y.shape))
+    return build_train_graph(M, loss, {}, optimizer)[1]
+
+
+QKV = {"q": (2, 2, 6, 8), "k": (2, 2, 6, 8), "v": (2, 2, 6, 8)}
+
+
+def kT(k):
+    return ops.swap_axes(k, -1, -2)
+
+
+SPELLINGS = [
+    # (name, fn, shapes, scale, offset)
+    ("softmax_causal_last after scale", lambda q, k, v: ops.softmax_causal_last(q @ kT(k) * 0.5) @ v,
+     QKV, 0.5, 0),
+    ("scale after where_causal", lambda q, k, v: ops.softmax_last(ops.where_causal(q @ kT(k)) * 0.5) @ v,
+     QKV, 0.5, 0),
+    ("divide by sqrt(d)", lambda q, k, v: ops.softmax_causal_last(q @ kT(k) / math.sqrt(8)) @ v,
+     QKV, 1 / math.sqrt(8), 0),
+    ("constant times scores", lambda q, k, v: ops.softmax_causal_last(0.25 * (q @ kT(k))) @ v,
+     QKV, 0.25, 0),
+    ("scale on q", lambda q, k, v: ops.softmax_causal_last((q * 0.5) @ kT(k)) @ v, QKV, 1.0, 0),
+    ("additive -inf from where", lambda q, k, v: ops.softmax_last(
+        q @ kT(k) + ops.where(ops.causal_mask(6), 0.0, float("-inf"))) @ v, QKV, 1.0, 0),
+    ("additive (1 - mask) * -1e9", lambda q, k, v: ops.softmax_last(
+        q @ kT(k) * 0.5 + (1.0 - ops.causal_mask(6)) * -1e9) @ v, QKV, 0.5, 0),
+    ("subtracted mask * 1e4", lambda q, k, v: ops.softmax_last(
+        q @ kT(k) - ops.less(ops.reshape(ops.arange(6, "f32"), (6, 1)),
+                             ops.reshape(ops.arange(6, "f32"), (1, 6))) * 1e4) @ v, QKV, 1.0, 0),
+    ("mask == 0 to -inf (minGPT)", lambda q, k, v: ops.softmax_last(ops.where(
+        ops.equal(ops.causal_mask(6), 0.0), float("-inf"), q @ kT(k) * 0.5)) @ v, QKV, 0.5, 0),
+    ("hand-written cols <= rows", lambda q, k, v: ops.softmax_last(ops.where(
+        ops.less_equal(ops.reshape(ops.cast(ops.arange(6), "f32"), (1, 6)),
+                       ops.reshape(ops.cast(ops.arange(6), "f32"), (6, 1))),
+        q @ kT(k), -1e30)) @ v, QKV, 1.0, 0),
+    ("a triangle table", lambda q, k, v: ops.softmax_last(ops.where(
+        ops.constant([[float(j <= i) for j in range(6)] for i in range(6)]), q @ kT(k), -1e9)) @ v,
+     QKV, 1.0, 0),
+    ("a query block at the end of a cache", lambda q, k, v: ops.softmax_last(ops.where_causal(
+        q @ kT(k))) @ v, {"q": (1, 3, 8), "k": (1, 7, 8), "v": (1, 7, 5)}, 1.0, 4),
+    ("one query, a cache of 7", lambda q, k, v: ops.softmax_causal_last(q @ kT(k)) @ v,
+     {"q": (2, 1, 8), "k": (2, 7, 8), "v": (2, 7, 8)}, 1.0, None),
+    ("no mask, rank 2", lambda q, k, v: ops.softmax_last(q @ kT(k) * 0.1) @ v,
+     {"q": (5, 4), "k": (9, 4), "v": (9, 3)}, 0.1, None),
+]
+
+
+@pytest.mark.parametrize("case", SPELLINGS, ids=[c[0] for c in SPELLINGS])
+def test_spellings_are_matched_forward_and_backward(case):
+    name, fn, shapes, scale, offset = case
+    (m,) = find_matches(_graph(fn, shapes))
+    assert math.isclose(m.scale, scale, rel_tol=1e-12) and m.offset == offset, (m.scale, m.offset)
+    assert None not in (m.g, m.gv, m.ga, m.gb), m  # q, k and v all get fused gradients
+    g2 = rewrite_attention(_graph(fn, shapes), Limits())
+    ops_ = {n.op for n in g2.nodes}
+    assert {"attn_lse", "attn_out", "attn_dv", "attn_dq", "attn_dk"} <= ops_
+    assert "softmax_last" not in ops_
+
+
+NOT_ATTENTION = [
+    ("keeps the future (j >= i)", lambda q, k, v: ops.softmax_last(ops.where(
+        ops.less_equal(ops.reshape(ops.arange(6, "f32"), (6, 1)), ops.reshape(ops.arange(6, "f32"), (1, 6))),
+        q @ kT(k), -1e9)) @ v),
+    ("a band, not a triangle", lambda q, k, v: ops.softmax_last(ops.where(
+        ops.constant([[float(i - 2 <= j <= i) for j in range(6)] for i in range(6)]), q @ kT(k), -1e9)) @ v),
+    ("a mild fill (-10)", lambda q, k, v: ops.softmax_last(ops.where_causal(q @ kT(k), -10.0)) @ v),
+    ("a negative scale", lambda q, k, v: ops.softmax_causal_last(q @ kT(k) * -1.0) @ v),
+    ("a mask that differs per batch", lambda q, k, v: ops.softmax_last(ops.where(
+        ops.less(ops.reshape(ops.arange(2, "f32"), (2, 1, 1, 1)), ops.causal_mask(6) + 0.5),
+        q @ kT(k), -1e9)) @ v),
+    ("a score-dependent term", lambda q, k, v: ops.softmax_last(q @ kT(k) + q @ kT(v)) @ v),
+    ("dropout on the probabilities", lambda q, k, v: ops.dropout(ops.softmax_causal_last(q @ kT(k)), 0.1) @ v),
+]
+
+
+@pytest.mark.parametrize("case", NOT_ATTENTION, ids=[c[0] for c in NOT_ATTENTION])
+def test_other_graphs_are_left_alone(case):
+    name, fn = case
+    g = _graph(fn, QKV)
+    assert not find_matches(g)
+    assert rewrite_attention(g, Limits()) is g
+
+
+def test_a_captured_probability_keeps_the_graph_unfused():
+    """The probabilities are read by the host: nothing may be fused away."""
+    def fn(q, k, v):
+        return ops.capture("p", ops.softmax_causal_last(q @ kT(k))) @ v
+    g = _graph(fn, QKV)
+    assert find_matches(g)  # the pattern is there, but its P must stay
+    assert rewrite_attention(g, Limits()) is g
+
+
+def test_too_few_bindings_keep_the_graph_unfused():
+    """attn_dq / attn_dk bind 7 buffers: a device with fewer keeps matmul + softmax."""
+    g = _graph(SPELLINGS[0][1], QKV)
+    assert rewrite_attention(g, Limits(max_storage_buffers_per_shader_stage=6)) is g
+    assert rewrite_attention(g, Limits(max_storage_buffers_per_shader_stage=7)) is not g
+
+
+ATTN_RECORDS = [r for r in oracle.RECORDS if r.name.startswith("attention")]
+
+
+@pytest.mark.parametrize("record", ATTN_RECORDS, ids=[r.name for r in ATTN_RECORDS])
+def test_attention_records_are_fused(record):
+    """Their webgpu lowering has the five attention kernels and no softmax or score matmul."""
+    factory, loss_fn, inputs, _ = oracle.build_record(record)
+    g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
+    assert len(find_matches(g)) == 1
+    _, names = lower(g, Limits())
+    for k in ("attn_lse", "attn_out", "attn_dv", "attn_dq", "attn_dk"):
+        assert sum(n.startswith(k) for n in names) == 1, (k, names)
+    assert not any(n.startswith(("softmax", "matmul")) for n in names), names
+    g2 = rewrite_attention(g, Limits())  # the records are attention alone: no score remains
+    assert not {n.op for n in g2.nodes} & {"softmax_last", "matmul"}, str(g2)
+
+
+def test_transformer_kernel_count():
+    """The test transformer (tests/models.py, 2 layers): its attention (score matmul, softmax,
+    P @ V; 5 backward kernels) becomes attn_lse + attn_out and attn_dv, the row term, attn_dq,
+    attn_dk per layer."""
+    import webgrad.codegen.program as program
+    g = build_train_graph(models.Transformer, models.transformer_loss,
+                          parse_inputs(models.TF_INPUTS), optim.Adam(lr=0.01))[1]
+    fused = lower(g, Limits())[1]
+    saved = program.rewrite_attention
+    program.rewrite_attention = lambda graph, limits: graph
+    try:
+        plain = lower(g, Limits())[1]
+    finally:
+        program.rewrite_attention = saved
+    print(f"transformer step: {len(plain)} kernels unfused, {len(fused)} with fused attention")
+    # per layer: 3-4 forward kernels become 2, 6 backward kernels become 4
+    assert len(plain) - len(fused) >= 3 * models.N_LAYERS, (len(plain), len(fused))
+    assert sum(n.startswith("attn_") for n in fused) == 5 * models.N_LAYERS
+
+
+# ---------------------------------------------------------------- GPT-2 size
+
+def _sdpa_module(shape):
+    class M(Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v = (self.param(list(shape), init="zeros") for _ in range(3))
+
+    def loss(m, inp):
+        o = ops.softmax_causal_last(m.q @ kT(m.k) * (1 / math.sqrt(shape[-1]))) @ m.v
+        return ops.sum_all(o * inp["w"])
+    return M, loss
+
+
+def test_gpt2_124m_attention_plan_has_no_scores():
+    """GPT-2 124M's attention at B 8, T 1024 (12 heads of 64): the training step's plan
+    has no buffer near the size of the scores (8 x 12 x 1024 x 1024 f32 = 384 MiB, more
+    than WebGPU's default maxStorageBufferBindingSize): it fits."""
+    shape = (8, 12, 1024, 64)
+    M, loss = _sdpa_module(shape)
+    g = build_train_graph(M, loss, parse_inputs({"w": list(shape)}), optim.AdamW(lr=3e-4))[1]
+    low, names = lower(g, Limits())
+    assert sum(n.startswith("attn_") for n in names) == 5, names
+    assert max(b["size"] for b in low.plan["buffers"]) <= 4 * 8 * 12 * 1024 * 64
+
+
+@pytest.mark.webgpu
+def test_long_attention_matches_torch():
+    """T 1024 (GPT-2's context), a head of 64, forward and the three gradients on the
+    native adapter against torch autograd in float64 (scaled_dot_product_attention)."""
+    torch = pytest.importorskip("torch")
+    try:
+        from webgrad.backends.webgpu_native import NativeHost
+        NativeHost()
+    except Exception as e:
+        pytest.skip(f"no native WebGPU adapter: {e}")
+    import webgrad as wg
+    shape = (1, 1, 1024, 64)
+    M, loss = _sdpa_module(shape)
+    c = wg.compile_module(M, loss, inputs={"w": list(shape)}, optimizer=None, backend="webgpu")
+    assert sum(n.startswith("attn_") for n in c._train.exe.kernel_names) == 5
+    rng = np.random.default_rng(0)
+    vals = {n: rng.standard_normal(shape).astype(np.float32) for n in ("q", "k", "v")}
+    w = rng.standard_normal(shape).astype(np.float32)
+    c.upload_params(vals)
+    got = c.step({"w": w})
+    grads = c.download_param_grads()
+    t = {n: torch.tensor(v, dtype=torch.float64, requires_grad=True) for n, v in vals.items()}
+    o = torch.nn.functional.scaled_dot_product_attention(t["q"], t["k"], t["v"], is_causal=True)
+    want = (o * torch.tensor(w, dtype=torch.float64)).sum()
+    want.backward()
+    assert abs(got - want.item()) <= 1e-4 * abs(want.item()) + 1e-2
+    for n in ("q", "k", "v"):
+        np.testing.assert_allclose(grads[n], t[n].grad.numpy(), rtol=1e-3, atol=2e-4, err_msg=n)

@@ -1,0 +1,273 @@
+"""GPT-2 against transformers' GPT2LMHeadModel, and the KV cache against the full forward.
+
+Weights are random with layer norms and biases moved off their defaults (so a dropped bias
+or a swapped gain shows), loaded through from_hf_state_dict. Logits must agree within 1e-4
+of the largest logit. The cache tests compare cached decoding (one token at a time, and in
+chunks onto a non-empty cache) with the full forward at every position, and surprisal with
+the decode path (the forge-ml test, ported).
+"""
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from webgrad.models import gpt2  # noqa: E402
+from webgrad.models import sampling  # noqa: E402
+
+BACKENDS = ["reference", "webgpu"]
+
+
+def _webgpu_ok():
+    try:
+        from webgrad.backends.webgpu import WebGPUBackend
+        WebGPUBackend()
+        return True
+    except Exception:
+        return False
+
+
+def backend_param(name):
+    if name == "webgpu" and not _webgpu_ok():
+        return pytest.param(name, marks=pytest.mark.skip("no WebGPU adapter"))
+    return name
+
+
+def hf_model(cfg: gpt2.GPT2Config, seed: int):
+    hcfg = transformers.GPT2Config(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
+                                   n_positions=cfg.n_ctx, vocab_size=cfg.vocab_size,
+                                   layer_norm_epsilon=cfg.layer_norm_epsilon,
+                                   activation_function="gelu_new", resid_pdrop=0.0,
+                                   embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(seed)
+    model = transformers.GPT2LMHeadModel(hcfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(torch.randn_like(p) * 0.1)
+            elif ".ln_" in name:                 # layer norm gains away from 1
+                p.copy_(1 + torch.randn_like(p) * 0.2)
+            else:
+                p.copy_(torch.randn_like(p) * 0.08)
+    return model
+
+
+def hf_logits(model, ids):
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].numpy()
+
+
+def close(got, want, tol=1e-4):
+    err = np.abs(np.asarray(got) - want).max() / np.abs(want).max()
+    assert err <= tol, f"max error {err:.2e} of the largest logit"
+
+
+def state_dict(model, kind: str):
+    """The state dict as the values a user may hold: numpy, array.array or memoryview."""
+    import array
+    out = {}
+    for k, (name, v) in enumerate(model.state_dict().items()):
+        a = v.numpy()
+        out[name if k % 2 else name[len("transformer."):] if name.startswith("transformer.") else name] = (
+            a if kind == "numpy" else array.array("f", a.reshape(-1).tolist())
+            if kind == "array" else memoryview(np.ascontiguousarray(a)))
+    return out
+
+
+CONFIGS = [
+    gpt2.GPT2Config(n_layer=2, n_head=2, n_embd=64, n_ctx=32, vocab_size=11, layer_norm_epsilon=1e-5),
+    gpt2.GPT2Config(n_layer=1, n_head=4, n_embd=32, n_ctx=16, vocab_size=50, layer_norm_epsilon=1e-3),
+    gpt2.GPT2Config(n_layer=3, n_head=3, n_embd=48, n_ctx=20, vocab_size=97, layer_norm_epsilon=1e-5),
+]
+
+
+@pytest.mark.parametrize("backend", [backend_param(b) for b in BACKENDS])
+@pytest.mark.parametrize("k", range(len(CONFIGS)))
+def test_logits_match_transformers(k, backend):
+    cfg = CONFIGS[k]
+    ref = hf_model(cfg, seed=k)
+    kind = ("numpy", "array", "memoryview")[k]
+    m = gpt2.GPT2.from_hf_state_dict(cfg, state_dict(ref, kind), backend=backend)
+    rng = random.Random(k)
+    ids = [rng.randrange(cfg.vocab_size) for _ in range(cfg.n_ctx - 3)]
+    close(m.forward(ids), hf_logits(ref, ids))
+    # the cached path too, in two chunks
+    c = m.new_cache()
+    a = m.logits_all_step(ids[:5], c)
+    b = m.logits_all_step(ids[5:], c)
+    close(np.concatenate([a, b]), hf_logits(ref, ids))
+
+
+@pytest.fixture(scope="module")
+def hf_small():
+    return hf_model(gpt2.GPT2Config.small(), seed=0)
+
+
+@pytest.mark.parametrize("backend", [backend_param(b) for b in BACKENDS])
+def test_124m_matches_transformers(hf_small, backend):
+    cfg = gpt2.GPT2Config.small()
+    m = gpt2.GPT2.from_hf_state_dict(cfg, hf_small.state_dict(), backend=backend)
+    ids = [464, 2068, 7586, 21831]
+    want = hf_logits(hf_small, ids)
+    close(m.forward(ids), want)
+    c = m.new_cache()
+    m.logits_step(ids[:3], c)
+    close(m.logits_step(ids[3:], c), want[3])
+
+
+TINY = CONFIGS[0]
+
+
+@pytest.fixture(scope="module", params=[backend_param(b) for b in BACKENDS])
+def tiny(request):
+    return gpt2.GPT2.init_random(TINY, seed=3, backend=request.param)
+
+
+def test_cached_decoding_equals_the_full_forward(tiny):
+    ids = [1, 4, 4, 9, 2, 7, 0, 3, 5, 5, 10, 6]
+    full = np.asarray(tiny.forward(ids))
+    c = tiny.new_cache()
+    for i, t in enumerate(ids):                      # one at a time
+        np.testing.assert_allclose(tiny.logits_step([t], c), full[i], atol=2e-5, rtol=0)
+    c = tiny.new_cache()                             # chunks onto a non-empty cache
+    rows = [tiny.logits_all_step(ids[a:b], c) for a, b in ((0, 1), (1, 4), (4, 5), (5, 12))]
+    np.testing.assert_allclose(np.concatenate(rows), full, atol=2e-5, rtol=0)
+    c = tiny.new_cache()
+    tiny.logits_step(ids[:7], c)
+    np.testing.assert_allclose(tiny.logits_step(ids[7:], c), full[-1], atol=2e-5, rtol=0)
+    assert len(c) == len(ids)
+
+
+def test_cache_misuse_is_refused(tiny):
+    c = tiny.new_cache()
+    tiny.logits_step([1, 2], c)
+    c2 = tiny.new_cache()
+    with pytest.raises(ValueError, match="retired"):
+        tiny.logits_step([3], c)
+    with pytest.raises(ValueError, match="exceed n_ctx"):
+        tiny.logits_step([1] * (TINY.n_ctx + 1 - 0), c2)
+    with pytest.raises(ValueError, match=r"ids\[1\] = 11"):
+        tiny.logits_step([1, 11], c2)
+    assert len(c2) == 0  # refused calls leave the cache where it was
+
+
+def test_surprisal_matches_the_decode_path(tiny):
+    ids = [1, 4, 4, 9, 2, 7, 0, 3]
+    s = tiny.surprisal(ids)
+    assert len(s.bits) == len(ids) and s.bits[0] == 0
+    for i in range(1, len(ids)):
+        c = tiny.new_cache()
+        logits = np.asarray(tiny.logits_step(ids[:i], c), dtype=np.float64)
+        logz = logits.max() + math.log(np.exp(logits - logits.max()).sum())
+        want = -(logits[ids[i]] - logz) / math.log(2)
+        assert abs(s.bits[i] - want) < 2e-3, (i, s.bits[i], want)
+        assert s.top[i] == int(np.argmax(logits))
+        assert abs(s.top_p[i] - math.exp(logits.max() - logz)) < 1e-4
+
+
+def test_bits_are_bits(tiny):
+    ids = [3, 1, 4, 1, 5, 9, 2, 6]
+    s = tiny.surprisal(ids)
+    uniform = math.log2(TINY.vocab_size)  # an untrained model is near uniform
+    assert all(abs(b - uniform) < 1.5 for b in s.bits[1:])
+    forced = [ids[0]] + s.top[1:]
+    s2 = tiny.surprisal(forced)
+    assert s2.bits[1] <= s.bits[1] + 1e-4  # the model's own top choice is never more surprising
+
+
+def test_generate_is_deterministic_per_seed(tiny):
+    ids = [1, 2, 3]
+    a = tiny.generate(ids, max_new_tokens=10, seed=7)
+    assert a == tiny.generate(ids, max_new_tokens=10, seed=7)
+    assert a[:3] == ids and len(a) == 13
+    assert any(tiny.generate(ids, max_new_tokens=10, seed=s) != a for s in range(8, 12))
+    assert list(tiny.generate_stream(ids, max_new_tokens=10, seed=7)) == a[3:]
+    greedy = tiny.generate(ids, max_new_tokens=6, temperature=0)
+    # greedy = argmax of the full forward at every step
+    seq = list(ids)
+    for _ in range(6):
+        seq.append(int(np.argmax(np.asarray(tiny.forward(seq))[-1])))
+    assert greedy == seq
+
+
+def test_generate_agrees_across_backends():
+    outs = {b: gpt2.GPT2.init_random(TINY, seed=4, backend=b).generate([5, 6], 12, seed=3, top_k=5)
+            for b in ["reference", "torch"] + (["webgpu"] if _webgpu_ok() else [])}
+    assert len(set(map(tuple, outs.values()))) == 1, outs
+
+
+# ---------------------------------------------------------------- sampling definitions
+
+LOGITS = [2.0, 1.0, 0.5, 0.5, -1.0, 3.0, 0.0]
+
+
+def _freqs(n=20000, **kw):
+    r = sampling.rng(0)
+    counts = [0] * len(LOGITS)
+    for _ in range(n):
+        counts[sampling.sample(LOGITS, rng=r, **kw)] += 1
+    return [c / n for c in counts]
+
+
+def _softmax(xs, t=1.0):
+    m = max(xs)
+    e = [math.exp((x - m) / t) for x in xs]
+    return [v / sum(e) for v in e]
+
+
+@pytest.mark.parametrize("t", [1.0, 0.5, 2.0])
+def test_temperature_samples_softmax_of_scaled_logits(t):
+    got, want = _freqs(temperature=t), _softmax(LOGITS, t)
+    for g, w in zip(got, want):  # 20000 draws: 4 standard deviations
+        assert abs(g - w) < 4 * math.sqrt(w * (1 - w) / 20000) + 1e-3
+
+
+def test_top_k_keeps_the_k_most_likely():
+    got = _freqs(top_k=2)
+    want = _softmax([LOGITS[5], LOGITS[0]])
+    assert [i for i, g in enumerate(got) if g > 0] == [0, 5]
+    assert abs(got[5] - want[0]) < 0.02
+    assert sampling.sample(LOGITS, top_k=1, rng=sampling.rng(1)) == 5
+
+
+def test_top_p_keeps_the_smallest_nucleus():
+    p = _softmax(LOGITS)  # sorted: 5 (0.54), 0 (0.20), 1 (0.07), ...
+    order = sorted(range(len(p)), key=lambda i: -p[i])
+    q = p[order[0]] + p[order[1]] * 0.5    # needs the top two
+    kept = [tok for tok, _ in sampling.kept_distribution(LOGITS, top_p=q)]
+    assert kept == order[:2]
+    got = _freqs(top_p=q)
+    assert [i for i, g in enumerate(got) if g > 0] == sorted(order[:2])
+    assert [tok for tok, _ in sampling.kept_distribution(LOGITS, top_p=0.01)] == [5]
+
+
+def test_temperature_zero_is_argmax_and_bad_parameters_are_refused():
+    assert sampling.sample(LOGITS, temperature=0, rng=sampling.rng(0)) == 5
+    for kw in ({"temperature": -1}, {"top_k": 0}, {"top_p": 0.0}, {"top_p": 1.5}):
+        with pytest.raises(ValueError):
+            sampling.check_params(kw.get("temperature", 1.0), kw.get("top_k"), kw.get("top_p"))
+
+
+@pytest.mark.parametrize("backend", [backend_param(b) for b in BACKENDS])
+def test_split_token_table_gives_the_same_model(backend):
+    """WebGPU binds at most 128 MiB per tensor by default: the 124M table is split in row
+    blocks there. Forced here on a small model: every output must be unchanged."""
+    whole = gpt2.GPT2.init_random(TINY, seed=6, backend="reference")
+    split = gpt2.GPT2(TINY, backend, wte_chunks=3)
+    split.load_state_dict(whole.state_dict())
+    assert "wte.2.weight" in split.shapes
+    ids = [10, 0, 5, 9, 9, 1]
+    np.testing.assert_allclose(split.forward(ids), whole.forward(ids), atol=2e-5, rtol=0)
+    c = split.new_cache()
+    split.logits_step(ids[:2], c)
+    np.testing.assert_allclose(split.logits_step(ids[2:], c), whole.forward(ids)[-1], atol=2e-5, rtol=0)
+    a, b = split.surprisal(ids), whole.surprisal(ids)
+    np.testing.assert_allclose(a.bits, b.bits, atol=1e-4)
+    assert a.top == b.top
+    assert split.generate(ids, 6, temperature=0) == whole.generate(ids, 6, temperature=0)
+    np.testing.assert_array_equal(split.state_dict()["wte.weight"], whole.state_dict()["wte.weight"])
