@@ -201,8 +201,20 @@ async def _run(code: str):
         _Request.active = False
 
 
+def _lookup(name: str):
+    """A global of __main__, or ``module.attr`` of an importable module (``webgrad_worker.x``)."""
+    if "." not in name:
+        return __main__.__dict__.get(name)
+    import importlib
+    module, _, attr = name.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), attr, None)
+    except ImportError:
+        return None
+
+
 async def _call(name: str, args: list):
-    fn = __main__.__dict__.get(name)
+    fn = _lookup(name)
     if not callable(fn):
         err = NameError(f"no global Python function named {name!r}; define it with a run request")
         return {"ok": False, "error": _error(err)}
@@ -242,3 +254,61 @@ async def handle(request):
         return _js(reply)
     except Exception as e:  # a value to_js cannot convert: report it rather than dying
         return _js({"id": rid, "ok": False, "error": _error(e)})
+
+
+# --- What the playground page asks about the user's models --------------------------------
+
+def _compiled_modules() -> list[tuple[str, object]]:
+    """Live (not destroyed) CompiledModules: those named by a global of __main__ first (in the
+    order the code bound them), then any other still alive, each with a display name."""
+    import gc
+    from webgrad.compiled import CompiledModule
+    named = [(k, v) for k, v in __main__.__dict__.items() if isinstance(v, CompiledModule)]
+    seen = {id(v) for _, v in named}
+    others = [o for o in gc.get_objects() if isinstance(o, CompiledModule) and id(o) not in seen]
+    out = named + [(f"compiled module {i + 1}", o) for i, o in enumerate(others)]
+    return [(k, c) for k, c in out if not getattr(c, "_destroyed", False)]
+
+
+def _current():
+    modules = _compiled_modules()
+    if not modules:
+        raise LookupError("no compiled model here yet: run an example (or code that calls "
+                          "webgrad.compile_module) first")
+    return modules[-1]
+
+
+def describe_compiled() -> list[dict]:
+    """Per live compiled module: backend, parameters, the printed IR and each dispatch of its
+    training step (kernel name, pipeline, workgroups, WGSL), for the page's kernel panel."""
+    out = []
+    for name, c in _compiled_modules():
+        train = c._train
+        plan = getattr(train.exe, "plan", None) if train is not None else None
+        kernels = []
+        if plan:  # one entry per dispatch of the step, in order, named by the codegen
+            names = list(getattr(train.exe, "kernel_names", None) or [])
+            dispatches = [cmd for cmd in plan.get("commands", []) if cmd.get("op") == "dispatch"]
+            for i, cmd in enumerate(dispatches):
+                kernels.append({"label": names[i] if i < len(names) else f"kernel {i}",
+                                "pipeline": cmd["pipeline"], "workgroups": cmd["workgroups"],
+                                "wgsl": plan["pipelines"][cmd["pipeline"]]["wgsl"]})
+        out.append({"name": name, "backend": getattr(c.backend, "name", "?"),
+                    "params": {k: list(v) for k, v in c.param_shapes.items()},
+                    "kernel_count": c.kernel_count, "kernels": kernels,
+                    "ir": str(c.ir) if train is not None else ""})
+    return out
+
+
+def weights_save() -> dict:
+    """The newest live model's checkpoint (params, optimizer state, step) as safetensors bytes."""
+    name, c = _current()
+    return {"name": name, "data": c.save(optimizer=True)}
+
+
+def weights_load(data: bytes) -> dict:
+    """Load a checkpoint written by weights_save (or any safetensors file of the model's
+    parameters) into the newest live model; a file that does not fit changes nothing."""
+    name, c = _current()
+    c.load(bytes(data))
+    return {"name": name, "params": len(c.param_names)}
