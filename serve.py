@@ -155,28 +155,13 @@ def _record_hash(data: bytes) -> str:
     return f"sha256={digest}"
 
 
-def wheel_bytes(root: Path | str = ROOT) -> tuple[str, bytes]:
-    """Zip pkg/webgrad into a py3-none-any wheel; returns (file name, bytes).
-
-    The zip is deterministic (sorted entries, fixed timestamps), so unchanged sources give
-    byte-identical wheels and ``provision`` can skip rewriting them.
-    """
-    paths = layout(root)
-    meta = project_metadata(paths["root"])
-    name, version = meta["name"], meta["version"]
+def _zip_wheel(name: str, version: str, files: list[tuple[str, bytes]], metadata: list[str]
+               ) -> tuple[str, bytes]:
+    """A py3-none-any wheel of `files` (archive name, bytes); deterministic (sorted entries,
+    fixed timestamps), so unchanged sources give byte-identical wheels."""
     dist_info = f"{name}-{version}.dist-info"
-    files: list[tuple[str, bytes]] = []
-    if paths["package"].is_dir():
-        for path in sorted(paths["package"].rglob("*")):
-            rel = path.relative_to(paths["package"].parent)
-            if path.is_file() and "__pycache__" not in rel.parts and path.suffix not in (".pyc", ".pyo"):
-                files.append((rel.as_posix(), path.read_bytes()))
-    metadata = [
-        "Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}",
-        f"Summary: {meta.get('description', '')}",
-        f"Requires-Python: {meta.get('requires-python', '>=3.11')}",
-    ]
-    metadata += [f"Requires-Dist: {dep}" for dep in meta.get("dependencies", [])]
+    files = list(files)
+    metadata = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", *metadata]
     files.append((f"{dist_info}/METADATA", ("\n".join(metadata) + "\n").encode()))
     files.append((f"{dist_info}/WHEEL", (
         "Wheel-Version: 1.0\nGenerator: webgrad serve.py\nRoot-Is-Purelib: true\n"
@@ -194,17 +179,56 @@ def wheel_bytes(root: Path | str = ROOT) -> tuple[str, bytes]:
     return f"{name}-{version}-py3-none-any.whl", buf.getvalue()
 
 
+def _package_files(folder: Path) -> list[tuple[str, bytes]]:
+    return [(path.relative_to(folder.parent).as_posix(), path.read_bytes())
+            for path in sorted(folder.rglob("*"))
+            if path.is_file() and "__pycache__" not in path.parts
+            and path.suffix not in (".pyc", ".pyo")]
+
+
+def wheel_bytes(root: Path | str = ROOT) -> tuple[str, bytes]:
+    """Zip pkg/webgrad into a py3-none-any wheel; returns (file name, bytes).
+
+    The zip is deterministic, so ``provision`` can skip rewriting an unchanged wheel.
+    """
+    paths = layout(root)
+    meta = project_metadata(paths["root"])
+    files = _package_files(paths["package"]) if paths["package"].is_dir() else []
+    metadata = [f"Summary: {meta.get('description', '')}",
+                f"Requires-Python: {meta.get('requires-python', '>=3.11')}"]
+    metadata += [f"Requires-Dist: {dep}" for dep in meta.get("dependencies", [])]
+    return _zip_wheel(meta["name"], meta["version"], files, metadata)
+
+
+def _write_if_changed(target: Path, data: bytes) -> None:
+    if not target.exists() or target.read_bytes() != data:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, target)
+
+
+def provision_stdlib_extras(paths: dict[str, Path]) -> dict[str, str]:
+    """Wheels of the standard-library modules Pyodide leaves out of its core download and the
+    demos use: ``pydoc_data`` (the char-level LM's text), zipped from this CPython's stdlib.
+    Returns {module: wheel file}; the worker installs one when code names its module."""
+    import pydoc_data
+    folder = Path(pydoc_data.__file__).parent
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    name, data = _zip_wheel("pydoc_data", version, _package_files(folder),
+                            ["Summary: pydoc_data from the CPython standard library"])
+    _write_if_changed(paths["wheels"] / name, data)
+    return {"pydoc_data": name}
+
+
 def provision_webgrad(paths: dict[str, Path]) -> str:
     """Write web/assets/wheels/webgrad-*.whl from pkg/webgrad when its contents changed."""
     name, data = wheel_bytes(paths["root"])
     target = paths["wheels"] / name
     if not target.exists() or target.read_bytes() != data:
-        paths["wheels"].mkdir(parents=True, exist_ok=True)
         for old in paths["wheels"].glob("webgrad-*.whl"):
             old.unlink()
-        tmp = target.with_suffix(".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, target)
+        _write_if_changed(target, data)
     return name
 
 
@@ -269,6 +293,7 @@ def provision(root: Path | str = ROOT) -> dict:
         "webgrad_wheel": provision_webgrad(paths),
         "webgrad_version": project_metadata(paths["root"])["version"],
         "ui_bundle": provision_ui(paths),
+        "extra_wheels": provision_stdlib_extras(paths),
         "examples": list_examples(paths),
     }
     text = json.dumps(manifest, indent=2) + "\n"

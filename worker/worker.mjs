@@ -62,6 +62,18 @@ let interruptBuffer = null;
 let fatal = null;  // set once boot fails or Pyodide dies; later requests get it as their error
 let running = null;  // id of the request being handled, or null
 let worker_py = null;  // the webgrad_worker module (a PyProxy), once booted
+let extraWheels = {};  // module -> wheel URL: stdlib parts Pyodide's core leaves out
+const loadedExtras = new Set();
+
+// Installs the extra wheels that a run's source imports (e.g. pydoc_data), once each.
+async function loadExtras(code) {
+  for (const [module, url] of Object.entries(extraWheels)) {
+    if (!loadedExtras.has(module) && new RegExp(`\\b(import|from)\\s+${module}\\b`).test(code)) {
+      await pyodide.loadPackage(url, { messageCallback: () => {} });
+      loadedExtras.add(module);
+    }
+  }
+}
 
 // --- Output: Python's writes are decoded and posted as they come while they are few; a flood
 // (more than OUTPUT_BURST writes within OUTPUT_MS) is merged into one message per OUTPUT_MS or
@@ -116,6 +128,9 @@ self.webgradFlushOutput = () => flushOutput();  // Python's progress() keeps out
 
 async function boot() {
   const manifest = await (await fetchOk(here("../assets/manifest.json"))).json();
+  for (const [module, file] of Object.entries(manifest.extra_wheels || {})) {
+    extraWheels[module] = here(`../assets/wheels/${file}`);
+  }
   const { loadPyodide } = await import(here("../assets/pyodide/pyodide.mjs"));
   pyodide = await loadPyodide({ indexURL: here("../assets/pyodide/") });
   if (interruptBuffer) pyodide.setInterruptBuffer(interruptBuffer);
@@ -159,6 +174,10 @@ async function handle(request) {
   ns.set("request", request);
   running = request.id;
   try {
+    if (request.type === "run") {
+      // a wheel that fails to load leaves the import to fail in Python, with Python's message
+      await loadExtras(String(request.code)).catch((e) => console.warn("webgrad worker:", e));
+    }
     return await pyodide.runPythonAsync(
       "import webgrad_worker\nawait webgrad_worker.handle(request)", { globals: ns });
   } catch (e) {
