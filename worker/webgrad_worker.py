@@ -258,6 +258,17 @@ async def handle(request):
 
 # --- What the playground page asks about the user's models --------------------------------
 
+async def warm_up() -> None:
+    """The first compile's fixed costs, paid while the page waits for a click: importing the
+    compiler and the WebGPU backend, and requesting the worker's shared GPU device."""
+    import webgrad.compile  # noqa: F401
+    from webgrad.backends import webgpu, webgpu_browser  # noqa: F401
+    try:
+        await webgpu_browser.request_device()
+    except Exception:
+        pass  # no WebGPU here: the page says so, and compile reports it when asked
+
+
 def _compiled_modules() -> list[tuple[str, object]]:
     """Live (not destroyed) CompiledModules: those named by a global of __main__ first (in the
     order the code bound them), then any other still alive, each with a display name."""

@@ -1,8 +1,8 @@
 // webgrad's Pyodide worker: runs Python (and through it WebGPU) off the page's main thread.
 //
 // Start it as a *module* worker:  new Worker("/worker/worker.mjs", {type: "module"}).
-// It boots Pyodide from /assets/pyodide/, loads the micropip wheel, installs the webgrad wheel
-// named in /assets/manifest.json, and installs webgrad_worker.py (the Python half of this file).
+// It boots Pyodide from /assets/pyodide/, installs the micropip and webgrad wheels named in
+// /assets/manifest.json, and installs webgrad_worker.py (the Python half of this file).
 //
 // Message protocol (all values are plain structured-cloneable data):
 //   requests from the page, answered one at a time in arrival order (except ping):
@@ -127,37 +127,44 @@ function writer(type) {
 self.webgradFlushOutput = () => flushOutput();  // Python's progress() keeps output in order
 
 async function boot() {
-  const manifest = await (await fetchOk(here("../assets/manifest.json"))).json();
+  // Everything that does not need Python is fetched while Pyodide boots: the manifest, then
+  // the wheels and this worker's Python half. The wheels are unpacked by loadPackage directly
+  // (no micropip import: it costs a few hundred ms and nothing here needs it; micropip's wheel
+  // is still installed, for code that wants it).
+  const manifestReady = fetchOk(here("../assets/manifest.json")).then((r) => r.json());
+  const helperReady = fetchOk(here("./webgrad_worker.py")).then((r) => r.text());
+  const pyodideReady = import(here("../assets/pyodide/pyodide.mjs")).then(
+    ({ loadPyodide }) => loadPyodide({ indexURL: here("../assets/pyodide/") }));
+  pyodideReady.catch(() => {});  // reported through the manifest's failure if both fail
+  const manifest = await manifestReady;
   for (const [module, file] of Object.entries(manifest.extra_wheels || {})) {
     extraWheels[module] = here(`../assets/wheels/${file}`);
   }
-  const { loadPyodide } = await import(here("../assets/pyodide/pyodide.mjs"));
-  pyodide = await loadPyodide({ indexURL: here("../assets/pyodide/") });
+  const wheels = [manifest.micropip_wheel, manifest.webgrad_wheel].map(
+    (file) => here(`../assets/wheels/${file}`));
+  for (const url of wheels) fetch(url).catch(() => {});  // warm the HTTP cache meanwhile
+  pyodide = await pyodideReady;
   if (interruptBuffer) pyodide.setInterruptBuffer(interruptBuffer);
   pyodide.setStdout(writer("stdout"));
   pyodide.setStderr(writer("stderr"));
 
-  await pyodide.loadPackage(here(`../assets/wheels/${manifest.micropip_wheel}`),
-                            { messageCallback: () => {} });
-  const helper = await (await fetchOk(here("./webgrad_worker.py"))).text();
+  await pyodide.loadPackage(wheels, { messageCallback: () => {} });
   const sitePackages = pyodide.runPython("import sysconfig; sysconfig.get_path('purelib')");
-  pyodide.FS.writeFile(`${sitePackages}/webgrad_worker.py`, helper);
+  pyodide.FS.writeFile(`${sitePackages}/webgrad_worker.py`, await helperReady);
 
-  const ns = pyodide.toPy({ url: here(`../assets/wheels/${manifest.webgrad_wheel}`) });
-  try {
-    const info = await pyodide.runPythonAsync(`
-import importlib.metadata, sys, micropip, pyodide.ffi
-await micropip.install(url)
+  const info = await pyodide.runPythonAsync(`
+import importlib.metadata, sys, pyodide.ffi
 [sys.version.split()[0], importlib.metadata.version("webgrad"), pyodide.ffi.can_run_sync()]
-`, { globals: ns });
-    const [python_version, webgrad_version, jspi] = info.toJs();
-    info.destroy();
-    worker_py = pyodide.pyimport("webgrad_worker");
-    worker_py.setup(interruptBuffer ? () => { interruptBuffer[0] = 2; } : null);
-    post({ type: "ready", python_version, webgrad_version, jspi });
-  } finally {
-    ns.destroy();
-  }
+`);
+  const [python_version, webgrad_version, jspi] = info.toJs();
+  info.destroy();
+  worker_py = pyodide.pyimport("webgrad_worker");
+  worker_py.setup(interruptBuffer ? () => { interruptBuffer[0] = 2; } : null);
+  post({ type: "ready", python_version, webgrad_version, jspi });
+  // Then, before any request (they queue behind it): import the compiler and ask for the GPU
+  // device, the first compile's fixed costs, while the person reads the page.
+  queue = queue.then(() => pyodide.runPythonAsync("import webgrad_worker\nawait webgrad_worker.warm_up()"))
+    .catch((e) => console.warn("webgrad worker: warm-up failed", e));
 }
 
 const booted = boot().catch((e) => {

@@ -177,3 +177,46 @@ def test_page_says_when_webgpu_is_missing(browser_session):
     finally:
         page.close()
     assert "WebGPU is unavailable" in text and "enable-unsafe-webgpu" in text, text
+
+
+DEMOS = {  # example -> (its STEPS line, a short run for the test)
+    "transformer_addition.py": ("STEPS = 1500", "STEPS = 3"),
+    "char_lm.py": ("STEPS = 3000", "STEPS = 2"),
+    "digits_convnet.py": ("STEPS = 600", "STEPS = 3"),
+}
+
+
+@pytest.mark.parametrize("example", sorted(DEMOS))
+def test_demo_runs_in_page_with_picture(page, example):
+    """Each demo, shortened to a few steps, runs in the page: losses charted, picture drawn."""
+    page.select_option("#examples", example)
+    page.wait_for_function(f"window.playground.code.includes({DEMOS[example][0]!r})")
+    source = page.evaluate("window.playground.code")
+    assert source == (REPO / "examples" / example).read_text()
+    figures = page.evaluate("window.playground.figures")
+    page.evaluate("(t) => { window.playground.code = t; }", source.replace(*DEMOS[example]))
+    assert _run_and_wait(page) == "done", page.eval_on_selector("#console", "e => e.textContent")
+    steps = int(DEMOS[example][1].split("=")[1])
+    losses = page.evaluate("window.playground.losses")
+    assert len(losses) == steps and all(math.isfinite(v) for v in losses)
+    assert page.evaluate("window.playground.figures") > figures
+    kind = {"transformer_addition.py": "attention on", "char_lm.py": "sampled after",
+            "digits_convnet.py": "test set after"}[example]
+    assert page.eval_on_selector("#figure-title", "e => e.textContent").startswith(kind)
+
+
+@pytest.mark.skipif(not os.environ.get("WEBGRAD_SCREENSHOTS"),
+                    reason="full demo runs for docs/ screenshots: set WEBGRAD_SCREENSHOTS=1")
+@pytest.mark.parametrize("example", sorted(DEMOS))
+def test_demo_screenshot_after_training(page, example):
+    """Trains each demo in the page for as many steps as its file says (or
+    WEBGRAD_DEMO_STEPS) and writes docs/playground-NAME.png."""
+    page.select_option("#examples", example)
+    page.wait_for_function(f"window.playground.code.includes({DEMOS[example][0]!r})")
+    steps = os.environ.get("WEBGRAD_DEMO_STEPS")
+    if steps:
+        source = page.evaluate("window.playground.code")
+        page.evaluate("(text) => { window.playground.code = text; }",
+                      source.replace(DEMOS[example][0], f"STEPS = {int(steps)}"))
+    assert _run_and_wait(page, timeout=3_600_000) == "done"
+    _screenshot(page, example.removesuffix(".py"))
