@@ -614,6 +614,11 @@ rec("matmul/mat_vec", "lambda a, b: ops.matmul(a, b)", lambda a, b: a @ b, f32(3
 rec("matmul/vec_vec", "lambda a, b: ops.matmul(a, b)", lambda a, b: a @ b, f32(4), f32(4), **MM)
 rec("matmul_batched", "lambda a, b: ops.matmul_batched(a, b)", lambda a, b: torch.bmm(a, b),
     f32(2, 3, 4), f32(2, 4, 5), **MM)
+# shapes that divide no tile, and a K long enough for K chunks of real work (split-K)
+rec("matmul/odd_long_k", "lambda a, b: ops.matmul(a, b)", lambda a, b: a @ b,
+    f32(7, 600), f32(600, 13), atol=2e-3, rtol=1e-4)
+rec("matmul/wgrad_odd", "lambda x, g: ops.sum(ops.matmul(ops.swap_axes(x, -1, -2), g), 0)",
+    lambda x, g: (x.transpose(-1, -2) @ g).sum(0), f32(3, 77, 9), f32(3, 77, 35), atol=1e-3)
 
 # -- indices
 rec("one_hot", "lambda x, i: x * ops.one_hot(i, 4)", lambda x, i: x * F.one_hot(i, 4).double(),
@@ -665,6 +670,11 @@ rec("take_along_last", "lambda x, i: ops.take_along_last(x, i)",
 
 # -- softmax family and masks
 rec("softmax_last/2d", "lambda x: ops.softmax_last(x)", lambda x: torch.softmax(x, -1), f32(3, 5))
+# rows wide enough for the workgroup strategy (a shared-memory tree of NaN-propagating maxes)
+rec("softmax_last/wide_rows", "lambda x: ops.softmax_last(x)", lambda x: torch.softmax(x, -1),
+    f32(3, 700))
+rec("log_softmax_last/wide_rows", "lambda x: ops.log_softmax_last(x)",
+    lambda x: torch.log_softmax(x, -1), f32(3, 700))
 rec("softmax_last/3d", "lambda x: ops.softmax_last(x * 4.0)", lambda x: torch.softmax(x * 4, -1),
     f32(2, 3, 4))
 rec("log_softmax_last/2d", "lambda x: ops.log_softmax_last(x)", lambda x: torch.log_softmax(x, -1),

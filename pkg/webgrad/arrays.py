@@ -79,7 +79,7 @@ _FORMAT_NAMES = {"b": "int8", "B": "uint8", "h": "int16", "H": "uint16", "i": "i
                  "n": "ssize_t", "N": "size_t", "e": "f16", "f": "f32", "d": "f64"}  # i32/f32: our names
 
 
-def to_host(value, *, shape, dtype: str, what: str) -> HostArray:
+def to_host(value, *, shape, dtype: str, what: str, allow_nan: bool = False) -> HostArray:
     """Convert and check one value; `what` names it in errors ("step(): input 'x'").
 
     Values are converted, never reinterpreted: a float64 buffer fed as f32 is rounded value by
@@ -92,6 +92,8 @@ def to_host(value, *, shape, dtype: str, what: str) -> HostArray:
     shape = tuple(shape)
     want = f"{dtype}{list(shape)}"
     value = _from_js(value)
+    if not isinstance(value, HostArray) and callable(getattr(value, "to_host", None)):
+        value = value.to_host()      # a tensor read from a file: io.safetensors, io.gguf
     if isinstance(value, HostArray) and value.dtype == dtype:
         got_shape, data = value.shape, value
     elif _is_numpy_like(value):
@@ -117,7 +119,7 @@ def to_host(value, *, shape, dtype: str, what: str) -> HostArray:
         out.extend(data)
     if len(out) != prod(shape):
         raise FeedError(f"{what}: expects {prod(shape)} values for {want}, got {len(out)}")
-    if dtype == "f32":
+    if dtype == "f32" and not allow_nan:
         _refuse_nan(out, shape, what)
     return out
 
@@ -284,10 +286,30 @@ def numpy_or_none():
         return None
 
 
+BIG_RESULT = 1 << 20  # bytes: results this large come back as numpy arrays (device_result)
+
+
+def device_result(data, offset: int, nbytes: int, dtype: str, shape):
+    """A result read back from a GPU host, from bytes-like `data` at byte `offset`: a
+    HostArray (one copy), or, when the host handed a numpy array and the result is large,
+    a numpy view of it (no copy at all: bench/readback.py)."""
+    if nbytes >= BIG_RESULT and type(data).__module__ == "numpy":
+        import numpy as np
+        return data[offset:offset + nbytes].view(
+            np.float32 if dtype == "f32" else np.int32).reshape(shape)
+    out = HostArray(dtype, shape=shape)
+    out.frombytes(memoryview(data)[offset:offset + nbytes])
+    return out
+
+
 def to_user(h: HostArray):
-    """What users get back: numpy where available, else the HostArray."""
+    """What users get back: numpy where available, else the HostArray. The array views the
+    HostArray's memory (no copy: every caller hands over a fresh HostArray nobody else
+    holds, and a 100 MB result should not be copied once more)."""
     np = numpy_or_none()
-    return h if np is None else to_numpy(np, h)
+    if np is None or not isinstance(h, HostArray):  # a numpy array already (device_result)
+        return h
+    return np.frombuffer(h, dtype=np.float32 if h.dtype == "f32" else np.int32).reshape(h.shape)
 
 
 def to_numpy(np, h: HostArray):

@@ -12,7 +12,6 @@ import sys
 import weakref
 from math import prod
 
-from . import init as _init
 from .arrays import FeedError, HostArray, to_host, to_user
 from .backends.gpu_host import DeviceLostError
 from .bounds import check_index_feeds, index_checks
@@ -46,6 +45,7 @@ class Program:
 
     def __init__(self, backend, graph, inputs):
         self.backend, self.graph, self.inputs = backend, graph, inputs
+        self.allow_nan = False  # CompiledForward turns it on
         for n in graph.nodes:
             if n.op in ("param", "state"):
                 backend.ensure(n.attrs["name"], n.shape, n.dtype)
@@ -56,7 +56,9 @@ class Program:
 
     def reload(self, backend) -> "Program":
         """The same graph prepared on another backend (recover(): a new device)."""
-        return Program(backend, self.graph, self.inputs)
+        p = Program(backend, self.graph, self.inputs)
+        p.allow_nan = self.allow_nan
+        return p
 
     def check_feed(self, feed, method: str) -> dict[str, HostArray]:
         if not isinstance(feed, dict):
@@ -70,7 +72,8 @@ class Program:
             missing = sorted(set(self.inputs) - set(feed))
             raise FeedError(f"{method}(): missing input {', '.join(map(repr, missing))}; this program "
                             f"takes {declared}")
-        hosts = {k: to_host(feed[k], shape=s, dtype=d, what=f"{method}(): input '{k}'")
+        hosts = {k: to_host(feed[k], shape=s, dtype=d, what=f"{method}(): input '{k}'",
+                            allow_nan=self.allow_nan)
                  for k, (s, d) in self.inputs.items()}
         check_index_feeds(hosts, self.index_checks, method)
         return hosts
@@ -84,6 +87,13 @@ class Program:
         if n is not None:
             return n
         return sum(1 for n in self.graph.nodes if n.op not in ("input", "param", "state", "const", "reshape"))
+
+    async def profile(self, feed, method: str):
+        prof = getattr(self.exe, "profile", None)
+        if prof is None:
+            raise NotImplementedError(f"{method}(): the profiler times WebGPU kernels; backend "
+                                      f"{self.backend.name!r} has none (use backend='webgpu')")
+        return await prof(self.check_feed(feed, method))
 
     async def execute(self, feed, method, main: str, with_captures: bool):
         feeds = self.check_feed(feed, method)
@@ -131,9 +141,8 @@ class CompiledModule:
 
     # -- state
     def _init_params(self):
-        for name, spec in self._specs.items():
-            vals = _init.generate(spec.init, spec.shape, seed=self.seed, name=name)
-            self.backend.write(name, HostArray("f32", vals, shape=spec.shape))
+        self.backend.init_params([(n, s.init, s.shape) for n, s in self._specs.items()],
+                                 seed=self.seed)
 
     def _zero_state(self, optimizer_only: bool):
         for name in list(self._state_names()):
@@ -173,6 +182,12 @@ class CompiledModule:
             loss, caps = await self._forward.execute(feed, "run", "loss", with_captures)
         out = float(loss[0])
         return (out, caps) if with_captures else out
+
+    async def profile_async(self, feed):
+        """Run one training step (it trains, as step() does) timing every kernel: a
+        profile.Profile whose text() is a per-kernel table (see profile.py)."""
+        self._need_train("profile")
+        return await self._train.profile(feed, "profile")
 
     async def download_params_async(self) -> dict:
         self._alive("download_params")
@@ -262,12 +277,25 @@ class CompiledModule:
         from .io import checkpoint
         await checkpoint.load_async(self, src, optimizer=optimizer)
 
+    # -- PyTorch: the loss graph as a torch.nn.Module, state dicts back; io/torch_interop.py
+    async def to_torch_async(self):
+        from .io import torch_interop
+        self._need_train("to_torch")
+        return await torch_interop.to_torch_async(self, self._forward.graph, "loss")
+
+    async def load_state_dict_async(self, state_dict, *, strict: bool = True) -> None:
+        from .io import torch_interop
+        await torch_interop.load_state_dict_async(self, state_dict, strict=strict)
+
     # -- blocking forms
+    def to_torch(self): return run_blocking(self.to_torch_async())
+    def load_state_dict(self, state_dict, *, strict=True): return run_blocking(self.load_state_dict_async(state_dict, strict=strict))
     def save(self, dst=None, *, optimizer=True): return run_blocking(self.save_async(dst, optimizer=optimizer))
     def load(self, src, *, optimizer=None): return run_blocking(self.load_async(src, optimizer=optimizer))
     def step(self, feed, *, with_captures=False): return run_blocking(self.step_async(feed, with_captures=with_captures))
     def run(self, feed, *, with_captures=False): return run_blocking(self.run_async(feed, with_captures=with_captures))
     def download_params(self): return run_blocking(self.download_params_async())
+    def profile(self, feed): return run_blocking(self.profile_async(feed))
     def download_param_grads(self): return run_blocking(self.download_param_grads_async())
     def upload_params(self, params, *, partial=False): return run_blocking(self.upload_params_async(params, partial=partial))
     def reset(self): return run_blocking(self.reset_async())
@@ -333,6 +361,9 @@ class CompiledForward:
 
     def __init__(self, owner: CompiledModule, program: Program, *, owns_owner: bool = False):
         self.owner, self._prog = owner, program
+        # an inference program stores nothing, so NaN inputs are evaluated as torch would;
+        # the training program refuses them (they would spread into parameters and moments)
+        program.allow_nan = True
         self._owns_owner = owns_owner  # compile_forward's own store: destroyed with this program
 
     param_names = property(lambda self: self.owner.param_names)
@@ -349,6 +380,19 @@ class CompiledForward:
 
     def run(self, feed, *, with_captures=False):
         return run_blocking(self.run_async(feed, with_captures=with_captures))
+
+    async def profile_async(self, feed):
+        """One forward run timing every kernel (profile.py)."""
+        return await self._prog.profile(feed, "profile")
+
+    def profile(self, feed): return run_blocking(self.profile_async(feed))
+
+    async def to_torch_async(self):
+        """This forward graph as a torch.nn.Module (io/torch_interop.py), output as forward's."""
+        from .io import torch_interop
+        return await torch_interop.to_torch_async(self.owner, self._prog.graph, "output")
+
+    def to_torch(self): return run_blocking(self.to_torch_async())
 
     # parameter access goes to the owner, whose store this program reads
     def download_params(self): return self.owner.download_params()

@@ -45,6 +45,9 @@ from .wgsl import Limits
 
 KERNEL_OPS = {"matmul", "scatter_add_rows", "fold2d", "write_rows"} | REDUCE_OPS | ROW_OPS | ATTN_OPS
 LEAF_OPS = {"input", "param", "state"}
+# scratch buffers that a kernel's last dispatch (the one carrying the epilogue) binds besides
+# its loads and outputs: scatter_add_rows reads its row starts and sorted positions there
+_EPILOGUE_SCRATCH = {"scatter_add_rows": 2}
 VIEW_OPS = {"transpose", "broadcast_to", "slice", "reshape"}
 _COSTLY = {"exp", "log", "tanh", "sigmoid", "erf", "pow", "sin", "cos", "sqrt", "rsqrt", "div"}
 _FREE = VIEW_OPS | {"const", "arange", "cast"}
@@ -364,7 +367,8 @@ class Fusion:
                 outs = H.outputs + G.anchors
                 for o in outs:
                     merged_loads.pop(o, None)
-                if self.binding_estimate(outs, merged_loads) > limit:
+                scratch = _EPILOGUE_SCRATCH.get(self.g[H.main].op, 0) if H.main is not None else 0
+                if self.binding_estimate(outs, merged_loads) + scratch > limit:
                     continue
                 H.anchors += G.anchors
                 H.after |= G.after
