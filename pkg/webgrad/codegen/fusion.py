@@ -333,16 +333,16 @@ class Fusion:
                     break
         return len(set(loads) | set(outputs)) - inplace
 
-    def scratch_bindings(self, G: Group) -> int:
-        """Scratch buffers the last dispatch of G's kernel binds beside its epilogue's:
-        one for a split reduction's partials or scatter_add_rows' row lists."""
-        if G.main is None:
+    def scratch_bindings(self, main: int | None) -> int:
+        """Scratch buffers that the last dispatch of kernel op `main` binds beside its
+        epilogue's: one for a split reduction's partials or scatter_add_rows' row lists."""
+        if main is None:
             return 0
-        node = self.g[G.main]
+        node = self.g[main]
         if node.op == "scatter_add_rows":
             return 1
         if node.op in REDUCE_OPS:
-            return 1 if scratch_specs(self.g, node, self.sum_source.get(G.main)) else 0
+            return 1 if scratch_specs(self.g, node, self.sum_source.get(main)) else 0
         return 0
 
     def _merge(self):
@@ -378,7 +378,7 @@ class Fusion:
                 outs = H.outputs + G.anchors
                 for o in outs:
                     merged_loads.pop(o, None)
-                if self.binding_estimate(outs, merged_loads) > limit - self.scratch_bindings(H):
+                if self.binding_estimate(outs, merged_loads) > limit - self.scratch_bindings(H.main):
                     continue
                 H.anchors += G.anchors
                 H.after |= G.after
