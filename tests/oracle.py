@@ -836,6 +836,27 @@ rec("attention/table_mask_inf",
     " for j in range(7)] for i in range(7)]), q @ ops.swap_axes(k, -1, -2), float('-inf'))) @ v",
     lambda q, k, v: _t_sdpa(q, k, v, 1.0, _t_causal(7, 7)),
     f32(1, 1, 7, 8), f32(1, 1, 7, 8), f32(1, 1, 7, 8), **MM)
+rec("attention/cache_position",  # 3 queries at a runtime position p of a 9-row cache
+    "lambda q, k, v, p: ops.softmax_last(ops.where(ops.greater_equal(ops.reshape(ops.cast("
+    "ops.arange(3) + p, 'f32'), (3, 1)), ops.reshape(ops.arange(9, dtype='f32'), (1, 9))),"
+    " q @ ops.swap_axes(k, -1, -2) * 0.25, -1e30)) @ v",
+    lambda q, k, v, p: _t_sdpa(q, k, v, 0.25, torch.arange(9)[None, :] <= torch.arange(3)[:, None] + p),
+    f32(1, 2, 3, 16), f32(1, 2, 9, 16), f32(1, 2, 9, 16), i32((1,), 0, 7), **MM)
+
+# cross entropy and layer norm as row kernels on WebGPU (codegen/rowfuse_match.py)
+rec("nn.cross_entropy_last/vocab_50257", "lambda l, t: nn.cross_entropy_last(l, t)",
+    lambda l, t: F.cross_entropy(l, t), f32(2, 50257), i32((2,), 0, 50257), **RED)
+rec("nn.cross_entropy_last/odd_rows", "lambda l, t: nn.cross_entropy_last(l * 3.0, t)",
+    lambda l, t: F.cross_entropy(l.reshape(-1, 33) * 3.0, t.reshape(-1)),
+    f32(3, 7, 33), i32((3, 7), 0, 33), **RED)
+rec("one_hot/pick_computed_out_of_range",  # sum(x * one_hot(i - 2)): a stray index picks 0
+    "lambda x, i: ops.sum_last(x * ops.one_hot(i - 2, 5))",
+    lambda x, i: torch.where((i >= 2) & (i < 7), torch.gather(x, -1, (i - 2).clamp(0, 4)[:, None])[:, 0], 0.0),
+    f32(6, 5), i32((6,), 0, 5))
+rec("nn.LayerNorm/width_768", "lambda x, w, b: with_params(nn.LayerNorm(768), weight=w, bias=b)(x)",
+    lambda x, w, b: F.layer_norm(x, (768,), w, b), f32(3, 768), f32(768), f32(768), **RED)
+rec("layer_norm_last/odd_300", "lambda x: ops.layer_norm_last(x * 2.0 + 1.0)",
+    lambda x: F.layer_norm(x * 2.0 + 1.0, (300,)), f32(5, 300), **RED)
 
 BY_NAME: dict[str, Record] = {r.name: r for r in RECORDS}
 assert len(BY_NAME) == len(RECORDS), "oracle record names must be unique"

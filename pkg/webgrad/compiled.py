@@ -69,7 +69,10 @@ class Program:
             missing = sorted(set(self.inputs) - set(feed))
             raise FeedError(f"{method}(): missing input {', '.join(map(repr, missing))}; this program "
                             f"takes {declared}")
-        hosts = {k: to_host(feed[k], shape=s, dtype=d, what=f"{method}(): input '{k}'")
+        # NaN is refused where it would land in the persistent state (a training step); a
+        # forward run computes with it (NaN out, as torch gives) and keeps nothing
+        hosts = {k: to_host(feed[k], shape=s, dtype=d, what=f"{method}(): input '{k}'",
+                            allow_nan=method != "step")
                  for k, (s, d) in self.inputs.items()}
         check_index_feeds(hosts, self.index_checks, method)
         return hosts
@@ -231,7 +234,7 @@ class CompiledModule:
             await self._recopy()
 
     async def _recopy(self) -> None:
-        if self._guard is not None and self._guard.state is not None:
+        if self._guard is not None and self._guard.has_copy:
             self._guard.commit(await self._guard.read())
 
     async def recover_async(self) -> int:
@@ -267,13 +270,28 @@ class CompiledModule:
     # -- checkpoints: safetensors files of params (+ optimizer state, step); io/checkpoint.py
     async def save_async(self, dst=None, *, optimizer: bool = True):
         from .io import checkpoint
+        self._alive("save")
         return await checkpoint.save_async(self, dst, optimizer=optimizer)
 
     async def load_async(self, src, *, optimizer: bool | None = None) -> None:
         from .io import checkpoint
+        self._alive("load")
         await checkpoint.load_async(self, src, optimizer=optimizer)
+        await self._recopy()  # recover() must not undo a load
+
+    # -- PyTorch: the loss graph as a torch.nn.Module, state dicts back; io/torch_interop.py
+    async def to_torch_async(self):
+        from .io import torch_interop
+        self._need_train("to_torch")
+        return await torch_interop.to_torch_async(self, self._forward.graph, "loss")
+
+    async def load_state_dict_async(self, state_dict, *, strict: bool = True) -> None:
+        from .io import torch_interop
+        await torch_interop.load_state_dict_async(self, state_dict, strict=strict)
 
     # -- blocking forms
+    def to_torch(self): return run_blocking(self.to_torch_async())
+    def load_state_dict(self, state_dict, *, strict=True): return run_blocking(self.load_state_dict_async(state_dict, strict=strict))
     def save(self, dst=None, *, optimizer=True): return run_blocking(self.save_async(dst, optimizer=optimizer))
     def load(self, src, *, optimizer=None): return run_blocking(self.load_async(src, optimizer=optimizer))
     def step(self, feed, *, with_captures=False): return run_blocking(self.step_async(feed, with_captures=with_captures))
@@ -367,6 +385,13 @@ class CompiledForward:
         return await self._prog.profile(feed, "profile")
 
     def profile(self, feed): return run_blocking(self.profile_async(feed))
+
+    async def to_torch_async(self):
+        """This forward graph as a torch.nn.Module (io/torch_interop.py), output as forward's."""
+        from .io import torch_interop
+        return await torch_interop.to_torch_async(self.owner, self._prog.graph, "output")
+
+    def to_torch(self): return run_blocking(self.to_torch_async())
 
     # parameter access goes to the owner, whose store this program reads
     def download_params(self): return self.owner.download_params()
