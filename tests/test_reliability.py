@@ -574,3 +574,16 @@ def test_lost_device_without_recovery_says_what_to_do():
     host.destroy_device()
     with pytest.raises(DeviceLostError, match="recovery='memory'"):
         c.step(feed(1))
+
+
+def test_nan_scan_without_numpy(monkeypatch):
+    """The browser's path (no numpy): sum() flags a NaN, a scan confirms it; inf and -inf
+    together also sum to NaN, and must not be mistaken for one."""
+    import webgrad.arrays as arrays
+    monkeypatch.setattr(arrays, "numpy_or_none", lambda: None)
+    h = wg.HostArray("f32", [1.0, float("inf"), float("-inf"), 2.0], shape=(4,))
+    assert arrays.first_nan(h) is None
+    h[3] = float("nan")
+    assert arrays.first_nan(h) == 3
+    with pytest.raises(FeedError, match=r"input 'x': NaN at index \[1, 2\] \(flat position 6\)"):
+        arrays.to_host(NAN_X.tolist(), shape=(2, 4), dtype="f32", what="step(): input 'x'")
