@@ -14,6 +14,7 @@
                   graph, rewritten into flash-style kernels (no [T, S] tensor stored)
   rowfuse_match.py, rowfuse.py   cross entropy as logits - logsumexp + a pick; layer-norm
                   backward as one row kernel
+  empty.py        zero-size tensors leave the graph before anything is planned
   fusion.py       storage decisions, kernel groups, merges, in-place writebacks, schedule
   program.py      the driver: pattern passes, buffer plan (../buffers.py), kernels, commands
 LOWERED_OPS lists every IR op this back end lowers (tests/test_registry.py checks it

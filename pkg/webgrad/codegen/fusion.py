@@ -323,19 +323,6 @@ class Fusion:
                     stack.append(d)
         return False
 
-    def scratch_bindings(self, n: int | None) -> int:
-        """Scratch buffers that kernel op n's last dispatch binds beside its loads and
-        outputs (where its epilogue runs): a split reduction's partials, scatter's row
-        starts and ordered positions."""
-        if n is None:
-            return 0
-        node = self.g[n]
-        if node.op == "scatter_add_rows":
-            return 2
-        if node.op in REDUCE_OPS:
-            return 1 if scratch_specs(self.g, node, self.sum_source.get(n)) else 0
-        return 0
-
     def binding_estimate(self, outputs, loads) -> int:
         inplace = 0
         for o in outputs:
@@ -345,6 +332,18 @@ class Fusion:
                     inplace += 1
                     break
         return len(set(loads) | set(outputs)) - inplace
+
+    def scratch_bindings(self, main: int | None) -> int:
+        """Scratch buffers that the last dispatch of kernel op `main` binds beside its
+        epilogue's: one for a split reduction's partials or scatter_add_rows' row lists."""
+        if main is None:
+            return 0
+        node = self.g[main]
+        if node.op == "scatter_add_rows":
+            return 1
+        if node.op in REDUCE_OPS:
+            return 1 if scratch_specs(self.g, node, self.sum_source.get(main)) else 0
+        return 0
 
     def _merge(self):
         limit = self.limits.max_storage_buffers_per_shader_stage
@@ -379,7 +378,7 @@ class Fusion:
                 outs = H.outputs + G.anchors
                 for o in outs:
                     merged_loads.pop(o, None)
-                if self.binding_estimate(outs, merged_loads) + self.scratch_bindings(H.main) > limit:
+                if self.binding_estimate(outs, merged_loads) > limit - self.scratch_bindings(H.main):
                     continue
                 H.anchors += G.anchors
                 H.after |= G.after
