@@ -18,7 +18,7 @@ import pytest
 
 import models
 import oracle
-from webgrad import Module, init, nn, ops, optim
+from webgrad import Module, init, ops, optim
 from webgrad.codegen import Limits, lower
 from webgrad.codegen.attention_match import find_matches, rewrite_attention
 from webgrad.compile import build_train_graph, parse_inputs

@@ -15,9 +15,10 @@ What is matched (forward), reading back from `O = matmul(P, V)`:
   The mask must keep key j for query i exactly when j <= i + offset (offset >= 0: every
   query keeps key 0; causal is offset 0, a query block at the end of a cache S - T), or
   keep every key; the offset may add a one-element feed or state read at run time (a
-  query block at position `pos` of a KV cache: j <= i + pos). It is read symbolically: arange / cast / reshape / transpose / broadcast
-  / add / sub / mul / comparisons / where over constants are affine functions of (i, j) and
-  half-planes of them (`_sym`), so `ops.causal_mask`, `where_causal`, `softmax_causal_last`
+  query block at position `pos` of a KV cache: j <= i + pos). It is read symbolically:
+  arange / cast / reshape / transpose / broadcast / add / sub / mul / comparisons / where
+  over constants are affine functions of (i, j) and half-planes of them (`_sym`), so
+  `ops.causal_mask`, `where_causal`, `softmax_causal_last`
   and hand-written `less(cols, rows)` spellings all read as an offset; a constant table (a
   precomputed triangle) is checked entry by entry.
 What is matched (backward), from grad.py's rules for exactly those ops:

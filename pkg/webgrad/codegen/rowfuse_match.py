@@ -13,7 +13,8 @@ mathematics up to f32 rounding. Three rewrites, each local:
     take_along_last (hence cross entropy) is written as a one-hot contraction so that its
     gradient needs no scatter; on the GPU that reads all V entries of a row to keep one.
     pick_last reads A at index i (0 when i is outside [0, V), as the one-hot row is all
-    zero there; fed indices are checked on the host, computed ones may still stray). The backward's row sum of g * one_hot becomes a pick of g too.
+    zero there; fed indices are checked on the host, computed ones may still stray). The
+    backward's row sum of g * one_hot becomes a pick of g too.
     (The one-hot sum is NaN where a row of A holds an inf; the pick is not.)
  3. layer_norm_last's derivative, r * (g - mean(g) - o * mean(g * o)) with
     r = rsqrt(mean((x - mean x)^2) + eps) (primitives._layer_norm_grad), ->
