@@ -194,4 +194,4 @@ function setUpPage(webgrad) {
 }
 
 window.webgrad = startWebgrad();
-setUpPage(window.webgrad);
+if (document.getElementById("code")) setUpPage(window.webgrad);  // other pages (surprisal.html) bring their own UI
