@@ -36,8 +36,11 @@ async def surprisal_score(text):
             "recomputed": tr.recomputed}
 `;
 
+import { startWebgrad } from "./webgrad.mjs";
+
 const $ = (id) => document.getElementById(id);
-const webgrad = window.webgrad;
+const webgrad = startWebgrad();
+window.webgrad = webgrad;   // the API the CPython driver and the tests use (see webgrad.mjs)
 const setStatus = (text, kind) => { $("status").textContent = text; $("status").className = kind; };
 let loaded = false, busy = false, again = false;
 
