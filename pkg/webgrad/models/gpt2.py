@@ -27,8 +27,10 @@ rows contribute exactly 0.
 """
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass, replace
+import operator
+from dataclasses import asdict, dataclass
 from math import prod
 
 from .. import init, ops
@@ -42,6 +44,9 @@ try:  # the byte-level BPE tokenizer (bpe.py) may land after this module
     from .bpe import Tokenizer
 except ImportError:  # pragma: no cover
     Tokenizer = None
+
+
+_META_KEY = "webgrad.gpt2_config"  # safetensors metadata: the config, as JSON
 
 
 @dataclass(frozen=True)
@@ -365,13 +370,17 @@ class GPT2:
 
     @classmethod
     def from_safetensors(cls, path_or_bytes, cfg: GPT2Config | None = None, backend="auto") -> "GPT2":
-        """A GPT-2 model.safetensors (transformers' names). Without cfg the shapes give
-        vocab, n_ctx, n_embd and n_layer; n_head = n_embd / 64 (every GPT-2 size)."""
+        """A GPT-2 model.safetensors (transformers' names). Without cfg: the config that
+        save_safetensors recorded in the file's metadata, else the shapes give vocab, n_ctx,
+        n_embd and n_layer, and n_head = n_embd / 64 (every released GPT-2 size)."""
         from ..io import safetensors as st
         tensors = st.load(path_or_bytes)
         sd = {_strip(name): t for name, t in tensors.items()
               if not _strip(name).endswith((".attn.bias", ".attn.masked_bias"))}
         sd = {n: t.to_host() for n, t in sd.items()}   # f32 HostArrays (F16/BF16 widened)
+        recorded = getattr(tensors, "metadata", {}).get(_META_KEY)
+        if cfg is None and recorded:
+            cfg = GPT2Config(**json.loads(recorded))
         if cfg is None:
             V, D = _shape_of(tensors, "wte.weight")
             n_ctx = _shape_of(tensors, "wpe.weight")[0]
@@ -434,7 +443,7 @@ class GPT2:
         not stored) to `dst` (a path or binary file), or return the file's bytes."""
         from ..io import safetensors as st
         sd = await self.state_dict_async()
-        meta = {"format": "pt", **(metadata or {})}
+        meta = {"format": "pt", _META_KEY: json.dumps(asdict(self.cfg)), **(metadata or {})}
         if dst is None:
             return st.dumps(sd, metadata=meta)
         st.save(sd, dst, metadata=meta)
@@ -477,7 +486,11 @@ class GPT2:
             raise ValueError(f"{what}: ids is empty")
         V = self.cfg.vocab_size
         for k, t in enumerate(ids):
-            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < V:
+            try:
+                ids[k] = t = operator.index(t)   # numpy / torch integers too; not floats
+            except TypeError:
+                raise ValueError(f"{what}: ids[{k}] = {t!r} is not an integer token id") from None
+            if isinstance(t, bool) or not 0 <= t < V:
                 raise ValueError(f"{what}: ids[{k}] = {t!r} is not a token id in [0, {V})")
         if len(ids) > self.cfg.n_ctx:
             raise ValueError(f"{what}: {len(ids)} ids exceed n_ctx={self.cfg.n_ctx}")
