@@ -8,15 +8,20 @@ webgrad's home is the browser: Python runs in Pyodide inside a module Web Worker
    - Pyodide's core from npm (``npm install pyodide@PYODIDE_VERSION`` into ``web/assets/npm``);
    - the micropip wheel from PyPI (``pip download``), which the worker loads to install webgrad;
    - the webgrad wheel, zipped here from ``pkg/webgrad`` (rewritten only when its bytes change);
-   - ``web/assets/manifest.json``, which tells the worker the wheel file names.
+   - the playground's editor and chart (CodeMirror 6 with its Python mode, uPlot) from npm into
+     ``web/assets/ui``, bundled by esbuild (also from npm) into one module ``ui/bundle.mjs``;
+   - ``web/assets/manifest.json``, which tells the page the wheel file names and the examples.
 2. ``make_server(host, port, root)`` serves it all with the headers the page needs
-   (cross-origin isolation for SharedArrayBuffer, no caching so edits show up on reload).
+   (cross-origin isolation for SharedArrayBuffer, no caching so edits show up on reload,
+   ``nosniff``). After provisioning nothing is fetched from the internet.
 
 URL layout::
 
     /                      web/index.html (and the rest of web/)
     /worker/...            worker/
+    /examples/...          examples/ (the playground's examples menu loads these files)
     /assets/pyodide/...    web/assets/npm/node_modules/pyodide/
+    /assets/ui/...         web/assets/ui/ (bundle.mjs, uPlot's css)
     /assets/wheels/...     web/assets/wheels/
     /assets/manifest.json  web/assets/manifest.json
 
@@ -25,12 +30,15 @@ The page fetches nothing but these. Run ``python serve.py --help`` for the optio
 from __future__ import annotations
 
 import argparse
+import ast
 import base64
+import errno
 import hashlib
 import io
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tomllib
@@ -48,6 +56,10 @@ MICROPIP_VERSION = "0.11.1"
 PYODIDE_FILES = ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_stdlib.zip",
                  "pyodide-lock.json")
 
+# The playground's browser libraries (npm), pinned; esbuild bundles web/ui.src.mjs with them.
+UI_PACKAGES = {"codemirror": "6.0.2", "@codemirror/lang-python": "6.2.1",
+               "@codemirror/language": "6.11.3", "uplot": "1.6.32", "esbuild": "0.28.2"}
+
 MIME_TYPES = {
     ".mjs": "text/javascript", ".js": "text/javascript", ".wasm": "application/wasm",
     ".whl": "application/octet-stream", ".json": "application/json", ".html": "text/html",
@@ -59,6 +71,7 @@ HEADERS = {
     "Cross-Origin-Embedder-Policy": "require-corp",
     "Cross-Origin-Resource-Policy": "same-origin",
     "Cache-Control": "no-cache",
+    "X-Content-Type-Options": "nosniff",
 }
 
 
@@ -74,7 +87,8 @@ def layout(root: Path | str = ROOT) -> dict[str, Path]:
         "root": root, "web": root / "web", "worker": root / "worker", "assets": assets,
         "npm": assets / "npm", "pyodide": assets / "npm" / "node_modules" / "pyodide",
         "wheels": assets / "wheels", "manifest": assets / "manifest.json",
-        "package": root / "pkg" / "webgrad",
+        "package": root / "pkg" / "webgrad", "ui": assets / "ui",
+        "ui_src": root / "web" / "ui.src.mjs", "examples": root / "examples",
     }
 
 
@@ -141,28 +155,13 @@ def _record_hash(data: bytes) -> str:
     return f"sha256={digest}"
 
 
-def wheel_bytes(root: Path | str = ROOT) -> tuple[str, bytes]:
-    """Zip pkg/webgrad into a py3-none-any wheel; returns (file name, bytes).
-
-    The zip is deterministic (sorted entries, fixed timestamps), so unchanged sources give
-    byte-identical wheels and ``provision`` can skip rewriting them.
-    """
-    paths = layout(root)
-    meta = project_metadata(paths["root"])
-    name, version = meta["name"], meta["version"]
+def _zip_wheel(name: str, version: str, files: list[tuple[str, bytes]], metadata: list[str]
+               ) -> tuple[str, bytes]:
+    """A py3-none-any wheel of `files` (archive name, bytes); deterministic (sorted entries,
+    fixed timestamps), so unchanged sources give byte-identical wheels."""
     dist_info = f"{name}-{version}.dist-info"
-    files: list[tuple[str, bytes]] = []
-    if paths["package"].is_dir():
-        for path in sorted(paths["package"].rglob("*")):
-            rel = path.relative_to(paths["package"].parent)
-            if path.is_file() and "__pycache__" not in rel.parts and path.suffix not in (".pyc", ".pyo"):
-                files.append((rel.as_posix(), path.read_bytes()))
-    metadata = [
-        "Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}",
-        f"Summary: {meta.get('description', '')}",
-        f"Requires-Python: {meta.get('requires-python', '>=3.11')}",
-    ]
-    metadata += [f"Requires-Dist: {dep}" for dep in meta.get("dependencies", [])]
+    files = list(files)
+    metadata = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}", *metadata]
     files.append((f"{dist_info}/METADATA", ("\n".join(metadata) + "\n").encode()))
     files.append((f"{dist_info}/WHEEL", (
         "Wheel-Version: 1.0\nGenerator: webgrad serve.py\nRoot-Is-Purelib: true\n"
@@ -180,18 +179,108 @@ def wheel_bytes(root: Path | str = ROOT) -> tuple[str, bytes]:
     return f"{name}-{version}-py3-none-any.whl", buf.getvalue()
 
 
+def _package_files(folder: Path) -> list[tuple[str, bytes]]:
+    return [(path.relative_to(folder.parent).as_posix(), path.read_bytes())
+            for path in sorted(folder.rglob("*"))
+            if path.is_file() and "__pycache__" not in path.parts
+            and path.suffix not in (".pyc", ".pyo")]
+
+
+def wheel_bytes(root: Path | str = ROOT) -> tuple[str, bytes]:
+    """Zip pkg/webgrad into a py3-none-any wheel; returns (file name, bytes).
+
+    The zip is deterministic, so ``provision`` can skip rewriting an unchanged wheel.
+    """
+    paths = layout(root)
+    meta = project_metadata(paths["root"])
+    files = _package_files(paths["package"]) if paths["package"].is_dir() else []
+    metadata = [f"Summary: {meta.get('description', '')}",
+                f"Requires-Python: {meta.get('requires-python', '>=3.11')}"]
+    metadata += [f"Requires-Dist: {dep}" for dep in meta.get("dependencies", [])]
+    return _zip_wheel(meta["name"], meta["version"], files, metadata)
+
+
+def _write_if_changed(target: Path, data: bytes) -> None:
+    if not target.exists() or target.read_bytes() != data:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, target)
+
+
+def provision_stdlib_extras(paths: dict[str, Path]) -> dict[str, str]:
+    """Wheels of the standard-library modules Pyodide leaves out of its core download and the
+    demos use: ``pydoc_data`` (the char-level LM's text), zipped from this CPython's stdlib.
+    Returns {module: wheel file}; the worker installs one when code names its module."""
+    import pydoc_data
+    folder = Path(pydoc_data.__file__).parent
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    name, data = _zip_wheel("pydoc_data", version, _package_files(folder),
+                            ["Summary: pydoc_data from the CPython standard library"])
+    _write_if_changed(paths["wheels"] / name, data)
+    return {"pydoc_data": name}
+
+
 def provision_webgrad(paths: dict[str, Path]) -> str:
     """Write web/assets/wheels/webgrad-*.whl from pkg/webgrad when its contents changed."""
     name, data = wheel_bytes(paths["root"])
     target = paths["wheels"] / name
     if not target.exists() or target.read_bytes() != data:
-        paths["wheels"].mkdir(parents=True, exist_ok=True)
         for old in paths["wheels"].glob("webgrad-*.whl"):
             old.unlink()
-        tmp = target.with_suffix(".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, target)
+        _write_if_changed(target, data)
     return name
+
+
+def provision_ui(paths: dict[str, Path]) -> str:
+    """npm-install the editor/chart packages into web/assets/ui and bundle them with esbuild.
+
+    Redone only when the pinned versions or web/ui.src.mjs change (a stamp file records both).
+    Returns the bundle's URL path under /assets/.
+    """
+    ui = paths["ui"]
+    bundle = ui / "bundle.mjs"
+    source = paths["ui_src"].read_bytes()
+    stamp = hashlib.sha256(json.dumps(UI_PACKAGES, sort_keys=True).encode() + source).hexdigest()
+    stamp_file = ui / "bundle.stamp"
+    if bundle.exists() and stamp_file.exists() and stamp_file.read_text() == stamp:
+        return "ui/bundle.mjs"
+    ui.mkdir(parents=True, exist_ok=True)
+    npm = shutil.which("npm") or "npm"
+    installed = True
+    for name, version in UI_PACKAGES.items():
+        pkg_json = ui / "node_modules" / name / "package.json"
+        installed &= pkg_json.exists() and json.loads(pkg_json.read_text())["version"] == version
+    if not installed:
+        _run([npm, "install", "--prefix", str(ui), "--no-audit", "--no-fund", "--loglevel=error",
+              *(f"{name}@{version}" for name, version in UI_PACKAGES.items())],
+             "install the playground's editor and chart from npm",
+             "Install Node.js and npm (Debian: apt-get install npm) and make sure the npm "
+             "registry is reachable.")
+    esbuild = ui / "node_modules" / ".bin" / "esbuild"
+    tmp = ui / "bundle.tmp.mjs"
+    entry = ui / "ui.src.mjs"  # next to node_modules, where esbuild resolves the imports
+    entry.write_bytes(source)
+    _run([str(esbuild), str(entry), "--bundle", "--format=esm", "--minify",
+          "--log-level=error", f"--outfile={tmp}"],
+         "bundle web/ui.src.mjs with esbuild", f"Delete {ui} and run serve.py again.")
+    shutil.copyfile(ui / "node_modules" / "uplot" / "dist" / "uPlot.min.css", ui / "uPlot.min.css")
+    os.replace(tmp, bundle)
+    stamp_file.write_text(stamp)
+    return "ui/bundle.mjs"
+
+
+def list_examples(paths: dict[str, Path]) -> list[dict]:
+    """examples/*.py with the first line of each docstring, for the playground's menu."""
+    out = []
+    for path in sorted(paths["examples"].glob("*.py")):
+        try:
+            doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        except SyntaxError:
+            doc = ""
+        out.append({"file": path.name, "title": doc.strip().split("\n")[0] or path.stem})
+    order = {"mlp_sin.py": 0}  # the first one is what the page opens with
+    return sorted(out, key=lambda e: (order.get(e["file"], 1), e["file"]))
 
 
 def provision(root: Path | str = ROOT) -> dict:
@@ -203,6 +292,9 @@ def provision(root: Path | str = ROOT) -> dict:
         "micropip_wheel": provision_micropip(paths),
         "webgrad_wheel": provision_webgrad(paths),
         "webgrad_version": project_metadata(paths["root"])["version"],
+        "ui_bundle": provision_ui(paths),
+        "extra_wheels": provision_stdlib_extras(paths),
+        "examples": list_examples(paths),
     }
     text = json.dumps(manifest, indent=2) + "\n"
     if not paths["manifest"].exists() or paths["manifest"].read_text() != text:
@@ -235,13 +327,15 @@ class Handler(SimpleHTTPRequestHandler):
                     return None
                 if target.is_dir():
                     target = target / "index.html"
-                return target if target.is_file() else None
+                return target if target.is_file() else None  # is_file: False on ELOOP
         return None
 
     def send_head(self):
         try:
             target = self.resolve(self.path)
-        except UnicodeDecodeError:
+        except (UnicodeDecodeError, OSError, RuntimeError, ValueError):
+            # a name over the file system's limit (ENAMETOOLONG), a symlink loop (ELOOP,
+            # RuntimeError from Path.resolve), an embedded NUL: nothing servable, not a crash
             target = None
         if target is None:
             self.send_error(HTTPStatus.NOT_FOUND, "Not found")
@@ -274,24 +368,62 @@ def make_server(host: str = "127.0.0.1", port: int = 8000, root: Path | str = RO
     """
     paths = layout(root)
     mounts = [("/assets/pyodide/", paths["pyodide"]), ("/worker/", paths["worker"]),
-              ("/", paths["web"])]
+              ("/examples/", paths["examples"]), ("/", paths["web"])]
     handler = type("WebgradHandler", (Handler,), {
         "mounts": sorted(((p, f.resolve()) for p, f in mounts), key=lambda m: -len(m[0])),
         "quiet": quiet,
     })
-    return ThreadingHTTPServer((host, port), partial(handler, directory=str(paths["web"])))
+    server_class = ThreadingHTTPServer
+    if _family(host, port) == socket.AF_INET6:
+        server_class = type("ThreadingHTTPServer6", (ThreadingHTTPServer,),
+                            {"address_family": socket.AF_INET6})
+    return server_class((host, port), partial(handler, directory=str(paths["web"])))
+
+
+def _family(host: str, port: int) -> int:
+    """AF_INET6 for an IPv6 host ("::1", "::", a name resolving only to IPv6), else AF_INET."""
+    if ":" in host:
+        return socket.AF_INET6
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        return socket.AF_INET  # let bind() report the bad name
+    families = [info[0] for info in infos]
+    return socket.AF_INET if socket.AF_INET in families or not families else families[0]
+
+
+WILDCARDS = ("", "0.0.0.0", "::")
 
 
 def server_url(server: ThreadingHTTPServer) -> str:
+    """A URL that reaches the server from this machine (a wildcard address becomes loopback)."""
     host, port = server.server_address[:2]
-    host = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    if host in WILDCARDS:
+        host = "::1" if server.address_family == socket.AF_INET6 else "127.0.0.1"
     return f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
+
+
+def network_urls(server: ThreadingHTTPServer) -> list[str]:
+    """URLs other machines could use when the server listens on every interface."""
+    port = server.server_address[1]
+    hosts = []
+    try:  # the address this machine would use to reach the network (no packet is sent)
+        family = server.address_family
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(("2001:db8::1" if family == socket.AF_INET6 else "192.0.2.1", 9))
+            hosts.append(probe.getsockname()[0])
+    except OSError:
+        pass
+    hosts.append(socket.gethostname())
+    return [f"http://{'[' + h + ']' if ':' in h else h}:{port}/" for h in dict.fromkeys(hosts)]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default 127.0.0.1: this machine only; "
+                             "0.0.0.0 or :: listens on every interface); IPv6 works: --host ::1")
     parser.add_argument("--no-browser-assets-check", action="store_true",
                         help="serve web/assets as it is, without fetching or rebuilding anything")
     parser.add_argument("--provision-only", action="store_true",
@@ -307,7 +439,29 @@ def main(argv: list[str] | None = None) -> int:
               f"{manifest['webgrad_wheel']}")
     if args.provision_only:
         return 0
-    server = make_server(args.host, args.port, ROOT, quiet=False)
+    try:
+        server = make_server(args.host, args.port, ROOT, quiet=False)
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            print(f"serve.py: port {args.port} on {args.host} is already in use (another "
+                  "serve.py?). Stop that program, or pick another port: --port 8001 "
+                  "(--port 0 picks a free one).", file=sys.stderr)
+        elif e.errno == errno.EACCES:
+            print(f"serve.py: not allowed to listen on port {args.port} (ports below 1024 "
+                  "need root); use --port 8000 or --port 0.", file=sys.stderr)
+        else:
+            print(f"serve.py: cannot listen on {args.host!r} port {args.port}: "
+                  f"{e.strerror or e}. Check --host (an address of this machine, e.g. "
+                  "127.0.0.1 or ::1).", file=sys.stderr)
+        return 1
+    if args.host in WILDCARDS:
+        print(f"serve.py: WARNING: --host {args.host!r} listens on EVERY network interface: "
+              "anyone who can reach this machine can open the page and run Python in it. "
+              "Use the default (127.0.0.1) unless you mean that.", file=sys.stderr)
+        print("webgrad: reachable from other machines at " + "  ".join(network_urls(server)) +
+              "\n  (browsers give WebGPU only to https or localhost pages: from another machine "
+              f"tunnel instead, `ssh -L {server.server_address[1]}:localhost:"
+              f"{server.server_address[1]} THIS_HOST`, and open {server_url(server)})")
     print(f"webgrad: serving on {server_url(server)}  (Ctrl-C stops)", flush=True)
     try:
         server.serve_forever()

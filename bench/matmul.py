@@ -2,6 +2,8 @@
 """GFLOP/s of webgrad's generated f32 matmul against torch's fp32 matmul on the same GPU.
 
     python3 bench/matmul.py                          # 1024, 2048, 4096 (a GPU machine)
+    python3 bench/matmul.py --sizes issue            # issue 11's matmul table: the 64 x 256
+                                                     # GPT step's shapes, and 4096
     python3 bench/matmul.py --sizes 128,256 --reps 3 # lavapipe / CPU: small sizes
     python3 bench/matmul.py --configs auto,8x8x8,8x8x16:novec,4x8x8:nopre   # compare tilings
 
@@ -45,20 +47,55 @@ def parse_config(text: str):
         return None
     shape, *flags = text.split(":")
     tm, tn, bk = (int(v) for v in shape.split("x"))
-    return Config(tm, tn, bk, vec="novec" not in flags, prefetch="nopre" not in flags)
+    splits = [int(f[1:]) for f in flags if f.startswith("s") and f[1:].isdigit()]
+    return Config(tm, tn, bk, vec="novec" not in flags, prefetch="nopre" not in flags,
+                  splits=splits[0] if splits else 1, double="db" in flags)
 
 
-def build(host, n: int, config):
+# the matmuls of bench/gpt2_train.py's 64 x 256 row (d 512): name, [batch], M, K, N, and
+# which operand the real graph reads transposed (a weight gradient reads x^T, attention k^T)
+ISSUE_SHAPES = {
+    "wgrad_qkv": ((), 512, 16384, 1536, "ta"),
+    "wgrad_mlp": ((), 512, 16384, 2048, "ta"),
+    "fwd_qkv": ((), 16384, 512, 1536, ""),
+    "scores": ((512,), 256, 64, 256, "tb"),
+}
+
+
+def parse_shape(text: str):
+    """"4096" (square), a name of ISSUE_SHAPES, or "[Bx]MxKxN[:ta][:tb]"."""
+    if text in ISSUE_SHAPES:
+        return (text,) + ISSUE_SHAPES[text]
+    dims, *flags = text.split(":")
+    d = [int(v) for v in dims.split("x")]
+    if len(d) == 1:
+        d = [d[0]] * 3
+    batch, (m, k, n) = tuple(d[:-3]), d[-3:]
+    return (text, batch, m, k, n, "".join(flags))
+
+
+def build(host, shape, config):
     from webgrad.codegen import Limits, lower
     from webgrad.codegen import matmul as mm
     from webgrad.ir import Graph
+    _, batch, m, k, n, flags = shape
     g = Graph()
-    a = g.add("input", [], (n, n), "f32", {"name": "a", "shape": (n, n), "dtype": "f32"})
-    b = g.add("input", [], (n, n), "f32", {"name": "b", "shape": (n, n), "dtype": "f32"})
-    g.outputs["out"] = g.add("matmul", [a, b], (n, n), "f32")
+
+    def operand(name, rows, cols, transposed):
+        sh = batch + ((cols, rows) if transposed else (rows, cols))
+        x = g.add("input", [], sh, "f32", {"name": name, "shape": sh, "dtype": "f32"})
+        if transposed:
+            perm = tuple(range(len(batch))) + (len(batch) + 1, len(batch))
+            x = g.add("transpose", [x], batch + (rows, cols), "f32", {"perm": perm})
+        return x
+    a = operand("a", m, k, "ta" in flags)
+    b = operand("b", k, n, "tb" in flags)
+    g.outputs["out"] = g.add("matmul", [a, b], batch + (m, n), "f32")
     mm.FORCE_CONFIG = config
+    limits = Limits.from_host(host.limits)
+    limits.adapter = host.info  # the adapter's row of matmul.ADAPTER_TILINGS, as the backend does
     try:
-        low, names = lower(g, Limits.from_host(host.limits))
+        low, names = lower(g, limits)
     finally:
         mm.FORCE_CONFIG = None
     return low, names[0]
@@ -67,7 +104,7 @@ def build(host, n: int, config):
 def time_webgpu(host, program: int, reps: int, warmup: int) -> float:
     """Seconds per matmul: `reps` dispatches in one submission, wall clock to work done."""
     p = host._programs[program]
-    (_, pipe, bg, wg), = [c for c in p.commands if c[0] == "dispatch"]
+    dispatches = [c[1:] for c in p.commands if c[0] == "dispatch"]  # split-K: two kernels
     dev = host.device
     probe = p.buffers[0]
 
@@ -80,10 +117,11 @@ def time_webgpu(host, program: int, reps: int, warmup: int) -> float:
     def submit():
         enc = dev.create_command_encoder()
         cp = enc.begin_compute_pass()
-        cp.set_pipeline(pipe)
-        cp.set_bind_group(0, bg)
         for _ in range(reps):
-            cp.dispatch_workgroups(*wg)
+            for pipe, bg, wg in dispatches:
+                cp.set_pipeline(pipe)
+                cp.set_bind_group(0, bg)
+                cp.dispatch_workgroups(*wg)
         cp.end()
         t0 = time.perf_counter()
         dev.queue.submit([enc.finish()])
@@ -120,11 +158,15 @@ def time_torch(torch, A, B, reps: int, warmup: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sizes", default="1024,2048,4096")
+    ap.add_argument("--sizes", default="1024,2048,4096",
+                    help="comma-separated: n (square), a name of ISSUE_SHAPES ("
+                    + ", ".join(ISSUE_SHAPES) + "), or [Bx]MxKxN[:ta][:tb] (operand stored "
+                    "transposed); 'issue' = every ISSUE_SHAPES row and 4096")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--configs", default="auto",
-                    help="comma-separated tilings: auto | TMxTNxBK[:novec][:nopre]")
+                    help="comma-separated tilings: auto | TMxTNxBK[:novec][:nopre][:sN][:db] (N K "
+                    "chunks; db: double-buffered shared memory)")
     args = ap.parse_args()
     lib = pick_lib()
     import numpy as np
@@ -138,32 +180,45 @@ def main() -> None:
     print(f"webgpu: {host.info}  (library {lib})")
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name() if dev == 'cuda' else 'cpu'}, "
           "fp32, TF32 off")
-    print(f"{'n':>6} {'tiling':>28} {'webgrad GFLOP/s':>16} {'torch GFLOP/s':>14} {'ratio':>6}  max err")
+    print(f"{'shape':>16} {'kernel':>34} {'webgrad ms':>10} {'GFLOP/s':>8} {'torch ms':>9} "
+          f"{'GFLOP/s':>8} {'ratio':>6}  max err")
     rng = np.random.default_rng(0)
-    for n in [int(s) for s in args.sizes.split(",")]:
-        A = rng.standard_normal((n, n), dtype=np.float32)
-        B = rng.standard_normal((n, n), dtype=np.float32)
-        tA, tB = torch.from_numpy(A).to(dev), torch.from_numpy(B).to(dev)
+    sizes = args.sizes.replace("issue", ",".join(list(ISSUE_SHAPES) + ["4096"]))
+    from webgrad.compiled import run_blocking
+    for text in sizes.split(","):
+        shape = parse_shape(text)
+        label, batch, m, k, n, flags = shape
+        A = rng.standard_normal(batch + (m, k), dtype=np.float32)
+        B = rng.standard_normal(batch + (k, n), dtype=np.float32)
+        # what the graph's inputs hold: the stored (maybe transposed) operands
+        Ain = np.ascontiguousarray(np.swapaxes(A, -1, -2)) if "ta" in flags else A
+        Bin = np.ascontiguousarray(np.swapaxes(B, -1, -2)) if "tb" in flags else B
+        tA, tB = torch.from_numpy(Ain).to(dev), torch.from_numpy(Bin).to(dev)
+        if "ta" in flags:
+            tA = tA.transpose(-1, -2)
+        if "tb" in flags:
+            tB = tB.transpose(-1, -2)
         t_torch = time_torch(torch, tA, tB, args.reps, args.warmup)
-        rows = np.unique(np.linspace(0, n - 1, 8).astype(int))
-        want = (torch.from_numpy(A[rows]).double() @ torch.from_numpy(B).double()).numpy()
+        rows = np.unique(np.linspace(0, m - 1, 8).astype(int))
+        want = (torch.from_numpy(np.ascontiguousarray(A[..., rows, :])).double()
+                @ torch.from_numpy(B).double()).numpy()
         for ctext in args.configs.split(","):
-            low, name = build(host, n, parse_config(ctext))
+            low, name = build(host, shape, parse_config(ctext))
             prog = host.load(low.plan)
-            host.write(prog, low.feeds["a"], A.tobytes())
-            host.write(prog, low.feeds["b"], B.tobytes())
-            from webgrad.compiled import run_blocking
+            host.write(prog, low.feeds["a"], Ain.tobytes())
+            host.write(prog, low.feeds["b"], Bin.tobytes())
             buf = low.outputs["out"][0]
             out = run_blocking(host.run(prog, {}, [buf]))[0]
-            C = np.frombuffer(out, np.float32, n * n).reshape(n, n)
-            err = float(np.max(np.abs(C[rows] - want) / (1 + np.abs(want))))
+            C = np.frombuffer(out, np.float32, len(out) // 4)[:int(np.prod(batch + (m, n)))]
+            C = C.reshape(batch + (m, n))
+            err = float(np.max(np.abs(C[..., rows, :] - want) / (1 + np.abs(want))))
             t = time_webgpu(host, prog, args.reps, args.warmup)
             host.unload(prog)
-            flop = 2.0 * n ** 3
-            tiling = name.split("tile ")[-1] + ("" if ctext == "auto" else f" ({ctext})")
-            print(f"{n:>6} {tiling:>28} {flop / t / 1e9:>16.1f} {flop / t_torch / 1e9:>14.1f} "
-                  f"{t_torch / t:>6.2f}  {err:.1e}" + ("  WRONG" if err > 1e-3 else ""),
-                  flush=True)
+            flop = 2.0 * int(np.prod(batch or (1,))) * m * n * k
+            tiling = name.split(" K=")[-1].split(" ", 1)[-1] + ("" if ctext == "auto" else f" ({ctext})")
+            print(f"{label:>16} {tiling:>34} {t * 1e3:>10.3f} {flop / t / 1e9:>8.0f} "
+                  f"{t_torch * 1e3:>9.3f} {flop / t_torch / 1e9:>8.0f} {t_torch / t:>6.2f}  "
+                  f"{err:.1e}" + ("  WRONG" if err > 1e-3 else ""), flush=True)
 
 
 if __name__ == "__main__":

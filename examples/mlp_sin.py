@@ -6,8 +6,11 @@ batches are drawn with `random` and `math` into `array.array`, never numpy.
 
     python3 examples/mlp_sin.py                  # webgpu; or: ... reference | torch | auto
 
-In the browser worker, run the file's text and call `train()` (it blocks on the GPU through
-JSPI, which the webgrad worker provides), or await `train_async()`.
+In the playground (`python3 serve.py`, examples menu) the file runs as it is: the bottom of
+the file compiles the model into the global `c` and trains it, and `webgrad.playground.report`
+sends the loss and the fitted curve over the batch to the page while it trains. Elsewhere in
+the worker, run the file's text and call `train()` (it blocks on the GPU through JSPI, which
+the webgrad worker provides), or await `train_async()`.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ import sys
 import time
 
 import webgrad as wg
-from webgrad import Module, init, ops, optim
+from webgrad import Module, init, ops, optim, playground
 
 B = 256  # batch size
 
@@ -67,6 +70,42 @@ def _report(c, losses: list[float], seconds: float, target: float) -> dict:
             "dispatches": c.kernel_count, "losses": losses[::10]}
 
 
+GRID = 121  # points of the fitted curve drawn while training
+
+
+def fit(c, max_steps: int = 1000, target: float = 1e-3, seed: int = 0, log=print,
+        log_every: int = 100, draw_every: int = 0) -> list[float]:
+    """Step `c` until the batch loss drops below `target` or `max_steps` steps ran; returns
+    the losses. Every step's loss goes to `playground.report` (the page's chart); every
+    `draw_every` steps (0: never) so does the fitted curve over the current batch."""
+    rng = random.Random(seed)
+    predict = None
+    if draw_every:
+        predict = c.compile_forward(lambda m, inp: forward(m, inp["x"]),
+                                    inputs={"x": ([GRID, 1], "f32")})
+        grid = [-math.pi + 2 * math.pi * k / (GRID - 1) for k in range(GRID)]
+    losses: list[float] = []
+    for step in range(max_steps):
+        feed = batch(rng)
+        losses.append(c.step(feed))
+        figure = None
+        done = losses[-1] < target or step == max_steps - 1
+        if predict is not None and (step % draw_every == 0 or done):
+            curve = _flat(predict.run({"x": grid}))
+            order = sorted(range(64), key=lambda k: feed["x"][k])
+            figure = playground.lines(
+                f"fit after {step + 1} steps", grid,
+                {"sin(x)": [math.sin(v) for v in grid], "MLP": curve}) | {
+                "scatter": {"x": [feed["x"][k] for k in order], "y": [feed["y"][k] for k in order],
+                            "name": "batch"}}
+        playground.report(step=step, loss=losses[-1], figure=figure)
+        if log and step % log_every == 0:
+            log(f"step {step:4d}  loss {losses[-1]:.6f}")
+        if done:
+            break
+    return losses
+
+
 def train(backend: str = "webgpu", max_steps: int = 1000, target: float = 1e-3, seed: int = 0,
           log=print, log_every: int = 100) -> dict:
     """Train until the batch loss drops below `target` or `max_steps` steps ran.
@@ -74,15 +113,8 @@ def train(backend: str = "webgpu", max_steps: int = 1000, target: float = 1e-3, 
     Returns {"steps", "loss", "reached", "ms_per_step", "dispatches", "params", ...}.
     """
     c = compile_mlp(backend, seed)
-    rng = random.Random(seed)
-    losses: list[float] = []
     t0 = time.perf_counter()
-    for step in range(max_steps):
-        losses.append(c.step(batch(rng)))
-        if log and step % log_every == 0:
-            log(f"step {step:4d}  loss {losses[-1]:.6f}")
-        if losses[-1] < target:
-            break
+    losses = fit(c, max_steps, target, seed, log, log_every)
     out = _report(c, losses, time.perf_counter() - t0, target)
     out["params"] = {k: [float(v) for v in _flat(p)] for k, p in c.download_params().items()}
     c.destroy()
@@ -115,7 +147,12 @@ def _flat(value) -> list:
 
 
 if __name__ == "__main__":
-    result = train(sys.argv[1] if len(sys.argv) > 1 else "webgpu")
+    backend = sys.argv[1] if len(sys.argv) > 1 and not playground.in_browser() else "webgpu"
+    c = compile_mlp(backend)  # a global: the page's weights buttons and kernel panel find it
+    print(f"compiled on {backend}: {c.kernel_count} kernels per training step")
+    t0 = time.perf_counter()
+    losses = fit(c, draw_every=25)
+    result = _report(c, losses, time.perf_counter() - t0, 1e-3)
     print(f"{'reached' if result['reached'] else 'did NOT reach'} loss {result['loss']:.2e} in "
           f"{result['steps']} steps, {result['ms_per_step']:.2f} ms/step, "
           f"{result['dispatches']} kernels per step")

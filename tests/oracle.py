@@ -677,6 +677,11 @@ rec("matmul/mat_vec", "lambda a, b: ops.matmul(a, b)", lambda a, b: a @ b, f32(3
 rec("matmul/vec_vec", "lambda a, b: ops.matmul(a, b)", lambda a, b: a @ b, f32(4), f32(4), **MM)
 rec("matmul_batched", "lambda a, b: ops.matmul_batched(a, b)", lambda a, b: torch.bmm(a, b),
     f32(2, 3, 4), f32(2, 4, 5), **MM)
+# shapes that divide no tile, and a K long enough for K chunks of real work (split-K)
+rec("matmul/odd_long_k", "lambda a, b: ops.matmul(a, b)", lambda a, b: a @ b,
+    f32(7, 600), f32(600, 13), atol=2e-3, rtol=1e-4)
+rec("matmul/wgrad_odd", "lambda x, g: ops.sum(ops.matmul(ops.swap_axes(x, -1, -2), g), 0)",
+    lambda x, g: (x.transpose(-1, -2) @ g).sum(0), f32(3, 77, 9), f32(3, 77, 35), atol=1e-3)
 
 # -- indices
 rec("one_hot", "lambda x, i: x * ops.one_hot(i, 4)", lambda x, i: x * F.one_hot(i, 4).double(),
@@ -733,6 +738,11 @@ rec("take_along_last", "lambda x, i: ops.take_along_last(x, i)",
 
 # -- softmax family and masks
 rec("softmax_last/2d", "lambda x: ops.softmax_last(x)", lambda x: torch.softmax(x, -1), f32(3, 5))
+# rows wide enough for the workgroup strategy (a shared-memory tree of NaN-propagating maxes)
+rec("softmax_last/wide_rows", "lambda x: ops.softmax_last(x)", lambda x: torch.softmax(x, -1),
+    f32(3, 700))
+rec("log_softmax_last/wide_rows", "lambda x: ops.log_softmax_last(x)",
+    lambda x: torch.log_softmax(x, -1), f32(3, 700))
 rec("softmax_last/3d", "lambda x: ops.softmax_last(x * 4.0)", lambda x: torch.softmax(x * 4, -1),
     f32(2, 3, 4))
 rec("log_softmax_last/2d", "lambda x: ops.log_softmax_last(x)", lambda x: torch.log_softmax(x, -1),
@@ -896,6 +906,27 @@ rec("attention/table_mask_inf",
     " for j in range(7)] for i in range(7)]), q @ ops.swap_axes(k, -1, -2), float('-inf'))) @ v",
     lambda q, k, v: _t_sdpa(q, k, v, 1.0, _t_causal(7, 7)),
     f32(1, 1, 7, 8), f32(1, 1, 7, 8), f32(1, 1, 7, 8), **MM)
+rec("attention/cache_position",  # 3 queries at a runtime position p of a 9-row cache
+    "lambda q, k, v, p: ops.softmax_last(ops.where(ops.greater_equal(ops.reshape(ops.cast("
+    "ops.arange(3) + p, 'f32'), (3, 1)), ops.reshape(ops.arange(9, dtype='f32'), (1, 9))),"
+    " q @ ops.swap_axes(k, -1, -2) * 0.25, -1e30)) @ v",
+    lambda q, k, v, p: _t_sdpa(q, k, v, 0.25, torch.arange(9)[None, :] <= torch.arange(3)[:, None] + p),
+    f32(1, 2, 3, 16), f32(1, 2, 9, 16), f32(1, 2, 9, 16), i32((1,), 0, 7), **MM)
+
+# cross entropy and layer norm as row kernels on WebGPU (codegen/rowfuse_match.py)
+rec("nn.cross_entropy_last/vocab_50257", "lambda l, t: nn.cross_entropy_last(l, t)",
+    lambda l, t: F.cross_entropy(l, t), f32(2, 50257), i32((2,), 0, 50257), **RED)
+rec("nn.cross_entropy_last/odd_rows", "lambda l, t: nn.cross_entropy_last(l * 3.0, t)",
+    lambda l, t: F.cross_entropy(l.reshape(-1, 33) * 3.0, t.reshape(-1)),
+    f32(3, 7, 33), i32((3, 7), 0, 33), **RED)
+rec("one_hot/pick_computed_out_of_range",  # sum(x * one_hot(i - 2)): a stray index picks 0
+    "lambda x, i: ops.sum_last(x * ops.one_hot(i - 2, 5))",
+    lambda x, i: torch.where((i >= 2) & (i < 7), torch.gather(x, -1, (i - 2).clamp(0, 4)[:, None])[:, 0], 0.0),
+    f32(6, 5), i32((6,), 0, 5))
+rec("nn.LayerNorm/width_768", "lambda x, w, b: with_params(nn.LayerNorm(768), weight=w, bias=b)(x)",
+    lambda x, w, b: F.layer_norm(x, (768,), w, b), f32(3, 768), f32(768), f32(768), **RED)
+rec("layer_norm_last/odd_300", "lambda x: ops.layer_norm_last(x * 2.0 + 1.0)",
+    lambda x: F.layer_norm(x * 2.0 + 1.0, (300,)), f32(5, 300), **RED)
 
 BY_NAME: dict[str, Record] = {r.name: r for r in RECORDS}
 assert len(BY_NAME) == len(RECORDS), "oracle record names must be unique"

@@ -271,3 +271,21 @@ def test_split_token_table_gives_the_same_model(backend):
     assert a.top == b.top
     assert split.generate(ids, 6, temperature=0) == whole.generate(ids, 6, temperature=0)
     np.testing.assert_array_equal(split.state_dict()["wte.weight"], whole.state_dict()["wte.weight"])
+
+
+def test_surprisal_tracker_recomputes_only_the_changed_suffix(tiny):
+    tr = tiny.surprisal_tracker()
+    edits = [[1, 4, 4, 9, 2, 7, 0, 3], [1, 4, 4, 9, 2, 7, 0, 3, 5, 6],   # typed at the end
+             [1, 4, 8, 9, 2, 7, 0, 3, 5, 6],                               # changed inside
+             [1, 4, 8, 9, 2], [1, 4, 8, 9, 2], [7], []]                    # cut, same, all new
+    expect_recomputed = [8, 3, 9, 0, 0, 1, 0]
+    for ids, n in zip(edits, expect_recomputed):
+        got = tr.update(ids)
+        assert tr.recomputed == n, (ids, tr.recomputed)
+        if not ids:
+            assert got.bits == []
+            continue
+        want = tiny.surprisal(ids)
+        np.testing.assert_allclose(got.bits, want.bits, atol=2e-3)
+        assert got.top == want.top and got.bits[0] == 0
+        np.testing.assert_allclose(got.top_p, want.top_p, atol=1e-4)

@@ -1,197 +1,345 @@
-// webgrad's page: starts the Pyodide worker (worker/worker.mjs), shows its status, and runs the
-// Python snippet in the text box. It also exposes `window.webgrad`, the API that the CPython
-// driver (pkg/webgrad/browser.py) and the browser tests use:
+// webgrad's playground: a Python editor (CodeMirror), Run/Stop, a console, a live loss chart
+// (uPlot), the demo's picture, the compiled kernels, and weights download/upload. Python runs
+// in the worker that webgrad.mjs starts; the page only draws what the worker reports.
 //
-//   window.webgrad.ready          Promise<{python_version, webgrad_version, jspi}>
-//   window.webgrad.run(code)      Promise<value of the code's last expression>
-//   window.webgrad.call(name, args)  Promise<return value of global Python function `name`>
-//   window.webgrad.stdout / .stderr  arrays of output lines; .progress: recent progress events
-//   window.webgrad.onEvent(fn)    fn(message) for every unsolicited worker message
-//   window.webgrad.interrupt()    raise KeyboardInterrupt in the running Python code (returns
-//                                 false where the page is not cross-origin isolated)
-//   window.webgrad._terminate()   test hook: kill the worker as if it had crashed
-//
-// A rejected promise carries {type, message, traceback}. If the worker fails to boot, raises an
-// `error`/`messageerror` event, or is terminated, every pending call rejects and so do later ones.
+// For tests and the CPython driver the page exposes `window.webgrad` (webgrad.mjs's API) and
+// `window.playground`: {state, code (get/set), load(example file), run(), stop(), losses,
+// steps, figures (count drawn)}. #status carries data-state: booting, ready, running,
+// stopping, done, stopped, error, dead.
 
-// The snippet the page starts with: change it to show something else.
-export const DEFAULT_SNIPPET = `# An MLP learns sin(x) on this page's GPU (WebGPU), from Python running in a worker.
-import math, random, time
-import webgrad as wg
-from webgrad import Module, ops, init, optim
+import { startWebgrad } from "./webgrad.mjs";
+import { drawFigure } from "./figures.mjs";
 
-B = 256
+const MAX_CONSOLE_LINES = 4000;   // lines kept in the console's DOM (older ones are dropped)
+const MAX_CHART_POINTS = 20000;   // loss points kept for the chart (older ones thinned)
 
-class Linear(Module):
-    def __init__(self, d_in, d_out):
-        super().__init__()
-        self.W = self.param([d_in, d_out], init=init.kaiming())
-        self.b = self.param([d_out], init="zeros")
+const $ = (id) => document.getElementById(id);
+const webgrad = startWebgrad();
+window.webgrad = webgrad;
 
-class MLP(Module):
-    def __init__(self):
-        super().__init__()
-        self.layers = [Linear(1, 64), Linear(64, 64), Linear(64, 1)]
-
-def forward(m, x):
-    for i, layer in enumerate(m.layers):
-        x = x @ layer.W + layer.b
-        x = ops.relu(x) if i < 2 else x
-    return x
-
-def loss_fn(m, inputs):
-    d = forward(m, inputs["x"]) - inputs["y"]
-    return ops.sum_all(d * d) / B
-
-c = wg.compile_module(MLP, loss_fn, inputs={"x": ([B, 1], "f32"), "y": ([B, 1], "f32")},
-                      optimizer=optim.Adam(lr=0.005), backend="webgpu")
-print(f"compiled: {c.kernel_count} kernels per training step")
-rng = random.Random(0)
-t0 = time.perf_counter()
-for step in range(1000):
-    xs = [rng.uniform(-math.pi, math.pi) for _ in range(B)]
-    loss = c.step({"x": xs, "y": [math.sin(x) for x in xs]})
-    if step % 100 == 0:
-        print(f"step {step:4d}  loss {loss:.6f}")
-    if loss < 1e-3:
-        break
-ms = 1e3 * (time.perf_counter() - t0) / (step + 1)
-print(f"step {step:4d}  loss {loss:.6f}  ({ms:.1f} ms/step)")
-{"steps": step + 1, "loss": loss, "ms_per_step": ms}
-`;
-
-const MAX_PROGRESS = 1000;
-
-export function startWebgrad(workerURL = new URL("../worker/worker.mjs", import.meta.url)) {
-  const worker = new Worker(workerURL, { type: "module" });
-  const pending = new Map();
-  const listeners = new Set();
-  const stdout = [], stderr = [], progress = [];
-  let nextId = 1;
-  let dead = null;
-  let settleReady;
-  const ready = new Promise((resolve, reject) => { settleReady = { resolve, reject }; });
-  ready.catch(() => {});  // callers see the rejection; keep the console free of "unhandled"
-  // Shared memory needs cross-origin isolation, which serve.py's COOP/COEP headers give.
-  const interruptBuffer = globalThis.crossOriginIsolated
-    ? new Uint8Array(new SharedArrayBuffer(1)) : null;
-  // A worker that dies without an `error` event (closed itself, killed for memory) would leave
-  // calls waiting forever. It holds a Web Lock for as long as it lives: when the lock comes
-  // free, the worker is gone, and every pending call fails.
-  const lifeLock = globalThis.navigator?.locks ? `webgrad-worker-${crypto.randomUUID()}` : null;
-  worker.postMessage({ type: "init", interruptBuffer, lifeLock });
-
-  function die(error) {
-    if (dead) return;
-    dead = error;
-    settleReady.reject(error);
-    for (const { reject } of pending.values()) reject(error);
-    pending.clear();
-  }
-
-  worker.addEventListener("message", ({ data }) => {
-    if (data.id != null) {
-      const call = pending.get(data.id);
-      pending.delete(data.id);
-      if (call) data.ok ? call.resolve(data.value) : call.reject(data.error);
-      return;
+// --- the console: text arrives in chunks; appended once per frame; bounded -------------------
+const consoleBox = {
+  el: $("console"), queue: [], lines: 0, dropped: 0, scheduled: false,
+  add(text, kind = "stdout") {
+    if (!text) return;
+    this.queue.push([text, kind]);
+    if (!this.scheduled) {
+      this.scheduled = true;
+      requestAnimationFrame(() => this.render());
     }
-    if (data.type === "stdout") stdout.push(data.text);
-    else if (data.type === "stderr") stderr.push(data.text);
-    else if (data.type === "progress" && progress.push(data) > MAX_PROGRESS) progress.shift();
-    else if (data.type === "ready") settleReady.resolve(data);
-    else if (data.type === "fatal") die(data.error);
-    else if (data.type === "alive") {
-      navigator.locks.request(data.lifeLock, () => die({
-        type: "WorkerDied", traceback: "",
-        message: "the Python worker stopped (it crashed, ran out of memory or closed itself); " +
-                 "reload the page to start a new one" }));
+  },
+  render() {
+    this.scheduled = false;
+    if (!this.queue.length) return;
+    const stick = this.el.scrollTop + this.el.clientHeight >= this.el.scrollHeight - 4;
+    const fragment = document.createDocumentFragment();
+    let span = null;
+    for (const [text, kind] of this.queue) {
+      if (!span || span.className !== kind) fragment.append(span = Object.assign(
+        document.createElement("span"), { className: kind }));
+      span.textContent += text;
+      this.lines += (text.match(/\n/g) || []).length;
     }
-    for (const fn of listeners) fn(data);
-  });
-  worker.addEventListener("error", (event) => {
-    event.preventDefault();
-    const where = event.filename ? ` (${event.filename}:${event.lineno})` : "";
-    die({ type: "WorkerError", traceback: "",
-          message: `${event.message || "the worker failed to load or crashed"}${where}` });
-  });
-  worker.addEventListener("messageerror", () => die({
-    type: "MessageError", traceback: "", message: "a message from the worker could not be read" }));
+    this.queue = [];
+    this.el.append(fragment);
+    // Drop whole spans from the front until at most MAX_CONSOLE_LINES lines remain.
+    while (this.lines > MAX_CONSOLE_LINES && this.el.firstChild) {
+      const first = this.el.firstChild;
+      const n = (first.textContent.match(/\n/g) || []).length;
+      if (first.classList?.contains("note")) { first.remove(); continue; }
+      if (this.lines - n < MAX_CONSOLE_LINES / 2) {  // a huge span: cut its text instead
+        const keep = first.textContent.split("\n").slice(-(MAX_CONSOLE_LINES / 2));
+        this.dropped += n - keep.length + 1;
+        this.lines -= n - keep.length + 1;
+        first.textContent = keep.join("\n");
+        break;
+      }
+      first.remove();
+      this.lines -= n;
+      this.dropped += n;
+    }
+    if (this.dropped) {
+      const note = Object.assign(document.createElement("span"), { className: "note",
+        textContent: `… ${this.dropped} earlier lines not shown\n` });
+      this.el.prepend(note);
+    }
+    if (stick) this.el.scrollTop = this.el.scrollHeight;
+  },
+  clear() { this.el.textContent = ""; this.queue = []; this.lines = 0; this.dropped = 0; },
+};
 
-  function request(message) {
-    if (dead) return Promise.reject(dead);
-    return new Promise((resolve, reject) => {
-      const id = nextId++;
-      pending.set(id, { resolve, reject });
-      worker.postMessage({ ...message, id });
-    });
-  }
+// --- the loss chart: uPlot if its bundle loaded, fed from progress events -------------------
+const chart = {
+  steps: [], losses: [], plot: null, scheduled: false,
+  init(uPlot) {
+    const el = $("chart");
+    this.plot = new uPlot({
+      width: Math.max(300, el.clientWidth || 500), height: 220,
+      scales: { x: { time: false }, y: { distr: 3 } },   // log-scale loss
+      axes: [{ label: "step" }, { label: "loss" }],
+      series: [{ label: "step" }, { label: "loss", stroke: "#0969da", width: 1.5 }],
+      legend: { show: false },
+    }, [[], []], el);
+  },
+  add(step, loss) {
+    if (!Number.isFinite(loss) || loss <= 0) return;
+    this.steps.push(step ?? this.steps.length);
+    this.losses.push(loss);
+    if (this.losses.length > MAX_CHART_POINTS) {  // keep every other old point
+      const half = MAX_CHART_POINTS / 2;
+      const thin = (a) => a.slice(0, half).filter((_, i) => i % 2 === 0).concat(a.slice(half));
+      this.steps = thin(this.steps); this.losses = thin(this.losses);
+    }
+    $("loss-now").textContent = `${loss.toPrecision(4)} at step ${step}`;
+    if (!this.scheduled) {
+      this.scheduled = true;
+      requestAnimationFrame(() => {
+        this.scheduled = false;
+        this.plot?.setData([this.steps, this.losses]);
+      });
+    }
+  },
+  clear() {
+    this.steps = []; this.losses = [];
+    $("loss-now").textContent = "";
+    this.plot?.setData([[], []]);
+  },
+};
 
-  return {
-    ready, stdout, stderr, progress,
-    run: (code) => request({ type: "run", code }),
-    call: (name, args = []) => request({ type: "call", name, args }),
-    ping: () => request({ type: "ping" }),
-    onEvent(fn) { listeners.add(fn); return () => listeners.delete(fn); },
-    interrupt() {
-      if (!interruptBuffer) return false;
-      interruptBuffer[0] = 2;  // SIGINT
-      return true;
-    },
-    get dead() { return dead; },
-    _terminate() {
-      worker.terminate();
-      die({ type: "WorkerTerminated", traceback: "", message: "the worker was terminated" });
-    },
-  };
+// --- the picture ---------------------------------------------------------------------------
+const figure = { pending: null, scheduled: false, drawn: 0 };
+function showFigure(fig) {
+  figure.pending = fig;
+  if (figure.scheduled) return;
+  figure.scheduled = true;
+  requestAnimationFrame(() => {
+    figure.scheduled = false;
+    $("figure-title").textContent = drawFigure($("figure"), figure.pending);
+    figure.drawn++;
+  });
 }
 
+// --- status and buttons ----------------------------------------------------------------------
+let state = "booting";
+function setState(next, text, kind = "busy") {
+  state = next;
+  const status = $("status");
+  status.textContent = text;
+  status.className = kind;
+  status.dataset.state = next;
+  const idle = ["ready", "done", "stopped", "error"].includes(next);
+  $("run").disabled = !idle;
+  $("stop").disabled = next !== "running";
+  $("save").disabled = $("load").disabled = !idle;
+  $("examples").disabled = !idle && next !== "booting";
+}
+
+webgrad.onEvent((message) => {
+  if (message.type === "stdout" || message.type === "stderr") {
+    consoleBox.add(message.text, message.type);
+  } else if (message.type === "progress") {
+    if (typeof message.loss === "number") chart.add(message.step, message.loss);
+    if (message.figure) showFigure(message.figure);
+  }
+});
+
+// --- the editor ------------------------------------------------------------------------------
+let editor = null;   // CodeMirror EditorView, or a <textarea> if the bundle failed to load
+let currentFile = "snippet.py";
+const code = {
+  get() { return editor?.state ? editor.state.doc.toString() : editor?.value ?? ""; },
+  set(text) {
+    if (editor?.state) editor.dispatch({ changes: { from: 0, to: editor.state.doc.length, insert: text } });
+    else if (editor) editor.value = text;
+  },
+};
+
+async function loadUI() {
+  try {
+    const manifest = await (await fetch("assets/manifest.json")).json();
+    const ui = await import(`./assets/${manifest.ui_bundle}`);
+    const { EditorView, basicSetup, keymap, python, uPlot } = ui;
+    editor = new EditorView({
+      parent: $("editor"),
+      extensions: [basicSetup, python(),
+                   keymap.of([{ key: "Mod-Enter", run: () => { run(); return true; } }])],
+    });
+    chart.init(uPlot);
+    return manifest;
+  } catch (e) {
+    // Without the bundle the page still works: a plain text area, no chart.
+    editor = Object.assign(document.createElement("textarea"),
+      { rows: 24, spellcheck: false, style: "width:100%;height:100%" });
+    $("editor").append(editor);
+    consoleBox.add(`the editor/chart bundle did not load (${e.message}); run serve.py to ` +
+                   "provision it\n", "stderr");
+    return (await fetch("assets/manifest.json").then((r) => r.json()).catch(() => ({})));
+  }
+}
+
+async function loadExample(file) {
+  const response = await fetch(`examples/${file}`);
+  if (!response.ok) throw new Error(`examples/${file}: HTTP ${response.status}`);
+  code.set(await response.text());
+  currentFile = file;
+  $("examples").value = file;
+}
+
+// --- run / stop ------------------------------------------------------------------------------
 function show(value) {
   if (typeof value === "string") return value;
   return JSON.stringify(value, (key, v) => ArrayBuffer.isView(v)
-    ? `<${v.constructor.name}(${v.length}) ${Array.from(v.slice(0, 16)).join(" ")}${v.length > 16 ? " …" : ""}>`
-    : typeof v === "bigint" ? v.toString() : v, 2);
+    ? `<${v.constructor.name}(${v.length})>` : typeof v === "bigint" ? v.toString() : v, 2);
 }
 
-function setUpPage(webgrad) {
-  const $ = (id) => document.getElementById(id);
-  const [status, code, button, output, result] =
-    ["status", "code", "run", "output", "result"].map($);
-  code.value = DEFAULT_SNIPPET;
-  const setStatus = (text, kind) => { status.textContent = text; status.className = kind; };
-  setStatus("Starting Python (Pyodide) in a worker…", "busy");
-  webgrad.onEvent((message) => {
-    if (message.type === "stdout" || message.type === "stderr") {
-      output.textContent += message.text + "\n";
-    } else if (message.type === "progress") {
-      setStatus(`progress: ${JSON.stringify({ ...message, type: undefined })}`, "busy");
+async function refreshKernels() {
+  let models = [];
+  try {
+    models = await webgrad.call("webgrad_worker.describe_compiled");
+  } catch (e) {
+    return;
+  }
+  const box = $("kernels");
+  box.textContent = "";
+  let total = 0;
+  for (const m of models) {
+    const head = document.createElement("p");
+    head.textContent = `${m.name}: backend ${m.backend}, ${m.kernel_count} kernels per step, ` +
+      `params ${Object.entries(m.params).map(([k, s]) => `${k}[${s}]`).join(" ")}`;
+    box.append(head);
+    for (const k of m.kernels) {
+      const d = document.createElement("details");
+      d.className = "kernel";
+      const s = document.createElement("summary");
+      s.textContent = `${total + 1}. ${k.label}  [${k.workgroups.join("×")} workgroups]`;
+      const pre = document.createElement("pre");
+      pre.textContent = k.wgsl;
+      d.append(s, pre);
+      box.append(d);
+      total++;
     }
-  });
-  webgrad.ready.then(
-    (info) => {
-      setStatus(`Ready: Python ${info.python_version}, webgrad ${info.webgrad_version}` +
-                (info.jspi ? "" : " (no JSPI: WebGPU calls cannot block)"), "ok");
-      button.disabled = false;
-    },
-    (error) => setStatus(`Python failed to start: ${error.message}`, "error"));
-  button.addEventListener("click", async () => {
-    button.disabled = true;
-    output.textContent = "";
-    result.textContent = "";
-    result.className = "";
-    setStatus("Running…", "busy");
+  }
+  $("kernel-count").textContent = models.length ? `(${total} dispatches per step)` : "";
+  $("ir").textContent = models.map((m) => `# ${m.name}\n${m.ir}`).join("\n\n");
+}
+
+async function run() {
+  if ($("run").disabled) return;
+  consoleBox.clear();
+  chart.clear();
+  setState("running", `Running ${currentFile}…`);
+  const t0 = performance.now();
+  try {
+    const value = await webgrad.run(code.get());
+    if (value !== null && value !== undefined) consoleBox.add(`=> ${show(value)}\n`, "result");
+    setState("done", `Done in ${((performance.now() - t0) / 1000).toFixed(1)} s`, "ok");
+  } catch (error) {
+    const traceback = (error.traceback || `${error.type}: ${error.message}\n`)
+      .replaceAll(/File "<run-\d+>"/g, `File "${currentFile}"`);
+    consoleBox.add(traceback.endsWith("\n") ? traceback : traceback + "\n", "error");
+    if (webgrad.dead) setState("dead", `${error.type}: ${error.message}`, "error");
+    else if (error.type === "KeyboardInterrupt" && state === "stopping") {
+      setState("stopped", "Stopped: the model keeps the weights of its last completed step", "ok");
+    } else setState("error", `${error.type}: ${error.message}`, "error");
+  }
+  await refreshKernels();
+}
+
+function stop() {
+  if (state !== "running") return;
+  setState("stopping", "Stopping at the end of the current step…");
+  webgrad.interrupt();
+}
+
+// --- weights ---------------------------------------------------------------------------------
+async function saveWeights() {
+  try {
+    const { name, data } = await webgrad.call("webgrad_worker.weights_save");
+    const blob = new Blob([data], { type: "application/octet-stream" });
+    const a = Object.assign(document.createElement("a"), {
+      href: URL.createObjectURL(blob),
+      download: `${currentFile.replace(/\.py$/, "")}-${name}.safetensors` });
+    document.body.append(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(a.href), 10000);
+    setState(state, `Downloaded the weights of ${name} (${data.length} bytes)`, "ok");
+  } catch (error) {
+    setState(state, `Cannot download weights: ${error.message}`, "error");
+  }
+}
+
+async function loadWeights(file) {
+  try {
+    const bytes = new Uint8Array(await file.arrayBuffer());
+    const { name, params } = await webgrad.call("webgrad_worker.weights_load", [bytes]);
+    setState(state, `Loaded ${file.name} into ${name} (${params} parameters)`, "ok");
+  } catch (error) {
+    setState(state, `Cannot load ${file.name}: ${error.message}`, "error");
+  }
+}
+
+// --- WebGPU check: say plainly what is missing instead of failing later ---------------------
+async function checkWebGPU() {
+  let problem = null;
+  if (!globalThis.isSecureContext) {
+    problem = "this page is not a secure context (WebGPU needs https or http://localhost; " +
+      "open it through localhost, e.g. with an SSH tunnel)";
+  } else if (!navigator.gpu) {
+    problem = "this browser has no WebGPU (navigator.gpu is missing)";
+  } else {
     try {
-      result.textContent = show(await webgrad.run(code.value));
-      setStatus("Done", "ok");
-    } catch (error) {
-      result.textContent = error.traceback || error.message;
-      result.className = "error";
-      setStatus(`${error.type}: ${error.message}`, "error");
-    } finally {
-      button.disabled = !!webgrad.dead;
+      if (!(await navigator.gpu.requestAdapter())) problem = "WebGPU found no GPU adapter";
+    } catch (e) {
+      problem = `WebGPU failed: ${e.message}`;
     }
-  });
+  }
+  if (!problem) return true;
+  const banner = $("nogpu");
+  banner.textContent = `WebGPU is unavailable: ${problem}. Python still runs here, but ` +
+    "training on backend=\"webgpu\" cannot. Use Chrome or Edge 113+, Firefox 141+ or Safari 26+; " +
+    "in Chromium on Linux enable chrome://flags/#enable-unsafe-webgpu (or start it with " +
+    "--enable-unsafe-webgpu --enable-features=Vulkan), and check chrome://gpu for a blocklisted GPU.";
+  banner.hidden = false;
+  return false;
 }
 
-window.webgrad = startWebgrad();
-setUpPage(window.webgrad);
+// --- start -----------------------------------------------------------------------------------
+async function start() {
+  setState("booting", "Starting Python (Pyodide) in a worker…");
+  const [manifest] = await Promise.all([loadUI(), checkWebGPU()]);
+  const select = $("examples");
+  for (const ex of manifest.examples || []) {
+    select.append(Object.assign(document.createElement("option"),
+      { value: ex.file, textContent: `${ex.file} — ${ex.title}` }));
+  }
+  select.addEventListener("change", () => loadExample(select.value).catch((e) =>
+    setState(state, `Cannot load the example: ${e.message}`, "error")));
+  if (manifest.examples?.length) await loadExample(manifest.examples[0].file);
+  $("run").addEventListener("click", run);
+  $("stop").addEventListener("click", stop);
+  $("save").addEventListener("click", saveWeights);
+  $("load").addEventListener("click", () => $("load-file").click());
+  $("load-file").addEventListener("change", (e) => {
+    if (e.target.files[0]) loadWeights(e.target.files[0]);
+    e.target.value = "";
+  });
+  try {
+    const info = await webgrad.ready;
+    setState("ready", `Ready: Python ${info.python_version}, webgrad ${info.webgrad_version}` +
+      (info.jspi ? "" : " (no JSPI: WebGPU calls cannot block)"), "ok");
+  } catch (error) {
+    setState("dead", `Python failed to start: ${error.message}`, "error");
+  }
+}
+
+window.playground = {
+  get state() { return state; },
+  get code() { return code.get(); },
+  set code(text) { code.set(text); currentFile = "snippet.py"; },
+  load: loadExample, run, stop,
+  get losses() { return chart.losses.slice(); },
+  get steps() { return chart.steps.slice(); },
+  get figures() { return figure.drawn; },
+  started: start(),
+};

@@ -6,12 +6,28 @@ results become plain structured-cloneable JS values in one place (``to_plain`` t
 
 Code running in the worker can also import this module to talk to the page:
 ``webgrad_worker.progress({"step": 3, "loss": 0.25})`` posts ``{type: "progress", step, loss}``.
+
+Interrupts. The page stops running code by writing SIGINT into Pyodide's interrupt buffer, and
+Python raises KeyboardInterrupt at the next bytecode *whatever code that is*. Between a user's
+steps that is often not the user's code but the event loop's own (the callback that ends an
+``asyncio.sleep``, or the one that wakes the task waiting on a GPU read-back); an exception there
+loses the wake-up, the request never finishes and the worker is stuck for good. So ``_on_sigint``
+raises only inside the request's own call stack (the frames under ``_run``/``_call``), where the
+request's ``except`` turns it into an error reply. Anywhere else it re-arms the buffer, and the
+interrupt lands at the next bytecode of the request's code: a blocking ``c.step()`` loop stops
+at the end of the current step, with the parameters of that completed step. Code that waits long
+without running (``await asyncio.sleep(20)``, ``time.sleep``) never reaches a bytecode, so the
+worker also cancels the tasks such a request awaits (``cancel_awaits``, on the page's interrupt
+message), which ends the wait with the same KeyboardInterrupt.
 """
 from __future__ import annotations
 
 import __main__
+import asyncio
 import inspect
 import linecache
+import signal
+import sys
 import traceback
 from collections.abc import Mapping
 
@@ -20,6 +36,57 @@ from pyodide.code import eval_code_async
 from pyodide.ffi import JsProxy, jsnull, to_js
 
 _runs = 0
+
+
+class _Request:
+    """What the interrupt logic needs to know about the request being handled."""
+    active = False        # the user's code (run source or called function) is executing
+    task = None           # the asyncio Task of that request
+    tasks_before = set()  # tasks alive when it started: cancel_awaits leaves these alone
+    interrupted = False   # an interrupt arrived during it (CancelledError is reported as one)
+    rearm = None          # JS function writing SIGINT into the interrupt buffer again
+
+
+def setup(rearm=None) -> None:
+    """Called once by worker.mjs after boot: signal handler, line-buffered output."""
+    _Request.rearm = rearm
+    signal.signal(signal.SIGINT, _on_sigint)
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(line_buffering=True)  # print() output streams as lines are done
+
+
+def _on_sigint(signum, frame) -> None:
+    if not _Request.active:
+        return  # nothing of a request runs: the interrupt came too late, drop it
+    _Request.interrupted = True
+    f = frame
+    while f is not None:
+        if f.f_code in _REQUEST_CODES:
+            raise KeyboardInterrupt
+        f = f.f_back
+    if _Request.rearm is not None:
+        _Request.rearm()  # event-loop code: deliver at the request's next bytecode instead
+
+
+def cancel_awaits() -> bool:
+    """Cancel what the running request waits on (worker.mjs calls this after an interrupt).
+
+    A request awaiting (``await asyncio.sleep(20)``) has its task cancelled at that await; one
+    blocked in synchronous code on a promise (``time.sleep``, ``c.step()``: JSPI's run_sync)
+    has the tasks it waits on cancelled, which raises in its frame.
+    """
+    if not _Request.active or _Request.task is None:
+        return False
+    _Request.interrupted = True
+    task = _Request.task
+    if getattr(task, "_fut_waiter", None) is not None:  # suspended at an await
+        return task.cancel()
+    cancelled = False
+    for t in asyncio.all_tasks(task.get_loop()):
+        if t is not task and t not in _Request.tasks_before and \
+                getattr(t, "_fut_waiter", None) is not None:
+            cancelled = t.cancel() or cancelled
+    return cancelled
 # memoryview formats that map onto a JS TypedArray; anything else is sent as bytes.
 _TYPED_FORMATS = set("bBhHiIlLqQfd")
 
@@ -77,16 +144,43 @@ def post(message: dict) -> None:
 
 def progress(data: Mapping | None = None, /, **fields) -> None:
     """Post ``{type: "progress", **data, **fields}`` to the page, e.g. per training step."""
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    flush = getattr(js, "webgradFlushOutput", None)
+    if flush is not None:
+        flush()  # output printed before this event reaches the page before it
     post({**(data or {}), **fields, "type": "progress"})
 
 
 def _error(exc: BaseException, filename: str | None = None) -> dict:
-    """{type, message, traceback}, the traceback starting at the first frame of the user's code."""
+    """{type, message, traceback}: the traceback starts at the first frame of the user's code.
+
+    A SyntaxError in the user's source has no such frame (compiling happens in Pyodide's code):
+    it shows the user's line and caret alone. A cancellation caused by an interrupt reads as the
+    KeyboardInterrupt it stands for.
+    """
+    if isinstance(exc, asyncio.CancelledError) and _Request.interrupted:
+        exc = KeyboardInterrupt().with_traceback(exc.__traceback__)
+    if isinstance(exc, SyntaxError) and filename and exc.filename == filename:
+        text = "".join(traceback.format_exception_only(type(exc), exc))
+        return {"type": type(exc).__name__, "message": str(exc), "traceback": text}
     tb = exc.__traceback__
     while filename and tb is not None and tb.tb_frame.f_code.co_filename != filename:
         tb = tb.tb_next
     text = "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
-    return {"type": type(exc).__name__, "message": str(exc), "traceback": text}
+    message = str(exc) or ("interrupted" if isinstance(exc, KeyboardInterrupt) else "")
+    return {"type": type(exc).__name__, "message": message, "traceback": text}
+
+
+def _begin() -> None:
+    try:
+        _Request.task = asyncio.current_task()
+    except RuntimeError:  # no running loop: nothing to cancel, the buffer still works
+        _Request.task = None
+    loop = _Request.task.get_loop() if _Request.task is not None else None
+    _Request.tasks_before = set(asyncio.all_tasks(loop)) if loop is not None else set()
+    _Request.interrupted = False
+    _Request.active = True
 
 
 async def _run(code: str):
@@ -96,25 +190,50 @@ async def _run(code: str):
     # Registering the source lets tracebacks quote the failing line.
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
     try:
-        return {"ok": True, "value": await eval_code_async(code, __main__.__dict__,
-                                                           filename=filename)}
+        _begin()
+        value = await eval_code_async(code, __main__.__dict__, filename=filename)
+        _Request.active = False
+        return {"ok": True, "value": value}
     except BaseException as e:
+        _Request.active = False
         return {"ok": False, "error": _error(e, filename)}
+    finally:
+        _Request.active = False
+
+
+def _lookup(name: str):
+    """A global of __main__, or ``module.attr`` of an importable module (``webgrad_worker.x``)."""
+    if "." not in name:
+        return __main__.__dict__.get(name)
+    import importlib
+    module, _, attr = name.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), attr, None)
+    except ImportError:
+        return None
 
 
 async def _call(name: str, args: list):
-    fn = __main__.__dict__.get(name)
+    fn = _lookup(name)
     if not callable(fn):
         err = NameError(f"no global Python function named {name!r}; define it with a run request")
         return {"ok": False, "error": _error(err)}
     try:
+        _begin()
         value = fn(*args)
         if inspect.isawaitable(value):
             value = await value
+        _Request.active = False
         return {"ok": True, "value": value}
     except BaseException as e:
+        _Request.active = False
         tb = e.__traceback__.tb_next if e.__traceback__ else None  # drop this frame
         return {"ok": False, "error": _error(e.with_traceback(tb))}
+    finally:
+        _Request.active = False
+
+
+_REQUEST_CODES = {_run.__code__, _call.__code__}
 
 
 async def handle(request):
@@ -129,7 +248,78 @@ async def handle(request):
         reply = {"ok": False, "error": {"type": "ValueError", "traceback": "",
                                         "message": f"unknown request type {kind!r}"}}
     reply["id"] = rid
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()  # worker.mjs then posts what is left and ends a partial last line
     try:
         return _js(reply)
     except Exception as e:  # a value to_js cannot convert: report it rather than dying
         return _js({"id": rid, "ok": False, "error": _error(e)})
+
+
+# --- What the playground page asks about the user's models --------------------------------
+
+async def warm_up() -> None:
+    """The first compile's fixed costs, paid while the page waits for a click: importing the
+    compiler and the WebGPU backend, and requesting the worker's shared GPU device."""
+    import webgrad.compile  # noqa: F401
+    from webgrad.backends import webgpu, webgpu_browser  # noqa: F401
+    try:
+        await webgpu_browser.request_device()
+    except Exception:
+        pass  # no WebGPU here: the page says so, and compile reports it when asked
+
+
+def _compiled_modules() -> list[tuple[str, object]]:
+    """Live (not destroyed) CompiledModules: those named by a global of __main__ first (in the
+    order the code bound them), then any other still alive, each with a display name."""
+    import gc
+    from webgrad.compiled import CompiledModule
+    named = [(k, v) for k, v in __main__.__dict__.items() if isinstance(v, CompiledModule)]
+    seen = {id(v) for _, v in named}
+    others = [o for o in gc.get_objects() if isinstance(o, CompiledModule) and id(o) not in seen]
+    out = named + [(f"compiled module {i + 1}", o) for i, o in enumerate(others)]
+    return [(k, c) for k, c in out if not getattr(c, "_destroyed", False)]
+
+
+def _current():
+    modules = _compiled_modules()
+    if not modules:
+        raise LookupError("no compiled model here yet: run an example (or code that calls "
+                          "webgrad.compile_module) first")
+    return modules[-1]
+
+
+def describe_compiled() -> list[dict]:
+    """Per live compiled module: backend, parameters, the printed IR and each dispatch of its
+    training step (kernel name, pipeline, workgroups, WGSL), for the page's kernel panel."""
+    out = []
+    for name, c in _compiled_modules():
+        train = c._train
+        plan = getattr(train.exe, "plan", None) if train is not None else None
+        kernels = []
+        if plan:  # one entry per dispatch of the step, in order, named by the codegen
+            names = list(getattr(train.exe, "kernel_names", None) or [])
+            dispatches = [cmd for cmd in plan.get("commands", []) if cmd.get("op") == "dispatch"]
+            for i, cmd in enumerate(dispatches):
+                kernels.append({"label": names[i] if i < len(names) else f"kernel {i}",
+                                "pipeline": cmd["pipeline"], "workgroups": cmd["workgroups"],
+                                "wgsl": plan["pipelines"][cmd["pipeline"]]["wgsl"]})
+        out.append({"name": name, "backend": getattr(c.backend, "name", "?"),
+                    "params": {k: list(v) for k, v in c.param_shapes.items()},
+                    "kernel_count": c.kernel_count, "kernels": kernels,
+                    "ir": str(c.ir) if train is not None else ""})
+    return out
+
+
+def weights_save() -> dict:
+    """The newest live model's checkpoint (params, optimizer state, step) as safetensors bytes."""
+    name, c = _current()
+    return {"name": name, "data": c.save(optimizer=True)}
+
+
+def weights_load(data: bytes) -> dict:
+    """Load a checkpoint written by weights_save (or any safetensors file of the model's
+    parameters) into the newest live model; a file that does not fit changes nothing."""
+    name, c = _current()
+    c.load(bytes(data))
+    return {"name": name, "params": len(c.param_names)}

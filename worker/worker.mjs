@@ -1,8 +1,8 @@
 // webgrad's Pyodide worker: runs Python (and through it WebGPU) off the page's main thread.
 //
 // Start it as a *module* worker:  new Worker("/worker/worker.mjs", {type: "module"}).
-// It boots Pyodide from /assets/pyodide/, loads the micropip wheel, installs the webgrad wheel
-// named in /assets/manifest.json, and installs webgrad_worker.py (the Python half of this file).
+// It boots Pyodide from /assets/pyodide/, installs the micropip and webgrad wheels named in
+// /assets/manifest.json, and installs webgrad_worker.py (the Python half of this file).
 //
 // Message protocol (all values are plain structured-cloneable data):
 //   requests from the page, answered one at a time in arrival order (except ping):
@@ -11,6 +11,10 @@
 //     {id, type: "call", name, args} call the global Python function `name` with args (an array);
 //                                    a coroutine result is awaited
 //     {id, type: "ping"}             answered at once with value "pong", even during boot
+//     {type: "interrupt"}            answered by nothing; the running request gets a
+//                                    KeyboardInterrupt where it awaits (asyncio.sleep, a GPU
+//                                    read-back, time.sleep) -- the interrupt buffer (below)
+//                                    reaches code that computes. The page sends both.
 //     {type: "init", interruptBuffer, lifeLock}  optional, first. interruptBuffer: a Uint8Array
 //                                    on a SharedArrayBuffer; the page writes 2 into it to raise
 //                                    KeyboardInterrupt in the running code (needs a cross-origin
@@ -21,7 +25,11 @@
 //     {id, ok: true, value}
 //     {id, ok: false, error: {type, message, traceback}}
 //   events the worker sends on its own:
-//     {type: "stdout" | "stderr", text}            one line of Python output
+//     {type: "stdout" | "stderr", text}            Python output as written: one write, or
+//                                                  many merged during a flood (see OUTPUT_MS);
+//                                                  a request's output always ends with a
+//                                                  newline (added if the code left a partial
+//                                                  line)
 //     {type: "progress", ...}                      from webgrad_worker.progress(dict) in Python
 //     {type: "ready", python_version, webgrad_version, jspi}   booted; requests now run
 //     {type: "fatal", error: {type, message, traceback}}       boot failed or Pyodide died;
@@ -52,34 +60,111 @@ async function fetchOk(url) {
 let pyodide = null;
 let interruptBuffer = null;
 let fatal = null;  // set once boot fails or Pyodide dies; later requests get it as their error
+let running = null;  // id of the request being handled, or null
+let worker_py = null;  // the webgrad_worker module (a PyProxy), once booted
+let extraWheels = {};  // module -> wheel URL: stdlib parts Pyodide's core leaves out
+const loadedExtras = new Set();
+
+// Installs the extra wheels that a run's source imports (e.g. pydoc_data), once each.
+async function loadExtras(code) {
+  for (const [module, url] of Object.entries(extraWheels)) {
+    if (!loadedExtras.has(module) && new RegExp(`\\b(import|from)\\s+${module}\\b`).test(code)) {
+      await pyodide.loadPackage(url, { messageCallback: () => {} });
+      loadedExtras.add(module);
+    }
+  }
+}
+
+// --- Output: Python's writes are decoded and posted as they come while they are few; a flood
+// (more than OUTPUT_BURST writes within OUTPUT_MS) is merged into one message per OUTPUT_MS or
+// OUTPUT_BYTES. 100k lines as 100k messages, each one a DOM update in the page, took minutes.
+// Posting happens inside the write itself, because while Python computes no timer of this
+// worker can fire: a single print before a long computation is posted at once; the tail of a
+// flood followed by computation waits for the next write, a pause, or the end of the request.
+const OUTPUT_MS = 40;
+const OUTPUT_BURST = 64;
+const OUTPUT_BYTES = 1 << 16;
+const output = { chunks: [], bytes: 0, windowStart: 0, writes: 0, timer: null,
+                 ended: { stdout: true, stderr: true } };  // ended: last text posted ends a line
+
+function flushOutput(endOfRequest = false) {
+  if (output.timer !== null) { clearTimeout(output.timer); output.timer = null; }
+  for (const [type, text] of output.chunks) {
+    post({ type, text });
+    output.ended[type] = text.endsWith("\n");
+  }
+  output.chunks = [];
+  output.bytes = 0;
+  if (endOfRequest) {  // a partial last line must not be glued to the next request's output
+    for (const type of ["stdout", "stderr"]) {
+      if (!output.ended[type]) { post({ type, text: "\n" }); output.ended[type] = true; }
+    }
+  }
+}
+
+function writer(type) {
+  const decoder = new TextDecoder();
+  return {
+    isatty: false,
+    write(buffer) {
+      const text = decoder.decode(buffer, { stream: true });
+      if (!text) return buffer.length;
+      const lastChunk = output.chunks[output.chunks.length - 1];
+      if (lastChunk && lastChunk[0] === type) lastChunk[1] += text;
+      else output.chunks.push([type, text]);
+      output.bytes += text.length;
+      const now = performance.now();
+      if (now - output.windowStart >= OUTPUT_MS) { output.windowStart = now; output.writes = 0; }
+      if (++output.writes <= OUTPUT_BURST || output.bytes >= OUTPUT_BYTES) {
+        flushOutput();
+      } else if (output.timer === null) {
+        output.timer = setTimeout(() => { output.timer = null; flushOutput(); }, OUTPUT_MS);
+      }
+      return buffer.length;
+    },
+  };
+}
+self.webgradFlushOutput = () => flushOutput();  // Python's progress() keeps output in order
 
 async function boot() {
-  const manifest = await (await fetchOk(here("../assets/manifest.json"))).json();
-  const { loadPyodide } = await import(here("../assets/pyodide/pyodide.mjs"));
-  pyodide = await loadPyodide({ indexURL: here("../assets/pyodide/") });
-  if (interruptBuffer) pyodide.setInterruptBuffer(interruptBuffer);
-  pyodide.setStdout({ batched: (text) => post({ type: "stdout", text }) });
-  pyodide.setStderr({ batched: (text) => post({ type: "stderr", text }) });
-
-  await pyodide.loadPackage(here(`../assets/wheels/${manifest.micropip_wheel}`),
-                            { messageCallback: () => {} });
-  const helper = await (await fetchOk(here("./webgrad_worker.py"))).text();
-  const sitePackages = pyodide.runPython("import sysconfig; sysconfig.get_path('purelib')");
-  pyodide.FS.writeFile(`${sitePackages}/webgrad_worker.py`, helper);
-
-  const ns = pyodide.toPy({ url: here(`../assets/wheels/${manifest.webgrad_wheel}`) });
-  try {
-    const info = await pyodide.runPythonAsync(`
-import importlib.metadata, sys, micropip, pyodide.ffi
-await micropip.install(url)
-[sys.version.split()[0], importlib.metadata.version("webgrad"), pyodide.ffi.can_run_sync()]
-`, { globals: ns });
-    const [python_version, webgrad_version, jspi] = info.toJs();
-    info.destroy();
-    post({ type: "ready", python_version, webgrad_version, jspi });
-  } finally {
-    ns.destroy();
+  // Everything that does not need Python is fetched while Pyodide boots: the manifest, then
+  // the wheels and this worker's Python half. The wheels are unpacked by loadPackage directly
+  // (no micropip import: it costs a few hundred ms and nothing here needs it; micropip's wheel
+  // is still installed, for code that wants it).
+  const manifestReady = fetchOk(here("../assets/manifest.json")).then((r) => r.json());
+  const helperReady = fetchOk(here("./webgrad_worker.py")).then((r) => r.text());
+  const pyodideReady = import(here("../assets/pyodide/pyodide.mjs")).then(
+    ({ loadPyodide }) => loadPyodide({ indexURL: here("../assets/pyodide/") }));
+  pyodideReady.catch(() => {});  // reported through the manifest's failure if both fail
+  const manifest = await manifestReady;
+  for (const [module, file] of Object.entries(manifest.extra_wheels || {})) {
+    extraWheels[module] = here(`../assets/wheels/${file}`);
   }
+  const wheels = [manifest.micropip_wheel, manifest.webgrad_wheel].map(
+    (file) => here(`../assets/wheels/${file}`));
+  for (const url of wheels) fetch(url).catch(() => {});  // warm the HTTP cache meanwhile
+  pyodide = await pyodideReady;
+  if (interruptBuffer) pyodide.setInterruptBuffer(interruptBuffer);
+  pyodide.setStdout(writer("stdout"));
+  pyodide.setStderr(writer("stderr"));
+
+  await pyodide.loadPackage(wheels, { messageCallback: () => {} });
+  const sitePackages = pyodide.runPython("import sysconfig; sysconfig.get_path('purelib')");
+  pyodide.FS.writeFile(`${sitePackages}/webgrad_worker.py`, await helperReady);
+
+  const info = await pyodide.runPythonAsync(`
+import importlib.metadata, sys, pyodide.ffi
+[sys.version.split()[0], importlib.metadata.version("webgrad"), pyodide.ffi.can_run_sync()]
+`);
+  const [python_version, webgrad_version, jspi] = info.toJs();
+  info.destroy();
+  worker_py = pyodide.pyimport("webgrad_worker");
+  worker_py.setup(interruptBuffer ? () => { interruptBuffer[0] = 2; } : null);
+  post({ type: "ready", python_version, webgrad_version, jspi });
+  // Then, before any request (they queue behind it): import the compiler and ask for the GPU
+  // device, the first compile's fixed costs, while the person reads the page.
+  queue = queue.then(() => pyodide.runPythonAsync("import webgrad_worker\nawait webgrad_worker.warm_up()"))
+    .catch((e) => console.warn("webgrad worker: warm-up failed", e));
 }
 
 const booted = boot().catch((e) => {
@@ -94,7 +179,12 @@ async function handle(request) {
   // runPythonAsync (not a direct PyProxy call) so that the code runs with JSPI available.
   const ns = pyodide.toPy({});
   ns.set("request", request);
+  running = request.id;
   try {
+    if (request.type === "run") {
+      // a wheel that fails to load leaves the import to fail in Python, with Python's message
+      await loadExtras(String(request.code)).catch((e) => console.warn("webgrad worker:", e));
+    }
     return await pyodide.runPythonAsync(
       "import webgrad_worker\nawait webgrad_worker.handle(request)", { globals: ns });
   } catch (e) {
@@ -107,8 +197,29 @@ async function handle(request) {
     }
     return { id: request.id, ok: false, error };
   } finally {
+    running = null;
+    if (interruptBuffer) interruptBuffer[0] = 0;  // an interrupt that found nothing to stop
     ns.destroy();
+    flushOutput(true);
   }
+}
+
+// How long an interrupt may wait for the interrupt buffer to stop the code before the tasks it
+// awaits are cancelled: code that computes sees the buffer within microseconds, and code that
+// blocks on a GPU step sees it when the step returns; only long waits need cancelling.
+const CANCEL_AFTER_MS = 150;
+
+function interruptAwaits() {
+  const id = running;
+  if (id === null || fatal) return;
+  setTimeout(() => {
+    if (running !== id || !worker_py) return;
+    try {
+      worker_py.cancel_awaits();
+    } catch (e) {
+      console.warn("webgrad worker: cancelling the awaited tasks failed", e);
+    }
+  }, CANCEL_AFTER_MS);
 }
 
 let queue = Promise.resolve();
@@ -116,6 +227,10 @@ self.addEventListener("message", (event) => {
   const request = event.data;
   if (request?.type === "ping") {
     post({ id: request.id, ok: true, value: "pong" });
+    return;
+  }
+  if (request?.type === "interrupt") {
+    interruptAwaits();
     return;
   }
   if (request?.type === "init") {

@@ -10,6 +10,7 @@ from .arrays import FeedError, HostArray
 from .compile import compile_forward, compile_module
 from .backends.gpu_host import DeviceLostError
 from .compiled import CompiledForward, CompiledModule, DestroyedError
+from .io.torch_interop import from_torch_state_dict
 from .ir import Graph, Node
 from .module import Module
 from .ops import capture
@@ -22,4 +23,4 @@ __version__ = "0.1.0"
 __all__ = ["Module", "Tensor", "ops", "nn", "lr", "init", "optim", "capture", "compile_module",
            "compile_forward", "CompiledModule", "CompiledForward", "Graph", "Node", "HostArray",
            "FeedError", "ShapeError", "DestroyedError", "DeviceLostError", "NonFiniteError",
-           "__version__"]
+           "from_torch_state_dict", "__version__"]

@@ -12,7 +12,6 @@ import sys
 import weakref
 from math import prod
 
-from . import init as _init
 from .arrays import FeedError, HostArray, to_host, to_user
 from .backends.gpu_host import DeviceLostError
 from .bounds import check_index_feeds, index_checks
@@ -70,7 +69,10 @@ class Program:
             missing = sorted(set(self.inputs) - set(feed))
             raise FeedError(f"{method}(): missing input {', '.join(map(repr, missing))}; this program "
                             f"takes {declared}")
-        hosts = {k: to_host(feed[k], shape=s, dtype=d, what=f"{method}(): input '{k}'")
+        # NaN is refused where it would land in the persistent state (a training step); a
+        # forward run computes with it (NaN out, as torch gives) and keeps nothing
+        hosts = {k: to_host(feed[k], shape=s, dtype=d, what=f"{method}(): input '{k}'",
+                            allow_nan=method != "step")
                  for k, (s, d) in self.inputs.items()}
         check_index_feeds(hosts, self.index_checks, method)
         return hosts
@@ -84,6 +86,13 @@ class Program:
         if n is not None:
             return n
         return sum(1 for n in self.graph.nodes if n.op not in ("input", "param", "state", "const", "reshape"))
+
+    async def profile(self, feed, method: str):
+        prof = getattr(self.exe, "profile", None)
+        if prof is None:
+            raise NotImplementedError(f"{method}(): the profiler times WebGPU kernels; backend "
+                                      f"{self.backend.name!r} has none (use backend='webgpu')")
+        return await prof(self.check_feed(feed, method))
 
     async def execute(self, feed, method, main: str, with_captures: bool):
         feeds = self.check_feed(feed, method)
@@ -131,9 +140,8 @@ class CompiledModule:
 
     # -- state
     def _init_params(self):
-        for name, spec in self._specs.items():
-            vals = _init.generate(spec.init, spec.shape, seed=self.seed, name=name)
-            self.backend.write(name, HostArray("f32", vals, shape=spec.shape))
+        self.backend.init_params([(n, s.init, s.shape) for n, s in self._specs.items()],
+                                 seed=self.seed)
 
     def _zero_state(self, optimizer_only: bool):
         for name in list(self._state_names()):
@@ -173,6 +181,12 @@ class CompiledModule:
             loss, caps = await self._forward.execute(feed, "run", "loss", with_captures)
         out = float(loss[0])
         return (out, caps) if with_captures else out
+
+    async def profile_async(self, feed):
+        """Run one training step (it trains, as step() does) timing every kernel: a
+        profile.Profile whose text() is a per-kernel table (see profile.py)."""
+        self._need_train("profile")
+        return await self._train.profile(feed, "profile")
 
     async def download_params_async(self) -> dict:
         self._alive("download_params")
@@ -220,7 +234,7 @@ class CompiledModule:
             await self._recopy()
 
     async def _recopy(self) -> None:
-        if self._guard is not None and self._guard.state is not None:
+        if self._guard is not None and self._guard.has_copy:
             self._guard.commit(await self._guard.read())
 
     async def recover_async(self) -> int:
@@ -256,18 +270,34 @@ class CompiledModule:
     # -- checkpoints: safetensors files of params (+ optimizer state, step); io/checkpoint.py
     async def save_async(self, dst=None, *, optimizer: bool = True):
         from .io import checkpoint
+        self._alive("save")
         return await checkpoint.save_async(self, dst, optimizer=optimizer)
 
     async def load_async(self, src, *, optimizer: bool | None = None) -> None:
         from .io import checkpoint
+        self._alive("load")
         await checkpoint.load_async(self, src, optimizer=optimizer)
+        await self._recopy()  # recover() must not undo a load
+
+    # -- PyTorch: the loss graph as a torch.nn.Module, state dicts back; io/torch_interop.py
+    async def to_torch_async(self):
+        from .io import torch_interop
+        self._need_train("to_torch")
+        return await torch_interop.to_torch_async(self, self._forward.graph, "loss")
+
+    async def load_state_dict_async(self, state_dict, *, strict: bool = True) -> None:
+        from .io import torch_interop
+        await torch_interop.load_state_dict_async(self, state_dict, strict=strict)
 
     # -- blocking forms
+    def to_torch(self): return run_blocking(self.to_torch_async())
+    def load_state_dict(self, state_dict, *, strict=True): return run_blocking(self.load_state_dict_async(state_dict, strict=strict))
     def save(self, dst=None, *, optimizer=True): return run_blocking(self.save_async(dst, optimizer=optimizer))
     def load(self, src, *, optimizer=None): return run_blocking(self.load_async(src, optimizer=optimizer))
     def step(self, feed, *, with_captures=False): return run_blocking(self.step_async(feed, with_captures=with_captures))
     def run(self, feed, *, with_captures=False): return run_blocking(self.run_async(feed, with_captures=with_captures))
     def download_params(self): return run_blocking(self.download_params_async())
+    def profile(self, feed): return run_blocking(self.profile_async(feed))
     def download_param_grads(self): return run_blocking(self.download_param_grads_async())
     def upload_params(self, params, *, partial=False): return run_blocking(self.upload_params_async(params, partial=partial))
     def reset(self): return run_blocking(self.reset_async())
@@ -349,6 +379,19 @@ class CompiledForward:
 
     def run(self, feed, *, with_captures=False):
         return run_blocking(self.run_async(feed, with_captures=with_captures))
+
+    async def profile_async(self, feed):
+        """One forward run timing every kernel (profile.py)."""
+        return await self._prog.profile(feed, "profile")
+
+    def profile(self, feed): return run_blocking(self.profile_async(feed))
+
+    async def to_torch_async(self):
+        """This forward graph as a torch.nn.Module (io/torch_interop.py), output as forward's."""
+        from .io import torch_interop
+        return await torch_interop.to_torch_async(self.owner, self._prog.graph, "output")
+
+    def to_torch(self): return run_blocking(self.to_torch_async())
 
     # parameter access goes to the owner, whose store this program reads
     def download_params(self): return self.owner.download_params()

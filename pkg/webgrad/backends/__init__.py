@@ -31,6 +31,24 @@ class Backend:
     def prepare(self, graph):
         raise NotImplementedError
 
+    def init_params(self, items, *, seed: int) -> None:
+        """Write the initial value of every (name, Init, shape) in `items` (init.py's
+        generator: the same bits on every backend). Here on the host, with numpy where it
+        imports; the WebGPU backend computes them on the device instead."""
+        from ..arrays import HostArray
+        from ..init import generate, values_numpy
+        try:
+            import numpy as np
+        except ImportError:
+            np = None
+        for name, spec, shape in items:
+            h = HostArray("f32", shape=shape)
+            if np is not None:
+                h.frombytes(values_numpy(np, spec, shape, seed=seed, name=name).tobytes())
+            else:
+                h.extend(generate(spec, shape, seed=seed, name=name))
+            self.write(name, h)
+
     def destroy(self) -> None:
         pass
 

@@ -53,7 +53,8 @@ class GPUHost:
 
     async def run(self, program: int, writes: dict[int, bytes], reads: list[int]) -> list[bytes]:
         """Write `writes` (buffer id -> bytes), submit every command once, return the bytes of
-        each buffer in `reads` (in order)."""
+        each buffer in `reads` (in order). Any bytes-like object will do (NativeHost hands
+        back numpy uint8 arrays where numpy imports, which large results then view)."""
         raise NotImplementedError
 
     async def read(self, program: int, buffer: int) -> bytes:

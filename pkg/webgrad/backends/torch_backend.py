@@ -255,6 +255,9 @@ class TorchBackend(Interpreter):
                              f"{device!r} ({e})") from None
         self.impls = TORCH_IMPLS if self.device.type == "cpu" else _impls(self.device)
 
+    def from_numpy(self, x):
+        return torch.from_numpy(x).to(self.device)
+
     def from_host(self, h: HostArray):
         dt = _tdtype(h.dtype)
         if len(h) == 0:

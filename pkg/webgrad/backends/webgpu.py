@@ -18,7 +18,7 @@ import itertools
 from dataclasses import dataclass
 from math import prod
 
-from ..arrays import HostArray
+from ..arrays import device_result
 from ..codegen import LOWERED_OPS, Limits, lower
 from . import Backend
 
@@ -55,6 +55,7 @@ class WebGPUBackend(Backend):
         self.host = host
         self.limits = Limits.from_host(getattr(host, "limits", None))
         self.limits.cpu = is_cpu_adapter(str(getattr(host, "info", "")))
+        self.limits.adapter = str(getattr(host, "info", ""))
         self.uid = next(_uids)
         self.store: dict[str, _Slot] = {}
         self.programs: list[int] = []
@@ -84,12 +85,43 @@ class WebGPUBackend(Backend):
         slot = self.store[name]
         n = 4 * prod(slot.shape)
         if slot.home is not None:
-            data = (await self.host.read(*slot.home))[:n]
+            data = await self.host.read(*slot.home)
         else:
             data = slot.shadow if slot.shadow is not None else bytes(n)
-        out = HostArray(slot.dtype, shape=slot.shape)
-        out.frombytes(data)
-        return out
+        return device_result(data, 0, n, slot.dtype, slot.shape)
+
+    def init_params(self, items, *, seed: int) -> None:
+        """Parameters that a loaded program holds are filled on the device by one small
+        program (codegen/initparams.py); the rest (literals, not yet loaded) on the host."""
+        from ..codegen.initparams import init_plan
+        from ..init import recipe
+        on_device, on_host = [], []
+        for name, spec, shape in items:
+            r = recipe(spec, shape, seed=seed, name=name)
+            slot = self.store[name]
+            # literals and zeroed rows (padding_idx) are written from the host
+            device = r[0] != "literal" and not spec.zero_rows and slot.home is not None
+            (on_device if device else on_host).append(
+                (name, spec, shape, r))
+        if on_device:
+            from ..compiled import run_blocking
+            plan, writes = init_plan([(n, shape, r) for n, _, shape, r in on_device],
+                                     self.limits, self._key)
+            program = self.host.load(plan)
+            try:
+                for buf, data in writes:
+                    self.host.write(program, buf, data)
+                # one submission, not waited for: the next step is queued behind it, and
+                # WebGPU frees the argument buffers only once the work that uses them is done
+                run_blocking(self.host.run(program, {}, []))
+            except RuntimeError as e:  # a browser without JSPI cannot block: on the host
+                if "JSPI" not in str(e):
+                    raise
+                on_host = on_device + on_host
+            finally:
+                self.host.unload(program)
+        if on_host:
+            super().init_params([(n, spec, shape) for n, spec, shape, _ in on_host], seed=seed)
 
     def prepare(self, graph):
         lowered, names = lower(graph, self.limits, self._key)
@@ -141,6 +173,11 @@ class WebGPUProgram:
         in its own buffer), persistent/input/const/pool bytes, counts."""
         return dict(self.lowered.report)
 
+    async def profile(self, feeds: dict):
+        """One step with per-kernel timing: a profile.Profile."""
+        from ..profile import profile_program
+        return await profile_program(self, feeds)
+
     async def run(self, feeds: dict, fetch: list[str]) -> dict:
         low = self.lowered
         writes = {low.feeds[k]: v.tobytes() for k, v in feeds.items() if k in low.feeds}
@@ -152,7 +189,5 @@ class WebGPUProgram:
                 out[k] = HostArray(low.empty_outputs[k][1], shape=low.empty_outputs[k][0])
                 continue
             buf, off, nbytes, shape, dtype = low.outputs[k]
-            h = HostArray(dtype, shape=shape)
-            h.frombytes(data[buf][off:off + nbytes])
-            out[k] = h
+            out[k] = device_result(data[buf], off, nbytes, dtype, shape)
         return out

@@ -24,6 +24,7 @@ _WANTED_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size",
                   "max-storage-buffers-per-shader-stage", "max-compute-workgroup-storage-size",
                   "max-compute-invocations-per-workgroup", "max-compute-workgroup-size-x",
                   "max-compute-workgroups-per-dimension")
+_WANTED_FEATURES = ("timestamp-query",)
 
 
 def wgpu_module():
@@ -50,7 +51,10 @@ class _Device:
         if adapter is None:
             raise RuntimeError("wgpu found no WebGPU adapter (no Vulkan/Metal/D3D12 driver?)")
         have = adapter.limits
+        # timestamps let the profiler time each kernel on the GPU (profile.py)
+        self.features = {f for f in _WANTED_FEATURES if f in adapter.features}
         self.device = adapter.request_device_sync(
+            required_features=sorted(self.features),
             required_limits={k: have[k] for k in _WANTED_LIMITS if k in have})
         self.info = f"{adapter.summary} [{self.lib.__name__}]"
         self.limits = {k.replace("-", "_"): v for k, v in self.device.limits.items()
@@ -126,12 +130,15 @@ class NativeHost(GPUHost):
         self._next = 1
         self._persistent: dict[str, list] = {}  # key -> [GPUBuffer, size, programs using it]
         self._inflight: list = []  # the running step's encoder, pass, staging (see _bury)
+        self._staging = None       # read()'s staging buffer (_read_staging)
 
     # -- errors
     def _bury(self) -> None:
         """Keep every object of this lost device alive (see _GRAVEYARD)."""
-        _GRAVEYARD.append((self._dev, self._programs, self._persistent, self._inflight))
+        _GRAVEYARD.append((self._dev, self._programs, self._persistent, self._inflight,
+                           self._staging))
         self._inflight = []
+        self._staging = None
 
     def _translate(self, e: BaseException, what: str) -> BaseException:
         # Drop the failed call's frames now, by reference counting: left to the cycle
@@ -263,22 +270,117 @@ class NativeHost(GPUHost):
                 s.map_sync(lib.MapMode.READ)
                 if self._dev.lost:  # a map on a lost device may "succeed" with no data
                     raise RuntimeError("device lost during the step")
-                out.append(bytes(s.read_mapped()))
-                s.unmap()
+                out.append(_take_mapped(s))
             self._inflight = []
             return out
         except Exception as e:
             raise self._translate(e, "running a step") from None
 
+    async def profile(self, program: int, writes: dict[int, bytes]):
+        """Run the program once, each dispatch in a compute pass of its own, and return
+        ([seconds per command, None for copies], "timestamp") from GPU timestamps, or
+        "wall" times of each command submitted and waited for alone where the adapter has
+        no 'timestamp-query' (profile.py)."""
+        import struct
+        import time
+        p = self._check(program)
+        lib, dev = self.lib, self.device
+        try:
+            q = dev.queue
+            for b, data in writes.items():
+                q.write_buffer(p.buffers[b], 0, data)
+            if "timestamp-query" not in self._dev.features:
+                out = []
+                for c in p.commands:
+                    enc = dev.create_command_encoder()
+                    self._encode(enc, [c])
+                    t0 = time.perf_counter()
+                    q.submit([enc.finish()])
+                    q.read_buffer(p.buffers[0], 0, 16)  # waits for the work (sizes >= 16)
+                    out.append(time.perf_counter() - t0)
+                return out, "wall"
+            nd = sum(1 for c in p.commands if c[0] == "dispatch")
+            qs = dev.create_query_set(type=lib.QueryType.timestamp, count=2 * max(nd, 1))
+            resolve = dev.create_buffer(size=16 * max(nd, 1), usage=lib.BufferUsage.QUERY_RESOLVE
+                                        | lib.BufferUsage.COPY_SRC)
+            enc = dev.create_command_encoder()
+            k = 0
+            for c in p.commands:
+                if c[0] == "dispatch":
+                    self._encode(enc, [c], timestamps={"query_set": qs,
+                                                       "beginning_of_pass_write_index": 2 * k,
+                                                       "end_of_pass_write_index": 2 * k + 1})
+                    k += 1
+                else:
+                    self._encode(enc, [c])
+            if nd:
+                enc.resolve_query_set(qs, 0, 2 * nd, resolve, 0)
+            q.submit([enc.finish()])
+            ticks = struct.unpack(f"<{2 * nd}Q", bytes(q.read_buffer(resolve))[:16 * nd])
+            resolve.destroy()
+            qs.destroy()
+            out, k = [], 0
+            for c in p.commands:
+                if c[0] == "dispatch":
+                    out.append(max(ticks[2 * k + 1] - ticks[2 * k], 0) / 1e9)  # nanoseconds
+                    k += 1
+                else:
+                    out.append(None)
+            return out, "timestamp"
+        except Exception as e:
+            raise self._translate(e, "profiling a step") from None
+
+    @staticmethod
+    def _encode(enc, commands, timestamps=None) -> None:
+        """Record plan commands into a command encoder (one compute pass per run of
+        dispatches)."""
+        cpass = None
+        for c in commands:
+            if c[0] == "dispatch":
+                if cpass is None:
+                    cpass = (enc.begin_compute_pass(timestamp_writes=timestamps) if timestamps
+                             else enc.begin_compute_pass())
+                cpass.set_pipeline(c[1])
+                cpass.set_bind_group(0, c[2])
+                cpass.dispatch_workgroups(*c[3])
+            else:
+                if cpass is not None:
+                    cpass.end()
+                    cpass = None
+                enc.copy_buffer_to_buffer(c[1], c[2], c[3], c[4], c[5])
+        if cpass is not None:
+            cpass.end()
+
     async def read(self, program: int, buffer: int) -> bytes:
         p = self._check(program)
         try:
-            data = bytes(self.device.queue.read_buffer(p.buffers[buffer]))
+            # a staging buffer of our own, not queue.read_buffer: that copies the data
+            # twice more on the way out (bench/readback.py)
+            size = p.sizes[buffer]
+            s = self._read_staging(size)
+            enc = self.device.create_command_encoder()
+            enc.copy_buffer_to_buffer(p.buffers[buffer], 0, s, 0, size)
+            self.device.queue.submit([enc.finish()])
+            s.map_sync(self.lib.MapMode.READ, 0, size)
+            if self._dev.lost:
+                raise RuntimeError("device lost during the read")
+            data = _take_mapped(s, size)
             if self._dev.lost:
                 raise RuntimeError("device lost during the read")
             return data
         except Exception as e:
             raise self._translate(e, "reading a buffer") from None
+
+    def _read_staging(self, size: int):
+        """One mappable staging buffer for read(), kept and grown to the largest read: a new
+        100 MB mappable buffer per read costs more than the copy (bench/readback.py)."""
+        s = self._staging
+        if s is None or s.size < size:
+            if s is not None:
+                _destroy(s)
+            s = self._staging = self.device.create_buffer(
+                size=size, usage=self.lib.BufferUsage.MAP_READ | self.lib.BufferUsage.COPY_DST)
+        return s
 
     def unload(self, program: int) -> None:
         if self._dev.lost:
@@ -298,6 +400,30 @@ class NativeHost(GPUHost):
                     del self._persistent[key]
         for s in p.staging.values():
             _destroy(s)
+
+
+def _take_mapped(staging, size: int | None = None):
+    """The contents of a mapped staging buffer, copied ONCE out of the mapping (the default
+    read_mapped() copies twice), then unmapped. Bytes-like: a numpy uint8 array where numpy
+    imports, since a large numpy allocation gets transparent huge pages and the copy then
+    runs at memory speed, where a fresh `bytes` object pays a page fault every 4 KiB
+    (1.4-1.7 GB/s for 100 MB on the H200 host: bench/readback.py)."""
+    try:
+        view = staging.read_mapped(0, size, copy=False)
+    except TypeError:  # an API without copy=
+        view = staging.read_mapped(0, size)
+    try:
+        import numpy as np
+    except ImportError:
+        data = bytes(view)
+    else:
+        src = np.frombuffer(view, np.uint8)
+        data = np.empty(src.size, np.uint8)
+        np.copyto(data, src)
+        del src
+    del view
+    staging.unmap()
+    return data
 
 
 def _destroy(buf) -> None:

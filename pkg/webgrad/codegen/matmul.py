@@ -25,13 +25,36 @@ elementwise consumers (bias, relu, an optimizer update) are fused into the write
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod
 
 from .layout import digits_addr
 
 
 TARGET_TILES = 256  # fewer workgroups than this: shrink the tile (an H200 has 132 SMs)
+SPLIT_MIN_K = 2048  # split K (rather than shrink the tile) only for K at least this long
+SPLIT_MIN_CHUNK = 512  # ... and never into K chunks shorter than this
+MAX_SPLITS = 16
+
+# Tilings per adapter class: the first row whose words occur in the adapter's description
+# (Limits.adapter) applies. "slots": how many 16 x 16-thread workgroups of the largest tile
+# run at once (SMs x workgroups per SM): split-K sizes its grid in whole waves of these;
+# "double": double-buffered shared memory (Config.double).
+# Measured on the H200 (bench/matmul.py --sizes issue, bench/README.md); GPUs not listed
+# get no split-K (their slot count is unknown) and the tile-shrinking rule alone.
+ADAPTER_TILINGS = (
+    # 132 SMs, two 128 x 128 workgroups each. Double buffering measured slower here (4096:
+    # 0.64x torch against 0.73x single-buffered, 2026-11-30), so it stays off.
+    (("h200", "h100"), {"slots": 264, "double": False}),
+)
+
+
+def adapter_tiling(adapter: str) -> dict:
+    text = adapter.lower()
+    for words, row in ADAPTER_TILINGS:
+        if any(w in text for w in words):
+            return row
+    return {}
 FORCE_CONFIG = None  # bench/matmul.py sets a Config here to compare tilings
 DIRECT_WG = 64             # threads per workgroup of the barrier-free kernel
 DIRECT_TM, DIRECT_TN = 8, 4  # C block per thread of the barrier-free kernel
@@ -50,6 +73,8 @@ class Config:
     pad: int = 4
     vec: bool = True
     prefetch: bool = True
+    splits: int = 1  # split-K: workgroups each sum one K chunk, a second kernel adds them
+    double: bool = False  # two shared-memory buffers: one barrier per K step, not two
 
     @property
     def bm(self): return 16 * self.tm
@@ -57,9 +82,32 @@ class Config:
     def bn(self): return 16 * self.tn
 
 
-def choose_config(M: int, N: int, K: int, nb: int, shared_limit: int = 16384) -> Config:
+def choose_splits(tiles: int, K: int, slots: int) -> int:
+    """How many K chunks for a grid of `tiles` output tiles on `slots` concurrent
+    workgroups: whole waves (tiles x S close to a multiple of slots), few chunks (each adds
+    a partial result to write and read back), chunks of at least SPLIT_MIN_CHUNK."""
+    best, score = 1, tiles / (-(-tiles // slots) * slots) if slots else 1.0
+    for S in range(2, MAX_SPLITS + 1):
+        if -(-K // S) < SPLIT_MIN_CHUNK:
+            break
+        w = tiles * S
+        sc = w / (-(-w // slots) * slots) - 0.01 * S
+        if sc > score + 0.02:
+            best, score = S, sc
+    return best
+
+
+def choose_config(M: int, N: int, K: int, nb: int, shared_limit: int = 16384,
+                  adapter: str = "") -> Config:
     if FORCE_CONFIG is not None:
         return FORCE_CONFIG
+    cfg = _choose_config(M, N, K, nb, adapter)
+    if adapter_tiling(adapter).get("double"):
+        cfg = replace(cfg, double=True)
+    return cfg
+
+
+def _choose_config(M: int, N: int, K: int, nb: int, adapter: str) -> Config:
 
     def t(d):
         return 8 if d >= 128 else 4 if d >= 64 else 2 if d >= 32 else 1
@@ -67,6 +115,15 @@ def choose_config(M: int, N: int, K: int, nb: int, shared_limit: int = 16384) ->
 
     def tiles(tm, tn):
         return -(-M // (16 * tm)) * -(-N // (16 * tn)) * nb
+    slots = adapter_tiling(adapter).get("slots", 0)
+    if K >= SPLIT_MIN_K and slots:
+        # a long K over too few output tiles for whole waves (a weight gradient: K = B*T;
+        # the LM head's input gradient: K = vocabulary): keep the large tile, which does
+        # the most work per byte, and fill the GPU with K chunks instead
+        S = choose_splits(tiles(tm, tn), K, slots)
+        if S > 1:
+            return Config(tm, tn, max(8 if max(tm, tn) >= 8 else 16, 16 // min(tm, tn)),
+                          splits=S)
     while tiles(tm, tn) < TARGET_TILES and (tm > 2 or tn > 2):
         if tm >= tn:
             tm //= 2
@@ -109,15 +166,42 @@ def _batch_base(em, batch, bdims, off, dims, shape) -> str:
     return em.let(" + ".join(terms)) if terms else "0u"
 
 
+def matmul_dims(g, fu, main: int) -> tuple[int, int, int, int]:
+    """(M, K, N, batch count) of the matmul group whose main node is `main` (a matmul, or
+    a sum folded over a batched matmul, whose batch joins K: fusion.matmul_fold)."""
+    x = fu.matmul_fold.get(main)
+    if x is not None:
+        a, b = (g[i].shape for i in g[x].inputs)
+        return a[-2], prod(a[:-2]) * a[-1], b[-1], 1
+    a, b = (g[i].shape for i in g[main].inputs)
+    return a[-2], a[-1], b[-1], prod(g[main].shape[:-2])
+
+
+def group_config(limits, M: int, K: int, N: int, nb: int) -> Config | None:
+    """The tiled kernel's configuration for these dims on this adapter (None: the
+    barrier-free kernel). One function for the builder and the scratch planner."""
+    if use_direct(limits.cpu):
+        return None
+    return choose_config(M, N, K, nb, limits.max_compute_workgroup_storage_size,
+                         limits.adapter)
+
+
+def matmul_scratch_bytes(g, fu, main: int, limits) -> int:
+    """Partial sums of a split-K matmul: splits x batch x M x N floats (0: no split)."""
+    M, K, N, nb = matmul_dims(g, fu, main)
+    cfg = group_config(limits, M, K, N, nb)
+    return 4 * cfg.splits * nb * M * N if cfg is not None and cfg.splits > 1 else 0
+
+
 def build_matmul(ctx, config: Config | None = None) -> list:
     node = ctx.main_node
     (sa, offa, dima, ash), (sb, offb, dimb, bsh) = ctx.matmul_operands()
     M, K, N = ash[-2], ash[-1], bsh[-1]
     batch = tuple(node.shape[:-2])
     nb = prod(batch)
-    if config is None and use_direct(ctx.limits.cpu):
+    cfg = config or group_config(ctx.limits, M, K, N, nb)
+    if cfg is None:
         return _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh)
-    cfg = config or choose_config(M, N, K, nb, ctx.limits.max_compute_workgroup_storage_size)
     BM, BN, BK, TM, TN = cfg.bm, cfg.bn, cfg.bk, cfg.tm, cfg.tn
     LDA, LDB = BM + cfg.pad, BN + cfg.pad
     va, vb = cfg.vec and TM >= 4, cfg.vec and TN >= 4
@@ -127,19 +211,35 @@ def build_matmul(ctx, config: Config | None = None) -> list:
     assert BM * BK % 256 == 0 and BN * BK % 256 == 0, cfg
     tiles_m, tiles_n = -(-M // BM), -(-N // BN)
     total = tiles_m * tiles_n * nb
+    S = cfg.splits
+    KS = -(-(-(-K // S)) // BK) * BK  # K per chunk, whole BK steps
 
-    kernel = ctx.kernel(f"matmul {'x'.join(map(str, node.shape))} K={K} tile {BM}x{BN}x{BK}")
+    split = f" split {S}" if S > 1 else ""
+    kernel = ctx.kernel(f"matmul {'x'.join(map(str, node.shape))} K={K} tile {BM}x{BN}x{BK}{split}")
     A = kernel.binding(sa.buffer, "f32", what=sa.what, nbytes=sa.nbytes)
     B = kernel.binding(sb.buffer, "f32", what=sb.what, nbytes=sb.nbytes)
+    db = (cfg.double and cfg.prefetch
+          and 8 * BK * (LDA + LDB) <= ctx.limits.max_compute_workgroup_storage_size)
     for name, ld, vec in (("As", LDA, va), ("Bs", LDB, vb)):
-        n = BK * ld
+        n = BK * ld * (2 if db else 1)
         kernel.decls.append(f"var<workgroup> {name}: array<vec4<f32>, {n // 4}>;" if vec else
                             f"var<workgroup> {name}: array<f32, {n}>;")
-    epi = ctx.epilogue_fn(kernel)
+    if S > 1:  # partial sums go to scratch; the second kernel runs the epilogue
+        part = ctx.scratch[0]
+        P = kernel.binding(part.buffer, "f32", write=True, what=part.what, nbytes=part.nbytes)
+    else:
+        epi = ctx.epilogue_fn(kernel)
     em = ctx.emitter(kernel)
     L = em.emit
 
-    grid = kernel.workgroup_index(em, total, "w")  # workgroup-uniform: barriers stay legal
+    # workgroup-uniform: barriers stay legal
+    grid = kernel.workgroup_index(em, total * S, "ws" if S > 1 else "w")
+    if S > 1:
+        L(f"let sk = ws / {total}u;")
+        L(f"let w = ws % {total}u;")
+        kbeg, kend = f"sk * {KS}u", em.let(f"min({K}u, sk * {KS}u + {KS}u)")
+    else:
+        kbeg, kend = "0u", f"{K}u"
     L(f"let tn = w % {tiles_n}u;")
     L(f"let tm = (w / {tiles_n}u) % {tiles_m}u;")
     L(f"let bt = w / {tiles_m * tiles_n}u;")
@@ -182,12 +282,13 @@ def build_matmul(ctx, config: Config | None = None) -> list:
         v = f"{name}[{at}]"
         return f"select(0.0f, {v}, {' && '.join(conds)})" if conds else v
 
-    def shared_store(arr, ld, vec, item, v):
+    def shared_store(arr, ld, vec, item, v, base=""):
         x, k = item
+        at = f"{base}{k} * {ld}u + {x}"
         if vec:
-            L(f"{{ let q = {k} * {ld}u + {x}; {arr}[q >> 2u][q & 3u] = {v}; }}")
+            L(f"{{ let q = {at}; {arr}[q >> 2u][q & 3u] = {v}; }}")
         else:
-            L(f"{arr}[{k} * {ld}u + {x}] = {v};")
+            L(f"{arr}[{at}] = {v};")
 
     need_m, need_n, need_k = M % BM != 0, N % BN != 0, K % BK != 0
     ia = plan_tile("a", BM, sam, sak, need_m, need_k, M, "row0")
@@ -201,16 +302,34 @@ def build_matmul(ctx, config: Config | None = None) -> list:
 
     if cfg.prefetch:
         regs = [f"p{r}" for r in range(len(reads))]
-        for reg, v in zip(regs, fetch("0u")):
+        for reg, v in zip(regs, fetch(kbeg)):
             L(f"var {reg}: f32 = {v};")
 
     rows_a, cols_b = _offsets(TM, va), _offsets(TN, vb)
-    with em.block(f"for (var k0 = 0u; k0 < {K}u; k0 += {BK}u)"):
-        if cfg.prefetch:
+    oa = ob = ""  # the current buffer's offset in As / Bs (double buffering)
+    if db:
+        # the first K step's tiles go to buffer 0; then each step computes from buffer sb
+        # while its successor's tiles (already in registers) go to the other buffer, and
+        # one barrier ends the step: the other buffer was last read in the step before,
+        # which that step's barrier closed
+        for reg, rd in zip(regs, reads):
+            shared_store(rd[8], rd[9], rd[10], rd[2], reg)
+        L("workgroupBarrier();")
+        L("var sb = 0u;")
+    with em.block(f"for (var k0 = {kbeg}; k0 < {kend}; k0 += {BK}u)"):
+        if db:
+            L(f"let more = k0 + {BK}u < {kend};")
+            with em.block("if (more)"):
+                for reg, v in zip(regs, fetch(f"k0 + {BK}u")):
+                    L(f"{reg} = {v};")
+            L(f"let oa = sb * {BK * LDA // (4 if va else 1)}u;")
+            L(f"let ob = sb * {BK * LDB // (4 if vb else 1)}u;")
+            oa, ob = "oa + ", "ob + "
+        elif cfg.prefetch:
             for reg, rd in zip(regs, reads):
                 shared_store(rd[8], rd[9], rd[10], rd[2], reg)
             L("workgroupBarrier();")
-            with em.block(f"if (k0 + {BK}u < {K}u)"):
+            with em.block(f"if (k0 + {BK}u < {kend})"):
                 for reg, v in zip(regs, fetch(f"k0 + {BK}u")):
                     L(f"{reg} = {v};")
         else:
@@ -220,35 +339,66 @@ def build_matmul(ctx, config: Config | None = None) -> list:
         for kk in range(BK):
             if va:
                 for q in range(TM // 4):
-                    L(f"let av{kk}_{q} = As[{kk * LDA // 4}u + ty + {16 * q}u];")
+                    L(f"let av{kk}_{q} = As[{oa}{kk * LDA // 4}u + ty + {16 * q}u];")
                 a_of = lambda i: f"av{kk}_{i // 4}.{'xyzw'[i % 4]}"  # noqa: E731
             else:
                 for i in range(TM):
-                    L(f"let a{kk}_{i} = As[{kk * LDA}u + ty * {TM}u + {i}u];")
+                    L(f"let a{kk}_{i} = As[{oa}{kk * LDA}u + ty * {TM}u + {i}u];")
                 a_of = lambda i: f"a{kk}_{i}"  # noqa: E731
             if vb:
                 for q in range(TN // 4):
-                    L(f"let bv{kk}_{q} = Bs[{kk * LDB // 4}u + tx + {16 * q}u];")
+                    L(f"let bv{kk}_{q} = Bs[{ob}{kk * LDB // 4}u + tx + {16 * q}u];")
                 b_of = lambda j: f"bv{kk}_{j // 4}.{'xyzw'[j % 4]}"  # noqa: E731
             else:
                 for j in range(TN):
-                    L(f"let b{kk}_{j} = Bs[{kk * LDB}u + tx * {TN}u + {j}u];")
+                    L(f"let b{kk}_{j} = Bs[{ob}{kk * LDB}u + tx * {TN}u + {j}u];")
                 b_of = lambda j: f"b{kk}_{j}"  # noqa: E731
             for i in range(TM):
                 for j in range(TN):
                     L(f"{acc[i][j]} = fma({a_of(i)}, {b_of(j)}, {acc[i][j]});")
-        L("workgroupBarrier();")
+        if db:
+            with em.block("if (more)"):
+                for reg, rd in zip(regs, reads):
+                    nbuf = BK * rd[9]
+                    shared_store(rd[8], rd[9], rd[10], rd[2], reg, f"(1u - sb) * {nbuf}u + ")
+            L("workgroupBarrier();")
+            L("sb = 1u - sb;")
+        else:
+            L("workgroupBarrier();")
 
     L(f"let m0 = row0 + ty * {4 if va else TM}u;")
     L(f"let n0 = col0 + tx * {4 if vb else TN}u;")
     L(f"let f0 = bt * {M * N}u + m0 * {N}u + n0;")
+    if S > 1:
+        L(f"let poff = sk * {nb * M * N}u + f0;")
     for i, ri in enumerate(rows_a):
         for j, cj in enumerate(cols_b):
             conds = (([f"m0 + {ri}u < {M}u"] if need_m else [])
                      + ([f"n0 + {cj}u < {N}u"] if need_n else []))
-            call = f"{epi}(f0 + {ri * N + cj}u, {acc[i][j]});"
+            call = (f"{P}[poff + {ri * N + cj}u] = {acc[i][j]};" if S > 1 else
+                    f"{epi}(f0 + {ri * N + cj}u, {acc[i][j]});")
             L(f"if ({' && '.join(conds)}) {{ {call} }}" if conds else call)
-    return [ctx.dispatch(kernel, em.lines, grid, 256)]
+    out = [ctx.dispatch(kernel, em.lines, grid, 256)]
+    if S > 1:
+        out[0]["cost"] = True  # the profiler's bytes and FLOPs: the product, not the sum
+        out.append(_build_split_sum(ctx, node, S, nb * M * N))
+    return out
+
+
+def _build_split_sum(ctx, node, S: int, total: int) -> dict:
+    """Second kernel of a split-K matmul: C = the S partial sums added in chunk order
+    (deterministic), then the group's epilogue."""
+    part = ctx.scratch[0]
+    kernel = ctx.kernel(f"matmul {'x'.join(map(str, node.shape))} sum of {S} K chunks")
+    P = kernel.binding(part.buffer, "f32", what=part.what, nbytes=part.nbytes)
+    epi = ctx.epilogue_fn(kernel)
+    em = ctx.emitter(kernel)
+    grid = kernel.thread_index(em, total, "f")
+    em.emit(f"var acc: f32 = {P}[f];")
+    for k in range(1, S):
+        em.emit(f"acc += {P}[{k * total}u + f];")
+    em.emit(f"{epi}(f, acc);")
+    return ctx.dispatch(kernel, em.lines, grid, 256)
 
 
 def _sum(terms: list[str]) -> str:
@@ -316,4 +466,4 @@ def _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh) -> list:
 
 
 __all__ = ["Config", "choose_config", "build_matmul", "use_direct", "FORCE_CONFIG",
-           "FORCE_DIRECT"]
+           "FORCE_DIRECT", "ADAPTER_TILINGS", "matmul_dims", "matmul_scratch_bytes"]

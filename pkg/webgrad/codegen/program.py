@@ -14,10 +14,14 @@ from __future__ import annotations
 
 import array
 from dataclasses import dataclass, field
+from math import prod
 
 from ..buffers import END, Live, align, plan_pool
+from ..profile import group_cost
 from .attention import ATTN_OPS, build_attention
 from .attention_match import rewrite_attention
+from .rowfuse import ROW_KERNEL_OPS, build_row_kernel
+from .rowfuse_match import rewrite_rows
 from .conv import build_fold
 from .elementwise import build_elementwise
 from .empty import strip_empty
@@ -25,7 +29,7 @@ from .emit import Emitter, Idx, Storage
 from .fusion import Fusion
 from .index import build_scatter, scatter_scratch
 from .layout import build_concat_pieces, strided_view
-from .matmul import build_matmul
+from .matmul import build_matmul, matmul_scratch_bytes
 from .reduce import REDUCE_OPS, ROW_OPS, build_reduce, scratch_specs
 from .rows import build_write_rows
 from .wgsl import Kernel, LimitError, Limits
@@ -49,6 +53,7 @@ class Lowered:
     kernel_count: int
     report: dict
     writers: dict          # persistent name -> index of the dispatch that writes it, or "copy"
+    kernels: list = None   # per command: name, ops, nodes, workgroups, bytes, flops (profile.py)
     empty_outputs: dict = field(default_factory=dict)  # name -> (shape, dtype): zero-size
 
 
@@ -204,17 +209,25 @@ class _Lowering:
             for s in fu.loads(gid):
                 if s in need and fu.group_of[s] != gid:
                     last[s] = max(last.get(s, -1), pos[gid])
-        ends = {fu.storage_base(r) for r in g.outputs.values()} | {s for s, _ in fu.end_copies}
+        fetched = {fu.storage_base(r) for r in g.outputs.values()}
+        ends = fetched | {s for s, _ in fu.end_copies}
         lives = []
+        donors = _donors(fu, need, pos, last, ends)
         for n in sorted(need):
             check(n, 4 * g[n].size)
+            if n in fetched:  # read back after the step: a buffer of its own, exactly its size,
+                # since hosts read whole buffers (a scalar loss in a 500 MB pool slot cost GPT-2
+                # 0.5 s a step in copies)
+                st(n, new_buffer(4 * g[n].size, f"output {describe(g[n])}"))
+                continue
             first = pos[fu.group_of[n]]
-            lives.append(Live(("t", n), 4 * g[n].size, first, END if n in ends else last.get(n, first)))
+            lives.append(Live(("t", n), 4 * g[n].size, first, END if n in ends else last.get(n, first),
+                              ("t", donors[n]) if n in donors else None))
         scratch_dtype = {}
         for gid in fu.order:
             G = fu.groups[gid]
             if G.main is not None:
-                for k, (nb, dt) in enumerate(_scratch_specs(g, g[G.main], fu.sum_source.get(G.main))):
+                for k, (nb, dt) in enumerate(_scratch_specs(fu, G.main, limits)):
                     lives.append(Live(("s", (gid, k)), nb, pos[gid], pos[gid]))
                     scratch_dtype[(gid, k)] = dt
         slots, assign = plan_pool(lives)
@@ -248,9 +261,19 @@ class _Lowering:
         commands: list[dict] = []
         names = []
         writers = {}
+        kernels = []
         for gid in fu.order:
             ctx = GroupCtx(self, gid)
-            for d in _build_group(ctx):
+            # the group's bytes and FLOPs go to the dispatch a builder marks "cost" (split-K's
+            # first), else its last one (the epilogue's)
+            cost = group_cost(fu, gid, ctx.outs)
+            built = _build_group(ctx)
+            at = next((k for k, d in enumerate(built) if d.get("cost")), len(built) - 1)
+            for k, d in enumerate(built):
+                kernels.append(dict(cost, name=d["name"], workgroups=prod(d["workgroups"])))
+                if k != at:
+                    kernels[-1].update(bytes=0, flops=0)
+            for d in built:
                 p = by_text.get(d["wgsl"])
                 if p is None:
                     p = by_text[d["wgsl"]] = len(pipelines)
@@ -261,10 +284,12 @@ class _Lowering:
             for n in fu.groups[gid].outputs:  # the group's last dispatch writes its outputs
                 if n in fu.inplace:
                     writers[fu.inplace[n]] = len(commands) - 1
-        kernels = len(commands)
+        n_kernels = len(commands)
         for s, name in fu.end_copies:
             writers[name] = "copy"
             src = self.storage[s]
+            kernels.append({"name": f"copy -> '{name}'", "ops": "copy", "nodes": [s],
+                            "workgroups": 0, "bytes": 2 * src.nbytes, "flops": 0})
             commands.append({"op": "copy", "src": src.buffer, "dst": self.persistent[name],
                              "size": src.nbytes, "src_offset": 4 * src.offset, "dst_offset": 0})
         outputs = {}
@@ -273,16 +298,44 @@ class _Lowering:
             stg = self.storage[s]
             outputs[name] = (stg.buffer, 4 * stg.offset, 4 * g[r].size, g[r].shape, g[r].dtype)
         plan = {"buffers": self.buffers, "pipelines": pipelines, "commands": commands}
-        report = dict(self.report, kernels=kernels, pipelines=len(pipelines),
+        report = dict(self.report, kernels=n_kernels, pipelines=len(pipelines),
                       end_copies=len(fu.end_copies), in_place=len(fu.inplace))
-        return Lowered(plan, self.feeds, outputs, self.persistent, self.const_data, kernels,
-                       report, writers), names
+        return Lowered(plan, self.feeds, outputs, self.persistent, self.const_data, n_kernels,
+                       report, writers, kernels), names
 
 
-def _scratch_specs(g, node, source) -> list[tuple[int, str]]:
+def _donors(fu, need, pos, last, ends) -> dict[int, int]:
+    """Output -> a temporary of the same size and dtype whose buffer it may take over: the
+    group writing the output is the temporary's last reader and reads it only at the
+    index it writes (fusion.loads' identity flag), so each thread reads its element before
+    it overwrites it (cross entropy's logit gradient in the logits' buffer, a residual
+    update, an activation's backward)."""
+    g, out = fu.g, {}
+    for gid in fu.order:
+        G = fu.groups[gid]
+        cands = [s for s, ident in fu.loads(gid).items()
+                 if ident and s in need and s not in ends and fu.group_of.get(s) != gid
+                 and last.get(s) == pos[gid] and g[s].size == G.numel]
+        for n in G.outputs:
+            if n not in need:
+                continue
+            for s in cands:
+                if g[s].dtype == g[n].dtype and g[s].size == g[n].size:
+                    out[n] = s
+                    cands.remove(s)
+                    break
+    return out
+
+
+def _scratch_specs(fu, main: int, limits) -> list[tuple[int, str]]:
     """[(bytes, dtype)]: the scratch buffers a kernel op needs between its dispatches."""
+    g = fu.g
+    node = g[main]
+    if node.op == "matmul" or main in fu.matmul_fold:  # split-K partial sums
+        nb = matmul_scratch_bytes(g, fu, main, limits)
+        return [(nb, "f32")] if nb else []
     if node.op in REDUCE_OPS:
-        return scratch_specs(g, node, source)
+        return scratch_specs(g, node, fu.sum_source.get(main))
     if node.op == "scatter_add_rows":
         return scatter_scratch(g, node)
     return []
@@ -300,6 +353,8 @@ def _build_group(ctx: GroupCtx) -> list[dict]:
         return build_reduce(ctx)
     if m.op in ATTN_OPS:
         return build_attention(ctx)
+    if m.op in ROW_KERNEL_OPS:
+        return build_row_kernel(ctx)
     if m.op == "scatter_add_rows":
         return build_scatter(ctx)
     if m.op == "fold2d":
@@ -314,6 +369,7 @@ def lower(graph, limits: Limits | None = None, persist_key=lambda name: name):
     limits = limits or Limits()
     graph, empty = strip_empty(graph)  # zero-size tensors: nothing to compute or bind
     graph = rewrite_attention(graph, limits)  # fused attention kernels (attention_match.py)
+    graph = rewrite_rows(graph)  # cross entropy, layer-norm backward (rowfuse_match.py)
     low = _Lowering(graph, limits, persist_key)
     lowered, names = low.build()
     lowered.empty_outputs = empty

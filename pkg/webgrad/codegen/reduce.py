@@ -273,7 +273,7 @@ def _row_op(ctx, node, s, strat):
     """softmax / log_softmax / layer_norm over the last axis (D = s.R), rows = s.O."""
     D, rows = s.R, s.O
     op = node.op
-    kernel = _kernel(ctx, op, "max" if op != "layer_norm_last" else "sum")  # the row maximum
+    kernel = _kernel(ctx, op, "max" if op != "layer_norm_last" else "sum")  # max's NaN test
     epi = ctx.epilogue_fn(kernel)
     wg = strat == "wg"
     wgs = _wgsize(ctx, D) if wg else WG

@@ -41,6 +41,7 @@ class Limits:
     max_compute_workgroup_storage_size: int = 16384
     max_storage_buffers_per_shader_stage: int = 8
     cpu: bool = False  # a CPU-emulated adapter (SwiftShader, lavapipe): avoid barriers
+    adapter: str = ""  # the adapter's description (codegen/matmul.py's table of tilings)
 
     @classmethod
     def from_host(cls, limits: dict | None) -> "Limits":

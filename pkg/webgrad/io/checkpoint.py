@@ -110,7 +110,11 @@ def check_tensors(c, f: dict, file: str, *, optimizer: bool | None) -> dict[str,
 
 async def load_async(c, src, *, optimizer: bool | None = None) -> None:
     """Load a checkpoint (path, bytes or binary file) into c: all checks first, then writes."""
+    c._alive("load")
     f = st.load(src)                    # a broken file raises SafetensorsError, naming it
     hosts = check_tensors(c, f, f.name, optimizer=optimizer)
-    for name, h in hosts.items():
-        c.backend.write(name, h)
+    async with c._lost("load"):
+        for name, h in hosts.items():
+            c.backend.write(name, h)
+    if c._guard is not None:            # recovery's host copy follows, as after upload_params
+        c._guard.update(hosts)

@@ -369,15 +369,26 @@ class GPT2:
         vocab, n_ctx, n_embd and n_layer; n_head = n_embd / 64 (every GPT-2 size)."""
         from ..io import safetensors as st
         tensors = st.load(path_or_bytes)
-        sd = {}
-        for name, t in tensors.items():
-            sd[_strip(name)] = _as_f32_array(t)
+        sd = {_strip(name): t for name, t in tensors.items()
+              if not _strip(name).endswith((".attn.bias", ".attn.masked_bias"))}
+        sd = {n: t.to_host() for n, t in sd.items()}   # f32 HostArrays (F16/BF16 widened)
         if cfg is None:
             V, D = _shape_of(tensors, "wte.weight")
             n_ctx = _shape_of(tensors, "wpe.weight")[0]
             layers = {int(k.split(".")[1]) for k in sd if k.startswith("h.")}
             cfg = GPT2Config(len(layers), max(1, D // 64), D, n_ctx, V)
         return cls.from_hf_state_dict(cfg, sd, backend)
+
+    @classmethod
+    def from_gguf(cls, path_or_bytes, backend="auto") -> "GPT2":
+        """A llama.cpp gpt2 GGUF (io/gguf.py maps its names and metadata; F32/F16/BF16/Q8_0/
+        Q4_0/Q4_K weights, dequantized on the GPU on WebGPU, else on the host; no output.weight
+        = tied to the token table)."""
+        from ..io import gguf
+        f = gguf.load(path_or_bytes)
+        m = cls(GPT2Config(**gguf.gpt2_config(f)), backend)
+        run_blocking(gguf.gpt2_write_async(m, f))   # on WebGPU: blocks dequantized on the GPU
+        return m
 
     @classmethod
     def from_compiled(cls, compiled, cfg: GPT2Config) -> "GPT2":
@@ -417,6 +428,19 @@ class GPT2:
                     self.backend.write(f"wte.{k}.weight", HostArray("f32", h[a * D:b * D], shape=(b - a, D)))
             else:
                 self.backend.write(n, h)
+
+    async def save_safetensors_async(self, dst=None, metadata: dict | None = None):
+        """Write the weights as a GPT-2 model.safetensors (transformers' names, lm_head tied so
+        not stored) to `dst` (a path or binary file), or return the file's bytes."""
+        from ..io import safetensors as st
+        sd = await self.state_dict_async()
+        meta = {"format": "pt", **(metadata or {})}
+        if dst is None:
+            return st.dumps(sd, metadata=meta)
+        st.save(sd, dst, metadata=meta)
+
+    def save_safetensors(self, dst=None, metadata=None):
+        return run_blocking(self.save_safetensors_async(dst, metadata))
 
     async def state_dict_async(self) -> dict:
         """The weights in transformers' names (without "transformer."), one "wte.weight"."""
@@ -552,6 +576,10 @@ class GPT2:
         top_p = [0.0] + [float(p) for p in out["top_p"][:-1]]
         return Surprisal(bits, top, top_p)
 
+    def surprisal_tracker(self) -> "SurprisalTracker":
+        """Surprisal of a text being edited: update(ids) recomputes from the first change only."""
+        return SurprisalTracker(self)
+
     # -- blocking forms
     def forward(self, ids): return run_blocking(self.forward_async(ids))
     def logits_step(self, ids, cache): return run_blocking(self.logits_step_async(ids, cache))
@@ -574,6 +602,66 @@ class GPT2:
                 return
 
 
+class SurprisalTracker:
+    """The reactive page's engine: the surprisal of a token list that changes between calls.
+
+    update(ids) keeps what it computed for the longest common prefix with the previous ids and
+    recomputes from there through the KV cache: the cache is cut back to the first changed
+    position p (minus one: position p's bits come from the logits at p - 1), and the new
+    suffix is appended in one cached step that computes the bits, top token and its
+    probability on the device. Suffix lengths are padded to a power of two (rows past the
+    text land in cache rows that nothing attends to yet), so few programs get compiled.
+    `recomputed` says how many positions the last update ran. Uses the model's cache: a
+    new_cache() elsewhere makes the next update start over (correctly, from position 0).
+    """
+
+    def __init__(self, model: GPT2):
+        self.model, self.ids, self.cache = model, [], None
+        self.result = Surprisal([], [], [])
+        self.recomputed = 0
+
+    async def update_async(self, ids) -> Surprisal:
+        m = self.model
+        ids = m._check_ids(ids, "surprisal update", empty_ok=True)
+        live = self.cache is not None and self.cache.generation == m._generation
+        p = 0
+        if live:
+            while p < min(len(ids), len(self.ids)) and ids[p] == self.ids[p]:
+                p += 1
+        else:
+            self.cache, self.result = m.new_cache(), Surprisal([], [], [])
+        q = max(p - 1, 0)
+        keep = Surprisal(self.result.bits[:q + 1], self.result.top[:q + 1], self.result.top_p[:q + 1])
+        if p == len(ids):                    # nothing new: a cut at the end, or no change
+            n = len(ids)
+            self.result = Surprisal(keep.bits[:n], keep.top[:n], keep.top_p[:n])
+            self.cache.pos = min(self.cache.pos, n)
+            self.ids, self.recomputed = list(ids), 0
+            return self.result
+        feed = ids[q:]
+        T = 1
+        while T < len(feed):
+            T *= 2
+        T = min(T, m.cfg.n_ctx)
+        pad = T - len(feed)
+        self.cache.pos = q
+        out = await m._program("score", T).run_raw_async(
+            {"ids": feed + [0] * pad, "pos": [q], "targets": ids[q + 1:] + [0] * (pad + 1)},
+            ["bits", "top", "top_p"])
+        self.cache.pos = len(ids)
+        n_new = len(feed) - 1                # positions q+1 .. len-1, from rows 0 .. n_new-1
+        if p == 0:
+            keep = Surprisal([0.0], [-1], [0.0])
+        self.result = Surprisal(keep.bits[:q + 1] + [float(b) for b in out["bits"][:n_new]],
+                                keep.top[:q + 1] + [int(t) for t in out["top"][:n_new]],
+                                keep.top_p[:q + 1] + [float(v) for v in out["top_p"][:n_new]])
+        self.ids, self.recomputed = list(ids), len(feed)
+        return self.result
+
+    def update(self, ids) -> Surprisal:
+        return run_blocking(self.update_async(ids))
+
+
 def _build_program(model: GPT2, kind: str, T: int):
     cfg, chunks = model.cfg, model.wte_chunks
 
@@ -593,6 +681,13 @@ def _build_program(model: GPT2, kind: str, T: int):
             return {"bits": (lse - picked) * (1.0 / math.log(2.0)), "top": top,
                     "top_p": ops.exp(mx - lse)}
         inputs = {"ids": ([T], "i32"), "targets": ([T], "i32")}
+    elif kind == "score":   # surprisal through the cache (SurprisalTracker)
+        def fn(m, f):
+            lse, mx, top, picked = head_stats(head(m, cached_hidden(m, f["ids"], f["pos"], cfg)),
+                                              f["targets"])
+            return {"bits": (lse - picked) * (1.0 / math.log(2.0)), "top": top,
+                    "top_p": ops.exp(mx - lse)}
+        inputs = {"ids": ([T], "i32"), "pos": ([1], "i32"), "targets": ([T], "i32")}
     elif kind == "step":
         def fn(m, f):
             h = cached_hidden(m, f["ids"], f["pos"], cfg)
@@ -621,11 +716,11 @@ def _cat_rows(blocks) -> HostArray:
 
 
 def _as_f32_array(v):
-    """torch tensors -> numpy; anything else is taken as to_host takes it."""
+    """torch tensors -> numpy (any dtype/device); anything else as to_host takes it."""
     if type(v).__module__.startswith("torch"):
         return v.detach().to("cpu").float().numpy()
-    if isinstance(v, tuple) and len(v) == 3:   # (dtype, shape, data) from a safetensors reader
-        return v
+    if hasattr(v, "to_host") and hasattr(v, "dtype"):   # a safetensors StoredTensor
+        return v.to_host()
     return v
 
 

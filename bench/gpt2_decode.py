@@ -1,0 +1,168 @@
+#!/usr/bin/env python3
+"""Tokens/s of GPT-2 cached greedy decoding: webgrad (WebGPU, Dawn) against transformers'
+generate() with its KV cache, fp32, same GPU, same weights, same run.
+
+    source .device/env.sh; python3 bench/gpt2_decode.py        # 124M on the GPU machine
+    python3 bench/gpt2_decode.py --tiny                          # a small config on lavapipe/CPU
+    python3 bench/gpt2_decode.py --browser                       # small config, headless Chromium
+
+Both sides decode --new tokens after a --prompt-token prompt from one random GPT-2
+(transformers' init; webgrad loads its state_dict through from_hf_state_dict), greedy, so the
+work is the same: one prefill, then one step per token. webgrad's step is one queue
+submission that uploads the token id and position (8 bytes) and reads back the argmax token
+(computed on the device); the K/V cache stays in device buffers written in place. transformers
+runs model.generate(do_sample=False, use_cache=True) on torch's CUDA device (CPU without one),
+TF32 off. Each side is warmed up once (webgrad compiles its two programs there), then timed
+--reps times; the best run is reported. The two token sequences are compared (greedy on random
+weights may part where two logits nearly tie; the shared prefix length is printed).
+
+--browser runs webgrad inside the Pyodide worker of serve.py's page in headless Chromium
+(WebGPU on SwiftShader there), small config, with the timing taken in the worker.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "pkg"))
+
+TINY = dict(n_layer=2, n_head=2, n_embd=64, n_ctx=128, vocab_size=1000)
+
+
+def pick_lib() -> str:
+    name = os.environ.get("WEBGRAD_WGPU_LIB")
+    if name:
+        return name
+    for cand in ("wgpudawn", "wgpu"):
+        try:
+            __import__(cand)
+            os.environ["WEBGRAD_WGPU_LIB"] = cand
+            return cand
+        except ImportError:
+            continue
+    sys.exit("neither wgpudawn nor wgpu is installed: pip install wgpudawn (or wgpu)")
+
+
+def hf_model(cfg, device):
+    import torch
+    import transformers
+    hcfg = transformers.GPT2Config(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd,
+                                   n_positions=cfg.n_ctx, vocab_size=cfg.vocab_size,
+                                   activation_function="gelu_new", resid_pdrop=0.0,
+                                   embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None,
+                                   eos_token_id=None)
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(hcfg).eval().to(device)
+
+
+def time_best(fn, reps):
+    best, out = float("inf"), None
+    for _ in range(reps):
+        t = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, out
+
+
+def shared_prefix(a, b) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def run_native(args, cfg):
+    import torch
+    from webgrad.models import gpt2
+    lib = pick_lib()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":  # a CPU smoke test: torch's thread pool spins badly on a shared machine
+        torch.set_num_threads(1)
+    ref = hf_model(cfg, device)
+    prompt = [(7 * i + 3) % cfg.vocab_size for i in range(args.prompt)]
+    n = args.new
+
+    def hf_run():
+        ids = torch.tensor([prompt], device=device)
+        with torch.no_grad():
+            out = ref.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                               use_cache=True, pad_token_id=0, attention_mask=torch.ones_like(ids))
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return out[0, len(prompt):].tolist()
+
+    sd = {k: v.detach().cpu() for k, v in ref.state_dict().items()}
+    m = gpt2.GPT2.from_hf_state_dict(cfg, sd, backend="webgpu")
+
+    def wg_run():
+        return m.generate(prompt, max_new_tokens=n, temperature=0)[len(prompt):]
+
+    hf_run(), wg_run()  # warm-up: CUDA context, webgrad's prefill and step programs
+    t_hf, hf_toks = time_best(hf_run, args.reps)
+    t_wg, wg_toks = time_best(wg_run, args.reps)
+    same = shared_prefix(hf_toks, wg_toks)
+    dev_name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
+    print(f"config: n_layer={cfg.n_layer} n_embd={cfg.n_embd} n_head={cfg.n_head} "
+          f"vocab={cfg.vocab_size} n_ctx={cfg.n_ctx}; prompt {len(prompt)} tokens, {n} new, greedy")
+    print(f"webgpu: {m.backend.host.info} (WEBGRAD_WGPU_LIB={lib}), token table in {m.wte_chunks} block(s), "
+          f"{m._program('step', 1).kernel_count} kernels per decode step")
+    print(f"torch:  {torch.__version__} on {dev_name} ({torch.get_num_threads()} threads), transformers generate() with its cache, fp32")
+    print(f"tokens agree: {same}/{n} (greedy; a near-tie may part them)")
+    print(f"| webgrad tokens/s | transformers tokens/s | ratio |")
+    print(f"| {n / t_wg:.1f} | {n / t_hf:.1f} | {t_hf / t_wg:.2f} |")
+
+
+BROWSER_CODE = """
+import time
+from webgrad.models import gpt2
+cfg = gpt2.GPT2Config(**{cfg!r})
+m = gpt2.GPT2.init_random(cfg, seed=0, backend="webgpu")
+prompt = [(7 * i + 3) % cfg.vocab_size for i in range({prompt})]
+await m.generate_async(prompt, max_new_tokens={new}, temperature=0)   # warm-up (compiles)
+best = 1e9
+for _ in range({reps}):
+    t = time.perf_counter()
+    out = await m.generate_async(prompt, max_new_tokens={new}, temperature=0)
+    best = min(best, time.perf_counter() - t)
+[{new} / best, m.backend.host.info if hasattr(m.backend.host, "info") else "?"]
+"""
+
+
+def run_browser(args, cfg_kw):
+    from webgrad.browser import BrowserSession
+    with BrowserSession() as s:
+        code = BROWSER_CODE.format(cfg=cfg_kw, prompt=args.prompt, new=args.new, reps=args.reps)
+        tps, info = s.run(code, timeout=600)
+    print(f"config: {cfg_kw}; prompt {args.prompt} tokens, {args.new} new, greedy")
+    print(f"headless Chromium, Pyodide worker, WebGPU adapter: {info}")
+    print(f"webgrad tokens/s: {tps:.1f}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--tiny", action="store_true", help=f"small config {TINY} (CPU/lavapipe)")
+    ap.add_argument("--browser", action="store_true", help="webgrad in headless Chromium (small config)")
+    ap.add_argument("--prompt", type=int, default=8, help="prompt tokens")
+    ap.add_argument("--new", type=int, default=None, help="tokens to generate (128; 32 with --tiny/--browser)")
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+    small = args.tiny or args.browser
+    args.new = args.new or (32 if small else 128)
+    if args.browser:
+        return run_browser(args, TINY)
+    from webgrad.models import gpt2
+    cfg = gpt2.GPT2Config(**TINY) if args.tiny else gpt2.GPT2Config.small()
+    run_native(args, cfg)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,335 @@
+#!/usr/bin/env python3
+"""One GPT-style training step: webgrad (WebGPU through Dawn) against PyTorch eager fp32.
+
+    python3 bench/gpt2_train.py                       # every row of the table (a GPU machine)
+    python3 bench/gpt2_train.py --rows small2,gpt2    # a subset
+    python3 bench/gpt2_train.py --rows tiny --steps 3 # lavapipe / CPU: a toy row
+    python3 bench/gpt2_train.py --no-torch --profile 0  # webgrad alone, no kernel table
+    python3 bench/gpt2_train.py --model module        # webgrad.models.gpt2.GPT2Module (tied head)
+
+Rows (model x batch):
+  small2   d 512, 8 layers, 8 heads, vocab 4096, B x T = 2 x 256
+  small64  the same model, 64 x 256
+  gpt2     GPT-2 124M (d 768, 12 layers, 12 heads, vocab 50257, context 1024), 8 x 512
+  tiny     d 64, 2 layers, 2 heads, vocab 256, 2 x 32 (smoke test on CPU adapters)
+
+The model is the same in both libraries: learned token and position embeddings, pre-LN
+blocks x + attn(ln1 x), x + mlp(ln2 x) with a fused QKV Linear, causal softmax attention,
+a GELU (tanh form) MLP of width 4d, a final LayerNorm and an untied LM head, loss
+cross-entropy over every position, AdamW(lr 3e-4, weight decay 0.01). Weights start as
+N(0, 0.02), biases 0, LayerNorm 1/0 in both.
+
+Per row and library: compile + init (webgrad: compile_module, which traces, differentiates,
+plans, emits WGSL, loads pipelines and initialises the parameters; torch: building the
+model on the GPU and the optimizer), the first step, then the median wall time of
+--steps steps (batch in, loss read back as a float: both libraries do the same work per
+step) after --warmup steps and at least 1.5 s of steps (a GPU left idle lowers its clocks), tokens/s, kernels per step (webgrad: dispatches of its plan;
+torch: CUDA kernels launched in one profiled step), peak GPU bytes (webgrad: every buffer of
+its plans, `memory_report()["planned_bytes"]`, a static figure; torch:
+`torch.cuda.max_memory_allocated()` over the timed steps) and the ratios webgrad / torch.
+Then webgrad's own profiler (`CompiledModule.profile`) prints the 10 kernels that take
+the most GPU time (--profile N to change, 0 for none).
+
+torch runs fp32 with TF32 off (allow_tf32 = False, precision "highest") on the same GPU
+in the same process. The WebGPU library: $WEBGRAD_WGPU_LIB, else wgpudawn (Dawn) where
+installed, else wgpu (wgpu-native), as bench/matmul.py picks it.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pkg"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+ROWS = {  # name: (d, layers, heads, vocab, context, B, T)
+    "small2": (512, 8, 8, 4096, 256, 2, 256),
+    "small64": (512, 8, 8, 4096, 256, 64, 256),
+    "gpt2": (768, 12, 12, 50257, 1024, 8, 512),
+    "tiny": (64, 2, 2, 256, 32, 2, 32),
+}
+LR, WD = 3e-4, 0.01
+
+
+# ---------------------------------------------------------------- the model in webgrad
+
+def webgrad_model(d, layers, heads, vocab, context):
+    """(factory, loss_fn) of the GPT-style model for webgrad.compile_module."""
+    from webgrad import Module, init, nn, ops
+
+    class Block(Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv = nn.Linear(d, 3 * d, init_w=init.randn(0.02))
+            self.proj = nn.Linear(d, d, init_w=init.randn(0.02))
+            self.fc = nn.Linear(d, 4 * d, init_w=init.randn(0.02))
+            self.out = nn.Linear(4 * d, d, init_w=init.randn(0.02))
+
+    class GPT(Module):
+        def __init__(self):
+            super().__init__()
+            self.wte = nn.Embedding(vocab, d, init_w=init.randn(0.02))
+            self.wpe = self.param([context, d], init=init.randn(0.02))
+            self.blocks = [Block() for _ in range(layers)]
+            self.ln_f = nn.LayerNorm(d)
+            self.head = self.param([d, vocab], init=init.randn(0.02))
+
+    def attention(p, x):
+        qkv = p.qkv(x)
+        q, k, v = (nn.split_heads(ops.slice(qkv, -1, i * d, (i + 1) * d), heads) for i in range(3))
+        s = (q @ ops.swap_axes(k, -1, -2)) * (1.0 / math.sqrt(d // heads))
+        return p.proj(nn.merge_heads(ops.softmax_causal_last(s) @ v))
+
+    def loss_fn(m, inp):
+        idx = inp["idx"]
+        T = idx.shape[1]
+        pos = m.wpe if T == context else ops.slice(m.wpe, 0, 0, T)
+        x = m.wte(idx) + pos
+        for p in m.blocks:
+            x = x + attention(p, p.ln1(x))
+            x = x + p.out(ops.gelu(p.fc(p.ln2(x))))
+        return nn.cross_entropy_last(m.ln_f(x) @ m.head, inp["target"])
+
+    return GPT, loss_fn
+
+
+# ---------------------------------------------------------------- the same model in torch
+
+def torch_model(torch, d, layers, heads, vocab, context):
+    nn, F = torch.nn, torch.nn.functional
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+            self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+            self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+        def forward(self, x):
+            B, T, _ = x.shape
+            q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
+            q, k, v = (t.view(B, T, heads, d // heads).transpose(1, 2) for t in (q, k, v))
+            s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(d // heads))
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+            a = torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1) @ v
+            x = x + self.proj(a.transpose(1, 2).reshape(B, T, d))
+            return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte = nn.Embedding(vocab, d)
+            self.wpe = nn.Parameter(torch.zeros(context, d))
+            self.blocks = nn.ModuleList(Block() for _ in range(layers))
+            self.ln_f = nn.LayerNorm(d)
+            self.head = nn.Linear(d, vocab, bias=False)
+            for name, p in self.named_parameters():
+                if p.dim() >= 2:
+                    nn.init.normal_(p, 0.0, 0.02)
+                elif "ln" not in name:
+                    nn.init.zeros_(p)
+
+        def forward(self, idx, target):
+            T = idx.shape[1]
+            x = self.wte(idx) + self.wpe[:T]
+            for b in self.blocks:
+                x = b(x)
+            logits = self.head(self.ln_f(x))
+            return F.cross_entropy(logits.view(-1, vocab), target.reshape(-1))
+
+    return GPT()
+
+
+# ---------------------------------------------------------------- timing
+
+def batch(np, vocab, B, T, seed):
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, vocab, size=(B, T + 1), dtype=np.int32)
+    return idx[:, :T].copy(), idx[:, 1:].copy()
+
+
+def warm_up(step, n: int, seconds: float = 1.5) -> None:
+    """At least n steps and `seconds` of them: a GPU left idle drops its clocks, and short
+    steps (2 x 256) measured 12 to 37 ms/step after 2 warm-up steps, depending on what ran
+    before them."""
+    t0, s = time.perf_counter(), 0
+    while s < n or time.perf_counter() - t0 < seconds:
+        step(s)
+        s += 1
+
+
+def module_model(d, layers, heads, vocab, context):
+    """(factory, loss_fn, input names) of webgrad.models.gpt2.GPT2Module (--model module):
+    the same blocks, but its LM head is tied to the token table, as GPT-2's is."""
+    from webgrad.models.gpt2 import GPT2Config, GPT2Module, lm_loss
+    cfg = GPT2Config(layers, heads, d, context, vocab)
+    return (lambda: GPT2Module(cfg)), lm_loss, ("tokens", "targets")
+
+
+def run_webgrad(row, args, np):
+    import webgrad as wg
+    from webgrad import optim
+    d, layers, heads, vocab, context, B, T = ROWS[row]
+    if args.model == "module":
+        factory, loss_fn, names = module_model(d, layers, heads, vocab, context)
+    else:
+        (factory, loss_fn), names = webgrad_model(d, layers, heads, vocab, context), ("idx", "target")
+    t0 = time.perf_counter()
+    c = wg.compile_module(factory, loss_fn, backend=args.backend,
+                          inputs={names[0]: ([B, T], "i32"), names[1]: ([B, T], "i32")},
+                          optimizer=optim.AdamW(lr=LR, weight_decay=WD))
+    t_compile = time.perf_counter() - t0
+    feeds = [dict(zip(names, batch(np, vocab, B, T, s))) for s in range(4)]
+    t0 = time.perf_counter()
+    first_loss = c.step(feeds[0])
+    t_first = time.perf_counter() - t0
+    warm_up(lambda s: c.step(feeds[s % 4]), args.warmup)
+    times = []
+    for s in range(args.steps):
+        t0 = time.perf_counter()
+        c.step(feeds[s % 4])
+        times.append(time.perf_counter() - t0)
+    try:
+        planned = c.memory_report()["planned_bytes"]
+    except NotImplementedError:
+        planned = None
+    prof = None
+    if args.profile and hasattr(c, "profile"):
+        try:
+            prof = c.profile(feeds[0])
+        except NotImplementedError as e:
+            prof = f"(no profile: {e})"
+    return dict(compile=t_compile, first=t_first, ms=1e3 * statistics.median(times),
+                kernels=c.kernel_count, bytes=planned, loss=first_loss, profile=prof,
+                params=sum(math.prod(s) for s in c.param_shapes.values()), c=c)
+
+
+def run_torch(row, args, np, torch):
+    d, layers, heads, vocab, context, B, T = ROWS[row]
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(0)
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    model = torch_model(torch, d, layers, heads, vocab, context)
+    if args.model == "module":  # GPT2Module ties the head to the token table
+        model.head.weight = model.wte.weight
+    model = model.to(dev)
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD)
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    t_compile = time.perf_counter() - t0
+    feeds = [tuple(torch.from_numpy(a).long().to(dev) for a in batch(np, vocab, B, T, s))
+             for s in range(4)]
+
+    def step(f):
+        opt.zero_grad(set_to_none=True)
+        loss = model(*f)
+        loss.backward()
+        opt.step()
+        return loss.item()  # the loss as a float, as webgrad's step returns it
+
+    t0 = time.perf_counter()
+    first_loss = step(feeds[0])
+    t_first = time.perf_counter() - t0
+    warm_up(lambda s: step(feeds[s % 4]), args.warmup)
+    kernels = None
+    if dev == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step(feeds[0])
+        kernels = sum(e.count for e in prof.key_averages() if e.device_type.name == "CUDA"
+                      and not e.key.startswith("Memcpy") and not e.key.startswith("Memset"))
+    times = []
+    for s in range(args.steps):
+        t0 = time.perf_counter()
+        step(feeds[s % 4])
+        times.append(time.perf_counter() - t0)
+    peak = torch.cuda.max_memory_allocated() if dev == "cuda" else None
+    out = dict(compile=t_compile, first=t_first, ms=1e3 * statistics.median(times),
+               kernels=kernels, bytes=peak, loss=first_loss)
+    del model, opt, feeds
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def _mb(b):
+    return "-" if b is None else f"{b / 2**20:.0f} MiB"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="small2,small64,gpt2", help=f"comma-separated: {', '.join(ROWS)}")
+    ap.add_argument("--steps", type=int, default=8, help="timed steps (median)")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--backend", default="webgpu")
+    ap.add_argument("--attention", default="fused", choices=("fused", "unfused"),
+                    help="unfused: skip codegen's attention pass (attention_match.py)")
+    ap.add_argument("--model", default="bench", choices=("bench", "module"),
+                    help="bench: the model defined here (untied head, issue 11's table); "
+                    "module: webgrad.models.gpt2.GPT2Module (head tied to wte), torch tied too")
+    ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--profile", type=int, default=10, help="top-N kernels of webgrad's profile")
+    args = ap.parse_args()
+    if args.attention == "unfused":  # the graph as traced: matmuls and a row softmax
+        import webgrad.codegen.program as program
+        program.rewrite_attention = lambda graph, limits=None: graph
+    import numpy as np
+    if args.backend == "webgpu":
+        from matmul import pick_lib
+        lib = pick_lib()
+        from webgrad.backends.webgpu_native import NativeHost
+        print(f"webgpu: {NativeHost().info}  (library {lib})")
+    torch = None
+    if not args.no_torch:
+        import torch
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+        torch.set_float32_matmul_precision("highest")
+        print(f"torch {torch.__version__} on "
+              f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}, fp32, TF32 off")
+    table = []
+    for row in args.rows.split(","):
+        d, layers, heads, vocab, context, B, T = ROWS[row]
+        w = run_webgrad(row, args, np)
+        t = run_torch(row, args, np, torch) if torch is not None else None
+        print(f"\n== {row}: d {d}, {layers} layers, {heads} heads, vocab {vocab}, B x T = {B} x {T}, "
+              f"{w['params'] / 1e6:.1f}M params")
+        for name, r in (("webgrad", w), ("torch", t)):
+            if r is None:
+                continue
+            print(f"  {name:8} {r['ms']:9.2f} ms/step  {B * T / r['ms'] * 1e3:10.0f} tok/s  "
+                  f"kernels {r['kernels'] if r['kernels'] is not None else '-':>5}  "
+                  f"peak {_mb(r['bytes']):>10}  compile+init {r['compile']:6.2f} s  "
+                  f"first step {r['first']:6.2f} s  loss0 {r['loss']:.4f}", flush=True)
+        if t is not None:
+            mem = (w["bytes"] / t["bytes"]) if w["bytes"] and t["bytes"] else None
+            print(f"  ratio    time {w['ms'] / t['ms']:.2f}x" + (f"  memory {mem:.2f}x" if mem else ""))
+        table.append((row, w, t))
+        if isinstance(w["profile"], str):
+            print("  " + w["profile"])
+        elif w["profile"] is not None:
+            print(w["profile"].text(top=args.profile))
+        w["c"].destroy()
+    print("\n| row | B x T | webgrad ms | kernels | torch ms | kernels | time ratio | webgrad peak "
+          "| torch peak | memory ratio | webgrad compile+init s | torch init s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for row, w, t in table:
+        d, layers, heads, vocab, context, B, T = ROWS[row]
+        tt = t or {}
+        ratio = f"{w['ms'] / tt['ms']:.2f}" if t else "-"
+        mem = f"{w['bytes'] / tt['bytes']:.2f}" if t and w["bytes"] and tt.get("bytes") else "-"
+        print(f"| {row} | {B} x {T} | {w['ms']:.1f} | {w['kernels']} | "
+              f"{tt.get('ms', float('nan')):.1f} | {tt.get('kernels', '-')} | {ratio} | {_mb(w['bytes'])} | "
+              f"{_mb(tt.get('bytes'))} | {mem} | {w['compile']:.1f} | {tt.get('compile', float('nan')):.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,526 @@
+"""GGUF (llama.cpp's weight format), read and dequantized in pure Python.
+
+A GGUF v3 file (v2 has the same layout) is, little-endian:
+    magic "GGUF", version u32, tensor count u64, metadata count u64,
+    metadata:     key (string), value type u32, value      string = u64 length + UTF-8 bytes;
+                  array = element type u32, count u64, elements
+    tensor infos: name (string), n_dims u32, dims u64[n_dims] (ggml order: dims[0] is the
+                  row length, the fastest-varying), ggml type u32, offset u64
+    padding to `general.alignment` (default 32), then the data section; each tensor's offset
+    is relative to it and a multiple of the alignment.
+
+API (consumers: GPT-2 loading, the tests, the browser page):
+
+    from webgrad.io import gguf
+    f = gguf.load(src)            # path, bytes-like or binary file -> GGUFFile
+    f.version, f.alignment, f.metadata   # metadata: key -> int/float/bool/str/list
+    t = f.tensors["blk.0.attn_qkv.weight"]
+    t.type_name, t.shape          # "Q4_K"; shape in numpy/torch order (dims reversed)
+    t.data                        # zero-copy memoryview of the raw blocks
+    t.dequantize()                # HostArray f32 with t.shape (F32/F16/BF16/Q8_0/Q4_0/Q4_K)
+    gguf.dequantize(type_name, raw, n)  # array('f') of n values from raw blocks
+    gguf.gpt2_state_dict(f)       # (hyper-parameters, state dict in transformers' GPT-2
+                                  #  names and layouts) from llama.cpp's gpt2 tensors;
+                                  #  webgrad.models.gpt2.GPT2.from_gguf is built on it
+
+Dequantization equals the `gguf` package's bit for bit (tests/test_gguf.py): the block
+formulas below, computed in Python floats and rounded once to f32, are exact, because every
+product and difference involved is a multiple of 2^-24 below 2^27 (f16 scales times small
+integers), which a double holds exactly. Where numpy imports, the same formulas run
+vectorized in float32 (each f32 operation is then exact or rounds once, as gguf's do).
+
+Reading checks everything against the file before allocating: magic and version, counts
+against the bytes left (each entry takes at least a few bytes), string and array lengths,
+dims (at most 4, each row a whole number of blocks), types, the alignment, and each tensor's
+byte range (inside the data section, aligned, no overlaps). Failures raise GGUFError naming
+the file and the field.
+"""
+from __future__ import annotations
+
+import array
+import os
+import struct
+import sys
+from math import prod
+
+from ..arrays import HostArray, numpy_or_none
+
+MAGIC = b"GGUF"
+DEFAULT_ALIGNMENT = 32
+MAX_DIMS = 4
+MAX_NESTING = 8                      # arrays of arrays: GGUF writers produce at most 2 levels
+
+# ggml type id -> (name, elements per block, bytes per block)
+GGML_TYPES = {
+    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 40),
+    10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292),
+    16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98),
+    19: ("IQ1_S", 256, 50), 20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110),
+    22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2),
+    26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56),
+    30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17),
+}
+TYPE_IDS = {name: i for i, (name, _, _) in GGML_TYPES.items()}
+DEQUANTIZABLE = ("F32", "F16", "BF16", "F64", "Q8_0", "Q4_0", "Q4_K")
+
+# metadata value type -> (name, struct code or None for string/array)
+_VALUE_TYPES = {0: ("UINT8", "B"), 1: ("INT8", "b"), 2: ("UINT16", "H"), 3: ("INT16", "h"),
+                4: ("UINT32", "I"), 5: ("INT32", "i"), 6: ("FLOAT32", "f"), 7: ("BOOL", "?"),
+                8: ("STRING", None), 9: ("ARRAY", None), 10: ("UINT64", "Q"),
+                11: ("INT64", "q"), 12: ("FLOAT64", "d")}
+
+
+class GGUFError(ValueError):
+    """A GGUF file that cannot be read; says which file and which field."""
+
+
+class GGUFTensor:
+    """One tensor's info and raw blocks. `dims` is ggml's order, `shape` numpy's (reversed)."""
+
+    __slots__ = ("name", "ggml_type", "dims", "offset", "data")
+
+    def __init__(self, name, ggml_type, dims, offset, data):
+        self.name, self.ggml_type, self.dims, self.offset, self.data = (
+            name, ggml_type, tuple(dims), offset, data)
+
+    @property
+    def type_name(self) -> str:
+        return GGML_TYPES[self.ggml_type][0]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(reversed(self.dims))
+
+    @property
+    def n_elements(self) -> int:
+        return prod(self.dims)
+
+    def __repr__(self):
+        return f"GGUFTensor({self.name!r}, {self.type_name}{list(self.shape)})"
+
+    def dequantize(self) -> HostArray:
+        """The values as a HostArray f32 of this shape."""
+        out = HostArray("f32", shape=self.shape)
+        out.extend(dequantize(self.type_name, self.data, self.n_elements, what=self.name))
+        return out
+
+    to_host = dequantize          # what arrays.to_host calls: upload_params takes GGUFTensors
+
+
+class GGUFFile:
+    """A parsed GGUF file: version, alignment, metadata and tensors (name -> GGUFTensor)."""
+
+    def __init__(self, name, version, alignment, metadata, tensors):
+        self.name, self.version, self.alignment = name, version, alignment
+        self.metadata, self.tensors = metadata, tensors
+
+    def __repr__(self):
+        return f"GGUFFile({self.name}, v{self.version}, {len(self.tensors)} tensors)"
+
+
+# ----------------------------------------------------------------------------- parsing
+
+class _Cursor:
+    """Bounds-checked little-endian reads over the file; every error names the field."""
+
+    def __init__(self, buf: memoryview, name: str):
+        self.buf, self.pos, self.name = buf, 0, name
+
+    def fail(self, field: str, msg: str):
+        raise GGUFError(f"GGUF file {self.name}: {field}: {msg}")
+
+    def left(self) -> int:
+        return len(self.buf) - self.pos
+
+    def take(self, n: int, field: str) -> memoryview:
+        if n > self.left():
+            self.fail(field, f"needs {n} bytes at offset {self.pos} but the file has "
+                      f"{self.left()} left (truncated?)")
+        out = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return out
+
+    def scalar(self, code: str, field: str):
+        size = struct.calcsize("<" + code)
+        return struct.unpack("<" + code, self.take(size, field))[0]
+
+    def string(self, field: str) -> str:
+        n = self.scalar("Q", f"{field} (length)")
+        raw = self.take(n, field)
+        try:
+            return bytes(raw).decode("utf-8")
+        except UnicodeDecodeError as e:
+            self.fail(field, f"not UTF-8 ({e.reason} at byte {e.start})")
+
+    def count(self, field: str, min_size: int):
+        """A u64 count of entries that each take at least min_size bytes: bounded by the
+        bytes left, so an absurd count fails here instead of allocating."""
+        n = self.scalar("Q", field)
+        if n * min_size > self.left():
+            self.fail(field, f"{n} entries of at least {min_size} bytes each cannot fit in the "
+                      f"{self.left()} bytes left")
+        return n
+
+    def value(self, vtype: int, field: str, depth: int = 0):
+        if vtype not in _VALUE_TYPES:
+            self.fail(field, f"unknown value type {vtype} (known: 0..12)")
+        tname, code = _VALUE_TYPES[vtype]
+        if code is not None:
+            return self.scalar(code, field)
+        if tname == "STRING":
+            return self.string(field)
+        if depth >= MAX_NESTING:
+            self.fail(field, f"arrays nested deeper than {MAX_NESTING}")
+        etype = self.scalar("I", f"{field} (array element type)")
+        if etype not in _VALUE_TYPES:
+            self.fail(field, f"unknown array element type {etype} (known: 0..12)")
+        ename, ecode = _VALUE_TYPES[etype]
+        min_size = struct.calcsize("<" + ecode) if ecode else (8 if ename == "STRING" else 12)
+        n = self.count(f"{field} (array length)", min_size)
+        if ecode is not None:                     # one C-level unpack for numeric arrays
+            return list(struct.unpack(f"<{n}{ecode}", self.take(n * min_size, field)))
+        return [self.value(etype, f"{field}[{i}]", depth + 1) for i in range(n)]
+
+
+def _source(src) -> tuple[memoryview, str]:
+    if isinstance(src, (bytes, bytearray, memoryview)):
+        return memoryview(src).cast("B"), "<bytes>"
+    if isinstance(src, (str, os.PathLike)):
+        path = os.fspath(src)
+        with open(path, "rb") as f:
+            return memoryview(f.read()), repr(path)
+    if hasattr(src, "read"):
+        name = getattr(src, "name", None)
+        return memoryview(src.read()), repr(name) if isinstance(name, str) else "<file>"
+    raise TypeError(f"gguf.load: src must be a path, bytes or a binary file, "
+                    f"got {type(src).__name__}")
+
+
+def load(src) -> GGUFFile:
+    """Parse a GGUF file (path, bytes-like or binary file); tensor data stays zero-copy."""
+    buf, name = _source(src)
+    cur = _Cursor(buf, name)
+    magic = bytes(cur.take(4, "magic"))
+    if magic != MAGIC:
+        cur.fail("magic", f"expected b'GGUF', got {magic!r} (not a GGUF file)")
+    version = cur.scalar("I", "version")
+    if version not in (2, 3):
+        if version in (2 << 24, 3 << 24):
+            cur.fail("version", "big-endian GGUF files are not supported")
+        cur.fail("version", f"{version} is not supported (GGUF v2 and v3 are)")
+    n_tensors = cur.count("tensor count", 8 + 4 + 4 + 8)   # name length, n_dims, type, offset
+    n_kv = cur.count("metadata count", 8 + 4)                # key length, value type
+    metadata = {}
+    for i in range(n_kv):
+        key = cur.string(f"metadata[{i}].key")
+        if key in metadata:
+            cur.fail(f"metadata {key!r}", "the key appears twice")
+        vtype = cur.scalar("I", f"metadata {key!r} (value type)")
+        metadata[key] = cur.value(vtype, f"metadata {key!r}")
+    alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    if not (type(alignment) is int and alignment > 0 and alignment & (alignment - 1) == 0):
+        cur.fail("metadata 'general.alignment'", f"must be a positive power of two, got {alignment!r}")
+    infos = []
+    seen = set()
+    for i in range(n_tensors):
+        tname = cur.string(f"tensor[{i}].name")
+        where = f"tensor {tname!r}"
+        if tname in seen:
+            cur.fail(where, "the name appears twice")
+        seen.add(tname)
+        n_dims = cur.scalar("I", f"{where}.n_dims")
+        if n_dims > MAX_DIMS:
+            cur.fail(f"{where}.n_dims", f"{n_dims} dims; GGUF tensors have at most {MAX_DIMS}")
+        dims = struct.unpack(f"<{n_dims}Q", cur.take(8 * n_dims, f"{where}.dims"))
+        ttype = cur.scalar("I", f"{where}.type")
+        if ttype not in GGML_TYPES:
+            cur.fail(f"{where}.type", f"unknown ggml type {ttype}")
+        offset = cur.scalar("Q", f"{where}.offset")
+        tname_, block, _ = GGML_TYPES[ttype]
+        if dims and dims[0] % block:
+            cur.fail(f"{where}.dims", f"a row of {dims[0]} elements is not a whole number of "
+                     f"{tname_} blocks ({block} elements each)")
+        if offset % alignment:
+            cur.fail(f"{where}.offset", f"{offset} is not a multiple of the alignment {alignment}")
+        infos.append((tname, ttype, dims, offset))
+    data_start = -(-cur.pos // alignment) * alignment
+    data_size = len(buf) - data_start
+    if infos and data_size < 0:
+        cur.fail("data section", f"starts at {data_start} (aligned to {alignment}), past the "
+                 f"end of the {len(buf)}-byte file (truncated?)")
+    tensors = {}
+    ranges = []
+    for tname, ttype, dims, offset in infos:
+        _, block, bsize = GGML_TYPES[ttype]
+        nbytes = prod(dims) // block * bsize          # Python ints: no overflow
+        if offset + nbytes > data_size:
+            cur.fail(f"tensor {tname!r}.offset", f"bytes [{offset}, {offset + nbytes}) of "
+                     f"{GGML_TYPES[ttype][0]}{list(reversed(dims))} go beyond the "
+                     f"{max(data_size, 0)}-byte data section (truncated file?)")
+        start = data_start + offset
+        tensors[tname] = GGUFTensor(tname, ttype, dims, offset, buf[start:start + nbytes])
+        if nbytes:
+            ranges.append((offset, offset + nbytes, tname))
+    ranges.sort()
+    for (a0, a1, an), (b0, b1, bn) in zip(ranges, ranges[1:]):
+        if b0 < a1:
+            cur.fail(f"tensor {bn!r}.offset", f"bytes [{b0}, {b1}) overlap tensor {an!r} "
+                     f"[{a0}, {a1})")
+    return GGUFFile(name, version, alignment, metadata, tensors)
+
+
+# ----------------------------------------------------------------------------- dequantizing
+
+def _f16(raw) -> float:
+    return struct.unpack("<e", raw)[0]
+
+
+_F16: list | None = None
+
+
+def _f16_table() -> list:
+    """Every f16 bit pattern's value (65536 floats, built once): struct's per-value 'e'
+    unpacking is several times slower than a list lookup."""
+    global _F16
+    if _F16 is None:
+        _F16 = list(struct.unpack("<65536e", array.array("H", range(65536)).tobytes()
+                                  if sys.byteorder == "little" else
+                                  struct.pack("<65536H", *range(65536))))
+    return _F16
+
+
+def _q8_0(raw: memoryview, nblocks: int, out: array.array) -> None:
+    # block: d (f16), q[32] (i8);  x = d * q
+    for b in range(nblocks):
+        o = 34 * b
+        d = _f16(raw[o:o + 2])
+        out.extend([d * q for q in struct.unpack("<32b", raw[o + 2:o + 34])])
+
+
+def _q4_0(raw: memoryview, nblocks: int, out: array.array) -> None:
+    # block: d (f16), qs[16] (u8); element j < 16 is the low nibble of qs[j], element 16 + j
+    # its high nibble;  x = d * (nibble - 8)
+    for b in range(nblocks):
+        o = 18 * b
+        d = _f16(raw[o:o + 2])
+        qs = raw[o + 2:o + 18]
+        out.extend([d * ((q & 15) - 8) for q in qs])
+        out.extend([d * ((q >> 4) - 8) for q in qs])
+
+
+def _k4_scales(s) -> tuple[list[int], list[int]]:
+    """Q4_K's 12 scale bytes -> 8 (scale, min) pairs of 6 bits: pairs 0-3 are the low 6 bits
+    of bytes 0-3 (scales) and 4-7 (mins); pairs 4-7 take their low 4 bits from the nibbles of
+    bytes 8-11 and their top 2 bits from the top bits of bytes 0-3 / 4-7."""
+    sc = [s[j] & 63 for j in range(4)] + [(s[j + 8] & 15) | ((s[j] >> 6) << 4) for j in range(4)]
+    mn = [s[j + 4] & 63 for j in range(4)] + [(s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4)
+                                              for j in range(4)]
+    return sc, mn
+
+
+def _q4_k(raw: memoryview, nblocks: int, out: array.array) -> None:
+    # super-block of 256: d, dmin (f16), 12 scale bytes, qs[128]; four groups of 64 elements,
+    # group g reads qs[32g:32g+32]: low nibbles are sub-block 2g, high nibbles sub-block 2g+1;
+    # x = (d * scale[sub]) * q - dmin * min[sub]
+    for b in range(nblocks):
+        o = 144 * b
+        d, dmin = struct.unpack("<2e", raw[o:o + 4])
+        sc, mn = _k4_scales(raw[o + 4:o + 16])
+        qs = raw[o + 16:o + 144]
+        for g in range(4):
+            chunk = qs[32 * g:32 * g + 32]
+            lo_d, lo_m = d * sc[2 * g], dmin * mn[2 * g]
+            hi_d, hi_m = d * sc[2 * g + 1], dmin * mn[2 * g + 1]
+            out.extend([lo_d * (q & 15) - lo_m for q in chunk])
+            out.extend([hi_d * (q >> 4) - hi_m for q in chunk])
+
+
+def _numpy_dequantize(np, type_name: str, raw, n: int):
+    """The same formulas, vectorized in float32."""
+    f32 = np.float32
+    if type_name == "Q8_0":
+        blocks = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 34)
+        d = blocks[:, :2].copy().view("<f2").astype(f32)
+        return (blocks[:, 2:].copy().view(np.int8).astype(f32) * d).reshape(-1)
+    if type_name == "Q4_0":
+        blocks = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 18)
+        d = blocks[:, :2].copy().view("<f2").astype(f32)
+        qs = blocks[:, 2:]
+        q = np.concatenate([qs & 15, qs >> 4], axis=1).astype(np.int8) - np.int8(8)
+        return (d * q.astype(f32)).reshape(-1)
+    if type_name == "Q4_K":
+        blocks = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 144)
+        d = blocks[:, 0:2].copy().view("<f2").astype(f32)
+        dmin = blocks[:, 2:4].copy().view("<f2").astype(f32)
+        s = blocks[:, 4:16].astype(np.int32)
+        sc = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 15) | ((s[:, 0:4] >> 6) << 4)], axis=1)
+        mn = np.concatenate([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], axis=1)
+        qs = blocks[:, 16:].reshape(-1, 4, 32)
+        q = np.stack([qs & 15, qs >> 4], axis=2).reshape(-1, 8, 32).astype(f32)   # sub-blocks
+        dl = (d * sc.astype(f32))[:, :, None]
+        ml = (dmin * mn.astype(f32))[:, :, None]
+        return (dl * q - ml).reshape(-1)
+    return None
+
+
+def dequantize(type_name: str, raw, n: int, *, what: str = "tensor", use_numpy: bool = True) -> array.array:
+    """n f32 values (array('f')) from raw data of a ggml type."""
+    if type_name not in TYPE_IDS:
+        raise GGUFError(f"dequantize {what}: unknown ggml type {type_name!r}")
+    _, block, bsize = GGML_TYPES[TYPE_IDS[type_name]]
+    raw = memoryview(raw).cast("B")
+    if n % block or raw.nbytes != n // block * bsize:
+        raise GGUFError(f"dequantize {what}: {raw.nbytes} bytes is not {n} {type_name} values "
+                        f"({n // block * bsize} bytes in blocks of {block})")
+    out = array.array("f")
+    if type_name == "F32":
+        out.frombytes(raw)
+        if sys.byteorder != "little":
+            out.byteswap()
+        return out
+    if type_name == "BF16":
+        wide = bytearray(4 * n)                       # bf16 = the top half of an f32
+        wide[2::4] = raw[0::2]
+        wide[3::4] = raw[1::2]
+        out.frombytes(wide)
+        if sys.byteorder != "little":
+            out.byteswap()
+        return out
+    if type_name == "F16":
+        np = numpy_or_none() if use_numpy else None
+        if np is not None:
+            out.frombytes(np.frombuffer(raw, dtype="<f2").astype("<f4").tobytes())
+            return out
+        halves = array.array("H")
+        halves.frombytes(raw)
+        if sys.byteorder != "little":
+            halves.byteswap()
+        out.extend(map(_f16_table().__getitem__, halves))   # one C-level lookup per value
+        return out
+    if type_name == "F64":
+        out.extend(struct.unpack(f"<{n}d", raw))
+        return out
+    impl = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_K": _q4_k}.get(type_name)
+    if impl is None:
+        raise GGUFError(f"dequantize {what}: {type_name} is not supported (supported: "
+                        f"{', '.join(DEQUANTIZABLE)})")
+    np = numpy_or_none() if use_numpy else None
+    if np is not None:
+        out.frombytes(_numpy_dequantize(np, type_name, raw, n).astype("<f4").tobytes())
+        return out
+    impl(raw, n // block, out)
+    return out
+
+
+# ----------------------------------------------------------------------------- GPT-2
+
+# llama.cpp's gpt2 names -> transformers' GPT2LMHeadModel names (without "transformer.");
+# the four Conv1D weights are stored [out, in] in GGUF (numpy order), [in, out] in transformers
+_GPT2_GLOBAL = {"token_embd.weight": "wte.weight", "position_embd.weight": "wpe.weight",
+                "output_norm.weight": "ln_f.weight", "output_norm.bias": "ln_f.bias",
+                "output.weight": "lm_head.weight"}
+_GPT2_BLOCK = {"attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj",
+               "ffn_norm": "ln_2", "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
+_GPT2_CONV1D = {"attn_qkv", "attn_output", "ffn_up", "ffn_down"}
+
+
+def _transpose(h: HostArray) -> HostArray:
+    rows, cols = h.shape
+    out = HostArray("f32", shape=(cols, rows))
+    out.frombytes(bytes(4 * rows * cols))
+    for r in range(rows):                    # row r of h is column r of the result
+        out[r::rows] = h[r * cols:(r + 1) * cols]
+    return out
+
+
+def gpt2_tensors(f: GGUFFile) -> dict[str, tuple[GGUFTensor, bool]]:
+    """transformers name -> (GGUF tensor, whether it is stored transposed), validated: every
+    name in llama.cpp's gpt2 layout, token and position tables present."""
+    out = {}
+    for name, t in f.tensors.items():
+        parts = name.split(".")
+        if name in _GPT2_GLOBAL:
+            out[_GPT2_GLOBAL[name]] = (t, False)
+        elif (len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit()
+              and parts[2] in _GPT2_BLOCK and parts[3] in ("weight", "bias")):
+            out[f"h.{int(parts[1])}.{_GPT2_BLOCK[parts[2]]}.{parts[3]}"] = (
+                t, parts[2] in _GPT2_CONV1D and parts[3] == "weight")
+        else:
+            raise GGUFError(f"GGUF file {f.name}: tensor {name!r} is not part of llama.cpp's gpt2 "
+                            "layout")
+    for need in ("wte.weight", "wpe.weight"):
+        if need not in out:
+            raise GGUFError(f"GGUF file {f.name}: tensor "
+                            f"{[k for k, v in _GPT2_GLOBAL.items() if v == need][0]!r} is missing")
+    wte = out["wte.weight"][0]
+    if len(wte.shape) != 2:
+        raise GGUFError(f"GGUF file {f.name}: tensor 'token_embd.weight' has shape "
+                        f"{list(wte.shape)}; it should be [vocab, n_embd]")
+    head = out.get("lm_head.weight")
+    if head is not None and head[0].shape != wte.shape:
+        raise GGUFError(f"GGUF file {f.name}: tensor 'output.weight' has shape "
+                        f"{list(head[0].shape)}, token_embd.weight {list(wte.shape)}")
+    return out
+
+
+def gpt2_config(f: GGUFFile) -> dict:
+    """GPT2Config's fields from the gpt2.* metadata (vocab_size from the token table)."""
+    md = f.metadata
+    arch = md.get("general.architecture")
+    if arch != "gpt2":
+        raise GGUFError(f"GGUF file {f.name}: metadata 'general.architecture': expected 'gpt2', "
+                        f"got {arch!r}")
+
+    def key(k):
+        if f"gpt2.{k}" not in md:
+            raise GGUFError(f"GGUF file {f.name}: metadata 'gpt2.{k}' is missing")
+        return md[f"gpt2.{k}"]
+
+    cfg = {"n_layer": int(key("block_count")), "n_head": int(key("attention.head_count")),
+           "n_embd": int(key("embedding_length")), "n_ctx": int(key("context_length"))}
+    vocab, n_embd = gpt2_tensors(f)["wte.weight"][0].shape
+    if cfg["n_embd"] != n_embd:
+        raise GGUFError(f"GGUF file {f.name}: metadata 'gpt2.embedding_length' is "
+                        f"{cfg['n_embd']} but token_embd.weight has {n_embd} columns")
+    cfg.update(vocab_size=vocab,
+               layer_norm_epsilon=float(md.get("gpt2.attention.layer_norm_epsilon", 1e-5)),
+               eos_token_id=md.get("tokenizer.ggml.eos_token_id"))
+    return cfg
+
+
+def gpt2_state_dict(f: GGUFFile | object) -> tuple[dict, dict[str, HostArray]]:
+    """(hyper-parameters, state dict) of a llama.cpp gpt2 GGUF, in transformers' GPT-2 names
+    and layouts, dequantized to f32 on the host. Hyper-parameters: GPT2Config's fields
+    (gpt2_config). A missing output.weight means the head is tied to token_embd.weight
+    (GPT-2's own tying); a present one comes back as "lm_head.weight", as in transformers'
+    state dict (llama.cpp's converter writes the tied table twice, and llama-quantize may then
+    give the two copies different types)."""
+    if not isinstance(f, GGUFFile):
+        f = load(f)
+    cfg = gpt2_config(f)
+    sd = {}
+    for hf, (t, transposed) in gpt2_tensors(f).items():
+        h = t.dequantize()
+        sd[hf] = _transpose(h) if transposed else h
+    return cfg, sd
+
+
+async def gpt2_write_async(model, f: GGUFFile) -> None:
+    """Write a gpt2 GGUF's weights into a webgrad.models.gpt2.GPT2 built from gpt2_config(f):
+    on WebGPU the blocks are uploaded as they are and dequantized by a kernel
+    (io/gpu_dequant.py); a token table the device splits into chunks, and other backends,
+    take the host path. The tied head (output.weight) is not a GPT2 parameter."""
+    from . import gpu_dequant
+    tensors = gpt2_tensors(f)
+    missing = sorted(set(model.shapes) - set(tensors) - {n for n in model.shapes if n.startswith("wte.")})
+    if missing:
+        raise GGUFError(f"GGUF file {f.name}: missing {', '.join(missing[:5])} for {model.cfg}")
+    for hf, (t, transposed) in tensors.items():
+        if hf == "lm_head.weight":
+            continue
+        if hf == "wte.weight" and "wte.weight" not in model.shapes:     # split table
+            model._write({hf: t.dequantize()})
+        else:
+            await gpu_dequant.write_async(model.backend, hf, t, transpose=transposed)

@@ -1,0 +1,75 @@
+"""Progress and pictures from training code to the playground page (and nowhere else).
+
+The demos in examples/ run unchanged in CPython and in the page's Pyodide worker. While they
+train they call ``report(step=..., loss=..., figure=...)``: in the worker that becomes a
+``{type: "progress", ...}`` message, which the page (web/main.mjs) turns into a point of the
+live loss chart and a drawing; in CPython it goes to the listener set with ``set_listener``
+(tests use it to check the figures) and otherwise nowhere.
+
+Figures are plain data, one of:
+
+    lines(title, x, series)                 series: {name: y values}; points=[names] are dots
+    heatmaps(title, maps)                   maps: [(caption, rows of values)], e.g. attention
+    matrix(title, labels, rows)             a confusion matrix: counts, labelled rows/columns
+    text(title, body)                       e.g. text sampled from a language model
+
+Values are plain floats in nested lists (JSON-able), small enough to send every few steps.
+"""
+from __future__ import annotations
+
+import sys
+
+_listener = None
+
+
+def in_browser() -> bool:
+    """True in the playground's worker (Pyodide), where reports reach the page."""
+    return sys.platform == "emscripten"
+
+
+def set_listener(fn) -> None:
+    """CPython: call fn(event dict) for every report (None stops it)."""
+    global _listener
+    _listener = fn
+
+
+def report(step: int | None = None, loss: float | None = None, *, figure: dict | None = None,
+           **fields) -> None:
+    """Send one progress event: the step, its loss (charted), an optional figure, and any
+    other plain fields (shown as text by the page)."""
+    event = {k: v for k, v in (("step", step), ("loss", loss), ("figure", figure)) if v is not None}
+    event.update(fields)
+    if _listener is not None:
+        _listener(event)
+    if in_browser():
+        try:
+            import webgrad_worker  # only in the playground's worker
+        except ImportError:
+            return
+        webgrad_worker.progress(event)
+
+
+def _floats(values) -> list:
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    return [_floats(v) if isinstance(v, (list, tuple)) else float(v) for v in values]
+
+
+def lines(title: str, x, series: dict, *, points: tuple = ()) -> dict:
+    return {"kind": "lines", "title": title, "x": _floats(x),
+            "series": [{"name": k, "y": _floats(v), "points": k in points}
+                       for k, v in series.items()]}
+
+
+def heatmaps(title: str, maps) -> dict:
+    return {"kind": "heatmaps", "title": title,
+            "maps": [{"caption": cap, "rows": _floats(rows)} for cap, rows in maps]}
+
+
+def matrix(title: str, labels, rows) -> dict:
+    return {"kind": "matrix", "title": title, "labels": [str(v) for v in labels],
+            "rows": _floats(rows)}
+
+
+def text(title: str, body: str) -> dict:
+    return {"kind": "text", "title": title, "text": str(body)}

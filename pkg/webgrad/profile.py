@@ -1,0 +1,166 @@
+"""The profiler: where a WebGPU step's time goes, kernel by kernel.
+
+`CompiledModule.profile(feed)` (and `profile_async`, `CompiledForward.profile`) runs one
+step exactly as `step`/`run` would (the parameters advance), but encodes each dispatch in
+its own compute pass with GPU timestamps around it, and returns a `Profile`: one row per
+command of the plan with
+  name        the kernel's name (codegen's, e.g. "matmul 512x1536 K=16384 tile 64x64x16")
+  ops         the IR ops the kernel covers ("matmul+add+gelu"), and their node ids
+  workgroups  the dispatch's grid, as a count
+  bytes       compulsory global traffic: every stored tensor the kernel reads counted once
+              (a slice or gather only for the elements it selects), plus what it writes;
+              tiles re-read through caches are not counted, so achieved GB/s is a floor
+  flops       2 M N K per matmul (batch included), one per element per elementwise op and
+              per input element of a reduction, 5 per element of a row op (softmax,
+              log-softmax, layer norm); layout ops are free
+  seconds     GPU time from timestamp queries where the adapter has 'timestamp-query',
+              else the wall time of the dispatch submitted alone ("wall": includes a
+              submission's latency), None where the host cannot time (the browser today)
+and the achieved GB/s and GFLOP/s. `Profile.text(top=10)` prints the rows that took the
+most time. The static columns (`kernel_costs`, computed at lowering from fusion's groups)
+exist on every host; the timing is the host's `profile(program, writes)`
+(backends/webgpu_native.py). The browser host has no timing yet: worker/replay.mjs would
+need the same per-dispatch timestamp passes (BrowserHost.profile is the place to add it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import prod
+
+ROW_FLOPS = 5  # per element of softmax / log-softmax / layer norm (max, exp, sum, scale...)
+_FREE = {"transpose", "broadcast_to", "slice", "reshape", "const", "arange", "cast",
+         "input", "param", "state", "pad", "concat"}
+
+
+def node_flops(g, node) -> int:
+    """FLOPs of computing `node` once over its whole shape (the model in the header)."""
+    from .codegen.reduce import REDUCE_OPS, ROW_OPS
+    if node.op == "matmul":
+        return 2 * prod(node.shape) * g[node.inputs[0]].shape[-1]
+    if node.op in REDUCE_OPS:
+        return g[node.inputs[0]].size
+    if node.op in ROW_OPS:
+        return ROW_FLOPS * node.size
+    if node.op in _FREE:
+        return 0
+    return node.size
+
+
+def group_cost(fu, gid: int, stored_outputs) -> dict:
+    """{'nodes', 'ops', 'bytes', 'flops'} of fusion group `gid` (codegen/fusion.py), whose
+    stored outputs are `stored_outputs`."""
+    g, G = fu.g, fu.groups[gid]
+    inside = set(G.anchors)
+    covered: list[int] = []
+    reads: dict[int, int] = {}  # stored tensor -> elements read (at most its size)
+    seen: dict[int, int] = {}
+    stack = [(a, g[a].size) for a in G.anchors]
+    if G.main is not None:
+        covered.append(G.main)
+        stack += [(i, g[i].size) for i in g[G.main].inputs]
+    while stack:
+        n, count = stack.pop()
+        node = g[n]
+        count = min(count, node.size)
+        if n != G.main and fu.has_storage(n) and n not in inside:
+            reads[n] = max(reads.get(n, 0), count)
+            continue
+        if seen.get(n, -1) >= count:
+            continue
+        if n not in seen:
+            covered.append(n)
+        seen[n] = count
+        # a slice or gather reads only what it selects; everything else its whole input
+        narrows = node.op in ("slice", "gather_rows")
+        for i in node.inputs:
+            stack.append((i, count if narrows else g[i].size))
+    covered = sorted(set(covered))
+    folded = fu.matmul_fold.get(G.main) if G.main is not None else None
+    flops = sum(node_flops(g, g[n]) for n in covered if n != G.main or folded is None)
+    nbytes = 4 * (sum(reads.values()) + sum(g[n].size for n in stored_outputs))
+    ops = ([g[G.main].op] if G.main is not None else []) + [
+        g[n].op for n in covered if g[n].op not in _FREE and n != G.main]
+    return {"nodes": covered, "ops": "+".join(dict.fromkeys(ops)) or "copy", "bytes": nbytes,
+            "flops": flops}
+
+
+@dataclass
+class Row:
+    name: str
+    ops: str
+    nodes: list
+    workgroups: int
+    bytes: int
+    flops: int
+    seconds: float | None
+
+    @property
+    def gbps(self):
+        return self.bytes / self.seconds / 1e9 if self.seconds else None
+
+    @property
+    def gflops(self):
+        return self.flops / self.seconds / 1e9 if self.seconds else None
+
+
+@dataclass
+class Profile:
+    rows: list[Row]
+    timing: str                # "timestamp", "wall" or "none"
+    info: str = ""             # the adapter
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def total_seconds(self) -> float | None:
+        ts = [r.seconds for r in self.rows if r.seconds is not None]
+        return sum(ts) if ts else None
+
+    def top(self, n: int = 10) -> list[Row]:
+        return sorted(self.rows, key=lambda r: -(r.seconds or 0.0))[:n]
+
+    def text(self, top: int | None = None) -> str:
+        rows = self.top(top) if top else self.rows
+        tot = self.total_seconds
+        head = (f"{len(self.rows)} commands, GPU time {'-' if tot is None else f'{tot * 1e3:.3f} ms'}"
+                f" ({self.timing}) on {self.info}")
+        if top and top < len(self.rows):
+            head += f"; the {top} that took longest:"
+        lines = [head, f"{'#':>4} {'ms':>8} {'%':>5} {'GB/s':>7} {'GFLOP/s':>8} {'MB':>8} "
+                       f"{'MFLOP':>8} {'wg':>7}  kernel [ops]"]
+        index = {id(r): k for k, r in enumerate(self.rows)}
+        for r in rows:
+            ms = "-" if r.seconds is None else f"{r.seconds * 1e3:.3f}"
+            pct = "-" if r.seconds is None or not tot else f"{100 * r.seconds / tot:.1f}"
+            lines.append(f"{index[id(r)]:>4} {ms:>8} {pct:>5} {_g(r.gbps):>7} {_g(r.gflops):>8} "
+                         f"{_g(r.bytes / 1e6):>8} {_g(r.flops / 1e6):>8} {r.workgroups:>7}  "
+                         f"{r.name} [{r.ops}]")
+        return "\n".join(lines)
+
+    __str__ = text
+
+
+def _g(v) -> str:
+    """3 significant digits, no exponent below 1e6 (table cells)."""
+    if v is None:
+        return "-"
+    if v == 0 or abs(v) >= 100:
+        return f"{v:.0f}"
+    return f"{v:.3g}"
+
+
+async def profile_program(exe, feeds) -> Profile:
+    """Run one step of a WebGPUProgram `exe` with per-command timing (see the header)."""
+    low, host = exe.lowered, exe.backend.host
+    writes = {low.feeds[k]: v.tobytes() for k, v in feeds.items() if k in low.feeds}
+    prof = getattr(host, "profile", None)
+    if prof is None:  # no timing on this host: the static columns alone, the step still runs
+        await host.run(exe.program, writes, [])
+        times, timing = [None] * len(low.kernels), "none"
+    else:
+        times, timing = await prof(exe.program, writes)
+    rows = [Row(k["name"], k["ops"], k["nodes"], k["workgroups"], k["bytes"], k["flops"], t)
+            for k, t in zip(low.kernels, times)]
+    return Profile(rows, timing, str(getattr(host, "info", "")))
+
+
+__all__ = ["Profile", "Row", "group_cost", "node_flops", "profile_program"]

@@ -1,0 +1,106 @@
+"""GGUF blocks dequantized by WGSL kernels (io/gpu_dequant.py) on native WebGPU (lavapipe):
+the parameter buffer then holds exactly gguf.quants.dequantize's values, plain or
+transposed, and a compiled program computes with them. Skipped without an adapter."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gguf
+from gguf import GGMLQuantizationType as QT
+import webgrad as wg
+from webgrad import Module, ops
+from webgrad.io import gguf as wgg, gpu_dequant
+
+pytestmark = pytest.mark.webgpu
+
+try:
+    from webgrad.backends.webgpu_native import NativeHost
+    NativeHost()
+except Exception as e:  # no wgpu, no adapter
+    pytest.skip(f"no native WebGPU adapter: {e}", allow_module_level=True)
+
+from test_gguf import random_blocks, write  # noqa: E402
+
+ROWS, COLS = 6, 512
+
+
+class M(Module):
+    def __init__(self):
+        super().__init__()
+        self.w = self.param([ROWS, COLS])
+        self.wt = self.param([COLS, ROWS])
+
+
+def fwd(m, inp):
+    return ops.sum_last(inp["x"] @ m.wt) + ops.sum_all(m.w)
+
+
+@pytest.fixture(scope="module")
+def tensors(tmp_path_factory):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((ROWS, COLS)).astype(np.float32)
+    data = {"F16": (x.astype(np.float16), None), "Q8_0": (gguf.quants.quantize(x, QT.Q8_0), QT.Q8_0),
+            "Q4_0": (gguf.quants.quantize(x, QT.Q4_0), QT.Q4_0),
+            "Q4_K": (random_blocks(QT.Q4_K, ROWS * COLS // 256, rng).reshape(ROWS, -1), QT.Q4_K)}
+
+    def build(w):
+        for name, (d, qt) in data.items():
+            if qt is None:
+                w.add_tensor(name, d)
+            else:
+                w.add_tensor(name, d, raw_shape=d.shape, raw_dtype=qt)
+
+    f = wgg.load(write(tmp_path_factory.mktemp("g"), build))
+    want = {name: (d.astype(np.float32) if qt is None else gguf.quants.dequantize(d, qt))
+            for name, (d, qt) in data.items()}
+    return f, want
+
+
+@pytest.mark.parametrize("type_name", ["F16", "Q8_0", "Q4_0", "Q4_K"])
+def test_gpu_dequantization_equals_gguf(tensors, type_name):
+    f, want = tensors
+    c = wg.compile_forward(M, fwd, inputs={"x": [2, COLS]}, backend="webgpu")
+    t = f.tensors[type_name]
+    gpu_dequant.write(c.owner.backend, "w", t)
+    gpu_dequant.write(c.owner.backend, "wt", t, transpose=True)
+    got = c.download_params()
+    assert got["w"].view(np.uint32).tolist() == want[type_name].view(np.uint32).tolist()
+    assert np.array_equal(got["wt"], want[type_name].T)
+    x = np.ones((2, COLS), np.float32)
+    ref = wg.compile_forward(M, fwd, inputs={"x": [2, COLS]}, backend="reference")
+    ref.upload_params({"w": want[type_name], "wt": want[type_name].T})
+    np.testing.assert_allclose(c.run({"x": x}), ref.run({"x": x}), rtol=1e-5, atol=1e-3)
+
+
+def test_other_backends_and_errors(tensors):
+    f, want = tensors
+    c = wg.compile_forward(M, fwd, inputs={"x": [2, COLS]}, backend="reference")
+    gpu_dequant.write(c.owner.backend, "wt", f.tensors["Q4_K"], transpose=True)   # host path
+    assert np.array_equal(c.download_params()["wt"], want["Q4_K"].T)
+    with pytest.raises(ValueError, match="'Q8_0' Q8_0\\[6, 512\\] does not fit parameter 'wt' \\[512, 6\\]"):
+        gpu_dequant.write(c.owner.backend, "wt", f.tensors["Q8_0"])
+    with pytest.raises(KeyError, match="no parameter 'nope'"):
+        gpu_dequant.write(c.owner.backend, "nope", f.tensors["Q8_0"])
+
+
+@pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_0], ids=["Q8_0", "Q4_0"])
+def test_gpt2_from_gguf_on_webgpu(tmp_path, qtype):
+    """GPT2.from_gguf on WebGPU dequantizes on the GPU: the weights equal the host path's and
+    the logits agree with the reference executor's."""
+    from test_gguf import gpt2_gguf, hf_gpt2
+    from webgrad.models import gpt2
+    cfg, model = hf_gpt2(n_embd=64, n_head=2)
+    path, _ = gpt2_gguf(tmp_path, model, cfg, with_output=False, qtype=qtype)
+    gpu = gpt2.GPT2.from_gguf(path, backend="webgpu")
+    # one dequantization program per quantized tensor (F32 ones are plain uploads): the GPU
+    # path ran
+    quantized = [t for t in wgg.load(path).tensors.values() if t.type_name == qtype.name]
+    assert len(quantized) == 2 * 4 and len(gpu.backend.programs) == len(quantized)
+    host = gpt2.GPT2.from_gguf(path, backend="reference")
+    got, want = gpu.state_dict(), host.state_dict()
+    for k in want:
+        assert np.array_equal(np.asarray(got[k]), np.asarray(want[k])), k
+    ids = [3, 1, 4, 1, 5, 9, 2, 6]
+    a, b = np.asarray(gpu.forward(ids)), np.asarray(host.forward(ids))
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * np.abs(b).max())
