@@ -18,7 +18,7 @@ import itertools
 from dataclasses import dataclass
 from math import prod
 
-from ..arrays import device_result
+from ..arrays import HostArray, device_result
 from ..codegen import LOWERED_OPS, Limits, lower
 from . import Backend
 

@@ -12,9 +12,10 @@ one kernel). Numerics that WGSL leaves loose are pinned here:
   erf    our own f32 approximation (below), max relative error ~1.7e-7 (3 ulp)
   i32 /  WGSL truncates toward zero, as numpy's trunc(x / y) does
   NaN    WGSL leaves max/min/clamp/sign of NaN undefined (lavapipe: relu(NaN) = 0,
-         tanh(NaN) = -1, max(inf, NaN) = inf), which would hide a NaN loss; these ops test
-         for NaN on the bits (isnan_f: a compiler may fold `x != x` away) and follow torch:
-         relu/tanh/maximum/minimum propagate NaN, sign(NaN) = 0
+         tanh(NaN) = -1, max(inf, NaN) = inf; SwiftShader: exp(NaN) = inf), which would hide
+         a NaN loss; these ops test for NaN on the bits (isnan_f: a compiler may fold
+         `x != x` away) and follow torch: relu/tanh/maximum/minimum/exp/log/sqrt/rsqrt/
+         sigmoid/erf propagate NaN, sign(NaN) = 0
 """
 from __future__ import annotations
 
@@ -162,7 +163,14 @@ ISNAN_WGSL = """fn isnan_f(x: f32) -> bool {
 }
 """
 
-_NAN_SAFE = {"relu", "tanh", "sign", "maximum", "minimum"}  # need isnan_f
+_NAN_SAFE = {"relu", "tanh", "sign", "maximum", "minimum",  # need isnan_f
+             "exp", "log", "sqrt", "rsqrt", "sigmoid", "erf"}
+
+
+def _keep_nan(x: str, e: str) -> str:
+    # SwiftShader's exp(NaN) is inf (so sigmoid(NaN) = 0); its transcendental functions
+    # are bit tricks that need not pass NaN through, so NaN is passed on explicitly
+    return f"select({e}, {x}, isnan_f({x}))"
 
 # x ** y for two tensors, as torch.pow: WGSL's pow is exp2(y log2 x), undefined for x <= 0.
 # Here |x|^y = exp2(y log2 |x|) with the sign of an odd integer y, NaN for a negative base
@@ -190,14 +198,16 @@ POW_WGSL = """fn pow_f(x: f32, y: f32) -> f32 {
 
 _UNARY = {
     "neg": lambda x, a: f"(-{x})",
-    "exp": lambda x, a: f"exp({x})",
-    "log": lambda x, a: f"log({x})",
-    "sqrt": lambda x, a: f"sqrt({x})",
-    "rsqrt": lambda x, a: f"inverseSqrt({x})",
+    "exp": lambda x, a: _keep_nan(x, f"exp({x})"),
+    # SwiftShader's log(-2) is log(2) and log(-0) is -88: zeros and negatives explicitly
+    "log": lambda x, a: (f"select(select(log({x}), bitcast<f32>(wg_ninf_bits), {x} == 0.0f), "
+                         f"bitcast<f32>(wg_nan_bits), {x} < 0.0f || isnan_f({x}))"),
+    "sqrt": lambda x, a: _keep_nan(x, f"sqrt({x})"),
+    "rsqrt": lambda x, a: _keep_nan(x, f"inverseSqrt({x})"),
     "tanh": lambda x, a: f"select(tanh(clamp({x}, -15.0f, 15.0f)), {x}, isnan_f({x}))",
-    "sigmoid": lambda x, a: f"(1.0f / (1.0f + exp(-{x})))",
+    "sigmoid": lambda x, a: _keep_nan(x, f"(1.0f / (1.0f + exp(-{x})))"),
     "relu": lambda x, a: f"select(max({x}, 0.0f), {x}, isnan_f({x}))",
-    "erf": lambda x, a: f"erf_f({x})",
+    "erf": lambda x, a: _keep_nan(x, f"erf_f({x})"),
     "abs": lambda x, a: f"abs({x})",
     "sign": lambda x, a: f"select(sign({x}), 0.0f, isnan_f({x}))",
     "sin": lambda x, a: f"trig_f({x}, 0)",

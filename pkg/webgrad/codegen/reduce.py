@@ -302,7 +302,7 @@ def _row_op(ctx, node, s, strat):
     if op in ("softmax_last", "log_softmax_last"):
         m = em.var("f32", _NEG_INF)
         with em.block(loop):
-            em.emit(f"{m} = max({m}, {x_at()});")
+            em.emit(f"{m} = {_max(m, x_at())};")  # NaN-safe: a NaN row is all NaN
         mx = reduce_all(m, "max")
         acc = em.var("f32", "0.0f")
         with em.block(loop):
