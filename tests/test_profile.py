@@ -107,3 +107,18 @@ def test_profile_needs_webgpu():
     c = models.compile_mlp("reference")
     with pytest.raises(NotImplementedError, match="backend='webgpu'"):
         c.profile(models.sin_batch(random.Random(0)))
+
+
+def test_a_host_without_timing_still_gives_the_static_columns(monkeypatch):
+    """The browser's host has no profile() yet: the table keeps ops, bytes and FLOPs, times
+    are None, and the step still runs (it trains, as step() does)."""
+    a, b = models.compile_mlp("webgpu"), models.compile_mlp("webgpu")
+    batch = models.sin_batch(random.Random(2))
+    timed = a.profile(batch)
+    monkeypatch.delattr(NativeHost, "profile")
+    bare = b.profile(batch)
+    assert bare.timing == "none" and all(r.seconds is None for r in bare.rows)
+    assert [(r.name, r.ops, r.bytes, r.flops) for r in bare.rows] == \
+        [(r.name, r.ops, r.bytes, r.flops) for r in timed.rows]
+    assert "GPU time -" in bare.text()
+    np.testing.assert_array_equal(a.download_params()["l1.W"], b.download_params()["l1.W"])

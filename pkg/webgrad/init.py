@@ -90,8 +90,14 @@ IRWIN_HALL_STD = math.sqrt((2.0 ** 32 - 1) / 3)   # ... and their std
 
 
 def _hash(x: int) -> int:
-    from .primitives import _lowbias32
-    return _lowbias32(None, x & M32)
+    """lowbias32 (primitives._lowbias32, rand_bits' hash) on a Python int, inlined: the
+    no-numpy path calls it twice per value."""
+    x &= M32
+    x ^= x >> 16
+    x = (x * 0x7FEB352D) & M32
+    x ^= x >> 15
+    x = (x * 0x846CA68B) & M32
+    return x ^ (x >> 16)
 
 
 def param_key(seed: int, name: str) -> int:

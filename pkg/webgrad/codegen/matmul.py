@@ -22,6 +22,13 @@ loads follows whichever axis has the smaller stride, so global reads stay coales
 either orientation. Shapes are constants; bounds tests are emitted only where a dimension
 is not a multiple of its tile. The result goes to the group's epilogue `epi(flat, v)`, so
 elementwise consumers (bias, relu, an optimizer update) are fused into the writer.
+
+Split-K: a long K over too few output tiles to fill the GPU's waves (a weight gradient,
+K = B*T; the LM head's input gradient, K = vocabulary) keeps the large tile and gives each
+workgroup one K chunk; the chunks' partial sums go to scratch and a second kernel adds them
+in chunk order (deterministic) and runs the epilogue. How many workgroups run at once is a
+property of the adapter: ADAPTER_TILINGS, a table keyed by words of the adapter's
+description, not a start-up search; adapters without a row never split.
 """
 from __future__ import annotations
 
@@ -99,6 +106,7 @@ def choose_splits(tiles: int, K: int, slots: int) -> int:
 
 def choose_config(M: int, N: int, K: int, nb: int, shared_limit: int = 16384,
                   adapter: str = "") -> Config:
+    """The tiling of an [nb x] [M, K] @ [K, N] product on `adapter` (Limits.adapter)."""
     if FORCE_CONFIG is not None:
         return FORCE_CONFIG
     cfg = _choose_config(M, N, K, nb, adapter)
@@ -108,7 +116,6 @@ def choose_config(M: int, N: int, K: int, nb: int, shared_limit: int = 16384,
 
 
 def _choose_config(M: int, N: int, K: int, nb: int, adapter: str) -> Config:
-
     def t(d):
         return 8 if d >= 128 else 4 if d >= 64 else 2 if d >= 32 else 1
     tm, tn = t(M), t(N)
