@@ -56,7 +56,7 @@ class Arg:
     """One argument: its shape and how its values are drawn.
     kinds: normal N(0,1) | unit U(-1,1) | positive U(0.5,2) | away +-U(0.5,2) |
            grid multiples of 0.5 in [-2,2] (exact zeros) | coarse -1/0/1 (many ties) |
-           zeros | special (NaN, +-inf, +-0, +-1 and ordinary values, cycled) | i32 in [lo, hi)."""
+           zeros | large +-10^U(3,12) | special (NaN, +-inf, +-0, +-1 and ordinary values, cycled) | i32 in [lo, hi)."""
     shape: tuple[int, ...]
     kind: str = "normal"
     lo: int = 0
@@ -121,6 +121,7 @@ def make_inputs(record: Record) -> list[list]:
             "grid": lambda: rng.randrange(-4, 5) * 0.5,
             "coarse": lambda: float(rng.randrange(-1, 2)),
             "zeros": lambda: 0.0,
+            "large": lambda: rng.choice((-1.0, 1.0)) * 10.0 ** rng.uniform(3.0, 12.0),
         }[a.kind]
         out.append(_round_f32(draw() for _ in range(n)))
     return out
@@ -472,6 +473,8 @@ for op, tfn, kind in [
 ]:
     rec(f"{op}/2d", f"lambda x: ops.{op}(x)", tfn, f32(3, 4, kind=kind))
     rec(f"{op}/scalar", f"lambda x: ops.{op}(x)", tfn, f32(kind=kind))
+rec("sin/large", "lambda x: ops.sin(x)", lambda x: torch.sin(x), f32(40, kind="large"))
+rec("cos/large", "lambda x: ops.cos(x)", lambda x: torch.cos(x), f32(40, kind="large"))
 rec("sigmoid/large", "lambda x: ops.sigmoid(x * 30.0)", lambda x: torch.sigmoid(x * 30), f32(2, 5))
 rec("gelu/3d", "lambda x: ops.gelu(x)", lambda x: F.gelu(x, approximate="tanh"), f32(2, 3, 2))
 rec("pow/cube", "lambda x: ops.pow(x, 3)", lambda x: x ** 3, f32(3, 4))
@@ -479,6 +482,28 @@ rec("pow/half", "lambda x: ops.pow(x, 0.5)", lambda x: x ** 0.5, f32(3, 4, kind=
 rec("pow/neg_frac", "lambda x: x ** -1.5", lambda x: x ** -1.5, f32(2, 3, kind="positive"))
 rec("pow/square", "lambda x: x ** 2", lambda x: x ** 2, f32(4))
 rec("pow/zero", "lambda x: ops.pow(x, 0)", lambda x: x ** 0, f32(4))
+for op in ("floor", "trunc", "round"):  # grid: halves, where round goes to even
+    rec(f"{op}/grid", f"lambda x: ops.{op}(x * 1.5)", (lambda op: lambda x: getattr(torch, op)(x * 1.5))(op),
+        f32(3, 6, kind="grid"))
+    rec(f"{op}/normal", f"lambda x: ops.{op}(x * 3.0) * x", (lambda op: lambda x: getattr(torch, op)(x * 3) * x)(op),
+        f32(10))
+    rec(f"{op}/special", f"lambda x: ops.{op}(x)", (lambda op: lambda x: getattr(torch, op)(x))(op),
+        f32(10, kind="special"), check_grads=False)
+rec("pow/tensor", "lambda x, y: ops.pow(x, y)", lambda x, y: torch.pow(x, y),
+    f32(3, 4, kind="positive"), f32(3, 4))
+rec("pow/tensor_bcast", "lambda x, y: x ** y", lambda x, y: x ** y, f32(2, 1, 3, kind="positive"),
+    f32(4, 1, kind="unit"))
+rec("pow/tensor_int_exponents", "lambda x, y: ops.pow(x, ops.round(y * 3.0))",  # negative bases
+    lambda x, y: torch.pow(x, torch.round(y * 3)), f32(3, 5, kind="away"), f32(3, 5, kind="unit"),
+    atol=1e-4)
+rec("pow/tensor_zero_base", "lambda x, y: ops.pow(x, y)",  # 0^y: 0, 1 or inf; no dy at 0
+    lambda x, y: torch.pow(x, y), f32(8, kind="zeros"), f32(8, kind="grid"), check_grads=False)
+rec("pow/reflected", "lambda x: 2.0 ** x", lambda x: 2.0 ** x, f32(2, 3))
+rec("pow/special", "lambda x: ops.pow(x, x * 0.5)", lambda x: torch.pow(x, x * 0.5),
+    f32(10, kind="special"), check_grads=False)
+rec("stop_gradient", "lambda x, y: ops.stop_gradient(x) * y + x",
+    lambda x, y: x.detach() * y + x, f32(3, 2), f32(3, 2))
+
 
 # -- elementwise, binary (with broadcasting, scalars and Python numbers)
 for op, tfn in [("add", lambda a, b: a + b), ("sub", lambda a, b: a - b),
@@ -511,7 +536,8 @@ for op, tfn in [("less", lambda a, b: (a < b).double()), ("greater", lambda a, b
 rec("less/operator", "lambda a: a < 0.5", lambda a: (a < 0.5).double(), f32(5, kind="grid"))
 rec("not_equal/ties", "lambda a, b: ops.not_equal(a, b)", lambda a, b: (a != b).double(),
     f32(4, 5, kind="coarse"), f32(4, 5, kind="coarse"))
-rec("less_equal/operator", "lambda a: a <= 0.5", lambda a: (a <= 0.5).double(), f32(5, kind="grid"))
+rec("less_equal/operator", "lambda a: a <= 1.0", lambda a: (a <= 1.0).double(),  # holds a 1.0
+    f32(5, kind="grid"))
 rec("greater_equal/operator", "lambda a, b: a >= b", lambda a, b: (a >= b).double(),
     f32(3, 4, kind="coarse"), f32(4, kind="coarse"))
 rec("equal/operator", "lambda a: a == 0.0", lambda a: (a == 0.0).double(), f32(6, kind="grid"))
@@ -579,6 +605,33 @@ rec("max_last/ties", "lambda x: ops.max_last(x)", lambda x: x.amax(-1),  # share
 rec("max_last/keepdims", "lambda x: ops.max_last(x, keepdims=True)",
     lambda x: x.amax(-1, keepdim=True), f32(2, 3, 4))
 rec("argmax_last", "lambda x: ops.argmax_last(x)", lambda x: torch.argmax(x, -1), f32(4, 6))
+# -- reductions over any axes (compositions over sum / max_last / argmax_last)
+rec("mean/axes", "lambda x: ops.mean(x, (0, 2))", lambda x: x.mean((0, 2)), f32(2, 3, 4), **RED)
+rec("mean/all_keepdims", "lambda x: ops.mean(x, keepdims=True)", lambda x: x.mean().reshape(1, 1),
+    f32(3, 5), **RED)
+rec("mean/axis_neg", "lambda x: ops.mean(x, -2)", lambda x: x.mean(-2), f32(2, 3, 4), **RED)
+rec("max/axis0", "lambda x: ops.max(x, 0)", lambda x: x.amax(0), f32(4, 5))
+rec("max/axes_ties", "lambda x: ops.max(x, (0, 2), keepdims=True)",  # ties share the gradient
+    lambda x: x.amax((0, 2), keepdim=True), f32(3, 2, 4, kind="coarse"))
+rec("max/all", "lambda x: ops.max(x)", lambda x: x.amax(), f32(3, 4, kind="coarse"))
+rec("min/axis1", "lambda x: ops.min(x, 1)", lambda x: x.amin(1), f32(2, 5, 3, kind="coarse"))
+rec("logsumexp/last", "lambda x: ops.logsumexp(x, -1)", lambda x: torch.logsumexp(x, -1),
+    f32(3, 5), **RED)
+rec("logsumexp/axes_keepdims", "lambda x: ops.logsumexp(x * 30.0, (0, 1), keepdims=True)",
+    lambda x: torch.logsumexp(x * 30, (0, 1), keepdim=True), f32(2, 3, 4), atol=1e-4)
+rec("logsumexp/inf", "lambda x: ops.logsumexp(x, 1)", lambda x: torch.logsumexp(x, 1),
+    f32(5, 4, kind="special"), check_grads=False)
+rec("argmax/axis0", "lambda x: ops.argmax(x, 0)", lambda x: torch.argmax(x, 0), f32(5, 3))
+rec("argmax/flat", "lambda x: ops.argmax(x)", lambda x: torch.argmax(x), f32(3, 4))
+rec("argmax/keepdims_ties", "lambda x: ops.argmax(x, 1, keepdims=True)",
+    lambda x: torch.argmax(x, 1, keepdim=True), f32(2, 6, 3, kind="coarse"))
+# -- zero-size dimensions
+rec("sum/empty_axis", "lambda x: ops.sum(x, 0)", lambda x: x.sum(0), f32(0, 3))
+rec("matmul/empty_k", "lambda a, b: a @ b", lambda a, b: a @ b, f32(3, 0), f32(0, 2))
+rec("concat/empty", "lambda a, b: ops.concat([a, b], 0) * 2.0", lambda a, b: torch.cat([a, b], 0) * 2,
+    f32(0, 3), f32(2, 3))
+rec("relu/empty", "lambda x: ops.relu(x)", lambda x: torch.relu(x), f32(2, 0, 3))
+
 
 # -- layout
 rec("reshape/2d", "lambda x: ops.reshape(x, (3, 4))", lambda x: x.reshape(3, 4), f32(2, 6))
@@ -623,14 +676,19 @@ rec("matmul/wgrad_odd", "lambda x, g: ops.sum(ops.matmul(ops.swap_axes(x, -1, -2
 # -- indices
 rec("one_hot", "lambda x, i: x * ops.one_hot(i, 4)", lambda x, i: x * F.one_hot(i, 4).double(),
     f32(2, 3, 4), i32((2, 3), 0, 4))
-rec("one_hot/out_of_range", "lambda x, i: x * ops.one_hot(i, 3)",  # index 3: an all-zero row
-    lambda x, i: x * (i[..., None] == torch.arange(3)).double(), f32(5, 3), i32((5,), 0, 4))
+rec("one_hot/out_of_range", "lambda x, i: x * ops.one_hot(i - 2, 3)",  # computed -2..3:
+    lambda x, i: x * ((i - 2)[..., None] == torch.arange(3)).double(),   # zero rows outside
+    f32(12, 3), i32((12,), 0, 6))
 rec("arange/i32", "lambda x: x * ops.cast(ops.arange(5), 'f32')",
     lambda x: x * torch.arange(5, dtype=torch.float64), f32(3, 5))
 rec("arange/f32", "lambda x: x + ops.arange(4, dtype='f32')",
     lambda x: x + torch.arange(4, dtype=torch.float64), f32(2, 4))
 rec("embedding", "lambda w, i: ops.embedding(w, i)", lambda w, i: F.embedding(i, w),
     f32(6, 3), i32((2, 4), 0, 6))
+rec("embedding/padding_idx", "lambda w, i: ops.embedding(w, i, padding_idx=2)",
+    lambda w, i: F.embedding(i, w, padding_idx=2), f32(5, 3), i32((3, 4), 0, 5))
+rec("embedding/padding_idx_negative", "lambda w, i: ops.embedding(w, i, padding_idx=-1)",
+    lambda w, i: F.embedding(i, w, padding_idx=-1), f32(4, 2), i32((6,), 0, 4))
 rec("gather_rows/repeats", "lambda w, i: ops.gather_rows(w, i)", lambda w, i: w[i],
     f32(3, 2), i32((5,), 0, 3))
 rec("scatter_add_rows", "lambda v, i: ops.scatter_add_rows(v, i, 5)",
@@ -779,6 +837,8 @@ rec("nn.RMSNorm", "lambda x, w: with_params(nn.RMSNorm(6), weight=w)(x)",
     lambda x, w: F.rms_norm(x, (6,), w, eps=1e-6), f32(3, 6), f32(6))
 rec("nn.Embedding", "lambda w, i: with_params(nn.Embedding(5, 3), W=w)(i)",
     lambda w, i: F.embedding(i, w), f32(5, 3), i32((3, 2), 0, 5))
+rec("nn.Embedding/padding_idx", "lambda w, i: with_params(nn.Embedding(5, 3, padding_idx=0), W=w)(i)",
+    lambda w, i: F.embedding(i, w, padding_idx=0), f32(5, 3), i32((3, 2), 0, 5))
 rec("nn.Conv2d", "lambda x, w, b: with_params(nn.Conv2d(4, 4, 3, stride=2, padding=1, groups=2), "
     "weight=w, bias=b)(x)", lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1, groups=2),
     f32(1, 4, 5, 5), f32(4, 2, 3, 3), f32(4), **MM)
@@ -836,6 +896,27 @@ rec("attention/table_mask_inf",
     " for j in range(7)] for i in range(7)]), q @ ops.swap_axes(k, -1, -2), float('-inf'))) @ v",
     lambda q, k, v: _t_sdpa(q, k, v, 1.0, _t_causal(7, 7)),
     f32(1, 1, 7, 8), f32(1, 1, 7, 8), f32(1, 1, 7, 8), **MM)
+rec("attention/cache_position",  # 3 queries at a runtime position p of a 9-row cache
+    "lambda q, k, v, p: ops.softmax_last(ops.where(ops.greater_equal(ops.reshape(ops.cast("
+    "ops.arange(3) + p, 'f32'), (3, 1)), ops.reshape(ops.arange(9, dtype='f32'), (1, 9))),"
+    " q @ ops.swap_axes(k, -1, -2) * 0.25, -1e30)) @ v",
+    lambda q, k, v, p: _t_sdpa(q, k, v, 0.25, torch.arange(9)[None, :] <= torch.arange(3)[:, None] + p),
+    f32(1, 2, 3, 16), f32(1, 2, 9, 16), f32(1, 2, 9, 16), i32((1,), 0, 7), **MM)
+
+# cross entropy and layer norm as row kernels on WebGPU (codegen/rowfuse_match.py)
+rec("nn.cross_entropy_last/vocab_50257", "lambda l, t: nn.cross_entropy_last(l, t)",
+    lambda l, t: F.cross_entropy(l, t), f32(2, 50257), i32((2,), 0, 50257), **RED)
+rec("nn.cross_entropy_last/odd_rows", "lambda l, t: nn.cross_entropy_last(l * 3.0, t)",
+    lambda l, t: F.cross_entropy(l.reshape(-1, 33) * 3.0, t.reshape(-1)),
+    f32(3, 7, 33), i32((3, 7), 0, 33), **RED)
+rec("one_hot/pick_computed_out_of_range",  # sum(x * one_hot(i - 2)): a stray index picks 0
+    "lambda x, i: ops.sum_last(x * ops.one_hot(i - 2, 5))",
+    lambda x, i: torch.where((i >= 2) & (i < 7), torch.gather(x, -1, (i - 2).clamp(0, 4)[:, None])[:, 0], 0.0),
+    f32(6, 5), i32((6,), 0, 5))
+rec("nn.LayerNorm/width_768", "lambda x, w, b: with_params(nn.LayerNorm(768), weight=w, bias=b)(x)",
+    lambda x, w, b: F.layer_norm(x, (768,), w, b), f32(3, 768), f32(768), f32(768), **RED)
+rec("layer_norm_last/odd_300", "lambda x: ops.layer_norm_last(x * 2.0 + 1.0)",
+    lambda x: F.layer_norm(x * 2.0 + 1.0, (300,)), f32(5, 300), **RED)
 
 BY_NAME: dict[str, Record] = {r.name: r for r in RECORDS}
 assert len(BY_NAME) == len(RECORDS), "oracle record names must be unique"

@@ -118,6 +118,41 @@ def test_other_graphs_are_left_alone(case):
     assert rewrite_attention(g, Limits()) is g
 
 
+def test_a_runtime_cache_position_is_read_as_an_offset():
+    """GPT-2's cached step masks key j <= i + pos with pos an i32 feed: the offset is 0 plus
+    that feed, read by the kernels at run time (the record runs it against torch)."""
+    factory, loss_fn, inputs, _ = oracle.build_record(oracle.BY_NAME["attention/cache_position"])
+    g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
+    (m,) = find_matches(g)
+    assert (m.offset, m.dyn) == (0, g.inputs["d"])
+    assert all(n.inputs[-1] == rewrite_attention(g, Limits()).inputs["d"]
+               for n in rewrite_attention(g, Limits()).nodes if n.op.startswith("attn_"))
+
+
+@pytest.mark.webgpu
+def test_gpt2_cached_steps_are_fused():
+    """webgrad.models.gpt2 decodes 1, 3 and 8 tokens against its 32-row cache at runtime
+    positions with attn_out, and the logits equal its full forward's (tests/test_gpt2.py
+    checks the same against transformers)."""
+    try:
+        from webgrad.backends.webgpu import WebGPUBackend
+        WebGPUBackend()
+    except Exception as e:
+        pytest.skip(f"no native WebGPU adapter: {e}")
+    from webgrad.models import gpt2
+    cfg = gpt2.GPT2Config(n_layer=2, n_head=2, n_embd=64, n_ctx=32, vocab_size=50)
+    m = gpt2.GPT2.init_random(cfg, seed=1, backend="webgpu")
+    ids = [1, 4, 4, 9, 2, 7, 0, 3, 5, 5, 10, 6]
+    full = np.asarray(m.forward(ids))
+    c = m.new_cache()
+    rows = [m.logits_all_step(ids[a:b], c) for a, b in ((0, 1), (1, 4), (4, 12))]
+    np.testing.assert_allclose(np.concatenate(rows), full, atol=2e-5, rtol=0)
+    for T in (1, 3, 8):
+        names = m._programs[("step", T)]._prog.exe.kernel_names
+        assert sum(n.startswith("attn_out") for n in names) == cfg.n_layer, names
+        assert not any(n.startswith("softmax") for n in names), names
+
+
 def test_a_captured_probability_keeps_the_graph_unfused():
     """The probabilities are read by the host: nothing may be fused away."""
     def fn(q, k, v):
@@ -169,6 +204,47 @@ def test_transformer_kernel_count():
     # per layer: 3-4 forward kernels become 2, 6 backward kernels become 4
     assert len(plain) - len(fused) >= 3 * models.N_LAYERS, (len(plain), len(fused))
     assert sum(n.startswith("attn_") for n in fused) == 5 * models.N_LAYERS
+
+
+def test_inference_attention_is_one_kernel():
+    """With nothing to differentiate, attn_out runs the softmax online: no lse kernel."""
+    from webgrad.compile import build_forward_graph
+    g = build_forward_graph(Module, lambda m, i: ops.softmax_causal_last(i["q"] @ kT(i["k"])) @ i["v"],
+                            {k: (s, "f32") for k, s in QKV.items()})[1]
+    assert lower(g, Limits())[1] == ["attn_out [2x2] T6 S6 D8"]
+
+
+@pytest.mark.parametrize("name, cpu, loops", [
+    ("attention/qkv_slices_T70_D32", False, False), ("attention/qkv_slices_T70_D32", True, True),
+    ("attention/div_scale_D128", False, True)])
+def test_code_shape_follows_the_adapter(name, cpu, loops):
+    factory, loss_fn, inputs, _ = oracle.build_record(oracle.BY_NAME[name])
+    g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
+    low, names = lower(g, Limits(cpu=cpu))
+    cmds = [c for c in low.plan["commands"] if c["op"] == "dispatch"]
+    for n, c in zip(names, cmds):
+        if n.startswith("attn_"):
+            assert ("array<vec4<f32>," in low.plan["pipelines"][c["pipeline"]]["wgsl"]) == loops, n
+
+
+UNROLLED = ["attention", "attention/qkv_slices_T70_D32", "attention/cache_block_T3_S9",
+            "attention/cross_shared_kv_Dv12", "attention/cache_position"]
+
+
+@pytest.mark.webgpu
+@pytest.mark.parametrize("form", ["unrolled", "loops"])
+@pytest.mark.parametrize("name", UNROLLED)
+def test_records_in_both_code_shapes(name, form):
+    """GPUs get the head dim unrolled into registers, CPU adapters loops (codegen/attention.py):
+    run both on the native adapter, forward (inference and training) and gradients against
+    torch. (The other attention records run in the adapter's own shape in test_webgpu.py.)"""
+    try:
+        from webgrad.backends.webgpu import WebGPUBackend
+        be = WebGPUBackend()
+    except Exception as e:
+        pytest.skip(f"no native WebGPU adapter: {e}")
+    be.limits.cpu = form == "loops"
+    oracle.check(oracle.BY_NAME[name], be)
 
 
 # ---------------------------------------------------------------- GPT-2 size

@@ -218,7 +218,7 @@ class BadInit(Module):
 class BadShape(Module):
     def __init__(self):
         super().__init__()
-        self.W = self.param([4, 0])
+        self.W = self.param([4, -1])
 
 
 def _sum_w(m, inp):
@@ -229,7 +229,7 @@ def _sum_w(m, inp):
 CONFIG_ERRORS = [
     ("unknown_backend", {"backend": "cuda"}, ValueError, ["'cuda'", "reference", "torch", "webgpu"]),
     ("bad_init_name", {"factory": BadInit}, ValueError, ["unknown init 'xavier'", "init.kaiming()"]),
-    ("zero_dim_param", {"factory": BadShape}, ValueError, ["[4, 0]", "positive"]),
+    ("negative_dim_param", {"factory": BadShape}, ValueError, ["[4, -1]", "non-negative"]),
     ("bad_input_dtype", {"inputs": {"x": ([2], "f64")}}, ValueError, ["'x'", "'f64'", "'f32' or 'i32'"]),
     ("optimizer_class", {"optimizer": optim.Adam}, TypeError, ["optim.Adam(lr=1e-3)"]),
     ("factory_not_module", {"factory": lambda: 3}, TypeError, ["webgrad.Module", "int"]),

@@ -119,12 +119,25 @@ def _nan_forms() -> dict:
 def test_nan_feed_is_refused_naming_input_and_position(backend, form):
     c, twin = trained_pair(backend)
     before = state_of(c)
-    for method in (c.step, c.run):
-        with pytest.raises(FeedError) as e:
-            method({"x": _nan_forms()[form], "idx": [0, 1]})
-        msg = str(e.value)
-        assert msg.startswith(f"{method.__name__}(): input 'x'"), msg
-        assert "NaN at index [1, 2]" in msg and "flat position 6" in msg, msg
+    with pytest.raises(FeedError) as e:
+        c.step({"x": _nan_forms()[form], "idx": [0, 1]})
+    msg = str(e.value)
+    assert msg.startswith("step(): input 'x'"), msg
+    assert "NaN at index [1, 2]" in msg and "flat position 6" in msg, msg
+    assert_nothing_changed(c, twin, before)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nan_in_a_forward_run_computes_nan_and_keeps_nothing(backend):
+    """run() keeps no state: a NaN input gives the NaN output torch gives, and the
+    parameters stay as they were."""
+    c, twin = trained_pair(backend)
+    before = state_of(c)
+    assert math.isnan(c.run({"x": NAN_X, "idx": [0, 1]}))
+    f = c.compile_forward(lambda m, inp: ops.tanh(inp["x"] @ m.W), inputs={"x": [2, 4]})
+    got = f.run({"x": NAN_X})
+    want = torch.tanh(torch.from_numpy(NAN_X) @ torch.from_numpy(c.download_params()["W"]))
+    np.testing.assert_array_equal(np.isnan(got), torch.isnan(want).numpy())
     assert_nothing_changed(c, twin, before)
 
 
@@ -235,7 +248,8 @@ def test_every_call_after_destroy_raises_clearly(backend):
              "upload_params": lambda: c.upload_params({"b": [1.0, 2.0, 3.0]}, partial=True),
              "reset": c.reset, "reset_optimizer_state": c.reset_optimizer_state,
              "compile_forward": lambda: c.compile_forward(lambda m, inp: m.W, inputs={}),
-             "recover": c.recover}
+             "recover": c.recover, "save": lambda: c.save(None),
+             "load": lambda: c.load(b"")}
     for method, call in calls.items():
         with pytest.raises(DestroyedError, match=rf"^{method}\(\): this compiled module was destroyed"):
             call()
@@ -455,6 +469,19 @@ def test_check_finite_refuses_the_step_and_keeps_the_state(backend, bad, words):
     assert_same_state(state_of(c), state_of(twin))
 
 
+def test_check_finite_with_the_copy_kept_in_a_checkpoint_file(tmp_path):
+    """recovery=path keeps no second copy in memory: a refused step is undone from the file."""
+    path = str(tmp_path / "root.safetensors")
+    c = compile_root("torch", check_finite=True, recovery=path)
+    twin = compile_root("torch")
+    assert c.step({"x": [1.0, 2.0, 0.5]}) == twin.step({"x": [1.0, 2.0, 0.5]})
+    assert c._guard.state is None and os.path.exists(path)
+    with pytest.raises(NonFiniteError, match="the loss is nan"):
+        c.step({"x": [1.0, -1.0, 1.0]})
+    assert_same_state(state_of(c), state_of(twin))
+    assert c.step({"x": [0.5, 0.5, 0.5]}) == twin.step({"x": [0.5, 0.5, 0.5]})
+
+
 def test_without_check_finite_a_nan_step_goes_through():
     """The check is what makes the difference (a test that could not fail otherwise)."""
     c = compile_root("reference")
@@ -509,6 +536,29 @@ def test_recover_restores_the_last_completed_step_on_cpu_executors(backend):
     assert c.step(feed(2)) == twin.step(feed(2))
 
 
+def test_recover_after_upload_reset_and_load_restores_what_they_wrote():
+    """The host copy follows every write from the host, so recover() never undoes one."""
+    c = compile_net("reference", recovery="memory")
+    c.step(feed(0))
+    blob = c.save(None)
+    c.upload_params({"b": [1.0, 2.0, 3.0]}, partial=True)
+    want = state_of(c)
+    c.backend.write("b", wg.HostArray("f32", [9.0] * 3, shape=(3,)))
+    c.recover()
+    assert_same_state(state_of(c), want)
+    c.step(feed(1))
+    c.load(blob)
+    want = state_of(c)
+    c.backend.write("E", wg.HostArray("f32", [9.0] * 15, shape=(5, 3)))
+    c.recover()
+    assert_same_state(state_of(c), want)
+    c.reset()
+    want = state_of(c)
+    c.backend.write("W", wg.HostArray("f32", [9.0] * 12, shape=(4, 3)))
+    c.recover()
+    assert_same_state(state_of(c), want)
+
+
 def test_recover_without_a_copy_says_how_to_get_one():
     c = compile_net("reference")
     with pytest.raises(RuntimeError, match="recovery='memory'"):
@@ -526,18 +576,14 @@ def test_lost_device_without_recovery_says_what_to_do():
         c.step(feed(1))
 
 
-def test_checkpoint_round_trips_through_safetensors(tmp_path):
-    from safetensors.numpy import save_file
-
-    from webgrad.recovery import load_state, save_state
-    h = {"a": wg.HostArray("f32", [1.5, -2.0, 3.25, 0.0, 7.0, 8.0], shape=(2, 3)),
-         "step": wg.HostArray("f32", [4.0], shape=()), "i": wg.HostArray("i32", [7, -1], shape=(2,))}
-    save_state(str(tmp_path / "ours.safetensors"), h)
-    from safetensors.numpy import load_file
-    theirs = load_file(str(tmp_path / "ours.safetensors"))
-    for k, v in h.items():
-        np.testing.assert_array_equal(theirs[k], np.asarray(v).reshape(v.shape))
-    save_file({k: np.asarray(v).reshape(v.shape) for k, v in h.items()}, str(tmp_path / "t.safetensors"))
-    back = load_state(str(tmp_path / "t.safetensors"))
-    for k, v in h.items():
-        assert back[k].tolist() == v.tolist() and back[k].shape == v.shape
+def test_nan_scan_without_numpy(monkeypatch):
+    """The browser's path (no numpy): sum() flags a NaN, a scan confirms it; inf and -inf
+    together also sum to NaN, and must not be mistaken for one."""
+    import webgrad.arrays as arrays
+    monkeypatch.setattr(arrays, "numpy_or_none", lambda: None)
+    h = wg.HostArray("f32", [1.0, float("inf"), float("-inf"), 2.0], shape=(4,))
+    assert arrays.first_nan(h) is None
+    h[3] = float("nan")
+    assert arrays.first_nan(h) == 3
+    with pytest.raises(FeedError, match=r"input 'x': NaN at index \[1, 2\] \(flat position 6\)"):
+        arrays.to_host(NAN_X.tolist(), shape=(2, 4), dtype="f32", what="step(): input 'x'")

@@ -15,6 +15,8 @@ file holds what a record cannot express:
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -229,15 +231,18 @@ def test_rank_errors_name_op_and_line(name, fn, words, marker):
 def test_comparison_operators_are_elementwise():
     seen = {}
 
-    def fn(x):
+    values = [-1.0, 0.0, 0.5, 1.0, float("nan")]  # NaN made in the graph: feeds refuse it
+
+    def fn():
+        x = ops.constant(values)
         for name, t in [("le", x <= 0.5), ("ge", x >= 0.5), ("eq", x == 0.0), ("ne", x != 0.0),
                         ("lt", x < 0.5), ("gt", 0.5 < x)]:
             assert isinstance(t, wg.Tensor), (name, t)
             seen[name] = t
         return ops.concat([ops.unsqueeze(seen[k], 0) for k in sorted(seen)], 0)
-    f = forward(fn, {"x": ([5], "f32")}, "reference")
-    x = np.array([-1.0, 0.0, 0.5, 1.0, np.nan], np.float32)
-    got = dict(zip(sorted(seen), f.run({"x": x})))
+    f = forward(fn, {}, "reference")
+    x = np.array(values, np.float32)
+    got = dict(zip(sorted(seen), f.run({})))
     with np.errstate(invalid="ignore"):
         want = {"le": x <= 0.5, "ge": x >= 0.5, "eq": x == 0.0, "ne": x != 0.0, "lt": x < 0.5,
                 "gt": x > 0.5}
@@ -270,3 +275,64 @@ def test_scatter_add_rows_at_a_50k_vocabulary(backend):
     want = np.zeros((V, D))
     np.add.at(want, idx, vals.astype(np.float64))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-5)
+    if backend != "torch":  # torch's index_add_ picks its own order
+        # deterministic: each row summed in index order, so bit-equal to numpy's float32 add.at
+        exact = np.zeros((V, D), np.float32)
+        np.add.at(exact, idx, vals)
+        np.testing.assert_array_equal(got, exact)
+        np.testing.assert_array_equal(np.asarray(f.run({"v": vals, "i": idx})), got)
+
+
+# ---------------------------------------------------------------- embedding padding row
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_embedding_padding_row_starts_at_zero_and_never_trains(backend):
+    class E(Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(6, 4, padding_idx=1)
+
+    def loss(m, inp):
+        return ops.sum_all(ops.tanh(m.emb(inp["i"])) * inp["y"])
+    c = wg.compile_module(E, loss, inputs={"i": ([8], "i32"), "y": [8, 4]},
+                          optimizer=optim.SGD(lr=0.5), backend=backend)
+    w0 = c.download_params()["emb.W"]
+    np.testing.assert_array_equal(w0[1], 0.0)
+    assert np.abs(np.delete(w0, 1, axis=0)).min() > 0
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        c.step({"i": np.array([1, 1, 0, 2, 3, 1, 5, 4], np.int32),
+                "y": rng.standard_normal((8, 4)).astype(np.float32)})
+    w = c.download_params()["emb.W"]
+    np.testing.assert_array_equal(w[1], 0.0)  # read 3 times per step, never updated
+    assert (np.abs(w - w0)[[0, 2, 3, 4, 5]] > 0).all()
+
+
+# ---------------------------------------------------------------- sin/cos range reduction
+
+
+def test_two_over_pi_table_matches_the_digits():
+    mpmath = pytest.importorskip("mpmath")
+    from webgrad.codegen.elementwise import TWO_OVER_PI_WORDS
+    mpmath.mp.prec = 400
+    bits = int(mpmath.floor(2 / mpmath.pi * mpmath.mpf(2) ** 256))
+    want = [0] + [(bits >> (32 * (7 - k))) & 0xFFFFFFFF for k in range(8)]
+    assert list(TWO_OVER_PI_WORDS) == want
+
+
+@pytest.mark.webgpu
+@pytest.mark.skipif(not _webgpu_available(), reason="no native WebGPU adapter")
+def test_sin_cos_keep_f32_accuracy_at_any_magnitude():
+    """Up to 3.4e38: within 2e-7 of the true value of the f32 argument (numpy's float64
+    sin reduces exactly), where a three-part Cody-Waite reduction alone drifts to 1e-2."""
+    rng = np.random.default_rng(5)
+    x = (rng.uniform(-1, 1, 3000) * 10.0 ** rng.uniform(-2, 38.5, 3000)).astype(np.float32)
+    x[:5] = [8192.0, 8192.5, 1e5, 3.4e38, -3.4e38]
+    f = forward(lambda x: ops.concat([ops.sin(x), ops.cos(x)], 0), {"x": ([3000], "f32")}, "webgpu")
+    got = np.asarray(f.run({"x": x}), np.float64)
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(got, np.concatenate([np.sin(x64), np.cos(x64)]), rtol=0, atol=2e-7)
+    f1 = forward(lambda x: ops.sin(x * ops.constant([math.inf, -math.inf, math.nan])),
+                 {"x": ([3], "f32")}, "webgpu")  # NaN made in the graph: feeds refuse it
+    assert np.isnan(f1.run({"x": np.ones(3, np.float32)})).all()

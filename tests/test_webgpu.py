@@ -117,7 +117,7 @@ def test_split_k_is_chosen_for_long_k_and_few_tiles(M, K, N, nb, splits):
     assert cfg.splits == splits, cfg
     if splits > 1:
         assert (cfg.bm, cfg.bn) == (128, 128)
-    assert cfg.double  # the H200 row double-buffers
+    assert not cfg.double  # measured slower on the H200 (ADAPTER_TILINGS)
     # an adapter with no row in the table never splits
     assert mm.choose_config(M, N, K, nb, adapter="some GPU").splits == 1
 

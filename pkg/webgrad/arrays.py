@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import array
 import sys
+from itertools import chain
 from math import prod
 
 TYPECODE = {"f32": "f", "i32": "i"}
@@ -85,8 +86,8 @@ def to_host(value, *, shape, dtype: str, what: str, allow_nan: bool = False) -> 
     Values are converted, never reinterpreted: a float64 buffer fed as f32 is rounded value by
     value, an int16 or int64 buffer fed as i32 is widened or range-checked. The raw-bytes form
     (bytes, bytearray, a memoryview of format 'B') is the one exception: it IS the f32/i32 data.
-    Refused, naming the input and the position: NaN in f32 data (it would poison parameters and
-    optimizer state for good), integers outside i32, integer *buffers* for f32 (an index array
+    Refused, naming the input and the position: NaN in f32 data unless allow_nan (a NaN fed to
+    a training step poisons parameters and optimizer state for good), integers outside i32, integer *buffers* for f32 (an index array
     uploaded as weights is a mistake; Python lists of ints are fine), non-numbers in lists.
     """
     shape = tuple(shape)
@@ -104,9 +105,12 @@ def to_host(value, *, shape, dtype: str, what: str, allow_nan: bool = False) -> 
         got_shape, data = _from_array(value, shape, dtype, want, what)
     elif isinstance(value, (list, tuple, int, float)) and not isinstance(value, bool):
         got_shape = _shape_of(value) or ()
-        data = []
-        _flat_list(value, data)
-        _check_numbers(data, dtype, want, what, got_shape)
+        data = _flat_nested(value, got_shape)
+        if data is None:  # ragged: the element-wise walk, then the count check reports it
+            data = []
+            _flat_list(value, data)
+        if dtype == "i32":
+            _check_ints(data, want, what, got_shape)
     else:
         raise FeedError(f"{what}: cannot read a {type(value).__name__}; pass a numpy array, "
                         "array.array, memoryview, nested list or JS typed array")
@@ -116,7 +120,12 @@ def to_host(value, *, shape, dtype: str, what: str, allow_nan: bool = False) -> 
     if isinstance(data, (bytes, bytearray)):
         out.frombytes(data)
     else:
-        out.extend(data)
+        try:
+            out.extend(data)
+        except TypeError:  # a str, None, a list where a number belongs: say which, and where
+            at = next(i for i, v in enumerate(data) if not _is_number(v))
+            raise FeedError(f"{what}: expects numbers ({want}), got {type(data[at]).__name__} "
+                            f"{data[at]!r} at {_position(at, got_shape)}") from None
     if len(out) != prod(shape):
         raise FeedError(f"{what}: expects {prod(shape)} values for {want}, got {len(out)}")
     if dtype == "f32" and not allow_nan:
@@ -202,20 +211,26 @@ def _check_i32_range(values, what, want):
                         f"({want}); i32 holds {I32_MIN}..{I32_MAX}")
 
 
-def _check_numbers(flat: list, dtype, want, what, got_shape):
-    """Python numbers only (no str, None, bool); i32: ints in range. One pass, at C speed
-    when all is well (all(map(...))); the position is looked for only on failure."""
-    if dtype == "i32":
-        if all(map(_is_int, flat)):
-            _check_i32_range(flat, what, want)
-            return
-        at = next(i for i, v in enumerate(flat) if not _is_int(v))
-        raise FeedError(f"{what}: expects integer indices ({want}), got non-integers: "
-                        f"{flat[at]!r} at {_position(at, got_shape)}")
-    if not all(map(_is_number, flat)):
-        at = next(i for i, v in enumerate(flat) if not _is_number(v))
-        raise FeedError(f"{what}: expects numbers ({want}), got {type(flat[at]).__name__} "
-                        f"{flat[at]!r} at {_position(at, got_shape)}")
+def _flat_nested(value, shape) -> list | None:
+    """Nested lists flattened one level at a time (itertools.chain: C speed, where a walk
+    per element costs ~1 s per million values); None when a level is ragged."""
+    level = [value]
+    for d in shape:
+        if not all(isinstance(r, (list, tuple)) and len(r) == d for r in level):
+            return None
+        level = list(chain.from_iterable(level))
+    return level
+
+
+def _check_ints(flat: list, want, what, got_shape):
+    """Python ints in i32 range (no floats, no bools: True is not an index). Floats and
+    strings would also fail array('i').extend, but bools would pass as 1 and 0."""
+    if all(map(_is_int, flat)):
+        _check_i32_range(flat, what, want)
+        return
+    at = next(i for i, v in enumerate(flat) if not _is_int(v))
+    raise FeedError(f"{what}: expects integer indices ({want}), got non-integers: "
+                    f"{flat[at]!r} at {_position(at, got_shape)}")
 
 
 def _is_int(v) -> bool:

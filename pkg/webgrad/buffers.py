@@ -4,9 +4,11 @@ A WebGPU program's temporaries (kernel outputs nothing persistent holds) are kno
 advance, with the step at which each is written and the last step that reads it. They
 share a pool of buffers: walking the schedule, a tensor takes the smallest free buffer
 that fits (growing the largest free one if none fits, else a new one) and gives it back
-after its last reader. A buffer is never handed to a tensor written by the kernel that
-reads the buffer's previous tensor (outputs are placed before that kernel's inputs are
-freed), so no dispatch binds one buffer twice. Persistent buffers (params, optimizer
+after its last reader. A buffer is handed to a tensor written by the kernel that reads the
+buffer's previous tensor only when the planner says that is safe (`Live.donor`: that
+kernel reads the donor only at the index it writes, in the same thread, before writing:
+an elementwise update in place); otherwise outputs are placed before the kernel's inputs
+are freed. A kernel binds a shared buffer once, read_write (codegen/wgsl.py). Persistent buffers (params, optimizer
 state, kept gradients) and feeds are not pooled: they live for the program's lifetime.
 """
 from __future__ import annotations
@@ -27,6 +29,8 @@ class Live:
     nbytes: int
     first: int  # the step that writes it
     last: int   # the last step that reads it (END: read back / copied after the step)
+    donor: object = None  # key of a tensor whose last reader (step `first`) writes this
+                          # one at the same indices: this may take over its buffer
 
 
 def plan_pool(tensors: list[Live]) -> tuple[list[int], dict]:
@@ -35,6 +39,7 @@ def plan_pool(tensors: list[Live]) -> tuple[list[int], dict]:
     free: set[int] = set()
     assign: dict = {}
     busy: list[tuple[int, int]] = []  # (last, slot)
+    last_of = {t.key: t.last for t in tensors}
     for t in sorted(tensors, key=lambda t: (t.first, -t.nbytes)):
         # release what died before this step (a tensor read at step s is busy during s)
         for last, slot in list(busy):
@@ -42,8 +47,12 @@ def plan_pool(tensors: list[Live]) -> tuple[list[int], dict]:
                 busy.remove((last, slot))
                 free.add(slot)
         need = align(t.nbytes)
-        fits = [s for s in free if slots[s] >= need]
-        if fits:
+        d = assign.get(t.donor) if t.donor is not None else None
+        if d is not None and last_of[t.donor] == t.first and (t.first, d) in busy \
+                and slots[d] >= need:
+            busy.remove((t.first, d))  # in place: the donor dies in the kernel writing t
+            s = d
+        elif (fits := [s for s in free if slots[s] >= need]):
             s = min(fits, key=lambda s: slots[s])
         elif free:
             s = max(free, key=lambda s: slots[s])

@@ -8,13 +8,19 @@ compile_module(factory, loss_fn, ...):
   5. dce.cse / dce.dce    shared subexpressions merged, dead nodes dropped
   6. backend.prepare      reference/torch interpret the IR; webgpu plans buffers, emits WGSL
                           (backends/webgpu.py -> codegen/) and records the dispatch list
+     6a. (webgpu)         pattern passes rewrite the IR into fused kernels first: attention
+                          (codegen/attention_match.py -> attention.py), cross entropy and
+                          layer-norm backward (codegen/rowfuse_match.py -> rowfuse.py)
   7. init                 parameters get their initial values from one counter-based generator
                           (init.py): numpy on the CPU executors, a device program on webgpu
                           (codegen/initparams.py), the same bits everywhere
+  8. bounds.index_checks  which feeds are indices and their ranges: every step checks them
+                          on the host before anything runs (compiled.Program)
 The result is a CompiledModule (compiled.py), the runtime API users call; its profile(feed)
 times every kernel of a step (profile.py: ops covered, bytes, FLOPs, GPU time).
 Programs with several outputs and persistent state written in place (a KV cache) are traced
 the same way by stateful.compile_program, over the parameters of any program on that backend.
+With check_finite or recovery, recovery.py keeps a host copy of a module's last good state.
 """
 from __future__ import annotations
 

@@ -45,7 +45,6 @@ class Program:
 
     def __init__(self, backend, graph, inputs):
         self.backend, self.graph, self.inputs = backend, graph, inputs
-        self.allow_nan = False  # CompiledForward turns it on
         for n in graph.nodes:
             if n.op in ("param", "state"):
                 backend.ensure(n.attrs["name"], n.shape, n.dtype)
@@ -56,9 +55,7 @@ class Program:
 
     def reload(self, backend) -> "Program":
         """The same graph prepared on another backend (recover(): a new device)."""
-        p = Program(backend, self.graph, self.inputs)
-        p.allow_nan = self.allow_nan
-        return p
+        return Program(backend, self.graph, self.inputs)
 
     def check_feed(self, feed, method: str) -> dict[str, HostArray]:
         if not isinstance(feed, dict):
@@ -72,8 +69,10 @@ class Program:
             missing = sorted(set(self.inputs) - set(feed))
             raise FeedError(f"{method}(): missing input {', '.join(map(repr, missing))}; this program "
                             f"takes {declared}")
+        # NaN is refused where it would land in the persistent state (a training step); a
+        # forward run computes with it (NaN out, as torch gives) and keeps nothing
         hosts = {k: to_host(feed[k], shape=s, dtype=d, what=f"{method}(): input '{k}'",
-                            allow_nan=self.allow_nan)
+                            allow_nan=method != "step")
                  for k, (s, d) in self.inputs.items()}
         check_index_feeds(hosts, self.index_checks, method)
         return hosts
@@ -235,7 +234,7 @@ class CompiledModule:
             await self._recopy()
 
     async def _recopy(self) -> None:
-        if self._guard is not None and self._guard.state is not None:
+        if self._guard is not None and self._guard.has_copy:
             self._guard.commit(await self._guard.read())
 
     async def recover_async(self) -> int:
@@ -271,11 +270,14 @@ class CompiledModule:
     # -- checkpoints: safetensors files of params (+ optimizer state, step); io/checkpoint.py
     async def save_async(self, dst=None, *, optimizer: bool = True):
         from .io import checkpoint
+        self._alive("save")
         return await checkpoint.save_async(self, dst, optimizer=optimizer)
 
     async def load_async(self, src, *, optimizer: bool | None = None) -> None:
         from .io import checkpoint
+        self._alive("load")
         await checkpoint.load_async(self, src, optimizer=optimizer)
+        await self._recopy()  # recover() must not undo a load
 
     # -- PyTorch: the loss graph as a torch.nn.Module, state dicts back; io/torch_interop.py
     async def to_torch_async(self):
@@ -361,9 +363,6 @@ class CompiledForward:
 
     def __init__(self, owner: CompiledModule, program: Program, *, owns_owner: bool = False):
         self.owner, self._prog = owner, program
-        # an inference program stores nothing, so NaN inputs are evaluated as torch would;
-        # the training program refuses them (they would spread into parameters and moments)
-        program.allow_nan = True
         self._owns_owner = owns_owner  # compile_forward's own store: destroyed with this program
 
     param_names = property(lambda self: self.owner.param_names)

@@ -35,6 +35,7 @@ class Init:
     kind: str                  # randn | kaiming | zeros | ones | literal | uniform
     scale: float = 0.02        # randn std, or kaiming gain, or uniform bound
     data: tuple | None = None  # literal values, flat
+    zero_rows: tuple[int, ...] = ()  # rows (along axis 0) set to zero after drawing
 
     @property
     def decays(self) -> bool:
@@ -56,6 +57,13 @@ def literal(values) -> Init:
     flat: list = []
     _flat_list(values, flat)
     return Init("literal", data=tuple(float(v) for v in flat))
+
+
+def with_zero_rows(spec, rows) -> Init:
+    """`spec` with the given rows (axis 0) zeroed: an embedding's padding row, as torch's
+    nn.Embedding(padding_idx=) starts it."""
+    import dataclasses
+    return dataclasses.replace(as_init(spec), zero_rows=tuple(int(r) for r in rows))
 
 
 def as_init(spec) -> Init:
@@ -113,6 +121,19 @@ def recipe(spec: Init, shape, *, seed: int, name: str) -> tuple[str, int, float]
 
 def generate(spec: Init, shape, *, seed: int, name: str) -> list[float]:
     """The initial values as a flat list, in plain Python (the no-numpy path)."""
+    vals = _draw(spec, shape, seed=seed, name=name)
+    for r in _zero_rows(spec, shape):
+        width = prod(shape[1:])
+        vals[r * width:(r + 1) * width] = [0.0] * width
+    return vals
+
+
+def _zero_rows(spec: Init, shape) -> list[int]:
+    """Rows set to zero after drawing (embedding padding_idx), negative ones from the end."""
+    return [r % shape[0] for r in spec.zero_rows] if spec.zero_rows and shape else []
+
+
+def _draw(spec: Init, shape, *, seed: int, name: str) -> list[float]:
     n = prod(shape)
     kind, key, mul = recipe(spec, shape, seed=seed, name=name)
     if kind in ("zeros", "ones"):
@@ -170,4 +191,7 @@ def values_numpy(np, spec: Init, shape, *, seed: int, name: str, chunk: int = 1 
             v -= IRWIN_HALL_MEAN
         # int -> f32 is exact (|v| < 2^24), then ONE f32 product, as on the device
         np.multiply(v, np.float32(mul), out=out[s:s + k], dtype=np.float32, casting="unsafe")
-    return out.reshape(shape)
+    out = out.reshape(shape)
+    for r in _zero_rows(spec, shape):
+        out[r] = 0.0
+    return out

@@ -34,8 +34,8 @@ class Module:
         """Declare a parameter. init: "randn" (default, std 0.02), "zeros", "ones", "kaiming",
         or an init.* value; decay overrides whether AdamW/Lion weight decay applies."""
         shape = tuple(int(s) for s in ([shape] if isinstance(shape, int) else shape))
-        if any(s <= 0 for s in shape):
-            raise ValueError(f"param shape {list(shape)} must have positive dims")
+        if any(s < 0 for s in shape):
+            raise ValueError(f"param shape {list(shape)} must have non-negative dims")
         return ParamSpec(shape, _init.as_init(init), decay)
 
     def named_specs(self, prefix: str = "") -> list[tuple[str, ParamSpec]]:

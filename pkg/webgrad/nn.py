@@ -55,12 +55,21 @@ class RMSNorm(Module):
 
 
 class Embedding(Module):
-    def __init__(self, n: int, dim: int, *, init_w=None):
+    """Rows of W [n, dim] by i32 index. padding_idx: that row starts at zeros and gets no
+    gradient (torch's nn.Embedding(padding_idx=))."""
+
+    def __init__(self, n: int, dim: int, *, padding_idx: int | None = None, init_w=None):
         super().__init__()
-        self.W = self.param([n, dim], init=init_w or init.randn(0.02))
+        if padding_idx is not None and not -n <= padding_idx < n:
+            raise ValueError(f"Embedding: padding_idx {padding_idx} is outside [-{n}, {n})")
+        self.padding_idx = padding_idx
+        w_init = init_w or init.randn(0.02)
+        if padding_idx is not None:
+            w_init = init.with_zero_rows(w_init, [padding_idx])
+        self.W = self.param([n, dim], init=w_init)
 
     def fwd(self, idx):
-        return ops.embedding(self.W, idx)
+        return ops.embedding(self.W, idx, padding_idx=self.padding_idx)
 
     __call__ = fwd
 

@@ -8,6 +8,7 @@ Primitive ops are listed in primitives.py with the reason each one is primitive.
 """
 from __future__ import annotations
 
+import builtins
 import math
 from math import prod
 from typing import Sequence
@@ -102,13 +103,27 @@ def sin(x): return bind("sin", x)
 def cos(x): return bind("cos", x)
 
 
-def pow(x, p: float):
-    """x ** p for a Python number p (x ** 2 is a multiply)."""
+def pow(x, p):
+    """x ** p, elementwise, as torch.pow: p a Python number (x ** 2 is a multiply) or a
+    Tensor (broadcast against x; a negative base needs an integer exponent, else NaN)."""
+    if isinstance(p, Tensor) or not isinstance(x, Tensor):
+        x, p = _pair(x, p)
+        return bind("power", x, p)
     if p == 1:
         return x
     if p == 2:
         return x * x
     return bind("pow", x, p=float(p))
+
+
+def floor(x): return bind("floor", x)
+def trunc(x): return bind("trunc", x)
+def round(x): return bind("round", x)  # noqa: A001  (half to even, as torch.round)
+
+
+def stop_gradient(x):
+    """x, with no gradient flowing back through it (torch's x.detach())."""
+    return bind("stop_gradient", x)
 
 
 def cast(x, dtype: str): return x if x.dtype == dtype else bind("cast", x, dtype=dtype)
@@ -147,7 +162,7 @@ def sum(x, axes=None, *, keepdims=False):
 def sum_last(x, *, keepdims=False): return sum(x, -1, keepdims=keepdims)
 def sum_all(x): return sum(x)
 def mean_last(x, *, keepdims=False): return sum_last(x, keepdims=keepdims) * (1.0 / x.shape[-1])
-def mean_all(x): return sum_all(x) * (1.0 / max(x.node.size, 1))
+def mean_all(x): return sum_all(x) * (1.0 / builtins.max(x.node.size, 1))
 
 
 def max_last(x, *, keepdims=False):
@@ -156,6 +171,75 @@ def max_last(x, *, keepdims=False):
 
 
 def argmax_last(x): return bind("argmax_last", x)
+
+# ---- reductions over any axes: compositions that move the axes last and merge them, so
+# that one max_last / argmax_last / sum does the work (a transpose is free in a kernel's
+# prologue); ties share the gradient as in torch.amax
+
+
+def _axes(x, axes) -> tuple[int, ...]:
+    if axes is None:
+        return tuple(range(x.ndim))
+    axes = axes if isinstance(axes, (list, tuple)) else [axes]
+    out = tuple(sorted({_axis(x, a) for a in axes}))
+    if len(out) != len(axes):
+        raise ShapeError(f"axes {list(axes)} repeat an axis of {x.dtype}{list(x.shape)}"
+                         + at_user_line())
+    return out
+
+
+def _to_last(x, axes):
+    """x with `axes` moved last and merged into one: [kept..., prod(reduced)]."""
+    kept = [k for k in range(x.ndim) if k not in axes]
+    t = transpose(x, kept + list(axes))
+    return reshape(t, tuple(x.shape[k] for k in kept) + (prod(x.shape[a] for a in axes),))
+
+
+def _reduced_shape(x, axes, keepdims):
+    return tuple(1 if k in axes else d for k, d in enumerate(x.shape)) if keepdims else \
+        tuple(d for k, d in enumerate(x.shape) if k not in axes)
+
+
+def mean(x, axes=None, *, keepdims=False):
+    """Mean over `axes` (an int, a sequence, or None for all), as torch.mean."""
+    ax = _axes(x, axes)
+    n = prod(x.shape[a] for a in ax)
+    return sum(x, ax, keepdims=keepdims) * (1.0 / n if n else math.nan)
+
+
+def max(x, axes=None, *, keepdims=False):  # noqa: A001
+    """Maximum over `axes` (int, sequence or None), as torch.amax: tied maxima share the
+    gradient equally."""
+    ax = _axes(x, axes)
+    out = max_last(_to_last(x, ax)) if ax else x
+    return reshape(out, _reduced_shape(x, ax, keepdims))
+
+
+def min(x, axes=None, *, keepdims=False):  # noqa: A001
+    """Minimum over `axes`, as torch.amin (-max(-x): ties share the gradient)."""
+    return -max(-x, axes, keepdims=keepdims)
+
+
+def logsumexp(x, axes=None, *, keepdims=False):
+    """log(sum(exp(x))) over `axes`, shifted by the maximum so that it neither overflows
+    nor underflows; as torch.logsumexp (an infinite maximum shifts by 0), and its gradient
+    is exactly softmax(x) (the shift is a stop_gradient, not a cancellation)."""
+    ax = _axes(x, axes)
+    m = max(x, ax, keepdims=True)
+    m = stop_gradient(where(equal(abs(m), math.inf), 0.0, m))
+    out = log(sum(exp(x - m), ax, keepdims=True)) + m
+    return reshape(out, _reduced_shape(x, ax, keepdims))
+
+
+def argmax(x, axis=None, *, keepdims=False):
+    """i32 index of the first maximum along `axis`, as torch.argmax; axis=None: the flat
+    index over all elements."""
+    if axis is None:
+        out = argmax_last(reshape(x, (x.node.size,)))
+        return reshape(out, (1,) * x.ndim) if keepdims else out
+    a = _axis(x, axis)
+    out = argmax_last(_to_last(x, (a,)))
+    return reshape(out, _reduced_shape(x, (a,), keepdims))
 def softmax_last(x): return bind("softmax_last", x)
 def log_softmax_last(x): return bind("log_softmax_last", x)
 def layer_norm_last(x, eps: float = 1e-5): return bind("layer_norm_last", x, eps=float(eps))
@@ -244,12 +328,24 @@ def one_hot(idx, n: int): return bind("one_hot", idx, n=int(n))
 def arange(n: int, dtype: str = "i32"): return bind("arange", n=int(n), dtype=dtype)
 
 
-def embedding(table, idx):
-    """Rows of table [V, D] picked by i32 indices of any shape -> idx.shape + [D]."""
+def embedding(table, idx, padding_idx: int | None = None):
+    """Rows of table [V, D] picked by i32 indices of any shape -> idx.shape + [D].
+    padding_idx: that row gets no gradient (torch's F.embedding(padding_idx=)); the row is
+    still read as it is (nn.Embedding starts it at zeros)."""
+    rows = bind("gather_rows", table, idx)
+    if padding_idx is None:
+        return rows
+    V = table.shape[0]
+    if not -V <= padding_idx < V:
+        raise ShapeError(f"embedding: padding_idx {padding_idx} is outside a table of {V} rows"
+                         + at_user_line())
+    pad = unsqueeze(equal(idx, int(padding_idx) % V), -1)
+    return where(pad, stop_gradient(rows), rows)
+
+
+def gather_rows(table, idx):
+    """Rows of table [V, D] by i32 index (embedding without its options)."""
     return bind("gather_rows", table, idx)
-
-
-gather_rows = embedding
 
 
 def scatter_add_rows(values, idx, n: int): return bind("scatter_add_rows", values, idx, n=int(n))
@@ -436,5 +532,5 @@ def capture(name: str, x: Tensor) -> Tensor:
 
 
 __all__ = [n for n in dir() if not n.startswith("_") and n not in (
-    "annotations", "math", "prod", "Sequence", "Tensor", "bind", "conv_out_size", "current_graph",
+    "annotations", "builtins", "math", "prod", "Sequence", "Tensor", "bind", "conv_out_size", "current_graph",
     "at_user_line")]

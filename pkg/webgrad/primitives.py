@@ -114,6 +114,14 @@ def _last_axis(ins, attrs):
     return _unary_f32(ins, attrs)
 
 
+def _nonempty_last(ins, attrs):
+    # the max of nothing has no value (torch and numpy refuse it too)
+    x = ins[0]
+    if x.shape and x.shape[-1] == 0 and prod(x.shape[:-1]) > 0:
+        raise ShapeError("reduces an empty last axis, which has no maximum")
+    return _last_axis(ins, attrs)
+
+
 # ---------------------------------------------------------------- helpers for grads
 
 def _O():
@@ -162,6 +170,23 @@ _unary("pow", lambda np, a, x: np.power(x, np.asarray(a["p"], x.dtype)),
        lambda g, i, o, a: [g * a["p"] * _O().pow(i[0], a["p"] - 1)] if a["p"] != 0 else [None])
 
 
+# rounding: piecewise constant, so the gradient is zero (torch's too); round is half to
+# even, as torch.round, numpy and WGSL's round
+_unary("floor", lambda np, a, x: np.floor(x), lambda g, i, o, a: [None])
+_unary("trunc", lambda np, a, x: np.trunc(x), lambda g, i, o, a: [None])
+_unary("round", lambda np, a, x: np.round(x), lambda g, i, o, a: [None])
+
+
+def _identity_shape(ins, attrs):
+    return ins[0].shape, ins[0].dtype
+
+
+defprim("stop_gradient", "elementwise", shape=_identity_shape, ref=lambda np, a, x: x,
+        grad=lambda g, i, o, a: [None],
+        doc="the identity whose gradient is zero (torch's detach): padding rows of an "
+            "embedding, the shift of logsumexp")
+
+
 def _bin(name, ref, grad, shape=_binary):
     defprim(name, "elementwise", shape=shape, ref=ref, grad=grad)
 
@@ -185,6 +210,26 @@ def _minmax_grad(first_wins):
 
 _bin("maximum", lambda np, a, x, y: np.maximum(x, y), _minmax_grad(True))
 _bin("minimum", lambda np, a, x, y: np.minimum(x, y), _minmax_grad(False))
+
+
+def _power_shape(ins, attrs):
+    if ins[0].dtype != "f32" or ins[1].dtype != "f32":
+        raise ShapeError("needs f32 base and exponent; convert with ops.cast(x, 'f32')")
+    return _binary(ins, attrs)
+
+
+def _power_grad(g, i, o, a):
+    # d x^y = y x^(y-1) dx + x^y log(x) dy; torch's conventions at the edges: no dx where
+    # y = 0, no dy where x = 0 and y >= 0 (0^y is flat in y there)
+    O = _O()
+    x, y = i
+    dx = O.where(O.equal(y, 0.0), 0.0, g * y * O.pow(x, y - 1.0))
+    dy = O.where(O.equal(x, 0.0) * O.greater_equal(y, 0.0), 0.0, g * o * O.log(x))
+    return [dx, dy]
+
+
+_bin("power", lambda np, a, x, y: np.power(x, y), _power_grad, _power_shape)
+
 _bin("less", lambda np, a, x, y: (x < y).astype("float32"), None, _compare)
 _bin("greater", lambda np, a, x, y: (x > y).astype("float32"), None, _compare)
 _bin("equal", lambda np, a, x, y: (x == y).astype("float32"), None, _compare)
@@ -256,9 +301,9 @@ def _max_grad(g, i, o, a):
     return [O.unsqueeze(g, -1) * hit / O.sum_last(hit, keepdims=True)]
 
 
-defprim("max_last", "reduce", shape=lambda ins, a: (_last_axis(ins, a)[0][:-1], "f32"),
+defprim("max_last", "reduce", shape=lambda ins, a: (_nonempty_last(ins, a)[0][:-1], "f32"),
         ref=lambda np, a, x: np.max(x, axis=-1), grad=_max_grad)
-defprim("argmax_last", "reduce", shape=lambda ins, a: (_last_axis(ins, a)[0][:-1], "i32"),
+defprim("argmax_last", "reduce", shape=lambda ins, a: (_nonempty_last(ins, a)[0][:-1], "i32"),
         ref=lambda np, a, x: np.argmax(x, axis=-1).astype("int32"), grad=None)
 
 

@@ -15,20 +15,16 @@ Cost, and why it is opt-in: one read-back of the whole store per step (the model
 bytes, plus its optimizer state), and for a checkpoint file one write of it. Without the
 guard a step reads back the loss alone.
 
-The checkpoint is a safetensors file (8-byte little-endian header length, a JSON header of
-dtype/shape/offsets, the raw little-endian data), written by hand here so that the package
-keeps no dependency; it is replaced atomically (written aside, then renamed), so a crash
-while saving leaves the previous checkpoint intact. The step counter is stored as the
-tensor "step". Consumed by compiled.py.
+The checkpoint is a safetensors file (io/safetensors.py: pure Python, so it works in the
+browser too) of every store buffer under its store name ("W", "opt/m.W", "grad/W", "step");
+it is replaced atomically (written aside, then renamed), so a crash while saving leaves the
+previous checkpoint intact. Consumed by compiled.py.
 """
 from __future__ import annotations
 
-import json
 import os
 
 from .arrays import HostArray, first_nan
-
-_ST_DTYPES = {"f32": "F32", "i32": "I32"}
 
 
 class NonFiniteError(FloatingPointError):
@@ -36,56 +32,17 @@ class NonFiniteError(FloatingPointError):
 
 
 def save_state(path: str, state: dict[str, HostArray]) -> None:
-    """Write `state` (name -> HostArray) as a safetensors file, atomically."""
-    header, offset = {}, 0
-    for name, h in state.items():
-        n = 4 * len(h)
-        header[name] = {"dtype": _ST_DTYPES[h.dtype], "shape": list(h.shape),
-                        "data_offsets": [offset, offset + n]}
-        offset += n
-    head = json.dumps(header, separators=(",", ":")).encode()
-    head += b" " * (-len(head) % 8)  # the format pads the header to 8 bytes with spaces
+    """Write `state` (name -> HostArray) as a safetensors file, atomically: written aside,
+    then renamed over the old one, so a crash mid-write keeps the previous checkpoint."""
+    from .io import safetensors as st
     tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(len(head).to_bytes(8, "little"))
-        f.write(head)
-        for h in state.values():
-            f.write(_little_endian(h))
+    st.save(state, tmp, {"webgrad": "recovery", "step": str(int(state["step"][0]))})
     os.replace(tmp, path)
 
 
 def load_state(path: str) -> dict[str, HostArray]:
-    """Read a file written by save_state (any safetensors file of F32/I32 tensors)."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    n = int.from_bytes(raw[:8], "little")
-    header = json.loads(raw[8:8 + n])
-    header.pop("__metadata__", None)
-    body = memoryview(raw)[8 + n:]
-    out = {}
-    inverse = {v: k for k, v in _ST_DTYPES.items()}
-    for name, meta in header.items():
-        if meta["dtype"] not in inverse:
-            raise ValueError(f"{path}: tensor {name!r} has dtype {meta['dtype']}; a webgrad "
-                             "checkpoint holds F32 and I32 tensors only")
-        a, b = meta["data_offsets"]
-        h = HostArray(inverse[meta["dtype"]], shape=meta["shape"])
-        h.frombytes(body[a:b])
-        if _BIG_ENDIAN:
-            h.byteswap()
-        out[name] = h
-    return out
-
-
-_BIG_ENDIAN = HostArray("i32", [1]).tobytes()[0] == 0
-
-
-def _little_endian(h: HostArray) -> bytes:
-    if not _BIG_ENDIAN:
-        return h.tobytes()
-    c = HostArray(h.dtype, h, shape=h.shape)
-    c.byteswap()
-    return c.tobytes()
+    from .io import safetensors as st
+    return {name: t.to_host() for name, t in st.load(path).items()}
 
 
 class Guard:
@@ -98,7 +55,10 @@ class Guard:
         self.module, self.check_finite = module, check_finite
         self.path = None if recovery in (None, "memory") else os.fspath(recovery)
         self.recovery = recovery is not None
-        self.state: dict[str, HostArray] | None = None  # the last good copy
+        # the last good copy: in memory, or only in the file (a checkpoint keeps host memory
+        # free of a second copy of the model; the finite check then reads it back on refusal)
+        self.state: dict[str, HostArray] | None = None
+        self.has_copy = False
 
     def names(self) -> list[str]:
         m = self.module
@@ -110,18 +70,19 @@ class Guard:
 
     async def ensure_copy(self) -> None:
         """Before the first step: copy the starting state (init, or what was uploaded)."""
-        if self.state is None:
+        if not self.has_copy:
             self.commit(await self.read())
 
     def commit(self, state: dict[str, HostArray]) -> None:
-        self.state = state
         if self.path is not None:
             save_state(self.path, state)
+        self.state = state if self.path is None else None
+        self.has_copy = True
 
     def update(self, values: dict[str, HostArray]) -> None:
         """Values written from the host (upload_params): the copy follows without a read."""
-        if self.state is not None:
-            self.commit({**self.state, **values})
+        if self.has_copy:
+            self.commit({**self.last(), **values})
 
     def restore(self, state: dict[str, HostArray]) -> None:
         for name, h in state.items():
@@ -131,9 +92,9 @@ class Guard:
     def last(self) -> dict[str, HostArray]:
         if self.state is not None:
             return self.state
-        if self.path is not None and os.path.exists(self.path):
+        if self.has_copy:
             return load_state(self.path)
-        raise RuntimeError("recover(): there is no copy of the state yet (no step completed)")
+        raise RuntimeError("recover(): there is no copy of the state yet (no step ran)")
 
     async def after_step(self, loss: float) -> None:
         """Copy the new state; with check_finite, refuse it (restoring the last copy) when the
@@ -142,7 +103,7 @@ class Guard:
         if self.check_finite:
             bad = _first_nonfinite(loss, state)
             if bad is not None:
-                self.restore(self.state)
+                self.restore(self.last())
                 raise NonFiniteError(f"step(): {bad}; the step was refused: parameters, optimizer "
                                      "state and the step counter are as before this call. Lower "
                                      "the learning rate, clip gradients (clip_norm=) or check the "

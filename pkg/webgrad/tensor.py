@@ -37,13 +37,23 @@ def current_graph() -> Graph:
     return _graphs[-1]
 
 
+_inside: dict[str, bool] = {}  # code file -> whether it is webgrad's (abspath is slow)
+
+
+def _in_package(fn: str) -> bool:
+    v = _inside.get(fn)
+    if v is None:
+        v = _inside[fn] = os.path.abspath(fn).startswith(_PKG_DIR) or fn.startswith("<frozen")
+    return v
+
+
 def user_location() -> str | None:
     """'file.py:12 in loss_fn' for the innermost frame outside the webgrad package."""
     f = sys._getframe(1)
     while f is not None:
         fn = f.f_code.co_filename
         generated = fn == "<string>" and f.f_code.co_name == "__init__"  # a dataclass's __init__
-        if not os.path.abspath(fn).startswith(_PKG_DIR) and not fn.startswith("<frozen") and not generated:
+        if not _in_package(fn) and not generated:
             return f"{os.path.basename(fn)}:{f.f_lineno} in {f.f_code.co_name}"
         f = f.f_back
     return None
@@ -101,11 +111,8 @@ class Tensor:
     def __neg__(self): return _ops().neg(self)
     def __abs__(self): return _ops().abs(self)
 
-    def __pow__(self, p):
-        if not isinstance(p, (int, float)):
-            raise TypeError("Tensor ** only takes a Python number exponent; for a tensor "
-                            "exponent write ops.exp(b * ops.log(a))")
-        return _ops().pow(self, p)
+    def __pow__(self, p): return _ops().pow(self, p)
+    def __rpow__(self, b): return _ops().pow(b, self)
 
     # Comparisons are elementwise and return f32 0/1 masks, as torch's (bool) tensors do.
     # `==` too: a silent identity test (`t == 0.0` -> False) hides bugs. Tensors stay

@@ -144,3 +144,53 @@ got += [second.step(batch(i)) for i in range(3, 8)]
     assert got == want
     f = safetensors.torch.load(blob)
     assert f["step"].item() == 3.0 and "l1.W" in f and any(k.startswith("opt/") for k in f)
+
+
+@browser
+def test_gguf_dequantizes_on_browser_webgpu(browser_session, tmp_path):
+    """The blocks go up as they are and a WGSL kernel writes the f32 parameter (SwiftShader)."""
+    gguf = pytest.importorskip("gguf")
+    from gguf import GGMLQuantizationType as QT
+    from test_gguf import random_blocks, write
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((4, 256)).astype(np.float32)
+    quants = {QT.Q8_0: gguf.quants.quantize(x, QT.Q8_0), QT.Q4_0: gguf.quants.quantize(x, QT.Q4_0),
+              QT.Q4_K: random_blocks(QT.Q4_K, 4, rng).reshape(4, 144)}
+
+    def build(w):
+        for qt, q in quants.items():
+            w.add_tensor(qt.name, q, raw_shape=q.shape, raw_dtype=qt)
+
+    blob = write(tmp_path, build).read_bytes()
+    s = browser_session
+    s.run("""
+import webgrad as wg
+from webgrad import Module, ops
+from webgrad.io import gguf as G, gpu_dequant
+
+class W(Module):
+    def __init__(self):
+        super().__init__()
+        self.w = self.param([4, 256])
+        self.wt = self.param([256, 4])
+
+def gpu_values(blob):
+    f = G.load(blob)
+    c = wg.compile_forward(W, lambda m, i: ops.sum_all(m.w) + ops.sum_all(m.wt), inputs={},
+                           backend="webgpu")
+    out = {}
+    for name, t in f.tensors.items():
+        gpu_dequant.write(c.owner.backend, "w", t)
+        gpu_dequant.write(c.owner.backend, "wt", t, transpose=True)
+        p = c.download_params()
+        out[name] = [p["w"].tobytes(), p["wt"].tobytes(), float(c.run({}).tolist())]
+    c.destroy()
+    return out
+""")
+    got = s.call("gpu_values", blob)
+    for qt, q in quants.items():
+        want = gguf.quants.dequantize(q, qt).astype(np.float32)
+        w, wt, total = got[qt.name]
+        assert w == want.tobytes(), qt.name
+        assert wt == np.ascontiguousarray(want.T).tobytes(), qt.name
+        assert total == pytest.approx(2 * float(want.astype(np.float64).sum()), rel=1e-4, abs=1e-3)

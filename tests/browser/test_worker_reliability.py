@@ -15,6 +15,7 @@ browser = pytest.mark.browser
 
 MODEL = '''
 import array, math
+import webgrad as wg
 from webgrad import Module, ops, optim
 
 class Net(Module):
@@ -63,7 +64,7 @@ errors = []
 nan_x = [[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, float("nan"), 1.0]]
 for call in (lambda: c.step({"x": nan_x}),
              lambda: c.step({"x": array.array("f", sum(nan_x, []))}),
-             lambda: c.run({"x": memoryview(array.array("d", sum(nan_x, [])))}),
+             lambda: c.step({"x": memoryview(array.array("d", sum(nan_x, [])))}),
              lambda: c.upload_params({"b": [0.0, float("nan"), 1.0]}, partial=True),
              lambda: c.upload_params({"b": array.array("i", [1, 2, 3])}, partial=True),
              lambda: c.step({"x": [[1.0, "2", 3.0, 4.0], [1.0] * 4]})):
@@ -134,13 +135,15 @@ except wg.NonFiniteError as e:
 
 
 @browser
-def test_lost_device_then_recover_in_the_browser(s):
+@pytest.mark.parametrize("recovery", ["memory", "/tmp/recovery.safetensors"])
+def test_lost_device_then_recover_in_the_browser(s, recovery):
+    """recovery="memory", or a checkpoint file in Pyodide's file system."""
     want = reference_losses(range(6))
-    out = s.run('''
+    out = s.run(f'''
 from webgrad.backends.webgpu import WebGPUBackend
 from webgrad.backends.webgpu_browser import BrowserHost, request_device
 host = BrowserHost(await request_device(new=True))     # a device of its own: the shared one lives
-c = compile_net(WebGPUBackend(host), recovery="memory")
+c = compile_net(WebGPUBackend(host), recovery={recovery!r})
 losses = [c.step(feed(k)) for k in range(3)]
 host.device.destroy()
 try:

@@ -21,6 +21,24 @@ class Interpreter(Backend):
     def to_host(self, x, dtype: str) -> HostArray: raise NotImplementedError
     def zeros(self, shape, dtype): raise NotImplementedError
 
+    def from_numpy(self, x):
+        """A float32 numpy array as this executor's array (init_params' fast path)."""
+        from ..arrays import HostArray
+        h = HostArray("f32", shape=x.shape)
+        h.frombytes(x.tobytes())
+        return self.from_host(h)
+
+    def init_params(self, items, *, seed: int) -> None:
+        """numpy's values straight into the store: GPT-2's 124M values otherwise went
+        through three copies (bytes, HostArray, numpy again)."""
+        try:
+            import numpy as np
+        except ImportError:
+            return super().init_params(items, seed=seed)
+        from ..init import values_numpy
+        for name, spec, shape in items:
+            self.store[name] = self.from_numpy(values_numpy(np, spec, shape, seed=seed, name=name))
+
     def ensure(self, name, shape, dtype):
         if name in self.store:
             return False

@@ -197,6 +197,11 @@ def _impls(device) -> dict:
         "sin": lambda a, x: torch.sin(x),
         "cos": lambda a, x: torch.cos(x),
         "pow": _pow,
+        "power": lambda a, x, y: torch.pow(x, y),
+        "floor": lambda a, x: torch.floor(x),
+        "trunc": lambda a, x: torch.trunc(x),
+        "round": lambda a, x: torch.round(x),
+        "stop_gradient": lambda a, x: x,
         "add": lambda a, x, y: x + y,
         "sub": lambda a, x, y: x - y,
         "mul": lambda a, x, y: x * y,
@@ -249,6 +254,9 @@ class TorchBackend(Interpreter):
             raise ValueError(f"backend='torch:{device}': torch cannot use device "
                              f"{device!r} ({e})") from None
         self.impls = TORCH_IMPLS if self.device.type == "cpu" else _impls(self.device)
+
+    def from_numpy(self, x):
+        return torch.from_numpy(x).to(self.device)
 
     def from_host(self, h: HostArray):
         dt = _tdtype(h.dtype)

@@ -74,6 +74,8 @@ class WebGPUBackend(Backend):
         data = host.tobytes() if hasattr(host, "tobytes") else bytes(host)
         if len(data) != 4 * prod(slot.shape):
             raise ValueError(f"write of {len(data)} bytes into '{name}' {slot.dtype}{list(slot.shape)}")
+        if not data:  # zero-size: never on the GPU (codegen/empty.py)
+            return
         if slot.home is not None:
             self.host.write(slot.home[0], slot.home[1], data)
         else:
@@ -97,7 +99,9 @@ class WebGPUBackend(Backend):
         for name, spec, shape in items:
             r = recipe(spec, shape, seed=seed, name=name)
             slot = self.store[name]
-            (on_device if r[0] != "literal" and slot.home is not None else on_host).append(
+            # literals and zeroed rows (padding_idx) are written from the host
+            device = r[0] != "literal" and not spec.zero_rows and slot.home is not None
+            (on_device if device else on_host).append(
                 (name, spec, shape, r))
         if on_device:
             from ..compiled import run_blocking
@@ -177,10 +181,13 @@ class WebGPUProgram:
     async def run(self, feeds: dict, fetch: list[str]) -> dict:
         low = self.lowered
         writes = {low.feeds[k]: v.tobytes() for k, v in feeds.items() if k in low.feeds}
-        reads = list(dict.fromkeys(low.outputs[k][0] for k in fetch))
+        reads = list(dict.fromkeys(low.outputs[k][0] for k in fetch if k in low.outputs))
         data = dict(zip(reads, await self.backend.host.run(self.program, writes, reads)))
         out = {}
         for k in fetch:
+            if k in low.empty_outputs:
+                out[k] = HostArray(low.empty_outputs[k][1], shape=low.empty_outputs[k][0])
+                continue
             buf, off, nbytes, shape, dtype = low.outputs[k]
             out[k] = device_result(data[buf], off, nbytes, dtype, shape)
         return out

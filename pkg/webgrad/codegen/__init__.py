@@ -10,14 +10,19 @@
   rows.py         write_rows (kernel; in place into a state buffer: the KV cache step)
   reduce.py       sum, max_last, argmax_last, softmax/log_softmax/layer_norm (one kernel each)
   matmul.py       the tiled, register-blocked matmul
+  attention_match.py, attention.py   softmax(mask(q k^T)) v and its gradient found in the
+                  graph, rewritten into flash-style kernels (no [T, S] tensor stored)
+  rowfuse_match.py, rowfuse.py   cross entropy as logits - logsumexp + a pick; layer-norm
+                  backward as one row kernel
+  empty.py        zero-size tensors leave the graph before anything is planned
   fusion.py       storage decisions, kernel groups, merges, in-place writebacks, schedule
-  program.py      the driver: buffer plan (../buffers.py), kernels, commands -> Lowered
+  program.py      the driver: pattern passes, buffer plan (../buffers.py), kernels, commands
 LOWERED_OPS lists every IR op this back end lowers (tests/test_registry.py checks it
 against primitives.PRIMS).
 """
 from __future__ import annotations
 
-from . import conv, elementwise, index, layout, random  # noqa: F401  (register expression rules)
+from . import conv, elementwise, index, layout, random, rowfuse  # noqa: F401  (register expression rules)
 from .emit import EXPR_RULES
 from .fusion import KERNEL_OPS, LEAF_OPS, FusionError
 from .program import Lowered, lower

@@ -14,7 +14,8 @@ What is matched (forward), reading back from `O = matmul(P, V)`:
     add(chain, M) / add(M, chain) / sub(chain, M)        (an additive mask of 0 and <= MASK_FILL)
   The mask must keep key j for query i exactly when j <= i + offset (offset >= 0: every
   query keeps key 0; causal is offset 0, a query block at the end of a cache S - T), or
-  keep every key. It is read symbolically: arange / cast / reshape / transpose / broadcast
+  keep every key; the offset may add a one-element feed or state read at run time (a
+  query block at position `pos` of a KV cache: j <= i + pos). It is read symbolically: arange / cast / reshape / transpose / broadcast
   / add / sub / mul / comparisons / where over constants are affine functions of (i, j) and
   half-planes of them (`_sym`), so `ops.causal_mask`, `where_causal`, `softmax_causal_last`
   and hand-written `less(cols, rows)` spellings all read as an offset; a constant table (a
@@ -25,6 +26,7 @@ What is matched (backward), from grad.py's rules for exactly those ops:
   (mul(g, c), div(g, c), where(m, g, 0), the identity for add/sub); gA = matmul(gS, B^T),
   gB = matmul(A^T, gS).
 Rewrite (lse: the row log-sum-exp of the masked, scaled scores):
+  O = attn_out(A, B, V)                  when nothing differentiates O (inference), else
   lse = attn_lse(A, B); O = attn_out(A, B, V, lse)
   gV = attn_dv(A, B, G, lse); Drow = sum_last(G * O)  (= sum_last(gP * P), plain IR)
   gA = attn_dq(A, B, V, G, lse, Drow); gB = transpose(attn_dk(A, B, V, G, lse, Drow))
@@ -56,6 +58,7 @@ class Match:
     o: int                  # matmul(P, V)
     scale: float
     offset: int | None      # key j is kept for query i iff j <= i + offset (None: all)
+    dyn: int | None = None  # a runtime scalar added to offset (a KV cache's position feed)
     inner: list[int] = field(default_factory=list)   # S .. X, P
     g: int | None = None    # gradient of O
     gv: int | None = None
@@ -82,11 +85,12 @@ class _Matcher:
 
     # ------------------------------------------------------------ constant subgraphs
     def is_const(self, n: int) -> bool:
-        """Built from const / arange leaves only (no feed, parameter, state or random)."""
+        """Built from const / arange leaves and one-element feeds or state (a position:
+        the same for every score), no parameter or random number."""
         r = self._const.get(n)
         if r is None:
             node = self.g[n]
-            if node.op in ("const", "arange"):
+            if node.op in ("const", "arange") or (node.op in ("input", "state") and node.size == 1):
                 r = True
             elif node.op in ("input", "param", "state", "rand_uniform") or not node.inputs:
                 r = False
@@ -119,12 +123,14 @@ class _Matcher:
             if x is not None:  # an index along a size-1 axis is always 0: no coefficient
                 r = len(node.shape)
                 keep = {k for k in range(-r, 0) if node.shape[k] != 1}
+
+                def kept(coefs):
+                    return {k: c for k, c in coefs.items() if c and (k in keep or not isinstance(k, int))}
                 if x[0] == "aff":
-                    x = ("aff", x[1], {k: c for k, c in x[2].items() if k in keep and c})
+                    x = ("aff", x[1], kept(x[2]))
                 else:
                     c0, coefs, strict = x[1]
-                    x = ("sel", (c0, {k: c for k, c in coefs.items() if k in keep and c},
-                                 strict), x[2], x[3])
+                    x = ("sel", (c0, kept(coefs), strict), x[2], x[3])
             self._sym[n] = x
         return self._sym[n]
 
@@ -135,6 +141,8 @@ class _Matcher:
             return ("aff", v, {}) if v is not None else None
         if op == "arange":
             return ("aff", 0.0, {-1: 1.0})
+        if op in ("input", "state") and node.size == 1:  # a runtime scalar: a symbol
+            return ("aff", 0.0, {("dyn", node.id): 1.0})
         if op == "cast":
             x = self.sym(ins[0])
             if x is None or (node.dtype == "i32" and not _integral(x)):
@@ -197,11 +205,13 @@ class _Matcher:
         _, (c0, coefs, _), one, zero = strict
         return ("sel", (c0, coefs, False), one, zero)
 
-    def kept(self, m: int, shape, keeps: str) -> tuple[bool, int | None]:
-        """(ok, offset) for a mask m read over scores of `shape`: key j of query i is kept
-        where the mask is nonzero (keeps="nonzero", a where) or zero ("zero": where's
+    def kept(self, m: int, shape, keeps: str):
+        """(ok, offset, dyn) for a mask m read over scores of `shape`: key j of query i is
+        kept where the mask is nonzero (keeps="nonzero", a where) or zero ("zero": where's
         other branch, an additive mask); ok when that is `j <= i + offset` (offset >= 0)
-        or everything (offset None)."""
+        or everything (offset None); dyn: a runtime scalar (node id) added to the offset,
+        as in `j <= i + pos` for a query block at position pos of a cache (taken to be
+        >= 0: with a negative position a row would keep no key)."""
         key = (m, tuple(shape), keeps)
         if key not in self._kept:
             keep_if = (lambda x: x != 0) if keeps == "nonzero" else (lambda x: x == 0)
@@ -212,35 +222,35 @@ class _Matcher:
         T, S = shape[-2], shape[-1]
         node = self.g[m]
         if node.op == "const" and isinstance(node.attrs["value"], tuple):
-            return _table_offset(node, T, S, keep_if)
+            return _table_offset(node, T, S, keep_if) + (None,)
         s = self.sym(m)
+        no = (False, None, None)
         if s is None:
-            return False, None
+            return no
         if s[0] == "aff":
-            return (keep_if(s[1]), None) if not s[2] else (False, None)
+            return (keep_if(s[1]), None, None) if not s[2] else no
         _, (c0, coefs, strict), a, b = s
         ka, kb = keep_if(a), keep_if(b)
         if ka == kb:
-            return ka, None
-        if set(coefs) - {-1, -2}:
-            return False, None  # the mask differs across batch axes
+            return ka, None, None
+        dyn = [k for k in coefs if not isinstance(k, int)]
+        if set(coefs) - {-1, -2} - set(dyn) or len(dyn) > 1:
+            return no  # the mask differs across batch axes, or two runtime scalars
         ci, cj = coefs.get(-2, 0.0), coefs.get(-1, 0.0)
+        cp = coefs[dyn[0]] if dyn else 0.0
         if T == 1:
             ci = 0.0
         if not ka:  # kept where the predicate fails: not (e > 0) is -e >= 0
-            c0, ci, cj, strict = -c0, -ci, -cj, not strict
-        # kept iff c0 + ci i + cj j  (> or >=)  0
+            c0, ci, cj, cp, strict = -c0, -ci, -cj, -cp, not strict
+        # kept iff c0 + ci i + cj j + cp pos  (> or >=)  0
         if ci == 0 and cj == 0:
-            return (c0 > 0 if strict else c0 >= 0), None
-        if ci <= 0 or cj != -ci:
-            if T == 1 and cj < 0:  # one query: kept iff j < bound
-                t = c0 / -cj
-                off = (math.ceil(t) - 1) if strict else math.floor(t)
-                return _offset_ok(off, T, S)
-            return False, None
-        t = c0 / ci  # kept iff j - i < t (strict) or <= t
+            return ((c0 > 0 if strict else c0 >= 0), None, None) if not dyn else no
+        k = -cj  # kept iff j - i <= offset (+ pos): ci = k, cj = -k, cp = k
+        if k <= 0 or (ci != k and T > 1) or (dyn and cp != k):
+            return no
+        t = c0 / k
         off = (math.ceil(t) - 1) if strict else math.floor(t)
-        return _offset_ok(off, T, S)
+        return _offset_ok(off, T, S, dyn[0][1] if dyn else None)
 
     # ------------------------------------------------------------ the forward pattern
     def forward(self, o: int) -> Match | None:
@@ -297,16 +307,16 @@ class _Matcher:
                 fill = _mask_fill(self, other[0], sign)
                 if fill is None:
                     return None
-        offset = None
+        offset = dyn = None
         if mask is not None:
-            ok, offset = self.kept(mask[0], pn.shape, mask[1])
+            ok, offset, dyn = self.kept(mask[0], pn.shape, mask[1])
             if not ok or (offset is not None and not (fill is not None and fill <= MASK_FILL)):
                 return None
         D, Dv = g[a].shape[-1], g[v].shape[-1]
         if D > MAX_HEAD_DIM or Dv > MAX_HEAD_DIM or g[v].shape[-2] != sn.shape[-1]:
             return None
         inner = [s] + [n for n, _ in reversed(chain)] + [p]
-        return Match(s, a, b, v, p, o, scale, offset, inner)
+        return Match(s, a, b, v, p, o, scale, offset, inner=inner, dyn=dyn)
 
     def _chain_input(self, node) -> int | None:
         """Which input carries the scores (the others must be constant), or None."""
@@ -404,6 +414,7 @@ def _remap_axes(x, in_shape, node):
             raise ValueError("a reshape that merges or splits axes")
         where = dict(zip(src, dst))
         new = {where[k]: c for k, c in coefs.items() if k in where}
+    new.update({k: c for k, c in coefs.items() if not isinstance(k, int)})  # runtime scalars
     if x[0] == "aff":
         return ("aff", x[1], new)
     return ("sel", (x[1][0], new, x[1][2]), x[2], x[3])
@@ -431,10 +442,12 @@ def _arith(op, x, y):
     raise ValueError("two masks combined")
 
 
-def _offset_ok(off, T, S):
+def _offset_ok(off, T, S, dyn=None):
     if off < 0:
-        return False, None  # some query would keep no key at all
-    return True, (None if off >= S - 1 else int(off))
+        return False, None, None  # some query would keep no key at all
+    if dyn is not None:
+        return True, int(off), dyn
+    return True, (None if off >= S - 1 else int(off)), None
 
 
 def _table_offset(node, T, S, keep_if):
@@ -446,13 +459,13 @@ def _table_offset(node, T, S, keep_if):
     kept0 = [keep_if(vals[j]) for j in range(S)]
     off = sum(kept0) - 1
     if rows == 1 and T > 1:
-        return (all(kept0), None) if all(kept0) else (False, None)
+        return (True, None) if all(kept0) else (False, None)
     for i in range(rows):
         base = i * S
         for j in range(S):
             if keep_if(vals[base + j]) != (j <= i + off):
                 return False, None
-    return _offset_ok(off, T, S)
+    return _offset_ok(off, T, S)[:2]
 
 
 def _mask_fill(mt: _Matcher, m: int, sign: float):
@@ -491,7 +504,8 @@ def rewrite_attention(g: Graph, limits=None) -> Graph:
     if limits is not None:
         # attn_dq/attn_dk bind A, B, V, G, lse, Drow and their output
         budget = limits.max_storage_buffers_per_shader_stage
-        matches = [m for m in matches if budget >= (7 if m.g is not None else 5)]
+        matches = [m for m in matches
+                   if budget >= (7 if m.g is not None else 5) + (m.dyn is not None)]
     while matches:
         out, remap = _rebuild(g, matches)
         live = _live(out)
@@ -534,22 +548,27 @@ def _rebuild(g: Graph, matches: list[Match]):
         batch = tuple(g[m.p].shape[:-2])
         T, S = g[m.p].shape[-2:]
         D = g[m.a].shape[-1]
-        attrs = {"scale": m.scale, "offset": m.offset}
+        attrs = {"scale": m.scale, "offset": m.offset, "dyn": m.dyn is not None}
+        pos = [remap[m.dyn]] if m.dyn is not None else []  # the runtime offset, last input
         if what == "o":
-            lse = add("attn_lse", [A, B], batch + (T,), attrs, n.loc)
+            if m.g is None:  # no backward: one kernel, softmax online
+                remap[n.id] = add("attn_out", [A, B, V] + pos, n.shape, dict(attrs, online=True),
+                                  n.loc)
+                continue
+            lse = add("attn_lse", [A, B] + pos, batch + (T,), attrs, n.loc)
             made[(m.o, "lse")] = lse
-            remap[n.id] = add("attn_out", [A, B, V, lse], n.shape, attrs, n.loc)
+            remap[n.id] = add("attn_out", [A, B, V, lse] + pos, n.shape, attrs, n.loc)
             continue
         lse, G = made[(m.o, "lse")], remap[m.g]
         if what == "gv":
-            remap[n.id] = add("attn_dv", [A, B, G, lse], n.shape, attrs, n.loc)
+            remap[n.id] = add("attn_dv", [A, B, G, lse] + pos, n.shape, attrs, n.loc)
             continue
         drow = made.get((m.o, "drow"))
         if drow is None:  # sum_last(G * O): the softmax gradient's row term
             prod_ = add("mul", [G, remap[m.o]], g[m.o].shape, {}, n.loc)
             drow = made[(m.o, "drow")] = add("sum", [prod_], batch + (T,),
                                              {"axes": (len(batch) + 1,)}, n.loc)
-        ins = [A, B, V, G, lse, drow]
+        ins = [A, B, V, G, lse, drow] + pos
         if what == "ga":
             remap[n.id] = add("attn_dq", ins, n.shape, attrs, n.loc)
         else:

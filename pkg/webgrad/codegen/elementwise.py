@@ -76,19 +76,85 @@ def _pow(x: str, p: float) -> str:
 
 
 # sin/cos: WGSL only promises 2^-11 absolute error (SwiftShader is off by ~2e-4), so they are
-# ours: k = round(x 2/pi), r = x - k pi/2 with pi/2 split in three parts (Cody-Waite; the first
-# has 8 significant bits, so k * part is exact for |k| < 2^16), then the f32 minimax polynomials
-# for sin and cos on [-pi/4, pi/4] (Cephes' sinf/cosf coefficients) and the quadrant k mod 4.
-TRIG_WGSL = """fn trig_f(x: f32, quarter_turns: i32) -> f32 {
+# ours. For |x| <= 8192: k = round(x 2/pi), r = x - k pi/2 with pi/2 split in three parts
+# (Cody-Waite; the first has 8 significant bits, so k * part is exact for |k| < 2^16; the
+# error stays ~1e-7 up to 8192 and grows beyond, to 1e-6 at 1e5 and 1e-2 at 1e9), so
+# larger arguments take the Payne-Hanek reduction: x = m 2^e with a 24-bit integer m, and
+# x 2/pi mod 4 is m times a 96-bit window of the bits of 2/pi starting at bit e - 2 (earlier
+# bits only add multiples of 4), done in u32 words (a 32x32 -> 64 bit product from 16-bit
+# halves). Its top 2 bits are the quadrant, the other 94 the fraction, negated in the
+# integer domain when >= 1/2 so that nothing cancels in f32; r = fraction * pi/2 is exact
+# to f32 rounding for every finite f32 x. Then the f32 minimax polynomials for sin and cos
+# on [-pi/4, pi/4] (Cephes' sinf/cosf coefficients) and the quadrant k mod 4. inf and NaN
+# give NaN, as torch.
+TWO_OVER_PI_WORDS = (0x0, 0xA2F9836E, 0x4E441529, 0xFC2757D1, 0xF534DDC0, 0xDB629599,
+                     0x3C439041, 0xFE5163AB, 0xDEBBC561)  # a zero word, then 2/pi's bits 1..256
+
+TRIG_WGSL = """var<private> trig_2opi: array<u32, 9> = array<u32, 9>(""" + ", ".join(
+    f"0x{w:08x}u" for w in TWO_OVER_PI_WORDS) + """);
+
+fn trig_mul64(a: u32, b: u32) -> vec2<u32> {
+  let a0 = a & 0xffffu; let a1 = a >> 16u; let b0 = b & 0xffffu; let b1 = b >> 16u;
+  let p00 = a0 * b0; let p01 = a0 * b1; let p10 = a1 * b0; let p11 = a1 * b1;
+  let mid = (p00 >> 16u) + (p01 & 0xffffu) + (p10 & 0xffffu);
+  return vec2<u32>((p00 & 0xffffu) | (mid << 16u), p11 + (p01 >> 16u) + (p10 >> 16u) + (mid >> 16u));
+}
+
+fn trig_window(q: u32) -> u32 {
+  let i = q >> 5u;
+  let s = q & 31u;
+  let lo = select(trig_2opi[i + 1u] >> ((32u - s) & 31u), 0u, s == 0u);
+  return (trig_2opi[i] << s) | lo;
+}
+
+fn trig_f(x: f32, quarter_turns: i32) -> f32 {
+  var r: f32;
+  var k: i32;
+  let bits = bitcast<u32>(x);
+  if (abs(x) <= 8192.0f) {
     let kf = round(x * 0.636619772f);
-    let r = ((x - kf * 1.5703125f) - kf * 4.837512969970703e-4f) - kf * 7.549789954891882e-8f;
-    let z = r * r;
-    let s = ((-1.9515295891e-4f * z + 8.3321608736e-3f) * z - 1.6666654611e-1f) * z * r + r;
-    let c = ((2.443315711809948e-5f * z - 1.388731625493765e-3f) * z + 4.166664568298827e-2f) * z * z
-            - 0.5f * z + 1.0f;
-    let q = (i32(kf) + quarter_turns) & 3;
-    return select(select(select(-c, -s, q == 2), c, q == 1), s, q == 0);
+    r = ((x - kf * 1.5703125f) - kf * 4.837512969970703e-4f) - kf * 7.549789954891882e-8f;
+    k = i32(kf);
+  } else if ((bits & 0x7f800000u) == 0x7f800000u) {
+    return bitcast<f32>(wg_nan_bits);
+  } else {
+    let m = (bits & 0x7fffffu) | 0x800000u;
+    let p = ((bits >> 23u) & 0xffu) + 32u - 152u;
+    let f2w = trig_window(p);
+    let p0 = trig_mul64(m, trig_window(p + 64u));
+    let p1 = trig_mul64(m, trig_window(p + 32u));
+    var w0 = p0.x;
+    var w1 = p0.y + p1.x;
+    let w2 = p1.y + m * f2w + select(0u, 1u, w1 < p0.y);
+    var q = w2 >> 30u;
+    var f0 = w2 & 0x3fffffffu;
+    var sgn = 1.0f;
+    if ((f0 & 0x20000000u) != 0u) {
+      q = q + 1u;
+      sgn = -1.0f;
+      w0 = ~w0 + 1u;
+      let c1 = select(0u, 1u, w0 == 0u);
+      w1 = ~w1 + c1;
+      let c2 = select(0u, 1u, c1 == 1u && w1 == 0u);
+      f0 = (~f0 & 0x3fffffffu) + c2;
+    }
+    let v = (f32(f0) * 9.313225746154785e-10f + f32(w1) * 2.168404344971009e-19f)
+            + f32(w0) * 5.048709793414476e-29f;
+    r = sgn * v * 1.5707963705062866f;
+    k = i32(q & 3u);
+    if (x < 0.0f) {
+      r = -r;
+      k = -k;
+    }
+  }
+  let z = r * r;
+  let s = ((-1.9515295891e-4f * z + 8.3321608736e-3f) * z - 1.6666654611e-1f) * z * r + r;
+  let c = ((2.443315711809948e-5f * z - 1.388731625493765e-3f) * z + 4.166664568298827e-2f) * z * z
+          - 0.5f * z + 1.0f;
+  let q = (k + quarter_turns) & 3;
+  return select(select(select(-c, -s, q == 2), c, q == 1), s, q == 0);
 }"""
+
 
 # NaN by its bits, which no float optimisation can assume away
 ISNAN_WGSL = """fn isnan_f(x: f32) -> bool {
@@ -97,6 +163,30 @@ ISNAN_WGSL = """fn isnan_f(x: f32) -> bool {
 """
 
 _NAN_SAFE = {"relu", "tanh", "sign", "maximum", "minimum"}  # need isnan_f
+
+# x ** y for two tensors, as torch.pow: WGSL's pow is exp2(y log2 x), undefined for x <= 0.
+# Here |x|^y = exp2(y log2 |x|) with the sign of an odd integer y, NaN for a negative base
+# and a non-integer y, x^0 = 1 (also for NaN), and 0^y = 0 / inf by the sign of y (signed
+# like the base for odd y), 1^y = 1 (also for NaN y), NaN otherwise when either is NaN.
+POW_WGSL = """fn pow_f(x: f32, y: f32) -> f32 {
+  if (y == 0.0f || x == 1.0f) { return 1.0f; }
+  if (isnan_f(x) || isnan_f(y)) { return bitcast<f32>(wg_nan_bits); }
+  let yint = trunc(y) == y;
+  let odd = yint && abs(y) < 16777216.0f && (i32(y) & 1) == 1;
+  var m: f32;
+  if (x == 0.0f) {
+    m = select(bitcast<f32>(wg_pinf_bits), 0.0f, y > 0.0f);
+  } else {
+    m = exp2(y * log2(abs(x)));
+  }
+  if (x < 0.0f) {
+    if (!yint) { return bitcast<f32>(wg_nan_bits); }
+    return select(m, -m, odd);
+  }
+  if (odd && (bitcast<u32>(x) & 0x80000000u) != 0u) { return -m; }  // -0 ** odd
+  return m;
+}
+"""
 
 _UNARY = {
     "neg": lambda x, a: f"(-{x})",
@@ -113,6 +203,10 @@ _UNARY = {
     "sin": lambda x, a: f"trig_f({x}, 0)",
     "cos": lambda x, a: f"trig_f({x}, 1)",  # cos x = sin(x + pi/2)
     "pow": lambda x, a: _pow(x, float(a["p"])),
+    "floor": lambda x, a: f"floor({x})",
+    "trunc": lambda x, a: f"trunc({x})",
+    "round": lambda x, a: f"round({x})",  # half to even, as torch.round
+    "stop_gradient": lambda x, a: x,
 }
 
 _BINARY = {
@@ -127,6 +221,7 @@ _BINARY = {
     "less": lambda x, y: f"select(0.0f, 1.0f, {x} < {y})",
     "greater": lambda x, y: f"select(0.0f, 1.0f, {x} > {y})",
     "equal": lambda x, y: f"select(0.0f, 1.0f, {x} == {y})",
+    "power": lambda x, y: f"pow_f({x}, {y})",
 }
 
 ELEMENTWISE_OPS = set(_UNARY) | set(_BINARY) | {"where", "cast", "const", "arange"}
@@ -146,6 +241,9 @@ def _unary_rule(em: Emitter, node, idx: Idx) -> str:
 @rule(*_BINARY)
 def _binary_rule(em: Emitter, node, idx: Idx) -> str:
     x, y = em.arg(node, 0, idx), em.arg(node, 1, idx)
+    if node.op == "power":
+        em.k.helper("isnan_f", ISNAN_WGSL)
+        em.k.helper("pow_f", POW_WGSL)
     if node.op in _NAN_SAFE and node.dtype == "i32":  # integers have no NaN
         return f"{node.op[:3]}({x}, {y})"
     if node.op in _NAN_SAFE:

@@ -23,7 +23,7 @@ outside it reads. The rules, in order:
  4. Writebacks in place. A new value of a param/state is computed straight into the
     persistent buffer when every other reader of the old value can run before the writing
     kernel and the writer itself reads the old value only at the same index (or is a
-    write_rows of that very buffer, which then writes only its new rows: codegen/rows.py);
+    write_rows of that very buffer, which then writes only its new rows: codegen/rowfuse.py);
     those readers get ordering edges. Otherwise the value goes to a temporary and is copied at the end of
     the step (copyBufferToBuffer): a step always sees the old values everywhere.
 Two algebraic folds save whole kernels: sum(sum(x, A1), A2) is one reduction of x, and a
@@ -40,14 +40,13 @@ from .attention_match import ATTN_OPS
 from .elementwise import ELEMENTWISE_OPS, const_fill
 from .emit import EXPR_RULES
 from .layout import merge_batch_into_k, strided_view
-from .reduce import REDUCE_OPS, ROW_OPS
+from .reduce import REDUCE_OPS, ROW_OPS, scratch_specs
+from .rowfuse_match import ROW_KERNEL_OPS
 from .wgsl import Limits
 
-KERNEL_OPS = {"matmul", "scatter_add_rows", "fold2d", "write_rows"} | REDUCE_OPS | ROW_OPS | ATTN_OPS
+KERNEL_OPS = ({"matmul", "scatter_add_rows", "fold2d", "write_rows"} | REDUCE_OPS | ROW_OPS
+              | ATTN_OPS | ROW_KERNEL_OPS)
 LEAF_OPS = {"input", "param", "state"}
-# scratch buffers that a kernel's last dispatch (the one carrying the epilogue) binds besides
-# its loads and outputs: scatter_add_rows reads its row starts and sorted positions there
-_EPILOGUE_SCRATCH = {"scatter_add_rows": 2}
 VIEW_OPS = {"transpose", "broadcast_to", "slice", "reshape"}
 _COSTLY = {"exp", "log", "tanh", "sigmoid", "erf", "pow", "sin", "cos", "sqrt", "rsqrt", "div"}
 _FREE = VIEW_OPS | {"const", "arange", "cast"}
@@ -211,7 +210,7 @@ class Fusion:
         for n in g.nodes:
             if self.has_storage(n.id):
                 if n.op in KERNEL_OPS:  # its prologue's loads, its output and a scratch buffer
-                    shrink(n, max(2, limit - 2))
+                    shrink(n, max(2, limit - 1 - max(1, self.scratch_bindings(n.id))))
                 elif n.id in self.mat:  # an anchor already: its expression's loads + its output
                     shrink(n, max(2, limit - 1))
                 cost[n.id], loads[n.id] = 0, frozenset([n.id])
@@ -334,6 +333,18 @@ class Fusion:
                     break
         return len(set(loads) | set(outputs)) - inplace
 
+    def scratch_bindings(self, main: int | None) -> int:
+        """Scratch buffers that the last dispatch of kernel op `main` binds beside its
+        epilogue's: one for a split reduction's partials or scatter_add_rows' row lists."""
+        if main is None:
+            return 0
+        node = self.g[main]
+        if node.op == "scatter_add_rows":
+            return 1
+        if node.op in REDUCE_OPS:
+            return 1 if scratch_specs(self.g, node, self.sum_source.get(main)) else 0
+        return 0
+
     def _merge(self):
         limit = self.limits.max_storage_buffers_per_shader_stage
         for gid in sorted(self.groups, key=lambda i: self.groups[i].order):
@@ -367,8 +378,7 @@ class Fusion:
                 outs = H.outputs + G.anchors
                 for o in outs:
                     merged_loads.pop(o, None)
-                scratch = _EPILOGUE_SCRATCH.get(self.g[H.main].op, 0) if H.main is not None else 0
-                if self.binding_estimate(outs, merged_loads) + scratch > limit:
+                if self.binding_estimate(outs, merged_loads) > limit - self.scratch_bindings(H.main):
                     continue
                 H.anchors += G.anchors
                 H.after |= G.after

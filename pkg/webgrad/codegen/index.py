@@ -42,11 +42,12 @@ def _gather_rule(em, node, idx):
 
 
 def scatter_scratch(g, node) -> list[tuple[int, str]]:
-    """Scratch of scatter_add_rows: per-row counts (reused as placement cursors), row starts,
-    the index positions grouped by row, then sorted within each row."""
+    """Scratch of scatter_add_rows: per-row counts (reused as placement cursors); the row
+    starts followed by the index positions sorted within each row (one buffer, so the
+    final kernel binds a single scratch buffer beside its epilogue's); the positions
+    grouped by row before sorting."""
     n_rows, n_idx = node.shape[0], prod(g[node.inputs[1]].shape)
-    rows = 4 * max(n_rows + 1, 1)
-    return [(rows, "u32"), (rows, "u32"), (4 * max(n_idx, 1), "u32"), (4 * max(n_idx, 1), "u32")]
+    return [(4 * (n_rows + 1), "u32"), (4 * (n_rows + 1 + n_idx), "u32"), (4 * max(n_idx, 1), "u32")]
 
 
 def build_scatter(ctx) -> list:
@@ -64,7 +65,8 @@ def build_scatter(ctx) -> list:
     N = prod(G[i_in].shape)
     V = node.shape[0]
     D = prod(node.shape[1:])
-    counts, starts, grouped, ordered = ctx.scratch
+    counts, rows, grouped = ctx.scratch
+    starts = rows  # rows[0..V] the row starts, rows[V+1 + q] the sorted positions
     out = []
 
     def index_at(em, j):
@@ -139,9 +141,8 @@ def build_scatter(ctx) -> list:
     k = ctx.kernel("scatter_add_rows (order)")
     em = ctx.emitter(k)
     grid = k.thread_index(em, N, "q")
-    s = bind(k, starts, "u32")
+    s = od = bind(k, rows, "u32", True)
     gl = bind(k, grouped, "u32")
-    od = bind(k, ordered, "u32", True)
     with em.block(f"if (q < {s}[{V}u])"):
         em.emit(f"let j = {gl}[q];")
         t = em.value(i_in, Idx(G[i_in].shape, flat="j"))
@@ -151,20 +152,19 @@ def build_scatter(ctx) -> list:
         em.emit("var rank = 0u;")
         with em.block("for (var q2 = a; q2 < b; q2++)"):
             em.emit(f"rank += select(0u, 1u, {gl}[q2] < j);")
-        em.emit(f"{od}[a + rank] = j;")
+        em.emit(f"{od}[{V + 1}u + a + rank] = j;")
     out.append(ctx.dispatch(k, em.lines, grid, WG))
     # 6: one thread per output element sums its row's values in index order
     k = ctx.kernel("scatter_add_rows")
     epi = ctx.epilogue_fn(k)
     em = ctx.emitter(k)
     grid = k.thread_index(em, V * D, "o")
-    s = bind(k, starts, "u32")
-    od = bind(k, ordered, "u32")
+    s = od = bind(k, rows, "u32")
     r = em.let(f"o / {D}u") if D > 1 else "o"
     d = em.let(f"o % {D}u") if D > 1 else "0u"
     acc = em.var(node.dtype, zero(node.dtype))
     with em.block(f"for (var q = {s}[{r}]; q < {s}[{r} + 1u]; q++)"):
-        em.emit(f"let j = {od}[q];")
+        em.emit(f"let j = {od}[{V + 1}u + q];")
         v = em.value(g_in, Idx(G[g_in].shape, flat=em.let(f"j * {D}u + {d}") if D > 1 else "j"))
         em.emit(f"{acc} += {v};")
     em.emit(f"{epi}(o, {acc});")

@@ -13,15 +13,18 @@ constant data to upload once. Buffers:
 from __future__ import annotations
 
 import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from math import prod
 
 from ..buffers import END, Live, align, plan_pool
 from ..profile import group_cost
 from .attention import ATTN_OPS, build_attention
 from .attention_match import rewrite_attention
+from .rowfuse import ROW_KERNEL_OPS, build_row_kernel
+from .rowfuse_match import rewrite_rows
 from .conv import build_fold
 from .elementwise import build_elementwise
+from .empty import strip_empty
 from .emit import Emitter, Idx, Storage
 from .fusion import Fusion
 from .index import build_scatter, scatter_scratch
@@ -51,6 +54,7 @@ class Lowered:
     report: dict
     writers: dict          # persistent name -> index of the dispatch that writes it, or "copy"
     kernels: list = None   # per command: name, ops, nodes, workgroups, bytes, flops (profile.py)
+    empty_outputs: dict = field(default_factory=dict)  # name -> (shape, dtype): zero-size
 
 
 class GroupCtx:
@@ -208,6 +212,7 @@ class _Lowering:
         fetched = {fu.storage_base(r) for r in g.outputs.values()}
         ends = fetched | {s for s, _ in fu.end_copies}
         lives = []
+        donors = _donors(fu, need, pos, last, ends)
         for n in sorted(need):
             check(n, 4 * g[n].size)
             if n in fetched:  # read back after the step: a buffer of its own, exactly its size,
@@ -216,7 +221,8 @@ class _Lowering:
                 st(n, new_buffer(4 * g[n].size, f"output {describe(g[n])}"))
                 continue
             first = pos[fu.group_of[n]]
-            lives.append(Live(("t", n), 4 * g[n].size, first, END if n in ends else last.get(n, first)))
+            lives.append(Live(("t", n), 4 * g[n].size, first, END if n in ends else last.get(n, first),
+                              ("t", donors[n]) if n in donors else None))
         scratch_dtype = {}
         for gid in fu.order:
             G = fu.groups[gid]
@@ -298,6 +304,29 @@ class _Lowering:
                        report, writers, kernels), names
 
 
+def _donors(fu, need, pos, last, ends) -> dict[int, int]:
+    """Output -> a temporary of the same size and dtype whose buffer it may take over: the
+    group writing the output is the temporary's last reader and reads it only at the
+    index it writes (fusion.loads' identity flag), so each thread reads its element before
+    it overwrites it (cross entropy's logit gradient in the logits' buffer, a residual
+    update, an activation's backward)."""
+    g, out = fu.g, {}
+    for gid in fu.order:
+        G = fu.groups[gid]
+        cands = [s for s, ident in fu.loads(gid).items()
+                 if ident and s in need and s not in ends and fu.group_of.get(s) != gid
+                 and last.get(s) == pos[gid] and g[s].size == G.numel]
+        for n in G.outputs:
+            if n not in need:
+                continue
+            for s in cands:
+                if g[s].dtype == g[n].dtype and g[s].size == g[n].size:
+                    out[n] = s
+                    cands.remove(s)
+                    break
+    return out
+
+
 def _scratch_specs(fu, main: int, limits) -> list[tuple[int, str]]:
     """[(bytes, dtype)]: the scratch buffers a kernel op needs between its dispatches."""
     g = fu.g
@@ -324,6 +353,8 @@ def _build_group(ctx: GroupCtx) -> list[dict]:
         return build_reduce(ctx)
     if m.op in ATTN_OPS:
         return build_attention(ctx)
+    if m.op in ROW_KERNEL_OPS:
+        return build_row_kernel(ctx)
     if m.op == "scatter_add_rows":
         return build_scatter(ctx)
     if m.op == "fold2d":
@@ -336,9 +367,13 @@ def _build_group(ctx: GroupCtx) -> list[dict]:
 def lower(graph, limits: Limits | None = None, persist_key=lambda name: name):
     """Compile a Graph into (Lowered, kernel names)."""
     limits = limits or Limits()
+    graph, empty = strip_empty(graph)  # zero-size tensors: nothing to compute or bind
     graph = rewrite_attention(graph, limits)  # fused attention kernels (attention_match.py)
+    graph = rewrite_rows(graph)  # cross entropy, layer-norm backward (rowfuse_match.py)
     low = _Lowering(graph, limits, persist_key)
-    return low.build()
+    lowered, names = low.build()
+    lowered.empty_outputs = empty
+    return lowered, names
 
 
 __all__ = ["lower", "Lowered", "describe"]

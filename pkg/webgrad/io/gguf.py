@@ -435,15 +435,38 @@ def _transpose(h: HostArray) -> HostArray:
     return out
 
 
-def gpt2_state_dict(f: GGUFFile | object) -> tuple[dict, dict[str, HostArray]]:
-    """(hyper-parameters, state dict) of a llama.cpp gpt2 GGUF, in transformers' GPT-2 names
-    and layouts, dequantized to f32. Hyper-parameters: n_layer, n_head, n_embd, n_ctx,
-    vocab_size, layer_norm_epsilon, eos_token_id (GPT2Config's fields). A missing output.weight means the
-    head is tied to token_embd.weight (GPT-2's own tying); a present one comes back as
-    "lm_head.weight", as in transformers' state dict (llama.cpp's converter writes the tied
-    table twice, and llama-quantize may then give the two copies different types)."""
-    if not isinstance(f, GGUFFile):
-        f = load(f)
+def gpt2_tensors(f: GGUFFile) -> dict[str, tuple[GGUFTensor, bool]]:
+    """transformers name -> (GGUF tensor, whether it is stored transposed), validated: every
+    name in llama.cpp's gpt2 layout, token and position tables present."""
+    out = {}
+    for name, t in f.tensors.items():
+        parts = name.split(".")
+        if name in _GPT2_GLOBAL:
+            out[_GPT2_GLOBAL[name]] = (t, False)
+        elif (len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit()
+              and parts[2] in _GPT2_BLOCK and parts[3] in ("weight", "bias")):
+            out[f"h.{int(parts[1])}.{_GPT2_BLOCK[parts[2]]}.{parts[3]}"] = (
+                t, parts[2] in _GPT2_CONV1D and parts[3] == "weight")
+        else:
+            raise GGUFError(f"GGUF file {f.name}: tensor {name!r} is not part of llama.cpp's gpt2 "
+                            "layout")
+    for need in ("wte.weight", "wpe.weight"):
+        if need not in out:
+            raise GGUFError(f"GGUF file {f.name}: tensor "
+                            f"{[k for k, v in _GPT2_GLOBAL.items() if v == need][0]!r} is missing")
+    wte = out["wte.weight"][0]
+    if len(wte.shape) != 2:
+        raise GGUFError(f"GGUF file {f.name}: tensor 'token_embd.weight' has shape "
+                        f"{list(wte.shape)}; it should be [vocab, n_embd]")
+    head = out.get("lm_head.weight")
+    if head is not None and head[0].shape != wte.shape:
+        raise GGUFError(f"GGUF file {f.name}: tensor 'output.weight' has shape "
+                        f"{list(head[0].shape)}, token_embd.weight {list(wte.shape)}")
+    return out
+
+
+def gpt2_config(f: GGUFFile) -> dict:
+    """GPT2Config's fields from the gpt2.* metadata (vocab_size from the token table)."""
     md = f.metadata
     arch = md.get("general.architecture")
     if arch != "gpt2":
@@ -455,37 +478,49 @@ def gpt2_state_dict(f: GGUFFile | object) -> tuple[dict, dict[str, HostArray]]:
             raise GGUFError(f"GGUF file {f.name}: metadata 'gpt2.{k}' is missing")
         return md[f"gpt2.{k}"]
 
-    n_layer = int(key("block_count"))
-    sd: dict[str, HostArray] = {}
-    for name, t in f.tensors.items():
-        parts = name.split(".")
-        if name in _GPT2_GLOBAL:
-            hf = _GPT2_GLOBAL[name]
-        elif (len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit()
-              and parts[2] in _GPT2_BLOCK and parts[3] in ("weight", "bias")):
-            hf = f"h.{int(parts[1])}.{_GPT2_BLOCK[parts[2]]}.{parts[3]}"
-        else:
-            raise GGUFError(f"GGUF file {f.name}: tensor {name!r} is not part of llama.cpp's gpt2 "
-                            "layout")
-        h = t.dequantize()
-        if len(parts) == 4 and parts[2] in _GPT2_CONV1D and parts[3] == "weight":
-            h = _transpose(h)
-        sd[hf] = h
-    for need in ("wte.weight", "wpe.weight"):
-        if need not in sd:
-            raise GGUFError(f"GGUF file {f.name}: tensor "
-                            f"{[k for k, v in _GPT2_GLOBAL.items() if v == need][0]!r} is missing")
-    head = sd.get("lm_head.weight")
-    if head is not None and head.shape != sd["wte.weight"].shape:
-        raise GGUFError(f"GGUF file {f.name}: tensor 'output.weight' has shape "
-                        f"{list(head.shape)}, token_embd.weight {list(sd['wte.weight'].shape)}")
-    vocab, n_embd = sd["wte.weight"].shape
-    cfg = {"n_layer": n_layer, "n_head": int(key("attention.head_count")),
-           "n_embd": int(key("embedding_length")), "n_ctx": int(key("context_length")),
-           "vocab_size": vocab,
-           "layer_norm_epsilon": float(md.get("gpt2.attention.layer_norm_epsilon", 1e-5)),
-           "eos_token_id": md.get("tokenizer.ggml.eos_token_id")}
+    cfg = {"n_layer": int(key("block_count")), "n_head": int(key("attention.head_count")),
+           "n_embd": int(key("embedding_length")), "n_ctx": int(key("context_length"))}
+    vocab, n_embd = gpt2_tensors(f)["wte.weight"][0].shape
     if cfg["n_embd"] != n_embd:
         raise GGUFError(f"GGUF file {f.name}: metadata 'gpt2.embedding_length' is "
                         f"{cfg['n_embd']} but token_embd.weight has {n_embd} columns")
+    cfg.update(vocab_size=vocab,
+               layer_norm_epsilon=float(md.get("gpt2.attention.layer_norm_epsilon", 1e-5)),
+               eos_token_id=md.get("tokenizer.ggml.eos_token_id"))
+    return cfg
+
+
+def gpt2_state_dict(f: GGUFFile | object) -> tuple[dict, dict[str, HostArray]]:
+    """(hyper-parameters, state dict) of a llama.cpp gpt2 GGUF, in transformers' GPT-2 names
+    and layouts, dequantized to f32 on the host. Hyper-parameters: GPT2Config's fields
+    (gpt2_config). A missing output.weight means the head is tied to token_embd.weight
+    (GPT-2's own tying); a present one comes back as "lm_head.weight", as in transformers'
+    state dict (llama.cpp's converter writes the tied table twice, and llama-quantize may then
+    give the two copies different types)."""
+    if not isinstance(f, GGUFFile):
+        f = load(f)
+    cfg = gpt2_config(f)
+    sd = {}
+    for hf, (t, transposed) in gpt2_tensors(f).items():
+        h = t.dequantize()
+        sd[hf] = _transpose(h) if transposed else h
     return cfg, sd
+
+
+async def gpt2_write_async(model, f: GGUFFile) -> None:
+    """Write a gpt2 GGUF's weights into a webgrad.models.gpt2.GPT2 built from gpt2_config(f):
+    on WebGPU the blocks are uploaded as they are and dequantized by a kernel
+    (io/gpu_dequant.py); a token table the device splits into chunks, and other backends,
+    take the host path. The tied head (output.weight) is not a GPT2 parameter."""
+    from . import gpu_dequant
+    tensors = gpt2_tensors(f)
+    missing = sorted(set(model.shapes) - set(tensors) - {n for n in model.shapes if n.startswith("wte.")})
+    if missing:
+        raise GGUFError(f"GGUF file {f.name}: missing {', '.join(missing[:5])} for {model.cfg}")
+    for hf, (t, transposed) in tensors.items():
+        if hf == "lm_head.weight":
+            continue
+        if hf == "wte.weight" and "wte.weight" not in model.shapes:     # split table
+            model._write({hf: t.dequantize()})
+        else:
+            await gpu_dequant.write_async(model.backend, hf, t, transpose=transposed)

@@ -382,10 +382,13 @@ class GPT2:
     @classmethod
     def from_gguf(cls, path_or_bytes, backend="auto") -> "GPT2":
         """A llama.cpp gpt2 GGUF (io/gguf.py maps its names and metadata; F32/F16/BF16/Q8_0/
-        Q4_0/Q4_K weights are dequantized on the host; no output.weight = tied to the table)."""
+        Q4_0/Q4_K weights, dequantized on the GPU on WebGPU, else on the host; no output.weight
+        = tied to the token table)."""
         from ..io import gguf
-        hp, sd = gguf.gpt2_state_dict(path_or_bytes)
-        return cls.from_hf_state_dict(GPT2Config(**hp), sd, backend)
+        f = gguf.load(path_or_bytes)
+        m = cls(GPT2Config(**gguf.gpt2_config(f)), backend)
+        run_blocking(gguf.gpt2_write_async(m, f))   # on WebGPU: blocks dequantized on the GPU
+        return m
 
     @classmethod
     def from_compiled(cls, compiled, cfg: GPT2Config) -> "GPT2":

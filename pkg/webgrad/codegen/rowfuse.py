@@ -1,0 +1,109 @@
+"""Row kernels and the pick that codegen/rowfuse_match.py rewrites cross entropy and
+layer-norm backward into.
+
+  pick_last(A, i)        an expression: A[..., i[...]], 0 where i is outside [0, V)
+  logsumexp_last(x)      [..] = max_j x_j + log sum_j exp(x_j - max): one workgroup per
+                         row, two passes over it (max, then the sum), like softmax_last
+  layer_norm_grad(x, g)  dx of layer_norm_last (no affine) given g = dL/dy:
+                         mu = mean(x), r = (mean((x - mu)^2) + eps)^-1/2, xhat = (x - mu) r,
+                         dx = r (g - mean(g) - xhat mean(g xhat))
+                         one workgroup per row: the mean, the variance, then mean(g) and
+                         mean(g xhat) together, then dx (4 passes over the row, 1 kernel)
+The row kernels read their inputs through the emitter (g is usually an expression: the
+upstream gradient times the affine weight) and hand results to the group's epilogue.
+"""
+from __future__ import annotations
+
+from math import prod
+
+from .emit import Idx, rule
+from .wgsl import WG, f32_lit, pow2ceil, tree_reduce
+
+from .rowfuse_match import ROW_KERNEL_OPS
+
+
+@rule("pick_last")
+def _pick_rule(em, node, idx):
+    a, i = node.inputs
+    V = em.g[a].shape[-1]
+    k = em.value(i, em.bcast(idx, em.g[i].shape))
+    ku = em.let(f"u32({k})")
+    at = em.let(f"min({ku}, {V - 1}u)")
+    v = em.value(a, Idx(em.g[a].shape, dims=list(idx.dims(em)) + [at]))
+    return f"select(0.0f, {v}, {ku} < {V}u)"
+
+
+def _wgsize(ctx, n: int) -> int:
+    cap = min(WG, ctx.limits.max_compute_invocations_per_workgroup,
+              ctx.limits.max_compute_workgroup_size_x)
+    return max(1, min(cap, max(32, pow2ceil(n))))
+
+
+def build_row_kernel(ctx) -> list[dict]:
+    node = ctx.main_node
+    g = ctx.g
+    x = node.inputs[0]
+    D = g[x].shape[-1]
+    rows = prod(g[x].shape[:-1])
+    kernel = ctx.kernel(f"{node.op} {rows}x{D}")
+    epi = ctx.epilogue_fn(kernel)
+    wgs = _wgsize(ctx, D)
+    kernel.decls.append(f"var<workgroup> red: array<f32, {wgs}>;")
+    em = ctx.emitter(kernel)
+    grid = kernel.workgroup_index(em, rows, "row")  # workgroup-uniform: barriers stay legal
+    loop = f"for (var j = lid; j < {D}u; j += {wgs}u)"
+
+    def flat():
+        return em.let(f"row * {D}u + j") if rows > 1 else "j"
+
+    def at(n):
+        return em.value(n, Idx(g[n].shape, flat=flat()))
+
+    def total(acc, combine="sum"):
+        em.emit(f"red[lid] = {acc};")
+        tree_reduce(em.lines, "  ", "red", wgs,
+                    (lambda a, b: f"{a} = {a} + {b};") if combine == "sum"
+                    else (lambda a, b: f"{a} = max({a}, {b});"))
+        t = em.snapshot("red[0]")
+        em.emit("workgroupBarrier();")  # everyone has read red[0] before it is reused
+        return t
+
+    if node.op == "logsumexp_last":
+        m = em.var("f32", f32_lit(float("-inf")))
+        with em.block(loop):
+            em.emit(f"{m} = max({m}, {at(x)});")
+        mx = total(m, "max")
+        acc = em.var("f32", "0.0f")
+        with em.block(loop):
+            em.emit(f"{acc} = {acc} + exp({at(x)} - {mx});")
+        tot = total(acc)
+        with em.block("if (lid == 0u)"):
+            em.emit(f"{epi}(row, {mx} + log({tot}));")
+        return [ctx.dispatch(kernel, em.lines, grid, wgs)]
+
+    # layer_norm_grad(x, g)
+    gg = node.inputs[1]
+    inv = f32_lit(1.0 / D)
+    acc = em.var("f32", "0.0f")
+    with em.block(loop):
+        em.emit(f"{acc} = {acc} + {at(x)};")
+    mean = em.let(f"{total(acc)} * {inv}")
+    acc2 = em.var("f32", "0.0f")
+    with em.block(loop):
+        dv = em.let(f"{at(x)} - {mean}")
+        em.emit(f"{acc2} = {acc2} + {dv} * {dv};")
+    r = em.let(f"inverseSqrt({total(acc2)} * {inv} + {f32_lit(node.attrs['eps'])})")
+    sg, sgx = em.var("f32", "0.0f"), em.var("f32", "0.0f")
+    with em.block(loop):
+        gv = at(gg)
+        em.emit(f"{sg} = {sg} + {gv};")
+        em.emit(f"{sgx} = {sgx} + {gv} * (({at(x)} - {mean}) * {r});")
+    mg = em.let(f"{total(sg)} * {inv}")
+    mgx = em.let(f"{total(sgx)} * {inv}")
+    with em.block(loop):
+        xhat = em.let(f"({at(x)} - {mean}) * {r}")
+        em.emit(f"{epi}({flat()}, {r} * ({at(gg)} - {mg} - {xhat} * {mgx}));")
+    return [ctx.dispatch(kernel, em.lines, grid, wgs)]
+
+
+__all__ = ["ROW_KERNEL_OPS", "build_row_kernel"]
