@@ -48,7 +48,7 @@ class CharModel(Module):
         self.pos = self.param([T, D], init=init.randn(0.02))
         self.blocks = [Block() for _ in range(LAYERS)]
         self.ln_f = nn.LayerNorm(D)
-        self.head = nn.Linear(D, vocab)
+        self.head = nn.Linear(D, vocab, init_w=init.randn(0.02))  # starts near uniform
 
 
 def logits(m: CharModel, idx):
@@ -104,7 +104,7 @@ class Sampler:
         ids = [self.data.index[" "]] * (T - len(ids)) + ids
         out = []
         for _ in range(n):
-            row = list(self.next.run({"idx": [ids[-T:]]}))  # [1, 1, V] flat
+            row = playground.flat(self.next.run({"idx": [ids[-T:]]}))  # [1, 1, V]
             top = max(row)
             weights = [math.exp((v - top) / temperature) for v in row]
             k = rng.choices(range(len(weights)), weights)[0]

@@ -96,7 +96,7 @@ def build(backend: str = "webgpu", seed: int = SEED):
 
 
 def confusion(classify, images, labels) -> tuple[list[list[int]], float]:
-    pred = list(classify.run({"x": images}))
+    pred = playground.flat(classify.run({"x": images}))
     rows = [[0] * 10 for _ in range(10)]
     for t, p in zip(labels, pred):
         rows[t][int(p)] += 1

@@ -63,7 +63,7 @@ class AdderTransformer(Module):
         self.pos = self.param([T, D], init=init.randn(0.1))
         self.blocks = [Block() for _ in range(LAYERS)]
         self.ln_f = nn.LayerNorm(D)
-        self.head = nn.Linear(D, VOCAB)
+        self.head = nn.Linear(D, VOCAB, init_w=init.randn(0.02))  # starts near uniform
 
 
 def logits(m: AdderTransformer, idx):

@@ -222,7 +222,8 @@ class BrowserSession:
 
     @property
     def stdout(self) -> list[str]:
-        """Every line the worker's Python has printed to stdout so far."""
+        """The worker's stdout lines so far: the last 10,000 or more (older ones are dropped;
+        a line without its newline yet shows up when its request ends)."""
         return self.page.evaluate("window.webgrad.stdout.slice()") if self.page else []
 
     @property

@@ -49,6 +49,11 @@ def report(step: int | None = None, loss: float | None = None, *, figure: dict |
         webgrad_worker.progress(event)
 
 
+def flat(values) -> list:
+    """A program's output as a flat list (numpy arrays in CPython, HostArray in Pyodide)."""
+    return values.reshape(-1).tolist() if hasattr(values, "reshape") else list(values)
+
+
 def _floats(values) -> list:
     if hasattr(values, "tolist"):
         values = values.tolist()
