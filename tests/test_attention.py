@@ -21,7 +21,7 @@ import oracle
 from webgrad import Module, init, ops, optim
 from webgrad.codegen import Limits, lower
 from webgrad.codegen.attention_match import find_matches, rewrite_attention
-from webgrad.compile import build_train_graph, parse_inputs
+from webgrad.compile import build_forward_graph, build_train_graph, parse_inputs
 
 
 def _graph(fn, shapes, optimizer=None):
@@ -271,6 +271,27 @@ def test_gpt2_124m_attention_plan_has_no_scores():
     low, names = lower(g, Limits())
     assert sum(n.startswith("attn_") for n in names) == 5, names
     assert max(b["size"] for b in low.plan["buffers"]) <= 4 * 8 * 12 * 1024 * 64
+
+
+def test_gpu_adapters_fuse_training_attention_only_for_large_scores():
+    """On a named GPU adapter a training step keeps the plain matmuls + row softmax while the
+    scores fit a binding (faster there), and fuses them past it (T 1024 at GPT-2 size); CPU
+    adapters always fuse; forward graphs always fuse."""
+    gpu = Limits(adapter="NVIDIA H200 (DiscreteGPU)", max_storage_buffer_binding_size=1 << 31)
+    cpu = Limits(adapter="llvmpipe (LLVM 15.0.6, 256 bits) (CPU)", cpu=True)
+
+    def kernels(shape, limits):
+        M, loss = _sdpa_module(shape)
+        g = build_train_graph(M, loss, parse_inputs({"w": list(shape)}), optim.AdamW(lr=3e-4))[1]
+        return sum(n.startswith("attn_") for n in lower(g, limits)[1])
+
+    assert kernels((8, 12, 512, 64), gpu) == 0       # 96 MiB of scores: unfused
+    assert kernels((8, 12, 1024, 64), gpu) == 5      # 384 MiB: fused, nothing that size stored
+    assert kernels((1, 2, 16, 8), cpu) == 5
+    M, _ = _sdpa_module((8, 12, 512, 64))
+    fwd = build_forward_graph(M, lambda m, inp: ops.softmax_causal_last(m.q @ kT(m.k)) @ m.v,
+                              {})[1]
+    assert any(n.op == "attn_out" for n in rewrite_attention(fwd, gpu).nodes)
 
 
 @pytest.mark.webgpu

@@ -499,6 +499,22 @@ def find_matches(g: Graph, limits=None) -> list[Match]:
     return out
 
 
+TRAIN_SCORES_MIN_BYTES = 256 << 20
+
+
+def _fuse_training(score_bytes: int, limits) -> bool:
+    """Whether a training step's attention (forward and backward) is fused on this adapter.
+    On a GPU the backward kernels (a thread per row) lose to two matmuls and a row softmax
+    while the scores fit comfortably: on the H200 the GPT-2 step ran 4.8x torch's time fused
+    against 1.3x unfused at B 8, T 512 (bench/README.md, gpt2_train.py). So a GPU fuses
+    only scores too large to bind or to keep (T = 1024 at GPT-2 size); CPU adapters
+    (SwiftShader, lavapipe), where the fused form is faster, and unnamed adapters always do.
+    Forward-only graphs (inference, cached decoding) are always fused."""
+    if limits.cpu or not limits.adapter:
+        return True
+    return score_bytes >= min(limits.max_storage_buffer_binding_size, TRAIN_SCORES_MIN_BYTES)
+
+
 def rewrite_attention(g: Graph, limits=None) -> Graph:
     """The graph with every matched attention fused (the same graph when none is)."""
     matches = find_matches(g, limits)
@@ -506,7 +522,8 @@ def rewrite_attention(g: Graph, limits=None) -> Graph:
         # attn_dq/attn_dk bind A, B, V, G, lse, Drow and their output
         budget = limits.max_storage_buffers_per_shader_stage
         matches = [m for m in matches
-                   if budget >= (7 if m.g is not None else 5) + (m.dyn is not None)]
+                   if budget >= (7 if m.g is not None else 5) + (m.dyn is not None)
+                   and (m.g is None or _fuse_training(4 * g[m.s].size, limits))]
     while matches:
         out, remap = _rebuild(g, matches)
         live = _live(out)
