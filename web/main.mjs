@@ -3,7 +3,7 @@
 // in the worker that webgrad.mjs starts; the page only draws what the worker reports.
 //
 // For tests and the CPython driver the page exposes `window.webgrad` (webgrad.mjs's API) and
-// `window.playground`: {state, code (get/set), load(example file), run(), stop(), losses,
+// `window.playground`: {state, code (get/set), load(example file), run(), stop(), clearChart(), losses,
 // steps, figures (count drawn)}. #status carries data-state: booting, ready, running,
 // stopping, done, stopped, error, dead.
 
@@ -337,7 +337,7 @@ window.playground = {
   get state() { return state; },
   get code() { return code.get(); },
   set code(text) { code.set(text); currentFile = "snippet.py"; },
-  load: loadExample, run, stop,
+  load: loadExample, run, stop, clearChart: () => chart.clear(),
   get losses() { return chart.losses.slice(); },
   get steps() { return chart.steps.slice(); },
   get figures() { return figure.drawn; },

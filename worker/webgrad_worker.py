@@ -286,7 +286,7 @@ def _current():
     if not modules:
         raise LookupError("no compiled model here yet: run an example (or code that calls "
                           "webgrad.compile_module) first")
-    return modules[-1]
+    return max(modules, key=lambda m: getattr(m[1], "serial", -1))  # the newest compiled
 
 
 def describe_compiled() -> list[dict]:

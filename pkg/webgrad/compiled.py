@@ -8,6 +8,7 @@ leaves parameters and optimizer state exactly as they were.
 """
 from __future__ import annotations
 
+import itertools
 import sys
 import weakref
 from math import prod
@@ -102,6 +103,9 @@ class Program:
         return out[main], caps
 
 
+_serials = itertools.count()
+
+
 class CompiledModule:
     """A compiled training step (from compile_module) and the parameters it owns."""
 
@@ -110,6 +114,7 @@ class CompiledModule:
         self.backend, self._factory, self._specs, self.seed = backend, factory, specs, seed
         self._train, self._forward = train, forward
         self._destroyed = False
+        self.serial = next(_serials)  # creation order: "the newest model" (the playground's Save)
         self._siblings = weakref.WeakSet()  # forward programs over this store (recover() reloads them)
         self._guard = (Guard(self, check_finite=check_finite, recovery=recovery)
                        if check_finite or recovery is not None else None)

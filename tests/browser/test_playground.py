@@ -56,6 +56,9 @@ def test_mlp_example_trains_with_chart_picture_and_kernels(page, browser_session
     page.select_option("#examples", "mlp_sin.py")
     page.wait_for_function("window.playground.code.includes('def fit(')")
     assert page.evaluate("window.playground.code") == (REPO / "examples" / "mlp_sin.py").read_text()
+    # an earlier run in this shared page may have drawn the same (deterministic) curve
+    page.evaluate("window.playground.clearChart()")
+    page.wait_for_timeout(200)
     before = _chart_pixels(page)
     assert _run_and_wait(page) == "done", page.eval_on_selector("#console", "e => e.textContent")
     losses = page.evaluate("window.playground.losses")
