@@ -274,9 +274,11 @@ def _compiled_modules() -> list[tuple[str, object]]:
     order the code bound them), then any other still alive, each with a display name."""
     import gc
     from webgrad.compiled import CompiledModule
-    named = [(k, v) for k, v in __main__.__dict__.items() if isinstance(v, CompiledModule)]
+    # issubclass(type(o)), not isinstance: isinstance may ask a (destroyed) JsProxy for __class__
+    named = [(k, v) for k, v in __main__.__dict__.items() if issubclass(type(v), CompiledModule)]
     seen = {id(v) for _, v in named}
-    others = [o for o in gc.get_objects() if isinstance(o, CompiledModule) and id(o) not in seen]
+    others = [o for o in gc.get_objects()
+              if issubclass(type(o), CompiledModule) and id(o) not in seen]
     out = named + [(f"compiled module {i + 1}", o) for i, o in enumerate(others)]
     return [(k, c) for k, c in out if not getattr(c, "_destroyed", False)]
 
@@ -290,25 +292,35 @@ def _current():
 
 
 def describe_compiled() -> list[dict]:
-    """Per live compiled module: backend, parameters, the printed IR and each dispatch of its
-    training step (kernel name, pipeline, workgroups, WGSL), for the page's kernel panel."""
-    out = []
-    for name, c in _compiled_modules():
-        train = c._train
-        plan = getattr(train.exe, "plan", None) if train is not None else None
-        kernels = []
-        if plan:  # one entry per dispatch of the step, in order, named by the codegen
-            names = list(getattr(train.exe, "kernel_names", None) or [])
-            dispatches = [cmd for cmd in plan.get("commands", []) if cmd.get("op") == "dispatch"]
-            for i, cmd in enumerate(dispatches):
-                kernels.append({"label": names[i] if i < len(names) else f"kernel {i}",
-                                "pipeline": cmd["pipeline"], "workgroups": cmd["workgroups"],
-                                "wgsl": plan["pipelines"][cmd["pipeline"]]["wgsl"]})
-        out.append({"name": name, "backend": getattr(c.backend, "name", "?"),
-                    "params": {k: list(v) for k, v in c.param_shapes.items()},
-                    "kernel_count": c.kernel_count, "kernels": kernels,
-                    "ir": str(c.ir) if train is not None else ""})
-    return out
+    """The newest live compiled module (the one the last run built): backend, parameters,
+    the printed IR and each dispatch of its training step (kernel name, pipeline,
+    workgroups, WGSL), for the page's kernel panel. Older ones left in the worker by earlier
+    code are not listed; one that cannot be described (a lost device) is passed over."""
+    newest_first = sorted(_compiled_modules(), key=lambda m: -getattr(m[1], "serial", -1))
+    for name, c in newest_first:
+        try:
+            return [_describe(name, c)]
+        except Exception:
+            continue
+    return []
+
+
+def _describe(name: str, c) -> dict:
+    """One module's entry in the kernel panel."""
+    train = c._train
+    plan = getattr(train.exe, "plan", None) if train is not None else None
+    kernels = []
+    if plan:  # one entry per dispatch of the step, in order, named by the codegen
+        names = list(getattr(train.exe, "kernel_names", None) or [])
+        dispatches = [cmd for cmd in plan.get("commands", []) if cmd.get("op") == "dispatch"]
+        for i, cmd in enumerate(dispatches):
+            kernels.append({"label": names[i] if i < len(names) else f"kernel {i}",
+                            "pipeline": cmd["pipeline"], "workgroups": cmd["workgroups"],
+                            "wgsl": plan["pipelines"][cmd["pipeline"]]["wgsl"]})
+    return {"name": name, "backend": getattr(c.backend, "name", "?"),
+            "params": {k: list(v) for k, v in c.param_shapes.items()},
+            "kernel_count": c.kernel_count, "kernels": kernels,
+            "ir": str(c.ir) if train is not None else ""}
 
 
 def weights_save() -> dict:
