@@ -38,12 +38,12 @@ the file and the field.
 from __future__ import annotations
 
 import array
-import os
 import struct
 import sys
 from math import prod
 
 from ..arrays import HostArray, numpy_or_none
+from .safetensors import _source  # the same path / bytes / file reading
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
@@ -184,23 +184,11 @@ class _Cursor:
         return [self.value(etype, f"{field}[{i}]", depth + 1) for i in range(n)]
 
 
-def _source(src) -> tuple[memoryview, str]:
-    if isinstance(src, (bytes, bytearray, memoryview)):
-        return memoryview(src).cast("B"), "<bytes>"
-    if isinstance(src, (str, os.PathLike)):
-        path = os.fspath(src)
-        with open(path, "rb") as f:
-            return memoryview(f.read()), repr(path)
-    if hasattr(src, "read"):
-        name = getattr(src, "name", None)
-        return memoryview(src.read()), repr(name) if isinstance(name, str) else "<file>"
-    raise TypeError(f"gguf.load: src must be a path, bytes or a binary file, "
-                    f"got {type(src).__name__}")
 
 
 def load(src) -> GGUFFile:
     """Parse a GGUF file (path, bytes-like or binary file); tensor data stays zero-copy."""
-    buf, name = _source(src)
+    buf, name = _source(src, "gguf.load")
     cur = _Cursor(buf, name)
     magic = bytes(cur.take(4, "magic"))
     if magic != MAGIC:

@@ -151,8 +151,8 @@ class SafetensorsFile(dict):
 
 # ----------------------------------------------------------------------------- reading
 
-def _source(src) -> tuple[memoryview, str]:
-    """The whole file as a memoryview, and a name for errors."""
+def _source(src, reader: str = "safetensors.load") -> tuple[memoryview, str]:
+    """The whole file as a memoryview, and a name for errors (GGUF's reader uses it too)."""
     if isinstance(src, (bytes, bytearray, memoryview)):
         return memoryview(src).cast("B"), "<bytes>"
     if isinstance(src, (str, os.PathLike)):
@@ -162,7 +162,7 @@ def _source(src) -> tuple[memoryview, str]:
     if hasattr(src, "read"):
         name = getattr(src, "name", None)
         return memoryview(src.read()), repr(name) if isinstance(name, str) else "<file>"
-    raise TypeError(f"safetensors.load: src must be a path, bytes or a binary file, "
+    raise TypeError(f"{reader}: src must be a path, bytes or a binary file, "
                     f"got {type(src).__name__}")
 
 
