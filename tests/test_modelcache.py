@@ -1,5 +1,5 @@
 """webgrad.io.modelcache's GPU image, here in CPython (the IndexedDB half is tested in the
-browser, tests/browser/test_modelcache.py): an image restores to a model with the same logits
+browser, tests/browser/test_modelcache_page.py): an image restores to a model with the same logits
 bit for bit, whatever the token table's split on either side; a GGUF model's image holds the
 weights as the `gguf` package dequantizes them; a damaged image is refused naming the field.
 """

@@ -22,6 +22,7 @@
 //
 // API (every function returns a Promise):
 //   list()                     records without `data`, newest first
+//   entry(key)                 one record without `data`, or null
 //   remove(key), clear()
 //   usage()                    navigator.storage.estimate(): {usage, quota} in bytes, or null
 //   lookup(source, onProgress) source {url} | {file, name?} | {bytes, name}: its key and the
@@ -81,6 +82,7 @@ export async function list() {
 export const remove = (key) => transact("readwrite", (store) => store.delete(key));
 export const clear = () => transact("readwrite", (store) => store.clear());
 const get = (key) => transact("readonly", (store) => store.get(key));
+export const entry = async (key) => { const r = await get(key); return r ? withoutData(r) : null; };
 
 export async function usage() {
   if (!globalThis.navigator?.storage?.estimate) return null;

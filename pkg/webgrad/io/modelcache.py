@@ -26,10 +26,11 @@ web/modelcache.mjs; the worker exposes it as `webgradModelCache`):
         info: {key, name, kind, cached, seconds, phases: {phase: seconds}};
         progress(dict) hears {phase, done, total} (bytes) for the phases
         "hash" / "download" / "parse" / "store" (a miss) and "read" / "upload" (a hit).
+    model, info = await load_key_async(key, backend="webgpu", progress=fn)   # a listed entry
     info = await store_async(model, name=..., kind="trained")   # any GPT2, e.g. one trained here
     entries = await list_async();  await remove_async(key);  await clear_async()
 
-Consumers: the surprisal page (web/surprisal.mjs) and tests/browser/test_modelcache.py.
+Consumers: the surprisal page (web/surprisal.mjs) and tests/browser/test_modelcache_page.py.
 """
 from __future__ import annotations
 
@@ -187,6 +188,30 @@ async def _store(cache, meta, parts, record, clock) -> None:
     clock("store", meta["nbytes"], meta["nbytes"])
 
 
+async def _restore_entry(cache, record, backend, clock, on_js):
+    key = str(record.key)
+    data = (await cache.readData(key, on_js)).to_bytes()
+    model = restore(record.meta.to_py(), data, backend, what=repr(key),
+                    progress=lambda d, t: clock("upload", d, t))
+    return model, {"key": key, "name": str(record.name), "kind": str(record.kind), "cached": True,
+                   "seconds": clock.seconds(), "phases": clock.phases}
+
+
+async def load_key_async(key: str, *, backend="webgpu", progress=None):
+    """(GPT2, info) of the cached entry `key` (one of list_async()'s)."""
+    from pyodide.ffi import create_proxy
+    cache = await _cache()
+    record = _js_value(await cache.entry(key))
+    if record is None:
+        raise KeyError(f"model cache: no entry {key!r} (list_async() shows what is kept)")
+    clock = _Clock(progress)
+    on_js = create_proxy(lambda p: clock(str(p.phase), p.done, p.total))
+    try:
+        return await _restore_entry(cache, record, backend, clock, on_js)
+    finally:
+        on_js.destroy()
+
+
 async def load_gpt2_async(source, *, backend="webgpu", name: str | None = None, progress=None):
     """(GPT2, info) from a URL, a JS File/Blob or bytes, through the cache (module header)."""
     from pyodide.ffi import create_proxy
@@ -204,13 +229,8 @@ async def load_gpt2_async(source, *, backend="webgpu", name: str | None = None, 
         key, hit = str(found.key), _js_value(found.hit)
         info = {"key": key, "name": str(found.name)}
         if hit is not None:
-            meta = hit.meta.to_py()
             try:
-                data = (await cache.readData(key, on_js)).to_bytes()
-                model = restore(meta, data, backend, what=repr(key),
-                                progress=lambda d, t: clock("upload", d, t))
-                return model, {**info, "kind": str(hit.kind), "cached": True,
-                               "seconds": clock.seconds(), "phases": clock.phases}
+                return await _restore_entry(cache, hit, backend, clock, on_js)
             except ModelCacheError:
                 await cache.remove(key)   # stale: load the file afresh below
         data = _js_value(found.bytes)
@@ -262,4 +282,4 @@ async def clear_async() -> None:
 
 
 __all__ = ["FORMAT", "ModelCacheError", "image_async", "restore", "parse_async",
-           "load_gpt2_async", "store_async", "list_async", "remove_async", "clear_async"]
+           "load_gpt2_async", "load_key_async", "store_async", "list_async", "remove_async", "clear_async"]
