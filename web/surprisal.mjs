@@ -196,10 +196,19 @@ webgrad.onEvent((msg) => {
 });
 
 function describe(info) {
-  const how = info.cached ? "from the cache" : info.kind === "trained" ? "trained here"
-    : "downloaded/read, parsed and kept in the cache";
-  return `Model: ${info.name} — ${info.n_layer} layers, n_embd ${info.n_embd}, ` +
-    `${info.vocab} tokens, context ${info.n_ctx}; ${how} in ${info.seconds.toFixed(2)} s`;
+  const how = info.kind === "trained" && !info.cached ? `trained here (${info.step} steps) and kept`
+    : info.cached ? `from the cache in ${info.seconds.toFixed(2)} s`
+    : `downloaded/read, parsed and kept in the cache in ${info.seconds.toFixed(2)} s`;
+  const layers = `${info.n_layer} layer${info.n_layer === 1 ? "" : "s"}`;
+  return `Model: ${info.name} — ${layers}, n_embd ${info.n_embd}, ${info.vocab} tokens, ` +
+    `context ${info.n_ctx}; ${how}`;
+}
+
+function shown(info) {
+  loaded = true;
+  setStatus(describe(info), "ok");
+  $("view").dataset.model = JSON.stringify(info);
+  $("load-text").textContent = describe(info).split(" — ")[1];
 }
 
 async function useModel(call) {
@@ -208,11 +217,7 @@ async function useModel(call) {
   setButtons();
   setStatus("Loading the model…", "busy");
   try {
-    const info = await call();
-    loaded = true;
-    setStatus(describe(info), "ok");
-    $("view").dataset.model = JSON.stringify(info);
-    $("load-text").textContent = describe(info).split(" — ")[1];
+    shown(await call());
     await score();
   } catch (error) {
     failed(error);
@@ -331,14 +336,17 @@ async function train() {
       show(`step ${step} of ${steps}, loss ${r.loss.toFixed(3)} nats/byte`, step);
       $("train-line").dataset.step = step;
     }
+    if (step === 0) {
+      show("Stopped before the first step: nothing to keep", 0);
+      setStatus(loaded ? $("status").textContent : "Ready", "ok");
+      return;
+    }
     show(`${stopRequested ? "Stopped" : "Done"} at step ${step}; measuring the held-out loss…`, step);
     const info = await webgrad.call("train_finish");
     show(`${stopRequested ? "Stopped" : "Done"} at step ${info.step}: held-out loss ` +
          `${info.held.toFixed(3)} nats/byte (unigram baseline ${info.base.toFixed(3)})`, info.step);
-    loaded = true;
     lastSource = { key: info.key };
-    setStatus(describe(info), "ok");
-    $("view").dataset.model = JSON.stringify(info);
+    shown(info);
     $("train-line").dataset.done = "1";
     await score();
   } catch (error) {
