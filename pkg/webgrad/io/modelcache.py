@@ -66,8 +66,10 @@ async def image_async(model) -> tuple[dict, list]:
 
 def restore(meta: dict, data, backend="auto", *, progress=None, what: str = "<image>"):
     """A GPT2 on `backend` from an image (meta as image_async wrote it, data the tensors back
-    to back). progress(done, total) hears the bytes written. Raises ModelCacheError naming
-    `what` and the field at fault; nothing is built before every field has been checked."""
+    to back: a bytes-like, or in the worker the JS Uint8Array itself, then copied into Python
+    one tensor at a time). progress(done, total) hears the bytes written. Raises
+    ModelCacheError naming `what` and the field at fault; nothing is built before every field
+    has been checked."""
     from ..arrays import HostArray
     from ..models.gpt2 import GPT2, GPT2Config, param_shapes
 
@@ -93,7 +95,21 @@ def restore(meta: dict, data, backend="auto", *, progress=None, what: str = "<im
     if missing or unknown or len(got) != len(tensors):
         fail("tensors", f"missing {missing[:5]}, unknown {unknown[:5]}, "
                         f"{len(tensors) - len(got)} duplicated, for {cfg}")
-    data = memoryview(data).cast("B")
+    if hasattr(data, "subarray"):     # a JS typed array (JsProxy)
+        size = int(data.length)
+
+        def piece(off, n):
+            view = data.subarray(off, off + n)
+            try:
+                return view.to_bytes()
+            finally:
+                view.destroy()   # a JsProxy per tensor: released, or the worker leaks
+    else:
+        data = memoryview(data).cast("B")
+        size = data.nbytes
+
+        def piece(off, n):
+            return data[off:off + n]
     for name, shape in want.items():
         t = got[name]
         if t.get("dtype") != "f32":
@@ -103,15 +119,15 @@ def restore(meta: dict, data, backend="auto", *, progress=None, what: str = "<im
         off, n = t.get("offset"), t.get("nbytes")
         if not (isinstance(off, int) and isinstance(n, int)) or n != 4 * prod(shape):
             fail(f"tensors[{name!r}].nbytes", f"{n!r}; f32{list(shape)} takes {4 * prod(shape)}")
-        if off < 0 or off % 4 or off + n > data.nbytes:
+        if off < 0 or off % 4 or off + n > size:
             fail(f"tensors[{name!r}].offset", f"{off!r} (+{n} bytes) is not a 4-aligned range "
-                                             f"inside the {data.nbytes} bytes of data")
+                                             f"inside the {size} bytes of data")
     model = GPT2(cfg, backend)
     done, total = 0, sum(got[n]["nbytes"] for n in want)
     for name, shape in want.items():
         t = got[name]
         h = HostArray("f32", shape=shape)
-        h.frombytes(data[t["offset"]:t["offset"] + t["nbytes"]])
+        h.frombytes(piece(t["offset"], t["nbytes"]))
         model._write({name: h})
         done += t["nbytes"]
         if progress is not None:
@@ -184,13 +200,20 @@ class _Clock:
 
 async def _store(cache, meta, parts, record, clock) -> None:
     clock("store", 0, meta["nbytes"])
-    await cache.put(_to_js({**record, "meta": meta}), _to_js([_uint8(p) for p in parts]))
+    js_parts = []
+    while parts:     # each tensor's Python copy goes as soon as JS holds its own
+        js_parts.append(_uint8(parts.pop(0)))
+    try:
+        await cache.put(_to_js({**record, "meta": meta}), _to_js(js_parts))
+    finally:
+        for part in js_parts:
+            part.destroy()
     clock("store", meta["nbytes"], meta["nbytes"])
 
 
 async def _restore_entry(cache, record, backend, clock, on_js):
     key = str(record.key)
-    data = (await cache.readData(key, on_js)).to_bytes()
+    data = await cache.readData(key, on_js)
     model = restore(record.meta.to_py(), data, backend, what=repr(key),
                     progress=lambda d, t: clock("upload", d, t))
     return model, {"key": key, "name": str(record.name), "kind": str(record.kind), "cached": True,
