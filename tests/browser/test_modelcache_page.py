@@ -131,3 +131,39 @@ def test_models_load_from_the_cache_the_second_time(browser_session, tmp_path, c
     with capsys.disabled():
         for kind, (a, b) in times.items():
             print(f"\n  model cache, {kind}: first load {a:.3f} s, second (cached) {b:.3f} s")
+
+
+@browser
+def test_python_api_in_the_worker(browser_session):
+    """webgrad.io.modelcache from Python in the worker: bytes in, a hit the second time,
+    stored trained models listed, removed and cleared; the image restores the same weights."""
+    cfg = gpt2.GPT2Config(n_layer=1, n_head=2, n_embd=32, n_ctx=16, vocab_size=256)
+    src = gpt2.GPT2.init_random(cfg, seed=23, backend="reference")
+    s = browser_session
+    s.run("""
+from webgrad.io import modelcache
+from webgrad.models import gpt2
+async def cache_api(blob):
+    await modelcache.clear_async()
+    seen = []
+    m1, a = await modelcache.load_gpt2_async(blob, name="api.safetensors", progress=seen.append)
+    m2, b = await modelcache.load_gpt2_async(blob, name="api.safetensors")
+    t = await modelcache.store_async(m2, name="copy", kind="trained")
+    listed = await modelcache.list_async()
+    m3, c = await modelcache.load_key_async(t["key"])
+    same = list(await m1.forward_async([1, 2, 3])) == list(await m3.forward_async([1, 2, 3]))
+    await modelcache.remove_async(b["key"])
+    after = [e["name"] for e in await modelcache.list_async()]
+    await modelcache.clear_async()
+    return {"a": a, "b": b, "c": c, "names": sorted(e["name"] for e in listed), "after": after,
+            "phases": sorted({p["phase"] for p in seen}), "same": same,
+            "empty": await modelcache.list_async(),
+            "w": list(m3.state_dict()["h.0.mlp.c_fc.weight"])}
+""")
+    got = s.call("cache_api", src.save_safetensors())
+    assert got["a"]["cached"] is False and got["b"]["cached"] is True and got["c"]["cached"] is True
+    assert got["a"]["key"] == got["b"]["key"] and got["phases"] == ["hash", "parse", "store"]
+    assert got["names"] == ["api.safetensors", "copy"] and got["after"] == ["copy"]
+    assert got["same"] and got["empty"] == []
+    want = np.asarray(src.state_dict()["h.0.mlp.c_fc.weight"]).ravel()
+    assert np.array_equal(np.asarray(got["w"], np.float32), want)

@@ -99,11 +99,7 @@ def restore(meta: dict, data, backend="auto", *, progress=None, what: str = "<im
         size = int(data.length)
 
         def piece(off, n):
-            view = data.subarray(off, off + n)
-            try:
-                return view.to_bytes()
-            finally:
-                view.destroy()   # a JsProxy per tensor: released, or the worker leaks
+            return data.subarray(off, off + n).to_bytes()   # the JsProxy goes with its refcount
     else:
         data = memoryview(data).cast("B")
         size = data.nbytes
@@ -203,11 +199,7 @@ async def _store(cache, meta, parts, record, clock) -> None:
     js_parts = []
     while parts:     # each tensor's Python copy goes as soon as JS holds its own
         js_parts.append(_uint8(parts.pop(0)))
-    try:
-        await cache.put(_to_js({**record, "meta": meta}), _to_js(js_parts))
-    finally:
-        for part in js_parts:
-            part.destroy()
+    await cache.put(_to_js({**record, "meta": meta}), _to_js(js_parts))
     clock("store", meta["nbytes"], meta["nbytes"])
 
 
