@@ -28,7 +28,8 @@
 //   lookup(source, onProgress) source {url} | {file, name?} | {bytes, name}: its key and the
 //                              cached record, without downloading where an ETag decides:
 //                              {key, name, size, version, source, url, hit (record without
-//                              data, or null), bytes (Uint8Array when already read, or null)}
+//                              data, or null), bytes (Uint8Array when already read, or null),
+//                              unavailable (why the database could not be read, or null)}
 //   download(url, onProgress)  the body as a Uint8Array
 //   readData(key, onProgress)  a record's data as a Uint8Array
 //   put(record, parts)         store record + parts (Uint8Arrays, in meta.tensors order)
@@ -169,9 +170,14 @@ export async function lookup(source, onProgress) {
     throw new Error("modelcache.lookup: the source needs url, file or bytes");
   }
   const key = keyFor(name, size, version);
-  const record = await get(key);
+  let record = null, unavailable = null;
+  try {
+    record = await get(key);
+  } catch (error) {  // no IndexedDB here (a private window may refuse it): load uncached
+    unavailable = String(error?.message || error);
+  }
   return { key, name, size, version, source: origin, url,
-           hit: record ? withoutData(record) : null, bytes };
+           hit: record ? withoutData(record) : null, bytes, unavailable };
 }
 
 export async function readData(key, onProgress) {

@@ -201,7 +201,8 @@ function describe(info) {
     : `downloaded/read, parsed and kept in the cache in ${info.seconds.toFixed(2)} s`;
   const layers = `${info.n_layer} layer${info.n_layer === 1 ? "" : "s"}`;
   return `Model: ${info.name} — ${layers}, n_embd ${info.n_embd}, ${info.vocab} tokens, ` +
-    `context ${info.n_ctx}; ${how}`;
+    `context ${info.n_ctx}; ${info.not_kept ? how.replace(" and kept in the cache", "") +
+    ` (not kept in the cache: ${info.not_kept})` : how}`;
 }
 
 function shown(info) {

@@ -125,6 +125,11 @@ def test_models_load_from_the_cache_the_second_time(browser_session, tmp_path, c
         assert page.evaluate("modelCache.list()") == []
         third = loaded(page, by_url)
         assert third["cached"] is False and len(gets()) == 2
+        # a URL that names nothing: the error says which and what the server answered
+        page.fill("#model-url", "models/missing.safetensors")
+        page.click("#load-url")
+        page.wait_for_selector("#status.error")
+        assert "missing.safetensors: HTTP 404" in page.text_content("#status")
     finally:
         page.close()
         served.unlink(missing_ok=True)

@@ -23,7 +23,9 @@ web/modelcache.mjs; the worker exposes it as `webgradModelCache`):
         A hit reads the image and uploads it; a miss downloads, parses (safetensors or GGUF,
         told apart by the magic bytes), and stores the image. A cached entry that no longer
         restores (written by another version) is dropped and the file loaded afresh.
-        info: {key, name, kind, cached, seconds, phases: {phase: seconds}};
+        info: {key, name, kind, cached, seconds, phases: {phase: seconds}}, and not_kept
+        (why) when the image could not be stored (a full disk, no IndexedDB): the model is
+        loaded all the same;
         progress(dict) hears {phase, done, total} (bytes) for the phases
         "hash" / "download" / "parse" / "store" (a miss) and "read" / "upload" (a hit).
     model, info = await load_key_async(key, backend="webgpu", progress=fn)   # a listed entry
@@ -257,10 +259,15 @@ async def load_gpt2_async(source, *, backend="webgpu", name: str | None = None, 
         del raw
         record = {"key": key, "name": info["name"], "size": int(found.size),
                   "version": str(found.version), "source": str(found.source), "kind": kind}
-        meta, parts = await image_async(model)
-        await _store(cache, meta, parts, record, clock)
-        return model, {**info, "kind": kind, "cached": False, "seconds": clock.seconds(),
-                       "phases": clock.phases}
+        info.update(kind=kind, cached=False)
+        try:     # a full disk or a missing database costs the next load, not this one
+            meta, parts = await image_async(model)
+            await _store(cache, meta, parts, record, clock)
+        except Exception as e:
+            info["not_kept"] = str(e)
+        if _js_value(found.unavailable) is not None:
+            info["not_kept"] = str(found.unavailable)
+        return model, {**info, "seconds": clock.seconds(), "phases": clock.phases}
     finally:
         on_js.destroy()
 
