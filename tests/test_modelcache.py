@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -18,8 +19,14 @@ CFG = gpt2.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_ctx=16, vocab_size=50)
 IDS = [3, 1, 4, 1, 5, 9, 2, 6, 49]
 
 
+def run(coro):
+    """asyncio.run on a thread of its own (a browser test's Playwright may hold this one's loop)."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
 def image(m):
-    meta, parts = asyncio.run(modelcache.image_async(m))
+    meta, parts = run(modelcache.image_async(m))
     return meta, b"".join(bytes(p) for p in parts)
 
 
@@ -29,7 +36,8 @@ def test_image_round_trip_is_exact():
     assert meta["nbytes"] == len(data) == 4 * sum(np.prod(s) for s in gpt2.param_shapes(CFG).values())
     seen = []
     back = modelcache.restore(meta, data, backend="reference", progress=lambda d, t: seen.append((d, t)))
-    assert back.cfg == CFG and seen[-1] == (len(data), len(data)) and len(seen) == len(meta["tensors"])
+    assert back.cfg == CFG and seen[0] == (0, len(data)) and seen[-1] == (len(data), len(data))
+    assert len(seen) == 1 + len(meta["tensors"])
     assert np.array_equal(np.asarray(back.forward(IDS)), np.asarray(m.forward(IDS)))
     # the values are the state dict's (the safetensors library reads the same from a file)
     for t in meta["tensors"]:
@@ -82,7 +90,7 @@ def test_gguf_image_holds_ggufs_dequantization(tmp_path):
     gguf = pytest.importorskip("gguf")
     src = gpt2.GPT2.init_random(gpt2.GPT2Config(2, 2, 64, 16, 50), seed=7, backend="reference")
     path, stored = gguf_of(tmp_path / "m.gguf", src, qtype=gguf.GGMLQuantizationType.Q8_0)
-    m, kind = asyncio.run(modelcache.parse_async(path.read_bytes(), "reference"))
+    m, kind = run(modelcache.parse_async(path.read_bytes(), "reference"))
     assert kind == "gguf"
     meta, data = image(m)
     t = next(t for t in meta["tensors"] if t["name"] == "h.1.mlp.c_fc.weight")
@@ -125,4 +133,4 @@ def test_damaged_images_are_refused_by_field():
 
 def test_cache_outside_the_browser_says_where_it_lives():
     with pytest.raises(RuntimeError, match="IndexedDB.*Pyodide worker"):
-        asyncio.run(modelcache.list_async())
+        run(modelcache.list_async())

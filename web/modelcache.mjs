@@ -112,6 +112,7 @@ export async function download(url, onProgress) {
   if (!response.ok) throw new Error(`${url}: HTTP ${response.status} ${response.statusText}`);
   const total = Number(response.headers.get("Content-Length")) || 0;
   const report = reporter(onProgress, "download", total);
+  report(0, true);
   const chunks = [];
   let done = 0;
   const reader = response.body.getReader();

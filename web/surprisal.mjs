@@ -179,7 +179,7 @@ async function score() {
 
 // --- loading, with progress -------------------------------------------------------------
 
-const PHASES = { hash: "Hashing", download: "Downloading", parse: "Parsing",
+const PHASES = { lookup: "Looking in the cache", hash: "Hashing", download: "Downloading", parse: "Parsing",
                  store: "Keeping in the cache", read: "Reading from the cache", upload: "Uploading" };
 
 function size(n) {

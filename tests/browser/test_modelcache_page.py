@@ -92,7 +92,7 @@ def test_models_load_from_the_cache_the_second_time(browser_session, tmp_path, c
         # ... and the second time only the HEAD goes out: no download, no parse
         second = loaded(page, by_url)
         assert second["cached"] is True and second["key"] == first["key"], second
-        assert set(second["phases"]) <= {"read", "upload"} and "upload" in second["phases"], second
+        assert set(second["phases"]) <= {"lookup", "read", "upload"} and "upload" in second["phases"], second
         assert len(gets()) == 1 and len(heads()) == 2
         assert np.array_equal(logits(page), fresh)
         times["safetensors"] = (first["seconds"], second["seconds"])
@@ -167,7 +167,7 @@ async def cache_api(blob):
 """)
     got = s.call("cache_api", src.save_safetensors())
     assert got["a"]["cached"] is False and got["b"]["cached"] is True and got["c"]["cached"] is True
-    assert got["a"]["key"] == got["b"]["key"] and got["phases"] == ["hash", "parse", "store"]
+    assert got["a"]["key"] == got["b"]["key"] and got["phases"] == ["hash", "lookup", "parse", "store"]
     assert got["names"] == ["api.safetensors", "copy"] and got["after"] == ["copy"]
     assert got["same"] and got["empty"] == []
     want = np.asarray(src.state_dict()["h.0.mlp.c_fc.weight"]).ravel()

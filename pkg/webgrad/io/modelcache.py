@@ -26,8 +26,8 @@ web/modelcache.mjs; the worker exposes it as `webgradModelCache`):
         info: {key, name, kind, cached, seconds, phases: {phase: seconds}}, and not_kept
         (why) when the image could not be stored (a full disk, no IndexedDB): the model is
         loaded all the same;
-        progress(dict) hears {phase, done, total} (bytes) for the phases
-        "hash" / "download" / "parse" / "store" (a miss) and "read" / "upload" (a hit).
+        progress(dict) hears {phase, done, total} (bytes) for the phases "lookup", then
+        "hash" / "download" / "parse" / "store" (a miss) or "read" / "upload" (a hit).
     model, info = await load_key_async(key, backend="webgpu", progress=fn)   # a listed entry
     info = await store_async(model, name=..., kind="trained")   # any GPT2, e.g. one trained here
     entries = await list_async();  await remove_async(key);  await clear_async()
@@ -122,6 +122,8 @@ def restore(meta: dict, data, backend="auto", *, progress=None, what: str = "<im
                                              f"inside the {size} bytes of data")
     model = GPT2(cfg, backend)
     done, total = 0, sum(got[n]["nbytes"] for n in want)
+    if progress is not None:
+        progress(0, total)
     for name, shape in want.items():
         t = got[name]
         h = HostArray("f32", shape=shape)
@@ -196,8 +198,12 @@ class _Clock:
         return time.perf_counter() - self.t0
 
 
+def _nbytes(model) -> int:
+    from ..models.gpt2 import param_shapes
+    return 4 * sum(prod(s) for s in param_shapes(model.cfg).values())
+
+
 async def _store(cache, meta, parts, record, clock) -> None:
-    clock("store", 0, meta["nbytes"])
     js_parts = []
     while parts:     # each tensor's Python copy goes as soon as JS holds its own
         js_parts.append(_uint8(parts.pop(0)))
@@ -242,6 +248,7 @@ async def load_gpt2_async(source, *, backend="webgpu", name: str | None = None, 
         src = {"file": source, "name": name or str(getattr(source, "name", "") or "model")}
     on_js = create_proxy(lambda p: clock(str(p.phase), p.done, p.total))
     try:
+        clock("lookup", 0, 0)
         found = await cache.lookup(_to_js(src), on_js)
         key, hit = str(found.key), _js_value(found.hit)
         info = {"key": key, "name": str(found.name)}
@@ -255,12 +262,14 @@ async def load_gpt2_async(source, *, backend="webgpu", name: str | None = None, 
             data = await cache.download(found.url, on_js)
         raw = data.to_bytes()
         del data
+        clock("parse", 0, len(raw))
         model, kind = await parse_async(raw, backend, progress=lambda d, t: clock("parse", d, t))
         del raw
         record = {"key": key, "name": info["name"], "size": int(found.size),
                   "version": str(found.version), "source": str(found.source), "kind": kind}
         info.update(kind=kind, cached=False)
         try:     # a full disk or a missing database costs the next load, not this one
+            clock("store", 0, _nbytes(model))
             meta, parts = await image_async(model)
             await _store(cache, meta, parts, record, clock)
         except Exception as e:
@@ -277,6 +286,7 @@ async def store_async(model, *, name: str, kind: str = "trained", progress=None)
     Its key is name, image size and the image's SHA-256."""
     cache = await _cache()
     clock = _Clock(progress)
+    clock("store", 0, _nbytes(model))
     meta, parts = await image_async(model)
     digest = hashlib.sha256()
     for p in parts:
