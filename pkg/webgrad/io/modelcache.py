@@ -237,7 +237,7 @@ async def load_key_async(key: str, *, backend="webgpu", progress=None):
 
 async def load_gpt2_async(source, *, backend="webgpu", name: str | None = None, progress=None):
     """(GPT2, info) from a URL, a JS File/Blob or bytes, through the cache (module header)."""
-    from pyodide.ffi import create_proxy
+    from pyodide.ffi import JsException, create_proxy
     cache = await _cache()
     clock = _Clock(progress)
     if isinstance(source, str):
@@ -255,8 +255,8 @@ async def load_gpt2_async(source, *, backend="webgpu", name: str | None = None, 
         if hit is not None:
             try:
                 return await _restore_entry(cache, hit, backend, clock, on_js)
-            except ModelCacheError:
-                await cache.remove(key)   # stale: load the file afresh below
+            except (ModelCacheError, JsException):   # stale or unreadable: load afresh below
+                await cache.remove(key)
         data = _js_value(found.bytes)
         if data is None:
             data = await cache.download(found.url, on_js)
