@@ -157,11 +157,22 @@ async def cache_api(blob):
     listed = await modelcache.list_async()
     m3, c = await modelcache.load_key_async(t["key"])
     same = list(await m1.forward_async([1, 2, 3])) == list(await m3.forward_async([1, 2, 3]))
+    # an entry this webgrad cannot restore (another image format) is dropped and replaced
+    import js
+    from pyodide.ffi import to_js
+    store = await js.webgradModelCache()
+    rec = (await store.entry(b["key"])).to_py()
+    rec["meta"]["format"] = 99
+    await store.put(to_js(rec, dict_converter=js.Object.fromEntries),
+                    to_js([await store.readData(b["key"])]))
+    m4, d = await modelcache.load_gpt2_async(blob, name="api.safetensors")
+    _, e = await modelcache.load_gpt2_async(blob, name="api.safetensors")
+    stale = [d["cached"], e["cached"], (await store.entry(b["key"])).meta.format]
     await modelcache.remove_async(b["key"])
     after = [e["name"] for e in await modelcache.list_async()]
     await modelcache.clear_async()
     return {"a": a, "b": b, "c": c, "names": sorted(e["name"] for e in listed), "after": after,
-            "phases": sorted({p["phase"] for p in seen}), "same": same,
+            "phases": sorted({p["phase"] for p in seen}), "same": same, "stale": stale,
             "empty": await modelcache.list_async(),
             "w": list(m3.state_dict()["h.0.mlp.c_fc.weight"])}
 """)
@@ -169,6 +180,6 @@ async def cache_api(blob):
     assert got["a"]["cached"] is False and got["b"]["cached"] is True and got["c"]["cached"] is True
     assert got["a"]["key"] == got["b"]["key"] and got["phases"] == ["hash", "lookup", "parse", "store"]
     assert got["names"] == ["api.safetensors", "copy"] and got["after"] == ["copy"]
-    assert got["same"] and got["empty"] == []
+    assert got["same"] and got["empty"] == [] and got["stale"] == [False, True, 1]
     want = np.asarray(src.state_dict()["h.0.mlp.c_fc.weight"]).ravel()
     assert np.array_equal(np.asarray(got["w"], np.float32), want)

@@ -180,22 +180,29 @@ def _uint8(view):
 
 
 class _Clock:
-    """Times each phase and forwards {phase, done, total} to the caller's progress."""
+    """Times each phase (from its first event to the next phase's, or to the end) and forwards
+    {phase, done, total} to the caller's progress."""
 
     def __init__(self, progress):
-        self.progress, self.t0, self.phases, self.current = progress, time.perf_counter(), {}, None
+        self.progress, self.t0, self.phases = progress, time.perf_counter(), {}
+        self.current, self.since = None, self.t0
+
+    def _close(self, now):
+        if self.current is not None:
+            self.phases[self.current] = self.phases.get(self.current, 0.0) + now - self.since
+        self.since = now
 
     def __call__(self, phase, done, total):
-        now = time.perf_counter()
         if phase != self.current:
-            self.phases[phase] = 0.0
-            self.current, self.since = phase, now
-        self.phases[phase] = now - self.since
+            self._close(time.perf_counter())
+            self.current = phase
         if self.progress is not None:
             self.progress({"phase": phase, "done": int(done), "total": int(total)})
 
     def seconds(self):
-        return time.perf_counter() - self.t0
+        now = time.perf_counter()
+        self._close(now)
+        return now - self.t0
 
 
 def _nbytes(model) -> int:
