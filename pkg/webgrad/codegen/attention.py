@@ -40,6 +40,7 @@ from .emit import Idx
 from .wgsl import f32_lit
 
 from .attention_match import ATTN_OPS
+from .attention_tiled import build_tiled, use_tiled
 
 WGS = 64  # threads per workgroup (rows of one head side by side)
 UNROLL_MAX = 64  # widest head dim unrolled into registers on GPUs (GPT-2's is 64)
@@ -155,6 +156,12 @@ class _Rows:
 
 
 def build_attention(ctx) -> list[dict]:
+    if use_tiled(ctx.limits):  # GPUs: workgroups of row blocks (attention_tiled.py)
+        return build_tiled(ctx)
+    return _build_rows(ctx)
+
+
+def _build_rows(ctx) -> list[dict]:
     node = ctx.main_node
     op, g = node.op, ctx.g
     a, b = node.inputs[0], node.inputs[1]

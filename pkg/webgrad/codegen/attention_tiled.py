@@ -1,0 +1,366 @@
+"""Tiled fused attention kernels for GPUs: the ops of codegen/attention.py (attn_lse,
+attn_out, attn_dq, attn_dk, attn_dv), each as a workgroup that owns a block of rows and
+streams the other side's rows through workgroup memory, flash-attention style.
+
+Why: the row kernels of attention.py (a thread per query or key, its vectors in registers)
+leave a GPU nearly idle in the backward: at GPT-2 size attn_dk / attn_dv ran 10-12 ms each
+on an H200 (a few hundred workgroups of 64 threads, each thread walking 512 rows with 192
+registers of vectors). Here every kernel is a chain of small matrix products between
+shared-memory tiles, which is the shape GPUs are built for.
+
+Notation as in attention.py: q = A [.., T, D], k^T = B [.., D, S], v = V [.., S, Dv],
+g = G [.., T, Dv]; s_ij = scale q_i . k_j over kept keys (j <= i + offset [+ pos]);
+p_ij = exp(s_ij - lse_i); ds_ij = p_ij (g_i . v_j - Drow_i).
+
+A workgroup of 16 x 16 threads owns BR rows ("own" side) and loops over the "streamed"
+side BC rows at a time:
+  kernel    own      streamed  W (BR x BC tile)                X (streamed rows)  out
+  attn_lse  queries  keys      online log-sum-exp per row      -                  lse
+  attn_out  queries  keys      p (or p online, inference)      v                  sum_j W v_j
+  attn_dq   queries  keys      ds                              k                  scale sum_j W k_j
+  attn_dv   keys     queries   p^T                             g                  sum_i W g_i
+  attn_dk   keys     queries   ds^T                            q                  scale sum_i W q_i
+Per streamed block: the scores (own . streamed over D) and, for dq / dk, g . v over Dv are
+products of D-chunks (DK wide) staged in shared memory (As: own, Bs: streamed), each
+thread owning a TR x TC block of the tile (rows ty*TR + a, columns tx + 16 b: the column
+reads are consecutive, the row reads broadcasts). W goes to shared memory (Ws), then
+out += W @ X with X staged XK rows at a time (Xs), each thread owning TR rows x EP/16
+output columns (tx + 16 e). The softmax statistics come from elsewhere (lse, Drow:
+FA-2's backward recomputes p from the saved lse, and Drow = rowsum(g * O) is a plain
+reduction in the IR), so the only row reductions across threads are attn_lse's final
+combine of per-thread (max, sum) pairs and the inference kernel's per-block row maximum,
+both through workgroup memory.
+Causal blocks beyond the diagonal are never visited: a query block stops at its last
+kept key, a key block starts at its first query. dQ and dK / dV are separate kernels
+(WebGPU has no float atomics), and dK and dV separate ops of the IR (attention_match.py).
+
+Every loop bound depends only on the workgroup (a runtime cache position is read with
+workgroupUniformLoad), so the barriers are in uniform control flow. Rows past T or S
+read clamped addresses and are zeroed or masked; head dims that are not multiples of 16
+(odd ones too) are padded with zeros in shared memory. Tile sizes follow the device's
+maxComputeWorkgroupStorageSize (16 KiB by WebGPU's default: 32-row blocks; 32 KiB: 64).
+"""
+from __future__ import annotations
+
+from math import prod
+
+from .emit import Idx
+from .wgsl import f32_lit, pow2ceil
+
+WGS = 256  # 16 x 16 threads
+FORCE_TILED = None  # tests: True / False forces the tiled / row kernels on any adapter
+
+
+def use_tiled(limits) -> bool:
+    """GPUs get the tiled kernels; CPU adapters (lavapipe, SwiftShader: Limits.cpu) keep
+    attention.py's barrier-free row kernels (a barrier there costs a fiber switch per
+    thread, as for codegen/matmul.py's direct kernel)."""
+    if FORCE_TILED is not None:
+        return FORCE_TILED
+    return not limits.cpu
+
+
+def _shared_bytes(op, BR, BC, DK, XK, EP) -> int:
+    n = DK * (BR + 1) + DK * (BC + 1)
+    if op != "attn_lse":
+        n += BR * (BC + 1) + XK * EP
+    if op == "attn_lse":
+        n += 2 * 16 * BR
+    elif op == "attn_out":
+        n += 16 * BR  # the online softmax's row maxima (and the final row sums)
+    return 4 * n
+
+
+def choose_blocks(op, own_n, str_n, E, limit):
+    """(BR, BC, DK, XK): own rows per workgroup, streamed rows per step, the D chunk of the
+    score products, the X rows per step of the output product; the largest that fit."""
+    EP = 16 * -(-E // 16) if E else 0
+    br0 = min(64, max(16, pow2ceil(own_n)))
+    bc0 = min(64, max(16, pow2ceil(str_n)))
+    for BR, BC in ((br0, bc0), (min(br0, 32), min(bc0, 32)), (16, 16)):
+        for DK in (16, 8):
+            for XK in (16, 8, 4):
+                if _shared_bytes(op, BR, BC, DK, XK, EP) <= limit:
+                    return BR, BC, DK, XK
+    raise AssertionError(f"{op}: no tile fits {limit} bytes of workgroup memory")
+
+
+def _max(xs: list[str]) -> str:
+    return xs[0] if len(xs) == 1 else f"max({xs[0]}, {_max(xs[1:])})"
+
+
+def build_tiled(ctx) -> list[dict]:
+    node, g = ctx.main_node, ctx.g
+    op = node.op
+    ins = node.inputs
+    a_, b_ = ins[0], ins[1]
+    T, D = g[a_].shape[-2], g[a_].shape[-1]
+    S = g[b_].shape[-1]
+    scale, off = node.attrs["scale"], node.attrs["offset"]
+    per_key = op in ("attn_dk", "attn_dv")
+    batch = tuple(node.shape[:-1]) if op == "attn_lse" else tuple(node.shape[:-2])
+    nb = prod(batch)
+    online = op == "attn_out" and node.attrs.get("online")
+    # which inputs: V, G, lse, Drow (None where the op has none)
+    v_ = ins[2] if op in ("attn_out", "attn_dq", "attn_dk") else None
+    g_ = ins[2] if op == "attn_dv" else ins[3] if op in ("attn_dq", "attn_dk") else None
+    lse_n = {"attn_out": None if online else 3, "attn_dv": 3, "attn_dq": 4, "attn_dk": 4}.get(op)
+    lse_n = ins[lse_n] if lse_n is not None else None
+    dr_n = ins[5] if op in ("attn_dq", "attn_dk") else None
+    Dv = g[v_].shape[-1] if v_ is not None else g[g_].shape[-1] if g_ is not None else D
+    E = {"attn_lse": 0, "attn_out": Dv, "attn_dq": D, "attn_dv": Dv, "attn_dk": D}[op]
+    NR, NC = (S, T) if per_key else (T, S)  # own rows, streamed rows
+    BR, BC, DK, XK = choose_blocks(op, NR, NC, E, ctx.limits.max_compute_workgroup_storage_size)
+    TR, TC = BR // 16, BC // 16
+    EP = 16 * -(-E // 16)
+    TE = EP // 16
+    LDA, LDB, LDW = BR + 1, BC + 1, BC + 1
+    nblk = -(-NR // BR)
+
+    kernel = ctx.kernel(f"{op} [{'x'.join(map(str, batch)) or '1'}] T{T} S{S} D{D} "
+                        f"tiled {BR}x{BC}")
+    kernel.decls.append(f"var<workgroup> As: array<f32, {DK * LDA}>;")
+    kernel.decls.append(f"var<workgroup> Bs: array<f32, {DK * LDB}>;")
+    if op != "attn_lse":
+        kernel.decls.append(f"var<workgroup> Ws: array<f32, {BR * LDW}>;")
+        kernel.decls.append(f"var<workgroup> Xs: array<f32, {XK * EP}>;")
+    if op == "attn_lse":
+        kernel.decls.append(f"var<workgroup> red_m: array<f32, {16 * BR}>;")
+        kernel.decls.append(f"var<workgroup> red_l: array<f32, {16 * BR}>;")
+    elif online:
+        kernel.decls.append(f"var<workgroup> red: array<f32, {16 * BR}>;")
+    epi = ctx.epilogue_fn(kernel)
+    em = ctx.emitter(kernel)
+    L = em.emit
+    grid = kernel.workgroup_index(em, nb * nblk, "w")  # workgroup-uniform: barriers legal
+    L(f"let blk = w % {nblk}u;")
+    L(f"let bo = w / {nblk}u;")
+    L("let tx = lid % 16u;")
+    L("let ty = lid / 16u;")
+    L(f"let r0 = blk * {BR}u;")
+    bdims = em.unravel("bo", batch) if batch else []
+    sc = f32_lit(scale)
+    ninf = f32_lit(float("-inf"))
+
+    def at(n, last):  # operand n at (its last two dims) = last, batch element bo
+        shape = g[n].shape
+        k0 = len(shape) - len(last)
+        r = len(batch) - k0
+        dims = ["0u" if shape[k] == 1 else bdims[r + k] for k in range(k0)] + last
+        return em.value(n, Idx(shape, dims=dims))
+
+    def Q(i, d): return at(a_, [i, d])
+    def K(j, d): return at(b_, [d, j])
+    def Vv(j, e): return at(v_, [j, e])
+    def Gg(i, e): return at(g_, [i, e])
+
+    def stat(n, i):  # lse / Drow of query i ([batch.., T])
+        return em.value(n, Idx(g[n].shape, flat=em.let(f"bo * {T}u + {i}")))
+
+    # the causal limit: key j is kept for query i iff j <= i + lim0 (+ dyn)
+    dyn = ""
+    if node.attrs.get("dyn"):
+        pn = ins[-1]
+        kernel.decls.append("var<workgroup> wdyn: i32;")
+        with em.block("if (lid == 0u)"):
+            L(f"wdyn = i32({em.value(pn, Idx(g[pn].shape, flat='0u'))});")
+        L("let dyn = workgroupUniformLoad(&wdyn);")
+        dyn = " + dyn"
+
+    # the streamed range [cbeg, cend)
+    if off is None:
+        cbeg, cend = "0u", f"{NC}u"
+    elif not per_key:  # the block's last query r0 + BR - 1 keeps keys < r0 + BR + off
+        cbeg = "0u"
+        cend = em.let(f"u32(clamp(i32(r0) + {BR + off}i{dyn}, 0i, {NC}i))")
+    else:  # the block's first key r0 is kept by queries >= r0 - off
+        cbeg = em.let(f"u32(clamp(i32(r0) - {off}i{' - dyn' if dyn else ''}, 0i, {NC}i))")
+        cend = f"{NC}u"
+
+    def stage(arr, store, nrows, nk, row0, rows_total, k0, k_total, load):
+        """arr[store(rr, kk)] = load(row0 + rr, k0 + kk) for rr < nrows, kk < nk (k fastest
+        across threads: coalesced reads), zero outside rows_total x k_total."""
+        n = nrows * nk
+        for t in range(-(-n // WGS)):
+            e = f"lid + {t * WGS}u" if t else "lid"
+            hdr = f"if ({e} < {n}u)" if (t + 1) * WGS > n else ""
+            with em.block(hdr):
+                rr, kk = em.let(f"({e}) / {nk}u"), em.let(f"({e}) % {nk}u")
+                row, k = em.let(f"{row0} + {rr}"), em.let(f"{k0} + {kk}")
+                val = load(f"min({row}, {rows_total - 1}u)", f"min({k}, {k_total - 1}u)")
+                L(f"{arr}[{store(rr, kk)}] = select(0.0f, {val}, {row} < {rows_total}u && "
+                  f"{k} < {k_total}u);")
+
+    def dot_tiles(accs, width, own_load, str_load):
+        """accs[a][b] += own row (ty*TR + a) . streamed row (tx + 16 b), over width."""
+        with em.block(f"for (var d0 = 0u; d0 < {width}u; d0 += {DK}u)"):
+            stage("As", lambda rr, kk: f"{kk} * {LDA}u + {rr}", BR, DK, "r0", NR, "d0", width,
+                  own_load)
+            stage("Bs", lambda rr, kk: f"{kk} * {LDB}u + {rr}", BC, DK, "c0", NC, "d0", width,
+                  str_load)
+            L("workgroupBarrier();")
+            for dd in range(DK):
+                xs = [em.fresh("x") for _ in range(TR)]
+                ys = [em.fresh("y") for _ in range(TC)]
+                for a, x in enumerate(xs):
+                    L(f"let {x} = As[{dd * LDA + a}u + ty * {TR}u];")
+                for b, y in enumerate(ys):
+                    L(f"let {y} = Bs[{dd * LDB + 16 * b}u + tx];")
+                for a in range(TR):
+                    for b in range(TC):
+                        L(f"{accs[a][b]} = fma({xs[a]}, {ys[b]}, {accs[a][b]});")
+            L("workgroupBarrier();")
+
+    own_rows = [em.let(f"r0 + ty * {TR}u + {a}u") for a in range(TR)]
+    if per_key:
+        own_load, str_load = K, Q
+        dp_own, dp_str = Vv, Gg
+        X_load = {"attn_dv": Gg, "attn_dk": Q}.get(op)
+    else:
+        own_load, str_load = Q, K
+        dp_own, dp_str = Gg, Vv
+        X_load = {"attn_out": Vv, "attn_dq": K}.get(op)
+
+    # own-row statistics (query kernels), read once
+    own_lse = own_dr = None
+    if not per_key and lse_n is not None:
+        own_lse = [em.let(stat(lse_n, f"min({r}, {T - 1}u)")) for r in own_rows]
+    if not per_key and dr_n is not None:
+        own_dr = [em.let(stat(dr_n, f"min({r}, {T - 1}u)")) for r in own_rows]
+
+    acc = [[em.var("f32", "0.0f", "o") for _ in range(TE)] for _ in range(TR)] if E else []
+    m_run = [em.var("f32", ninf, "m") for _ in range(TR)] if op == "attn_lse" or online else []
+    l_run = [em.var("f32", "0.0f", "l") for _ in range(TR)] if op == "attn_lse" or online else []
+
+    with em.block(f"for (var c0 = {cbeg}; c0 < {cend}; c0 += {BC}u)"):
+        s = [[em.var("f32", "0.0f", "s") for _ in range(TC)] for _ in range(TR)]
+        dot_tiles(s, D, own_load, str_load)
+        dp = None
+        if op in ("attn_dq", "attn_dk"):
+            dp = [[em.var("f32", "0.0f", "p") for _ in range(TC)] for _ in range(TR)]
+            dot_tiles(dp, Dv, dp_own, dp_str)
+        cols = [em.let(f"c0 + tx + {16 * b}u") for b in range(TC)]
+        str_lse = str_dr = None
+        if per_key:
+            str_lse = [em.let(stat(lse_n, f"min({c}, {T - 1}u)")) for c in cols]
+            if dr_n is not None:
+                str_dr = [em.let(stat(dr_n, f"min({c}, {T - 1}u)")) for c in cols]
+
+        def kept(a, b):
+            r, c = own_rows[a], cols[b]
+            conds = [f"{c} < {NC}u"]
+            if off is not None:
+                i, j = (c, r) if per_key else (r, c)
+                conds.append(f"i32({j}) <= i32({i}) + {off}i{dyn}")
+            return em.let(" && ".join(conds))
+
+        xsc = [[em.let(f"select({ninf}, {s[a][b]} * {sc}, {kept(a, b)})") for b in range(TC)]
+               for a in range(TR)] if op == "attn_lse" or online else None
+        w = [[None] * TC for _ in range(TR)]
+        if op == "attn_lse":  # per-thread running (max, sum) over the thread's columns
+            for a in range(TR):
+                bm = em.let(_max(xsc[a]))
+                mn = em.let(f"max({m_run[a]}, {bm})")
+                mz = em.let(f"select({mn}, 0.0f, {mn} == {ninf})")
+                terms = " + ".join(f"exp({x} - {mz})" for x in xsc[a])
+                L(f"{l_run[a]} = {l_run[a]} * exp({m_run[a]} - {mz}) + {terms};")
+                L(f"{m_run[a]} = {mn};")
+        elif online:  # the row's maximum over this block, through workgroup memory
+            for a in range(TR):
+                bm = em.let(_max(xsc[a]))
+                L(f"red[(ty * {TR}u + {a}u) * 16u + tx] = {bm};")
+            L("workgroupBarrier();")
+            for a in range(TR):
+                base = f"(ty * {TR}u + {a}u) * 16u"
+                rm = em.fresh("rm")
+                L(f"var {rm}: f32 = red[{base}];")
+                with em.block("for (var t = 1u; t < 16u; t++)"):
+                    L(f"{rm} = max({rm}, red[{base} + t]);")
+                mn = em.let(f"max({m_run[a]}, {rm})")
+                mz = em.let(f"select({mn}, 0.0f, {mn} == {ninf})")
+                al = em.let(f"exp({m_run[a]} - {mz})")
+                for b in range(TC):
+                    w[a][b] = em.let(f"exp({xsc[a][b]} - {mz})")
+                L(f"{l_run[a]} = {l_run[a]} * {al} + {' + '.join(w[a])};")
+                for e in range(TE):
+                    L(f"{acc[a][e]} = {acc[a][e]} * {al};")
+                L(f"{m_run[a]} = {mn};")
+        else:
+            for a in range(TR):
+                for b in range(TC):
+                    lse = str_lse[b] if per_key else own_lse[a]
+                    p = f"exp({s[a][b]} * {sc} - {lse})"
+                    if dp is not None:
+                        dr = str_dr[b] if per_key else own_dr[a]
+                        p = f"{p} * ({dp[a][b]} - {dr})"
+                    w[a][b] = em.let(f"select(0.0f, {p}, {kept(a, b)})")
+        if op != "attn_lse":
+            for a in range(TR):
+                for b in range(TC):
+                    L(f"Ws[(ty * {TR}u + {a}u) * {LDW}u + tx + {16 * b}u] = {w[a][b]};")
+            L("workgroupBarrier();")
+            width = E
+            xn = em.let(f"min({BC}u, {cend} - c0)")  # the last block may be short
+            with em.block(f"for (var x0 = 0u; x0 < {xn}; x0 += {XK}u)"):
+                stage("Xs", lambda rr, kk: f"{rr} * {EP}u + {kk}", XK, EP, "c0 + x0", NC, "0u",
+                      width, X_load)
+                L("workgroupBarrier();")
+                for xx in range(XK):
+                    ws = [em.fresh("w") for _ in range(TR)]
+                    xv = [em.fresh("x") for _ in range(TE)]
+                    for a, nm in enumerate(ws):
+                        L(f"let {nm} = Ws[(ty * {TR}u + {a}u) * {LDW}u + x0 + {xx}u];")
+                    for e, nm in enumerate(xv):
+                        L(f"let {nm} = Xs[{xx * EP + 16 * e}u + tx];")
+                    for a in range(TR):
+                        for e in range(TE):
+                            L(f"{acc[a][e]} = fma({ws[a]}, {xv[e]}, {acc[a][e]});")
+                L("workgroupBarrier();")
+
+    if op == "attn_lse":  # combine the 16 threads' (max, sum) of each row
+        for a in range(TR):
+            L(f"red_m[(ty * {TR}u + {a}u) * 16u + tx] = {m_run[a]};")
+            L(f"red_l[(ty * {TR}u + {a}u) * 16u + tx] = {l_run[a]};")
+        L("workgroupBarrier();")
+        with em.block("if (tx == 0u)"):
+            for a in range(TR):
+                base = f"(ty * {TR}u + {a}u) * 16u"
+                with em.block(f"if ({own_rows[a]} < {NR}u)"):
+                    L(f"var mm: f32 = red_m[{base}];")
+                    with em.block("for (var t = 1u; t < 16u; t++)"):
+                        L(f"mm = max(mm, red_m[{base} + t]);")
+                    L(f"let mz = select(mm, 0.0f, mm == {ninf});")
+                    L("var ll: f32 = 0.0f;")
+                    with em.block("for (var t = 0u; t < 16u; t++)"):
+                        L(f"ll = ll + red_l[{base} + t] * exp(red_m[{base} + t] - mz);")
+                    L(f"{epi}(bo * {T}u + {own_rows[a]}, mm + log(ll));")
+        return [ctx.dispatch(kernel, em.lines, grid, WGS)]
+
+    inv = [None] * TR
+    if online:  # the row sums: each thread holds its columns' part
+        for a in range(TR):
+            L(f"red[(ty * {TR}u + {a}u) * 16u + tx] = {l_run[a]};")
+        L("workgroupBarrier();")
+        for a in range(TR):
+            base = f"(ty * {TR}u + {a}u) * 16u"
+            ls = em.fresh("ls")
+            L(f"var {ls}: f32 = 0.0f;")
+            with em.block("for (var t = 0u; t < 16u; t++)"):
+                L(f"{ls} = {ls} + red[{base} + t];")
+            inv[a] = em.let(f"1.0f / {ls}")
+    post = sc if op in ("attn_dq", "attn_dk") else None
+    for a in range(TR):
+        with em.block(f"if ({own_rows[a]} < {NR}u)"):
+            for e in range(TE):
+                col = f"tx + {16 * e}u"
+                v = acc[a][e]
+                if inv[a] is not None:
+                    v = f"{v} * {inv[a]}"
+                if post is not None:
+                    v = f"{v} * {post}"
+                call = f"{epi}(bo * {NR * E}u + {own_rows[a]} * {E}u + {col}, {v});"
+                L(f"if ({col} < {E}u) {{ {call} }}" if 16 * (e + 1) > E else call)
+    return [ctx.dispatch(kernel, em.lines, grid, WGS)]
+
+
+__all__ = ["build_tiled", "use_tiled", "choose_blocks", "FORCE_TILED"]
