@@ -211,39 +211,72 @@ def test_inference_attention_is_one_kernel():
     from webgrad.compile import build_forward_graph
     g = build_forward_graph(Module, lambda m, i: ops.softmax_causal_last(i["q"] @ kT(i["k"])) @ i["v"],
                             {k: (s, "f32") for k, s in QKV.items()})[1]
-    assert lower(g, Limits())[1] == ["attn_out [2x2] T6 S6 D8"]
+    assert lower(g, Limits())[1] == ["attn_out [2x2] T6 S6 D8 tiled 16x16"]
+    assert lower(g, Limits(cpu=True))[1] == ["attn_out [2x2] T6 S6 D8"]
 
 
-@pytest.mark.parametrize("name, cpu, loops", [
-    ("attention/qkv_slices_T70_D32", False, False), ("attention/qkv_slices_T70_D32", True, True),
-    ("attention/div_scale_D128", False, True)])
-def test_code_shape_follows_the_adapter(name, cpu, loops):
+@pytest.mark.parametrize("name, cpu, shape", [
+    ("attention/qkv_slices_T70_D32", False, "tiled"), ("attention/qkv_slices_T70_D32", True, "loops"),
+    ("attention/div_scale_D128", False, "tiled"), ("attention/div_scale_D128", True, "loops")])
+def test_code_shape_follows_the_adapter(name, cpu, shape):
+    """GPUs get the tiled kernels (workgroup memory, barriers), CPU adapters the row kernels
+    with the head dim as a loop over vec4 arrays."""
     factory, loss_fn, inputs, _ = oracle.build_record(oracle.BY_NAME[name])
     g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
     low, names = lower(g, Limits(cpu=cpu))
     cmds = [c for c in low.plan["commands"] if c["op"] == "dispatch"]
     for n, c in zip(names, cmds):
         if n.startswith("attn_"):
-            assert ("array<vec4<f32>," in low.plan["pipelines"][c["pipeline"]]["wgsl"]) == loops, n
+            wgsl = low.plan["pipelines"][c["pipeline"]]["wgsl"]
+            assert ("tiled" in n) == (shape == "tiled"), n
+            assert ("workgroupBarrier" in wgsl) == (shape == "tiled"), n
+            assert ("array<vec4<f32>," in wgsl) == (shape == "loops"), n
 
 
-UNROLLED = ["attention", "attention/qkv_slices_T70_D32", "attention/cache_block_T3_S9",
-            "attention/cross_shared_kv_Dv12", "attention/cache_position"]
+def test_tiles_follow_the_workgroup_memory():
+    """64-row blocks where the device gives 32 KiB of workgroup memory, 32 at WebGPU's
+    default 16 KiB (attn_lse, with no output tile, 64 in both); a short side gets blocks of at least 16 rows; every choice fits."""
+    from webgrad.codegen.attention_tiled import _shared_bytes, choose_blocks
+    for op in ("attn_lse", "attn_out", "attn_dq", "attn_dk", "attn_dv"):
+        for E in (0 if op == "attn_lse" else 64, 80, 256):
+            for limit in (16384, 32768):
+                BR, BC, DK, XK = choose_blocks(op, 512, 512, E, limit)
+                assert _shared_bytes(op, BR, BC, DK, XK, 16 * -(-E // 16)) <= limit
+                if op == "attn_lse":  # no output tile: 64 rows fit even 16 KiB
+                    assert (BR, BC) == (64, 64), (op, limit)
+                elif E <= 80:
+                    assert (BR, BC) == ((64, 64) if limit == 32768 else (32, 32)), (op, E, limit)
+    assert choose_blocks("attn_out", 1, 1024, 64, 32768)[:2] == (16, 64)  # decoding
+
+
+ATTN_NAMES = [r.name for r in ATTN_RECORDS]
+ROWS_FORMS = ["attention", "attention/qkv_slices_T70_D32", "attention/cache_block_T3_S9",
+              "attention/cross_shared_kv_Dv12", "attention/cache_position"]
+SMALL_SHARED = ["attention/qkv_slices_T70_D32", "attention/tiled_T70_D80",
+                "attention/tiled_cache_T5_S70", "attention/cache_position"]
+FORMS = ([(n, "tiled") for n in ATTN_NAMES] + [(n, "tiled 16 KiB") for n in SMALL_SHARED]
+         + [(n, f) for n in ROWS_FORMS for f in ("rows unrolled", "rows loops")])
 
 
 @pytest.mark.webgpu
-@pytest.mark.parametrize("form", ["unrolled", "loops"])
-@pytest.mark.parametrize("name", UNROLLED)
-def test_records_in_both_code_shapes(name, form):
-    """GPUs get the head dim unrolled into registers, CPU adapters loops (codegen/attention.py):
-    run both on the native adapter, forward (inference and training) and gradients against
-    torch. (The other attention records run in the adapter's own shape in test_webgpu.py.)"""
+@pytest.mark.parametrize("name, form", FORMS, ids=[f"{n}-{f}" for n, f in FORMS])
+def test_records_in_every_code_shape(name, form, monkeypatch):
+    """Every attention record through the tiled kernels (GPUs' code, attention_tiled.py),
+    also with 16 KiB of workgroup memory (32-row blocks) for those with several blocks, and
+    some through the row kernels in both of their shapes (head dim unrolled into registers,
+    or a loop on CPU adapters): forward (inference and training) and gradients against
+    torch on the native adapter. (Each record also runs in the adapter's own code shape in
+    test_webgpu.py.)"""
+    import webgrad.codegen.attention_tiled as at
     try:
         from webgrad.backends.webgpu import WebGPUBackend
         be = WebGPUBackend()
     except Exception as e:
         pytest.skip(f"no native WebGPU adapter: {e}")
-    be.limits.cpu = form == "loops"
+    monkeypatch.setattr(at, "FORCE_TILED", form.startswith("tiled"))
+    be.limits.cpu = form == "rows loops"
+    if form == "tiled 16 KiB":
+        be.limits.max_compute_workgroup_storage_size = 16384
     oracle.check(oracle.BY_NAME[name], be)
 
 
