@@ -230,7 +230,8 @@ def test_code_shape_follows_the_adapter(name, cpu, shape):
             wgsl = low.plan["pipelines"][c["pipeline"]]["wgsl"]
             assert ("tiled" in n) == (shape == "tiled"), n
             assert ("workgroupBarrier" in wgsl) == (shape == "tiled"), n
-            assert ("array<vec4<f32>," in wgsl) == (shape == "loops"), n
+            if shape != "tiled":
+                assert ("array<vec4<f32>," in wgsl) == (shape == "loops"), n
 
 
 def test_tiles_follow_the_workgroup_memory():
@@ -328,10 +329,13 @@ def test_gpu_adapters_fuse_training_attention_only_for_large_scores():
 
 
 @pytest.mark.webgpu
-def test_long_attention_matches_torch():
+def test_long_attention_matches_torch(monkeypatch):
     """T 1024 (GPT-2's context), a head of 64, forward and the three gradients on the
-    native adapter against torch autograd in float64 (scaled_dot_product_attention)."""
+    native adapter against torch autograd in float64 (scaled_dot_product_attention);
+    fused whatever the adapter's training policy says."""
     torch = pytest.importorskip("torch")
+    import webgrad.codegen.attention_match as am
+    monkeypatch.setattr(am, "_fuse_training", lambda score_bytes, limits: True)
     try:
         from webgrad.backends.webgpu_native import NativeHost
         NativeHost()

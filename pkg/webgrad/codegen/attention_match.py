@@ -499,6 +499,21 @@ def find_matches(g: Graph, limits=None) -> list[Match]:
     return out
 
 
+def attention_flops(g: Graph, node: Node) -> int:
+    """2 x the kept (query, key) pairs x the summed widths of the kernel's products (the
+    profiler's model: attn_out computes q.k and p v, attn_dq q.k, g.v and ds k, ...)."""
+    a, b = node.inputs[0], node.inputs[1]
+    T, D, S = g[a].shape[-2], g[a].shape[-1], g[b].shape[-1]
+    off = node.attrs["offset"]
+    batch = node.shape[:-1] if node.op == "attn_lse" else node.shape[:-2]
+    pairs = T * S if off is None or node.attrs.get("dyn") else \
+        sum(min(S, i + off + 1) for i in range(T))
+    dv = g[node.inputs[2]].shape[-1] if node.op != "attn_lse" else 0
+    width = {"attn_lse": D, "attn_out": D + dv, "attn_dv": D + dv,
+             "attn_dq": 2 * D + dv, "attn_dk": 2 * D + dv}[node.op]
+    return 2 * prod(batch) * pairs * width
+
+
 TRAIN_SCORES_MIN_BYTES = 256 << 20
 
 

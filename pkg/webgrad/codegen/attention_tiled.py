@@ -60,10 +60,13 @@ def use_tiled(limits) -> bool:
     return not limits.cpu
 
 
+PAD = 4  # extra words per shared row: keeps vec4 alignment, staggers the banks
+
+
 def _shared_bytes(op, BR, BC, DK, XK, EP) -> int:
-    n = DK * (BR + 1) + DK * (BC + 1)
+    n = DK * (BR + PAD) + DK * (BC + PAD)
     if op != "attn_lse":
-        n += BR * (BC + 1) + XK * EP
+        n += BC * (BR + PAD) + XK * EP
     if op == "attn_lse":
         n += 2 * 16 * BR
     elif op == "attn_out":
@@ -74,19 +77,41 @@ def _shared_bytes(op, BR, BC, DK, XK, EP) -> int:
 def choose_blocks(op, own_n, str_n, E, limit):
     """(BR, BC, DK, XK): own rows per workgroup, streamed rows per step, the D chunk of the
     score products, the X rows per step of the output product; the largest that fit."""
-    EP = 16 * -(-E // 16) if E else 0
+    EP = _padded(E)
     br0 = min(64, max(16, pow2ceil(own_n)))
     bc0 = min(64, max(16, pow2ceil(str_n)))
     for BR, BC in ((br0, bc0), (min(br0, 32), min(bc0, 32)), (16, 16)):
-        for DK in (16, 8):
+        for DK in (32, 16, 8):
             for XK in (16, 8, 4):
                 if _shared_bytes(op, BR, BC, DK, XK, EP) <= limit:
                     return BR, BC, DK, XK
     raise AssertionError(f"{op}: no tile fits {limit} bytes of workgroup memory")
 
 
+def _padded(E: int) -> int:
+    """Output columns with padding: whole groups of 64 (4 adjacent per thread, vec4 reads)
+    where that wastes nothing, else groups of 16 (one column per thread)."""
+    return 0 if not E else 64 * -(-E // 64) if E % 64 == 0 else 16 * -(-E // 16)
+
+
 def _max(xs: list[str]) -> str:
     return xs[0] if len(xs) == 1 else f"max({xs[0]}, {_max(xs[1:])})"
+
+
+def _vty(w: int) -> str:
+    return "f32" if w == 1 else f"vec{w}<f32>"
+
+
+def _comp(x: str, w: int, i: int) -> str:
+    return x if w == 1 else f"{x}.{'xyzw'[i]}"
+
+
+def _put(arr: str, w: int, q: str, v: str) -> str:
+    """Store scalar v at word q of a shared array of vec{w}."""
+    if w == 1:
+        return f"{arr}[{q}] = {v};"
+    sh = {2: 1, 4: 2}[w]
+    return f"{{ let q = {q}; {arr}[q >> {sh}u][q & {w - 1}u] = {v}; }}"
 
 
 def build_tiled(ctx) -> list[dict]:
@@ -111,19 +136,20 @@ def build_tiled(ctx) -> list[dict]:
     E = {"attn_lse": 0, "attn_out": Dv, "attn_dq": D, "attn_dv": Dv, "attn_dk": D}[op]
     NR, NC = (S, T) if per_key else (T, S)  # own rows, streamed rows
     BR, BC, DK, XK = choose_blocks(op, NR, NC, E, ctx.limits.max_compute_workgroup_storage_size)
-    TR, TC = BR // 16, BC // 16
-    EP = 16 * -(-E // 16)
+    TR, TC = BR // 16, BC // 16  # a thread's rows ty*TR + a, columns tx*TC + b
+    EP = _padded(E)
     TE = EP // 16
-    LDA, LDB, LDW = BR + 1, BC + 1, BC + 1
+    XV = 4 if EP % 64 == 0 else 1  # output columns 64 q + 4 tx + i (vec4), or tx + 16 e
+    LDA, LDB, LDW = BR + PAD, BC + PAD, BR + PAD
     nblk = -(-NR // BR)
 
     kernel = ctx.kernel(f"{op} [{'x'.join(map(str, batch)) or '1'}] T{T} S{S} D{D} "
                         f"tiled {BR}x{BC}")
-    kernel.decls.append(f"var<workgroup> As: array<f32, {DK * LDA}>;")
-    kernel.decls.append(f"var<workgroup> Bs: array<f32, {DK * LDB}>;")
-    if op != "attn_lse":
-        kernel.decls.append(f"var<workgroup> Ws: array<f32, {BR * LDW}>;")
-        kernel.decls.append(f"var<workgroup> Xs: array<f32, {XK * EP}>;")
+    kernel.decls.append(f"var<workgroup> As: array<{_vty(TR)}, {DK * LDA // TR}>;")
+    kernel.decls.append(f"var<workgroup> Bs: array<{_vty(TC)}, {DK * LDB // TC}>;")
+    if op != "attn_lse":  # W transposed: a thread's TR rows of one column are one vector
+        kernel.decls.append(f"var<workgroup> Ws: array<{_vty(TR)}, {BC * LDW // TR}>;")
+        kernel.decls.append(f"var<workgroup> Xs: array<{_vty(XV)}, {XK * EP // XV}>;")
     if op == "attn_lse":
         kernel.decls.append(f"var<workgroup> red_m: array<f32, {16 * BR}>;")
         kernel.decls.append(f"var<workgroup> red_l: array<f32, {16 * BR}>;")
@@ -157,7 +183,7 @@ def build_tiled(ctx) -> list[dict]:
     def stat(n, i):  # lse / Drow of query i ([batch.., T])
         return em.value(n, Idx(g[n].shape, flat=em.let(f"bo * {T}u + {i}")))
 
-    # the causal limit: key j is kept for query i iff j <= i + lim0 (+ dyn)
+    # the causal limit: key j is kept for query i iff j <= i + off (+ dyn)
     dyn = ""
     if node.attrs.get("dyn"):
         pn = ins[-1]
@@ -177,9 +203,10 @@ def build_tiled(ctx) -> list[dict]:
         cbeg = em.let(f"u32(clamp(i32(r0) - {off}i{' - dyn' if dyn else ''}, 0i, {NC}i))")
         cend = f"{NC}u"
 
-    def stage(arr, store, nrows, nk, row0, rows_total, k0, k_total, load):
-        """arr[store(rr, kk)] = load(row0 + rr, k0 + kk) for rr < nrows, kk < nk (k fastest
-        across threads: coalesced reads), zero outside rows_total x k_total."""
+    def stage(arr, w, store, nrows, nk, row0, rows_total, k0, k_total, load):
+        """Word store(rr, kk) of arr (of vec{w}) = load(row0 + rr, k0 + kk) for rr < nrows,
+        kk < nk (kk fastest across threads: coalesced reads), zero outside rows_total x
+        k_total."""
         n = nrows * nk
         for t in range(-(-n // WGS)):
             e = f"lid + {t * WGS}u" if t else "lid"
@@ -188,30 +215,32 @@ def build_tiled(ctx) -> list[dict]:
                 rr, kk = em.let(f"({e}) / {nk}u"), em.let(f"({e}) % {nk}u")
                 row, k = em.let(f"{row0} + {rr}"), em.let(f"{k0} + {kk}")
                 val = load(f"min({row}, {rows_total - 1}u)", f"min({k}, {k_total - 1}u)")
-                L(f"{arr}[{store(rr, kk)}] = select(0.0f, {val}, {row} < {rows_total}u && "
-                  f"{k} < {k_total}u);")
+                L(_put(arr, w, store(rr, kk),
+                       f"select(0.0f, {val}, {row} < {rows_total}u && {k} < {k_total}u)"))
 
     def dot_tiles(accs, width, own_load, str_load):
-        """accs[a][b] += own row (ty*TR + a) . streamed row (tx + 16 b), over width."""
+        """accs[a][b] += own row (ty*TR + a) . streamed row (tx*TC + b), over width."""
         with em.block(f"for (var d0 = 0u; d0 < {width}u; d0 += {DK}u)"):
-            stage("As", lambda rr, kk: f"{kk} * {LDA}u + {rr}", BR, DK, "r0", NR, "d0", width,
-                  own_load)
-            stage("Bs", lambda rr, kk: f"{kk} * {LDB}u + {rr}", BC, DK, "c0", NC, "d0", width,
-                  str_load)
+            stage("As", TR, lambda rr, kk: f"{kk} * {LDA}u + {rr}", BR, DK, "r0", NR, "d0",
+                  width, own_load)
+            stage("Bs", TC, lambda rr, kk: f"{kk} * {LDB}u + {rr}", BC, DK, "c0", NC, "d0",
+                  width, str_load)
             L("workgroupBarrier();")
             for dd in range(DK):
-                xs = [em.fresh("x") for _ in range(TR)]
-                ys = [em.fresh("y") for _ in range(TC)]
-                for a, x in enumerate(xs):
-                    L(f"let {x} = As[{dd * LDA + a}u + ty * {TR}u];")
-                for b, y in enumerate(ys):
-                    L(f"let {y} = Bs[{dd * LDB + 16 * b}u + tx];")
+                x, y = em.fresh("x"), em.fresh("y")
+                L(f"let {x} = As[{dd * LDA // TR}u + ty];")
+                L(f"let {y} = Bs[{dd * LDB // TC}u + tx];")
                 for a in range(TR):
                     for b in range(TC):
-                        L(f"{accs[a][b]} = fma({xs[a]}, {ys[b]}, {accs[a][b]});")
+                        L(f"{accs[a][b]} = fma({_comp(x, TR, a)}, {_comp(y, TC, b)}, "
+                          f"{accs[a][b]});")
             L("workgroupBarrier();")
 
     own_rows = [em.let(f"r0 + ty * {TR}u + {a}u") for a in range(TR)]
+    if XV == 4:
+        out_cols = [f"{64 * (e // 4) + e % 4}u + tx * 4u" for e in range(TE)]
+    else:
+        out_cols = [f"tx + {16 * e}u" for e in range(TE)]
     if per_key:
         own_load, str_load = K, Q
         dp_own, dp_str = Vv, Gg
@@ -239,7 +268,7 @@ def build_tiled(ctx) -> list[dict]:
         if op in ("attn_dq", "attn_dk"):
             dp = [[em.var("f32", "0.0f", "p") for _ in range(TC)] for _ in range(TR)]
             dot_tiles(dp, Dv, dp_own, dp_str)
-        cols = [em.let(f"c0 + tx + {16 * b}u") for b in range(TC)]
+        cols = [em.let(f"c0 + tx * {TC}u + {b}u") for b in range(TC)]
         str_lse = str_dr = None
         if per_key:
             str_lse = [em.let(stat(lse_n, f"min({c}, {T - 1}u)")) for c in cols]
@@ -259,16 +288,14 @@ def build_tiled(ctx) -> list[dict]:
         w = [[None] * TC for _ in range(TR)]
         if op == "attn_lse":  # per-thread running (max, sum) over the thread's columns
             for a in range(TR):
-                bm = em.let(_max(xsc[a]))
-                mn = em.let(f"max({m_run[a]}, {bm})")
-                mz = em.let(f"select({mn}, 0.0f, {mn} == {ninf})")
+                mn = em.let(f"max({m_run[a]}, {_max(xsc[a])})")
+                mz = em.let(f"select({mn}, 0.0f, {mn} == {ninf})")  # no -inf - -inf
                 terms = " + ".join(f"exp({x} - {mz})" for x in xsc[a])
                 L(f"{l_run[a]} = {l_run[a]} * exp({m_run[a]} - {mz}) + {terms};")
                 L(f"{m_run[a]} = {mn};")
         elif online:  # the row's maximum over this block, through workgroup memory
             for a in range(TR):
-                bm = em.let(_max(xsc[a]))
-                L(f"red[(ty * {TR}u + {a}u) * 16u + tx] = {bm};")
+                L(f"red[(ty * {TR}u + {a}u) * 16u + tx] = {_max(xsc[a])};")
             L("workgroupBarrier();")
             for a in range(TR):
                 base = f"(ty * {TR}u + {a}u) * 16u"
@@ -297,24 +324,29 @@ def build_tiled(ctx) -> list[dict]:
         if op != "attn_lse":
             for a in range(TR):
                 for b in range(TC):
-                    L(f"Ws[(ty * {TR}u + {a}u) * {LDW}u + tx + {16 * b}u] = {w[a][b]};")
+                    L(_put("Ws", TR, f"(tx * {TC}u + {b}u) * {LDW}u + ty * {TR}u + {a}u",
+                           w[a][b]))
             L("workgroupBarrier();")
-            width = E
             xn = em.let(f"min({BC}u, {cend} - c0)")  # the last block may be short
             with em.block(f"for (var x0 = 0u; x0 < {xn}; x0 += {XK}u)"):
-                stage("Xs", lambda rr, kk: f"{rr} * {EP}u + {kk}", XK, EP, "c0 + x0", NC, "0u",
-                      width, X_load)
+                stage("Xs", XV, lambda rr, kk: f"{rr} * {EP}u + {kk}", XK, EP, "c0 + x0", NC,
+                      "0u", E, X_load)
                 L("workgroupBarrier();")
                 for xx in range(XK):
-                    ws = [em.fresh("w") for _ in range(TR)]
-                    xv = [em.fresh("x") for _ in range(TE)]
-                    for a, nm in enumerate(ws):
-                        L(f"let {nm} = Ws[(ty * {TR}u + {a}u) * {LDW}u + x0 + {xx}u];")
-                    for e, nm in enumerate(xv):
-                        L(f"let {nm} = Xs[{xx * EP + 16 * e}u + tx];")
+                    wv = em.fresh("w")
+                    L(f"let {wv} = Ws[(x0 + {xx}u) * {LDW // TR}u + ty];")
+                    if XV == 4:
+                        xv = [em.fresh("x") for _ in range(TE // 4)]
+                        for q, nm in enumerate(xv):
+                            L(f"let {nm} = Xs[{(xx * EP + 64 * q) // 4}u + tx];")
+                        xe = [f"{xv[e // 4]}.{'xyzw'[e % 4]}" for e in range(TE)]
+                    else:
+                        xe = [em.fresh("x") for _ in range(TE)]
+                        for e, nm in enumerate(xe):
+                            L(f"let {nm} = Xs[{xx * EP + 16 * e}u + tx];")
                     for a in range(TR):
                         for e in range(TE):
-                            L(f"{acc[a][e]} = fma({ws[a]}, {xv[e]}, {acc[a][e]});")
+                            L(f"{acc[a][e]} = fma({_comp(wv, TR, a)}, {xe[e]}, {acc[a][e]});")
                 L("workgroupBarrier();")
 
     if op == "attn_lse":  # combine the 16 threads' (max, sum) of each row
@@ -352,14 +384,14 @@ def build_tiled(ctx) -> list[dict]:
     for a in range(TR):
         with em.block(f"if ({own_rows[a]} < {NR}u)"):
             for e in range(TE):
-                col = f"tx + {16 * e}u"
+                col = em.let(out_cols[e])
                 v = acc[a][e]
                 if inv[a] is not None:
                     v = f"{v} * {inv[a]}"
                 if post is not None:
                     v = f"{v} * {post}"
                 call = f"{epi}(bo * {NR * E}u + {own_rows[a]} * {E}u + {col}, {v});"
-                L(f"if ({col} < {E}u) {{ {call} }}" if 16 * (e + 1) > E else call)
+                L(f"if ({col} < {E}u) {{ {call} }}" if EP != E else call)
     return [ctx.dispatch(kernel, em.lines, grid, WGS)]
 
 
