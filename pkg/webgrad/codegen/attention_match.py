@@ -31,6 +31,10 @@ Rewrite (lse: the row log-sum-exp of the masked, scaled scores):
   lse = attn_lse(A, B); O = attn_out(A, B, V, lse)
   gV = attn_dv(A, B, G, lse); Drow = sum_last(G * O)  (= sum_last(gP * P), plain IR)
   gA = attn_dq(A, B, V, G, lse, Drow); gB = transpose(attn_dk(A, B, V, G, lse, Drow))
+On GPUs (the tiled kernels, attention_tiled.py) dK and dV come from one pass over each key
+block, as in flash-attention 2: dKV = attn_dkv(A, B, V, G, lse, Drow) [.., S, D + Dv], each
+row dK_j then dV_j, with gB = transpose(slice(dKV, 0, D)) and gV = slice(dKV, D, D + Dv)
+(views: nothing is copied).
 A match is all-or-nothing: when anything else still reads the scores or probabilities
 after the rewrite (a capture, a gradient path not recognised), the graph keeps its
 unfused form.
@@ -44,7 +48,7 @@ from math import prod
 from ..dce import dce
 from ..ir import Graph, Node
 
-ATTN_OPS = frozenset({"attn_lse", "attn_out", "attn_dq", "attn_dk", "attn_dv"})
+ATTN_OPS = frozenset({"attn_lse", "attn_out", "attn_dq", "attn_dk", "attn_dv", "attn_dkv"})
 MASK_FILL = -1e4    # a masked score must be at most this: exp(-1e4 - max) is 0 in f32
 MAX_HEAD_DIM = 256  # head dims are unrolled into registers; wider heads stay unfused
 
@@ -510,7 +514,7 @@ def attention_flops(g: Graph, node: Node) -> int:
         sum(min(S, i + off + 1) for i in range(T))
     dv = g[node.inputs[2]].shape[-1] if node.op != "attn_lse" else 0
     width = {"attn_lse": D, "attn_out": D + dv, "attn_dv": D + dv,
-             "attn_dq": 2 * D + dv, "attn_dk": 2 * D + dv}[node.op]
+             "attn_dq": 2 * D + dv, "attn_dk": 2 * D + dv, "attn_dkv": 2 * D + 2 * dv}[node.op]
     return 2 * prod(batch) * pairs * width
 
 
@@ -539,8 +543,10 @@ def rewrite_attention(g: Graph, limits=None) -> Graph:
         matches = [m for m in matches
                    if budget >= (7 if m.g is not None else 5) + (m.dyn is not None)
                    and (m.g is None or _fuse_training(4 * g[m.s].size, limits))]
+    from .attention_tiled import use_tiled
+    merge_dkv = limits is not None and use_tiled(limits)
     while matches:
-        out, remap = _rebuild(g, matches)
+        out, remap = _rebuild(g, matches, merge_dkv)
         live = _live(out)
         bad = [m for m in matches if any(remap[i] in live for i in m.inner)]
         if not bad:
@@ -549,7 +555,7 @@ def rewrite_attention(g: Graph, limits=None) -> Graph:
     return g
 
 
-def _rebuild(g: Graph, matches: list[Match]):
+def _rebuild(g: Graph, matches: list[Match], merge_dkv: bool = False):
     out = Graph(seed=g.seed, training=g.training)
     remap: dict[int, int] = {}
     at: dict[int, tuple] = {}
@@ -593,7 +599,8 @@ def _rebuild(g: Graph, matches: list[Match]):
             remap[n.id] = add("attn_out", [A, B, V, lse] + pos, n.shape, attrs, n.loc)
             continue
         lse, G = made[(m.o, "lse")], remap[m.g]
-        if what == "gv":
+        dkv = merge_dkv and m.gb is not None  # dK and dV from one kernel
+        if what == "gv" and not dkv:
             remap[n.id] = add("attn_dv", [A, B, G, lse] + pos, n.shape, attrs, n.loc)
             continue
         drow = made.get((m.o, "drow"))
@@ -602,13 +609,26 @@ def _rebuild(g: Graph, matches: list[Match]):
             drow = made[(m.o, "drow")] = add("sum", [prod_], batch + (T,),
                                              {"axes": (len(batch) + 1,)}, n.loc)
         ins = [A, B, V, G, lse, drow] + pos
+        r = len(batch) + 2
+        swap = {"perm": tuple(range(r - 2)) + (r - 1, r - 2)}
         if what == "ga":
             remap[n.id] = add("attn_dq", ins, n.shape, attrs, n.loc)
+        elif dkv:
+            Dv = g[m.v].shape[-1]
+            both = made.get((m.o, "dkv"))
+            if both is None:
+                both = made[(m.o, "dkv")] = add("attn_dkv", ins, batch + (S, D + Dv), attrs,
+                                                n.loc)
+            if what == "gv":
+                remap[n.id] = add("slice", [both], n.shape,
+                                  {"axis": r - 1, "start": D, "stop": D + Dv}, n.loc)
+            else:
+                dk = add("slice", [both], batch + (S, D), {"axis": r - 1, "start": 0, "stop": D},
+                         n.loc)
+                remap[n.id] = add("transpose", [dk], n.shape, swap, n.loc)
         else:
             dk = add("attn_dk", ins, batch + (S, D), attrs, n.loc)
-            r = len(batch) + 2
-            remap[n.id] = add("transpose", [dk], n.shape,
-                              {"perm": tuple(range(r - 2)) + (r - 1, r - 2)}, n.loc)
+            remap[n.id] = add("transpose", [dk], n.shape, swap, n.loc)
     for name in ("inputs", "params", "state", "outputs", "writebacks"):
         setattr(out, name, {k: remap[v] for k, v in getattr(g, name).items()})
     return out, remap

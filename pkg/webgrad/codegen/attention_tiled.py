@@ -122,24 +122,30 @@ def build_tiled(ctx) -> list[dict]:
     T, D = g[a_].shape[-2], g[a_].shape[-1]
     S = g[b_].shape[-1]
     scale, off = node.attrs["scale"], node.attrs["offset"]
-    per_key = op in ("attn_dk", "attn_dv")
+    per_key = op in ("attn_dk", "attn_dv", "attn_dkv")
+    two_dots = op in ("attn_dq", "attn_dk", "attn_dkv")  # s = q.k and dp = g.v
     batch = tuple(node.shape[:-1]) if op == "attn_lse" else tuple(node.shape[:-2])
     nb = prod(batch)
     online = op == "attn_out" and node.attrs.get("online")
     # which inputs: V, G, lse, Drow (None where the op has none)
-    v_ = ins[2] if op in ("attn_out", "attn_dq", "attn_dk") else None
-    g_ = ins[2] if op == "attn_dv" else ins[3] if op in ("attn_dq", "attn_dk") else None
-    lse_n = {"attn_out": None if online else 3, "attn_dv": 3, "attn_dq": 4, "attn_dk": 4}.get(op)
-    lse_n = ins[lse_n] if lse_n is not None else None
-    dr_n = ins[5] if op in ("attn_dq", "attn_dk") else None
+    v_ = ins[2] if op in ("attn_out",) or two_dots else None
+    g_ = ins[2] if op == "attn_dv" else ins[3] if two_dots else None
+    lse_n = {"attn_out": None if online else 3, "attn_dv": 3}.get(op, 4)
+    lse_n = ins[lse_n] if lse_n is not None and op != "attn_lse" else None
+    dr_n = ins[5] if two_dots else None
     Dv = g[v_].shape[-1] if v_ is not None else g[g_].shape[-1] if g_ is not None else D
-    E = {"attn_lse": 0, "attn_out": Dv, "attn_dq": D, "attn_dv": Dv, "attn_dk": D}[op]
+    # the output products: (width, output column offset, post-scale) of each
+    prods = {"attn_lse": [], "attn_out": [(Dv, 0, None)], "attn_dq": [(D, 0, scale)],
+             "attn_dv": [(Dv, 0, None)], "attn_dk": [(D, 0, scale)],
+             "attn_dkv": [(Dv, D, None), (D, 0, scale)]}[op]
+    Eo = sum(w for w, _, _ in prods)  # the output's row width
+    E = max((w for w, _, _ in prods), default=0)
     NR, NC = (S, T) if per_key else (T, S)  # own rows, streamed rows
     BR, BC, DK, XK = choose_blocks(op, NR, NC, E, ctx.limits.max_compute_workgroup_storage_size)
     TR, TC = BR // 16, BC // 16  # a thread's rows ty*TR + a, columns tx*TC + b
     EP = _padded(E)
-    TE = EP // 16
-    XV = 4 if EP % 64 == 0 else 1  # output columns 64 q + 4 tx + i (vec4), or tx + 16 e
+    # output columns 64 q + 4 tx + i (vec4 reads of X), or tx + 16 e
+    XV = 4 if all(_padded(w) % 64 == 0 for w, _, _ in prods) else 1
     LDA, LDB, LDW = BR + PAD, BC + PAD, BR + PAD
     nblk = -(-NR // BR)
 
@@ -237,18 +243,19 @@ def build_tiled(ctx) -> list[dict]:
             L("workgroupBarrier();")
 
     own_rows = [em.let(f"r0 + ty * {TR}u + {a}u") for a in range(TR)]
-    if XV == 4:
-        out_cols = [f"{64 * (e // 4) + e % 4}u + tx * 4u" for e in range(TE)]
-    else:
-        out_cols = [f"tx + {16 * e}u" for e in range(TE)]
+    def out_cols(width):
+        n = _padded(width) // 16
+        if XV == 4:
+            return [f"{64 * (e // 4) + e % 4}u + tx * 4u" for e in range(n)]
+        return [f"tx + {16 * e}u" for e in range(n)]
     if per_key:
         own_load, str_load = K, Q
         dp_own, dp_str = Vv, Gg
-        X_load = {"attn_dv": Gg, "attn_dk": Q}.get(op)
+        X_loads = {"attn_dv": [Gg], "attn_dk": [Q], "attn_dkv": [Gg, Q]}[op]
     else:
         own_load, str_load = Q, K
         dp_own, dp_str = Gg, Vv
-        X_load = {"attn_out": Vv, "attn_dq": K}.get(op)
+        X_loads = {"attn_out": [Vv], "attn_dq": [K]}.get(op, [])
 
     # own-row statistics (query kernels), read once
     own_lse = own_dr = None
@@ -257,7 +264,10 @@ def build_tiled(ctx) -> list[dict]:
     if not per_key and dr_n is not None:
         own_dr = [em.let(stat(dr_n, f"min({r}, {T - 1}u)")) for r in own_rows]
 
-    acc = [[em.var("f32", "0.0f", "o") for _ in range(TE)] for _ in range(TR)] if E else []
+    accs = [[[em.var("f32", "0.0f", "o") for _ in range(_padded(w) // 16)] for _ in range(TR)]
+            for w, _, _ in prods]
+    acc = accs[0] if accs else []
+    TE = _padded(prods[0][0]) // 16 if prods else 0
     m_run = [em.var("f32", ninf, "m") for _ in range(TR)] if op == "attn_lse" or online else []
     l_run = [em.var("f32", "0.0f", "l") for _ in range(TR)] if op == "attn_lse" or online else []
 
@@ -265,7 +275,7 @@ def build_tiled(ctx) -> list[dict]:
         s = [[em.var("f32", "0.0f", "s") for _ in range(TC)] for _ in range(TR)]
         dot_tiles(s, D, own_load, str_load)
         dp = None
-        if op in ("attn_dq", "attn_dk"):
+        if two_dots:
             dp = [[em.var("f32", "0.0f", "p") for _ in range(TC)] for _ in range(TR)]
             dot_tiles(dp, Dv, dp_own, dp_str)
         cols = [em.let(f"c0 + tx * {TC}u + {b}u") for b in range(TC)]
@@ -286,6 +296,7 @@ def build_tiled(ctx) -> list[dict]:
         xsc = [[em.let(f"select({ninf}, {s[a][b]} * {sc}, {kept(a, b)})") for b in range(TC)]
                for a in range(TR)] if op == "attn_lse" or online else None
         w = [[None] * TC for _ in range(TR)]
+        w2 = None  # attn_dkv: W = p for dV, then W2 = ds for dK
         if op == "attn_lse":  # per-thread running (max, sum) over the thread's columns
             for a in range(TR):
                 mn = em.let(f"max({m_run[a]}, {_max(xsc[a])})")
@@ -313,24 +324,32 @@ def build_tiled(ctx) -> list[dict]:
                     L(f"{acc[a][e]} = {acc[a][e]} * {al};")
                 L(f"{m_run[a]} = {mn};")
         else:
+            if op == "attn_dkv":
+                w2 = [[None] * TC for _ in range(TR)]
             for a in range(TR):
                 for b in range(TC):
                     lse = str_lse[b] if per_key else own_lse[a]
-                    p = f"exp({s[a][b]} * {sc} - {lse})"
+                    p = em.let(f"select(0.0f, exp({s[a][b]} * {sc} - {lse}), {kept(a, b)})")
                     if dp is not None:
                         dr = str_dr[b] if per_key else own_dr[a]
-                        p = f"{p} * ({dp[a][b]} - {dr})"
-                    w[a][b] = em.let(f"select(0.0f, {p}, {kept(a, b)})")
-        if op != "attn_lse":
+                        ds = em.let(f"{p} * ({dp[a][b]} - {dr})")
+                    if op == "attn_dkv":
+                        w[a][b], w2[a][b] = p, ds
+                    else:
+                        w[a][b] = ds if dp is not None else p
+        for k, (width, _, _) in enumerate(prods):
+            wk = w if k == 0 else w2
+            acc = accs[k]
+            TE = _padded(width) // 16
             for a in range(TR):
                 for b in range(TC):
                     L(_put("Ws", TR, f"(tx * {TC}u + {b}u) * {LDW}u + ty * {TR}u + {a}u",
-                           w[a][b]))
+                           wk[a][b]))
             L("workgroupBarrier();")
             xn = em.let(f"min({BC}u, {cend} - c0)")  # the last block may be short
             with em.block(f"for (var x0 = 0u; x0 < {xn}; x0 += {XK}u)"):
-                stage("Xs", XV, lambda rr, kk: f"{rr} * {EP}u + {kk}", XK, EP, "c0 + x0", NC,
-                      "0u", E, X_load)
+                stage("Xs", XV, lambda rr, kk: f"{rr} * {EP}u + {kk}", XK, _padded(width),
+                      "c0 + x0", NC, "0u", width, X_loads[k])
                 L("workgroupBarrier();")
                 for xx in range(XK):
                     wv = em.fresh("w")
@@ -380,18 +399,19 @@ def build_tiled(ctx) -> list[dict]:
             with em.block("for (var t = 0u; t < 16u; t++)"):
                 L(f"{ls} = {ls} + red[{base} + t];")
             inv[a] = em.let(f"1.0f / {ls}")
-    post = sc if op in ("attn_dq", "attn_dk") else None
     for a in range(TR):
         with em.block(f"if ({own_rows[a]} < {NR}u)"):
-            for e in range(TE):
-                col = em.let(out_cols[e])
-                v = acc[a][e]
-                if inv[a] is not None:
-                    v = f"{v} * {inv[a]}"
-                if post is not None:
-                    v = f"{v} * {post}"
-                call = f"{epi}(bo * {NR * E}u + {own_rows[a]} * {E}u + {col}, {v});"
-                L(f"if ({col} < {E}u) {{ {call} }}" if EP != E else call)
+            for k, (width, col0, post) in enumerate(prods):
+                for e, ce in enumerate(out_cols(width)):
+                    col = em.let(ce)
+                    v = accs[k][a][e]
+                    if inv[a] is not None:
+                        v = f"{v} * {inv[a]}"
+                    if post is not None:
+                        v = f"{v} * {sc}"
+                    at_ = f"{col0}u + {col}" if col0 else col
+                    call = f"{epi}(bo * {NR * Eo}u + {own_rows[a]} * {Eo}u + {at_}, {v});"
+                    L(f"if ({col} < {width}u) {{ {call} }}" if _padded(width) != width else call)
     return [ctx.dispatch(kernel, em.lines, grid, WGS)]
 
 
