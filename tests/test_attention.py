@@ -40,6 +40,10 @@ def _graph(fn, shapes, optimizer=None):
 
 
 QKV = {"q": (2, 2, 6, 8), "k": (2, 2, 6, 8), "v": (2, 2, 6, 8)}
+# a training step's attention kernels: a GPU's one-pass forms (attention_tiled.py), a CPU
+# adapter's row kernels (attention.py)
+GPU_KERNELS = ("attn_fwd", "attn_dq", "attn_dkv")
+CPU_KERNELS = ("attn_lse", "attn_out", "attn_dq", "attn_dk", "attn_dv")
 
 
 def kT(k):
@@ -88,10 +92,10 @@ def test_spellings_are_matched_forward_and_backward(case):
     (m,) = find_matches(_graph(fn, shapes))
     assert math.isclose(m.scale, scale, rel_tol=1e-12) and m.offset == offset, (m.scale, m.offset)
     assert None not in (m.g, m.gv, m.ga, m.gb), m  # q, k and v all get fused gradients
-    for limits, backward in ((Limits(), {"attn_dkv"}), (Limits(cpu=True), {"attn_dk", "attn_dv"})):
+    for limits, kernels in ((Limits(), GPU_KERNELS), (Limits(cpu=True), CPU_KERNELS)):
         g2 = rewrite_attention(_graph(fn, shapes), limits)
         ops_ = {n.op for n in g2.nodes}
-        assert {"attn_lse", "attn_out", "attn_dq"} | backward <= ops_, (limits.cpu, ops_)
+        assert set(kernels) == {op for op in ops_ if op.startswith("attn_")}, (limits.cpu, ops_)
         assert "softmax_last" not in ops_
 
 
@@ -175,17 +179,15 @@ ATTN_RECORDS = [r for r in oracle.RECORDS if r.name.startswith("attention")]
 
 @pytest.mark.parametrize("record", ATTN_RECORDS, ids=[r.name for r in ATTN_RECORDS])
 def test_attention_records_are_fused(record):
-    """Their webgpu lowering has the attention kernels (a GPU's: dK and dV from one, attn_dkv;
-    a CPU adapter's: attn_dk and attn_dv) and no softmax or score matmul."""
+    """Their webgpu lowering has the attention kernels (a GPU's: O and lse from one, dK and
+    dV from one; a CPU adapter's five row kernels) and no softmax or score matmul."""
     factory, loss_fn, inputs, _ = oracle.build_record(record)
     g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
     assert len(find_matches(g)) == 1
-    for limits, kernels in ((Limits(), ("attn_lse ", "attn_out ", "attn_dq ", "attn_dkv ")),
-                            (Limits(cpu=True), ("attn_lse ", "attn_out ", "attn_dq ", "attn_dk ",
-                                                "attn_dv "))):
+    for limits, kernels in ((Limits(), GPU_KERNELS), (Limits(cpu=True), CPU_KERNELS)):
         names = lower(g, limits)[1]
         for k in kernels:
-            assert sum(n.startswith(k) for n in names) == 1, (k, names)
+            assert sum(n.startswith(k + " ") for n in names) == 1, (k, names)
         assert sum(n.startswith("attn_") for n in names) == len(kernels), names
         assert not any(n.startswith(("softmax", "matmul")) for n in names), names
     g2 = rewrite_attention(g, Limits())  # the records are attention alone: no score remains
@@ -194,8 +196,8 @@ def test_attention_records_are_fused(record):
 
 def test_transformer_kernel_count():
     """The test transformer (tests/models.py, 2 layers): its attention (score matmul, softmax,
-    P @ V; 5 backward kernels) becomes attn_lse + attn_out and the row term, attn_dq,
-    attn_dkv per layer on a GPU (attn_dk and attn_dv apart on a CPU adapter)."""
+    P @ V; 5 backward kernels) becomes attn_fwd and the row term, attn_dq, attn_dkv per
+    layer on a GPU (attn_lse + attn_out and attn_dq, attn_dk, attn_dv on a CPU adapter)."""
     import webgrad.codegen.program as program
     g = build_train_graph(models.Transformer, models.transformer_loss,
                           parse_inputs(models.TF_INPUTS), optim.Adam(lr=0.01))[1]
@@ -209,7 +211,7 @@ def test_transformer_kernel_count():
     print(f"transformer step: {len(plain)} kernels unfused, {len(fused)} with fused attention")
     # per layer: 3-4 forward kernels become 2, 6 backward kernels become 4
     assert len(plain) - len(fused) >= 3 * models.N_LAYERS, (len(plain), len(fused))
-    assert sum(n.startswith("attn_") for n in fused) == 4 * models.N_LAYERS
+    assert sum(n.startswith("attn_") for n in fused) == 3 * models.N_LAYERS
     cpu = lower(g, Limits(cpu=True))[1]
     assert sum(n.startswith("attn_") for n in cpu) == 5 * models.N_LAYERS
 
@@ -246,7 +248,7 @@ def test_tiles_follow_the_workgroup_memory():
     """64-row blocks where the device gives 32 KiB of workgroup memory, 32 at WebGPU's
     default 16 KiB (attn_lse, with no output tile, 64 in both); a short side gets blocks of at least 16 rows; every choice fits."""
     from webgrad.codegen.attention_tiled import _shared_bytes, choose_blocks
-    for op in ("attn_lse", "attn_out", "attn_dq", "attn_dk", "attn_dv"):
+    for op in ("attn_lse", "attn_out", "attn_fwd", "attn_dq", "attn_dk", "attn_dv", "attn_dkv"):
         for E in (0 if op == "attn_lse" else 64, 80, 256):
             for limit in (16384, 32768):
                 BR, BC, DK, XK = choose_blocks(op, 512, 512, E, limit)
@@ -312,7 +314,7 @@ def test_gpt2_124m_attention_plan_has_no_scores():
     M, loss = _sdpa_module(shape)
     g = build_train_graph(M, loss, parse_inputs({"w": list(shape)}), optim.AdamW(lr=3e-4))[1]
     low, names = lower(g, Limits())
-    assert sum(n.startswith("attn_") for n in names) == 4, names
+    assert sum(n.startswith("attn_") for n in names) == 3, names
     assert max(b["size"] for b in low.plan["buffers"]) <= 2 * 4 * 8 * 12 * 1024 * 64
 
 
@@ -329,7 +331,7 @@ def test_gpu_adapters_fuse_training_attention_only_for_large_scores():
         return sum(n.startswith("attn_") for n in lower(g, limits)[1])
 
     assert kernels((8, 12, 512, 64), gpu) == 0       # 96 MiB of scores: unfused
-    assert kernels((8, 12, 1024, 64), gpu) == 4      # 384 MiB: fused, nothing that size stored
+    assert kernels((8, 12, 1024, 64), gpu) == 3      # 384 MiB: fused, nothing that size stored
     assert kernels((1, 2, 16, 8), cpu) == 5
     M, _ = _sdpa_module((8, 12, 512, 64))
     fwd = build_forward_graph(M, lambda m, inp: ops.softmax_causal_last(m.q @ kT(m.k)) @ m.v,
@@ -354,7 +356,7 @@ def test_long_attention_matches_torch(monkeypatch):
     shape = (1, 1, 1024, 64)
     M, loss = _sdpa_module(shape)
     c = wg.compile_module(M, loss, inputs={"w": list(shape)}, optimizer=None, backend="webgpu")
-    assert sum(n.startswith("attn_") for n in c._train.exe.kernel_names) in (4, 5)
+    assert sum(n.startswith("attn_") for n in c._train.exe.kernel_names) in (3, 5)
     rng = np.random.default_rng(0)
     vals = {n: rng.standard_normal(shape).astype(np.float32) for n in ("q", "k", "v")}
     w = rng.standard_normal(shape).astype(np.float32)

@@ -31,9 +31,11 @@ Rewrite (lse: the row log-sum-exp of the masked, scaled scores):
   lse = attn_lse(A, B); O = attn_out(A, B, V, lse)
   gV = attn_dv(A, B, G, lse); Drow = sum_last(G * O)  (= sum_last(gP * P), plain IR)
   gA = attn_dq(A, B, V, G, lse, Drow); gB = transpose(attn_dk(A, B, V, G, lse, Drow))
-On GPUs (the tiled kernels, attention_tiled.py) dK and dV come from one pass over each key
-block, as in flash-attention 2: dKV = attn_dkv(A, B, V, G, lse, Drow) [.., S, D + Dv], each
-row dK_j then dV_j, with gB = transpose(slice(dKV, 0, D)) and gV = slice(dKV, D, D + Dv)
+On GPUs (the tiled kernels, attention_tiled.py) each side is one pass, as in
+flash-attention 2: the forward OL = attn_fwd(A, B, V) [.., T, Dv + 1] (online softmax; each
+row O_i then lse_i), O = slice(OL, 0, Dv), lse = reshape(slice(OL, Dv, Dv + 1)); and dK, dV
+from one pass over each key block: dKV = attn_dkv(A, B, V, G, lse, Drow) [.., S, D + Dv],
+each row dK_j then dV_j, gB = transpose(slice(dKV, 0, D)), gV = slice(dKV, D, D + Dv)
 (views: nothing is copied).
 A match is all-or-nothing: when anything else still reads the scores or probabilities
 after the rewrite (a capture, a gradient path not recognised), the graph keeps its
@@ -48,7 +50,8 @@ from math import prod
 from ..dce import dce
 from ..ir import Graph, Node
 
-ATTN_OPS = frozenset({"attn_lse", "attn_out", "attn_dq", "attn_dk", "attn_dv", "attn_dkv"})
+ATTN_OPS = frozenset({"attn_lse", "attn_out", "attn_fwd", "attn_dq", "attn_dk", "attn_dv",
+                      "attn_dkv"})
 MASK_FILL = -1e4    # a masked score must be at most this: exp(-1e4 - max) is 0 in f32
 MAX_HEAD_DIM = 256  # head dims are unrolled into registers; wider heads stay unfused
 
@@ -513,7 +516,7 @@ def attention_flops(g: Graph, node: Node) -> int:
     pairs = T * S if off is None or node.attrs.get("dyn") else \
         sum(min(S, i + off + 1) for i in range(T))
     dv = g[node.inputs[2]].shape[-1] if node.op != "attn_lse" else 0
-    width = {"attn_lse": D, "attn_out": D + dv, "attn_dv": D + dv,
+    width = {"attn_lse": D, "attn_out": D + dv, "attn_fwd": D + dv, "attn_dv": D + dv,
              "attn_dq": 2 * D + dv, "attn_dk": 2 * D + dv, "attn_dkv": 2 * D + 2 * dv}[node.op]
     return 2 * prod(batch) * pairs * width
 
@@ -544,9 +547,9 @@ def rewrite_attention(g: Graph, limits=None) -> Graph:
                    if budget >= (7 if m.g is not None else 5) + (m.dyn is not None)
                    and (m.g is None or _fuse_training(4 * g[m.s].size, limits))]
     from .attention_tiled import use_tiled
-    merge_dkv = limits is not None and use_tiled(limits)
+    merge = limits is not None and use_tiled(limits)
     while matches:
-        out, remap = _rebuild(g, matches, merge_dkv)
+        out, remap = _rebuild(g, matches, merge)
         live = _live(out)
         bad = [m for m in matches if any(remap[i] in live for i in m.inner)]
         if not bad:
@@ -555,7 +558,9 @@ def rewrite_attention(g: Graph, limits=None) -> Graph:
     return g
 
 
-def _rebuild(g: Graph, matches: list[Match], merge_dkv: bool = False):
+def _rebuild(g: Graph, matches: list[Match], merge: bool = False):
+    """The graph with `matches` rewritten (merge: the GPU's one-pass forms, attn_fwd and
+    attn_dkv), and the map from old node ids to new ones."""
     out = Graph(seed=g.seed, training=g.training)
     remap: dict[int, int] = {}
     at: dict[int, tuple] = {}
@@ -594,12 +599,23 @@ def _rebuild(g: Graph, matches: list[Match], merge_dkv: bool = False):
                 remap[n.id] = add("attn_out", [A, B, V] + pos, n.shape, dict(attrs, online=True),
                                   n.loc)
                 continue
+            if merge:  # O and lse from one kernel: a row [O_i | lse_i]
+                Dv = n.shape[-1]
+                both = add("attn_fwd", [A, B, V] + pos, batch + (T, Dv + 1), attrs, n.loc)
+                r = len(batch) + 2
+                remap[n.id] = add("slice", [both], n.shape,
+                                  {"axis": r - 1, "start": 0, "stop": Dv}, n.loc)
+                col = add("slice", [both], batch + (T, 1),
+                          {"axis": r - 1, "start": Dv, "stop": Dv + 1}, n.loc)
+                made[(m.o, "lse")] = add("reshape", [col], batch + (T,), {"shape": batch + (T,)},
+                                         n.loc)
+                continue
             lse = add("attn_lse", [A, B] + pos, batch + (T,), attrs, n.loc)
             made[(m.o, "lse")] = lse
             remap[n.id] = add("attn_out", [A, B, V, lse] + pos, n.shape, attrs, n.loc)
             continue
         lse, G = made[(m.o, "lse")], remap[m.g]
-        dkv = merge_dkv and m.gb is not None  # dK and dV from one kernel
+        dkv = merge and m.gb is not None  # dK and dV from one kernel
         if what == "gv" and not dkv:
             remap[n.id] = add("attn_dv", [A, B, G, lse] + pos, n.shape, attrs, n.loc)
             continue

@@ -69,7 +69,7 @@ def _shared_bytes(op, BR, BC, DK, XK, EP) -> int:
         n += BC * (BR + PAD) + XK * EP
     if op == "attn_lse":
         n += 2 * 16 * BR
-    elif op == "attn_out":
+    elif op in ("attn_out", "attn_fwd"):
         n += 16 * BR  # the online softmax's row maxima (and the final row sums)
     return 4 * n
 
@@ -126,19 +126,22 @@ def build_tiled(ctx) -> list[dict]:
     two_dots = op in ("attn_dq", "attn_dk", "attn_dkv")  # s = q.k and dp = g.v
     batch = tuple(node.shape[:-1]) if op == "attn_lse" else tuple(node.shape[:-2])
     nb = prod(batch)
-    online = op == "attn_out" and node.attrs.get("online")
+    # the softmax online: inference's attn_out, and attn_fwd (which also writes lse)
+    online = op == "attn_fwd" or (op == "attn_out" and node.attrs.get("online"))
     # which inputs: V, G, lse, Drow (None where the op has none)
-    v_ = ins[2] if op in ("attn_out",) or two_dots else None
+    v_ = ins[2] if op in ("attn_out", "attn_fwd") or two_dots else None
     g_ = ins[2] if op == "attn_dv" else ins[3] if two_dots else None
-    lse_n = {"attn_out": None if online else 3, "attn_dv": 3}.get(op, 4)
-    lse_n = ins[lse_n] if lse_n is not None and op != "attn_lse" else None
+    lse_n = {"attn_out": None if online else 3, "attn_dv": 3, "attn_dq": 4, "attn_dk": 4,
+             "attn_dkv": 4}.get(op)
+    lse_n = ins[lse_n] if lse_n is not None else None
     dr_n = ins[5] if two_dots else None
     Dv = g[v_].shape[-1] if v_ is not None else g[g_].shape[-1] if g_ is not None else D
     # the output products: (width, output column offset, post-scale) of each
-    prods = {"attn_lse": [], "attn_out": [(Dv, 0, None)], "attn_dq": [(D, 0, scale)],
+    prods = {"attn_lse": [], "attn_out": [(Dv, 0, None)], "attn_fwd": [(Dv, 0, None)],
+             "attn_dq": [(D, 0, scale)],
              "attn_dv": [(Dv, 0, None)], "attn_dk": [(D, 0, scale)],
              "attn_dkv": [(Dv, D, None), (D, 0, scale)]}[op]
-    Eo = sum(w for w, _, _ in prods)  # the output's row width
+    Eo = sum(w for w, _, _ in prods) + (op == "attn_fwd")  # the output's row width
     E = max((w for w, _, _ in prods), default=0)
     NR, NC = (S, T) if per_key else (T, S)  # own rows, streamed rows
     BR, BC, DK, XK = choose_blocks(op, NR, NC, E, ctx.limits.max_compute_workgroup_storage_size)
@@ -255,7 +258,7 @@ def build_tiled(ctx) -> list[dict]:
     else:
         own_load, str_load = Q, K
         dp_own, dp_str = Gg, Vv
-        X_loads = {"attn_out": [Vv], "attn_dq": [K]}.get(op, [])
+        X_loads = {"attn_out": [Vv], "attn_fwd": [Vv], "attn_dq": [K]}.get(op, [])
 
     # own-row statistics (query kernels), read once
     own_lse = own_dr = None
@@ -399,6 +402,10 @@ def build_tiled(ctx) -> list[dict]:
             with em.block("for (var t = 0u; t < 16u; t++)"):
                 L(f"{ls} = {ls} + red[{base} + t];")
             inv[a] = em.let(f"1.0f / {ls}")
+            if op == "attn_fwd":  # lse_i = m_i + log(sum), after the row's O
+                with em.block(f"if (tx == 0u && {own_rows[a]} < {NR}u)"):
+                    L(f"{epi}(bo * {NR * Eo}u + {own_rows[a]} * {Eo}u + {Eo - 1}u, "
+                      f"{m_run[a]} + log({ls}));")
     for a in range(TR):
         with em.block(f"if ({own_rows[a]} < {NR}u)"):
             for k, (width, col0, post) in enumerate(prods):
