@@ -20,7 +20,11 @@ reduction). The backward recomputes s and p from lse instead of reading stored
 probabilities; WebGPU has no float atomics, so dQ (a thread per query) and dK / dV (a
 thread per key) are separate kernels, each with its rows' vectors in registers.
 
-Every kernel is one thread per row (query or key): the thread holds its row's vectors in
+Which code: on GPUs, attention_tiled.py's tiled kernels (workgroups of row blocks through
+workgroup memory; there the forward is one kernel, attn_fwd, and dK / dV one, attn_dkv);
+on CPU adapters (Limits.cpu) the row kernels below, which use no barriers.
+
+Every row kernel is one thread per row (query or key): the thread holds its row's vectors in
 registers and loops over the other side's rows, which all threads of a workgroup read at
 the same address at the same time (consecutive threads are consecutive rows of one head),
 so the reads are broadcasts served by the cache; no shared memory and no barriers, which
