@@ -9,6 +9,9 @@ torch eager fp32 (TF32 off) on the same GPU.
 
 A shape is BxHxTxD. "fused" forces the fused kernels (tiled on GPUs, attention_tiled.py)
 whatever attention_match._fuse_training's policy says; --rows adds the older row kernels.
+Each webgrad column gives the step's wall time (which includes uploading the `w` feed
+and reading the loss back: 12-34 MB at the default shapes, and noisy) and its GPU time
+(the profiler's sum of kernel times over one more step, where the adapter has timestamps).
 The step is compile_module(optimizer=None) of
 loss = sum(softmax_causal_last(q @ k^T / sqrt(D)) @ v * w), timed with the wall clock
 around `step()` (one submission, the loss read back) as the median of --reps after
@@ -71,11 +74,12 @@ def webgrad_step(shape, fused: bool, reps: int, warmup: int, seed: int = 0, tile
         c.step(feed)
         times.append(time.perf_counter() - t)
     rep = c.memory_report()
+    prof = c.profile(feed)  # one more step, each kernel timed on the GPU
     if profile:
-        prof = c.profile(feed)
         print("\n".join(line for line in prof.text().splitlines()
                         if "attn_" in line or line.lstrip().startswith("#")), flush=True)
-    out = (first, statistics.median(times) * 1e3, c.kernel_count, rep["planned_bytes"])
+    gpu = None if prof.total_seconds is None else prof.total_seconds * 1e3
+    out = (first, statistics.median(times) * 1e3, c.kernel_count, rep["planned_bytes"], gpu)
     c.destroy()
     return out, vals, w
 
@@ -131,30 +135,36 @@ def main():
     ap.add_argument("--profile", action="store_true",
                     help="print the fused step's attention kernels with their GPU times")
     args = ap.parse_args()
-    print(f"{'shape':>16} {'fused ms':>9} {'kern':>4} {'GB':>6} {'rows ms':>8} "
-          f"{'unfused ms':>10} {'kern':>4} {'GB':>6} {'torch ms':>9} {'fused/torch':>11}")
+    print(f"{'shape':>16} {'fused ms':>15} {'kern':>4} {'GB':>6} {'rows ms':>15} "
+          f"{'unfused ms':>15} {'kern':>4} {'GB':>6} {'torch ms':>9} {'fused/torch':>11}")
+    print(f"{'':>16} {'wall / GPU':>15} {'':>4} {'':>6} {'wall / GPU':>15} {'wall / GPU':>15}")
+
+    def ms(wall, gpu):
+        return f"{wall:.2f} / {'-' if gpu is None else f'{gpu:.2f}'}"
     for text in args.shapes.split(","):
         shape = tuple(int(v) for v in text.split("x"))
-        (lf, ms_f, k_f, b_f), vals, w = webgrad_step(shape, True, args.reps, args.warmup,
-                                                     profile=args.profile)
+        (lf, ms_f, k_f, b_f, g_f), vals, w = webgrad_step(shape, True, args.reps, args.warmup,
+                                                          profile=args.profile)
         lt, ms_t, dev = torch_step(vals, w, args.reps, args.warmup)
         assert abs(lf - lt) <= 1e-3 * abs(lt) + 1e-2, (lf, lt)
-        row = [f"{text:>16}", f"{ms_f:9.2f}", f"{k_f:4d}", f"{b_f / 1e9:6.2f}"]
+        row = [f"{text:>16}", f"{ms(ms_f, g_f):>15}", f"{k_f:4d}", f"{b_f / 1e9:6.2f}"]
         if args.rows:
-            (lr, ms_r, _, _), _, _ = webgrad_step(shape, True, args.reps, args.warmup, tiled=False)
+            (lr, ms_r, _, _, g_r), _, _ = webgrad_step(shape, True, args.reps, args.warmup,
+                                                        tiled=False)
             assert abs(lr - lt) <= 1e-3 * abs(lt) + 1e-2, (lr, lt)
-            row.append(f"{ms_r:8.2f}")
+            row.append(f"{ms(ms_r, g_r):>15}")
         else:
-            row.append(f"{'-':>8}")
+            row.append(f"{'-':>15}")
         if args.no_unfused:
-            row += [f"{'-':>10}", f"{'-':>4}", f"{'-':>6}"]
+            row += [f"{'-':>15}", f"{'-':>4}", f"{'-':>6}"]
         else:
             try:
-                (lu, ms_u, k_u, b_u), _, _ = webgrad_step(shape, False, args.reps, args.warmup)
+                (lu, ms_u, k_u, b_u, g_u), _, _ = webgrad_step(shape, False, args.reps,
+                                                                args.warmup)
                 assert abs(lu - lt) <= 1e-3 * abs(lt) + 1e-2, (lu, lt)
-                row += [f"{ms_u:10.2f}", f"{k_u:4d}", f"{b_u / 1e9:6.2f}"]
+                row += [f"{ms(ms_u, g_u):>15}", f"{k_u:4d}", f"{b_u / 1e9:6.2f}"]
             except Exception as e:  # the scores may not fit the device
-                row += [f"{type(e).__name__:>10}", f"{'-':>4}", f"{'-':>6}"]
+                row += [f"{type(e).__name__:>15}", f"{'-':>4}", f"{'-':>6}"]
         row += [f"{ms_t:9.2f}", f"{ms_f / ms_t:11.2f}"]
         print(" ".join(row), f"(torch on {dev})", flush=True)
 

@@ -1,44 +1,52 @@
-"""Tiled fused attention kernels for GPUs: the ops of codegen/attention.py (attn_lse,
-attn_out, attn_dq, attn_dk, attn_dv), each as a workgroup that owns a block of rows and
-streams the other side's rows through workgroup memory, flash-attention style.
+"""Tiled fused attention kernels for GPUs: the ops of codegen/attention.py, plus the
+one-pass forms attention_match.py uses where these kernels run (attn_fwd: O and lse;
+attn_dkv: dK and dV), each a workgroup that owns a block of rows and streams the other
+side's rows through workgroup memory, flash-attention style.
 
 Why: the row kernels of attention.py (a thread per query or key, its vectors in registers)
 leave a GPU nearly idle in the backward: at GPT-2 size attn_dk / attn_dv ran 10-12 ms each
 on an H200 (a few hundred workgroups of 64 threads, each thread walking 512 rows with 192
-registers of vectors). Here every kernel is a chain of small matrix products between
-shared-memory tiles, which is the shape GPUs are built for.
+registers of vectors); here the three kernels of a training step take 1.1 ms together
+(bench/README.md). Every kernel is a chain of small matrix products between
+workgroup-memory tiles, which is the shape GPUs are built for.
 
 Notation as in attention.py: q = A [.., T, D], k^T = B [.., D, S], v = V [.., S, Dv],
 g = G [.., T, Dv]; s_ij = scale q_i . k_j over kept keys (j <= i + offset [+ pos]);
 p_ij = exp(s_ij - lse_i); ds_ij = p_ij (g_i . v_j - Drow_i).
 
 A workgroup of 16 x 16 threads owns BR rows ("own" side) and loops over the "streamed"
-side BC rows at a time:
-  kernel    own      streamed  W (BR x BC tile)                X (streamed rows)  out
-  attn_lse  queries  keys      online log-sum-exp per row      -                  lse
-  attn_out  queries  keys      p (or p online, inference)      v                  sum_j W v_j
-  attn_dq   queries  keys      ds                              k                  scale sum_j W k_j
-  attn_dv   keys     queries   p^T                             g                  sum_i W g_i
-  attn_dk   keys     queries   ds^T                            q                  scale sum_i W q_i
-Per streamed block: the scores (own . streamed over D) and, for dq / dk, g . v over Dv are
-products of D-chunks (DK wide) staged in shared memory (As: own, Bs: streamed), each
-thread owning a TR x TC block of the tile (rows ty*TR + a, columns tx + 16 b: the column
-reads are consecutive, the row reads broadcasts). W goes to shared memory (Ws), then
-out += W @ X with X staged XK rows at a time (Xs), each thread owning TR rows x EP/16
-output columns (tx + 16 e). The softmax statistics come from elsewhere (lse, Drow:
-FA-2's backward recomputes p from the saved lse, and Drow = rowsum(g * O) is a plain
-reduction in the IR), so the only row reductions across threads are attn_lse's final
-combine of per-thread (max, sum) pairs and the inference kernel's per-block row maximum,
-both through workgroup memory.
+side BC rows at a time; W is a BR x BC tile, X the streamed rows it multiplies:
+  kernel    own      streamed  W -> X                       out (a row of the result)
+  attn_lse  queries  keys      online log-sum-exp per row    lse_i
+  attn_out  queries  keys      p (or p online) -> v          O_i = sum_j W v_j
+  attn_fwd  queries  keys      p online -> v                 [O_i | lse_i]
+  attn_dq   queries  keys      ds -> k                       scale sum_j W k_j
+  attn_dv   keys     queries   p^T -> g                      sum_i W g_i
+  attn_dk   keys     queries   ds^T -> q                     scale sum_i W q_i
+  attn_dkv  keys     queries   p^T -> g, then ds^T -> q      [dK_j | dV_j]
+Per streamed block: the scores (own . streamed over D) and, for dq / dk / dkv, g . v over
+Dv are products of D-chunks (DK wide) staged in workgroup memory (As: own, Bs: streamed),
+each thread owning a TR x TC block of the tile (rows ty*TR + a, columns tx*TC + b, read
+as one vec{TR} and one vec{TC} per step). W goes to workgroup memory transposed (Ws: a
+thread's TR rows of one column are one vector), then out += W @ X with X staged XK rows
+at a time (Xs), each thread owning TR rows x EP/16 output columns (4 adjacent ones per
+64, vec4 reads, where the width pads to whole 64s; else tx + 16 e). The backward's
+softmax statistics come from elsewhere (lse, Drow: FA-2's backward recomputes p from the
+saved lse, and Drow = rowsum(g * O) is a plain reduction in the IR), so the only row
+reductions across threads are attn_lse's final combine of per-thread (max, sum) pairs
+and the online softmax's per-block row maximum and final row sums, through workgroup
+memory (no subgroup operations: they are an optional WebGPU feature this compiler does
+not request yet).
 Causal blocks beyond the diagonal are never visited: a query block stops at its last
 kept key, a key block starts at its first query. dQ and dK / dV are separate kernels
-(WebGPU has no float atomics), and dK and dV separate ops of the IR (attention_match.py).
+(WebGPU has no float atomics).
 
 Every loop bound depends only on the workgroup (a runtime cache position is read with
 workgroupUniformLoad), so the barriers are in uniform control flow. Rows past T or S
 read clamped addresses and are zeroed or masked; head dims that are not multiples of 16
-(odd ones too) are padded with zeros in shared memory. Tile sizes follow the device's
-maxComputeWorkgroupStorageSize (16 KiB by WebGPU's default: 32-row blocks; 32 KiB: 64).
+(odd ones too) are padded with zeros in workgroup memory. Tile sizes follow the device's
+maxComputeWorkgroupStorageSize (WebGPU's default 16 KiB: 32-row blocks; 32 KiB or more:
+64, with 32-wide D chunks where they fit: the H200 through Dawn offers 48 KiB).
 """
 from __future__ import annotations
 
@@ -89,9 +97,9 @@ def choose_blocks(op, own_n, str_n, E, limit):
 
 
 def _padded(E: int) -> int:
-    """Output columns with padding: whole groups of 64 (4 adjacent per thread, vec4 reads)
-    where that wastes nothing, else groups of 16 (one column per thread)."""
-    return 0 if not E else 64 * -(-E // 64) if E % 64 == 0 else 16 * -(-E // 16)
+    """Output columns with padding: E itself when it is whole groups of 64 (4 adjacent
+    columns per thread, vec4 reads), else whole groups of 16 (one column per thread)."""
+    return E if E % 64 == 0 else 16 * -(-E // 16)
 
 
 def _max(xs: list[str]) -> str:
