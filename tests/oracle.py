@@ -912,6 +912,25 @@ rec("attention/cache_position",  # 3 queries at a runtime position p of a 9-row 
     " q @ ops.swap_axes(k, -1, -2) * 0.25, -1e30)) @ v",
     lambda q, k, v, p: _t_sdpa(q, k, v, 0.25, torch.arange(9)[None, :] <= torch.arange(3)[:, None] + p),
     f32(1, 2, 3, 16), f32(1, 2, 9, 16), f32(1, 2, 9, 16), i32((1,), 0, 7), **MM)
+# the GPU's tiled kernels (codegen/attention_tiled.py): several row blocks each way, head
+# dims that are not multiples of the 16-column groups (80, odd 33 and 7), a query block at
+# the end of a 70-row cache (key blocks that start mid-way), no mask with S != T
+rec("attention/tiled_T70_D80",
+    "lambda q, k, v: ops.softmax_causal_last(q @ ops.swap_axes(k, -1, -2) / math.sqrt(80)) @ v",
+    lambda q, k, v: _t_sdpa(q, k, v, 1 / math.sqrt(80), _t_causal(70, 70)),
+    f32(1, 2, 70, 80), f32(1, 2, 70, 80), f32(1, 2, 70, 80), atol=2e-4)
+rec("attention/tiled_odd_T37_D33_Dv7",
+    "lambda q, k, v: ops.softmax_causal_last(q @ ops.swap_axes(k, -1, -2) * 0.2) @ v",
+    lambda q, k, v: _t_sdpa(q, k, v, 0.2, _t_causal(37, 37)),
+    f32(2, 1, 37, 33), f32(2, 1, 37, 33), f32(2, 1, 37, 7), atol=2e-4)
+rec("attention/tiled_cache_T5_S70",
+    "lambda q, k, v: ops.softmax_last(ops.where_causal(q @ ops.swap_axes(k, -1, -2) * 0.25)) @ v",
+    lambda q, k, v: _t_sdpa(q, k, v, 0.25, _t_causal(5, 70)),
+    f32(1, 2, 5, 16), f32(1, 2, 70, 16), f32(1, 2, 70, 16), **MM)
+rec("attention/tiled_nomask_T20_S75_Dv5",
+    "lambda q, k, v: ops.softmax_last(q @ ops.swap_axes(k, -1, -2) * 0.3) @ v",
+    lambda q, k, v: _t_sdpa(q, k, v, 0.3),
+    f32(1, 1, 20, 8), f32(1, 1, 75, 8), f32(1, 1, 75, 5), **MM)
 
 # cross entropy and layer norm as row kernels on WebGPU (codegen/rowfuse_match.py)
 rec("nn.cross_entropy_last/vocab_50257", "lambda l, t: nn.cross_entropy_last(l, t)",

@@ -9,7 +9,8 @@ compile_module(factory, loss_fn, ...):
   6. backend.prepare      reference/torch interpret the IR; webgpu plans buffers, emits WGSL
                           (backends/webgpu.py -> codegen/) and records the dispatch list
      6a. (webgpu)         pattern passes rewrite the IR into fused kernels first: attention
-                          (codegen/attention_match.py -> attention.py), cross entropy and
+                          (codegen/attention_match.py -> attention.py's row kernels on
+                          CPU adapters, attention_tiled.py's on GPUs), cross entropy and
                           layer-norm backward (codegen/rowfuse_match.py -> rowfuse.py)
   7. init                 parameters get their initial values from one counter-based generator
                           (init.py): numpy on the CPU executors, a device program on webgpu

@@ -397,6 +397,48 @@ def test_oracle_record_in_browser(oracle_results, name):
     oracle.check_result(oracle.BY_NAME[name], result["got"], "webgpu (browser, SwiftShader)")
 
 
+TILED_IN_BROWSER = ["attention/qkv_slices_T70_D32", "attention/tiled_odd_T37_D33_Dv7",
+                    "attention/cache_position"]
+
+
+@browser
+@needs_webgpu_backend
+def test_tiled_attention_in_browser(s):
+    """The GPU attention kernels (codegen/attention_tiled.py: workgroup memory, barriers,
+    workgroupUniformLoad of a runtime cache position) forced on in the worker, whose
+    SwiftShader adapter would get the row kernels: Chromium's WGSL compiler (Tint) takes
+    them, and the forward and gradients agree with torch."""
+    import oracle
+    ship_module(s, "oracle", (REPO / "tests" / "oracle.py").read_text())
+    out = s.run(f"""
+import oracle, traceback
+import webgrad.codegen.attention_tiled as at
+from webgrad.codegen import Limits, lower
+from webgrad.compile import build_train_graph, parse_inputs
+at.FORCE_TILED = True
+results = {{}}
+try:
+    factory, loss_fn, inputs, _ = oracle.build_record(oracle.BY_NAME[{TILED_IN_BROWSER[0]!r}])
+    g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
+    kernels = [n for n in lower(g, Limits(cpu=True))[1] if n.startswith("attn_")]
+    for name in {TILED_IN_BROWSER!r}:
+        try:
+            results[name] = {{"ok": True, "got": await oracle.run_webgrad_by_name(name, "webgpu")}}
+        except Exception as e:
+            results[name] = {{"ok": False, "error": traceback.format_exc(limit=-4)}}
+finally:
+    at.FORCE_TILED = None
+{{"kernels": kernels, "results": results}}
+""", timeout=600)
+    assert out["kernels"] and all(" tiled " in n for n in out["kernels"]), out["kernels"]
+    for name in TILED_IN_BROWSER:
+        result = out["results"][name]
+        if not result["ok"]:
+            pytest.fail(f"{name!r} with tiled attention failed in the browser worker:\n"
+                        f"{result['error']}", pytrace=False)
+        oracle.check_result(oracle.BY_NAME[name], result["got"], "webgpu (browser, tiled)")
+
+
 def torch_mlp_mse(params: dict) -> float:
     """Mean squared error against sin of the trained MLP on a grid it never saw, in torch."""
     import torch
