@@ -19,7 +19,9 @@ transpose + reshape is two digits on one axis: nothing is copied. A weight gradi
 sum_b x_b^T g_b is one matmul whose K axis runs over (b, k) (fusion.matmul_fold). The
 thread->element map of the tile
 loads follows whichever axis has the smaller stride, so global reads stay coalesced for
-either orientation. Shapes are constants; bounds tests are emitted only where a dimension
+either orientation. An operand that is a view of dequantize(words) (a quantized weight,
+codegen/quant.py) is read through a decode of its blocks instead of a load: the f32 weight
+is never stored, only its blocks are read. Shapes are constants; bounds tests are emitted only where a dimension
 is not a multiple of its tile. The result goes to the group's epilogue `epi(flat, v)`, so
 elementwise consumers (bias, relu, an optimizer update) are fused into the writer.
 
@@ -36,6 +38,7 @@ from dataclasses import dataclass, replace
 from math import prod
 
 from .layout import digits_addr
+from .quant import operand_reader
 
 
 TARGET_TILES = 256  # fewer workgroups than this: shrink the tile (an H200 has 132 SMs)
@@ -223,8 +226,7 @@ def build_matmul(ctx, config: Config | None = None) -> list:
 
     split = f" split {S}" if S > 1 else ""
     kernel = ctx.kernel(f"matmul {'x'.join(map(str, node.shape))} K={K} tile {BM}x{BN}x{BK}{split}")
-    A = kernel.binding(sa.buffer, "f32", what=sa.what, nbytes=sa.nbytes)
-    B = kernel.binding(sb.buffer, "f32", what=sb.what, nbytes=sb.nbytes)
+    A, B = operand_reader(kernel, sa), operand_reader(kernel, sb)  # f32 loads or decodes
     db = (cfg.double and cfg.prefetch
           and 8 * BK * (LDA + LDB) <= ctx.limits.max_compute_workgroup_storage_size)
     for name, ld, vec in (("As", LDA, va), ("Bs", LDB, vb)):
@@ -286,7 +288,7 @@ def build_matmul(ctx, config: Config | None = None) -> list:
         gx, gk = f"({row0} + {x})", f"({k0} + {k})"
         at = " + ".join([base_e] + digits_addr(xdim, gx, nrows) + digits_addr(kdim, gk, K))
         conds = ([f"{gx} < {nrows}u"] if need_r else []) + ([f"{gk} < {K}u"] if need_c else [])
-        v = f"{name}[{at}]"
+        v = name(at)
         return f"select(0.0f, {v}, {' && '.join(conds)})" if conds else v
 
     def shared_store(arr, ld, vec, item, v, base=""):
@@ -426,8 +428,7 @@ def _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh) -> list:
     tiles_m, tiles_n = -(-M // TM), -(-N // TN)
     total = tiles_m * tiles_n * nb
     kernel = ctx.kernel(f"matmul {'x'.join(map(str, node.shape))} K={K} direct {TM}x{TN}")
-    A = kernel.binding(sa.buffer, "f32", what=sa.what, nbytes=sa.nbytes)
-    B = kernel.binding(sb.buffer, "f32", what=sb.what, nbytes=sb.nbytes)
+    A, B = operand_reader(kernel, sa), operand_reader(kernel, sb)
     epi = ctx.epilogue_fn(kernel)
     em = ctx.emitter(kernel)
     L = em.emit
@@ -456,9 +457,9 @@ def _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh) -> list:
         L(f"let ka = {_sum(digits_addr(dima[-1], 'k', K))};")
         L(f"let kb = {_sum(digits_addr(dimb[-2], 'k', K))};")
         for i in range(TM):
-            L(f"let xa{i} = {A}[{ra[i]} + ka];")
+            L(f"let xa{i} = {A(f'{ra[i]} + ka')};")
         for j in range(TN):
-            L(f"let yb{j} = {B}[{cb[j]} + kb];")
+            L(f"let yb{j} = {B(f'{cb[j]} + kb')};")
         for i in range(TM):
             for j in range(TN):
                 L(f"{acc[i][j]} = fma(xa{i}, yb{j}, {acc[i][j]});")
