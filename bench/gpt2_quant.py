@@ -105,15 +105,14 @@ def shared_prefix(a, b) -> int:
     return n
 
 
-def table(rows) -> None:
-    f32 = rows[0]
-    print("| type | weights on the GPU, MB | x F32 | load s | decode tokens/s | x F32 | "
-          "kernels/step | tokens = F32's |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['type']} | {r['bytes'] / 1e6:.1f} | {r['bytes'] / f32['bytes']:.3f} | "
-              f"{r['load']:.1f} | {r['tps']:.1f} | {r['tps'] / f32['tps']:.2f} | "
-              f"{r['kernels']} | {shared_prefix(r['tokens'], f32['tokens'])}/{len(f32['tokens'])} |")
+HEADER = ("| type | weights on the GPU, MB | x F32 | load s | decode tokens/s | x F32 | "
+          "kernels/step | tokens = F32's |\n|---|---|---|---|---|---|---|---|")
+
+
+def row(r, f32) -> str:
+    return (f"| {r['type']} | {r['bytes'] / 1e6:.1f} | {r['bytes'] / f32['bytes']:.3f} | "
+            f"{r['load']:.1f} | {r['tps']:.1f} | {r['tps'] / f32['tps']:.2f} | "
+            f"{r['kernels']} | {shared_prefix(r['tokens'], f32['tokens'])}/{len(f32['tokens'])} |")
 
 
 def run_native(args, cfg):
@@ -139,15 +138,16 @@ def run_native(args, cfg):
                 best = min(best, time.perf_counter() - t0)
             rows.append({"type": qtype, "bytes": m.weight_bytes, "load": t_load, "tps": args.new / best,
                          "kernels": m._program("step", 1).kernel_count, "tokens": toks})
-            print(f"{qtype}: written in {t_write:.1f} s ({path.stat().st_size / 1e6:.0f} MB file), "
-                  f"token table in {m.wte_chunks} block(s)", flush=True)
+            if len(rows) == 1:
+                print(f"webgpu: {m.backend.host.info} (WEBGRAD_WGPU_LIB={lib}); config: "
+                      f"n_layer={cfg.n_layer} n_embd={cfg.n_embd} n_head={cfg.n_head} "
+                      f"vocab={cfg.vocab_size} n_ctx={cfg.n_ctx}; prompt {len(prompt)} tokens, "
+                      f"{args.new} new, greedy, best of {args.reps}\n{HEADER}")
+            print(row(rows[-1], rows[0]) + f"  <- file written in {t_write:.1f} s "
+                  f"({path.stat().st_size / 1e6:.0f} MB), token table in {m.wte_chunks} block(s)",
+                  flush=True)
             m.backend.destroy()
             path.unlink()
-    print(f"config: n_layer={cfg.n_layer} n_embd={cfg.n_embd} n_head={cfg.n_head} "
-          f"vocab={cfg.vocab_size} n_ctx={cfg.n_ctx}; prompt {len(prompt)} tokens, {args.new} new, "
-          f"greedy, best of {args.reps}")
-    print(f"webgpu: {m.backend.host.info} (WEBGRAD_WGPU_LIB={lib})")
-    table(rows)
 
 
 BROWSER_CODE = """
@@ -183,8 +183,9 @@ def run_browser(args, cfg):
             rows.append(s.call("quant_bench", path.read_bytes(), qtype, prompt, args.new, args.reps,
                                timeout=900))
     print(f"config: {TINY}; prompt {len(prompt)} tokens, {args.new} new, greedy, best of {args.reps}")
-    print(f"headless Chromium, Pyodide worker, WebGPU adapter: {rows[0]['info']}")
-    table(rows)
+    print(f"headless Chromium, Pyodide worker, WebGPU adapter: {rows[0]['info']}\n{HEADER}")
+    for r in rows:
+        print(row(r, rows[0]))
 
 
 def main():

@@ -11,6 +11,9 @@ compile_module(factory, loss_fn, ...):
      6a. (webgpu)         pattern passes rewrite the IR into fused kernels first: attention
                           (codegen/attention_match.py -> attention.py), cross entropy and
                           layer-norm backward (codegen/rowfuse_match.py -> rowfuse.py)
+     6b. (webgpu)         quantized weights (quant.py: GGUF blocks, ops.dequantize) are never
+                          stored as f32: matmuls and gathers decode them in registers
+                          (codegen/quant.py)
   7. init                 parameters get their initial values from one counter-based generator
                           (init.py): numpy on the CPU executors, a device program on webgpu
                           (codegen/initparams.py), the same bits everywhere
