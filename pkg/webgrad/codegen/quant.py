@@ -100,6 +100,65 @@ def helper(kernel, words: Storage, qtype: str, n: int) -> str:
     return name
 
 
+def _group_bodies(qtype: str, w: str, n: int) -> tuple[str, str]:
+    """(scale, quant) bodies: every type decodes in groups of 32 values sharing one scale
+    (and Q4_K one min), and 4 consecutive values (from a multiple of 4) share one word:
+    the quant body returns the 4 integers of the word holding element e; value = s.x * q -
+    s.y, the same f32 operations as _body's."""
+    if qtype in ("Q8_0", "Q4_0"):
+        s = (8 if qtype == "Q8_0" else 4) * (n // 32)
+        scale = f"""
+  let s = unpack2x16float({w}[{s}u + (gi >> 1u)]);
+  return vec2<f32>(select(s.x, s.y, (gi & 1u) == 1u), 0.0f);"""
+        if qtype == "Q8_0":   # block b's word j / 4 is word e / 4: four int8s
+            quant = f"""
+  let w = {w}[e >> 2u];
+  return vec4<f32>(f32(bitcast<i32>(w << 24u) >> 24u), f32(bitcast<i32>(w << 16u) >> 24u),
+                   f32(bitcast<i32>(w << 8u) >> 24u), f32(bitcast<i32>(w) >> 24u));"""
+        else:                 # four bytes of the block: their low or their high nibbles
+            quant = f"""
+  let j = e & 31u;
+  let w = {w}[((e >> 5u) << 2u) + ((j & 15u) >> 2u)];
+  let v = select(w & 0x0f0f0f0fu, (w >> 4u) & 0x0f0f0f0fu, j >= 16u);
+  return vec4<f32>(f32(i32(v & 255u) - 8i), f32(i32((v >> 8u) & 255u) - 8i),
+                   f32(i32((v >> 16u) & 255u) - 8i), f32(i32(v >> 24u) - 8i));"""
+        return scale, quant
+    scale = f"""
+  let base = (gi >> 3u) * 36u;
+  let sub = gi & 7u;
+  let sh = (sub & 3u) << 3u;
+  let b0 = ({w}[base + 1u] >> sh) & 255u;
+  let mlo = ({w}[base + 2u] >> sh) & 255u;
+  let top = ({w}[base + 3u] >> sh) & 255u;
+  var sc = b0 & 63u;
+  var mn = mlo & 63u;
+  if (sub >= 4u) {{
+    sc = (top & 15u) | ((b0 >> 6u) << 4u);
+    mn = (top >> 4u) | ((mlo >> 6u) << 4u);
+  }}
+  let dm = unpack2x16float({w}[base]);
+  return vec2<f32>(dm.x * f32(sc), dm.y * f32(mn));"""
+    quant = f"""
+  let i = e & 255u;
+  let k = 16u + 32u * (i >> 6u) + (i & 31u);
+  let w = {w}[(e >> 8u) * 36u + (k >> 2u)];
+  let v = select(w & 0x0f0f0f0fu, (w >> 4u) & 0x0f0f0f0fu, (i & 63u) >= 32u);
+  return vec4<f32>(f32(v & 255u), f32((v >> 8u) & 255u), f32((v >> 16u) & 255u), f32(v >> 24u));"""
+    return scale, quant
+
+
+def group_helpers(kernel, st: "QuantOperand") -> tuple[str, str, bool]:
+    """(scale fn, quant fn, has a min) for a kernel that walks whole groups of 32 values:
+    `dqs_<b>(group) -> vec2<f32>` (scale, min) once per group, `dqq_<b>(e) -> vec4<f32>`
+    the integers of elements e..e+3 (e a multiple of 4); value = scale * q - min. The barrier-free matmul hoists the
+    scale out of its K loop this way (codegen/matmul.py)."""
+    b = kernel.binding(st.words.buffer, "u32", what=st.what, nbytes=st.words.nbytes)
+    scale, quant = _group_bodies(st.qtype, b, st.n)
+    kernel.helper(f"dqs_{b}", f"fn dqs_{b}(gi: u32) -> vec2<f32> {{{scale}\n}}\n")
+    kernel.helper(f"dqq_{b}", f"fn dqq_{b}(e: u32) -> vec4<f32> {{{quant}\n}}\n")
+    return f"dqs_{b}", f"dqq_{b}", st.qtype == "Q4_K"
+
+
 def operand_reader(kernel, st):
     """at -> WGSL of a matmul operand's element at address `at`: a load of f32 storage, or a
     decode of a quantized operand's blocks (the address is then the logical flat index)."""
@@ -118,4 +177,4 @@ def _dequantize_rule(em: Emitter, node, idx: Idx) -> str:
     return f"{helper(em.k, st, node.attrs['qtype'], node.size)}({idx.flat(em)})"
 
 
-__all__ = ["QuantOperand", "quant_base", "operand_reader", "helper"]
+__all__ = ["QuantOperand", "quant_base", "operand_reader", "helper", "group_helpers"]
