@@ -97,12 +97,19 @@ def test_matmul_and_gather_read_the_blocks(qt, backend):
 
     x = rng.standard_normal((3, K)).astype(np.float32)
     want = x.astype(np.float64) @ W.T.astype(np.float64) + 1.0
-    for direct in ((True, False) if backend == "webgpu" else (None,)):
+    # webgpu: the barrier-free kernel (CPU adapters), the tiled one (GPUs) and the tiled one
+    # split over K (the H200's long-K rule: partial sums, then a second kernel)
+    kernels = ("direct", "tiled", "split") if backend == "webgpu" else (None,)
+    for kind in kernels:
+        direct = kind == "direct" if kind else None
         matmul.FORCE_DIRECT = direct
+        matmul.FORCE_CONFIG = matmul.Config(2, 2, 16, splits=2) if kind == "split" else None
         try:
             p = compile_program(backend, M, fn, inputs={"x": ([3, K], "f32"), "i": ([2], "i32")})
         finally:
-            matmul.FORCE_DIRECT = None
+            matmul.FORCE_DIRECT = matmul.FORCE_CONFIG = None
+        if kind == "split":
+            assert any("split 2" in k for k in p._prog.exe.kernel_names)
         p._prog.backend.write("w", HostArray("i32", words.tolist(), shape=words.shape))
         out = p.run({"x": x, "i": [N - 1, 0]}, ["y", "rows"])
         np.testing.assert_allclose(out["y"], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
@@ -110,7 +117,7 @@ def test_matmul_and_gather_read_the_blocks(qt, backend):
         if backend == "webgpu":   # the blocks are bound and decoded; no f32 weight is planned
             plan, feeds = p._prog.exe.plan, set(p._prog.exe.lowered.feeds.values())
             assert all(b["size"] < 4 * N * K for k, b in enumerate(plan["buffers"]) if k not in feeds)
-            mm = [pl["wgsl"] for pl in plan["pipelines"] if "matmul" in pl["wgsl"]]
+            mm = [pl["wgsl"] for pl in plan["pipelines"] if " K=" in pl["wgsl"].split("\n")[0]]
             # the barrier-free kernel reads a scale per group of 32 and 4 values per word
             assert mm and all(("dqs_" in w) == bool(direct) and "dq_" in w for w in mm)
 
@@ -239,6 +246,8 @@ def test_gpt2_quantized_logits_equal_host_dequantized(tmp_path, qt, backend):
     a = np.asarray(m.logits_step([7], c1))                     # one decode step
     b = np.asarray(host.logits_step([7], c2))
     np.testing.assert_allclose(a, b, rtol=0, atol=tol * np.abs(b).max())
+    got_s, want_s = m.surprisal(ids), host.surprisal(ids)
+    np.testing.assert_allclose(got_s.bits, want_s.bits, rtol=1e-4, atol=1e-4)
     # the weights read back decoded, as gguf dequantizes them
     back = m.state_dict()
     for k in ("wte.weight", "h.1.mlp.c_proj.weight"):
@@ -267,3 +276,24 @@ def test_gpt2_keep_quantized_false_and_split_table(tmp_path):
     f = wgg.load(path)
     split.write_blocks("wte.weight", f.tensors["token_embd.weight"].data)
     assert np.array_equal(np.asarray(split.state_dict()["wte.weight"]), sd["wte.weight"])
+
+
+@pytest.mark.webgpu
+@pytest.mark.skipif(not _webgpu_ok(), reason="no native WebGPU adapter")
+def test_gpt2_quantized_on_the_tiled_kernel(tmp_path):
+    """GPUs take the tiled matmul (lavapipe the barrier-free one): forced here, the whole
+    model's logits still equal the host-dequantized model's on the same kernel."""
+    from webgrad.codegen import matmul
+    from webgrad.models import gpt2
+    path, sd = quantized_gpt2(tmp_path, QT.Q8_0, n_embd=96, n_head=3)
+    matmul.FORCE_DIRECT = False
+    try:
+        m = gpt2.GPT2.from_gguf(path, backend="webgpu")
+        host = gpt2.GPT2.from_hf_state_dict(m.cfg, sd, backend="webgpu")
+        ids = [3, 1, 4, 1, 5, 9, 2]
+        got, want = np.asarray(m.forward(ids)), np.asarray(host.forward(ids))
+        names = [k for k in m._program("full", len(ids))._prog.exe.kernel_names if "matmul" in k]
+        assert names and all(" tile " in k for k in names)
+    finally:
+        matmul.FORCE_DIRECT = None
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * np.abs(want).max())
