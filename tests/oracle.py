@@ -34,6 +34,7 @@ from __future__ import annotations
 import array
 import math
 import random
+import struct
 from dataclasses import dataclass
 from typing import Callable
 
@@ -717,6 +718,21 @@ rec("scatter_add_rows/many_rows", "lambda v, i: ops.scatter_add_rows(v, i, 300)"
 rec("scatter_add_rows/repeats", "lambda v, i: ops.scatter_add_rows(v, i, 3)",
     lambda v, i: torch.zeros(3, 2, 2, dtype=torch.float64).index_add(0, i.reshape(-1), v.reshape(-1, 2, 2)),
     f32(4, 5, 2, 2), i32((4, 5), 0, 2))
+
+
+def _t_dequantize_q8_0(x, w):
+    # webgrad.quant's Q8_0 layout written out independently: words 0-7 hold the 32 int8
+    # quants (4 a word, little-endian), word 8's low half the f16 scale
+    u = w.to(torch.int64) & 0xFFFFFFFF
+    q = torch.stack([(u[:8] >> (8 * k)) & 255 for k in range(4)], -1).reshape(32)
+    q = torch.where(q >= 128, q - 256, q).double()
+    d = struct.unpack("<e", struct.pack("<H", int(u[8]) & 0xFFFF))[0]
+    return x @ (d * q).reshape(1, 32).T
+
+
+# words below 0x3C00: every f16 half finite (< 1), quants in bytes 0 and 1 of each word
+rec("dequantize/q8_0", "lambda x, w: ops.matmul(x, ops.swap_axes(ops.dequantize(w, 'Q8_0', (1, 32)), 0, 1))",
+    _t_dequantize_q8_0, f32(3, 32), i32((9,), 0, 0x3C00))
 
 
 def _t_write_rows(b, v, s):

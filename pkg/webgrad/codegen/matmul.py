@@ -19,7 +19,9 @@ transpose + reshape is two digits on one axis: nothing is copied. A weight gradi
 sum_b x_b^T g_b is one matmul whose K axis runs over (b, k) (fusion.matmul_fold). The
 thread->element map of the tile
 loads follows whichever axis has the smaller stride, so global reads stay coalesced for
-either orientation. Shapes are constants; bounds tests are emitted only where a dimension
+either orientation. An operand that is a view of dequantize(words) (a quantized weight,
+codegen/quant.py) is read through a decode of its blocks instead of a load: the f32 weight
+is never stored, only its blocks are read. Shapes are constants; bounds tests are emitted only where a dimension
 is not a multiple of its tile. The result goes to the group's epilogue `epi(flat, v)`, so
 elementwise consumers (bias, relu, an optimizer update) are fused into the writer.
 
@@ -36,6 +38,7 @@ from dataclasses import dataclass, replace
 from math import prod
 
 from .layout import digits_addr
+from .quant import QuantOperand, group_helpers, operand_reader
 
 
 TARGET_TILES = 256  # fewer workgroups than this: shrink the tile (an H200 has 132 SMs)
@@ -223,8 +226,7 @@ def build_matmul(ctx, config: Config | None = None) -> list:
 
     split = f" split {S}" if S > 1 else ""
     kernel = ctx.kernel(f"matmul {'x'.join(map(str, node.shape))} K={K} tile {BM}x{BN}x{BK}{split}")
-    A = kernel.binding(sa.buffer, "f32", what=sa.what, nbytes=sa.nbytes)
-    B = kernel.binding(sb.buffer, "f32", what=sb.what, nbytes=sb.nbytes)
+    A, B = operand_reader(kernel, sa), operand_reader(kernel, sb)  # f32 loads or decodes
     db = (cfg.double and cfg.prefetch
           and 8 * BK * (LDA + LDB) <= ctx.limits.max_compute_workgroup_storage_size)
     for name, ld, vec in (("As", LDA, va), ("Bs", LDB, vb)):
@@ -286,7 +288,7 @@ def build_matmul(ctx, config: Config | None = None) -> list:
         gx, gk = f"({row0} + {x})", f"({k0} + {k})"
         at = " + ".join([base_e] + digits_addr(xdim, gx, nrows) + digits_addr(kdim, gk, K))
         conds = ([f"{gx} < {nrows}u"] if need_r else []) + ([f"{gk} < {K}u"] if need_c else [])
-        v = f"{name}[{at}]"
+        v = name(at)
         return f"select(0.0f, {v}, {' && '.join(conds)})" if conds else v
 
     def shared_store(arr, ld, vec, item, v, base=""):
@@ -413,6 +415,17 @@ def _sum(terms: list[str]) -> str:
     return " + ".join(t for t in terms if t != "0u") or "0u"
 
 
+def _grouped_quant(sb, offb, dimb, bsh, K) -> bool:
+    """Is B a quantized W^T whose K runs along W's rows (stride 1) from group starts?"""
+    return (isinstance(sb, QuantOperand) and len(bsh) == 2 and K % 32 == 0 and offb % 32 == 0
+            and _canon_digits(dimb[-2]) == [(K, 1)]
+            and all(st % 32 == 0 for c, st in dimb[-1] if c > 1))
+
+
+def _canon_digits(digits):
+    return [(c, st) for c, st in digits if c > 1]
+
+
 def _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh) -> list:
     """Barrier-free matmul: each thread owns a TM x TN block of C and reads its A rows and
     B columns straight from global memory (no shared memory, no barriers). Neighbouring
@@ -426,8 +439,7 @@ def _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh) -> list:
     tiles_m, tiles_n = -(-M // TM), -(-N // TN)
     total = tiles_m * tiles_n * nb
     kernel = ctx.kernel(f"matmul {'x'.join(map(str, node.shape))} K={K} direct {TM}x{TN}")
-    A = kernel.binding(sa.buffer, "f32", what=sa.what, nbytes=sa.nbytes)
-    B = kernel.binding(sb.buffer, "f32", what=sb.what, nbytes=sb.nbytes)
+    A, B = operand_reader(kernel, sa), operand_reader(kernel, sb)
     epi = ctx.epilogue_fn(kernel)
     em = ctx.emitter(kernel)
     L = em.emit
@@ -452,16 +464,38 @@ def _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh) -> list:
     for i in range(TM):
         for j in range(TN):
             L(f"var {acc[i][j]}: f32 = 0.0f;")
-    with em.block(f"for (var k = 0u; k < {K}u; k++)"):
-        L(f"let ka = {_sum(digits_addr(dima[-1], 'k', K))};")
-        L(f"let kb = {_sum(digits_addr(dimb[-2], 'k', K))};")
+
+    def k_step(k):
+        L(f"let ka = {_sum(digits_addr(dima[-1], k, K))};")
         for i in range(TM):
-            L(f"let xa{i} = {A}[{ra[i]} + ka];")
-        for j in range(TN):
-            L(f"let yb{j} = {B}[{cb[j]} + kb];")
+            L(f"let xa{i} = {A(f'{ra[i]} + ka')};")
         for i in range(TM):
             for j in range(TN):
                 L(f"{acc[i][j]} = fma(xa{i}, yb{j}, {acc[i][j]});")
+
+    if _grouped_quant(sb, offb, dimb, bsh, K):
+        # x @ W^T of a quantized W: K walks each row of W in groups of 32 values that share
+        # a scale (and a min), read once per group, and 4 at a time from one word; each
+        # value is the same f32 operations as the per-element decode
+        sfn, qfn, has_min = group_helpers(kernel, sb)
+        with em.block(f"for (var kq = 0u; kq < {K // 32}u; kq++)"):
+            for j in range(TN):
+                L(f"let s{j} = {sfn}(({cb[j]} >> 5u) + kq);")
+            with em.block("for (var kk = 0u; kk < 32u; kk += 4u)"):
+                L("let k0 = kq * 32u + kk;")
+                for j in range(TN):
+                    L(f"let q{j} = {qfn}({cb[j]} + k0);")   # one word: 4 values of W's row
+                for t in range(4):
+                    with em.block(""):
+                        for j in range(TN):
+                            L(f"let yb{j} = s{j}.x * q{j}[{t}]" + (f" - s{j}.y;" if has_min else ";"))
+                        k_step(f"(k0 + {t}u)" if t else "k0")
+    else:
+        with em.block(f"for (var k = 0u; k < {K}u; k++)"):
+            L(f"let kb = {_sum(digits_addr(dimb[-2], 'k', K))};")
+            for j in range(TN):
+                L(f"let yb{j} = {B(f'{cb[j]} + kb')};")
+            k_step("k")
     L(f"let f0 = bt * {M * N}u + m0 * {N}u + n0;")
     for i in range(TM):
         for j in range(TN):
