@@ -47,8 +47,10 @@ def parse_config(text: str):
         return None
     shape, *flags = text.split(":")
     tm, tn, bk = (int(v) for v in shape.split("x"))
-    def num(prefix, default):
-        got = [f[len(prefix):] for f in flags if f.startswith(prefix) and f[len(prefix):][:1].isdigit()]
+
+    def num(prefix, default):  # the value of flag prefix + digits ("s4" -> "4")
+        got = [f[len(prefix):] for f in flags
+               if f.startswith(prefix) and f[len(prefix):][:1].isdigit()]
         return got[0] if got else default
     wx, wy = (int(v) for v in num("w", "16x16").split("x"))
     return Config(tm, tn, bk, vec="novec" not in flags, prefetch="nopre" not in flags,
@@ -169,8 +171,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--configs", default="auto",
-                    help="comma-separated tilings: auto | TMxTNxBK[:novec][:nopre][:sN][:db][:wXxY][:gG][:vl] "
-                    "(N K chunks; db: double-buffered shared memory; X x Y threads (N x M); "
+                    help="comma-separated tilings: auto | "
+                    "TMxTNxBK[:novec][:nopre][:sN][:db][:wXxY][:gG][:vl] (N K chunks; db: double-buffered shared memory; X x Y threads (N x M); "
                     "tile order in runs of G tile rows; vl: vec4 global loads)")
     args = ap.parse_args()
     lib = pick_lib()

@@ -121,9 +121,11 @@ H200_CONFIGS = {
 # run the records with several tiles per axis only
 _H200_BIG = {"wide": ("matmul/tiles_odd", "matmul/batched_odd", "matmul/aligned_epilogue"),
              "wide_bk16_group_split": ("matmul/wgrad_odd", "matmul/odd_long_k")}
-H200_CASES = [(r, cfg) for cfg in H200_CONFIGS for r in DB_RECORDS if r.name in _H200_BIG.get(cfg, (
-    "matmul/2d", "matmul/batch_bcast", "matmul/vec_mat", "matmul/tiles_odd",
-    "matmul/batched_odd", "matmul/wgrad_odd", "matmul/odd_long_k", "matmul/aligned_epilogue"))]
+_H200_ALL = ("matmul/2d", "matmul/batch_bcast", "matmul/vec_mat", "matmul/tiles_odd",
+             "matmul/batched_odd", "matmul/wgrad_odd", "matmul/odd_long_k",
+             "matmul/aligned_epilogue")
+H200_CASES = [(r, cfg) for cfg in H200_CONFIGS for r in DB_RECORDS
+              if r.name in _H200_BIG.get(cfg, _H200_ALL)]
 
 
 @pytest.mark.parametrize("record,config", H200_CASES,

@@ -23,9 +23,10 @@ swap_axes(W)) is just other strides, a broadcast batch axis has stride 0, and me
 transpose + reshape is two digits on one axis: nothing is copied. A weight gradient
 sum_b x_b^T g_b is one matmul whose K axis runs over (b, k) (fusion.matmul_fold). The
 thread->element map of the tile loads follows whichever axis has the smaller stride, so
-global reads stay coalesced for either orientation. Shapes are constants; bounds tests are emitted only where a dimension
-is not a multiple of its tile. The result goes to the group's epilogue `epi(flat, v)`, so
-elementwise consumers (bias, relu, an optimizer update) are fused into the writer.
+global reads stay coalesced for either orientation. Shapes are constants; bounds tests are
+emitted only where a dimension is not a multiple of its tile. The result goes to the
+group's epilogue `epi(flat, v)`, so elementwise consumers (bias, relu, an optimizer update)
+are fused into the writer.
 
 Split-K: a long K over too few output tiles to fill the GPU's waves (a weight gradient,
 K = B*T; the LM head's input gradient, K = vocabulary) keeps the large tile and gives each
@@ -105,10 +106,11 @@ BATCHED_MN = 512 * 512
 ADAPTER_TILINGS = (
     # 132 SMs. Measured 2026-11-30 (bench/matmul.py, bench/README.md), ratios to torch fp32:
     # the 128-thread 8 x 16-per-thread tile beat the 256-thread 8 x 8 one at 4096 (0.78 with
-    # K step 16, 0.76 with 8, against 0.73) and on the GPT step's forward products (0.78-0.81
-    # against 0.72-0.75); a 64 x 64 tile of 64 threads does attention's products (scores
-    # 1.05 against 0.82); runs of 32 tile rows took the [4096 x 768] @ [768 x 50257] logits
-    # from 9.9 to 8.2 ms. Double buffering was slower (0.64-0.69 against 0.73-0.76).
+    # K step 16, 0.76 with 8, against 0.73), 0.86 with vec4 loads; the GPT step's forward
+    # products went from 0.72-0.75 to 0.86-0.87, its weight gradients from 0.73-0.79 to
+    # 0.83-0.91; a 64 x 64 tile of 64 threads does attention's products (scores 1.01
+    # against 0.82); runs of 32 tile rows and the new tile took the [4096 x 768] @ [768 x
+    # 50257] logits from 9.9 to 8.3 ms. Double buffering was slower (0.64-0.69).
     (("h200", "h100"), {
         "slots": 264, "double": False,
         "split": Config(8, 16, 8, wx=8, wy=16, vload=True),
@@ -213,9 +215,7 @@ def _vec_axis(dims, off: int, X: int, K: int, rows: int, BK: int, NT: int) -> st
         d = dims[-2] if axis == "x" else dims[-1]
         if len(d) != 1 or d[0][1] != 1 or size % 4:
             continue
-        others = [st for ax in dims if ax is not d for _, st in ax] + \
-            [st for _, st in d[:-1]]
-        if all(st % 4 == 0 for st in others):
+        if all(st % 4 == 0 for ax in dims if ax is not d for _, st in ax):
             return axis
     return None
 
