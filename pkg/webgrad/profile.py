@@ -12,7 +12,8 @@ command of the plan with
               tiles re-read through caches are not counted, so achieved GB/s is a floor
   flops       2 M N K per matmul (batch included), one per element per elementwise op and
               per input element of a reduction, 5 per element of a row op (softmax,
-              log-softmax, layer norm); layout ops are free
+              log-softmax, layer norm); layout ops are free; a fused attention kernel
+              2 x (kept query-key pairs) x (the widths of its products)
   seconds     GPU time from timestamp queries where the adapter has 'timestamp-query',
               else the wall time of the dispatch submitted alone ("wall": includes a
               submission's latency), None where the host cannot time (the browser today)
@@ -44,6 +45,9 @@ def node_flops(g, node) -> int:
         return ROW_FLOPS * node.size
     if node.op in _FREE:
         return 0
+    if node.op.startswith("attn_"):
+        from .codegen.attention_match import attention_flops
+        return attention_flops(g, node)
     return node.size
 
 
