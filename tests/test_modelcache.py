@@ -86,16 +86,32 @@ def gguf_of(path, m, *, qtype=None):
     return path, stored
 
 
-def test_gguf_image_holds_ggufs_dequantization(tmp_path):
+def test_gguf_image_keeps_the_blocks(tmp_path):
+    """A GGUF model's quantized weights are imaged as the file's own blocks (read here by the
+    gguf package) and restore quantized, with the same logits; its f32 tensors hold gguf's
+    values. keep_quantized=False models image as f32, gguf's dequantization."""
     gguf = pytest.importorskip("gguf")
     src = gpt2.GPT2.init_random(gpt2.GPT2Config(2, 2, 64, 16, 50), seed=7, backend="reference")
     path, stored = gguf_of(tmp_path / "m.gguf", src, qtype=gguf.GGMLQuantizationType.Q8_0)
+    raw = {t.name: bytes(t.data.tobytes()) for t in gguf.GGUFReader(str(path)).tensors}
     m, kind = run(modelcache.parse_async(path.read_bytes(), "reference"))
-    assert kind == "gguf"
+    assert kind == "gguf" and "h.1.mlp.c_fc.weight" in m.quant_full
     meta, data = image(m)
     t = next(t for t in meta["tensors"] if t["name"] == "h.1.mlp.c_fc.weight")
+    assert (t["dtype"], t["shape"], t["transposed"]) == ("Q8_0", [256, 64], True)
+    assert data[t["offset"]:t["offset"] + t["nbytes"]] == raw["blk.1.ffn_up.weight"]
+    b = next(t for t in meta["tensors"] if t["name"] == "h.1.ln_1.bias")
+    got = np.frombuffer(data[b["offset"]:b["offset"] + b["nbytes"]], np.float32)
+    assert b["dtype"] == "f32" and np.array_equal(got, stored["blk.1.attn_norm.bias"])
+    back = modelcache.restore(meta, data, backend="reference")
+    assert back.quant_full == m.quant_full
+    assert np.array_equal(np.asarray(back.forward(IDS)), np.asarray(m.forward(IDS)))
+    # dequantized at load: the image is f32, gguf's values, [in, out]
+    f32 = gpt2.GPT2.from_gguf(path, backend="reference", keep_quantized=False)
+    meta, data = image(f32)
+    t = next(t for t in meta["tensors"] if t["name"] == "h.1.mlp.c_fc.weight")
     got = np.frombuffer(data[t["offset"]:t["offset"] + t["nbytes"]], np.float32).reshape(t["shape"])
-    assert np.array_equal(got, stored["blk.1.ffn_up.weight"].T)   # gguf's values, [in, out]
+    assert t["dtype"] == "f32" and np.array_equal(got, stored["blk.1.ffn_up.weight"].T)
     assert not np.array_equal(got, np.asarray(src.state_dict()["h.1.mlp.c_fc.weight"]))
 
 
@@ -134,3 +150,18 @@ def test_damaged_images_are_refused_by_field():
 def test_cache_outside_the_browser_says_where_it_lives():
     with pytest.raises(RuntimeError, match="IndexedDB.*Pyodide worker"):
         run(modelcache.list_async())
+
+
+def test_damaged_quantized_entries_are_refused(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    src = gpt2.GPT2.init_random(gpt2.GPT2Config(1, 2, 64, 16, 50), seed=8, backend="reference")
+    path, _ = gguf_of(tmp_path / "m.gguf", src, qtype=gguf.GGMLQuantizationType.Q4_0)
+    meta, data = image(run(modelcache.parse_async(path.read_bytes(), "reference"))[0])
+    name = "h.0.mlp.c_fc.weight"
+    for field, edit in (("dtype", {"dtype": "Q5_0"}), ("nbytes", {"dtype": "Q8_0"}),
+                        ("shape", {"shape": [64, 256]}), ("shape", {"shape": [256, 60]}),
+                        ("shape", {"transposed": False})):
+        bad = copy.deepcopy(meta)
+        next(t for t in bad["tensors"] if t["name"] == name).update(edit)
+        with pytest.raises(modelcache.ModelCacheError, match=rf"\['{name}'\]\.{field}"):
+            modelcache.restore(bad, data, backend="reference")

@@ -115,6 +115,9 @@ def test_models_load_from_the_cache_the_second_time(browser_session, tmp_path, c
         assert sorted(e["kind"] for e in listed) == ["gguf", "safetensors"]
         assert all(e["meta"]["config"]["n_embd"] == 64 and e["nbytes"] == e["meta"]["nbytes"]
                    for e in listed)
+        kept = {e["kind"]: e for e in listed}   # the GGUF's matrices kept as their Q8_0 blocks
+        assert {t["dtype"] for t in kept["gguf"]["meta"]["tensors"]} == {"f32", "Q8_0"}
+        assert kept["gguf"]["nbytes"] < kept["safetensors"]["nbytes"] / 2
         page.wait_for_function("document.getElementById('cache').dataset.count === '2'")
         row = page.locator("#cache tbody tr", has_text=served.name)
         again = loaded(page, lambda: row.locator("button.load").click())

@@ -4,7 +4,7 @@ Loading GPT-2 weights in the browser costs a download, a parse (safetensors' F16
 GGUF's blocks dequantized) and an upload. The *image* of a loaded model is what the GPU holds
 after all that: one f32 tensor per parameter, in GPT2's names and layouts (one full
 "wte.weight": a device that splits the token table into row blocks does so on upload, so an
-image serves every device). Cached, it turns the next load of the same file into an upload.
+image serves every device); weights a GGUF model holds quantized stay its GGUF blocks. Cached, it turns the next load of the same file into an upload.
 
 Pure Python, any backend (CPython too; the tests check the round trip here):
 
@@ -13,6 +13,8 @@ Pure Python, any backend (CPython too; the tests check the round trip here):
                                              # parts: one bytes-like per tensor, in that order
     model = restore(meta, data, backend=...) # data: the parts back to back; every field is
                                              # checked before anything is written
+    # tensors' dtype: "f32", or "Q8_0"/"Q4_0"/"Q4_K" (GGUF blocks, shape as stored, with
+    # `transposed`: quant.QuantSpec), restored quantized
 
 In the browser worker (the IndexedDB half, with the record format and the cache key, is
 web/modelcache.mjs; the worker exposes it as `webgradModelCache`):
@@ -51,14 +53,30 @@ class ModelCacheError(ValueError):
 # ---------------------------------------------------------------- the image (pure Python)
 
 async def image_async(model) -> tuple[dict, list]:
-    """(meta, parts) of a GPT2 on any backend: its parameters read back as f32 bytes."""
+    """(meta, parts) of a GPT2 on any backend: f32 parameters as f32 bytes, weights held
+    quantized (GPT2.from_gguf) as their GGUF blocks (dtype "Q8_0"/"Q4_0"/"Q4_K", shape as
+    stored, `transposed` as in quant.QuantSpec): a cached GGUF model comes back quantized."""
+    from ..arrays import HostArray
     from ..models.gpt2 import param_shapes
-    sd = await model.state_dict_async()
+    from ..quant import raw_blocks
+    quant_full = getattr(model, "quant_full", {}) or {}
+    split = model.wte_chunks > 1
     tensors, parts, at = [], [], 0
     for name, shape in param_shapes(model.cfg).items():
-        view = memoryview(sd[name]).cast("B")   # numpy (C order) or HostArray: f32 bytes
-        tensors.append({"name": name, "dtype": "f32", "shape": list(shape), "offset": at,
-                        "nbytes": view.nbytes})
+        stored = ([f"wte.{k}.weight" for k in range(model.wte_chunks)]
+                  if name == "wte.weight" and split else [name])
+        q = quant_full.get(name)
+        if q is None:
+            table = HostArray("f32", shape=shape)
+            for n in stored:                 # a split table: its row blocks one after the other
+                table.extend(await model._read_f32(n))
+            view, entry = memoryview(table).cast("B"), {"dtype": "f32", "shape": list(shape)}
+        else:
+            blocks = b"".join([raw_blocks(model.quant[n].qtype, (await model.backend.read(n)).tobytes(),
+                                          prod(model.quant[n].shape)) for n in stored])
+            view = memoryview(blocks)
+            entry = {"dtype": q.qtype, "shape": list(q.shape), "transposed": bool(q.transposed)}
+        tensors.append({"name": name, **entry, "offset": at, "nbytes": view.nbytes})
         parts.append(view)
         at += view.nbytes
     meta = {"format": FORMAT, "model": "gpt2", "config": asdict(model.cfg), "tensors": tensors,
@@ -74,6 +92,7 @@ def restore(meta: dict, data, backend="auto", *, progress=None, what: str = "<im
     has been checked."""
     from ..arrays import HostArray
     from ..models.gpt2 import GPT2, GPT2Config, param_shapes
+    from ..quant import QTYPES, QuantSpec
 
     def fail(field, msg):
         raise ModelCacheError(f"model cache entry {what}: {field}: {msg}")
@@ -108,27 +127,43 @@ def restore(meta: dict, data, backend="auto", *, progress=None, what: str = "<im
 
         def piece(off, n):
             return data[off:off + n]
+    quant = {}
     for name, shape in want.items():
         t = got[name]
-        if t.get("dtype") != "f32":
-            fail(f"tensors[{name!r}].dtype", f"{t.get('dtype')!r}; expected 'f32'")
-        if list(t.get("shape") or ()) != list(shape):
-            fail(f"tensors[{name!r}].shape", f"{t.get('shape')}; {cfg} needs {list(shape)}")
+        dtype, stored = t.get("dtype"), list(t.get("shape") or ())
+        if dtype != "f32" and dtype not in QTYPES:
+            fail(f"tensors[{name!r}].dtype", f"{dtype!r}; expected 'f32' or one of {list(QTYPES)}")
+        if dtype == "f32":
+            declared, need = stored, 4 * prod(shape)
+        else:
+            try:
+                q = QuantSpec(dtype, tuple(stored), bool(t.get("transposed", False)))
+            except (TypeError, ValueError) as e:
+                fail(f"tensors[{name!r}].shape", str(e))
+            quant[name] = q
+            declared = list(q.declared_shape)
+            block, block_bytes = QTYPES[dtype]
+            need = prod(stored[:-1]) * (stored[-1] // block) * block_bytes
+        if declared != list(shape):
+            fail(f"tensors[{name!r}].shape", f"{stored}; {cfg} needs {list(shape)}")
         off, n = t.get("offset"), t.get("nbytes")
-        if not (isinstance(off, int) and isinstance(n, int)) or n != 4 * prod(shape):
-            fail(f"tensors[{name!r}].nbytes", f"{n!r}; f32{list(shape)} takes {4 * prod(shape)}")
-        if off < 0 or off % 4 or off + n > size:
+        if not (isinstance(off, int) and isinstance(n, int)) or n != need:
+            fail(f"tensors[{name!r}].nbytes", f"{n!r}; {dtype}{stored} takes {need}")
+        if off < 0 or (dtype == "f32" and off % 4) or off + n > size:
             fail(f"tensors[{name!r}].offset", f"{off!r} (+{n} bytes) is not a 4-aligned range "
                                              f"inside the {size} bytes of data")
-    model = GPT2(cfg, backend)
+    model = GPT2(cfg, backend, quant=quant) if quant else GPT2(cfg, backend)
     done, total = 0, sum(got[n]["nbytes"] for n in want)
     if progress is not None:
         progress(0, total)
     for name, shape in want.items():
         t = got[name]
-        h = HostArray("f32", shape=shape)
-        h.frombytes(piece(t["offset"], t["nbytes"]))
-        model._write({name: h})
+        if name in quant:
+            model.write_blocks(name, piece(t["offset"], t["nbytes"]))
+        else:
+            h = HostArray("f32", shape=shape)
+            h.frombytes(piece(t["offset"], t["nbytes"]))
+            model._write({name: h})
         done += t["nbytes"]
         if progress is not None:
             progress(done, total)
@@ -206,8 +241,8 @@ class _Clock:
 
 
 def _nbytes(model) -> int:
-    from ..models.gpt2 import param_shapes
-    return 4 * sum(prod(s) for s in param_shapes(model.cfg).values())
+    """About the image's size (quantized weights count their words), for progress."""
+    return model.weight_bytes
 
 
 async def _store(cache, meta, parts, record, clock) -> None:
