@@ -78,7 +78,7 @@ timed = sorted(times[WARMUP:])
  "ms_per_step": statistics.median(timed), "ms_p10": timed[round(0.1 * (len(timed) - 1))],
  "ms_p90": timed[round(0.9 * (len(timed) - 1))], "first_step_ms": times[0],
  "dispatches": dispatches, "loss": losses[-1], "first_loss": losses[0], "losses": losses[::10],
- "x_checksum": sum(batches[0]["x"])}
+ "first_losses": losses[:20], "x_checksum": sum(batches[0]["x"])}
 """
 
 # Runs in a peer page: window.peerBench.run(config) with a deadline, errors as {error}.

@@ -65,6 +65,7 @@ def adapter_tiling(adapter: str) -> dict:
 FORCE_CONFIG = None  # bench/matmul.py sets a Config here to compare tilings
 DIRECT_WG = 64             # threads per workgroup of the barrier-free kernel
 DIRECT_TM, DIRECT_TN = 8, 4  # C block per thread of the barrier-free kernel
+DIRECT_UNROLL = 1          # K steps per iteration of the barrier-free kernel's loop
 FORCE_DIRECT = None        # tests: True/False forces the barrier-free/tiled kernel
 
 
@@ -452,16 +453,27 @@ def _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh) -> list:
     for i in range(TM):
         for j in range(TN):
             L(f"var {acc[i][j]}: f32 = 0.0f;")
-    with em.block(f"for (var k = 0u; k < {K}u; k++)"):
-        L(f"let ka = {_sum(digits_addr(dima[-1], 'k', K))};")
-        L(f"let kb = {_sum(digits_addr(dimb[-2], 'k', K))};")
+
+    def k_step(k: str, tag: str) -> None:
+        ka, kb = f"ka{tag}", f"kb{tag}"
+        L(f"let {ka} = {_sum(digits_addr(dima[-1], k, K))};")
+        L(f"let {kb} = {_sum(digits_addr(dimb[-2], k, K))};")
         for i in range(TM):
-            L(f"let xa{i} = {A}[{ra[i]} + ka];")
+            L(f"let xa{i}{tag} = {A}[{ra[i]} + {ka}];")
         for j in range(TN):
-            L(f"let yb{j} = {B}[{cb[j]} + kb];")
+            L(f"let yb{j}{tag} = {B}[{cb[j]} + {kb}];")
         for i in range(TM):
             for j in range(TN):
-                L(f"{acc[i][j]} = fma(xa{i}, yb{j}, {acc[i][j]});")
+                L(f"{acc[i][j]} = fma(xa{i}{tag}, yb{j}{tag}, {acc[i][j]});")
+
+    U = max(1, min(DIRECT_UNROLL, K))
+    if K // U:
+        with em.block(f"for (var k0 = 0u; k0 < {K // U * U}u; k0 += {U}u)"):
+            for u in range(U):
+                k_step(f"(k0 + {u}u)" if u else "k0", f"_{u}")
+    if K % U:
+        with em.block(f"for (var k = {K // U * U}u; k < {K}u; k++)"):
+            k_step("k", "_t")
     L(f"let f0 = bt * {M * N}u + m0 * {N}u + n0;")
     for i in range(TM):
         for j in range(TN):
