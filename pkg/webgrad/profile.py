@@ -15,13 +15,14 @@ command of the plan with
               log-softmax, layer norm); layout ops are free
   seconds     GPU time from timestamp queries where the adapter has 'timestamp-query',
               else the wall time of the dispatch submitted alone ("wall": includes a
-              submission's latency), None where the host cannot time (the browser today)
+              submission's latency), None where the host cannot time
 and the achieved GB/s and GFLOP/s. (Dawn quantises timestamps, to 65.5 us on the H200: a
 short kernel reads 0 or 0.066 ms, while sums over many kernels stay right on average.) `Profile.text(top=10)` prints the rows that took the
 most time. The static columns (`kernel_costs`, computed at lowering from fusion's groups)
-exist on every host; the timing is the host's `profile(program, writes)`
-(backends/webgpu_native.py). The browser host has no timing yet: worker/replay.mjs would
-need the same per-dispatch timestamp passes (BrowserHost.profile is the place to add it).
+exist on every host; the timing is the host's `profile(program, writes)`: natively
+backends/webgpu_native.py, in the browser backends/webgpu_browser.py over worker/replay.mjs's
+`profile` (Chromium quantises timestamps to 100 us unless it runs with
+--enable-webgpu-developer-features, so there short kernels read 0 or 0.1 ms).
 """
 from __future__ import annotations
 
