@@ -1,6 +1,6 @@
 """Matmul: C[b, m, n] = sum_k A[b, m, k] B[b, k, n] with batch broadcasting; two kernels.
 
-Barrier-free (`_build_direct`, on CPU adapters: `use_direct`): each thread owns an 8 x 4
+Barrier-free (`_build_direct`, on CPU adapters: `use_direct`): each thread owns an 8 x 8
 block of C and loops over K reading A and B straight from global memory. CPU-emulated
 WebGPU (SwiftShader, lavapipe) runs a workgroup's threads as fibers, so a barrier costs a
 switch per thread: there this kernel is several times faster than the tiled one at any
@@ -64,8 +64,11 @@ def adapter_tiling(adapter: str) -> dict:
     return {}
 FORCE_CONFIG = None  # bench/matmul.py sets a Config here to compare tilings
 DIRECT_WG = 64             # threads per workgroup of the barrier-free kernel
-DIRECT_TM, DIRECT_TN = 8, 4  # C block per thread of the barrier-free kernel
-DIRECT_UNROLL = 1          # K steps per iteration of the barrier-free kernel's loop
+# C block per thread of the barrier-free kernel: 8 x 8 (16 loads per 64 FMAs). In headless
+# Chromium (SwiftShader) the addition transformer's step took ~15% less than with 8 x 4,
+# the MLP's and the tiny transformer's the same (bench/README.md, transformer_browser.py).
+# (Unrolling the K loop by 4 measured no better there.)
+DIRECT_TM, DIRECT_TN = 8, 8
 FORCE_DIRECT = None        # tests: True/False forces the barrier-free/tiled kernel
 
 
@@ -453,27 +456,16 @@ def _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh) -> list:
     for i in range(TM):
         for j in range(TN):
             L(f"var {acc[i][j]}: f32 = 0.0f;")
-
-    def k_step(k: str, tag: str) -> None:
-        ka, kb = f"ka{tag}", f"kb{tag}"
-        L(f"let {ka} = {_sum(digits_addr(dima[-1], k, K))};")
-        L(f"let {kb} = {_sum(digits_addr(dimb[-2], k, K))};")
+    with em.block(f"for (var k = 0u; k < {K}u; k++)"):
+        L(f"let ka = {_sum(digits_addr(dima[-1], 'k', K))};")
+        L(f"let kb = {_sum(digits_addr(dimb[-2], 'k', K))};")
         for i in range(TM):
-            L(f"let xa{i}{tag} = {A}[{ra[i]} + {ka}];")
+            L(f"let xa{i} = {A}[{ra[i]} + ka];")
         for j in range(TN):
-            L(f"let yb{j}{tag} = {B}[{cb[j]} + {kb}];")
+            L(f"let yb{j} = {B}[{cb[j]} + kb];")
         for i in range(TM):
             for j in range(TN):
-                L(f"{acc[i][j]} = fma(xa{i}{tag}, yb{j}{tag}, {acc[i][j]});")
-
-    U = max(1, min(DIRECT_UNROLL, K))
-    if K // U:
-        with em.block(f"for (var k0 = 0u; k0 < {K // U * U}u; k0 += {U}u)"):
-            for u in range(U):
-                k_step(f"(k0 + {u}u)" if u else "k0", f"_{u}")
-    if K % U:
-        with em.block(f"for (var k = {K // U * U}u; k < {K}u; k++)"):
-            k_step("k", "_t")
+                L(f"{acc[i][j]} = fma(xa{i}, yb{j}, {acc[i][j]});")
     L(f"let f0 = bt * {M * N}u + m0 * {N}u + n0;")
     for i in range(TM):
         for j in range(TN):
