@@ -183,12 +183,19 @@ def _begin() -> None:
     _Request.active = True
 
 
+_KEEP_SOURCES = 64
+
+
 async def _run(code: str):
     global _runs
     _runs += 1
     filename = f"<run-{_runs}>"
     # Registering the source lets tracebacks quote the failing line.
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    # ...but only the latest _KEEP_SOURCES runs: a session of thousands of runs would
+    # otherwise hold every source it ever ran (tracebacks from functions defined in an
+    # older run then show no source line, nothing worse).
+    linecache.cache.pop(f"<run-{_runs - _KEEP_SOURCES}>", None)
     try:
         _begin()
         value = await eval_code_async(code, __main__.__dict__, filename=filename)

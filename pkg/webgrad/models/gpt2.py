@@ -369,15 +369,22 @@ class GPT2:
         return m
 
     @classmethod
-    def from_safetensors(cls, path_or_bytes, cfg: GPT2Config | None = None, backend="auto") -> "GPT2":
+    def from_safetensors(cls, path_or_bytes, cfg: GPT2Config | None = None, backend="auto", *,
+                         progress=None) -> "GPT2":
         """A GPT-2 model.safetensors (transformers' names). Without cfg: the config that
         save_safetensors recorded in the file's metadata, else the shapes give vocab, n_ctx,
-        n_embd and n_layer, and n_head = n_embd / 64 (every released GPT-2 size)."""
+        n_embd and n_layer, and n_head = n_embd / 64 (every released GPT-2 size).
+        progress(done, total), if given, hears the file's tensor bytes read so far."""
         from ..io import safetensors as st
         tensors = st.load(path_or_bytes)
         sd = {_strip(name): t for name, t in tensors.items()
               if not _strip(name).endswith((".attn.bias", ".attn.masked_bias"))}
-        sd = {n: t.to_host() for n, t in sd.items()}   # f32 HostArrays (F16/BF16 widened)
+        done, total = 0, sum(t.nbytes for t in sd.values())
+        for n, t in sd.items():
+            sd[n] = t.to_host()   # f32 HostArrays (F16/BF16 widened)
+            done += t.nbytes
+            if progress is not None:
+                progress(done, total)
         recorded = getattr(tensors, "metadata", {}).get(_META_KEY)
         if cfg is None and recorded:
             cfg = GPT2Config(**json.loads(recorded))
@@ -389,14 +396,18 @@ class GPT2:
         return cls.from_hf_state_dict(cfg, sd, backend)
 
     @classmethod
-    def from_gguf(cls, path_or_bytes, backend="auto") -> "GPT2":
+    def from_gguf(cls, path_or_bytes, backend="auto", *, progress=None) -> "GPT2":
         """A llama.cpp gpt2 GGUF (io/gguf.py maps its names and metadata; F32/F16/BF16/Q8_0/
         Q4_0/Q4_K weights, dequantized on the GPU on WebGPU, else on the host; no output.weight
-        = tied to the token table)."""
+        = tied to the token table). progress(done, total): tensor bytes written so far."""
+        return run_blocking(cls.from_gguf_async(path_or_bytes, backend, progress=progress))
+
+    @classmethod
+    async def from_gguf_async(cls, path_or_bytes, backend="auto", *, progress=None) -> "GPT2":
         from ..io import gguf
         f = gguf.load(path_or_bytes)
         m = cls(GPT2Config(**gguf.gpt2_config(f)), backend)
-        run_blocking(gguf.gpt2_write_async(m, f))   # on WebGPU: blocks dequantized on the GPU
+        await gguf.gpt2_write_async(m, f, progress=progress)   # on WebGPU: dequantized there
         return m
 
     @classmethod
