@@ -152,7 +152,8 @@ def run_peer(s: BrowserSession, url: str, config: dict) -> dict:
         except Exception:
             raise RuntimeError("the page did not register window.peerBench within 60 s "
                                "(a module failed to load?)\n" + "\n".join(console[-10:])) from None
-        out = page.evaluate(PEER_RUN_JS, [config, int(1000 * (120 + 2.0 * config["steps"]))])
+        limit = config.get("timeout_s", 120 + 2.0 * config["steps"])  # seconds, whole run
+        out = page.evaluate(PEER_RUN_JS, [config, int(1000 * limit)])
         if "error" in out:
             raise RuntimeError(f"{out['error']}\n{out.get('stack', '')}\n"
                                + "\n".join(console[-10:]))

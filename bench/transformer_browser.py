@@ -140,7 +140,8 @@ def make_config(name: str, steps: int, warmup: int, seed: int) -> dict:
             "decays": decays, "model": m["model"], "optimizer": m["optimizer"], "lrs": lrs,
             "feeds": {"idx": {"dtype": "i32", "data": flat("idx")},
                       "target": {"dtype": "i32", "data": flat("target")}},
-            "checksum": sum(map(sum, batches[0]["idx"]))}
+            "checksum": sum(map(sum, batches[0]["idx"])),
+            "timeout_s": 300 + 15.0 * steps}  # a loaded 2-core machine: seconds per step
 
 
 def run_webgrad(s: BrowserSession, name: str, steps: int, warmup: int, seed: int) -> dict:
@@ -148,7 +149,7 @@ def run_webgrad(s: BrowserSession, name: str, steps: int, warmup: int, seed: int
     code = (f"SOURCE = {m['file'].read_text()!r}\nMODULE = {m['module']!r}\n"
             f"STEPS, WARMUP, SEED, DATA_SEED = {steps}, {warmup}, {seed}, {DATA_SEED}\n"
             + WORKER_CODE.replace("BUILD", m["build"]).replace("BATCHES", m["batches"]))
-    out = s.run(code, timeout=180 + 3.0 * steps)
+    out = s.run(code, timeout=300 + 15.0 * steps)
     out["version"] = s.info.get("webgrad_version", "?")
     return out
 
