@@ -369,9 +369,10 @@ export class Replay {
   /** One step with every dispatch timed (profile.py's host side; NativeHost.profile is the
    *  same for wgpu-py): the writes, then each dispatch in a compute pass of its own. With
    *  'timestamp-query', GPU timestamps at each pass's start and end, all in ONE submission
-   *  (timing "timestamp"; Chromium quantises them, to 100 us unless the browser runs with
+   *  (timing "timestamp"; a browser may quantise them, Chrome to 100 us without
    *  --enable-webgpu-developer-features, so a short kernel may read 0 while sums stay right
-   *  on average). Without it, each command is submitted alone and waited for
+   *  on average; headless Chromium's SwiftShader gave unquantised times). Without it, each
+   *  command is submitted alone and waited for
    *  (onSubmittedWorkDone), "wall" time including a submission's latency. Resolves to
    *  {timing, seconds}: seconds per plan command in order, null for copies. */
   async profile(id, meta, blob) {

@@ -21,8 +21,10 @@ short kernel reads 0 or 0.066 ms, while sums over many kernels stay right on ave
 most time. The static columns (`kernel_costs`, computed at lowering from fusion's groups)
 exist on every host; the timing is the host's `profile(program, writes)`: natively
 backends/webgpu_native.py, in the browser backends/webgpu_browser.py over worker/replay.mjs's
-`profile` (Chromium quantises timestamps to 100 us unless it runs with
---enable-webgpu-developer-features, so there short kernels read 0 or 0.1 ms).
+`profile`, which asks for 'timestamp-query' where the adapter has it (headless Chromium's
+SwiftShader does, with webgrad.browser.CHROMIUM_FLAGS alone). A browser may quantise the
+timestamps (Chrome to 100 us without --enable-webgpu-developer-features): short kernels then
+read 0 or 0.1 ms, sums stay right on average.
 """
 from __future__ import annotations
 
