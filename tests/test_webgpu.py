@@ -135,6 +135,20 @@ def test_oracle_under_h200_tilings(record, config, monkeypatch):
     oracle.check(record, "webgpu")
 
 
+@pytest.mark.parametrize("name", ["matmul/tiles_odd", "matmul/odd_long_k"])
+def test_k_loop_in_wgsl(name, monkeypatch):
+    """The tiled kernel's K step as a WGSL loop (mm.K_LOOP) rather than unrolled."""
+    monkeypatch.setattr(mm, "FORCE_CONFIG", mm.Config(4, 4, 8, wx=4, wy=4, vload=True))
+    monkeypatch.setattr(mm, "K_LOOP", 1)
+    from webgrad.codegen import Limits, lower
+    from webgrad.compile import build_train_graph, parse_inputs
+    factory, loss_fn, inputs, _ = oracle.build_record(oracle.BY_NAME[name])
+    g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
+    wgsl = [p["wgsl"] for p in lower(g, Limits())[0].plan["pipelines"] if " K=" in p["wgsl"]]
+    assert wgsl and all("for (var kk = 0u; kk < 8u; kk++)" in w for w in wgsl)
+    oracle.check(oracle.BY_NAME[name], "webgpu")
+
+
 def test_vec4_loads_where_the_layout_allows(monkeypatch):
     """vec4 global loads need a stride-1 axis whose size is a multiple of 4 and 4-aligned
     other strides; an epilogue that reads an operand's buffer (a binding has one element
@@ -200,6 +214,8 @@ def test_h200_shape_classes():
     # attention's scores and context products
     assert mm.choose_config(256, 256, 64, 512, adapter=a) == batched
     assert mm.choose_config(512, 64, 512, 96, adapter=a) == batched
+    # a batch of small products over a long K (the LM head's input gradient, vocab 4096)
+    assert mm.choose_config(256, 512, 4096, 64, adapter=a).wx == wide.wx
     # a weight gradient: split-K with the wide tile
     cfg = mm.choose_config(512, 1536, 16384, 1, adapter=a)
     assert (cfg.splits, cfg.wx, cfg.wy, cfg.tm, cfg.tn) == (11, 8, 16, 8, 16)
