@@ -305,6 +305,12 @@ def provision(root: Path | str = ROOT) -> dict:
         "extra_wheels": provision_stdlib_extras(paths),
         "examples": list_examples(paths),
     }
+    # Names the worker's cached Pyodide memory snapshot (worker.mjs): it holds the installed
+    # wheels' imported modules, so any change to them must make a new one.
+    key = hashlib.sha256(PYODIDE_VERSION.encode())
+    for wheel in (manifest["micropip_wheel"], manifest["webgrad_wheel"]):
+        key.update((paths["wheels"] / wheel).read_bytes())
+    manifest["boot_key"] = key.hexdigest()[:20]
     text = json.dumps(manifest, indent=2) + "\n"
     if not paths["manifest"].exists() or paths["manifest"].read_text() != text:
         paths["manifest"].write_text(text)
