@@ -20,6 +20,9 @@ URL layout::
     /                      web/index.html (and the rest of web/)
     /worker/...            worker/
     /examples/...          examples/ (the playground's examples menu loads these files)
+    /models/...            models/ (git-ignored): weights the surprisal page loads by URL;
+                           every file carries an ETag (size and mtime), which keys the
+                           browser's model cache (web/modelcache.mjs) without a download
     /assets/pyodide/...    web/assets/npm/node_modules/pyodide/
     /assets/ui/...         web/assets/ui/ (bundle.mjs, uPlot's css)
     /assets/wheels/...     web/assets/wheels/
@@ -98,6 +101,7 @@ def layout(root: Path | str = ROOT) -> dict[str, Path]:
         "wheels": assets / "wheels", "manifest": assets / "manifest.json",
         "package": root / "pkg" / "webgrad", "ui": assets / "ui",
         "ui_src": root / "web" / "ui.src.mjs", "examples": root / "examples",
+        "models": root / "models",
     }
 
 
@@ -375,10 +379,16 @@ class Handler(SimpleHTTPRequestHandler):
             # a name over the file system's limit (ENAMETOOLONG), a symlink loop (ELOOP,
             # RuntimeError from Path.resolve), an embedded NUL: nothing servable, not a crash
             target = None
+        self.etag = None
         if target is None:
             self.send_error(HTTPStatus.NOT_FOUND, "Not found")
             return None
         self.path_resolved = target
+        try:  # changes whenever the file is rewritten: the model cache's key for a URL
+            st = target.stat()
+            self.etag = f'"{st.st_size:x}-{st.st_mtime_ns:x}"'
+        except OSError:
+            pass
         return super().send_head()
 
     def translate_path(self, path: str) -> str:
@@ -393,6 +403,8 @@ class Handler(SimpleHTTPRequestHandler):
         for key, value in HEADERS.items():
             if not (lab and key in NOT_ISOLATED):
                 self.send_header(key, value)
+        if getattr(self, "etag", None):
+            self.send_header("ETag", self.etag)
         super().end_headers()
 
     def log_message(self, format, *args):
@@ -409,7 +421,7 @@ def make_server(host: str = "127.0.0.1", port: int = 8000, root: Path | str = RO
     paths = layout(root)
     mounts = [("/assets/pyodide/", paths["pyodide"]), ("/worker/", paths["worker"]),
               ("/lab/", paths["assets"] / "lab" / "site"),
-              ("/examples/", paths["examples"]), ("/", paths["web"])]
+              ("/examples/", paths["examples"]), ("/models/", paths["models"]), ("/", paths["web"])]
     handler = type("WebgradHandler", (Handler,), {
         "mounts": sorted(((p, f.resolve()) for p, f in mounts), key=lambda m: -len(m[0])),
         "quiet": quiet,

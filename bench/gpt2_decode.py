@@ -22,7 +22,6 @@ weights may part where two logits nearly tie; the shared prefix length is printe
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -31,20 +30,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "pkg"))
 
 TINY = dict(n_layer=2, n_head=2, n_embd=64, n_ctx=128, vocab_size=1000)
-
-
-def pick_lib() -> str:
-    name = os.environ.get("WEBGRAD_WGPU_LIB")
-    if name:
-        return name
-    for cand in ("wgpudawn", "wgpu"):
-        try:
-            __import__(cand)
-            os.environ["WEBGRAD_WGPU_LIB"] = cand
-            return cand
-        except ImportError:
-            continue
-    sys.exit("neither wgpudawn nor wgpu is installed: pip install wgpudawn (or wgpu)")
 
 
 def hf_model(cfg, device):
@@ -80,6 +65,7 @@ def shared_prefix(a, b) -> int:
 def run_native(args, cfg):
     import torch
     from webgrad.models import gpt2
+    from matmul import pick_lib  # bench/ is on sys.path when a bench runs as a script
     lib = pick_lib()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

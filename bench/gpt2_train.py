@@ -6,6 +6,7 @@
     python3 bench/gpt2_train.py --rows tiny --steps 3 # lavapipe / CPU: a toy row
     python3 bench/gpt2_train.py --no-torch --profile 0  # webgrad alone, no kernel table
     python3 bench/gpt2_train.py --model module        # webgrad.models.gpt2.GPT2Module (tied head)
+    python3 bench/gpt2_train.py --attention forced,unfused  # fused attention forced on, and off
 
 Rows (model x batch):
   small2   d 512, 8 layers, 8 heads, vocab 4096, B x T = 2 x 256
@@ -37,6 +38,7 @@ installed, else wgpu (wgpu-native), as bench/matmul.py picks it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import statistics
 import sys
@@ -171,6 +173,28 @@ def module_model(d, layers, heads, vocab, context):
     return (lambda: GPT2Module(cfg)), lm_loss, ("tokens", "targets")
 
 
+ATTENTION_MODES = ("fused", "forced", "unfused", "rows")
+
+
+@contextlib.contextmanager
+def attention_mode(mode: str):
+    """Compile under one --attention mode (see main's help), then restore the defaults."""
+    import webgrad.codegen.attention_match as am
+    import webgrad.codegen.attention_tiled as at
+    import webgrad.codegen.program as program
+    saved = program.rewrite_attention, am._fuse_training, at.FORCE_TILED
+    if mode == "unfused":  # the graph as traced: matmuls and a row softmax
+        program.rewrite_attention = lambda graph, limits=None: graph
+    if mode in ("forced", "rows"):
+        am._fuse_training = lambda score_bytes, limits: True
+    if mode == "rows":
+        at.FORCE_TILED = False
+    try:
+        yield
+    finally:
+        program.rewrite_attention, am._fuse_training, at.FORCE_TILED = saved
+
+
 def run_webgrad(row, args, np):
     import webgrad as wg
     from webgrad import optim
@@ -270,17 +294,22 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8, help="timed steps (median)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--backend", default="webgpu")
-    ap.add_argument("--attention", default="fused", choices=("fused", "unfused"),
-                    help="unfused: skip codegen's attention pass (attention_match.py)")
+    ap.add_argument("--attention", default="fused",
+                    help="comma-separated, each timed against the same torch run: fused (the "
+                    "default policy, attention_match._fuse_training), forced (training "
+                    "attention always fused), unfused (no attention pass: matmuls and a row "
+                    "softmax), rows (forced, with attention.py's row kernels instead of the "
+                    "tiled ones)")
     ap.add_argument("--model", default="bench", choices=("bench", "module"),
                     help="bench: the model defined here (untied head, issue 11's table); "
                     "module: webgrad.models.gpt2.GPT2Module (head tied to wte), torch tied too")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--profile", type=int, default=10, help="top-N kernels of webgrad's profile")
     args = ap.parse_args()
-    if args.attention == "unfused":  # the graph as traced: matmuls and a row softmax
-        import webgrad.codegen.program as program
-        program.rewrite_attention = lambda graph, limits=None: graph
+    modes = args.attention.split(",")
+    bad = set(modes) - set(ATTENTION_MODES)
+    if bad:
+        ap.error(f"--attention: unknown {sorted(bad)}; choose from {', '.join(ATTENTION_MODES)}")
     import numpy as np
     if args.backend == "webgpu":
         from matmul import pick_lib
@@ -298,11 +327,17 @@ def main() -> None:
     table = []
     for row in args.rows.split(","):
         d, layers, heads, vocab, context, B, T = ROWS[row]
-        w = run_webgrad(row, args, np)
+        ws = {}
+        for mode in modes:
+            with attention_mode(mode):
+                ws[mode] = run_webgrad(row, args, np)
+            ws[mode]["c"].destroy()
         t = run_torch(row, args, np, torch) if torch is not None else None
+        w = ws[modes[0]]
         print(f"\n== {row}: d {d}, {layers} layers, {heads} heads, vocab {vocab}, B x T = {B} x {T}, "
               f"{w['params'] / 1e6:.1f}M params")
-        for name, r in (("webgrad", w), ("torch", t)):
+        named = [(f"webgrad {m}" if len(modes) > 1 else "webgrad", ws[m]) for m in modes]
+        for name, r in named + [("torch", t)]:
             if r is None:
                 continue
             print(f"  {name:8} {r['ms']:9.2f} ms/step  {B * T / r['ms'] * 1e3:10.0f} tok/s  "
@@ -310,19 +345,21 @@ def main() -> None:
                   f"peak {_mb(r['bytes']):>10}  compile+init {r['compile']:6.2f} s  "
                   f"first step {r['first']:6.2f} s  loss0 {r['loss']:.4f}", flush=True)
         if t is not None:
-            mem = (w["bytes"] / t["bytes"]) if w["bytes"] and t["bytes"] else None
-            print(f"  ratio    time {w['ms'] / t['ms']:.2f}x" + (f"  memory {mem:.2f}x" if mem else ""))
-        table.append((row, w, t))
-        if isinstance(w["profile"], str):
-            print("  " + w["profile"])
-        elif w["profile"] is not None:
-            print(w["profile"].text(top=args.profile))
-        w["c"].destroy()
+            for name, r in named:
+                mem = (r["bytes"] / t["bytes"]) if r["bytes"] and t["bytes"] else None
+                print(f"  ratio {name}: time {r['ms'] / t['ms']:.2f}x"
+                      + (f"  memory {mem:.2f}x" if mem else ""))
+        for name, r in named:
+            table.append((f"{row} ({name})" if len(modes) > 1 else row, r, t))
+            if isinstance(r["profile"], str):
+                print("  " + r["profile"])
+            elif r["profile"] is not None:
+                print(f"  {name}: " + r["profile"].text(top=args.profile))
     print("\n| row | B x T | webgrad ms | kernels | torch ms | kernels | time ratio | webgrad peak "
           "| torch peak | memory ratio | webgrad compile+init s | torch init s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row, w, t in table:
-        d, layers, heads, vocab, context, B, T = ROWS[row]
+        d, layers, heads, vocab, context, B, T = ROWS[row.split(" ")[0]]
         tt = t or {}
         ratio = f"{w['ms'] / tt['ms']:.2f}" if t else "-"
         mem = f"{w['bytes'] / tt['bytes']:.2f}" if t and w["bytes"] and tt.get("bytes") else "-"

@@ -34,6 +34,7 @@ from __future__ import annotations
 import array
 import math
 import random
+import struct
 from dataclasses import dataclass
 from typing import Callable
 
@@ -680,6 +681,15 @@ rec("matmul_batched", "lambda a, b: ops.matmul_batched(a, b)", lambda a, b: torc
 # shapes that divide no tile, and a K long enough for K chunks of real work (split-K)
 rec("matmul/odd_long_k", "lambda a, b: ops.matmul(a, b)", lambda a, b: a @ b,
     f32(7, 600), f32(600, 13), atol=2e-3, rtol=1e-4)
+# several tiles per axis, none dividing them (the H200's tilings and tile order, forced in
+# tests/test_webgpu.py): 150 x 270 over 16 x 16 tiles is 10 x 17 of them
+rec("matmul/tiles_odd", "lambda a, b: ops.matmul(a, b)", lambda a, b: a @ b,
+    f32(150, 37), f32(37, 270), atol=1e-3)
+rec("matmul/batched_odd", "lambda a, b: ops.matmul_batched(a, ops.swap_axes(b, -1, -2))",
+    lambda a, b: torch.bmm(a, b.transpose(-1, -2)), f32(3, 70, 21), f32(3, 90, 21), atol=1e-3)
+# 4-aligned shapes (vec4 loads) with an epilogue that reads an operand
+rec("matmul/aligned_epilogue", "lambda a, b: ops.matmul(a, b) + a", lambda a, b: a @ b + a,
+    f32(12, 8), f32(8, 8), atol=1e-3)
 rec("matmul/wgrad_odd", "lambda x, g: ops.sum(ops.matmul(ops.swap_axes(x, -1, -2), g), 0)",
     lambda x, g: (x.transpose(-1, -2) @ g).sum(0), f32(3, 77, 9), f32(3, 77, 35), atol=1e-3)
 
@@ -717,6 +727,21 @@ rec("scatter_add_rows/many_rows", "lambda v, i: ops.scatter_add_rows(v, i, 300)"
 rec("scatter_add_rows/repeats", "lambda v, i: ops.scatter_add_rows(v, i, 3)",
     lambda v, i: torch.zeros(3, 2, 2, dtype=torch.float64).index_add(0, i.reshape(-1), v.reshape(-1, 2, 2)),
     f32(4, 5, 2, 2), i32((4, 5), 0, 2))
+
+
+def _t_dequantize_q8_0(x, w):
+    # webgrad.quant's Q8_0 layout written out independently: words 0-7 hold the 32 int8
+    # quants (4 a word, little-endian), word 8's low half the f16 scale
+    u = w.to(torch.int64) & 0xFFFFFFFF
+    q = torch.stack([(u[:8] >> (8 * k)) & 255 for k in range(4)], -1).reshape(32)
+    q = torch.where(q >= 128, q - 256, q).double()
+    d = struct.unpack("<e", struct.pack("<H", int(u[8]) & 0xFFFF))[0]
+    return x @ (d * q).reshape(1, 32).T
+
+
+# words below 0x3C00: every f16 half finite (< 1), quants in bytes 0 and 1 of each word
+rec("dequantize/q8_0", "lambda x, w: ops.matmul(x, ops.swap_axes(ops.dequantize(w, 'Q8_0', (1, 32)), 0, 1))",
+    _t_dequantize_q8_0, f32(3, 32), i32((9,), 0, 0x3C00))
 
 
 def _t_write_rows(b, v, s):
@@ -912,6 +937,25 @@ rec("attention/cache_position",  # 3 queries at a runtime position p of a 9-row 
     " q @ ops.swap_axes(k, -1, -2) * 0.25, -1e30)) @ v",
     lambda q, k, v, p: _t_sdpa(q, k, v, 0.25, torch.arange(9)[None, :] <= torch.arange(3)[:, None] + p),
     f32(1, 2, 3, 16), f32(1, 2, 9, 16), f32(1, 2, 9, 16), i32((1,), 0, 7), **MM)
+# the GPU's tiled kernels (codegen/attention_tiled.py): several row blocks each way, head
+# dims that are not multiples of the 16-column groups (80, odd 33 and 7), a query block at
+# the end of a 70-row cache (key blocks that start mid-way), no mask with S != T
+rec("attention/tiled_T70_D80",
+    "lambda q, k, v: ops.softmax_causal_last(q @ ops.swap_axes(k, -1, -2) / math.sqrt(80)) @ v",
+    lambda q, k, v: _t_sdpa(q, k, v, 1 / math.sqrt(80), _t_causal(70, 70)),
+    f32(1, 2, 70, 80), f32(1, 2, 70, 80), f32(1, 2, 70, 80), atol=2e-4)
+rec("attention/tiled_odd_T37_D33_Dv7",
+    "lambda q, k, v: ops.softmax_causal_last(q @ ops.swap_axes(k, -1, -2) * 0.2) @ v",
+    lambda q, k, v: _t_sdpa(q, k, v, 0.2, _t_causal(37, 37)),
+    f32(2, 1, 37, 33), f32(2, 1, 37, 33), f32(2, 1, 37, 7), atol=2e-4)
+rec("attention/tiled_cache_T5_S70",
+    "lambda q, k, v: ops.softmax_last(ops.where_causal(q @ ops.swap_axes(k, -1, -2) * 0.25)) @ v",
+    lambda q, k, v: _t_sdpa(q, k, v, 0.25, _t_causal(5, 70)),
+    f32(1, 2, 5, 16), f32(1, 2, 70, 16), f32(1, 2, 70, 16), **MM)
+rec("attention/tiled_nomask_T20_S75_Dv5",
+    "lambda q, k, v: ops.softmax_last(q @ ops.swap_axes(k, -1, -2) * 0.3) @ v",
+    lambda q, k, v: _t_sdpa(q, k, v, 0.3),
+    f32(1, 1, 20, 8), f32(1, 1, 75, 8), f32(1, 1, 75, 5), **MM)
 
 # cross entropy and layer norm as row kernels on WebGPU (codegen/rowfuse_match.py)
 rec("nn.cross_entropy_last/vocab_50257", "lambda l, t: nn.cross_entropy_last(l, t)",

@@ -40,6 +40,10 @@ def _graph(fn, shapes, optimizer=None):
 
 
 QKV = {"q": (2, 2, 6, 8), "k": (2, 2, 6, 8), "v": (2, 2, 6, 8)}
+# a training step's attention kernels: a GPU's one-pass forms (attention_tiled.py), a CPU
+# adapter's row kernels (attention.py)
+GPU_KERNELS = ("attn_fwd", "attn_dq", "attn_dkv")
+CPU_KERNELS = ("attn_lse", "attn_out", "attn_dq", "attn_dk", "attn_dv")
 
 
 def kT(k):
@@ -88,10 +92,11 @@ def test_spellings_are_matched_forward_and_backward(case):
     (m,) = find_matches(_graph(fn, shapes))
     assert math.isclose(m.scale, scale, rel_tol=1e-12) and m.offset == offset, (m.scale, m.offset)
     assert None not in (m.g, m.gv, m.ga, m.gb), m  # q, k and v all get fused gradients
-    g2 = rewrite_attention(_graph(fn, shapes), Limits())
-    ops_ = {n.op for n in g2.nodes}
-    assert {"attn_lse", "attn_out", "attn_dv", "attn_dq", "attn_dk"} <= ops_
-    assert "softmax_last" not in ops_
+    for limits, kernels in ((Limits(), GPU_KERNELS), (Limits(cpu=True), CPU_KERNELS)):
+        g2 = rewrite_attention(_graph(fn, shapes), limits)
+        ops_ = {n.op for n in g2.nodes}
+        assert set(kernels) == {op for op in ops_ if op.startswith("attn_")}, (limits.cpu, ops_)
+        assert "softmax_last" not in ops_
 
 
 NOT_ATTENTION = [
@@ -174,22 +179,25 @@ ATTN_RECORDS = [r for r in oracle.RECORDS if r.name.startswith("attention")]
 
 @pytest.mark.parametrize("record", ATTN_RECORDS, ids=[r.name for r in ATTN_RECORDS])
 def test_attention_records_are_fused(record):
-    """Their webgpu lowering has the five attention kernels and no softmax or score matmul."""
+    """Their webgpu lowering has the attention kernels (a GPU's: O and lse from one, dK and
+    dV from one; a CPU adapter's five row kernels) and no softmax or score matmul."""
     factory, loss_fn, inputs, _ = oracle.build_record(record)
     g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
     assert len(find_matches(g)) == 1
-    _, names = lower(g, Limits())
-    for k in ("attn_lse", "attn_out", "attn_dv", "attn_dq", "attn_dk"):
-        assert sum(n.startswith(k) for n in names) == 1, (k, names)
-    assert not any(n.startswith(("softmax", "matmul")) for n in names), names
+    for limits, kernels in ((Limits(), GPU_KERNELS), (Limits(cpu=True), CPU_KERNELS)):
+        names = lower(g, limits)[1]
+        for k in kernels:
+            assert sum(n.startswith(k + " ") for n in names) == 1, (k, names)
+        assert sum(n.startswith("attn_") for n in names) == len(kernels), names
+        assert not any(n.startswith(("softmax", "matmul")) for n in names), names
     g2 = rewrite_attention(g, Limits())  # the records are attention alone: no score remains
     assert not {n.op for n in g2.nodes} & {"softmax_last", "matmul"}, str(g2)
 
 
 def test_transformer_kernel_count():
     """The test transformer (tests/models.py, 2 layers): its attention (score matmul, softmax,
-    P @ V; 5 backward kernels) becomes attn_lse + attn_out and attn_dv, the row term, attn_dq,
-    attn_dk per layer."""
+    P @ V; 5 backward kernels) becomes attn_fwd and the row term, attn_dq, attn_dkv per
+    layer on a GPU (attn_lse + attn_out and attn_dq, attn_dk, attn_dv on a CPU adapter)."""
     import webgrad.codegen.program as program
     g = build_train_graph(models.Transformer, models.transformer_loss,
                           parse_inputs(models.TF_INPUTS), optim.Adam(lr=0.01))[1]
@@ -203,7 +211,9 @@ def test_transformer_kernel_count():
     print(f"transformer step: {len(plain)} kernels unfused, {len(fused)} with fused attention")
     # per layer: 3-4 forward kernels become 2, 6 backward kernels become 4
     assert len(plain) - len(fused) >= 3 * models.N_LAYERS, (len(plain), len(fused))
-    assert sum(n.startswith("attn_") for n in fused) == 5 * models.N_LAYERS
+    assert sum(n.startswith("attn_") for n in fused) == 3 * models.N_LAYERS
+    cpu = lower(g, Limits(cpu=True))[1]
+    assert sum(n.startswith("attn_") for n in cpu) == 5 * models.N_LAYERS
 
 
 def test_inference_attention_is_one_kernel():
@@ -211,39 +221,73 @@ def test_inference_attention_is_one_kernel():
     from webgrad.compile import build_forward_graph
     g = build_forward_graph(Module, lambda m, i: ops.softmax_causal_last(i["q"] @ kT(i["k"])) @ i["v"],
                             {k: (s, "f32") for k, s in QKV.items()})[1]
-    assert lower(g, Limits())[1] == ["attn_out [2x2] T6 S6 D8"]
+    assert lower(g, Limits())[1] == ["attn_out [2x2] T6 S6 D8 tiled 16x16"]
+    assert lower(g, Limits(cpu=True))[1] == ["attn_out [2x2] T6 S6 D8"]
 
 
-@pytest.mark.parametrize("name, cpu, loops", [
-    ("attention/qkv_slices_T70_D32", False, False), ("attention/qkv_slices_T70_D32", True, True),
-    ("attention/div_scale_D128", False, True)])
-def test_code_shape_follows_the_adapter(name, cpu, loops):
+@pytest.mark.parametrize("name, cpu, shape", [
+    ("attention/qkv_slices_T70_D32", False, "tiled"), ("attention/qkv_slices_T70_D32", True, "loops"),
+    ("attention/div_scale_D128", False, "tiled"), ("attention/div_scale_D128", True, "loops")])
+def test_code_shape_follows_the_adapter(name, cpu, shape):
+    """GPUs get the tiled kernels (workgroup memory, barriers), CPU adapters the row kernels
+    with the head dim as a loop over vec4 arrays."""
     factory, loss_fn, inputs, _ = oracle.build_record(oracle.BY_NAME[name])
     g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
     low, names = lower(g, Limits(cpu=cpu))
     cmds = [c for c in low.plan["commands"] if c["op"] == "dispatch"]
     for n, c in zip(names, cmds):
         if n.startswith("attn_"):
-            assert ("array<vec4<f32>," in low.plan["pipelines"][c["pipeline"]]["wgsl"]) == loops, n
+            wgsl = low.plan["pipelines"][c["pipeline"]]["wgsl"]
+            assert ("tiled" in n) == (shape == "tiled"), n
+            assert ("workgroupBarrier" in wgsl) == (shape == "tiled"), n
+            if shape != "tiled":
+                assert ("array<vec4<f32>," in wgsl) == (shape == "loops"), n
 
 
-UNROLLED = ["attention", "attention/qkv_slices_T70_D32", "attention/cache_block_T3_S9",
-            "attention/cross_shared_kv_Dv12", "attention/cache_position"]
+def test_tiles_follow_the_workgroup_memory():
+    """64-row blocks where the device gives 32 KiB of workgroup memory, 32 at WebGPU's
+    default 16 KiB (attn_lse, with no output tile, 64 in both); a short side gets blocks of at least 16 rows; every choice fits."""
+    from webgrad.codegen.attention_tiled import _shared_bytes, choose_blocks
+    for op in ("attn_lse", "attn_out", "attn_fwd", "attn_dq", "attn_dk", "attn_dv", "attn_dkv"):
+        for E in (0 if op == "attn_lse" else 64, 80, 256):
+            for limit in (16384, 32768):
+                BR, BC, DK, XK = choose_blocks(op, 512, 512, E, limit)
+                assert _shared_bytes(op, BR, BC, DK, XK, 16 * -(-E // 16)) <= limit
+                if op == "attn_lse":  # no output tile: 64 rows fit even 16 KiB
+                    assert (BR, BC) == (64, 64), (op, limit)
+                elif E <= 80:
+                    assert (BR, BC) == ((64, 64) if limit == 32768 else (32, 32)), (op, E, limit)
+    assert choose_blocks("attn_out", 1, 1024, 64, 32768)[:2] == (16, 64)  # decoding
+
+
+ATTN_NAMES = [r.name for r in ATTN_RECORDS]
+ROWS_FORMS = ["attention", "attention/qkv_slices_T70_D32", "attention/cache_block_T3_S9",
+              "attention/cross_shared_kv_Dv12", "attention/cache_position"]
+SMALL_SHARED = ["attention/qkv_slices_T70_D32", "attention/tiled_T70_D80",
+                "attention/tiled_cache_T5_S70", "attention/cache_position"]
+FORMS = ([(n, "tiled") for n in ATTN_NAMES] + [(n, "tiled 16 KiB") for n in SMALL_SHARED]
+         + [(n, f) for n in ROWS_FORMS for f in ("rows unrolled", "rows loops")])
 
 
 @pytest.mark.webgpu
-@pytest.mark.parametrize("form", ["unrolled", "loops"])
-@pytest.mark.parametrize("name", UNROLLED)
-def test_records_in_both_code_shapes(name, form):
-    """GPUs get the head dim unrolled into registers, CPU adapters loops (codegen/attention.py):
-    run both on the native adapter, forward (inference and training) and gradients against
-    torch. (The other attention records run in the adapter's own shape in test_webgpu.py.)"""
+@pytest.mark.parametrize("name, form", FORMS, ids=[f"{n}-{f}" for n, f in FORMS])
+def test_records_in_every_code_shape(name, form, monkeypatch):
+    """Every attention record through the tiled kernels (GPUs' code, attention_tiled.py),
+    also with 16 KiB of workgroup memory (32-row blocks) for those with several blocks, and
+    some through the row kernels in both of their shapes (head dim unrolled into registers,
+    or a loop on CPU adapters): forward (inference and training) and gradients against
+    torch on the native adapter. (Each record also runs in the adapter's own code shape in
+    test_webgpu.py.)"""
+    import webgrad.codegen.attention_tiled as at
     try:
         from webgrad.backends.webgpu import WebGPUBackend
         be = WebGPUBackend()
     except Exception as e:
         pytest.skip(f"no native WebGPU adapter: {e}")
-    be.limits.cpu = form == "loops"
+    monkeypatch.setattr(at, "FORCE_TILED", form.startswith("tiled"))
+    be.limits.cpu = form == "rows loops"
+    if form == "tiled 16 KiB":
+        be.limits.max_compute_workgroup_storage_size = 16384
     oracle.check(oracle.BY_NAME[name], be)
 
 
@@ -264,30 +308,33 @@ def _sdpa_module(shape):
 def test_gpt2_124m_attention_plan_has_no_scores():
     """GPT-2 124M's attention at B 8, T 1024 (12 heads of 64): the training step's plan
     has no buffer near the size of the scores (8 x 12 x 1024 x 1024 f32 = 384 MiB, more
-    than WebGPU's default maxStorageBufferBindingSize): it fits."""
+    than WebGPU's default maxStorageBufferBindingSize): it fits. The largest buffer is
+    attn_dkv's [8, 12, 1024, 64 + 64]."""
     shape = (8, 12, 1024, 64)
     M, loss = _sdpa_module(shape)
     g = build_train_graph(M, loss, parse_inputs({"w": list(shape)}), optim.AdamW(lr=3e-4))[1]
     low, names = lower(g, Limits())
-    assert sum(n.startswith("attn_") for n in names) == 5, names
-    assert max(b["size"] for b in low.plan["buffers"]) <= 4 * 8 * 12 * 1024 * 64
+    assert sum(n.startswith("attn_") for n in names) == 3, names
+    assert max(b["size"] for b in low.plan["buffers"]) <= 2 * 4 * 8 * 12 * 1024 * 64
 
 
-def test_gpu_adapters_fuse_training_attention_only_for_large_scores():
-    """On a named GPU adapter a training step keeps the plain matmuls + row softmax while the
-    scores fit a binding (faster there), and fuses them past it (T 1024 at GPT-2 size); CPU
-    adapters always fuse; forward graphs always fuse."""
-    gpu = Limits(adapter="NVIDIA H200 (DiscreteGPU)", max_storage_buffer_binding_size=1 << 31)
+def test_training_attention_is_fused_on_every_adapter():
+    """A named GPU adapter fuses a training step's attention at GPT-2's T 512 as well as past
+    the binding limit (T 1024): the tiled kernels run it as fast as the plain matmuls + row
+    softmax on the H200 with less memory (bench/README.md); CPU adapters fuse with their
+    row kernels; forward graphs fuse."""
+    gpu = Limits(adapter="NVIDIA H200 (DiscreteGPU)", max_storage_buffer_binding_size=1 << 31,
+                 max_compute_workgroup_storage_size=49152)
     cpu = Limits(adapter="llvmpipe (LLVM 15.0.6, 256 bits) (CPU)", cpu=True)
 
     def kernels(shape, limits):
         M, loss = _sdpa_module(shape)
         g = build_train_graph(M, loss, parse_inputs({"w": list(shape)}), optim.AdamW(lr=3e-4))[1]
-        return sum(n.startswith("attn_") for n in lower(g, limits)[1])
+        return sorted(n.split(" ")[0] for n in lower(g, limits)[1] if n.startswith("attn_"))
 
-    assert kernels((8, 12, 512, 64), gpu) == 0       # 96 MiB of scores: unfused
-    assert kernels((8, 12, 1024, 64), gpu) == 5      # 384 MiB: fused, nothing that size stored
-    assert kernels((1, 2, 16, 8), cpu) == 5
+    assert kernels((8, 12, 512, 64), gpu) == sorted(GPU_KERNELS)   # 96 MiB of scores
+    assert kernels((8, 12, 1024, 64), gpu) == sorted(GPU_KERNELS)  # 384 MiB: past a binding
+    assert kernels((1, 2, 16, 8), cpu) == sorted(CPU_KERNELS)
     M, _ = _sdpa_module((8, 12, 512, 64))
     fwd = build_forward_graph(M, lambda m, inp: ops.softmax_causal_last(m.q @ kT(m.k)) @ m.v,
                               {})[1]
@@ -295,10 +342,13 @@ def test_gpu_adapters_fuse_training_attention_only_for_large_scores():
 
 
 @pytest.mark.webgpu
-def test_long_attention_matches_torch():
+def test_long_attention_matches_torch(monkeypatch):
     """T 1024 (GPT-2's context), a head of 64, forward and the three gradients on the
-    native adapter against torch autograd in float64 (scaled_dot_product_attention)."""
+    native adapter against torch autograd in float64 (scaled_dot_product_attention);
+    fused whatever the adapter's training policy says."""
     torch = pytest.importorskip("torch")
+    import webgrad.codegen.attention_match as am
+    monkeypatch.setattr(am, "_fuse_training", lambda score_bytes, limits: True)
     try:
         from webgrad.backends.webgpu_native import NativeHost
         NativeHost()
@@ -308,7 +358,7 @@ def test_long_attention_matches_torch():
     shape = (1, 1, 1024, 64)
     M, loss = _sdpa_module(shape)
     c = wg.compile_module(M, loss, inputs={"w": list(shape)}, optimizer=None, backend="webgpu")
-    assert sum(n.startswith("attn_") for n in c._train.exe.kernel_names) == 5
+    assert sum(n.startswith("attn_") for n in c._train.exe.kernel_names) in (3, 5)
     rng = np.random.default_rng(0)
     vals = {n: rng.standard_normal(shape).astype(np.float32) for n in ("q", "k", "v")}
     w = rng.standard_normal(shape).astype(np.float32)

@@ -86,18 +86,18 @@ def test_other_backends_and_errors(tensors):
 
 @pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_0], ids=["Q8_0", "Q4_0"])
 def test_gpt2_from_gguf_on_webgpu(tmp_path, qtype):
-    """GPT2.from_gguf on WebGPU dequantizes on the GPU: the weights equal the host path's and
-    the logits agree with the reference executor's."""
+    """GPT2.from_gguf(keep_quantized=False) on WebGPU dequantizes on the GPU at load: the
+    weights equal the host path's and the logits agree with the reference executor's."""
     from test_gguf import gpt2_gguf, hf_gpt2
     from webgrad.models import gpt2
     cfg, model = hf_gpt2(n_embd=64, n_head=2)
     path, _ = gpt2_gguf(tmp_path, model, cfg, with_output=False, qtype=qtype)
-    gpu = gpt2.GPT2.from_gguf(path, backend="webgpu")
+    gpu = gpt2.GPT2.from_gguf(path, backend="webgpu", keep_quantized=False)
     # one dequantization program per quantized tensor (F32 ones are plain uploads): the GPU
     # path ran
     quantized = [t for t in wgg.load(path).tensors.values() if t.type_name == qtype.name]
     assert len(quantized) == 2 * 4 and len(gpu.backend.programs) == len(quantized)
-    host = gpt2.GPT2.from_gguf(path, backend="reference")
+    host = gpt2.GPT2.from_gguf(path, backend="reference", keep_quantized=False)
     got, want = gpu.state_dict(), host.state_dict()
     for k in want:
         assert np.array_equal(np.asarray(got[k]), np.asarray(want[k])), k

@@ -25,7 +25,7 @@ LEAVES = {"input", "param", "state"}
 # primitives that are deliberately not differentiable (grad=None); a new op whose grad was
 # forgotten is not in this set and fails test_every_primitive_decides_its_gradient
 NONDIFF = LEAVES | {"const", "arange", "sign", "less", "greater", "equal", "argmax_last",
-                    "one_hot", "rand_uniform"}
+                    "one_hot", "rand_uniform", "dequantize"}
 
 
 def test_every_primitive_has_a_shape_rule_and_reference():

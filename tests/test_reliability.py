@@ -430,6 +430,26 @@ def test_rank0_results_have_shape_empty(backend):
     assert c.download_param_grads()["s"].shape == () and float(c.download_param_grads()["s"]) == 3.0
 
 
+def test_one_element_host_arrays_convert_like_numpy():
+    """Without numpy (the browser) results are HostArrays: float()/int() of a rank-0 one
+    and item() of a one-element one behave as numpy's, and the rest is refused as numpy
+    refuses it."""
+    h, a = wg.HostArray("f32", [9.5], shape=()), np.array(9.5, np.float32)
+    assert (float(h), int(h), h.item()) == (float(a), int(a), a.item())
+    for shape, data in (((1,), [-2.0]), ((1, 1), [3.0])):
+        h, a = wg.HostArray("f32", data, shape=shape), np.array(data, np.float32).reshape(shape)
+        assert h.item() == a.item()
+        for conv in (float, int):
+            with pytest.raises(TypeError):
+                conv(a)
+            with pytest.raises(TypeError, match="rank-0"):
+                conv(h)
+    with pytest.raises(ValueError):
+        np.array([1.0, 2.0]).item()
+    with pytest.raises(ValueError, match="not one"):
+        wg.HostArray("f32", [1.0, 2.0]).item()
+
+
 # ---------------------------------------------------------------- the finite check
 
 class Root(Module):

@@ -3,13 +3,29 @@
 // cache on the GPU. Each token becomes a <span> coloured by its bits, titled with the model's
 // own top guess there and its probability. Requests are serialised: an edit made while one is
 // scoring is scored right after it (the latest text wins).
+//
+// The model: a file picked from disk or a URL on the server, loaded through the browser's model
+// cache (webgrad.io.modelcache in the worker, modelcache.mjs here: the second load of the same
+// file is an upload, without download or parse), an entry of that cache, or a small GPT-2
+// trained here on pydoc_data.topics (trained in chunks of steps the page asks for, so Stop
+// ends it after the current chunk; then kept in the cache too). Any of them downloads as
+// safetensors. The worker reports loading progress as {type: "progress", what: "model",
+// phase, done, total} events.
+//
+// For tests and the console: window.webgrad (webgrad.mjs) and window.modelCache (modelcache.mjs);
+// #view's data-model holds the current model's config and load info (cached, seconds, phases).
 const PY = `
 import os
+import webgrad_worker
 from webgrad.models import gpt2
+from webgrad.io import modelcache
 _surprisal = {}
+_train = {}
 
-def surprisal_load(blob, encoder=None, vocab=None):
-    m = gpt2.GPT2.from_safetensors(bytes(blob), backend="webgpu")
+def _loading(p):
+    webgrad_worker.progress(p, what="model")
+
+def _use(m, info, encoder=None, vocab=None):
     tok = None
     if encoder is not None and vocab is not None:
         os.makedirs("/home/pyodide/surprisal", exist_ok=True)
@@ -20,29 +36,108 @@ def surprisal_load(blob, encoder=None, vocab=None):
         tok = gpt2.Tokenizer.from_files(*paths)
     elif m.cfg.vocab_size != 256:
         raise ValueError(f"this model has {m.cfg.vocab_size} tokens: pick its encoder.json and vocab.bpe")
-    _surprisal.update(model=m, tok=tok, tracker=m.surprisal_tracker())
+    old = _surprisal.get("model")
+    if old is not None and old is not m and old.backend is not getattr(_train.get("c"), "backend", None):
+        old.backend.destroy()   # its GPU buffers; the one a training run shares stays
+    _surprisal.update(model=m, tok=tok, tracker=m.surprisal_tracker(), info=info)
     c = m.cfg
-    return {"n_layer": c.n_layer, "n_embd": c.n_embd, "vocab": c.vocab_size, "n_ctx": c.n_ctx}
+    return {"n_layer": c.n_layer, "n_embd": c.n_embd, "vocab": c.vocab_size, "n_ctx": c.n_ctx, **info}
+
+async def surprisal_load(source, encoder=None, vocab=None):
+    """source: a URL, a File picked from disk, or {"key": k} of a cached model."""
+    if isinstance(source, dict):
+        m, info = await modelcache.load_key_async(source["key"], progress=_loading)
+    else:
+        m, info = await modelcache.load_gpt2_async(source, backend="webgpu", progress=_loading)
+    return _use(m, info, encoder, vocab)
 
 def _piece(tok, i):
     return tok.decode([i]) if tok is not None else bytes([i]).decode("latin-1")
 
 async def surprisal_score(text):
     m, tok, tr = _surprisal["model"], _surprisal["tok"], _surprisal["tracker"]
-    ids = (tok.encode(text) if tok is not None else list(text.encode()))[:m.cfg.n_ctx]
-    s = await tr.update_async(ids)
-    return {"tokens": [_piece(tok, i) for i in ids], "bits": s.bits,
+    ids = tok.encode(text) if tok is not None else list(text.encode())
+    s = await tr.update_async(ids[:m.cfg.n_ctx])
+    shown = ids[:m.cfg.n_ctx]
+    return {"tokens": [_piece(tok, i) for i in shown], "bits": s.bits,
             "top": [_piece(tok, t) if t >= 0 else "" for t in s.top], "top_p": s.top_p,
-            "recomputed": tr.recomputed}
+            "recomputed": tr.recomputed, "unscored": len(ids) - len(shown)}
+
+async def surprisal_save():
+    m = _surprisal["model"]
+    name = _surprisal["info"].get("name", "model").rsplit(".", 1)[0]
+    return {"name": name.replace("/", "_") + ".safetensors", "data": await m.save_safetensors_async()}
+
+def train_start(n_layer, n_embd, n_ctx, seed=0):
+    import random
+    import webgrad as wg
+    from webgrad import optim
+    text = _corpus
+    cut = int(len(text) * 0.9)
+    cfg = gpt2.GPT2Config(n_layer=n_layer, n_head=max(1, n_embd // 32), n_embd=n_embd,
+                          n_ctx=n_ctx, vocab_size=256)
+    B, L = 16, n_ctx
+    def batches(src, seed):
+        rng = random.Random(seed)
+        while True:
+            xs, ys = [], []
+            for _ in range(B):
+                i = rng.randrange(len(src) - L - 1)
+                xs.append(list(src[i:i + L])); ys.append(list(src[i + 1:i + L + 1]))
+            yield {"tokens": xs, "targets": ys}
+    old = _train.get("c")
+    if old is not None and (_surprisal.get("model") is None or _surprisal["model"].backend is not old.backend):
+        old.destroy()
+    c = wg.compile_module(lambda: gpt2.GPT2Module(cfg), gpt2.lm_loss,
+                          inputs={"tokens": ([B, L], "i32"), "targets": ([B, L], "i32")},
+                          optimizer=optim.Adam(lr=5e-3), backend="webgpu", seed=seed)
+    _train.clear()
+    _train.update(c=c, cfg=cfg, data=batches(text[:cut], seed), held=batches(text[cut:], seed + 1),
+                  train=text[:cut], heldtext=text[cut:], step=0)
+    return {"bytes": len(text)}
+
+async def train_steps(k):
+    t = _train
+    loss = None
+    for _ in range(k):
+        loss = await t["c"].step_async(next(t["data"]))
+        t["step"] += 1
+    return {"step": t["step"], "loss": loss}
+
+async def train_finish():
+    import math
+    from collections import Counter
+    t = _train
+    c, cfg = t["c"], t["cfg"]
+    held = sum([await c.run_async(next(t["held"])) for _ in range(4)]) / 4
+    cnt, n = Counter(t["train"]), len(t["train"])
+    base = -sum(math.log((cnt[b] + 1) / (n + 256)) for b in t["heldtext"]) / len(t["heldtext"])
+    m = gpt2.GPT2.from_compiled(c, cfg)      # the trained buffers themselves: no copy
+    name = f"pydoc topics, {cfg.n_layer}x{cfg.n_embd}, ctx {cfg.n_ctx}, {t['step']} steps"
+    try:
+        info = await modelcache.store_async(m, name=name, kind="trained", progress=_loading)
+    except Exception as e:    # a full disk: the model is used all the same
+        info = {"key": None, "name": name, "kind": "trained", "cached": False, "seconds": 0.0,
+                "not_kept": str(e)}
+    return {**_use(m, info), "held": held, "base": base, "step": t["step"]}
+`;
+
+const CORPUS_PY = `
+import pydoc_data.topics
+_corpus = "".join(pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics)).encode()
+len(_corpus)
 `;
 
 import { startWebgrad } from "./webgrad.mjs";
+import * as modelCache from "./modelcache.mjs";
 
 const $ = (id) => document.getElementById(id);
 const webgrad = startWebgrad();
 window.webgrad = webgrad;   // the API the CPython driver and the tests use (see webgrad.mjs)
+window.modelCache = modelCache;
 const setStatus = (text, kind) => { $("status").textContent = text; $("status").className = kind; };
-let loaded = false, busy = false, again = false;
+const failed = (error) => setStatus(`${error.type || "Error"}: ${error.message}`, "error");
+let loaded = false, busy = false, again = false, working = false, stopRequested = false;
 
 function colour(bits) {
   const t = Math.max(0, Math.min(1, bits / 12));
@@ -65,7 +160,8 @@ function render(r) {
   const n = r.bits.length - 1;
   const mean = n > 0 ? r.bits.slice(1).reduce((a, b) => a + b, 0) / n : 0;
   $("stats").textContent = `${r.tokens.length} tokens, mean ${mean.toFixed(2)} bits/token; ` +
-    `recomputed ${r.recomputed}`;
+    `recomputed ${r.recomputed}` +
+    (r.unscored ? `; ${r.unscored} more tokens lie past the model's context and are not shown` : "");
   $("stats").dataset.recomputed = r.recomputed;
 }
 
@@ -78,37 +174,219 @@ async function score() {
       again = false;
       render(await webgrad.call("surprisal_score", [$("text").value]));
     } while (again);
-    setStatus("Ready", "ok");
   } catch (error) {
-    setStatus(`${error.type || "Error"}: ${error.message}`, "error");
+    failed(error);
   } finally {
     busy = false;
   }
 }
 
-const bytesOf = async (input) => input.files.length
-  ? new Uint8Array(await input.files[0].arrayBuffer()) : null;
+// --- loading, with progress -------------------------------------------------------------
 
-async function load() {
-  if (!$("model").files.length) return;
+const PHASES = { lookup: "Looking in the cache", hash: "Hashing", download: "Downloading",
+                 parse: "Parsing", store: "Keeping in the cache", read: "Reading from the cache",
+                 upload: "Uploading" };
+
+function size(n) {
+  return n >= 1e6 ? `${(n / 1e6).toFixed(1)} MB` : `${(n / 1e3).toFixed(1)} kB`;
+}
+
+webgrad.onEvent((msg) => {
+  if (msg.type !== "progress" || msg.what !== "model") return;
+  $("load-line").hidden = false;
+  $("load-progress").max = msg.total || 1;
+  $("load-progress").value = msg.done;
+  $("load-text").textContent = `${PHASES[msg.phase] || msg.phase}: ${size(msg.done)}` +
+    (msg.total ? ` of ${size(msg.total)}` : "");
+});
+
+function describe(info) {
+  const secs = `${info.seconds.toFixed(2)} s`;
+  const how = info.cached ? `from the cache in ${secs}`
+    : info.kind === "trained" ? `trained here (${info.step} steps)${info.not_kept ? "" : " and kept"}`
+    : `downloaded/read and parsed${info.not_kept ? "" : ", and kept in the cache,"} in ${secs}`;
+  const layers = `${info.n_layer} layer${info.n_layer === 1 ? "" : "s"}`;
+  return `Model: ${info.name} — ${layers}, n_embd ${info.n_embd}, ${info.vocab} tokens, ` +
+    `context ${info.n_ctx}; ${how}` + (info.not_kept ? ` (not kept in the cache: ${info.not_kept})` : "");
+}
+
+function shown(info) {
+  loaded = true;
+  setStatus(describe(info), "ok");
+  $("view").dataset.model = JSON.stringify(info);
+  $("load-text").textContent = describe(info).split(" — ")[1];
+}
+
+async function useModel(call) {
+  if (working) return;
+  working = true;
+  setButtons();
   setStatus("Loading the model…", "busy");
   try {
-    const info = await webgrad.call("surprisal_load",
-      [await bytesOf($("model")), await bytesOf($("encoder")), await bytesOf($("vocab"))]);
-    loaded = true;
-    setStatus(`Model: ${info.n_layer} layers, n_embd ${info.n_embd}, ${info.vocab} tokens`, "ok");
-    $("view").dataset.model = JSON.stringify(info);
+    shown(await call());
     await score();
   } catch (error) {
-    loaded = false;
-    setStatus(`${error.type || "Error"}: ${error.message}`, "error");
+    failed(error);
+  } finally {
+    working = false;
+    setButtons();
+    await showCache();
   }
+}
+
+const bytesOf = async (input) => input.files.length
+  ? new Uint8Array(await input.files[0].arrayBuffer()) : null;
+const tokenizer = async () => [await bytesOf($("encoder")), await bytesOf($("vocab"))];
+let lastSource = null;   // reloaded when the tokenizer files arrive after the model
+
+async function load(source) {
+  lastSource = source;
+  await useModel(async () => webgrad.call("surprisal_load", [source, ...await tokenizer()]));
+}
+
+function loadPicked() {
+  if ($("model").files.length) load($("model").files[0]);
+}
+
+function loadURL() {
+  const text = $("model-url").value.trim();
+  if (text) load(new URL(text, location.href).href);
+}
+
+async function download() {
+  try {
+    const { name, data } = await webgrad.call("surprisal_save");
+    const url = URL.createObjectURL(new Blob([data], { type: "application/octet-stream" }));
+    const a = document.createElement("a");
+    a.href = url;
+    a.download = name;
+    document.body.appendChild(a);
+    a.click();
+    a.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 60_000);
+  } catch (error) {
+    failed(error);
+  }
+}
+
+// --- the cache table ------------------------------------------------------------------------
+
+async function showCache() {
+  let entries;
+  try {
+    entries = await modelCache.list();
+  } catch (error) {
+    $("cache-usage").textContent = `The model cache is unavailable here: ${error.message}`;
+    return;
+  }
+  const body = $("cache").tBodies[0];
+  body.textContent = "";
+  for (const e of entries) {
+    const row = body.insertRow();
+    row.dataset.key = e.key;
+    const c = e.meta?.config || {};
+    const cells = [e.name, e.kind, `${c.n_layer}×${c.n_embd}, ${c.vocab_size} tokens, ctx ${c.n_ctx}`,
+                   size(e.nbytes), new Date(e.created).toLocaleString()];
+    cells.forEach((text, i) => {
+      const cell = row.insertCell();
+      cell.textContent = text;
+      if (i === 3) cell.className = "num";
+    });
+    const actions = row.insertCell();
+    for (const [label, act] of [["Load", () => load({ key: e.key })],
+                                ["Delete", async () => { await modelCache.remove(e.key); await showCache(); }]]) {
+      const b = document.createElement("button");
+      b.textContent = label;
+      b.className = label.toLowerCase();
+      b.addEventListener("click", act);
+      actions.appendChild(b);
+    }
+  }
+  if (!entries.length) body.insertRow().insertCell().textContent = "(none yet)";
+  $("cache").dataset.count = entries.length;
+  const u = await modelCache.usage().catch(() => null);
+  $("cache-usage").textContent = `${entries.length} kept` +
+    (u ? `; this site uses ${size(u.usage)} of ${size(u.quota)} the browser allows` : "");
+}
+
+// --- training -----------------------------------------------------------------------------
+
+const STEP_MS = 300;  // aim for calls this long: Stop answers within about that
+
+async function train() {
+  if (working) return;
+  const num = (id) => Math.max(1, Math.floor(Number($(id).value)));
+  const [layers, width, ctx, steps] = ["train-layers", "train-width", "train-ctx", "train-steps"].map(num);
+  working = true;
+  stopRequested = false;
+  setButtons();
+  $("train-line").hidden = false;
+  const show = (text, done) => {
+    $("train-text").textContent = text;
+    $("train-progress").max = steps;
+    if (done === null) $("train-progress").removeAttribute("value");
+    else $("train-progress").value = done;
+  };
+  try {
+    show("Reading pydoc_data.topics and compiling…", null);
+    setStatus("Training…", "busy");
+    await webgrad.run(CORPUS_PY);
+    await webgrad.call("train_start", [layers, width, ctx]);
+    let step = 0, perCall = 1;
+    while (step < steps && !stopRequested) {
+      const t0 = performance.now();
+      const r = await webgrad.call("train_steps", [Math.min(perCall, steps - step)]);
+      const ms = performance.now() - t0;
+      perCall = Math.max(1, Math.min(100, Math.round(perCall * STEP_MS / Math.max(ms, 1))));
+      step = r.step;
+      show(`step ${step} of ${steps}, loss ${r.loss.toFixed(3)} nats/byte`, step);
+      $("train-line").dataset.step = step;
+    }
+    if (step === 0) {
+      show("Stopped before the first step: nothing to keep", 0);
+      setStatus(loaded ? $("status").textContent : "Ready", "ok");
+      return;
+    }
+    show(`${stopRequested ? "Stopped" : "Done"} at step ${step}; measuring the held-out loss…`, step);
+    const info = await webgrad.call("train_finish");
+    show(`${stopRequested ? "Stopped" : "Done"} at step ${info.step}: held-out loss ` +
+         `${info.held.toFixed(3)} nats/byte (unigram baseline ${info.base.toFixed(3)})`, info.step);
+    lastSource = info.key ? { key: info.key } : null;
+    shown(info);
+    $("train-line").dataset.done = "1";
+    await score();
+  } catch (error) {
+    failed(error);
+    show(`Training failed: ${error.message}`, 0);
+  } finally {
+    working = false;
+    setButtons();
+    await showCache();
+  }
+}
+
+function setButtons() {
+  for (const id of ["load-url", "train", "cache-clear", "model"]) $(id).disabled = working;
+  $("stop").disabled = !working || stopRequested;
+  $("download").disabled = working || !loaded;
 }
 
 webgrad.ready.then(async () => {
   await webgrad.run(PY);
-  setStatus("Pick a GPT-2 model.safetensors", "ok");
-  document.body.dataset.ready = "1";
-  for (const id of ["model", "encoder", "vocab"]) $(id).addEventListener("change", load);
+  setStatus("Pick a GPT-2 model (.safetensors or .gguf), load one from the server or the " +
+            "cache, or train one", "ok");
+  $("model").addEventListener("change", loadPicked);
+  for (const id of ["encoder", "vocab"]) {
+    $(id).addEventListener("change", () => { if (lastSource) load(lastSource); });
+  }
+  $("load-url").addEventListener("click", loadURL);
+  $("model-url").addEventListener("keydown", (e) => { if (e.key === "Enter") loadURL(); });
+  $("download").addEventListener("click", download);
+  $("train").addEventListener("click", train);
+  $("stop").addEventListener("click", () => { stopRequested = true; setButtons(); });
+  $("cache-clear").addEventListener("click", async () => { await modelCache.clear(); await showCache(); });
   $("text").addEventListener("input", score);
+  setButtons();
+  await showCache();
+  document.body.dataset.ready = "1";
 }, (error) => setStatus(`Python failed to start: ${error.message}`, "error"));

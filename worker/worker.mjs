@@ -44,6 +44,9 @@
 
 const here = (path) => new URL(path, import.meta.url).href;
 const post = (message) => self.postMessage(message);
+// The IndexedDB model cache (web/modelcache.mjs, served at /), for webgrad.io.modelcache in
+// Python: `await js.webgradModelCache()` imports it on first use.
+self.webgradModelCache = () => import(here("../modelcache.mjs"));
 
 function errorOf(e) {
   if (e && typeof e === "object" && "message" in e) {

@@ -47,6 +47,27 @@ class HostArray(array.array):
             flat = [flat[i:i + d] for i in range(0, len(flat), d)]
         return flat
 
+    # A rank-0 array converts to a Python number and item() takes the one element of any
+    # one-element array, as numpy's do: `float(f.run(...))` of a rank-0 result is the same
+    # code with and without numpy.
+    def item(self):
+        if len(self) != 1:
+            raise ValueError(f"item(): this HostArray has shape {list(self.shape)} ({len(self)} "
+                             f"elements), not one: index it or use tolist()")
+        return array.array.__getitem__(self, 0)
+
+    def _scalar(self, kind):
+        if self.shape:
+            raise TypeError(f"only a rank-0 HostArray converts to {kind}; this one has shape "
+                            f"{list(self.shape)}: use .item() for one element, or index it")
+        return self.item()
+
+    def __float__(self):
+        return float(self._scalar("float"))
+
+    def __int__(self):
+        return int(self._scalar("int"))
+
     def __repr__(self):
         return f"HostArray({self.dtype}{list(self.shape)}, {self.tolist()!r})"
 

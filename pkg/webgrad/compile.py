@@ -9,8 +9,12 @@ compile_module(factory, loss_fn, ...):
   6. backend.prepare      reference/torch interpret the IR; webgpu plans buffers, emits WGSL
                           (backends/webgpu.py -> codegen/) and records the dispatch list
      6a. (webgpu)         pattern passes rewrite the IR into fused kernels first: attention
-                          (codegen/attention_match.py -> attention.py), cross entropy and
+                          (codegen/attention_match.py -> attention.py's row kernels on
+                          CPU adapters, attention_tiled.py's on GPUs), cross entropy and
                           layer-norm backward (codegen/rowfuse_match.py -> rowfuse.py)
+     6b. (webgpu)         quantized weights (quant.py: GGUF blocks, ops.dequantize) are never
+                          stored as f32: matmuls and gathers decode them in registers
+                          (codegen/quant.py)
   7. init                 parameters get their initial values from one counter-based generator
                           (init.py): numpy on the CPU executors, a device program on webgpu
                           (codegen/initparams.py), the same bits everywhere
@@ -66,10 +70,20 @@ def _trace(graph: Graph, factory, fn, inputs, kind: str, seed: int):
     return specs, out
 
 
+def _refuse_quantized(specs, what: str, why: str) -> None:
+    q = [(n, s.quant.qtype) for n, s in specs.items() if getattr(s, "quant", None) is not None]
+    if q:
+        names = ", ".join(f"{n!r} ({t})" for n, t in q[:3]) + (" ..." if len(q) > 3 else "")
+        raise ValueError(f"{what}: parameters {names} are held quantized, {why}")
+
+
 def build_train_graph(factory, loss_fn, inputs, optimizer: Optimizer | None, *, keep_grads=True,
                       seed: int = 0):
     g = Graph()
     specs, loss = _trace(g, factory, loss_fn, inputs, "compile_module", seed)
+    _refuse_quantized(specs, "compile_module", "and quantized weights are not trainable: "
+                      "train f32 parameters (e.g. GGUFTensor.dequantize() values uploaded "
+                      "into a model without quant specs)")
     if loss.shape != () or loss.dtype != "f32":
         where = f" (built at {loss.node.loc})" if loss.node.loc else ""
         raise ValueError(f"compile_module: the loss must be a rank-0 f32 Tensor (a scalar), got "
@@ -107,6 +121,9 @@ def _copy_updated_captures(g: Graph) -> None:
 def build_forward_graph(factory, fwd_fn, inputs, seed: int = 0, training: bool = False):
     g = Graph(training=training)
     specs, out = _trace(g, factory, fwd_fn, inputs, "compile_forward", seed)
+    _refuse_quantized(specs, "compile_forward", "which compile_forward's parameter API "
+                      "(upload_params, init) does not hold; run them with "
+                      "stateful.compile_program over weights written as blocks")
     g.outputs["output"] = out.id
     return specs, dce(cse(g))
 

@@ -6,6 +6,10 @@ names its params "blocks.0.W", ...). Declaring stores a `ParamSpec`; `materializ
 the tree in attribute order, names each spec by its attribute path, adds a `param` leaf to
 the graph being traced, and replaces the spec with that Tensor, so the user's forward
 function reads `m.W` as a Tensor. A spec held in two places (tied weights) is one parameter.
+A spec with `quant` set (a quant.QuantSpec; models/gpt2.py sets it for GGUF weights) is held
+quantized: its leaf is an i32 `param` of words, and the forward reads it through
+ops.dequantize (transposed when the spec says so), so model code is the same for full and
+quantized precision. Such parameters are inference-only (compile.py refuses to train them).
 """
 from __future__ import annotations
 
@@ -20,6 +24,7 @@ class ParamSpec:
     shape: tuple[int, ...]
     init: _init.Init
     decay: bool | None = None  # None: the init's default (see Init.decays)
+    quant: object = None       # a quant.QuantSpec: held as quantized blocks (inference only)
 
     @property
     def decays(self) -> bool:
@@ -80,7 +85,8 @@ def materialize(module: Module) -> dict[str, ParamSpec]:
         # named by its first path; every use reads it, so its gradient is the sum of the uses'
         t = tied.get(id(spec))
         if t is None:
-            t = tied[id(spec)] = bind("param", name=name, shape=spec.shape, dtype="f32")
+            t = tied[id(spec)] = (_quantized(name, spec) if spec.quant is not None else
+                                  bind("param", name=name, shape=spec.shape, dtype="f32"))
             specs[name] = spec
         if isinstance(container, Module):
             setattr(container, key, t)
@@ -89,3 +95,17 @@ def materialize(module: Module) -> dict[str, ParamSpec]:
         else:
             raise TypeError(f"param {name!r} sits in a tuple; use a list so it can be traced")
     return specs
+
+
+def _quantized(name, spec):
+    """The f32 Tensor a quantized parameter reads as: its words, dequantized (and transposed
+    when the blocks are stored [out, in] for a declared [in, out] weight)."""
+    from . import ops
+    q = spec.quant
+    if q.declared_shape != spec.shape:
+        raise ValueError(f"param {name!r}: {q.qtype} blocks of shape {list(q.shape)}"
+                         f"{' transposed' if q.transposed else ''} do not give the declared "
+                         f"shape {list(spec.shape)}")
+    words = bind("param", name=name, shape=(q.words,), dtype="i32", quant=q.qtype)
+    x = ops.dequantize(words, q.qtype, q.shape)
+    return ops.swap_axes(x, 0, 1) if q.transposed else x

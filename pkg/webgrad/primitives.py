@@ -37,7 +37,7 @@ class ShapeError(ValueError):
 @dataclass
 class Prim:
     name: str
-    family: str  # elementwise | reduce | layout | matmul | index | random | leaf | conv
+    family: str  # elementwise | reduce | layout | matmul | index | random | leaf | conv | quant
     shape: Callable
     ref: Callable
     grad: Callable | None
@@ -481,6 +481,32 @@ defprim("matmul", "matmul", shape=_matmul_shape, ref=lambda np, a, x, y: np.matm
         # C = A B:  dA = dC B^T,  dB = A^T dC  (then summed over broadcast batch dims)
         grad=lambda g, i, o, a: [_O().matmul(g, _O().swap_axes(i[1], -1, -2)),
                                  _O().matmul(_O().swap_axes(i[0], -1, -2), g)])
+
+
+def _dequantize_shape(ins, attrs):
+    from .quant import check, n_words
+    w, qtype, shape = ins[0], attrs["qtype"], tuple(attrs["shape"])
+    if w.dtype != "i32" or len(w.shape) != 1:
+        raise ShapeError("the blocks must be an i32 vector of words (webgrad.quant's layout)")
+    try:
+        check(qtype, shape, "dequantize")
+    except ValueError as e:
+        raise ShapeError(str(e)) from None
+    if w.shape[0] != n_words(qtype, prod(shape)):
+        raise ShapeError(f"{qtype}{list(shape)} takes {n_words(qtype, prod(shape))} words, "
+                         f"got {w.shape[0]}")
+    return shape, "f32"
+
+
+def _dequantize_ref(np, a, w):
+    from .quant import dequantize_numpy
+    return dequantize_numpy(np, a["qtype"], w, a["shape"])
+
+
+defprim("dequantize", "quant", shape=_dequantize_shape, ref=_dequantize_ref, grad=None,
+        doc="quantized blocks -> f32 (quant.py): a primitive because on WebGPU its consumers "
+            "decode the blocks in registers (codegen/quant.py), which no composition of "
+            "bit ops on i32 would let a matmul do without storing the f32 weights")
 
 # ---------------------------------------------------------------- indices
 

@@ -131,3 +131,25 @@ def test_wildcard_host_warns_and_prints_usable_urls():
     assert f"http://127.0.0.1:{port}/" in out  # a URL that works here, not http://0.0.0.0
     assert f"http://0.0.0.0:{port}" not in out
     assert "ssh -L" in out  # and how to reach it from elsewhere with WebGPU (secure context)
+
+
+def test_models_are_served_with_an_etag_that_follows_the_file(served):
+    """models/ is where the surprisal page loads weights by URL; the ETag keys its cache."""
+    import os
+    import uuid
+    path = REPO / "models" / f"etag-test-{uuid.uuid4().hex[:8]}.bin"
+    path.parent.mkdir(exist_ok=True)
+    try:
+        path.write_bytes(b"x" * 100)
+        head, body = _get(served.server_address, f"/models/{path.name}", "HEAD")
+        get, data = _get(served.server_address, f"/models/{path.name}")
+        assert head.status == get.status == 200 and data == b"x" * 100 and body == b""
+        tag = head.getheader("ETag")
+        assert tag and tag == get.getheader("ETag") and head.getheader("Content-Length") == "100"
+        path.write_bytes(b"y" * 101)
+        st = path.stat()
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        assert _get(served.server_address, f"/models/{path.name}", "HEAD")[0].getheader("ETag") != tag
+        assert _get(served.server_address, "/models/missing.safetensors")[0].status == 404
+    finally:
+        path.unlink(missing_ok=True)

@@ -1,8 +1,13 @@
 """The surprisal page (web/surprisal.html) in headless Chromium: pick a GPT-2 safetensors file,
 type text, and every token is coloured by its surprisal, with the model's guess on hover;
 an edit at the end recomputes only the new suffix (through the KV cache in the worker).
-The bits shown are judged against the same model's surprisal computed here in CPython."""
+A model trained on the page (pydoc_data.topics, stopped after a few steps) colours the text,
+downloads as safetensors and reloads from the model cache. The bits shown are judged against
+the same model's surprisal computed here in CPython (the page's loading through the model
+cache: test_modelcache_page.py)."""
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -43,5 +48,53 @@ def test_surprisal_page_colours_tokens_and_updates_the_suffix(browser_session, t
         assert page.get_attribute("#stats", "data-recomputed") == "6"  # the suffix and one before
         want = model.surprisal(list((text + " More").encode()))
         assert all(abs(b - w) < 2e-3 for (_, b, _), w in zip(shown(), want.bits))
+    finally:
+        page.close()
+
+
+@browser
+def test_train_a_small_model_on_the_page(browser_session, tmp_path):
+    """Train here (a tiny config, stopped after a few steps), then the page scores the text
+    with that model: the bits shown equal those of from_safetensors(the downloaded file),
+    computed here in CPython; the model is kept in the cache and reloads from it unchanged."""
+    page = browser_session.browser.new_page()
+    try:
+        page.goto(browser_session.url.rstrip("/") + "/surprisal.html")
+        page.wait_for_selector("body[data-ready='1']", timeout=600_000)
+        for field, value in (("layers", 1), ("width", 32), ("ctx", 32), ("steps", 100_000)):
+            page.fill(f"#train-{field}", str(value))
+        text = "The value of x is"
+        page.fill("#text", text)
+        page.click("#train")
+        page.wait_for_function("+(document.getElementById('train-line').dataset.step || 0) >= 8",
+                               timeout=600_000)
+        page.click("#stop")
+        page.wait_for_selector("#train-line[data-done='1']", timeout=300_000)
+        info = json.loads(page.get_attribute("#view", "data-model"))
+        assert info["kind"] == "trained" and 8 <= info["step"] < 100_000
+        assert "held-out loss" in page.text_content("#train-text")
+        page.wait_for_function(f"document.querySelectorAll('#view span').length === {len(text)}",
+                               timeout=300_000)
+        shown = page.eval_on_selector_all("#view span", "els => els.map(e => +e.dataset.bits)")
+
+        with page.expect_download() as download:
+            page.click("#download")
+        path = tmp_path / "trained.safetensors"
+        download.value.save_as(path)
+        model = gpt2.GPT2.from_safetensors(path, backend="reference")
+        assert model.cfg == gpt2.GPT2Config(1, 1, 32, 32, 256)
+        want = model.surprisal(list(text.encode()))
+        assert all(abs(b - w) < 2e-3 for b, w in zip(shown, want.bits)) and len(shown) == len(want.bits)
+
+        listed = page.evaluate("modelCache.list()")
+        assert [e["kind"] for e in listed] == ["trained"] and listed[0]["key"] == info["key"]
+        assert f"{info['step']} steps" in listed[0]["name"]
+        page.evaluate("document.getElementById('view').textContent = ''")
+        page.locator("#cache tbody tr button.load").click()
+        page.wait_for_function(f"document.querySelectorAll('#view span').length === {len(text)}",
+                               timeout=300_000)
+        again = json.loads(page.get_attribute("#view", "data-model"))
+        assert again["cached"] is True and again["key"] == info["key"]
+        assert page.eval_on_selector_all("#view span", "els => els.map(e => +e.dataset.bits)") == shown
     finally:
         page.close()

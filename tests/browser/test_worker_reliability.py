@@ -159,3 +159,110 @@ losses += [c.step(feed(k)) for k in range(3, 6)]
     assert "lost" in lost and "recover()" in lost, lost
     assert restored == 3 and new_device
     assert losses == pytest.approx(want, rel=1e-5)  # WebGPU vs the numpy reference
+
+
+SEMANTICS = '''
+from webgrad import nn, capture
+
+class Emb(Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(5, 3)
+        self.W = self.param([3, 5])
+
+def emb_loss(m, inp):
+    h = m.emb(inp["idx"])
+    return nn.cross_entropy_last(h @ m.W, inp["t"])
+
+class Tied(Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(5, 3, init_w=wg.init.randn(0.5))
+        self.out = self.emb.W  # the output projection IS the embedding table
+
+def tied_loss(m, inp):
+    h = ops.tanh(ops.embedding(m.emb.W, inp["idx"]))
+    return nn.cross_entropy_last(h @ ops.transpose(m.out, (1, 0)), inp["tgt"])
+
+class Vec(Module):
+    def __init__(self):
+        super().__init__()
+        self.w = self.param([3], init=wg.init.literal([0.5, -1.0, 2.0]))
+
+def vec_loss(m, inp):
+    capture("w_used", m.w)
+    return ops.sum_all(inp["x"] * m.w * m.w)
+
+class Scalar(Module):
+    def __init__(self):
+        super().__init__()
+        self.s = self.param([], init=wg.init.literal(1.5))
+
+EMB_FEEDS = [{"idx": [[(3 * k + i + 4 * j) % 5 for j in range(4)] for i in range(2)],
+              "t": [[(k + 2 * i + j) % 5 for j in range(4)] for i in range(2)]} for k in range(3)]
+
+def semantics(backend):
+    """Each case of tests/test_semantics.py / test_reliability.py that touches the executor,
+    as plain values: the worker's WebGPU answers are compared with CPython's reference."""
+    out = {}
+    c = wg.compile_module(Emb, emb_loss, inputs={"idx": ([2, 4], "i32"), "t": ([2, 4], "i32")},
+                          optimizer=optim.Adam(lr=0.1), backend=backend, seed=3)
+    losses = [c.step(EMB_FEEDS[k]) for k in range(2)]
+    before = params(c)
+    refusals = []
+    for name, value in (("idx", 7), ("idx", -1), ("t", 9)):
+        bad = {k: [row[:] for row in v] for k, v in EMB_FEEDS[2].items()}
+        bad[name][1][1] = value
+        try:
+            c.step(bad)
+            refusals.append("accepted")
+        except wg.FeedError as e:
+            refusals.append(str(e))
+    out["refusals"] = refusals
+    out["unchanged"] = before == params(c)
+    out["emb_losses"] = losses + [c.step(EMB_FEEDS[2])]  # the step after: as if never refused
+    t = wg.compile_module(Tied, tied_loss, inputs={"idx": ([4], "i32"), "tgt": ([4], "i32")},
+                          optimizer=optim.Adam(lr=0.1), backend=backend, seed=1)
+    out["tied_names"] = t.param_names
+    out["tied_losses"] = [t.step({"idx": [k % 5, 1, 2, 4], "tgt": [0, 3, (k + 2) % 5, 1]})
+                          for k in range(3)]
+    v = wg.compile_module(Vec, vec_loss, inputs={"x": [3]}, optimizer=optim.SGD(lr=0.1),
+                          backend=backend)
+    out["captures"] = [v.step({"x": [1.0, 2.0, 3.0]}, with_captures=True)[1]["w_used"].tolist()
+                       for _ in range(3)]
+    f = wg.compile_forward(Scalar, lambda m, inp: ops.sum_all(inp["x"]) * m.s,
+                           inputs={"x": [3]}, backend=backend)
+    r = f.run({"x": [1.0, 2.0, 3.0]})
+    out["rank0"] = [tuple(r.shape), float(r)]
+    s = wg.compile_forward(Module, lambda m, inp: ops.sum(inp["x"], 0),
+                           inputs={"x": ([5000, 8], "i32")}, backend=backend)
+    out["i32_sum"] = s.run({"x": [[(7 * i + j) % 2001 - 1000 for j in range(8)]
+                                  for i in range(5000)]}).tolist()
+    return out
+'''
+exec(SEMANTICS)
+
+
+@browser
+def test_semantics_cases_in_the_browser(s):
+    """Out-of-range fed indices refused (nothing changed), tied weights as one parameter, the
+    capture of an updated parameter, rank-0 results and a long i32 sum: the worker's WebGPU
+    gives what CPython's reference executor gives."""
+    s.run(SEMANTICS)
+    got = s.run('semantics("webgpu")')
+    want = semantics("reference")
+    for msg, words in zip(got["refusals"], (["input 'idx'", "holds 7", "[0, 5)", "embedding"],
+                                            ["input 'idx'", "holds -1", "negative indices"],
+                                            ["input 't'", "holds 9", "cross_entropy_last"])):
+        for w in words:
+            assert w in msg, (w, msg)
+    assert got["unchanged"]
+    assert got["emb_losses"] == pytest.approx(want["emb_losses"], rel=1e-5)
+    assert got["tied_names"] == ["emb.W"] == want["tied_names"]
+    assert got["tied_losses"] == pytest.approx(want["tied_losses"], rel=1e-5)
+    for g, w in zip(got["captures"], want["captures"]):
+        assert g == pytest.approx(w, rel=1e-6)
+    assert want["captures"][0] == [0.5, -1.0, 2.0] and want["captures"][1] != want["captures"][0]
+    assert tuple(got["rank0"][0]) == () == tuple(want["rank0"][0]) and got["rank0"][1] == 9.0
+    exact = [sum((7 * i + j) % 2001 - 1000 for i in range(5000)) for j in range(8)]
+    assert got["i32_sum"] == exact == want["i32_sum"]

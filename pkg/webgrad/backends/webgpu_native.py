@@ -238,22 +238,7 @@ class NativeHost(GPUHost):
                 q.write_buffer(p.buffers[b], 0, data)
             enc = self.device.create_command_encoder()
             self._inflight = [enc]
-            cpass = None
-            for c in p.commands:
-                if c[0] == "dispatch":
-                    if cpass is None:
-                        cpass = enc.begin_compute_pass()
-                        self._inflight.append(cpass)
-                    cpass.set_pipeline(c[1])
-                    cpass.set_bind_group(0, c[2])
-                    cpass.dispatch_workgroups(*c[3])
-                else:
-                    if cpass is not None:
-                        cpass.end()
-                        cpass = None
-                    enc.copy_buffer_to_buffer(c[1], c[2], c[3], c[4], c[5])
-            if cpass is not None:
-                cpass.end()
+            self._encode(enc, p.commands, keep=self._inflight)
             stagings = []
             for b in reads:
                 s = p.staging.get(b)
@@ -331,15 +316,18 @@ class NativeHost(GPUHost):
             raise self._translate(e, "profiling a step") from None
 
     @staticmethod
-    def _encode(enc, commands, timestamps=None) -> None:
+    def _encode(enc, commands, timestamps=None, keep=None) -> None:
         """Record plan commands into a command encoder (one compute pass per run of
-        dispatches)."""
+        dispatches). `keep`, a list, receives each pass: run() holds what is in flight so
+        that an interrupt can drop it (recovery.py)."""
         cpass = None
         for c in commands:
             if c[0] == "dispatch":
                 if cpass is None:
                     cpass = (enc.begin_compute_pass(timestamp_writes=timestamps) if timestamps
                              else enc.begin_compute_pass())
+                    if keep is not None:
+                        keep.append(cpass)
                 cpass.set_pipeline(c[1])
                 cpass.set_bind_group(0, c[2])
                 cpass.dispatch_workgroups(*c[3])

@@ -10,6 +10,8 @@
   rows.py         write_rows (kernel; in place into a state buffer: the KV cache step)
   reduce.py       sum, max_last, argmax_last, softmax/log_softmax/layer_norm (one kernel each)
   matmul.py       the tiled, register-blocked matmul
+  quant.py        dequantize: quantized blocks decoded in registers by their readers
+                  (matmul operands, gathers); the f32 weights are never stored
   attention_match.py, attention.py   softmax(mask(q k^T)) v and its gradient found in the
                   graph, rewritten into flash-style kernels (no [T, S] tensor stored)
   rowfuse_match.py, rowfuse.py   cross entropy as logits - logsumexp + a pick; layer-norm
@@ -22,7 +24,7 @@ against primitives.PRIMS).
 """
 from __future__ import annotations
 
-from . import conv, elementwise, index, layout, random, rowfuse  # noqa: F401  (register expression rules)
+from . import conv, elementwise, index, layout, quant, random, rowfuse  # noqa: F401  (register expression rules)
 from .emit import EXPR_RULES
 from .fusion import KERNEL_OPS, LEAF_OPS, FusionError
 from .program import Lowered, lower

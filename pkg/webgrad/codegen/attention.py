@@ -20,7 +20,11 @@ reduction). The backward recomputes s and p from lse instead of reading stored
 probabilities; WebGPU has no float atomics, so dQ (a thread per query) and dK / dV (a
 thread per key) are separate kernels, each with its rows' vectors in registers.
 
-Every kernel is one thread per row (query or key): the thread holds its row's vectors in
+Which code: on GPUs, attention_tiled.py's tiled kernels (workgroups of row blocks through
+workgroup memory; there the forward is one kernel, attn_fwd, and dK / dV one, attn_dkv);
+on CPU adapters (Limits.cpu) the row kernels below, which use no barriers.
+
+Every row kernel is one thread per row (query or key): the thread holds its row's vectors in
 registers and loops over the other side's rows, which all threads of a workgroup read at
 the same address at the same time (consecutive threads are consecutive rows of one head),
 so the reads are broadcasts served by the cache; no shared memory and no barriers, which
@@ -40,6 +44,7 @@ from .emit import Idx
 from .wgsl import f32_lit
 
 from .attention_match import ATTN_OPS
+from .attention_tiled import build_tiled, use_tiled
 
 WGS = 64  # threads per workgroup (rows of one head side by side)
 UNROLL_MAX = 64  # widest head dim unrolled into registers on GPUs (GPT-2's is 64)
@@ -155,6 +160,12 @@ class _Rows:
 
 
 def build_attention(ctx) -> list[dict]:
+    if use_tiled(ctx.limits):  # GPUs: workgroups of row blocks (attention_tiled.py)
+        return build_tiled(ctx)
+    return _build_rows(ctx)
+
+
+def _build_rows(ctx) -> list[dict]:
     node = ctx.main_node
     op, g = node.op, ctx.g
     a, b = node.inputs[0], node.inputs[1]

@@ -31,6 +31,12 @@ Rewrite (lse: the row log-sum-exp of the masked, scaled scores):
   lse = attn_lse(A, B); O = attn_out(A, B, V, lse)
   gV = attn_dv(A, B, G, lse); Drow = sum_last(G * O)  (= sum_last(gP * P), plain IR)
   gA = attn_dq(A, B, V, G, lse, Drow); gB = transpose(attn_dk(A, B, V, G, lse, Drow))
+On GPUs (the tiled kernels, attention_tiled.py) each side is one pass, as in
+flash-attention 2: the forward OL = attn_fwd(A, B, V) [.., T, Dv + 1] (online softmax; each
+row O_i then lse_i), O = slice(OL, 0, Dv), lse = reshape(slice(OL, Dv, Dv + 1)); and dK, dV
+from one pass over each key block: dKV = attn_dkv(A, B, V, G, lse, Drow) [.., S, D + Dv],
+each row dK_j then dV_j, gB = transpose(slice(dKV, 0, D)), gV = slice(dKV, D, D + Dv)
+(views: nothing is copied).
 A match is all-or-nothing: when anything else still reads the scores or probabilities
 after the rewrite (a capture, a gradient path not recognised), the graph keeps its
 unfused form.
@@ -44,7 +50,8 @@ from math import prod
 from ..dce import dce
 from ..ir import Graph, Node
 
-ATTN_OPS = frozenset({"attn_lse", "attn_out", "attn_dq", "attn_dk", "attn_dv"})
+ATTN_OPS = frozenset({"attn_lse", "attn_out", "attn_fwd", "attn_dq", "attn_dk", "attn_dv",
+                      "attn_dkv"})
 MASK_FILL = -1e4    # a masked score must be at most this: exp(-1e4 - max) is 0 in f32
 MAX_HEAD_DIM = 256  # head dims are unrolled into registers; wider heads stay unfused
 
@@ -499,20 +506,32 @@ def find_matches(g: Graph, limits=None) -> list[Match]:
     return out
 
 
-TRAIN_SCORES_MIN_BYTES = 256 << 20
+def attention_flops(g: Graph, node: Node) -> int:
+    """2 x the kept (query, key) pairs x the summed widths of the kernel's products (the
+    profiler's model: attn_out computes q.k and p v, attn_dq q.k, g.v and ds k, ...)."""
+    a, b = node.inputs[0], node.inputs[1]
+    T, D, S = g[a].shape[-2], g[a].shape[-1], g[b].shape[-1]
+    off = node.attrs["offset"]
+    batch = node.shape[:-1] if node.op == "attn_lse" else node.shape[:-2]
+    pairs = T * S if off is None or node.attrs.get("dyn") else \
+        sum(min(S, i + off + 1) for i in range(T))
+    dv = g[node.inputs[2]].shape[-1] if node.op != "attn_lse" else 0
+    width = {"attn_lse": D, "attn_out": D + dv, "attn_fwd": D + dv, "attn_dv": D + dv,
+             "attn_dq": 2 * D + dv, "attn_dk": 2 * D + dv, "attn_dkv": 2 * D + 2 * dv}[node.op]
+    return 2 * prod(batch) * pairs * width
 
 
 def _fuse_training(score_bytes: int, limits) -> bool:
-    """Whether a training step's attention (forward and backward) is fused on this adapter.
-    On a GPU the backward kernels (a thread per row) lose to two matmuls and a row softmax
-    while the scores fit comfortably: on the H200 the GPT-2 step ran 4.8x torch's time fused
-    against 1.3x unfused at B 8, T 512 (bench/README.md, gpt2_train.py). So a GPU fuses
-    only scores too large to bind or to keep (T = 1024 at GPT-2 size); CPU adapters
-    (SwiftShader, lavapipe), where the fused form is faster, and unnamed adapters always do.
-    Forward-only graphs (inference, cached decoding) are always fused."""
-    if limits.cpu or not limits.adapter:
-        return True
-    return score_bytes >= min(limits.max_storage_buffer_binding_size, TRAIN_SCORES_MIN_BYTES)
+    """Whether a training step's attention (forward and backward) is fused on this adapter:
+    everywhere now. With the row kernels a GPU lost (the GPT-2 step ran 4.8x torch's time
+    fused against 1.3x unfused on the H200), so GPUs fused only scores too large to bind.
+    The tiled kernels (attention_tiled.py) made the fused step as fast as the unfused one
+    there (GPT-2 8 x 512: 124.0 ms against 124.2; 64 x 256: the same GPU time) while its
+    peak memory fell by the stored scores and probabilities (9226 -> 7151 MiB, 0.92x
+    torch's; bench/README.md, gpt2_train.py --attention forced,unfused), so every adapter
+    fuses. Kept as the one place a future adapter class would opt out (the benches patch
+    it to compare)."""
+    return True
 
 
 def rewrite_attention(g: Graph, limits=None) -> Graph:
@@ -524,8 +543,10 @@ def rewrite_attention(g: Graph, limits=None) -> Graph:
         matches = [m for m in matches
                    if budget >= (7 if m.g is not None else 5) + (m.dyn is not None)
                    and (m.g is None or _fuse_training(4 * g[m.s].size, limits))]
+    from .attention_tiled import use_tiled
+    merge = limits is not None and use_tiled(limits)
     while matches:
-        out, remap = _rebuild(g, matches)
+        out, remap = _rebuild(g, matches, merge)
         live = _live(out)
         bad = [m for m in matches if any(remap[i] in live for i in m.inner)]
         if not bad:
@@ -534,7 +555,9 @@ def rewrite_attention(g: Graph, limits=None) -> Graph:
     return g
 
 
-def _rebuild(g: Graph, matches: list[Match]):
+def _rebuild(g: Graph, matches: list[Match], merge: bool = False):
+    """The graph with `matches` rewritten (merge: the GPU's one-pass forms, attn_fwd and
+    attn_dkv), and the map from old node ids to new ones."""
     out = Graph(seed=g.seed, training=g.training)
     remap: dict[int, int] = {}
     at: dict[int, tuple] = {}
@@ -573,12 +596,24 @@ def _rebuild(g: Graph, matches: list[Match]):
                 remap[n.id] = add("attn_out", [A, B, V] + pos, n.shape, dict(attrs, online=True),
                                   n.loc)
                 continue
+            if merge:  # O and lse from one kernel: a row [O_i | lse_i]
+                Dv = n.shape[-1]
+                both = add("attn_fwd", [A, B, V] + pos, batch + (T, Dv + 1), attrs, n.loc)
+                r = len(batch) + 2
+                remap[n.id] = add("slice", [both], n.shape,
+                                  {"axis": r - 1, "start": 0, "stop": Dv}, n.loc)
+                col = add("slice", [both], batch + (T, 1),
+                          {"axis": r - 1, "start": Dv, "stop": Dv + 1}, n.loc)
+                made[(m.o, "lse")] = add("reshape", [col], batch + (T,), {"shape": batch + (T,)},
+                                         n.loc)
+                continue
             lse = add("attn_lse", [A, B] + pos, batch + (T,), attrs, n.loc)
             made[(m.o, "lse")] = lse
             remap[n.id] = add("attn_out", [A, B, V, lse] + pos, n.shape, attrs, n.loc)
             continue
         lse, G = made[(m.o, "lse")], remap[m.g]
-        if what == "gv":
+        dkv = merge and m.gb is not None  # dK and dV from one kernel
+        if what == "gv" and not dkv:
             remap[n.id] = add("attn_dv", [A, B, G, lse] + pos, n.shape, attrs, n.loc)
             continue
         drow = made.get((m.o, "drow"))
@@ -587,13 +622,26 @@ def _rebuild(g: Graph, matches: list[Match]):
             drow = made[(m.o, "drow")] = add("sum", [prod_], batch + (T,),
                                              {"axes": (len(batch) + 1,)}, n.loc)
         ins = [A, B, V, G, lse, drow] + pos
+        r = len(batch) + 2
+        swap = {"perm": tuple(range(r - 2)) + (r - 1, r - 2)}
         if what == "ga":
             remap[n.id] = add("attn_dq", ins, n.shape, attrs, n.loc)
+        elif dkv:
+            Dv = g[m.v].shape[-1]
+            both = made.get((m.o, "dkv"))
+            if both is None:
+                both = made[(m.o, "dkv")] = add("attn_dkv", ins, batch + (S, D + Dv), attrs,
+                                                n.loc)
+            if what == "gv":
+                remap[n.id] = add("slice", [both], n.shape,
+                                  {"axis": r - 1, "start": D, "stop": D + Dv}, n.loc)
+            else:
+                dk = add("slice", [both], batch + (S, D), {"axis": r - 1, "start": 0, "stop": D},
+                         n.loc)
+                remap[n.id] = add("transpose", [dk], n.shape, swap, n.loc)
         else:
             dk = add("attn_dk", ins, batch + (S, D), attrs, n.loc)
-            r = len(batch) + 2
-            remap[n.id] = add("transpose", [dk], n.shape,
-                              {"perm": tuple(range(r - 2)) + (r - 1, r - 2)}, n.loc)
+            remap[n.id] = add("transpose", [dk], n.shape, swap, n.loc)
     for name in ("inputs", "params", "state", "outputs", "writebacks"):
         setattr(out, name, {k: remap[v] for k, v in getattr(g, name).items()})
     return out, remap

@@ -40,6 +40,7 @@ from .attention_match import ATTN_OPS
 from .elementwise import ELEMENTWISE_OPS, const_fill
 from .emit import EXPR_RULES
 from .layout import merge_batch_into_k, strided_view
+from .quant import quant_base
 from .reduce import REDUCE_OPS, ROW_OPS, scratch_specs
 from .rowfuse_match import ROW_KERNEL_OPS
 from .wgsl import Limits
@@ -102,6 +103,11 @@ class Fusion:
     def has_storage(self, n: int) -> bool:
         return n in self.stored or n in self.mat
 
+    def operand_base(self, n: int) -> bool:
+        """Where a matmul operand's strided view may stop: stored, or a dequantize that the
+        kernel decodes in registers (codegen/quant.py)."""
+        return self.has_storage(n) or quant_base(self.g, n, self.has_storage)
+
     def _classify(self):
         for n in self.g.nodes:
             if n.op in LEAF_OPS:
@@ -113,6 +119,8 @@ class Fusion:
             elif n.op not in EXPR_RULES:
                 where = f" (at {n.loc})" if n.loc else ""
                 raise FusionError(f"backend 'webgpu' cannot lower op {n.op!r} (%{n.id}){where}")
+            if n.op == "dequantize" and not self.has_storage(n.inputs[0]):
+                self.mat.add(n.inputs[0])  # its readers decode the words from a buffer
 
     def _fold_sums(self):
         """sum(sum(x, A1), A2) is one reduction of x over both sets of axes when nothing
@@ -139,12 +147,13 @@ class Fusion:
             # strided views of stored tensors, as matmul's do, never recomputed expressions
             if n.op != "matmul" and n.op not in ATTN_OPS:
                 continue
+            has = self.operand_base if n.op == "matmul" else self.has_storage
             for x in n.inputs:
-                while strided_view(g, x, self.has_storage) is None:
+                while strided_view(g, x, has) is None:
                     y = x
-                    while g[y].op in VIEW_OPS and not self.has_storage(y):
+                    while g[y].op in VIEW_OPS and not has(y):
                         y = g[y].inputs[0]
-                    if self.has_storage(y):  # a view no digits express: store the operand
+                    if has(y):  # a view no digits express: store the operand
                         self.mat.add(x)
                         break
                     self.mat.add(y)         # an expression under the view: store it

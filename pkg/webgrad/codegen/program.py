@@ -30,6 +30,7 @@ from .fusion import Fusion
 from .index import build_scatter, scatter_scratch
 from .layout import build_concat_pieces, strided_view
 from .matmul import build_matmul, matmul_scratch_bytes
+from .quant import QuantOperand
 from .reduce import REDUCE_OPS, ROW_OPS, build_reduce, scratch_specs
 from .rows import build_write_rows
 from .wgsl import Kernel, LimitError, Limits
@@ -92,11 +93,14 @@ class GroupCtx:
         else:
             views = []
             for i in self.main_node.inputs:
-                base, off, dims = strided_view(self.g, i, fu.has_storage)
+                base, off, dims = strided_view(self.g, i, fu.operand_base)
                 views.append((base, off, dims, tuple(self.g[i].shape)))
         out = []
         for base, off, dims, shape in views:
             st = self.storage(base)
+            if st is None:  # a view of dequantize(words): decoded as it is read
+                node = self.g[base]
+                st = QuantOperand(self.storage(node.inputs[0]), node.attrs["qtype"], node.size)
             out.append((st, st.offset + off, dims, tuple(shape)))
         return out
 

@@ -495,20 +495,28 @@ def gpt2_state_dict(f: GGUFFile | object) -> tuple[dict, dict[str, HostArray]]:
     return cfg, sd
 
 
-async def gpt2_write_async(model, f: GGUFFile) -> None:
+async def gpt2_write_async(model, f: GGUFFile, *, progress=None) -> None:
     """Write a gpt2 GGUF's weights into a webgrad.models.gpt2.GPT2 built from gpt2_config(f):
-    on WebGPU the blocks are uploaded as they are and dequantized by a kernel
+    weights the model holds quantized (GPT2.quant_full) get their blocks (write_blocks);
+    others on WebGPU are uploaded as they are and dequantized by a kernel
     (io/gpu_dequant.py); a token table the device splits into chunks, and other backends,
-    take the host path. The tied head (output.weight) is not a GPT2 parameter."""
+    take the host path. The tied head (output.weight) is not a GPT2 parameter.
+    progress(done, total), if given, hears the tensor bytes written so far."""
     from . import gpu_dequant
     tensors = gpt2_tensors(f)
     missing = sorted(set(model.shapes) - set(tensors) - {n for n in model.shapes if n.startswith("wte.")})
     if missing:
         raise GGUFError(f"GGUF file {f.name}: missing {', '.join(missing[:5])} for {model.cfg}")
+    done, total = 0, sum(t.data.nbytes for hf, (t, _) in tensors.items() if hf != "lm_head.weight")
     for hf, (t, transposed) in tensors.items():
         if hf == "lm_head.weight":
             continue
-        if hf == "wte.weight" and "wte.weight" not in model.shapes:     # split table
+        if hf in getattr(model, "quant_full", {}):   # kept quantized: the blocks themselves
+            model.write_blocks(hf, t.data)
+        elif hf == "wte.weight" and "wte.weight" not in model.shapes:     # split table
             model._write({hf: t.dequantize()})
         else:
             await gpu_dequant.write_async(model.backend, hf, t, transpose=transposed)
+        done += t.data.nbytes
+        if progress is not None:
+            progress(done, total)

@@ -16,8 +16,9 @@ Values are bit-equal to gguf.quants.dequantize (tests/test_gguf_gpu.py): each ke
 host formulas in f32, where every product is exact (f16 scale times a small integer) and
 Q4_K's one subtraction rounds once, as WGSL's f32 arithmetic is correctly rounded. Other
 backends get the host path (GGUFTensor.dequantize), so callers need not care which ran.
-Consumed by GPT-2 loading on WebGPU and the tests; the weights still end up f32 on the GPU
-(matmuls reading the blocks in registers are the next step).
+Consumed by GPT-2 loading on WebGPU with keep_quantized=False (f32 weights on the GPU) and
+the tests; by default GPT2.from_gguf keeps the blocks instead and its matmuls decode them in
+registers (webgrad/quant.py, codegen/quant.py).
 """
 from __future__ import annotations
 

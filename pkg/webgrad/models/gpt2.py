@@ -125,7 +125,7 @@ class GPT2Module(Module):
     WebGPU binds at most maxStorageBufferBindingSize (128 MiB by default) per tensor, less
     than the 124M model's 154 MB table."""
 
-    def __init__(self, cfg: GPT2Config, wte_chunks: int = 1):
+    def __init__(self, cfg: GPT2Config, wte_chunks: int = 1, quant: dict | None = None):
         super().__init__()
         self.cfg = cfg
         if wte_chunks == 1:
@@ -135,6 +135,11 @@ class GPT2Module(Module):
         self.wpe = _Table(cfg.n_ctx, cfg.n_embd, 0.01)
         self.h = [_Block(cfg) for _ in range(cfg.n_layer)]
         self.ln_f = _LayerNorm(cfg.n_embd)
+        # quant: parameter name -> quant.QuantSpec: those weights are held as blocks and read
+        # through ops.dequantize (module.py); the forward code is the same
+        for name, spec in self.named_specs():
+            if quant and name in quant:
+                spec.quant = quant[name]
 
 
 def param_shapes(cfg: GPT2Config, wte_chunks: int = 1) -> dict[str, tuple[int, ...]]:
@@ -147,16 +152,21 @@ def wte_split(cfg: GPT2Config, chunks: int) -> list[tuple[int, int]]:
     return [(a, min(a + step, cfg.vocab_size)) for a in range(0, cfg.vocab_size, step)]
 
 
-def wte_chunks_for(cfg: GPT2Config, backend) -> int:
-    """How many row blocks the token table needs on `backend` (1 unless a binding limit bites)."""
+def wte_chunks_for(cfg: GPT2Config, backend, qtype: str | None = None) -> int:
+    """How many row blocks the token table needs on `backend` (1 unless a binding limit bites);
+    qtype: the table is held quantized (its blocks are what a binding holds)."""
+    from ..quant import n_words
     lim = getattr(getattr(backend, "limits", None), "max_storage_buffer_binding_size", None)
     if not lim:
         return 1
-    need = 4 * cfg.vocab_size * cfg.n_embd
+
+    def nbytes(rows):
+        n = rows * cfg.n_embd
+        return 4 * (n_words(qtype, n) if qtype else n)
     k = 1
-    while 4 * -(-cfg.vocab_size // k) * cfg.n_embd > lim:
+    while nbytes(-(-cfg.vocab_size // k)) > lim:
         k += 1
-    return k if need > lim else 1
+    return k
 
 
 def _tables(m):
@@ -335,16 +345,34 @@ def _strip(name: str) -> str:
 class GPT2:
     """GPT-2 inference on any backend; see the module header for the cache."""
 
-    def __init__(self, cfg: GPT2Config, backend="auto", *, wte_chunks: int | None = None):
+    def __init__(self, cfg: GPT2Config, backend="auto", *, wte_chunks: int | None = None,
+                 quant: dict | None = None):
         """Zero weights on `backend`; wte_chunks (default: what the device's binding limit
-        needs) splits the token table into row blocks."""
+        needs) splits the token table into row blocks. quant: {transformers name:
+        quant.QuantSpec} of weights held as quantized blocks (from_gguf fills it; write them
+        with write_blocks)."""
         from ..backends import get_backend
+        from ..quant import QuantSpec
         self.cfg = cfg
         self.backend = get_backend(backend)
-        self.wte_chunks = wte_chunks or wte_chunks_for(cfg, self.backend)
+        full = dict(quant or {})
+        unknown = sorted(set(full) - set(param_shapes(cfg)))
+        if unknown:
+            raise ValueError(f"GPT2: quant names {unknown[:5]} are not GPT-2 parameters of {cfg}")
+        table = full.get("wte.weight")
+        self.wte_chunks = wte_chunks or wte_chunks_for(cfg, self.backend, table and table.qtype)
         self.shapes = param_shapes(cfg, self.wte_chunks)
+        self.quant_full = full              # transformers names, whole tensors
+        self.quant = {n: q for n, q in full.items() if n in self.shapes}   # parameter names
+        if table is not None and self.wte_chunks > 1:
+            for k, (a, b) in enumerate(wte_split(cfg, self.wte_chunks)):
+                self.quant[f"wte.{k}.weight"] = QuantSpec(table.qtype, (b - a, cfg.n_embd))
         for n, s in self.shapes.items():
-            self.backend.ensure(n, s, "f32")
+            q = self.quant.get(n)
+            if q is not None and q.declared_shape != s:
+                raise ValueError(f"GPT2: {n!r} is {list(s)}; {q.qtype} blocks of shape "
+                                 f"{list(q.shape)}{' transposed' if q.transposed else ''} do not fit")
+            self.backend.ensure(n, (q.words,) if q else s, "i32" if q else "f32")
         self._programs: dict = {}
         self._generation = 0
         self._live: Cache | None = None
@@ -369,15 +397,22 @@ class GPT2:
         return m
 
     @classmethod
-    def from_safetensors(cls, path_or_bytes, cfg: GPT2Config | None = None, backend="auto") -> "GPT2":
+    def from_safetensors(cls, path_or_bytes, cfg: GPT2Config | None = None, backend="auto", *,
+                         progress=None) -> "GPT2":
         """A GPT-2 model.safetensors (transformers' names). Without cfg: the config that
         save_safetensors recorded in the file's metadata, else the shapes give vocab, n_ctx,
-        n_embd and n_layer, and n_head = n_embd / 64 (every released GPT-2 size)."""
+        n_embd and n_layer, and n_head = n_embd / 64 (every released GPT-2 size).
+        progress(done, total), if given, hears the file's tensor bytes read so far."""
         from ..io import safetensors as st
         tensors = st.load(path_or_bytes)
         sd = {_strip(name): t for name, t in tensors.items()
               if not _strip(name).endswith((".attn.bias", ".attn.masked_bias"))}
-        sd = {n: t.to_host() for n, t in sd.items()}   # f32 HostArrays (F16/BF16 widened)
+        done, total = 0, sum(t.nbytes for t in sd.values())
+        for n, t in sd.items():
+            sd[n] = t.to_host()   # f32 HostArrays (F16/BF16 widened)
+            done += t.nbytes
+            if progress is not None:
+                progress(done, total)
         recorded = getattr(tensors, "metadata", {}).get(_META_KEY)
         if cfg is None and recorded:
             cfg = GPT2Config(**json.loads(recorded))
@@ -389,15 +424,65 @@ class GPT2:
         return cls.from_hf_state_dict(cfg, sd, backend)
 
     @classmethod
-    def from_gguf(cls, path_or_bytes, backend="auto") -> "GPT2":
+    def from_gguf(cls, path_or_bytes, backend="auto", *, keep_quantized: bool = True,
+                  progress=None) -> "GPT2":
         """A llama.cpp gpt2 GGUF (io/gguf.py maps its names and metadata; F32/F16/BF16/Q8_0/
-        Q4_0/Q4_K weights, dequantized on the GPU on WebGPU, else on the host; no output.weight
-        = tied to the token table)."""
+        Q4_0/Q4_K weights; no output.weight = tied to the token table).
+
+        keep_quantized (the default): Q8_0/Q4_0/Q4_K matrices stay quantized on every
+        backend, transcoded to quant.py's aligned layout (the same bytes as the file): on
+        WebGPU the matmuls and the embedding decode the blocks in registers, so the weights
+        take their file size on the GPU (Q4_K: 1/7 of f32) and a decode step reads that
+        many bytes; the CPU executors dequantize per run (the spec). The logits equal those
+        of the same weights dequantized to f32 (the decoded values are exact, and each
+        product is summed as in the f32 model). keep_quantized=False dequantizes at load
+        (on WebGPU by a kernel, io/gpu_dequant.py) into f32 parameters: 4 bytes a weight,
+        and trainable once copied into a compiled module.
+        progress(done, total): tensor bytes written so far."""
+        return run_blocking(cls.from_gguf_async(path_or_bytes, backend,
+                                                keep_quantized=keep_quantized, progress=progress))
+
+    @classmethod
+    async def from_gguf_async(cls, path_or_bytes, backend="auto", *, keep_quantized: bool = True,
+                              progress=None) -> "GPT2":
         from ..io import gguf
+        from ..quant import QTYPES, QuantSpec
         f = gguf.load(path_or_bytes)
-        m = cls(GPT2Config(**gguf.gpt2_config(f)), backend)
-        run_blocking(gguf.gpt2_write_async(m, f))   # on WebGPU: blocks dequantized on the GPU
+        quant = {}
+        if keep_quantized:
+            for hf, (t, transposed) in gguf.gpt2_tensors(f).items():
+                if hf != "lm_head.weight" and t.type_name in QTYPES and len(t.shape) == 2:
+                    quant[hf] = QuantSpec(t.type_name, t.shape, transposed)
+        m = cls(GPT2Config(**gguf.gpt2_config(f)), backend, quant=quant)
+        await gguf.gpt2_write_async(m, f, progress=progress)   # on WebGPU: dequantized there
         return m
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the weights as held by the backend (quantized ones as their blocks)."""
+        return sum(4 * prod(self.backend.store[n].shape) for n in self.shapes)
+
+    def write_blocks(self, name: str, raw) -> None:
+        """Write GGUF blocks (bytes) of the whole tensor `name` (a transformers name in
+        self.quant_full), transcoded to the GPU layout; a split token table row block by
+        row block."""
+        from ..quant import QTYPES, transcode
+        q = self.quant_full.get(name)
+        if q is None:
+            raise ValueError(f"GPT2.write_blocks: {name!r} is not held quantized")
+        raw = memoryview(raw).cast("B")
+        block, size = QTYPES[q.qtype]
+        row = q.shape[-1] // block * size
+        if raw.nbytes != row * prod(q.shape[:-1]):
+            raise ValueError(f"GPT2.write_blocks: {raw.nbytes} bytes are not {q.qtype}"
+                             f"{list(q.shape)} ({row * prod(q.shape[:-1])} bytes)")
+        parts = ([(name, raw)] if name in self.quant else
+                 [(f"wte.{k}.weight", raw[a * row:b * row])
+                  for k, (a, b) in enumerate(wte_split(self.cfg, self.wte_chunks))])
+        for n, r in parts:
+            words = HostArray("i32", shape=(self.quant[n].words,))
+            words.frombytes(transcode(q.qtype, r))   # little-endian words, as the GPU reads
+            self.backend.write(n, words)
 
     @classmethod
     def from_compiled(cls, compiled, cfg: GPT2Config) -> "GPT2":
@@ -425,11 +510,19 @@ class GPT2:
         if unknown or missing:
             raise ValueError(f"GPT2.from_hf_state_dict: unknown {unknown[:5]} / missing {missing[:5]} "
                              f"for {self.cfg}")
+        if self.quant_full:
+            raise ValueError(f"GPT2.load_state_dict: this model holds {sorted(self.quant_full)[:3]} "
+                             "quantized; f32 weights go into a model built without quant "
+                             "(GPT2.from_hf_state_dict, or from_gguf(..., keep_quantized=False))")
         self._write({n: to_host(_as_f32_array(sd[n]), shape=s, dtype="f32", what=f"GPT-2 weight '{n}'")
                      for n, s in shapes.items()})
 
     def _write(self, hosts: dict) -> None:
         """Write full-layout weights (one "wte.weight"), splitting the table into its blocks."""
+        held = sorted(set(hosts) & set(self.quant_full))
+        if held:
+            raise ValueError(f"GPT2: {held[:3]} are held quantized; write their blocks "
+                             "(write_blocks)")
         for n, h in hosts.items():
             if n == "wte.weight" and self.wte_chunks > 1:
                 D = self.cfg.n_embd
@@ -459,11 +552,22 @@ class GPT2:
             if n == "wte.weight" and self.wte_chunks > 1:
                 table = HostArray("f32", shape=(self.cfg.vocab_size, self.cfg.n_embd))
                 for k in range(self.wte_chunks):   # blocks of rows: one after the other
-                    table.extend(await self.backend.read(f"wte.{k}.weight"))
+                    table.extend(await self._read_f32(f"wte.{k}.weight"))
                 out[n] = to_user(table)
             else:
-                out[n] = to_user(await self.backend.read(n))
+                out[n] = to_user(await self._read_f32(n))
         return out
+
+    async def _read_f32(self, n: str) -> HostArray:
+        """Parameter n's values, f32 in its declared layout (quantized ones decoded on the host)."""
+        h = await self.backend.read(n)
+        q = self.quant.get(n)
+        if q is None:
+            return h
+        from ..io.gguf import _transpose
+        from ..quant import dequantize_host
+        x = HostArray("f32", dequantize_host(q.qtype, h.tobytes(), q.shape), shape=q.shape)
+        return _transpose(x) if q.transposed else x
 
     def state_dict(self) -> dict:
         return run_blocking(self.state_dict_async())
@@ -679,7 +783,7 @@ def _build_program(model: GPT2, kind: str, T: int):
     cfg, chunks = model.cfg, model.wte_chunks
 
     def factory():
-        return GPT2Module(cfg, chunks)
+        return GPT2Module(cfg, chunks, model.quant)
 
     def named(base, blocks):
         return {f"{base}.{k}": b for k, (b, _) in enumerate(blocks)}

@@ -1,0 +1,433 @@
+"""Tiled fused attention kernels for GPUs: the ops of codegen/attention.py, plus the
+one-pass forms attention_match.py uses where these kernels run (attn_fwd: O and lse;
+attn_dkv: dK and dV), each a workgroup that owns a block of rows and streams the other
+side's rows through workgroup memory, flash-attention style.
+
+Why: the row kernels of attention.py (a thread per query or key, its vectors in registers)
+leave a GPU nearly idle in the backward: at GPT-2 size attn_dk / attn_dv ran 10-12 ms each
+on an H200 (a few hundred workgroups of 64 threads, each thread walking 512 rows with 192
+registers of vectors); here the three kernels of a training step take 1.1 ms together
+(bench/README.md). Every kernel is a chain of small matrix products between
+workgroup-memory tiles, which is the shape GPUs are built for.
+
+Notation as in attention.py: q = A [.., T, D], k^T = B [.., D, S], v = V [.., S, Dv],
+g = G [.., T, Dv]; s_ij = scale q_i . k_j over kept keys (j <= i + offset [+ pos]);
+p_ij = exp(s_ij - lse_i); ds_ij = p_ij (g_i . v_j - Drow_i).
+
+A workgroup of 16 x 16 threads owns BR rows ("own" side) and loops over the "streamed"
+side BC rows at a time; W is a BR x BC tile, X the streamed rows it multiplies:
+  kernel    own      streamed  W -> X                       out (a row of the result)
+  attn_lse  queries  keys      online log-sum-exp per row    lse_i
+  attn_out  queries  keys      p (or p online) -> v          O_i = sum_j W v_j
+  attn_fwd  queries  keys      p online -> v                 [O_i | lse_i]
+  attn_dq   queries  keys      ds -> k                       scale sum_j W k_j
+  attn_dv   keys     queries   p^T -> g                      sum_i W g_i
+  attn_dk   keys     queries   ds^T -> q                     scale sum_i W q_i
+  attn_dkv  keys     queries   p^T -> g, then ds^T -> q      [dK_j | dV_j]
+Per streamed block: the scores (own . streamed over D) and, for dq / dk / dkv, g . v over
+Dv are products of D-chunks (DK wide) staged in workgroup memory (As: own, Bs: streamed),
+each thread owning a TR x TC block of the tile (rows ty*TR + a, columns tx*TC + b, read
+as one vec{TR} and one vec{TC} per step). W goes to workgroup memory transposed (Ws: a
+thread's TR rows of one column are one vector), then out += W @ X with X staged XK rows
+at a time (Xs), each thread owning TR rows x EP/16 output columns (4 adjacent ones per
+64, vec4 reads, where the width pads to whole 64s; else tx + 16 e). The backward's
+softmax statistics come from elsewhere (lse, Drow: FA-2's backward recomputes p from the
+saved lse, and Drow = rowsum(g * O) is a plain reduction in the IR), so the only row
+reductions across threads are attn_lse's final combine of per-thread (max, sum) pairs
+and the online softmax's per-block row maximum and final row sums, through workgroup
+memory (no subgroup operations: they are an optional WebGPU feature this compiler does
+not request yet).
+Causal blocks beyond the diagonal are never visited: a query block stops at its last
+kept key, a key block starts at its first query. dQ and dK / dV are separate kernels
+(WebGPU has no float atomics).
+
+Every loop bound depends only on the workgroup (a runtime cache position is read with
+workgroupUniformLoad), so the barriers are in uniform control flow. Rows past T or S
+read clamped addresses and are zeroed or masked; head dims that are not multiples of 16
+(odd ones too) are padded with zeros in workgroup memory. Tile sizes follow the device's
+maxComputeWorkgroupStorageSize (WebGPU's default 16 KiB: 32-row blocks; 32 KiB or more:
+64, with 32-wide D chunks where they fit: the H200 through Dawn offers 48 KiB).
+"""
+from __future__ import annotations
+
+from math import prod
+
+from .emit import Idx
+from .wgsl import f32_lit, pow2ceil
+
+WGS = 256  # 16 x 16 threads
+FORCE_TILED = None  # tests: True / False forces the tiled / row kernels on any adapter
+
+
+def use_tiled(limits) -> bool:
+    """GPUs get the tiled kernels; CPU adapters (lavapipe, SwiftShader: Limits.cpu) keep
+    attention.py's barrier-free row kernels (a barrier there costs a fiber switch per
+    thread, as for codegen/matmul.py's direct kernel)."""
+    if FORCE_TILED is not None:
+        return FORCE_TILED
+    return not limits.cpu
+
+
+PAD = 4  # extra words per shared row: keeps vec4 alignment, staggers the banks
+
+
+def _shared_bytes(op, BR, BC, DK, XK, EP) -> int:
+    n = DK * (BR + PAD) + DK * (BC + PAD)
+    if op != "attn_lse":
+        n += BC * (BR + PAD) + XK * EP
+    if op == "attn_lse":
+        n += 2 * 16 * BR
+    elif op in ("attn_out", "attn_fwd"):
+        n += 16 * BR  # the online softmax's row maxima (and the final row sums)
+    return 4 * n
+
+
+def choose_blocks(op, own_n, str_n, E, limit):
+    """(BR, BC, DK, XK): own rows per workgroup, streamed rows per step, the D chunk of the
+    score products, the X rows per step of the output product; the largest that fit."""
+    EP = _padded(E)
+    br0 = min(64, max(16, pow2ceil(own_n)))
+    bc0 = min(64, max(16, pow2ceil(str_n)))
+    for BR, BC in ((br0, bc0), (min(br0, 32), min(bc0, 32)), (16, 16)):
+        for DK in (32, 16, 8):
+            for XK in (16, 8, 4):
+                if _shared_bytes(op, BR, BC, DK, XK, EP) <= limit:
+                    return BR, BC, DK, XK
+    raise AssertionError(f"{op}: no tile fits {limit} bytes of workgroup memory")
+
+
+def _padded(E: int) -> int:
+    """Output columns with padding: E itself when it is whole groups of 64 (4 adjacent
+    columns per thread, vec4 reads), else whole groups of 16 (one column per thread)."""
+    return E if E % 64 == 0 else 16 * -(-E // 16)
+
+
+def _max(xs: list[str]) -> str:
+    return xs[0] if len(xs) == 1 else f"max({xs[0]}, {_max(xs[1:])})"
+
+
+def _vty(w: int) -> str:
+    return "f32" if w == 1 else f"vec{w}<f32>"
+
+
+def _comp(x: str, w: int, i: int) -> str:
+    return x if w == 1 else f"{x}.{'xyzw'[i]}"
+
+
+def _put(arr: str, w: int, q: str, v: str) -> str:
+    """Store scalar v at word q of a shared array of vec{w}."""
+    if w == 1:
+        return f"{arr}[{q}] = {v};"
+    sh = {2: 1, 4: 2}[w]
+    return f"{{ let q = {q}; {arr}[q >> {sh}u][q & {w - 1}u] = {v}; }}"
+
+
+def build_tiled(ctx) -> list[dict]:
+    node, g = ctx.main_node, ctx.g
+    op = node.op
+    ins = node.inputs
+    a_, b_ = ins[0], ins[1]
+    T, D = g[a_].shape[-2], g[a_].shape[-1]
+    S = g[b_].shape[-1]
+    scale, off = node.attrs["scale"], node.attrs["offset"]
+    per_key = op in ("attn_dk", "attn_dv", "attn_dkv")
+    two_dots = op in ("attn_dq", "attn_dk", "attn_dkv")  # s = q.k and dp = g.v
+    batch = tuple(node.shape[:-1]) if op == "attn_lse" else tuple(node.shape[:-2])
+    nb = prod(batch)
+    # the softmax online: inference's attn_out, and attn_fwd (which also writes lse)
+    online = op == "attn_fwd" or (op == "attn_out" and node.attrs.get("online"))
+    # which inputs: V, G, lse, Drow (None where the op has none)
+    v_ = ins[2] if op in ("attn_out", "attn_fwd") or two_dots else None
+    g_ = ins[2] if op == "attn_dv" else ins[3] if two_dots else None
+    lse_n = {"attn_out": None if online else 3, "attn_dv": 3, "attn_dq": 4, "attn_dk": 4,
+             "attn_dkv": 4}.get(op)
+    lse_n = ins[lse_n] if lse_n is not None else None
+    dr_n = ins[5] if two_dots else None
+    Dv = g[v_].shape[-1] if v_ is not None else g[g_].shape[-1] if g_ is not None else D
+    # the output products: (width, output column offset, post-scale) of each
+    prods = {"attn_lse": [], "attn_out": [(Dv, 0, None)], "attn_fwd": [(Dv, 0, None)],
+             "attn_dq": [(D, 0, scale)],
+             "attn_dv": [(Dv, 0, None)], "attn_dk": [(D, 0, scale)],
+             "attn_dkv": [(Dv, D, None), (D, 0, scale)]}[op]
+    Eo = sum(w for w, _, _ in prods) + (op == "attn_fwd")  # the output's row width
+    E = max((w for w, _, _ in prods), default=0)
+    NR, NC = (S, T) if per_key else (T, S)  # own rows, streamed rows
+    BR, BC, DK, XK = choose_blocks(op, NR, NC, E, ctx.limits.max_compute_workgroup_storage_size)
+    TR, TC = BR // 16, BC // 16  # a thread's rows ty*TR + a, columns tx*TC + b
+    EP = _padded(E)
+    # output columns 64 q + 4 tx + i (vec4 reads of X), or tx + 16 e
+    XV = 4 if all(_padded(w) % 64 == 0 for w, _, _ in prods) else 1
+    LDA, LDB, LDW = BR + PAD, BC + PAD, BR + PAD
+    nblk = -(-NR // BR)
+
+    kernel = ctx.kernel(f"{op} [{'x'.join(map(str, batch)) or '1'}] T{T} S{S} D{D} "
+                        f"tiled {BR}x{BC}")
+    kernel.decls.append(f"var<workgroup> As: array<{_vty(TR)}, {DK * LDA // TR}>;")
+    kernel.decls.append(f"var<workgroup> Bs: array<{_vty(TC)}, {DK * LDB // TC}>;")
+    if op != "attn_lse":  # W transposed: a thread's TR rows of one column are one vector
+        kernel.decls.append(f"var<workgroup> Ws: array<{_vty(TR)}, {BC * LDW // TR}>;")
+        kernel.decls.append(f"var<workgroup> Xs: array<{_vty(XV)}, {XK * EP // XV}>;")
+    if op == "attn_lse":
+        kernel.decls.append(f"var<workgroup> red_m: array<f32, {16 * BR}>;")
+        kernel.decls.append(f"var<workgroup> red_l: array<f32, {16 * BR}>;")
+    elif online:
+        kernel.decls.append(f"var<workgroup> red: array<f32, {16 * BR}>;")
+    epi = ctx.epilogue_fn(kernel)
+    em = ctx.emitter(kernel)
+    L = em.emit
+    grid = kernel.workgroup_index(em, nb * nblk, "w")  # workgroup-uniform: barriers legal
+    L(f"let blk = w % {nblk}u;")
+    L(f"let bo = w / {nblk}u;")
+    L("let tx = lid % 16u;")
+    L("let ty = lid / 16u;")
+    L(f"let r0 = blk * {BR}u;")
+    bdims = em.unravel("bo", batch) if batch else []
+    sc = f32_lit(scale)
+    ninf = f32_lit(float("-inf"))
+
+    def at(n, last):  # operand n at (its last two dims) = last, batch element bo
+        shape = g[n].shape
+        k0 = len(shape) - len(last)
+        r = len(batch) - k0
+        dims = ["0u" if shape[k] == 1 else bdims[r + k] for k in range(k0)] + last
+        return em.value(n, Idx(shape, dims=dims))
+
+    def Q(i, d): return at(a_, [i, d])
+    def K(j, d): return at(b_, [d, j])
+    def Vv(j, e): return at(v_, [j, e])
+    def Gg(i, e): return at(g_, [i, e])
+
+    def stat(n, i):  # lse / Drow of query i ([batch.., T])
+        return em.value(n, Idx(g[n].shape, flat=em.let(f"bo * {T}u + {i}")))
+
+    # the causal limit: key j is kept for query i iff j <= i + off (+ dyn)
+    dyn = ""
+    if node.attrs.get("dyn"):
+        pn = ins[-1]
+        kernel.decls.append("var<workgroup> wdyn: i32;")
+        with em.block("if (lid == 0u)"):
+            L(f"wdyn = i32({em.value(pn, Idx(g[pn].shape, flat='0u'))});")
+        L("let dyn = workgroupUniformLoad(&wdyn);")
+        dyn = " + dyn"
+
+    # the streamed range [cbeg, cend)
+    if off is None:
+        cbeg, cend = "0u", f"{NC}u"
+    elif not per_key:  # the block's last query r0 + BR - 1 keeps keys < r0 + BR + off
+        cbeg = "0u"
+        cend = em.let(f"u32(clamp(i32(r0) + {BR + off}i{dyn}, 0i, {NC}i))")
+    else:  # the block's first key r0 is kept by queries >= r0 - off
+        cbeg = em.let(f"u32(clamp(i32(r0) - {off}i{' - dyn' if dyn else ''}, 0i, {NC}i))")
+        cend = f"{NC}u"
+
+    def stage(arr, w, store, nrows, nk, row0, rows_total, k0, k_total, load):
+        """Word store(rr, kk) of arr (of vec{w}) = load(row0 + rr, k0 + kk) for rr < nrows,
+        kk < nk (kk fastest across threads: coalesced reads), zero outside rows_total x
+        k_total."""
+        n = nrows * nk
+        for t in range(-(-n // WGS)):
+            e = f"lid + {t * WGS}u" if t else "lid"
+            hdr = f"if ({e} < {n}u)" if (t + 1) * WGS > n else ""
+            with em.block(hdr):
+                rr, kk = em.let(f"({e}) / {nk}u"), em.let(f"({e}) % {nk}u")
+                row, k = em.let(f"{row0} + {rr}"), em.let(f"{k0} + {kk}")
+                val = load(f"min({row}, {rows_total - 1}u)", f"min({k}, {k_total - 1}u)")
+                L(_put(arr, w, store(rr, kk),
+                       f"select(0.0f, {val}, {row} < {rows_total}u && {k} < {k_total}u)"))
+
+    def dot_tiles(accs, width, own_load, str_load):
+        """accs[a][b] += own row (ty*TR + a) . streamed row (tx*TC + b), over width."""
+        with em.block(f"for (var d0 = 0u; d0 < {width}u; d0 += {DK}u)"):
+            stage("As", TR, lambda rr, kk: f"{kk} * {LDA}u + {rr}", BR, DK, "r0", NR, "d0",
+                  width, own_load)
+            stage("Bs", TC, lambda rr, kk: f"{kk} * {LDB}u + {rr}", BC, DK, "c0", NC, "d0",
+                  width, str_load)
+            L("workgroupBarrier();")
+            for dd in range(DK):
+                x, y = em.fresh("x"), em.fresh("y")
+                L(f"let {x} = As[{dd * LDA // TR}u + ty];")
+                L(f"let {y} = Bs[{dd * LDB // TC}u + tx];")
+                for a in range(TR):
+                    for b in range(TC):
+                        L(f"{accs[a][b]} = fma({_comp(x, TR, a)}, {_comp(y, TC, b)}, "
+                          f"{accs[a][b]});")
+            L("workgroupBarrier();")
+
+    own_rows = [em.let(f"r0 + ty * {TR}u + {a}u") for a in range(TR)]
+    def out_cols(width):
+        n = _padded(width) // 16
+        if XV == 4:
+            return [f"{64 * (e // 4) + e % 4}u + tx * 4u" for e in range(n)]
+        return [f"tx + {16 * e}u" for e in range(n)]
+    if per_key:
+        own_load, str_load = K, Q
+        dp_own, dp_str = Vv, Gg
+        X_loads = {"attn_dv": [Gg], "attn_dk": [Q], "attn_dkv": [Gg, Q]}[op]
+    else:
+        own_load, str_load = Q, K
+        dp_own, dp_str = Gg, Vv
+        X_loads = {"attn_out": [Vv], "attn_fwd": [Vv], "attn_dq": [K]}.get(op, [])
+
+    # own-row statistics (query kernels), read once
+    own_lse = own_dr = None
+    if not per_key and lse_n is not None:
+        own_lse = [em.let(stat(lse_n, f"min({r}, {T - 1}u)")) for r in own_rows]
+    if not per_key and dr_n is not None:
+        own_dr = [em.let(stat(dr_n, f"min({r}, {T - 1}u)")) for r in own_rows]
+
+    accs = [[[em.var("f32", "0.0f", "o") for _ in range(_padded(w) // 16)] for _ in range(TR)]
+            for w, _, _ in prods]
+    acc = accs[0] if accs else []
+    TE = _padded(prods[0][0]) // 16 if prods else 0
+    m_run = [em.var("f32", ninf, "m") for _ in range(TR)] if op == "attn_lse" or online else []
+    l_run = [em.var("f32", "0.0f", "l") for _ in range(TR)] if op == "attn_lse" or online else []
+
+    with em.block(f"for (var c0 = {cbeg}; c0 < {cend}; c0 += {BC}u)"):
+        s = [[em.var("f32", "0.0f", "s") for _ in range(TC)] for _ in range(TR)]
+        dot_tiles(s, D, own_load, str_load)
+        dp = None
+        if two_dots:
+            dp = [[em.var("f32", "0.0f", "p") for _ in range(TC)] for _ in range(TR)]
+            dot_tiles(dp, Dv, dp_own, dp_str)
+        cols = [em.let(f"c0 + tx * {TC}u + {b}u") for b in range(TC)]
+        str_lse = str_dr = None
+        if per_key:
+            str_lse = [em.let(stat(lse_n, f"min({c}, {T - 1}u)")) for c in cols]
+            if dr_n is not None:
+                str_dr = [em.let(stat(dr_n, f"min({c}, {T - 1}u)")) for c in cols]
+
+        def kept(a, b):
+            r, c = own_rows[a], cols[b]
+            conds = [f"{c} < {NC}u"]
+            if off is not None:
+                i, j = (c, r) if per_key else (r, c)
+                conds.append(f"i32({j}) <= i32({i}) + {off}i{dyn}")
+            return em.let(" && ".join(conds))
+
+        xsc = [[em.let(f"select({ninf}, {s[a][b]} * {sc}, {kept(a, b)})") for b in range(TC)]
+               for a in range(TR)] if op == "attn_lse" or online else None
+        w = [[None] * TC for _ in range(TR)]
+        w2 = None  # attn_dkv: W = p for dV, then W2 = ds for dK
+        if op == "attn_lse":  # per-thread running (max, sum) over the thread's columns
+            for a in range(TR):
+                mn = em.let(f"max({m_run[a]}, {_max(xsc[a])})")
+                mz = em.let(f"select({mn}, 0.0f, {mn} == {ninf})")  # no -inf - -inf
+                terms = " + ".join(f"exp({x} - {mz})" for x in xsc[a])
+                L(f"{l_run[a]} = {l_run[a]} * exp({m_run[a]} - {mz}) + {terms};")
+                L(f"{m_run[a]} = {mn};")
+        elif online:  # the row's maximum over this block, through workgroup memory
+            for a in range(TR):
+                L(f"red[(ty * {TR}u + {a}u) * 16u + tx] = {_max(xsc[a])};")
+            L("workgroupBarrier();")
+            for a in range(TR):
+                base = f"(ty * {TR}u + {a}u) * 16u"
+                rm = em.fresh("rm")
+                L(f"var {rm}: f32 = red[{base}];")
+                with em.block("for (var t = 1u; t < 16u; t++)"):
+                    L(f"{rm} = max({rm}, red[{base} + t]);")
+                mn = em.let(f"max({m_run[a]}, {rm})")
+                mz = em.let(f"select({mn}, 0.0f, {mn} == {ninf})")
+                al = em.let(f"exp({m_run[a]} - {mz})")
+                for b in range(TC):
+                    w[a][b] = em.let(f"exp({xsc[a][b]} - {mz})")
+                L(f"{l_run[a]} = {l_run[a]} * {al} + {' + '.join(w[a])};")
+                for e in range(TE):
+                    L(f"{acc[a][e]} = {acc[a][e]} * {al};")
+                L(f"{m_run[a]} = {mn};")
+        else:
+            if op == "attn_dkv":
+                w2 = [[None] * TC for _ in range(TR)]
+            for a in range(TR):
+                for b in range(TC):
+                    lse = str_lse[b] if per_key else own_lse[a]
+                    p = em.let(f"select(0.0f, exp({s[a][b]} * {sc} - {lse}), {kept(a, b)})")
+                    if dp is not None:
+                        dr = str_dr[b] if per_key else own_dr[a]
+                        ds = em.let(f"{p} * ({dp[a][b]} - {dr})")
+                    if op == "attn_dkv":
+                        w[a][b], w2[a][b] = p, ds
+                    else:
+                        w[a][b] = ds if dp is not None else p
+        for k, (width, _, _) in enumerate(prods):
+            wk = w if k == 0 else w2
+            acc = accs[k]
+            TE = _padded(width) // 16
+            for a in range(TR):
+                for b in range(TC):
+                    L(_put("Ws", TR, f"(tx * {TC}u + {b}u) * {LDW}u + ty * {TR}u + {a}u",
+                           wk[a][b]))
+            L("workgroupBarrier();")
+            xn = em.let(f"min({BC}u, {cend} - c0)")  # the last block may be short
+            with em.block(f"for (var x0 = 0u; x0 < {xn}; x0 += {XK}u)"):
+                stage("Xs", XV, lambda rr, kk: f"{rr} * {EP}u + {kk}", XK, _padded(width),
+                      "c0 + x0", NC, "0u", width, X_loads[k])
+                L("workgroupBarrier();")
+                for xx in range(XK):
+                    wv = em.fresh("w")
+                    L(f"let {wv} = Ws[(x0 + {xx}u) * {LDW // TR}u + ty];")
+                    if XV == 4:
+                        xv = [em.fresh("x") for _ in range(TE // 4)]
+                        for q, nm in enumerate(xv):
+                            L(f"let {nm} = Xs[{(xx * EP + 64 * q) // 4}u + tx];")
+                        xe = [f"{xv[e // 4]}.{'xyzw'[e % 4]}" for e in range(TE)]
+                    else:
+                        xe = [em.fresh("x") for _ in range(TE)]
+                        for e, nm in enumerate(xe):
+                            L(f"let {nm} = Xs[{xx * EP + 16 * e}u + tx];")
+                    for a in range(TR):
+                        for e in range(TE):
+                            L(f"{acc[a][e]} = fma({_comp(wv, TR, a)}, {xe[e]}, {acc[a][e]});")
+                L("workgroupBarrier();")
+
+    if op == "attn_lse":  # combine the 16 threads' (max, sum) of each row
+        for a in range(TR):
+            L(f"red_m[(ty * {TR}u + {a}u) * 16u + tx] = {m_run[a]};")
+            L(f"red_l[(ty * {TR}u + {a}u) * 16u + tx] = {l_run[a]};")
+        L("workgroupBarrier();")
+        with em.block("if (tx == 0u)"):
+            for a in range(TR):
+                base = f"(ty * {TR}u + {a}u) * 16u"
+                with em.block(f"if ({own_rows[a]} < {NR}u)"):
+                    L(f"var mm: f32 = red_m[{base}];")
+                    with em.block("for (var t = 1u; t < 16u; t++)"):
+                        L(f"mm = max(mm, red_m[{base} + t]);")
+                    L(f"let mz = select(mm, 0.0f, mm == {ninf});")
+                    L("var ll: f32 = 0.0f;")
+                    with em.block("for (var t = 0u; t < 16u; t++)"):
+                        L(f"ll = ll + red_l[{base} + t] * exp(red_m[{base} + t] - mz);")
+                    L(f"{epi}(bo * {T}u + {own_rows[a]}, mm + log(ll));")
+        return [ctx.dispatch(kernel, em.lines, grid, WGS)]
+
+    inv = [None] * TR
+    if online:  # the row sums: each thread holds its columns' part
+        for a in range(TR):
+            L(f"red[(ty * {TR}u + {a}u) * 16u + tx] = {l_run[a]};")
+        L("workgroupBarrier();")
+        for a in range(TR):
+            base = f"(ty * {TR}u + {a}u) * 16u"
+            ls = em.fresh("ls")
+            L(f"var {ls}: f32 = 0.0f;")
+            with em.block("for (var t = 0u; t < 16u; t++)"):
+                L(f"{ls} = {ls} + red[{base} + t];")
+            inv[a] = em.let(f"1.0f / {ls}")
+            if op == "attn_fwd":  # lse_i = m_i + log(sum), after the row's O
+                with em.block(f"if (tx == 0u && {own_rows[a]} < {NR}u)"):
+                    L(f"{epi}(bo * {NR * Eo}u + {own_rows[a]} * {Eo}u + {Eo - 1}u, "
+                      f"{m_run[a]} + log({ls}));")
+    for a in range(TR):
+        with em.block(f"if ({own_rows[a]} < {NR}u)"):
+            for k, (width, col0, post) in enumerate(prods):
+                for e, ce in enumerate(out_cols(width)):
+                    col = em.let(ce)
+                    v = accs[k][a][e]
+                    if inv[a] is not None:
+                        v = f"{v} * {inv[a]}"
+                    if post is not None:
+                        v = f"{v} * {sc}"
+                    at_ = f"{col0}u + {col}" if col0 else col
+                    call = f"{epi}(bo * {NR * Eo}u + {own_rows[a]} * {Eo}u + {at_}, {v});"
+                    L(f"if ({col} < {width}u) {{ {call} }}" if _padded(width) != width else call)
+    return [ctx.dispatch(kernel, em.lines, grid, WGS)]
+
+
+__all__ = ["build_tiled", "use_tiled", "choose_blocks", "FORCE_TILED"]

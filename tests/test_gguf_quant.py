@@ -1,0 +1,303 @@
+"""Quantized weights kept quantized (webgrad/quant.py, codegen/quant.py, GPT2.from_gguf).
+
+Judged against the gguf package: the GPU layout decodes to gguf.quants.dequantize's values
+bit for bit (numpy and pure-Python paths) and gives back the file's blocks; a program that
+multiplies by W^T through ops.dequantize and gathers rows of it matches float64 products of
+gguf's values on reference, torch and WebGPU (lavapipe; both matmul kernels), and WebGPU
+plans no f32 copy of the weight; GPT-2 from a GGUF written by gguf's GGUFWriter (every
+matrix quantized, token and position tables too, odd block counts) gives, with its weights
+held quantized, the logits of the same weights dequantized by gguf on the host and loaded as
+f32 (from_hf_state_dict). Training a quantized parameter is refused.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import gguf
+from gguf import GGMLQuantizationType as QT
+import webgrad as wg
+from webgrad import Module, ops, quant
+from webgrad.arrays import HostArray
+from webgrad.io import gguf as wgg
+from webgrad.primitives import ShapeError
+from webgrad.stateful import compile_program
+
+from test_gguf import write
+
+QTS = [QT.Q8_0, QT.Q4_0, QT.Q4_K]
+
+
+def _webgpu_ok() -> bool:
+    try:
+        from webgrad.backends.webgpu_native import NativeHost
+        NativeHost()
+        return True
+    except Exception:
+        return False
+
+
+WEBGPU = pytest.param("webgpu", marks=[pytest.mark.webgpu, pytest.mark.skipif(
+    not _webgpu_ok(), reason="no native WebGPU adapter")])
+
+
+def small_blocks(qt, n_blocks, rng):
+    """Random blocks with small finite scales (weights of a usable size)."""
+    _, size = gguf.GGML_QUANT_SIZES[qt]
+    raw = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
+    n_scales = 2 if qt == QT.Q4_K else 1
+    scales = rng.uniform(-1, 1, (n_blocks, n_scales)) * (2e-3 if qt == QT.Q4_K else 0.05)
+    if qt == QT.Q4_K:
+        scales = np.abs(scales)
+    raw[:, :2 * n_scales] = scales.astype(np.float16).view(np.uint8).reshape(n_blocks, -1)
+    return raw
+
+
+@pytest.mark.parametrize("n_blocks", [1, 3, 8])
+@pytest.mark.parametrize("qt", QTS, ids=lambda q: q.name)
+def test_layout_decodes_to_gguf(qt, n_blocks):
+    from test_gguf import random_blocks
+    rng = np.random.default_rng(n_blocks)
+    block, size = gguf.GGML_QUANT_SIZES[qt]
+    raw = random_blocks(qt, n_blocks, rng)
+    n = n_blocks * block
+    words = quant.transcode(qt.name, raw.tobytes())
+    assert len(words) == 4 * quant.n_words(qt.name, n)
+    assert len(words) - raw.nbytes in ((0, 2) if qt != QT.Q4_K else (0,))  # at most 2 bytes of padding
+    assert quant.raw_blocks(qt.name, words, n) == raw.tobytes()
+    want = gguf.quants.dequantize(raw, qt).astype(np.float32).reshape(-1)
+    for use_numpy in (True, False):
+        got = np.frombuffer(quant.dequantize_host(qt.name, words, (n,), use_numpy=use_numpy), np.float32)
+        assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+
+
+# odd shapes: M = 3 rows of x, N rows of W that divide no tile, odd block counts
+SHAPES = {QT.Q8_0: (5, 96), QT.Q4_0: (7, 160), QT.Q4_K: (3, 512)}
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch", WEBGPU])
+@pytest.mark.parametrize("qt", QTS, ids=lambda q: q.name)
+def test_matmul_and_gather_read_the_blocks(qt, backend):
+    from webgrad.codegen import matmul
+    rng = np.random.default_rng(int(qt))
+    N, K = SHAPES[qt]
+    raw = small_blocks(qt, N * K // gguf.GGML_QUANT_SIZES[qt][0], rng)
+    W = gguf.quants.dequantize(raw.reshape(N, -1), qt)
+    words = np.frombuffer(quant.transcode(qt.name, raw.tobytes()), np.int32)
+    spec = quant.QuantSpec(qt.name, (N, K), transposed=True)
+
+    class M(Module):
+        def __init__(self):
+            super().__init__()
+            self.w = self.param([K, N])       # declared as a Conv1D weight, stored [N, K]
+            self.w.quant = spec
+
+    def fn(m, f):
+        return {"y": f["x"] @ m.w + 1.0, "rows": ops.gather_rows(ops.swap_axes(m.w, 0, 1), f["i"])}
+
+    x = rng.standard_normal((3, K)).astype(np.float32)
+    want = x.astype(np.float64) @ W.T.astype(np.float64) + 1.0
+    # webgpu: the barrier-free kernel (CPU adapters), the tiled one (GPUs) and the tiled one
+    # split over K (the H200's long-K rule: partial sums, then a second kernel)
+    # and the H200's wide tile with vec4 loads (x read as vec4, the blocks decoded per element)
+    kernels = ("direct", "tiled", "split", "vec4") if backend == "webgpu" else (None,)
+    for kind in kernels:
+        direct = kind == "direct" if kind else None
+        matmul.FORCE_DIRECT = direct
+        matmul.FORCE_CONFIG = {"split": matmul.Config(2, 2, 16, splits=2),
+                               "vec4": matmul.Config(8, 16, 8, wx=8, wy=16, vload=True)}.get(kind)
+        try:
+            p = compile_program(backend, M, fn, inputs={"x": ([3, K], "f32"), "i": ([2], "i32")})
+        finally:
+            matmul.FORCE_DIRECT = matmul.FORCE_CONFIG = None
+        if kind == "split":
+            assert any("split 2" in k for k in p._prog.exe.kernel_names)
+        if kind == "vec4":
+            assert any("vec4<f32>" in pl["wgsl"] for pl in p._prog.exe.plan["pipelines"])
+        p._prog.backend.write("w", HostArray("i32", words.tolist(), shape=words.shape))
+        out = p.run({"x": x, "i": [N - 1, 0]}, ["y", "rows"])
+        np.testing.assert_allclose(out["y"], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+        assert np.array_equal(out["rows"], W[[N - 1, 0]])
+        if backend == "webgpu":   # the blocks are bound and decoded; no f32 weight is planned
+            plan, feeds = p._prog.exe.plan, set(p._prog.exe.lowered.feeds.values())
+            assert all(b["size"] < 4 * N * K for k, b in enumerate(plan["buffers"]) if k not in feeds)
+            mm = [pl["wgsl"] for pl in plan["pipelines"] if " K=" in pl["wgsl"].split("\n")[0]]
+            # the barrier-free kernel reads a scale per group of 32 and 4 values per word
+            assert mm and all(("dqs_" in w) == bool(direct) and "dq_" in w for w in mm)
+
+
+def test_quantized_params_are_not_trainable():
+    spec = quant.QuantSpec("Q8_0", (4, 32), transposed=True)
+
+    class M(Module):
+        def __init__(self):
+            super().__init__()
+            self.w = self.param([32, 4])
+            self.w.quant = spec
+            self.b = self.param([4])
+
+    with pytest.raises(ValueError, match=r"compile_module: parameters 'w' \(Q8_0\) are held "
+                                         "quantized, and quantized weights are not trainable"):
+        wg.compile_module(M, lambda m, f: ops.sum_all(f["x"] @ m.w + m.b),
+                          inputs={"x": [2, 32]}, backend="reference")
+    with pytest.raises(ValueError, match="compile_forward: parameters 'w' \\(Q8_0\\)"):
+        wg.compile_forward(M, lambda m, f: f["x"] @ m.w, inputs={"x": [2, 32]})
+
+
+def test_dequantize_shape_errors():
+    def build(words_n, qtype, shape):
+        return compile_program("reference", Module,
+                               lambda m, f: {"y": ops.dequantize(f["w"], qtype, shape)},
+                               inputs={"w": ([words_n], "i32")})
+    build(9, "Q8_0", (1, 32))
+    with pytest.raises(ShapeError, match=r"Q8_0\[2, 32\] takes 17 words, got 9"):
+        build(9, "Q8_0", (2, 32))
+    with pytest.raises(ShapeError, match="rows must be whole blocks of 256 values; shape \\[1, 32\\]"):
+        build(9, "Q4_K", (1, 32))
+    with pytest.raises(ShapeError, match="'Q5_K' is not kept quantized"):
+        build(9, "Q5_K", (1, 256))
+    with pytest.raises(ValueError, match="do not give the declared shape"):
+        class M(Module):
+            def __init__(self):
+                super().__init__()
+                self.w = self.param([32, 4])
+                self.w.quant = quant.QuantSpec("Q8_0", (32, 4 * 8))
+        compile_program("reference", M, lambda m, f: {"y": m.w * 1.0}, inputs={})
+
+
+# ---------------------------------------------------------------------------- GPT-2
+
+def quantized_gpt2(tmp_path, qt, *, n_embd, n_head, vocab=97, n_ctx=13, n_layer=2):
+    """A llama.cpp gpt2 GGUF (gguf's names) whose 2-D tensors, the token and position
+    tables included, are all `qt`; 1-D ones F32. Returns (path, transformers-layout state
+    dict of the values gguf dequantizes)."""
+    rng = np.random.default_rng(int(qt) + n_embd)
+    D = n_embd
+    shapes = {"token_embd.weight": (vocab, D), "position_embd.weight": (n_ctx, D),
+              "output_norm.weight": (D,), "output_norm.bias": (D,)}
+    for i in range(n_layer):
+        for base, s in (("attn_norm", None), ("ffn_norm", None)):
+            shapes[f"blk.{i}.{base}.weight"] = (D,)
+            shapes[f"blk.{i}.{base}.bias"] = (D,)
+        for base, (o, n) in (("attn_qkv", (3 * D, D)), ("attn_output", (D, D)),
+                             ("ffn_up", (4 * D, D)), ("ffn_down", (D, 4 * D))):
+            shapes[f"blk.{i}.{base}.weight"] = (o, n)
+            shapes[f"blk.{i}.{base}.bias"] = (o,)
+    values = {}
+
+    def build(w):
+        w.add_context_length(n_ctx); w.add_embedding_length(D); w.add_feed_forward_length(4 * D)
+        w.add_block_count(n_layer); w.add_head_count(n_head); w.add_layer_norm_eps(1e-5)
+        for name, s in shapes.items():
+            if len(s) == 1:
+                v = (1.0 if name.endswith("norm.weight") else 0.0) + 0.1 * rng.standard_normal(s)
+                values[name] = v.astype(np.float32)
+                w.add_tensor(name, values[name])
+                continue
+            if qt == QT.Q4_K:   # gguf cannot quantize Q4_K: random blocks of small scale
+                q = small_blocks(qt, s[0] * s[1] // 256, rng).reshape(s[0], -1)
+            else:
+                q = gguf.quants.quantize((0.08 * rng.standard_normal(s)).astype(np.float32), qt)
+            values[name] = gguf.quants.dequantize(q, qt)
+            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qt)
+
+    path = write(tmp_path, build, arch="gpt2", name=f"{qt.name}.gguf")
+    hf = {"token_embd.weight": "wte.weight", "position_embd.weight": "wpe.weight",
+          "output_norm.weight": "ln_f.weight", "output_norm.bias": "ln_f.bias"}
+    blk = {"attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj",
+           "ffn_norm": "ln_2", "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
+    sd = {}
+    for name, v in values.items():
+        if name in hf:
+            sd[hf[name]] = v
+        else:
+            _, i, base, suffix = name.split(".")
+            sd[f"h.{i}.{blk[base]}.{suffix}"] = v.T if (v.ndim == 2) else v   # Conv1D [in, out]
+    return path, sd
+
+
+CONFIGS = {QT.Q8_0: dict(n_embd=96, n_head=3), QT.Q4_0: dict(n_embd=96, n_head=3),
+           QT.Q4_K: dict(n_embd=256, n_head=4)}
+
+
+@pytest.mark.parametrize("backend", ["reference", WEBGPU])
+@pytest.mark.parametrize("qt", QTS, ids=lambda q: q.name)
+def test_gpt2_quantized_logits_equal_host_dequantized(tmp_path, qt, backend):
+    from webgrad.models import gpt2
+    path, sd = quantized_gpt2(tmp_path, qt, **CONFIGS[qt])
+    m = gpt2.GPT2.from_gguf(path, backend=backend)            # keep_quantized=True: the default
+    cfg = m.cfg
+    host = gpt2.GPT2.from_hf_state_dict(cfg, sd, backend=backend)
+    assert set(m.quant) == {n for n in gpt2.param_shapes(cfg) if n.endswith("weight")
+                            and len(gpt2.param_shapes(cfg)[n]) == 2}
+    blocks = sum(t.data.nbytes for t in wgg.load(path).tensors.values() if t.type_name == qt.name)
+    # the GPU holds the file's bytes of every quantized tensor (plus <= 2 bytes of padding each)
+    f32_bytes = 4 * sum(np.asarray(v).size for v in sd.values())
+    onedim = 4 * sum(np.asarray(v).size for v in sd.values() if np.asarray(v).ndim == 1)
+    assert blocks <= m.weight_bytes - onedim <= blocks + 2 * len(m.quant)
+    assert host.weight_bytes == f32_bytes and m.weight_bytes < f32_bytes / 3
+    # WebGPU: the same kernels sum the same exact products (observed bit-equal on lavapipe);
+    # numpy: a transposed weight takes another BLAS path, whose summation order differs
+    tol = 2e-6 if backend == "webgpu" else 2e-5
+    ids = [3, 1, 4, 1, 5, 9, 2, 6, 96, 0, 11]
+    got, want = np.asarray(m.forward(ids)), np.asarray(host.forward(ids))
+    assert np.isfinite(want).all() and np.abs(want).max() > 0.1
+    np.testing.assert_allclose(got, want, rtol=0, atol=tol * np.abs(want).max())
+    c1, c2 = m.new_cache(), host.new_cache()
+    a = np.asarray(m.logits_step(ids[:5], c1))
+    b = np.asarray(host.logits_step(ids[:5], c2))
+    np.testing.assert_allclose(a, b, rtol=0, atol=tol * np.abs(b).max())
+    a = np.asarray(m.logits_step([7], c1))                     # one decode step
+    b = np.asarray(host.logits_step([7], c2))
+    np.testing.assert_allclose(a, b, rtol=0, atol=tol * np.abs(b).max())
+    got_s, want_s = m.surprisal(ids), host.surprisal(ids)
+    np.testing.assert_allclose(got_s.bits, want_s.bits, rtol=1e-4, atol=1e-4)
+    # the weights read back decoded, as gguf dequantizes them
+    back = m.state_dict()
+    for k in ("wte.weight", "h.1.mlp.c_proj.weight"):
+        assert np.array_equal(np.asarray(back[k]), sd[k]), k
+    with pytest.raises(ValueError, match="holds .* quantized; f32 weights go into a model built "
+                                         "without quant"):
+        m.load_state_dict(sd)
+
+
+def test_gpt2_keep_quantized_false_and_split_table(tmp_path):
+    """keep_quantized=False: f32 parameters as before. A token table split by the binding
+    limit is split as blocks (row ranges of whole blocks)."""
+    from webgrad.models import gpt2
+    path, sd = quantized_gpt2(tmp_path, QT.Q8_0, n_embd=96, n_head=3)
+    m = gpt2.GPT2.from_gguf(path, backend="reference", keep_quantized=False)
+    assert not m.quant and m.weight_bytes == 4 * sum(np.asarray(v).size for v in sd.values())
+    host = gpt2.GPT2.from_hf_state_dict(m.cfg, sd, backend="reference")
+    ids = [5, 6, 7]
+    np.testing.assert_allclose(np.asarray(m.forward(ids)), np.asarray(host.forward(ids)),
+                               rtol=0, atol=1e-6)
+    cfg = m.cfg
+    full = {"wte.weight": quant.QuantSpec("Q8_0", (cfg.vocab_size, cfg.n_embd))}
+    split = gpt2.GPT2(cfg, "reference", wte_chunks=3, quant=full)
+    assert sorted(n for n in split.quant if n.startswith("wte")) == ["wte.0.weight", "wte.1.weight",
+                                                                     "wte.2.weight"]
+    f = wgg.load(path)
+    split.write_blocks("wte.weight", f.tensors["token_embd.weight"].data)
+    assert np.array_equal(np.asarray(split.state_dict()["wte.weight"]), sd["wte.weight"])
+
+
+@pytest.mark.webgpu
+@pytest.mark.skipif(not _webgpu_ok(), reason="no native WebGPU adapter")
+def test_gpt2_quantized_on_the_tiled_kernel(tmp_path):
+    """GPUs take the tiled matmul (lavapipe the barrier-free one): forced here, the whole
+    model's logits still equal the host-dequantized model's on the same kernel."""
+    from webgrad.codegen import matmul
+    from webgrad.models import gpt2
+    path, sd = quantized_gpt2(tmp_path, QT.Q8_0, n_embd=96, n_head=3)
+    matmul.FORCE_DIRECT = False
+    try:
+        m = gpt2.GPT2.from_gguf(path, backend="webgpu")
+        host = gpt2.GPT2.from_hf_state_dict(m.cfg, sd, backend="webgpu")
+        ids = [3, 1, 4, 1, 5, 9, 2]
+        got, want = np.asarray(m.forward(ids)), np.asarray(host.forward(ids))
+        names = [k for k in m._program("full", len(ids))._prog.exe.kernel_names if "matmul" in k]
+        assert names and all(" tile " in k for k in names)
+    finally:
+        matmul.FORCE_DIRECT = None
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * np.abs(want).max())
