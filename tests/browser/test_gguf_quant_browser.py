@@ -45,6 +45,9 @@ def quantized_logits(blob, ids):
         assert "wte.weight" in names and "h.1.mlp.c_fc.weight" in names
         assert qbytes < fbytes / 3 and fbytes == 4 * sum(np.asarray(v).size for v in sd.values())
         np.testing.assert_allclose(got, full, rtol=0, atol=2e-6 * np.abs(full).max())
-        np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * np.abs(want).max())
+        # against the host's f32 model: SwiftShader's f32 maths (exp, tanh, the row kernels'
+        # summation order) differ from numpy's, within GPT-2's 1e-4-of-the-largest-logit
+        # standard (tests/test_gpt2.py); the quantization itself is judged by the line above
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
         np.testing.assert_allclose(np.frombuffer(step, np.float32), want[-1], rtol=0,
-                                   atol=2e-5 * np.abs(want).max())
+                                   atol=1e-4 * np.abs(want).max())
