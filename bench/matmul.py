@@ -47,9 +47,15 @@ def parse_config(text: str):
         return None
     shape, *flags = text.split(":")
     tm, tn, bk = (int(v) for v in shape.split("x"))
-    splits = [int(f[1:]) for f in flags if f.startswith("s") and f[1:].isdigit()]
+
+    def num(prefix, default):  # the value of flag prefix + digits ("s4" -> "4")
+        got = [f[len(prefix):] for f in flags
+               if f.startswith(prefix) and f[len(prefix):][:1].isdigit()]
+        return got[0] if got else default
+    wx, wy = (int(v) for v in num("w", "16x16").split("x"))
     return Config(tm, tn, bk, vec="novec" not in flags, prefetch="nopre" not in flags,
-                  splits=splits[0] if splits else 1, double="db" in flags)
+                  splits=int(num("s", 1)), double="db" in flags, wx=wx, wy=wy,
+                  group=int(num("g", 0)), vload="vl" in flags)
 
 
 # the matmuls of bench/gpt2_train.py's 64 x 256 row (d 512): name, [batch], M, K, N, and
@@ -165,8 +171,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--configs", default="auto",
-                    help="comma-separated tilings: auto | TMxTNxBK[:novec][:nopre][:sN][:db] (N K "
-                    "chunks; db: double-buffered shared memory)")
+                    help="comma-separated tilings: auto | "
+                    "TMxTNxBK[:novec][:nopre][:sN][:db][:wXxY][:gG][:vl] (N K chunks; db: double-buffered shared memory; X x Y threads (N x M); "
+                    "tile order in runs of G tile rows; vl: vec4 global loads)")
     args = ap.parse_args()
     lib = pick_lib()
     import numpy as np

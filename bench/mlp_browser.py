@@ -78,7 +78,7 @@ timed = sorted(times[WARMUP:])
  "ms_per_step": statistics.median(timed), "ms_p10": timed[round(0.1 * (len(timed) - 1))],
  "ms_p90": timed[round(0.9 * (len(timed) - 1))], "first_step_ms": times[0],
  "dispatches": dispatches, "loss": losses[-1], "first_loss": losses[0], "losses": losses[::10],
- "x_checksum": sum(batches[0]["x"])}
+ "first_losses": losses[:20], "x_checksum": sum(batches[0]["x"])}
 """
 
 # Runs in a peer page: window.peerBench.run(config) with a deadline, errors as {error}.
@@ -152,7 +152,8 @@ def run_peer(s: BrowserSession, url: str, config: dict) -> dict:
         except Exception:
             raise RuntimeError("the page did not register window.peerBench within 60 s "
                                "(a module failed to load?)\n" + "\n".join(console[-10:])) from None
-        out = page.evaluate(PEER_RUN_JS, [config, int(1000 * (120 + 2.0 * config["steps"]))])
+        limit = config.get("timeout_s", 120 + 2.0 * config["steps"])  # seconds, whole run
+        out = page.evaluate(PEER_RUN_JS, [config, int(1000 * limit)])
         if "error" in out:
             raise RuntimeError(f"{out['error']}\n{out.get('stack', '')}\n"
                                + "\n".join(console[-10:]))

@@ -90,12 +90,16 @@ def batch(rng: random.Random, pairs: list) -> dict:
     return {"idx": [s[:T] for s in seqs], "target": [s[ANSWER + 1:] for s in seqs]}
 
 
+def schedule(steps: int = STEPS):
+    """Linear warm-up to 3e-3 over 100 steps, then cosine decay to 1e-4 by `steps`."""
+    return lr.warmup(peak=3e-3, steps=100,
+                     after=lr.cosine_decay(peak=3e-3, final=1e-4, steps=max(steps - 100, 1)))
+
+
 def build(backend: str = "webgpu", seed: int = SEED, steps: int = STEPS):
-    schedule = lr.warmup(peak=3e-3, steps=100,
-                         after=lr.cosine_decay(peak=3e-3, final=1e-4, steps=max(steps - 100, 1)))
     return wg.compile_module(AdderTransformer, loss_fn,
                              inputs={"idx": ([B, T], "i32"), "target": ([B, 3], "i32")},
-                             optimizer=optim.AdamW(lr=schedule, weight_decay=0.01),
+                             optimizer=optim.AdamW(lr=schedule(steps), weight_decay=0.01),
                              backend=backend, seed=seed)
 
 

@@ -681,6 +681,15 @@ rec("matmul_batched", "lambda a, b: ops.matmul_batched(a, b)", lambda a, b: torc
 # shapes that divide no tile, and a K long enough for K chunks of real work (split-K)
 rec("matmul/odd_long_k", "lambda a, b: ops.matmul(a, b)", lambda a, b: a @ b,
     f32(7, 600), f32(600, 13), atol=2e-3, rtol=1e-4)
+# several tiles per axis, none dividing them (the H200's tilings and tile order, forced in
+# tests/test_webgpu.py): 150 x 270 over 16 x 16 tiles is 10 x 17 of them
+rec("matmul/tiles_odd", "lambda a, b: ops.matmul(a, b)", lambda a, b: a @ b,
+    f32(150, 37), f32(37, 270), atol=1e-3)
+rec("matmul/batched_odd", "lambda a, b: ops.matmul_batched(a, ops.swap_axes(b, -1, -2))",
+    lambda a, b: torch.bmm(a, b.transpose(-1, -2)), f32(3, 70, 21), f32(3, 90, 21), atol=1e-3)
+# 4-aligned shapes (vec4 loads) with an epilogue that reads an operand
+rec("matmul/aligned_epilogue", "lambda a, b: ops.matmul(a, b) + a", lambda a, b: a @ b + a,
+    f32(12, 8), f32(8, 8), atol=1e-3)
 rec("matmul/wgrad_odd", "lambda x, g: ops.sum(ops.matmul(ops.swap_axes(x, -1, -2), g), 0)",
     lambda x, g: (x.transpose(-1, -2) @ g).sum(0), f32(3, 77, 9), f32(3, 77, 35), atol=1e-3)
 

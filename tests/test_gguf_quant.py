@@ -99,17 +99,21 @@ def test_matmul_and_gather_read_the_blocks(qt, backend):
     want = x.astype(np.float64) @ W.T.astype(np.float64) + 1.0
     # webgpu: the barrier-free kernel (CPU adapters), the tiled one (GPUs) and the tiled one
     # split over K (the H200's long-K rule: partial sums, then a second kernel)
-    kernels = ("direct", "tiled", "split") if backend == "webgpu" else (None,)
+    # and the H200's wide tile with vec4 loads (x read as vec4, the blocks decoded per element)
+    kernels = ("direct", "tiled", "split", "vec4") if backend == "webgpu" else (None,)
     for kind in kernels:
         direct = kind == "direct" if kind else None
         matmul.FORCE_DIRECT = direct
-        matmul.FORCE_CONFIG = matmul.Config(2, 2, 16, splits=2) if kind == "split" else None
+        matmul.FORCE_CONFIG = {"split": matmul.Config(2, 2, 16, splits=2),
+                               "vec4": matmul.Config(8, 16, 8, wx=8, wy=16, vload=True)}.get(kind)
         try:
             p = compile_program(backend, M, fn, inputs={"x": ([3, K], "f32"), "i": ([2], "i32")})
         finally:
             matmul.FORCE_DIRECT = matmul.FORCE_CONFIG = None
         if kind == "split":
             assert any("split 2" in k for k in p._prog.exe.kernel_names)
+        if kind == "vec4":
+            assert any("vec4<f32>" in pl["wgsl"] for pl in p._prog.exe.plan["pipelines"])
         p._prog.backend.write("w", HostArray("i32", words.tolist(), shape=words.shape))
         out = p.run({"x": x, "i": [N - 1, 0]}, ["y", "rows"])
         np.testing.assert_allclose(out["y"], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

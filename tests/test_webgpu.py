@@ -106,6 +106,107 @@ def test_oracle_under_double_buffering(record, config, monkeypatch):
     oracle.check(record, "webgpu")
 
 
+# the H200 row's tilings (codegen/matmul.py ADAPTER_TILINGS) and smaller tiles of the same
+# kinds, so that the matmul records span several tiles: workgroups of 128, 64 and 16
+# threads, 8 x 16 outputs per thread, K step 16, vec4 global loads, tile rows in runs (the
+# last one shorter), split-K
+H200_CONFIGS = {
+    "wide": mm.Config(8, 16, 8, wx=8, wy=16, vload=True),
+    "wide_bk16_group_split": mm.Config(8, 16, 16, wx=8, wy=16, group=2, splits=3),
+    "batched": mm.Config(8, 8, 8, wx=8, wy=8, vload=True),
+    "small_group": mm.Config(4, 4, 8, wx=4, wy=4, group=3, vload=True),
+    "small_split_group": mm.Config(4, 8, 16, wx=4, wy=8, splits=2, group=4, vload=True),
+}
+# 8 x 16 outputs per thread make large shaders, slow to compile on lavapipe: those configs
+# run the records with several tiles per axis only
+_H200_BIG = {"wide": ("matmul/tiles_odd", "matmul/batched_odd", "matmul/aligned_epilogue"),
+             "wide_bk16_group_split": ("matmul/wgrad_odd", "matmul/odd_long_k")}
+_H200_ALL = ("matmul/2d", "matmul/batch_bcast", "matmul/vec_mat", "matmul/tiles_odd",
+             "matmul/batched_odd", "matmul/wgrad_odd", "matmul/odd_long_k",
+             "matmul/aligned_epilogue")
+H200_CASES = [(r, cfg) for cfg in H200_CONFIGS for r in DB_RECORDS
+              if r.name in _H200_BIG.get(cfg, _H200_ALL)]
+
+
+@pytest.mark.parametrize("record,config", H200_CASES,
+                         ids=[f"{r.name}-{cfg}" for r, cfg in H200_CASES])
+def test_oracle_under_h200_tilings(record, config, monkeypatch):
+    monkeypatch.setattr(mm, "FORCE_CONFIG", H200_CONFIGS[config])
+    oracle.check(record, "webgpu")
+
+
+def test_vec4_loads_where_the_layout_allows(monkeypatch):
+    """vec4 global loads need a stride-1 axis whose size is a multiple of 4 and 4-aligned
+    other strides; an epilogue that reads an operand's buffer (a binding has one element
+    type) gets scalar loads."""
+    from webgrad.codegen import Limits, lower
+    from webgrad.ir import Graph
+    monkeypatch.setattr(mm, "FORCE_CONFIG", H200_CONFIGS["batched"])
+
+    def bindings(m, k, n, plus_a=False):
+        g = Graph()
+        a = g.add("input", [], (m, k), "f32", {"name": "a", "shape": (m, k), "dtype": "f32"})
+        b = g.add("input", [], (k, n), "f32", {"name": "b", "shape": (k, n), "dtype": "f32"})
+        out = g.add("matmul", [a, b], (m, n), "f32")
+        if plus_a:
+            out = g.add("add", [out, a], (m, n), "f32")
+        g.outputs["out"] = out
+        low, names = lower(g, Limits())
+        wgsl = low.plan["pipelines"][0]["wgsl"]
+        return [ln.split(": ")[-1] for ln in wgsl.splitlines() if "var<storage" in ln][:2]
+    assert bindings(64, 32, 48) == ["array<vec4<f32>>;"] * 2
+    # A's rows start 30 floats apart (not 16-byte aligned); B's are 48 apart
+    assert bindings(64, 30, 48) == ["array<f32>;", "array<vec4<f32>>;"]
+    assert bindings(64, 64, 64, plus_a=True) == ["array<f32>;"] * 2
+
+
+@pytest.mark.parametrize("classes", ["wide_group", "as_listed"])
+def test_transformer_training_under_h200_classes(classes, monkeypatch):
+    """The test transformer's step (merge_heads views, folded weight gradients, fused
+    epilogues, attention's batched products) under the H200 row's shape classes, on this
+    adapter: "as_listed" is the row itself (its small products take the batched tile),
+    "wide_group" lowers the row's thresholds so that every product takes the wide kind of
+    tile (8 x 16 per thread, vec4 loads; 4 x 4 threads here) with tile rows in runs.
+    10 Adam steps against the reference executor."""
+    row = dict(mm.ADAPTER_TILINGS[0][1])
+    if classes == "wide_group":
+        row.update(slots=1, group=2, wide=mm.replace(row["wide"], wx=4, wy=4))
+        del row["batched"]
+    monkeypatch.setattr(mm, "adapter_tiling", lambda adapter: row)
+    monkeypatch.setattr(mm, "FORCE_DIRECT", False)
+    c, r = models.compile_transformer("webgpu"), models.compile_transformer("reference")
+    names = [n for n in exe(c).kernel_names if n.startswith("matmul")]
+    assert all(" tile 32x64x" in n for n in names) if classes == "wide_group" else \
+        any(" tile 64x64x8" in n for n in names), names
+    for k in range(10):
+        b = models.reversal_batch(k)
+        lw, lr_ = c.step(b), r.step(b)
+        assert abs(lw - lr_) <= 1e-3 * abs(lr_) + 1e-6, f"step {k}: webgpu {lw} vs reference {lr_}"
+    pw, pr = c.download_params(), r.download_params()
+    for name in pr:
+        np.testing.assert_allclose(pw[name], pr[name], rtol=2e-2, atol=1e-3, err_msg=name)
+
+
+def test_h200_shape_classes():
+    """Which tiling each class of the GPT step's products gets on the H200 (the table)."""
+    a = "NVIDIA H200 (DiscreteGPU) via Vulkan"
+    wide, batched = (mm.ADAPTER_TILINGS[0][1][k] for k in ("wide", "batched"))
+    assert mm.choose_config(4096, 4096, 4096, 1, adapter=a) == mm.replace(wide, bk=16)
+    assert mm.choose_config(2048, 2048, 2048, 1, adapter=a) == wide  # under 3 waves: K step 8
+    # the logits: a tile row is longer than a wave, so tile rows go in runs
+    assert mm.choose_config(4096, 50257, 768, 1, adapter=a).group == 32
+    assert mm.choose_config(4096, 4096, 4096, 1, adapter=a).group == 0
+    # attention's scores and context products
+    assert mm.choose_config(256, 256, 64, 512, adapter=a) == batched
+    assert mm.choose_config(512, 64, 512, 96, adapter=a) == batched
+    # a weight gradient: split-K with the wide tile
+    cfg = mm.choose_config(512, 1536, 16384, 1, adapter=a)
+    assert (cfg.splits, cfg.wx, cfg.wy, cfg.tm, cfg.tn) == (11, 8, 16, 8, 16)
+    # few tiles: the shrinking rule, as on adapters without a row
+    assert mm.choose_config(1024, 1024, 1024, 1, adapter=a) == \
+        mm.choose_config(1024, 1024, 1024, 1, adapter="some GPU")
+
+
 @pytest.mark.parametrize("M,K,N,nb,splits", [
     (512, 16384, 1536, 1, 11),   # the QKV weight gradient of the 64 x 256 GPT step
     (512, 16384, 2048, 1, 4),    # the MLP up-projection's

@@ -131,6 +131,7 @@ function setState(next, text, kind = "busy") {
   $("run").disabled = !idle;
   $("stop").disabled = next !== "running";
   $("save").disabled = $("load").disabled = !idle;
+  $("time-kernels").disabled = !idle || !$("kernels").childElementCount;
   $("examples").disabled = !idle && next !== "booting";
 }
 
@@ -212,6 +213,8 @@ async function refreshKernels() {
       d.className = "kernel";
       const s = document.createElement("summary");
       s.textContent = `${total + 1}. ${k.label}  [${k.workgroups.join("×")} workgroups]`;
+      const time = Object.assign(document.createElement("span"), { className: "gpu-time" });
+      s.append(time);  // filled by timeKernels()
       const pre = document.createElement("pre");
       pre.textContent = k.wgsl;
       d.append(s, pre);
@@ -220,6 +223,8 @@ async function refreshKernels() {
     }
   }
   $("kernel-count").textContent = models.length ? `(${total} dispatches per step)` : "";
+  $("kernel-timing").textContent = "";
+  $("time-kernels").disabled = !total || !["ready", "done", "stopped", "error"].includes(state);
   $("ir").textContent = models.map((m) => `# ${m.name}\n${m.ir}`).join("\n\n");
 }
 
@@ -249,6 +254,30 @@ function stop() {
   if (state !== "running") return;
   setState("stopping", "Stopping at the end of the current step…");
   webgrad.interrupt();
+}
+
+// GPU time of every kernel: the worker profiles one step of the newest model on its last batch
+// and puts the weights back (webgrad_worker.time_kernels); each summary line gets its time.
+async function timeKernels() {
+  const button = $("time-kernels");
+  button.disabled = true;
+  $("kernel-timing").textContent = "timing…";
+  try {
+    const { name, timing, total_ms: total, kernels } =
+      await webgrad.call("webgrad_worker.time_kernels");
+    const spans = [...document.querySelectorAll("#kernels .gpu-time")];
+    spans.forEach((span, i) => {
+      const ms = kernels[i];
+      span.textContent = ms === null || ms === undefined ? "" : `  ${ms.toFixed(3)} ms`;
+    });
+    const how = timing === "timestamp" ? "GPU timestamps" : "each kernel submitted alone";
+    $("kernel-timing").textContent = `${name}: ${total === null ? "-" : total.toFixed(2)} ms ` +
+      `of kernels per step (${how})`;
+  } catch (error) {
+    $("kernel-timing").textContent = `cannot time the kernels: ${error.message}`;
+  } finally {
+    button.disabled = !["ready", "done", "stopped", "error"].includes(state);
+  }
 }
 
 // --- weights ---------------------------------------------------------------------------------
@@ -319,6 +348,7 @@ async function start() {
   $("run").addEventListener("click", run);
   $("stop").addEventListener("click", stop);
   $("save").addEventListener("click", saveWeights);
+  $("time-kernels").addEventListener("click", timeKernels);
   $("load").addEventListener("click", () => $("load-file").click());
   $("load-file").addEventListener("change", (e) => {
     if (e.target.files[0]) loadWeights(e.target.files[0]);

@@ -114,7 +114,11 @@ async def train_finish():
     base = -sum(math.log((cnt[b] + 1) / (n + 256)) for b in t["heldtext"]) / len(t["heldtext"])
     m = gpt2.GPT2.from_compiled(c, cfg)      # the trained buffers themselves: no copy
     name = f"pydoc topics, {cfg.n_layer}x{cfg.n_embd}, ctx {cfg.n_ctx}, {t['step']} steps"
-    info = await modelcache.store_async(m, name=name, kind="trained", progress=_loading)
+    try:
+        info = await modelcache.store_async(m, name=name, kind="trained", progress=_loading)
+    except Exception as e:    # a full disk: the model is used all the same
+        info = {"key": None, "name": name, "kind": "trained", "cached": False, "seconds": 0.0,
+                "not_kept": str(e)}
     return {**_use(m, info), "held": held, "base": base, "step": t["step"]}
 `;
 
@@ -179,8 +183,9 @@ async function score() {
 
 // --- loading, with progress -------------------------------------------------------------
 
-const PHASES = { lookup: "Looking in the cache", hash: "Hashing", download: "Downloading", parse: "Parsing",
-                 store: "Keeping in the cache", read: "Reading from the cache", upload: "Uploading" };
+const PHASES = { lookup: "Looking in the cache", hash: "Hashing", download: "Downloading",
+                 parse: "Parsing", store: "Keeping in the cache", read: "Reading from the cache",
+                 upload: "Uploading" };
 
 function size(n) {
   return n >= 1e6 ? `${(n / 1e6).toFixed(1)} MB` : `${(n / 1e3).toFixed(1)} kB`;
@@ -196,13 +201,13 @@ webgrad.onEvent((msg) => {
 });
 
 function describe(info) {
-  const how = info.kind === "trained" && !info.cached ? `trained here (${info.step} steps) and kept`
-    : info.cached ? `from the cache in ${info.seconds.toFixed(2)} s`
-    : `downloaded/read, parsed and kept in the cache in ${info.seconds.toFixed(2)} s`;
+  const secs = `${info.seconds.toFixed(2)} s`;
+  const how = info.cached ? `from the cache in ${secs}`
+    : info.kind === "trained" ? `trained here (${info.step} steps)${info.not_kept ? "" : " and kept"}`
+    : `downloaded/read and parsed${info.not_kept ? "" : ", and kept in the cache,"} in ${secs}`;
   const layers = `${info.n_layer} layer${info.n_layer === 1 ? "" : "s"}`;
   return `Model: ${info.name} — ${layers}, n_embd ${info.n_embd}, ${info.vocab} tokens, ` +
-    `context ${info.n_ctx}; ${info.not_kept ? how.replace(" and kept in the cache", "") +
-    ` (not kept in the cache: ${info.not_kept})` : how}`;
+    `context ${info.n_ctx}; ${how}` + (info.not_kept ? ` (not kept in the cache: ${info.not_kept})` : "");
 }
 
 function shown(info) {
@@ -346,7 +351,7 @@ async function train() {
     const info = await webgrad.call("train_finish");
     show(`${stopRequested ? "Stopped" : "Done"} at step ${info.step}: held-out loss ` +
          `${info.held.toFixed(3)} nats/byte (unigram baseline ${info.base.toFixed(3)})`, info.step);
-    lastSource = { key: info.key };
+    lastSource = info.key ? { key: info.key } : null;
     shown(info);
     $("train-line").dataset.done = "1";
     await score();

@@ -8,12 +8,14 @@
 //   await gpu.ready(id);                      // bind group per dispatch; ready() rejects with the
 //                                             // WGSL compile / validation errors
 //   const bytes = await gpu.run(id, meta, blob, reads);   // ONE submit; ArrayBuffer of reads
+//   const { timing, seconds } = await gpu.profile(id, meta, blob);  // one step, each kernel timed
 //
 // Errors thrown to Python carry `name`: "WGSLError" (shader compile or pipeline validation),
 // "DeviceLostError" (device.lost resolved: nothing can run on this device any more),
 // "GPUValidationError" / "GPUOutOfMemoryError" (anything else WebGPU refused), "PlanError".
 
 const STAGING_POOL = 4;  // free staging buffers kept per read buffer; more are made on demand
+const WANTED_FEATURES = ["timestamp-query"];  // requested where the adapter has them
 
 function named(name, message) {
   const error = new Error(message);
@@ -53,7 +55,12 @@ export async function requestDevice(options = {}) {
       "(WebGPU may be disabled or blocklisted here: see chrome://gpu)");
   }
   const requiredLimits = plainLimits(adapter.limits);
-  const device = await adapter.requestDevice({ requiredLimits, label: "webgrad" });
+  // timestamps let profile() time each kernel on the GPU; they cost nothing when unused
+  // (options.features: request these instead, e.g. [] for a device without timestamps)
+  const requiredFeatures = (options.features ?? WANTED_FEATURES)
+    .filter((f) => adapter.features.has(f));
+  const device = await adapter.requestDevice({ requiredLimits, requiredFeatures,
+                                               label: "webgrad" });
   return new Replay(device, describe(adapter.info));
 }
 
@@ -75,6 +82,7 @@ export class Replay {
     this.queue = device.queue;
     this.info = info;
     this.limits = plainLimits(device.limits);
+    this.features = [...device.features].sort();
     this.lost = null;        // {reason, message} once device.lost resolved
     this.uncaptured = [];    // recent errors no scope caught, quoted in later messages
     this.modules = new Map();   // WGSL text -> {pipeline, check: Promise<string|null>}
@@ -352,6 +360,103 @@ export class Replay {
       for (const s of staging) s.destroy();
       // device.lost resolves a moment after the failure that it causes: wait for it briefly so
       // that a lost device is reported as such, not as the failed mapAsync it led to.
+      if (!this.lost) await Promise.race([this.device.lost, new Promise((r) => setTimeout(r, 50))]);
+      if (this.lost) throw this.lostError();
+      throw e;
+    }
+  }
+
+  /** One step with every dispatch timed (profile.py's host side; NativeHost.profile is the
+   *  same for wgpu-py): the writes, then each dispatch in a compute pass of its own. With
+   *  'timestamp-query', GPU timestamps at each pass's start and end, all in ONE submission
+   *  (timing "timestamp"; a browser may quantise them, Chrome to 100 us without
+   *  --enable-webgpu-developer-features, so a short kernel may read 0 while sums stay right
+   *  on average; headless Chromium's SwiftShader gave unquantised times). Without it, each
+   *  command is submitted alone and waited for
+   *  (onSubmittedWorkDone), "wall" time including a submission's latency. Resolves to
+   *  {timing, seconds}: seconds per plan command in order, null for copies. */
+  async profile(id, meta, blob) {
+    const program = this.program(id);
+    if (!program.loaded) await program.ready;
+    const { device, queue } = this;
+    for (let i = 0; i < meta.length; i += 4) {
+      queue.writeBuffer(program.buffers[meta[i]], meta[i + 3], blob, meta[i + 1], meta[i + 2]);
+    }
+    // the plan's commands in order: {d} a dispatch, {copy} a copy
+    const commands = program.segments.flatMap((seg) => seg.dispatches
+      ? seg.dispatches.map((d) => ({ d })) : [{ copy: seg }]);
+    const encodeOne = (encoder, c, timestampWrites) => {
+      if (c.d) {
+        const pass = encoder.beginComputePass(timestampWrites ? { timestampWrites } : undefined);
+        pass.setPipeline(c.d.pipeline);
+        pass.setBindGroup(0, c.d.bindGroup);
+        pass.dispatchWorkgroups(c.d.x, c.d.y, c.d.z);
+        pass.end();
+      } else {
+        const s = c.copy;
+        encoder.copyBufferToBuffer(s.src, s.srcOffset, s.dst, s.dstOffset, s.size);
+      }
+    };
+    device.pushErrorScope("validation");
+    let popped = false;
+    const check = async () => {
+      popped = true;
+      const error = await device.popErrorScope();
+      if (error) throw named("GPUValidationError", `profiling program ${id}: ${error.message}`);
+    };
+    try {
+      if (!device.features.has("timestamp-query")) {
+        const seconds = [];
+        for (const c of commands) {
+          const encoder = device.createCommandEncoder();
+          encodeOne(encoder, c, null);
+          const t0 = performance.now();
+          queue.submit([encoder.finish()]);
+          await queue.onSubmittedWorkDone();
+          seconds.push((performance.now() - t0) / 1e3);
+        }
+        await check();
+        return { timing: "wall", seconds };
+      }
+      const nd = commands.filter((c) => c.d).length;
+      const querySet = device.createQuerySet({ type: "timestamp", count: 2 * Math.max(nd, 1) });
+      const bytes = 16 * Math.max(nd, 1);
+      const resolved = device.createBuffer({
+        size: bytes, usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC });
+      const staging = device.createBuffer({
+        size: bytes, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+      try {
+        const encoder = device.createCommandEncoder();
+        let k = 0;
+        for (const c of commands) {
+          encodeOne(encoder, c, c.d ? { querySet, beginningOfPassWriteIndex: 2 * k,
+                                         endOfPassWriteIndex: 2 * k + 1 } : null);
+          if (c.d) k++;
+        }
+        if (nd) {
+          encoder.resolveQuerySet(querySet, 0, 2 * nd, resolved, 0);
+          encoder.copyBufferToBuffer(resolved, 0, staging, 0, bytes);
+        }
+        queue.submit([encoder.finish()]);
+        await staging.mapAsync(GPUMapMode.READ);
+        const ticks = new BigUint64Array(staging.getMappedRange().slice(0));  // nanoseconds
+        staging.unmap();
+        await check();
+        k = 0;
+        const seconds = commands.map((c) => {
+          if (!c.d) return null;
+          const [t0, t1] = [ticks[2 * k], ticks[2 * k + 1]];
+          k++;
+          return t1 > t0 ? Number(t1 - t0) / 1e9 : 0;
+        });
+        return { timing: "timestamp", seconds };
+      } finally {
+        querySet.destroy();
+        resolved.destroy();
+        staging.destroy();
+      }
+    } catch (e) {
+      if (!popped) device.popErrorScope().catch(() => {});
       if (!this.lost) await Promise.race([this.device.lost, new Promise((r) => setTimeout(r, 50))]);
       if (this.lost) throw this.lostError();
       throw e;

@@ -330,6 +330,30 @@ def _describe(name: str, c) -> dict:
             "ir": str(c.ir) if train is not None else ""}
 
 
+async def time_kernels() -> dict:
+    """GPU time of each dispatch of the newest live model's training step, for the kernel
+    panel: c.profile() on the feed of its last step, with the parameters, optimizer state and
+    step counter put back afterwards (a profiled step trains), so the model is left as it
+    was. {"name", "timing" ("timestamp" where the adapter has 'timestamp-query', else "wall"),
+    "total_ms", "kernels": [ms per dispatch, in the panel's order]}."""
+    name, c = _current()
+    if c.last_feed is None:
+        raise LookupError(f"{name} has not trained a step yet: the kernels are timed on the "
+                          "feed of its last step")
+    snapshot = c.save(optimizer=True)
+    try:
+        prof = await c.profile_async(c.last_feed)
+    finally:
+        c.load(snapshot)
+    # the profile has a row per plan command; the panel lists the dispatches only
+    plan = c._train.exe.plan
+    ms = [None if r.seconds is None else 1e3 * r.seconds
+          for r, cmd in zip(prof.rows, plan["commands"]) if cmd.get("op") == "dispatch"]
+    total = prof.total_seconds
+    return {"name": name, "timing": prof.timing, "kernels": ms,
+            "total_ms": None if total is None else 1e3 * total}
+
+
 def weights_save() -> dict:
     """The newest live model's checkpoint (params, optimizer state, step) as safetensors bytes."""
     name, c = _current()

@@ -10,6 +10,10 @@
 // `setup(config)` builds the library's model and returns `step(x, y) -> Promise<number>`: one
 // Adam step on a batch given as two Float32Arrays, resolving to the loss as a JS number.
 //
+// Models with other inputs (the transformers of bench/transformer_browser.py) send
+// config.feeds = {name: {dtype: "i32" | "f32", data: [...]}} instead of xs / ys, each data
+// holding `steps` equal slices; their step gets one argument, {name: TypedArray slice}.
+//
 // Timing is the same for every library (and for webgrad's loop in the worker): the wall time of
 // one step() call, from host batch to loss read back, median over the steps after `warmup`.
 // Kernel dispatches are counted on one warm-up step by wrapping the WebGPU compute pass's
@@ -47,27 +51,49 @@ async function countDispatches(fn) {
   }
 }
 
-async function run(name, version, setup, config) {
-  const { steps, warmup, batch } = config;
-  if (!(warmup < steps)) throw new Error(`warmup (${warmup}) must be below steps (${steps})`);
+/** MLP configs: step i's arguments are [x, y], two Float32Array slices of `batch` values. */
+function xySlicer(config) {
+  const { steps, batch } = config;
   const xs = Float32Array.from(config.xs), ys = Float32Array.from(config.ys);
   if (xs.length !== steps * batch || ys.length !== steps * batch)
     throw new Error(`config has ${xs.length} x / ${ys.length} y values; steps * batch is ` +
                     `${steps * batch}`);
+  return (i) => [xs.subarray(i * batch, (i + 1) * batch), ys.subarray(i * batch, (i + 1) * batch)];
+}
+
+/** config.feeds: step i's argument is [{name: its i-th slice}], typed by each feed's dtype. */
+function feedSlicer(feeds, steps) {
+  const arrays = {};
+  for (const [name, { dtype, data }] of Object.entries(feeds)) {
+    if (dtype !== "i32" && dtype !== "f32") throw new Error(`feed ${name}: dtype ${dtype}`);
+    if (data.length % steps) throw new Error(`feed ${name}: ${data.length} values do not ` +
+                                             `split into ${steps} steps`);
+    arrays[name] = dtype === "i32" ? Int32Array.from(data) : Float32Array.from(data);
+  }
+  return (i) => [Object.fromEntries(Object.entries(arrays).map(([name, a]) => {
+    const n = a.length / steps;
+    return [name, a.subarray(i * n, (i + 1) * n)];
+  }))];
+}
+
+async function run(name, version, setup, config) {
+  const { steps, warmup } = config;
+  if (!(warmup < steps)) throw new Error(`warmup (${warmup}) must be below steps (${steps})`);
+  const batchOf = config.feeds ? feedSlicer(config.feeds, steps) : xySlicer(config);
   const t0 = performance.now();
   const model = await setup(config);
   const setupMs = performance.now() - t0;
   const times = [], losses = [];
   let dispatches = null;
   for (let i = 0; i < steps; i++) {
-    const x = xs.subarray(i * batch, (i + 1) * batch), y = ys.subarray(i * batch, (i + 1) * batch);
+    const args = batchOf(i);  // sliced before the clock starts, as webgrad's batches are made
     if (i === warmup - 1) {  // the last warm-up step: compiled by now, not timed
-      const [loss, count] = await countDispatches(() => model.step(x, y));
+      const [loss, count] = await countDispatches(() => model.step(...args));
       losses.push(loss); times.push(NaN); dispatches = count;
       continue;
     }
     const start = performance.now();
-    const loss = await model.step(x, y);
+    const loss = await model.step(...args);
     times.push(performance.now() - start);
     losses.push(loss);
   }
@@ -76,7 +102,8 @@ async function run(name, version, setup, config) {
     library: name, version, steps, warmup, setup_ms: setupMs,
     ms_per_step: median(timed), ms_p10: quantile(timed, 0.1), ms_p90: quantile(timed, 0.9),
     first_step_ms: times[0], dispatches, loss: losses[losses.length - 1], first_loss: losses[0],
-    losses: losses.filter((_, i) => i % 10 === 0), ...(model.info ?? {}),
+    losses: losses.filter((_, i) => i % 10 === 0), first_losses: losses.slice(0, 20),
+    ...(model.info ?? {}),
   };
 }
 

@@ -114,6 +114,7 @@ class CompiledModule:
         self.backend, self._factory, self._specs, self.seed = backend, factory, specs, seed
         self._train, self._forward = train, forward
         self._destroyed = False
+        self.last_feed = None  # the feed of the last successful step()
         self.serial = next(_serials)  # creation order: "the newest model" (the playground's Save)
         self._siblings = weakref.WeakSet()  # forward programs over this store (recover() reloads them)
         self._guard = (Guard(self, check_finite=check_finite, recovery=recovery)
@@ -175,6 +176,7 @@ class CompiledModule:
             if self._guard is not None:
                 await self._guard.ensure_copy()
             loss, caps = await self._train.execute(feed, "step", "loss", with_captures)
+            self.last_feed = feed  # what the playground's kernel timing profiles
             loss = float(loss[0])
             if self._guard is not None:
                 await self._guard.after_step(loss)

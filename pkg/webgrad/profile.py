@@ -16,13 +16,16 @@ command of the plan with
               2 x (kept query-key pairs) x (the widths of its products)
   seconds     GPU time from timestamp queries where the adapter has 'timestamp-query',
               else the wall time of the dispatch submitted alone ("wall": includes a
-              submission's latency), None where the host cannot time (the browser today)
+              submission's latency), None where the host cannot time
 and the achieved GB/s and GFLOP/s. (Dawn quantises timestamps, to 65.5 us on the H200: a
 short kernel reads 0 or 0.066 ms, while sums over many kernels stay right on average.) `Profile.text(top=10)` prints the rows that took the
 most time. The static columns (`kernel_costs`, computed at lowering from fusion's groups)
-exist on every host; the timing is the host's `profile(program, writes)`
-(backends/webgpu_native.py). The browser host has no timing yet: worker/replay.mjs would
-need the same per-dispatch timestamp passes (BrowserHost.profile is the place to add it).
+exist on every host; the timing is the host's `profile(program, writes)`: natively
+backends/webgpu_native.py, in the browser backends/webgpu_browser.py over worker/replay.mjs's
+`profile`, which asks for 'timestamp-query' where the adapter has it (headless Chromium's
+SwiftShader does, with webgrad.browser.CHROMIUM_FLAGS alone). A browser may quantise the
+timestamps (Chrome to 100 us without --enable-webgpu-developer-features): short kernels then
+read 0 or 0.1 ms, sums stay right on average.
 """
 from __future__ import annotations
 

@@ -401,6 +401,19 @@ TILED_IN_BROWSER = ["attention/qkv_slices_T70_D32", "attention/tiled_odd_T37_D33
                     "attention/cache_position"]
 
 
+# The GPU tilings of codegen/matmul.py's ADAPTER_TILINGS (the H200 row's kinds: 8 x 16 per
+# thread with 128 threads, 64 x 64 tiles of 64 threads, vec4 global loads, tile rows in runs,
+# split-K), forced on the matmul records in the worker: SwiftShader would otherwise run the
+# barrier-free kernel, and Tint (not naga) compiles these kernels here.
+H200_TILINGS = {
+    "wide": "mm.Config(8, 16, 8, wx=8, wy=16, vload=True)",
+    "batched": "mm.Config(8, 8, 8, wx=8, wy=8, vload=True)",
+    "small_split_group": "mm.Config(4, 8, 16, wx=4, wy=8, splits=2, group=4, vload=True)",
+}
+H200_RECORDS = ("matmul/tiles_odd", "matmul/batched_odd", "matmul/aligned_epilogue",
+                "matmul/wgrad_odd")
+
+
 @browser
 @needs_webgpu_backend
 def test_tiled_attention_in_browser(s):
@@ -437,6 +450,35 @@ finally:
             pytest.fail(f"{name!r} with tiled attention failed in the browser worker:\n"
                         f"{result['error']}", pytrace=False)
         oracle.check_result(oracle.BY_NAME[name], result["got"], "webgpu (browser, tiled)")
+
+
+@browser
+@needs_webgpu_backend
+def test_matmul_records_under_gpu_tilings_in_browser(s):
+    import oracle
+    ship_module(s, "oracle", (REPO / "tests" / "oracle.py").read_text())
+    got = s.run(f"""
+import oracle, traceback
+from webgrad.codegen import matmul as mm
+results = {{}}
+for tag, cfg in {H200_TILINGS!r}.items():
+    mm.FORCE_CONFIG = eval(cfg)
+    try:
+        for name in {H200_RECORDS!r}:
+            try:
+                results[tag + " " + name] = {{"ok": True,
+                    "got": await oracle.run_webgrad_by_name(name, "webgpu")}}
+            except Exception:
+                results[tag + " " + name] = {{"ok": False, "error": traceback.format_exc(limit=-4)}}
+    finally:
+        mm.FORCE_CONFIG = None
+results
+""", timeout=600)
+    assert len(got) == len(H200_TILINGS) * len(H200_RECORDS)
+    for key, result in got.items():
+        assert result["ok"], f"{key} failed in the browser worker:\n{result['error']}"
+        oracle.check_result(oracle.BY_NAME[key.split(" ", 1)[1]], result["got"],
+                            f"webgpu (browser, SwiftShader), tiling {key.split()[0]}")
 
 
 def torch_mlp_mse(params: dict) -> float:

@@ -113,6 +113,35 @@ def test_weights_download_and_load_back(page, browser_session, tmp_path):
 _PARAMS = "{k: list(map(float, v)) for k, v in c.download_params().items()}"
 
 
+def test_kernel_panel_times_every_kernel_and_leaves_the_model(page, browser_session):
+    """"Time the kernels" profiles one step of the trained model on its last batch: every
+    dispatch of the panel gets a time (GPU timestamps where the device has them), the line
+    above gives their sum, and the checkpoint (parameters, optimizer state, step counter) is
+    byte for byte the one from before: the worker puts back what the profiled step trained."""
+    s = browser_session
+    if not s.run("'c' in globals() and not c._destroyed and c.last_feed is not None"):
+        pytest.skip("needs the model trained by the test before")
+    page.evaluate("document.querySelector('#kernels-panel').open = true")
+    checkpoint = "import hashlib\nhashlib.sha256(bytes(c.save(optimizer=True))).hexdigest()"
+    before = s.run(checkpoint)  # parameters, optimizer state and the step counter
+    page.click("#time-kernels")
+    page.wait_for_function("(t => t && !t.startsWith('timing'))("
+                           "document.querySelector('#kernel-timing').textContent)",
+                           timeout=120_000)
+    text = page.eval_on_selector("#kernel-timing", "e => e.textContent")
+    assert "cannot" not in text, text
+    timestamps = s.run("import webgrad.backends.webgpu_browser as wb\n"
+                       "'timestamp-query' in list(wb._shared.features)")
+    assert ("GPU timestamps" in text) == timestamps, text
+    times = page.eval_on_selector_all("#kernels .gpu-time", "els => els.map(e => e.textContent)")
+    assert len(times) == s.run("c.kernel_count")
+    ms = [float(t.strip().removesuffix(" ms")) for t in times]
+    assert all(m >= 0 for m in ms) and sum(ms) > 0, ms
+    total = float(text.split(": ")[1].split(" ms")[0])
+    assert math.isclose(sum(ms), total, rel_tol=0.01, abs_tol=0.01), (sum(ms), total)
+    assert s.run(checkpoint) == before
+
+
 def test_stop_mid_run_keeps_last_step_and_runs_again(page, browser_session):
     page.select_option("#examples", "mlp_sin.py")
     page.wait_for_function("window.playground.code.includes('def fit(')")

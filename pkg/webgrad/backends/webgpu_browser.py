@@ -104,18 +104,30 @@ def _translate(e: BaseException, what: str) -> BaseException:
     return e
 
 
-async def request_device(*, new: bool = False):
-    """The worker's shared device (a JS Replay), requested with the adapter's maximum limits.
+async def request_device(*, new: bool = False, features: list[str] | None = None):
+    """The worker's shared device (a JS Replay), requested with the adapter's maximum limits
+    and 'timestamp-query' where the adapter has it (the profiler's GPU times).
 
     A lost shared device is replaced by a fresh one. ``new=True`` returns a device of its own
-    that nothing else shares (for tests that destroy it).
+    that nothing else shares (for tests that destroy it); ``features`` (with ``new=True``)
+    lists the optional features to request instead, e.g. [] for a device without timestamps.
     """
     global _shared
     _require_pyodide("request_device()")
+    if features is not None and not new:
+        raise ValueError("request_device(features=...) needs new=True (the shared device "
+                         "has the default features)")
     if new or _shared is None or _shared.lost:
         module = await _module()
         try:
-            replay = await module.requestDevice()
+            if features is None:
+                replay = await module.requestDevice()
+            else:
+                from pyodide.ffi import to_js
+                from js import Object
+                replay = await module.requestDevice(
+                    to_js({"features": list(features)}, dict_converter=Object.fromEntries,
+                          create_pyproxies=False))
         except Exception as e:
             raise _translate(e, "requesting a WebGPU device") from None
         if new:
@@ -238,6 +250,22 @@ class BrowserHost(GPUHost):
 
     async def read(self, program: int, buffer: int) -> bytes:
         return (await self._run(program, {}, [buffer], False))[0]
+
+    async def profile(self, program: int, writes: dict[int, bytes]):
+        """Run the program once with every dispatch timed (worker/replay.mjs `profile`):
+        ([seconds per command, None for copies], "timestamp") from GPU timestamps where the
+        device has 'timestamp-query', else "wall" times of each command submitted alone."""
+        from pyodide.ffi import to_js
+        sizes = self._check(program)
+        meta, blob = self._pack(program, sizes, writes)
+        try:
+            out = await self._gpu.profile(program, to_js(meta), blob)
+        except Exception as e:
+            raise _translate(e, f"profiling program {program}") from None
+        # a copy's entry is JS null (pyodide's JsNull, not None)
+        seconds = [float(t) if isinstance(t, (int, float)) else None
+                   for t in out.seconds.to_py()]
+        return seconds, str(out.timing)
 
     async def _run(self, program, writes, reads, commands):
         from pyodide.ffi import to_js

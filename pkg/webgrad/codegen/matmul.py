@@ -1,36 +1,48 @@
 """Matmul: C[b, m, n] = sum_k A[b, m, k] B[b, k, n] with batch broadcasting; two kernels.
 
-Barrier-free (`_build_direct`, on CPU adapters: `use_direct`): each thread owns an 8 x 4
+Barrier-free (`_build_direct`, on CPU adapters: `use_direct`): each thread owns an 8 x 8
 block of C and loops over K reading A and B straight from global memory. CPU-emulated
 WebGPU (SwiftShader, lavapipe) runs a workgroup's threads as fibers, so a barrier costs a
 switch per thread: there this kernel is several times faster than the tiled one at any
 size. Tiled (every GPU), below:
 
-A workgroup of 16 x 16 threads computes a BM x BN tile of C (BM = 16 TM, BN = 16 TN): each
-thread owns a TM x TN block of accumulators held in registers (the code is unrolled here, in
-Python, so they stay registers). K advances BK at a time: the workgroup stages an A tile
-(BM x BK) and a B tile (BK x BN) in shared memory, k-major so that a thread's TM (TN)
-operands are adjacent, then every thread does TM*TN*BK fused multiply-adds.
+A workgroup of WY x WX threads (16 x 16 by default) computes a BM x BN tile of C (BM = WY
+TM, BN = WX TN): each thread owns a TM x TN block of accumulators held in registers (the
+code is unrolled here, in Python, so they stay registers). K advances BK at a time: the
+workgroup stages an A tile (BM x BK) and a B tile (BK x BN) in shared memory, k-major so
+that a thread's TM (TN) operands are adjacent, then every thread does TM*TN*BK fused
+multiply-adds. Reading those operands from shared memory is what limits the kernel on an
+H200 (without global loads it ran at 43 TFLOP/s, without shared reads too at 60, with
+both at 37, 8 x 8 per thread): more outputs per thread (8 x 16) read fewer operands per
+multiply-add. Where an operand's layout allows, threads read it from global memory as vec4
+(`_vec_axis`), a quarter of the load instructions.
 
 Operands are *strided views* (layout.strided_view): base buffer, offset, and per axis a
 list of (size, stride) digits. A transposed operand (backward passes multiply by
 swap_axes(W)) is just other strides, a broadcast batch axis has stride 0, and merge_heads'
 transpose + reshape is two digits on one axis: nothing is copied. A weight gradient
 sum_b x_b^T g_b is one matmul whose K axis runs over (b, k) (fusion.matmul_fold). The
-thread->element map of the tile
-loads follows whichever axis has the smaller stride, so global reads stay coalesced for
-either orientation. An operand that is a view of dequantize(words) (a quantized weight,
-codegen/quant.py) is read through a decode of its blocks instead of a load: the f32 weight
-is never stored, only its blocks are read. Shapes are constants; bounds tests are emitted only where a dimension
-is not a multiple of its tile. The result goes to the group's epilogue `epi(flat, v)`, so
-elementwise consumers (bias, relu, an optimizer update) are fused into the writer.
+thread->element map of the tile loads follows whichever axis has the smaller stride, so
+global reads stay coalesced for either orientation. An operand that is a view of
+dequantize(words) (a quantized weight, codegen/quant.py) is read through a decode of its
+blocks instead of a load: the f32 weight is never stored, only its blocks are read. Shapes
+are constants; bounds tests are emitted only where a dimension is not a multiple of its
+tile. The result goes to the group's epilogue `epi(flat, v)`, so elementwise consumers
+(bias, relu, an optimizer update) are fused into the writer.
 
 Split-K: a long K over too few output tiles to fill the GPU's waves (a weight gradient,
 K = B*T; the LM head's input gradient, K = vocabulary) keeps the large tile and gives each
 workgroup one K chunk; the chunks' partial sums go to scratch and a second kernel adds them
 in chunk order (deterministic) and runs the epilogue. How many workgroups run at once is a
 property of the adapter: ADAPTER_TILINGS, a table keyed by words of the adapter's
-description, not a start-up search; adapters without a row never split.
+description, not a start-up search; adapters without a row never split. The table also
+names the tile of each shape class (wide products, batches of small ones such as
+attention's, split-K) and the tile order (runs of tile rows, so that a vocabulary-wide
+product's B panels stay in L2).
+
+Subgroup operations (the H200's Dawn adapter has them) are not used: sharing operands
+between lanes by shuffles moves one float per lane and instruction where a shared-memory
+vec4 read moves four, and operand traffic is what limits this kernel; none was measured.
 """
 from __future__ import annotations
 
@@ -39,6 +51,7 @@ from math import prod
 
 from .layout import digits_addr
 from .quant import QuantOperand, group_helpers, operand_reader
+from .wgsl import BindingTypeClash
 
 
 TARGET_TILES = 256  # fewer workgroups than this: shrink the tile (an H200 has 132 SMs)
@@ -46,36 +59,21 @@ SPLIT_MIN_K = 2048  # split K (rather than shrink the tile) only for K at least 
 SPLIT_MIN_CHUNK = 512  # ... and never into K chunks shorter than this
 MAX_SPLITS = 16
 
-# Tilings per adapter class: the first row whose words occur in the adapter's description
-# (Limits.adapter) applies. "slots": how many 16 x 16-thread workgroups of the largest tile
-# run at once (SMs x workgroups per SM): split-K sizes its grid in whole waves of these;
-# "double": double-buffered shared memory (Config.double).
-# Measured on the H200 (bench/matmul.py --sizes issue, bench/README.md); GPUs not listed
-# get no split-K (their slot count is unknown) and the tile-shrinking rule alone.
-ADAPTER_TILINGS = (
-    # 132 SMs, two 128 x 128 workgroups each. Double buffering measured slower here (4096:
-    # 0.64x torch against 0.73x single-buffered, 2026-11-30), so it stays off.
-    (("h200", "h100"), {"slots": 264, "double": False}),
-)
-
-
-def adapter_tiling(adapter: str) -> dict:
-    text = adapter.lower()
-    for words, row in ADAPTER_TILINGS:
-        if any(w in text for w in words):
-            return row
-    return {}
 FORCE_CONFIG = None  # bench/matmul.py sets a Config here to compare tilings
 DIRECT_WG = 64             # threads per workgroup of the barrier-free kernel
-DIRECT_TM, DIRECT_TN = 8, 4  # C block per thread of the barrier-free kernel
+# C block per thread of the barrier-free kernel: 8 x 8 (16 loads per 64 FMAs). In headless
+# Chromium (SwiftShader) the addition transformer's step took ~15% less than with 8 x 4,
+# the MLP's and the tiny transformer's the same (bench/README.md, transformer_browser.py).
+# (Unrolling the K loop by 4 measured no better there.)
+DIRECT_TM, DIRECT_TN = 8, 8
 FORCE_DIRECT = None        # tests: True/False forces the barrier-free/tiled kernel
 
 
 @dataclass(frozen=True)
 class Config:
-    """tm x tn accumulators per thread (16 x 16 threads: a 16 tm x 16 tn tile), bk: K step.
-    vec: a thread's rows (columns) are 4-wide groups 64 apart, read from shared memory as
-    vec4 (conflict-free); prefetch: the next K step's global loads are issued into
+    """tm x tn accumulators per thread (wy x wx threads: a wy tm x wx tn tile), bk: K step.
+    vec: a thread's rows (columns) are 4-wide groups 4 wy (4 wx) apart, read from shared
+    memory as vec4 (conflict-free); prefetch: the next K step's global loads are issued into
     registers before this step's multiply-adds, hiding their latency."""
     tm: int
     tn: int
@@ -85,11 +83,57 @@ class Config:
     prefetch: bool = True
     splits: int = 1  # split-K: workgroups each sum one K chunk, a second kernel adds them
     double: bool = False  # two shared-memory buffers: one barrier per K step, not two
+    wx: int = 16  # threads along N (a tile is wy tm x wx tn)
+    wy: int = 16  # threads along M
+    group: int = 0  # tile order: runs of `group` tile rows walked column by column (L2 reuse)
+    vload: bool = False  # vec4 global loads where the operands' layouts allow (_vec_axis)
 
     @property
-    def bm(self): return 16 * self.tm
+    def bm(self): return self.wy * self.tm
     @property
-    def bn(self): return 16 * self.tn
+    def bn(self): return self.wx * self.tn
+    @property
+    def threads(self): return self.wx * self.wy
+
+
+# Tilings per adapter class: the first row whose words occur in the adapter's description
+# (Limits.adapter) applies; no start-up search. Keys of a row:
+#   "slots": how many workgroups of a 128 x 128 tile run at once (SMs x workgroups per SM):
+#       split-K sizes its grid in whole waves of these;
+#   "double": double-buffered shared memory (Config.double);
+#   "split": the tile of a split-K product; "wide": the tile of a product with at least 3/4
+#       of a wave of 128 x 128 tiles, its K step "wide_bk" once there are 3 waves or more;
+#   "batched": the tile of a batch of small products (M x N <= BATCHED_MN: attention's
+#       [B*H] x [T, 64] @ [64, T] and the products of its backward pass);
+#   "group": tile order in runs of this many tile rows when one tile row has at least a
+#       wave of tiles (a vocabulary-wide product), so that the B panels stay in L2.
+# Shapes no class takes keep the tile-shrinking rule. GPUs not listed get no split-K
+# (their slot count is unknown) and that rule alone.
+BATCHED_MN = 512 * 512
+ADAPTER_TILINGS = (
+    # 132 SMs. Measured 2026-11-30 (bench/matmul.py, bench/README.md), ratios to torch fp32:
+    # the 128-thread 8 x 16-per-thread tile beat the 256-thread 8 x 8 one at 4096 (0.78 with
+    # K step 16, 0.76 with 8, against 0.73), 0.86 with vec4 loads; the GPT step's forward
+    # products went from 0.72-0.75 to 0.86-0.87, its weight gradients from 0.73-0.79 to
+    # 0.83-0.91; a 64 x 64 tile of 64 threads does attention's products (scores 1.01
+    # against 0.82); runs of 32 tile rows and the new tile took the [4096 x 768] @ [768 x
+    # 50257] logits from 9.9 to 8.3 ms. Double buffering was slower (0.64-0.69).
+    (("h200", "h100"), {
+        "slots": 264, "double": False,
+        "split": Config(8, 16, 8, wx=8, wy=16, vload=True),
+        "wide": Config(8, 16, 8, wx=8, wy=16, vload=True), "wide_bk": 16,
+        "batched": Config(8, 8, 8, wx=8, wy=8, vload=True),
+        "group": 32,
+    }),
+)
+
+
+def adapter_tiling(adapter: str) -> dict:
+    text = adapter.lower()
+    for words, row in ADAPTER_TILINGS:
+        if any(w in text for w in words):
+            return row
+    return {}
 
 
 def choose_splits(tiles: int, K: int, slots: int) -> int:
@@ -125,15 +169,28 @@ def _choose_config(M: int, N: int, K: int, nb: int, adapter: str) -> Config:
 
     def tiles(tm, tn):
         return -(-M // (16 * tm)) * -(-N // (16 * tn)) * nb
-    slots = adapter_tiling(adapter).get("slots", 0)
+    row = adapter_tiling(adapter)
+    slots = row.get("slots", 0)
     if K >= SPLIT_MIN_K and slots:
         # a long K over too few output tiles for whole waves (a weight gradient: K = B*T;
         # the LM head's input gradient: K = vocabulary): keep the large tile, which does
         # the most work per byte, and fill the GPU with K chunks instead
         S = choose_splits(tiles(tm, tn), K, slots)
         if S > 1:
+            if "split" in row and tm == tn == 8:
+                return replace(row["split"], splits=S)
             return Config(tm, tn, max(8 if max(tm, tn) >= 8 else 16, 16 // min(tm, tn)),
                           splits=S)
+    if "batched" in row and nb > 1 and M * N <= BATCHED_MN:
+        return row["batched"]
+    big = tiles(8, 8)  # 128 x 128 tiles
+    if "wide" in row and slots and 4 * big >= 3 * slots:  # 3/4 of a wave: 2048 square
+        cfg = row["wide"]
+        if big >= 3 * slots:
+            cfg = replace(cfg, bk=row.get("wide_bk", cfg.bk))
+        if row.get("group") and -(-N // cfg.bn) >= slots:
+            cfg = replace(cfg, group=row["group"])
+        return cfg
     while tiles(tm, tn) < TARGET_TILES and (tm > 2 or tn > 2):
         if tm >= tn:
             tm //= 2
@@ -143,12 +200,31 @@ def _choose_config(M: int, N: int, K: int, nb: int, adapter: str) -> Config:
     return Config(tm, tn, bk)
 
 
-def _offsets(T: int, vec: bool) -> list[int]:
-    """Offsets (within the tile, in units of the thread id) of a thread's T rows: with vec,
-    groups of 4 adjacent rows, 64 apart (thread t owns 4t..4t+3, 64+4t.., ...)."""
+def _offsets(T: int, vec: bool, w: int = 16) -> list[int]:
+    """Offsets (within the tile, in units of the thread id) of a thread's T rows, `w`
+    threads along the axis: with vec, groups of 4 adjacent rows, 4w apart (thread t owns
+    4t..4t+3, 4w+4t.., ...)."""
     if vec and T >= 4:
-        return [(i // 4) * 64 + i % 4 for i in range(T)]
+        return [(i // 4) * 4 * w + i % 4 for i in range(T)]
     return list(range(T))
+
+
+def _vec_axis(dims, off: int, X: int, K: int, rows: int, BK: int, NT: int) -> str | None:
+    """Which axis of an operand's tile ("x": M for A / N for B, "k") its threads may read
+    as vec4 (4 consecutive floats, 16-byte aligned), or None. `dims` lists the operand's
+    axes as [batch..., x, k] digit lists (layout.strided_view). The axis must be one digit
+    of stride 1 whose size is a multiple of 4 (so a vec4 never straddles the end), every
+    other stride and the offset multiples of 4, and the tile's vec4s shared evenly by the
+    NT threads."""
+    if rows * BK % (4 * NT) or off % 4:
+        return None
+    for axis, size in (("x", X), ("k", K)):
+        d = dims[-2] if axis == "x" else dims[-1]
+        if len(d) != 1 or d[0][1] != 1 or size % 4:
+            continue
+        if all(st % 4 == 0 for ax in dims if ax is not d for _, st in ax):
+            return axis
+    return None
 
 
 def use_direct(cpu: bool) -> bool:
@@ -212,13 +288,30 @@ def build_matmul(ctx, config: Config | None = None) -> list:
     cfg = config or group_config(ctx.limits, M, K, N, nb)
     if cfg is None:
         return _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh)
+    ops = (sa, offa, dima, ash), (sb, offb, dimb, bsh)
+    try:
+        return _build_tiled(ctx, node, cfg, *ops)
+    except BindingTypeClash:
+        # the epilogue reads or writes an operand's buffer, which a vec4 view of it cannot
+        # share (one binding per buffer): scalar loads
+        if not cfg.vload:
+            raise
+        return _build_tiled(ctx, node, replace(cfg, vload=False), *ops)
+
+
+def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
+    (sa, offa, dima, ash), (sb, offb, dimb, bsh) = opa, opb
+    M, K, N = ash[-2], ash[-1], bsh[-1]
+    batch = tuple(node.shape[:-2])
+    nb = prod(batch)
     BM, BN, BK, TM, TN = cfg.bm, cfg.bn, cfg.bk, cfg.tm, cfg.tn
+    WX, WY, NT = cfg.wx, cfg.wy, cfg.threads
     LDA, LDB = BM + cfg.pad, BN + cfg.pad
     va, vb = cfg.vec and TM >= 4, cfg.vec and TN >= 4
     if 4 * BK * (LDA + LDB) > ctx.limits.max_compute_workgroup_storage_size and BK > 8 \
-            and BM * 8 % 256 == 0 and BN * 8 % 256 == 0:
+            and BM * 8 % NT == 0 and BN * 8 % NT == 0:
         BK = 8
-    assert BM * BK % 256 == 0 and BN * BK % 256 == 0, cfg
+    assert BM * BK % NT == 0 and BN * BK % NT == 0, cfg
     tiles_m, tiles_n = -(-M // BM), -(-N // BN)
     total = tiles_m * tiles_n * nb
     S = cfg.splits
@@ -226,7 +319,21 @@ def build_matmul(ctx, config: Config | None = None) -> list:
 
     split = f" split {S}" if S > 1 else ""
     kernel = ctx.kernel(f"matmul {'x'.join(map(str, node.shape))} K={K} tile {BM}x{BN}x{BK}{split}")
-    A, B = operand_reader(kernel, sa), operand_reader(kernel, sb)  # f32 loads or decodes
+    # vec4 global loads where an operand's layout allows them on its fast axis (a quantized
+    # operand is decoded element by element: never vec4)
+    qa, qb = isinstance(sa, QuantOperand), isinstance(sb, QuantOperand)
+    mode_a = _vec_axis(dima, offa, M, K, BM, BK, NT) if cfg.vload and not qa else None
+    mode_b = _vec_axis(dimb[:-2] + [dimb[-1], dimb[-2]], offb, N, K, BN, BK, NT) \
+        if cfg.vload and not qb else None
+    if not (qa or qb) and sa.buffer == sb.buffer and (mode_a is None) != (mode_b is None):
+        mode_a = mode_b = None  # one binding, one element type
+
+    def reader(st, mode):  # at -> WGSL: an f32 load, a vec4 load, or a decode of blocks
+        if mode is None:
+            return operand_reader(kernel, st)
+        name = kernel.binding(st.buffer, "vec4_f32", what=st.what, nbytes=st.nbytes)
+        return lambda at: f"{name}[({at}) >> 2u]"
+    A, B = reader(sa, mode_a), reader(sb, mode_b)
     db = (cfg.double and cfg.prefetch
           and 8 * BK * (LDA + LDB) <= ctx.limits.max_compute_workgroup_storage_size)
     for name, ld, vec in (("As", LDA, va), ("Bs", LDB, vb)):
@@ -249,11 +356,24 @@ def build_matmul(ctx, config: Config | None = None) -> list:
         kbeg, kend = f"sk * {KS}u", em.let(f"min({K}u, sk * {KS}u + {KS}u)")
     else:
         kbeg, kend = "0u", f"{K}u"
-    L(f"let tn = w % {tiles_n}u;")
-    L(f"let tm = (w / {tiles_n}u) % {tiles_m}u;")
+    G = min(cfg.group, tiles_m)
+    if G > 1 and tiles_n > 1:
+        # runs of G tile rows, each run walked column by column: the workgroups running at
+        # once share a few B panels and G A panels, which stay in L2 (a [4096 x 768] @
+        # [768 x 50257] product in row order reads its 154 MB B once per tile row)
+        run = G * tiles_n
+        L(f"let wt = w % {tiles_m * tiles_n}u;")
+        L(f"let r0 = (wt / {run}u) * {G}u;")
+        L(f"let gr = min({G}u, {tiles_m}u - r0);")  # the last run may be shorter
+        L(f"let wr = wt % {run}u;")
+        L("let tm = r0 + wr % gr;")
+        L("let tn = wr / gr;")
+    else:
+        L(f"let tn = w % {tiles_n}u;")
+        L(f"let tm = (w / {tiles_n}u) % {tiles_m}u;")
     L(f"let bt = w / {tiles_m * tiles_n}u;")
-    L("let tx = lid % 16u;")
-    L("let ty = lid / 16u;")
+    L(f"let tx = lid % {WX}u;")
+    L(f"let ty = lid / {WX}u;")
     L(f"let row0 = tm * {BM}u;")
     L(f"let col0 = tn * {BN}u;")
     bdims = em.unravel("bt", batch) if batch else []
@@ -270,38 +390,53 @@ def build_matmul(ctx, config: Config | None = None) -> list:
             L(f"var {acc[i][j]}: f32 = 0.0f;")
 
     # -- staging: thread -> (x, k) element map, the global read, the shared store
-    def plan_tile(tag, rows, s_row, s_col, need_r, need_c, nrows, row0):
-        per = rows * BK // 256
+    def plan_tile(tag, rows, s_row, s_col, mode):
+        """Each thread's elements of the tile: (x, k, mode) with mode None (one float) or
+        "x" / "k" (4 consecutive floats along x / k, read as one vec4)."""
+        per = rows * BK // NT // (4 if mode else 1)
         x_fast = s_row == 1 or (s_col != 1 and s_row <= s_col)
         items = []
         for r in range(per):
-            e = f"({r * 256}u + lid)" if r else "lid"
-            xl, kl = (f"{e} % {rows}u", f"{e} / {rows}u") if x_fast else \
-                (f"{e} / {BK}u", f"{e} % {BK}u")
+            e = f"({r * NT}u + lid)" if r else "lid"
+            if mode == "x":
+                xl, kl = f"({e} % {rows // 4}u) * 4u", f"{e} / {rows // 4}u"
+            elif mode == "k":
+                xl, kl = f"{e} / {BK // 4}u", f"({e} % {BK // 4}u) * 4u"
+            else:
+                xl, kl = (f"{e} % {rows}u", f"{e} / {rows}u") if x_fast else \
+                    (f"{e} / {BK}u", f"{e} % {BK}u")
             L(f"let {tag}x{r} = {xl};")
             L(f"let {tag}k{r} = {kl};")
-            items.append((f"{tag}x{r}", f"{tag}k{r}"))
+            items.append((f"{tag}x{r}", f"{tag}k{r}", mode))
         return items
 
     def global_read(name, base_e, item, xdim, kdim, need_r, need_c, nrows, row0, k0):
-        x, k = item
+        # a vec4 item's 4 floats are all in range or all out: its axis' size is a multiple
+        # of 4 (_vec_axis), and so are its first index and the tile origins
+        x, k, mode = item
         gx, gk = f"({row0} + {x})", f"({k0} + {k})"
         at = " + ".join([base_e] + digits_addr(xdim, gx, nrows) + digits_addr(kdim, gk, K))
         conds = ([f"{gx} < {nrows}u"] if need_r else []) + ([f"{gk} < {K}u"] if need_c else [])
-        v = name(at)
-        return f"select(0.0f, {v}, {' && '.join(conds)})" if conds else v
+        v, zero = name(at), ("vec4<f32>(0.0f)" if mode else "0.0f")
+        return f"select({zero}, {v}, {' && '.join(conds)})" if conds else v
 
     def shared_store(arr, ld, vec, item, v, base=""):
-        x, k = item
-        at = f"{base}{k} * {ld}u + {x}"
-        if vec:
-            L(f"{{ let q = {at}; {arr}[q >> 2u][q & 3u] = {v}; }}")
-        else:
-            L(f"{arr}[{at}] = {v};")
+        x, k, mode = item
+        if mode == "x" and vec:  # 4 floats along x: one vec4 of the k-major tile
+            L(f"{arr}[({base}{k} * {ld}u + {x}) >> 2u] = {v};")
+            return
+        parts = [(f"{v}.{c}", f"{base}{k} * {ld}u + {x} + {j}u" if mode == "x" else
+                  f"{base}({k} + {j}u) * {ld}u + {x}") for j, c in enumerate("xyzw")] \
+            if mode else [(v, f"{base}{k} * {ld}u + {x}")]
+        for val, at in parts:
+            if vec:
+                L(f"{{ let q = {at}; {arr}[q >> 2u][q & 3u] = {val}; }}")
+            else:
+                L(f"{arr}[{at}] = {val};")
 
     need_m, need_n, need_k = M % BM != 0, N % BN != 0, K % BK != 0
-    ia = plan_tile("a", BM, sam, sak, need_m, need_k, M, "row0")
-    ib = plan_tile("b", BN, sbn, sbk, need_n, need_k, N, "col0")
+    ia = plan_tile("a", BM, sam, sak, mode_a)
+    ib = plan_tile("b", BN, sbn, sbk, mode_b)
     reads = ([(A, base_a, it, dima[-2], dima[-1], need_m, M, "row0", "As", LDA, va) for it in ia]
              + [(B, base_b, it, dimb[-1], dimb[-2], need_n, N, "col0", "Bs", LDB, vb) for it in ib])
 
@@ -311,10 +446,10 @@ def build_matmul(ctx, config: Config | None = None) -> list:
 
     if cfg.prefetch:
         regs = [f"p{r}" for r in range(len(reads))]
-        for reg, v in zip(regs, fetch(kbeg)):
-            L(f"var {reg}: f32 = {v};")
+        for reg, v, rd in zip(regs, fetch(kbeg), reads):
+            L(f"var {reg}: {'vec4<f32>' if rd[2][2] else 'f32'} = {v};")
 
-    rows_a, cols_b = _offsets(TM, va), _offsets(TN, vb)
+    rows_a, cols_b = _offsets(TM, va, WY), _offsets(TN, vb, WX)
     oa = ob = ""  # the current buffer's offset in As / Bs (double buffering)
     if db:
         # the first K step's tiles go to buffer 0; then each step computes from buffer sb
@@ -348,7 +483,7 @@ def build_matmul(ctx, config: Config | None = None) -> list:
         for kk in range(BK):
             if va:
                 for q in range(TM // 4):
-                    L(f"let av{kk}_{q} = As[{oa}{kk * LDA // 4}u + ty + {16 * q}u];")
+                    L(f"let av{kk}_{q} = As[{oa}{kk * LDA // 4}u + ty + {WY * q}u];")
                 a_of = lambda i: f"av{kk}_{i // 4}.{'xyzw'[i % 4]}"  # noqa: E731
             else:
                 for i in range(TM):
@@ -356,7 +491,7 @@ def build_matmul(ctx, config: Config | None = None) -> list:
                 a_of = lambda i: f"a{kk}_{i}"  # noqa: E731
             if vb:
                 for q in range(TN // 4):
-                    L(f"let bv{kk}_{q} = Bs[{ob}{kk * LDB // 4}u + tx + {16 * q}u];")
+                    L(f"let bv{kk}_{q} = Bs[{ob}{kk * LDB // 4}u + tx + {WX * q}u];")
                 b_of = lambda j: f"bv{kk}_{j // 4}.{'xyzw'[j % 4]}"  # noqa: E731
             else:
                 for j in range(TN):
@@ -387,7 +522,7 @@ def build_matmul(ctx, config: Config | None = None) -> list:
             call = (f"{P}[poff + {ri * N + cj}u] = {acc[i][j]};" if S > 1 else
                     f"{epi}(f0 + {ri * N + cj}u, {acc[i][j]});")
             L(f"if ({' && '.join(conds)}) {{ {call} }}" if conds else call)
-    out = [ctx.dispatch(kernel, em.lines, grid, 256)]
+    out = [ctx.dispatch(kernel, em.lines, grid, NT)]
     if S > 1:
         out[0]["cost"] = True  # the profiler's bytes and FLOPs: the product, not the sum
         out.append(_build_split_sum(ctx, node, S, nb * M * N))

@@ -7,6 +7,13 @@ Strategies, by the shape of the reduction (R elements reduced into each of O out
             (max, sum of exp / mean, variance, write) inside the same workgroup.
   thread    short rows, or reduced axes in front (a bias gradient sums [N, D] over N): a
             thread per output loops over R; neighbouring threads read neighbouring columns.
+            Row ops take it on CPU adapters (Limits.cpu: SwiftShader, lavapipe) for rows up
+            to CPU_ROW_MAX long, in workgroups of CPU_ROW_WG threads: there a workgroup's
+            threads are emulated and each barrier of the tree switches between all of them,
+            which made a 1024 x 64 layer norm 20-50x slower than a plain loop per row
+            (bench/README.md). Longer rows keep the tree: it spreads a row over threads, and
+            lavapipe stops an invocation's loops after 65535 iterations in all (silently:
+            a 2 x 50257 log-softmax wrote its first 15k values only).
   split     very long reductions with few outputs: pass 1 reduces chunks into a scratch
             buffer, pass 2 reduces the partials and runs the epilogue (2 dispatches).
 Inputs are read through the emitter, so an elementwise producer is computed inside the
@@ -30,6 +37,9 @@ ROW_OPS = {"softmax_last", "log_softmax_last", "layer_norm_last"}
 _NEG_INF = f32_lit(float("-inf"))
 
 SPLIT_CHUNK = 4096     # elements per workgroup in pass 1 of a split row reduction
+CPU_ROW_WG = 32        # threads (rows) per workgroup of a row op on a CPU adapter: small, so
+                       # that even a few hundred rows spread over the CPU's cores
+CPU_ROW_MAX = 4096     # longest row a CPU adapter loops over in one thread (4 passes at most)
 THREAD_CHUNK = 256     # elements per thread in pass 1 of a split column reduction
 
 
@@ -275,12 +285,13 @@ def _row_op(ctx, node, s, strat):
     op = node.op
     kernel = _kernel(ctx, op, "max" if op != "layer_norm_last" else "sum")  # max's NaN test
     epi = ctx.epilogue_fn(kernel)
-    wg = strat == "wg"
-    wgs = _wgsize(ctx, D) if wg else WG
+    wg = strat == "wg" and not row_per_thread(ctx, D)
+    wgs = _wgsize(ctx, D) if wg else row_thread_wg(ctx)
     if wg:
         kernel.decls.append(f"var<workgroup> red: array<f32, {wgs}>;")
     em = ctx.emitter(kernel)
-    grid = kernel.workgroup_index(em, rows, "row") if wg else kernel.thread_index(em, rows, "row")
+    grid = (kernel.workgroup_index(em, rows, "row") if wg
+            else kernel.thread_index(em, rows, "row", wgs))
     loop = f"for (var j = lid; j < {D}u; j += {wgs}u)" if wg else f"for (var j = 0u; j < {D}u; j++)"
 
     def x_at():
@@ -328,4 +339,15 @@ def _row_op(ctx, node, s, strat):
         den = em.let(f"sqrt({var} + {f32_lit(node.attrs['eps'])})")
         with em.block(loop):
             em.emit(f"{epi}({out_flat()}, ({x_at()} - {mean}) / {den});")
-    return ctx.dispatch(kernel, em.lines, grid, wgs if wg else WG)
+    return ctx.dispatch(kernel, em.lines, grid, wgs)
+
+
+def row_per_thread(ctx, D: int) -> bool:
+    """Whether a row kernel over rows of D loops in one thread per row rather than a
+    workgroup per row: on CPU adapters, for rows up to CPU_ROW_MAX (the header)."""
+    return ctx.limits.cpu and D <= CPU_ROW_MAX
+
+
+def row_thread_wg(ctx) -> int:
+    """Workgroup size of a row kernel with a thread per row."""
+    return CPU_ROW_WG if ctx.limits.cpu else WG

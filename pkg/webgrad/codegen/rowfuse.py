@@ -9,6 +9,9 @@ layer-norm backward into.
                          dx = r (g - mean(g) - xhat mean(g xhat))
                          one workgroup per row: the mean, the variance, then mean(g) and
                          mean(g xhat) together, then dx (4 passes over the row, 1 kernel)
+On CPU adapters (Limits.cpu) rows up to reduce.CPU_ROW_MAX long take a thread per row
+instead, as reduce.py's row ops do: the same passes as a plain loop, no shared memory and no
+barriers.
 The row kernels read their inputs through the emitter (g is usually an expression: the
 upstream gradient times the affine weight) and hand results to the group's epilogue.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 from math import prod
 
 from .emit import Idx, rule
+from .reduce import row_per_thread, row_thread_wg
 from .wgsl import WG, f32_lit, pow2ceil, tree_reduce
 
 from .rowfuse_match import ROW_KERNEL_OPS
@@ -45,13 +49,19 @@ def build_row_kernel(ctx) -> list[dict]:
     x = node.inputs[0]
     D = g[x].shape[-1]
     rows = prod(g[x].shape[:-1])
-    kernel = ctx.kernel(f"{node.op} {rows}x{D}")
+    per_thread = row_per_thread(ctx, D)
+    kernel = ctx.kernel(f"{node.op} {rows}x{D}" + (" thread" if per_thread else ""))
     epi = ctx.epilogue_fn(kernel)
-    wgs = _wgsize(ctx, D)
-    kernel.decls.append(f"var<workgroup> red: array<f32, {wgs}>;")
+    wgs = row_thread_wg(ctx) if per_thread else _wgsize(ctx, D)
+    if not per_thread:
+        kernel.decls.append(f"var<workgroup> red: array<f32, {wgs}>;")
     em = ctx.emitter(kernel)
-    grid = kernel.workgroup_index(em, rows, "row")  # workgroup-uniform: barriers stay legal
-    loop = f"for (var j = lid; j < {D}u; j += {wgs}u)"
+    if per_thread:
+        grid = kernel.thread_index(em, rows, "row", wgs)
+        loop = f"for (var j = 0u; j < {D}u; j++)"
+    else:
+        grid = kernel.workgroup_index(em, rows, "row")  # workgroup-uniform: barriers stay legal
+        loop = f"for (var j = lid; j < {D}u; j += {wgs}u)"
 
     def flat():
         return em.let(f"row * {D}u + j") if rows > 1 else "j"
@@ -60,6 +70,8 @@ def build_row_kernel(ctx) -> list[dict]:
         return em.value(n, Idx(g[n].shape, flat=flat()))
 
     def total(acc, combine="sum"):
+        if per_thread:  # the thread's own sum is the row's
+            return em.let(acc)
         em.emit(f"red[lid] = {acc};")
         tree_reduce(em.lines, "  ", "red", wgs,
                     (lambda a, b: f"{a} = {a} + {b};") if combine == "sum"
@@ -77,8 +89,11 @@ def build_row_kernel(ctx) -> list[dict]:
         with em.block(loop):
             em.emit(f"{acc} = {acc} + exp({at(x)} - {mx});")
         tot = total(acc)
-        with em.block("if (lid == 0u)"):
+        if per_thread:
             em.emit(f"{epi}(row, {mx} + log({tot}));")
+        else:
+            with em.block("if (lid == 0u)"):
+                em.emit(f"{epi}(row, {mx} + log({tot}));")
         return [ctx.dispatch(kernel, em.lines, grid, wgs)]
 
     # layer_norm_grad(x, g)

@@ -30,6 +30,10 @@ class LimitError(ValueError):
     """A program needs more than the WebGPU device allows."""
 
 
+class BindingTypeClash(AssertionError):
+    """One kernel asked for one buffer with two element types (a binding has one)."""
+
+
 @dataclass
 class Limits:
     """The device limits codegen obeys (names as wgpu-py/JS give them, snake_case)."""
@@ -100,7 +104,8 @@ def lit(v, dtype: str) -> str:
 
 
 def wgsl_type(dtype: str) -> str:
-    return {"f32": "f32", "i32": "i32", "u32": "u32", "atomic_u32": "atomic<u32>"}[dtype]
+    return {"f32": "f32", "i32": "i32", "u32": "u32", "atomic_u32": "atomic<u32>",
+            "vec4_f32": "vec4<f32>"}[dtype]
 
 
 def zero(dtype: str) -> str:
@@ -153,7 +158,7 @@ class Kernel:
             b = self.bindings[k]
             b.write = b.write or write
             if b.elem != wgsl_type(dtype):
-                raise AssertionError(f"buffer {buffer} bound as {b.elem} and {dtype} in one kernel")
+                raise BindingTypeClash(f"buffer {buffer} bound as {b.elem} and {dtype} in one kernel")
         return f"b{k}"
 
     def helper(self, name: str, code: str) -> str:
