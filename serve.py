@@ -27,6 +27,8 @@ URL layout::
     /assets/ui/...         web/assets/ui/ (bundle.mjs, uPlot's css)
     /assets/wheels/...     web/assets/wheels/
     /assets/manifest.json  web/assets/manifest.json
+    /lab/...               web/assets/lab/site/: the JupyterLite notebook site (scripts/lab.py
+                           builds it, from PyPI's jupyterlite packages and the npm Pyodide)
 
 The page fetches nothing but these. Run ``python serve.py --help`` for the options.
 """
@@ -76,6 +78,13 @@ HEADERS = {
     "Cache-Control": "no-cache",
     "X-Content-Type-Options": "nosniff",
 }
+
+# The notebook site (/lab/) is served without cross-origin isolation: isolated, JupyterLite's
+# Pyodide kernel talks to its worker through SharedArrayBuffer/Atomics ("coincident"), and
+# there the reply to every cell run after webgrad requested its WebGPU device never arrived
+# (the cell ran, its output showed, the notebook waited forever). Not isolated, the kernel
+# uses postMessage (comlink), and cells run to the end.
+NOT_ISOLATED = ("Cross-Origin-Opener-Policy", "Cross-Origin-Embedder-Policy")
 
 
 class ProvisionError(RuntimeError):
@@ -300,10 +309,39 @@ def provision(root: Path | str = ROOT) -> dict:
         "extra_wheels": provision_stdlib_extras(paths),
         "examples": list_examples(paths),
     }
+    # Names the worker's cached Pyodide memory snapshot (worker.mjs): it holds the installed
+    # wheels' imported modules, so any change to them must make a new one.
+    key = hashlib.sha256(PYODIDE_VERSION.encode())
+    for wheel in (manifest["micropip_wheel"], manifest["webgrad_wheel"]):
+        key.update((paths["wheels"] / wheel).read_bytes())
+    manifest["boot_key"] = key.hexdigest()[:20]
     text = json.dumps(manifest, indent=2) + "\n"
     if not paths["manifest"].exists() or paths["manifest"].read_text() != text:
         paths["manifest"].write_text(text)
     return manifest
+
+
+def load_lab(root: Path | str = ROOT):
+    """scripts/lab.py (the JupyterLite site's builder) as a module."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("webgrad_lab", Path(root) / "scripts" / "lab.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def provision_lab(root: Path | str = ROOT) -> Path | None:
+    """Build the notebook site served at /lab/ unless it is up to date (scripts/lab.py). A
+    failure (jupyterlite not installed, PyPI unreachable) is reported and the playground is
+    served all the same; returns the site folder, or None."""
+    lab = load_lab(root)
+    try:
+        site = lab.build_lab(root)
+    except lab.LabError as e:
+        print(f"serve.py: no notebooks at /lab/: {e}", file=sys.stderr)
+        return None
+    print(f"notebooks: /lab/ ({site})", flush=True)
+    return site
 
 
 # ---------------------------------------------------------------------------------------------
@@ -361,8 +399,10 @@ class Handler(SimpleHTTPRequestHandler):
         return None
 
     def end_headers(self):
+        lab = self.path.startswith("/lab/") or self.path == "/lab"
         for key, value in HEADERS.items():
-            self.send_header(key, value)
+            if not (lab and key in NOT_ISOLATED):
+                self.send_header(key, value)
         if getattr(self, "etag", None):
             self.send_header("ETag", self.etag)
         super().end_headers()
@@ -380,6 +420,7 @@ def make_server(host: str = "127.0.0.1", port: int = 8000, root: Path | str = RO
     """
     paths = layout(root)
     mounts = [("/assets/pyodide/", paths["pyodide"]), ("/worker/", paths["worker"]),
+              ("/lab/", paths["assets"] / "lab" / "site"),
               ("/examples/", paths["examples"]), ("/models/", paths["models"]), ("/", paths["web"])]
     handler = type("WebgradHandler", (Handler,), {
         "mounts": sorted(((p, f.resolve()) for p, f in mounts), key=lambda m: -len(m[0])),
@@ -440,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="serve web/assets as it is, without fetching or rebuilding anything")
     parser.add_argument("--provision-only", action="store_true",
                         help="fetch and build the browser assets, then exit (used by the tests)")
+    parser.add_argument("--no-lab", action="store_true",
+                        help="do not build the JupyterLite notebook site served at /lab/")
     args = parser.parse_args(argv)
     if not args.no_browser_assets_check:
         try:
@@ -449,7 +492,10 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         print(f"assets: pyodide {manifest['pyodide_version']}, {manifest['micropip_wheel']}, "
               f"{manifest['webgrad_wheel']}")
+    build_lab = not (args.no_lab or args.no_browser_assets_check)
     if args.provision_only:
+        if build_lab:
+            provision_lab(ROOT)
         return 0
     try:
         server = make_server(args.host, args.port, ROOT, quiet=False)
@@ -475,6 +521,9 @@ def main(argv: list[str] | None = None) -> int:
               f"tunnel instead, `ssh -L {server.server_address[1]}:localhost:"
               f"{server.server_address[1]} THIS_HOST`, and open {server_url(server)})")
     print(f"webgrad: serving on {server_url(server)}  (Ctrl-C stops)", flush=True)
+    if build_lab:  # built (or checked) while the playground is already served
+        import threading
+        threading.Thread(target=provision_lab, args=(ROOT,), daemon=True).start()
     try:
         server.serve_forever()
     except KeyboardInterrupt:

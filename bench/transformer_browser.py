@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """webgrad's small transformers (and MLP-sin) trained in headless Chromium beside jax-js, one run.
 
-    python3 bench/transformer_browser.py                       # mlp, tiny, adder; 200 steps each
+    python3 bench/transformer_browser.py                       # mlp, tiny, adder; 40 steps each
     python3 bench/transformer_browser.py --rounds 3            # each library's best of 3 rounds
     python3 bench/transformer_browser.py --models tiny --steps 50 --json /tmp/tf.json
 
@@ -230,8 +230,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="mlp,tiny,adder", help="comma-separated, from "
                         "mlp,tiny,adder")
-    parser.add_argument("--steps", type=int, default=200, help="training steps per library")
-    parser.add_argument("--warmup", type=int, default=10, help="first steps left out of the median")
+    parser.add_argument("--steps", type=int, default=40, help="training steps per library "
+                        "(the addition step takes seconds on SwiftShader)")
+    parser.add_argument("--warmup", type=int, default=5, help="first steps left out of the median")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run everything this many times (same browser); report each "
                              "library's lowest median")

@@ -8,7 +8,8 @@
 #    virtual environment, .venv/ in the checkout (git-ignored). When .venv is absent and the
 #    python3 on PATH already imports every test dependency, that python3 is used as it is.
 # scripts/test.sh runs the tests with the same interpreter: scripts/python.sh names it.
-# serve.py provisions the browser assets (npm pyodide, the micropip wheel) on first use.
+# serve.py provisions the browser assets (npm pyodide, the micropip wheel) on first use, and
+# builds the notebook site (/lab/, JupyterLite from the test extras: scripts/lab.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,7 +18,8 @@ cd "$(dirname "$0")/.."
 has_modules() {
   "$1" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))" "${@:2}"
 }
-TEST_MODULES=(numpy torch pytest wgpu playwright transformers safetensors gguf hypothesis)
+TEST_MODULES=(numpy torch pytest wgpu playwright transformers safetensors gguf hypothesis
+              jupyterlite_core jupyterlite_pyodide_kernel jupyter_server)
 
 need_apt=()
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)

@@ -31,7 +31,9 @@
 //                                                  newline (added if the code left a partial
 //                                                  line)
 //     {type: "progress", ...}                      from webgrad_worker.progress(dict) in Python
-//     {type: "ready", python_version, webgrad_version, jspi}   booted; requests now run
+//     {type: "ready", python_version, webgrad_version, jspi, boot}   booted; requests now run
+//                                                  (boot: ms at the end of each boot phase;
+//                                                  from_snapshot: a cached snapshot was used)
 //     {type: "fatal", error: {type, message, traceback}}       boot failed or Pyodide died;
 //                                                  every later request is answered with an error
 // Values: None/bool/int/float/str/list/tuple/dict(str keys) become JS values, bytes/bytearray a
@@ -129,30 +131,93 @@ function writer(type) {
 }
 self.webgradFlushOutput = () => flushOutput();  // Python's progress() keeps output in order
 
+// --- Boot. Most of a cold start is Pyodide initializing Python (tens of seconds on a loaded
+// 2-core machine); loading a memory snapshot of an initialized Python costs a fraction of that.
+// So the first boot on an origin makes one and keeps it in Cache Storage, under a key that
+// changes with Pyodide's version and the wheels' bytes (manifest.boot_key); later boots (a
+// reload, the next visit) start from it. The snapshot is made right after Pyodide's own
+// initialization: it may hold no reference to a JS object, and loadPackage already makes one
+// (so the wheels are unpacked, and webgrad imported, after it, on every boot).
+const SNAPSHOT_CACHE = "webgrad-pyodide-snapshot";
+const bootTimes = {};  // phase -> ms since the worker started (bench/cold_start.py)
+const mark = (phase) => { bootTimes[phase] = Math.round(performance.now()); };
+
+async function snapshotCache() {
+  try { return await caches.open(SNAPSHOT_CACHE); } catch { return null; }  // no Cache Storage
+}
+
+async function loadSnapshot(key) {
+  const cache = await snapshotCache();
+  const hit = cache && await cache.match(key).catch(() => undefined);
+  return hit ? new Uint8Array(await hit.arrayBuffer()) : null;
+}
+
+async function storeSnapshot(key, bytes) {
+  const cache = await snapshotCache();
+  if (!cache) return;
+  for (const old of await cache.keys()) await cache.delete(old);  // one snapshot per origin
+  await cache.put(key, new Response(bytes, { headers: { "Content-Type": "application/octet-stream" } }));
+}
+
 async function boot() {
   // Everything that does not need Python is fetched while Pyodide boots: the manifest, then
   // the wheels and this worker's Python half. The wheels are unpacked by loadPackage directly
   // (no micropip import: it costs a few hundred ms and nothing here needs it; micropip's wheel
   // is still installed, for code that wants it).
+  mark("start");
   const manifestReady = fetchOk(here("../assets/manifest.json")).then((r) => r.json());
   const helperReady = fetchOk(here("./webgrad_worker.py")).then((r) => r.text());
-  const pyodideReady = import(here("../assets/pyodide/pyodide.mjs")).then(
-    ({ loadPyodide }) => loadPyodide({ indexURL: here("../assets/pyodide/") }));
-  pyodideReady.catch(() => {});  // reported through the manifest's failure if both fail
+  const pyodideModule = import(here("../assets/pyodide/pyodide.mjs"));
+  pyodideModule.catch(() => {});  // reported through the manifest's failure if both fail
   const manifest = await manifestReady;
   for (const [module, file] of Object.entries(manifest.extra_wheels || {})) {
     extraWheels[module] = here(`../assets/wheels/${file}`);
   }
   const wheels = [manifest.micropip_wheel, manifest.webgrad_wheel].map(
     (file) => here(`../assets/wheels/${file}`));
-  for (const url of wheels) fetch(url).catch(() => {});  // warm the HTTP cache meanwhile
-  pyodide = await pyodideReady;
+  // fetched while Pyodide boots, unpacked into site-packages once it is up
+  const wheelBytes = wheels.map((url) => fetchOk(url).then((r) => r.arrayBuffer()));
+  for (const w of wheelBytes) w.catch(() => {});
+  const snapshotKey = here(`../assets/snapshot/${manifest.boot_key || "none"}.bin`);
+  const snapshot = manifest.boot_key ? await loadSnapshot(snapshotKey).catch(() => null) : null;
+  const { loadPyodide } = await pyodideModule;
+  const indexURL = here("../assets/pyodide/");
+  if (snapshot) {
+    try {
+      pyodide = await loadPyodide({ indexURL, _loadSnapshot: snapshot });
+      bootTimes.from_snapshot = true;
+    } catch (e) {  // a snapshot this Pyodide cannot take: forget it, boot as usual
+      console.warn("webgrad worker: the Pyodide snapshot did not load; booting without it", e);
+      (await snapshotCache())?.delete(snapshotKey);
+      pyodide = null;
+    }
+  }
+  const makeSnapshot = !pyodide && manifest.boot_key;
+  if (!pyodide) pyodide = await loadPyodide({ indexURL, _makeSnapshot: !!makeSnapshot });
+  mark("pyodide");
+  if (makeSnapshot) {  // before anything hands Python a JS object (loadPackage does)
+    try {
+      const bytes = pyodide.makeMemorySnapshot();
+      storeSnapshot(snapshotKey, bytes).catch((e) => console.warn("webgrad worker: snapshot not stored", e));
+      // The instance that made a snapshot is not fit for use (`js.location` raises "Illegal
+      // invocation" there): continue on one loaded from it, like every later boot.
+      pyodide = await loadPyodide({ indexURL, _loadSnapshot: bytes });
+    } catch (e) {
+      console.warn("webgrad worker: no Pyodide snapshot made", e);
+      pyodide = await loadPyodide({ indexURL });
+    }
+    mark("snapshot_made");
+  }
+  const sitePackages = pyodide.runPython("import sysconfig; sysconfig.get_path('purelib')");
+  // pure-Python wheels: unpacking is all an install is (loadPackage's bookkeeping took
+  // seconds on a loaded machine, and makes the snapshot impossible, see above)
+  for (const bytes of await Promise.all(wheelBytes)) {
+    pyodide.unpackArchive(bytes, "wheel", { extractDir: sitePackages });
+  }
+  mark("wheels");
   if (interruptBuffer) pyodide.setInterruptBuffer(interruptBuffer);
   pyodide.setStdout(writer("stdout"));
   pyodide.setStderr(writer("stderr"));
-
-  await pyodide.loadPackage(wheels, { messageCallback: () => {} });
-  const sitePackages = pyodide.runPython("import sysconfig; sysconfig.get_path('purelib')");
   pyodide.FS.writeFile(`${sitePackages}/webgrad_worker.py`, await helperReady);
 
   const info = await pyodide.runPythonAsync(`
@@ -163,11 +228,12 @@ import importlib.metadata, sys, pyodide.ffi
   info.destroy();
   worker_py = pyodide.pyimport("webgrad_worker");
   worker_py.setup(interruptBuffer ? () => { interruptBuffer[0] = 2; } : null);
-  post({ type: "ready", python_version, webgrad_version, jspi });
+  mark("ready");
+  post({ type: "ready", python_version, webgrad_version, jspi, boot: bootTimes });
   // Then, before any request (they queue behind it): import the compiler and ask for the GPU
   // device, the first compile's fixed costs, while the person reads the page.
   queue = queue.then(() => pyodide.runPythonAsync("import webgrad_worker\nawait webgrad_worker.warm_up()"))
-    .catch((e) => console.warn("webgrad worker: warm-up failed", e));
+    .catch((e) => console.warn("webgrad worker: warm-up failed", e)).then(() => mark("warm"));
 }
 
 const booted = boot().catch((e) => {

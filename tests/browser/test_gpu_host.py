@@ -401,14 +401,15 @@ TILED_IN_BROWSER = ["attention/qkv_slices_T70_D32", "attention/tiled_odd_T37_D33
                     "attention/cache_position"]
 
 
-# The GPU tilings of codegen/matmul.py's ADAPTER_TILINGS (the H200 row's kinds: 8 x 16 per
-# thread with 128 threads, 64 x 64 tiles of 64 threads, vec4 global loads, tile rows in runs,
-# split-K), forced on the matmul records in the worker: SwiftShader would otherwise run the
-# barrier-free kernel, and Tint (not naga) compiles these kernels here.
+# The kinds of GPU tiling in codegen/matmul.py's ADAPTER_TILINGS (thread grids other than
+# 16 x 16, vec4 global loads with bounds tests, tile rows in runs, split-K), forced on the
+# matmul records in the worker: SwiftShader would otherwise run the barrier-free kernel, and
+# Tint (not naga) compiles these kernels here. Small blocks per thread: SwiftShader runs a
+# workgroup's threads as fibers, and 8 x 16 blocks take minutes there. (A 4 x 8 block on 4 x 8
+# threads, K step 16, ran past 90 s on matmul/tiles_odd in SwiftShader while lavapipe runs it
+# in seconds: not understood yet; CPU adapters use the barrier-free kernel.)
 H200_TILINGS = {
-    "wide": "mm.Config(8, 16, 8, wx=8, wy=16, vload=True)",
-    "batched": "mm.Config(8, 8, 8, wx=8, wy=8, vload=True)",
-    "small_split_group": "mm.Config(4, 8, 16, wx=4, wy=8, splits=2, group=4, vload=True)",
+    "group": "mm.Config(4, 4, 8, wx=4, wy=4, group=3, vload=True)",
 }
 H200_RECORDS = ("matmul/tiles_odd", "matmul/batched_odd", "matmul/aligned_epilogue",
                 "matmul/wgrad_odd")

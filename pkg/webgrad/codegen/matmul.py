@@ -67,6 +67,13 @@ DIRECT_WG = 64             # threads per workgroup of the barrier-free kernel
 # (Unrolling the K loop by 4 measured no better there.)
 DIRECT_TM, DIRECT_TN = 8, 8
 FORCE_DIRECT = None        # tests: True/False forces the barrier-free/tiled kernel
+# The tiled kernel's k loop is a WGSL loop when a K step has more FMAs per thread than this
+# (0: always unrolled in the WGSL). H200 through Dawn, 2026-11-30, on a fresh machine (no
+# driver cache): an unrolled 8 x 16 block at K step 16 (~100 KB of WGSL) took 0.46 s to
+# create its pipeline and the loop 0.05 s; the 4096 product ran 3.08-3.15 ms unrolled and
+# 3.21 ms looped. At K step 8 the loop cost more (2048: 1.97 -> 2.43 ms), so only the
+# K-step-16 tiles loop.
+K_LOOP = 1024
 
 
 @dataclass(frozen=True)
@@ -103,8 +110,10 @@ class Config:
 #   "double": double-buffered shared memory (Config.double);
 #   "split": the tile of a split-K product; "wide": the tile of a product with at least 3/4
 #       of a wave of 128 x 128 tiles, its K step "wide_bk" once there are 3 waves or more;
-#   "batched": the tile of a batch of small products (M x N <= BATCHED_MN: attention's
-#       [B*H] x [T, 64] @ [64, T] and the products of its backward pass);
+#   "batched": the tile of a batch of small products (M x N <= BATCHED_MN, K < SPLIT_MIN_K:
+#       attention's [B*H] x [T, 64] @ [64, T] and the products of its backward pass; a long
+#       K, such as the LM head's input gradient [B] x [T, vocab] @ [vocab, d], is work enough
+#       per tile for the wide tile: 36 TFLOP/s on the 64 x 64 one at vocab 4096);
 #   "group": tile order in runs of this many tile rows when one tile row has at least a
 #       wave of tiles (a vocabulary-wide product), so that the B panels stay in L2.
 # Shapes no class takes keep the tile-shrinking rule. GPUs not listed get no split-K
@@ -181,7 +190,7 @@ def _choose_config(M: int, N: int, K: int, nb: int, adapter: str) -> Config:
                 return replace(row["split"], splits=S)
             return Config(tm, tn, max(8 if max(tm, tn) >= 8 else 16, 16 // min(tm, tn)),
                           splits=S)
-    if "batched" in row and nb > 1 and M * N <= BATCHED_MN:
+    if "batched" in row and nb > 1 and M * N <= BATCHED_MN and K < SPLIT_MIN_K:
         return row["batched"]
     big = tiles(8, 8)  # 128 x 128 tiles
     if "wide" in row and slots and 4 * big >= 3 * slots:  # 3/4 of a wave: 2048 square
@@ -480,26 +489,38 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
             for rd, v in zip(reads, fetch("k0")):
                 shared_store(rd[8], rd[9], rd[10], rd[2], v)
             L("workgroupBarrier();")
-        for kk in range(BK):
+
+        def k_step(kk, tag):   # one k of the tile: TM + TN shared reads, TM x TN FMAs
+            def at(ld):        # kk: a constant (unrolled) or the loop variable
+                return f"{kk * ld}u" if isinstance(kk, int) else f"{kk} * {ld}u"
             if va:
                 for q in range(TM // 4):
-                    L(f"let av{kk}_{q} = As[{oa}{kk * LDA // 4}u + ty + {WY * q}u];")
-                a_of = lambda i: f"av{kk}_{i // 4}.{'xyzw'[i % 4]}"  # noqa: E731
+                    L(f"let av{tag}_{q} = As[{oa}{at(LDA // 4)} + ty + {WY * q}u];")
+                a_of = lambda i: f"av{tag}_{i // 4}.{'xyzw'[i % 4]}"  # noqa: E731
             else:
                 for i in range(TM):
-                    L(f"let a{kk}_{i} = As[{oa}{kk * LDA}u + ty * {TM}u + {i}u];")
-                a_of = lambda i: f"a{kk}_{i}"  # noqa: E731
+                    L(f"let a{tag}_{i} = As[{oa}{at(LDA)} + ty * {TM}u + {i}u];")
+                a_of = lambda i: f"a{tag}_{i}"  # noqa: E731
             if vb:
                 for q in range(TN // 4):
-                    L(f"let bv{kk}_{q} = Bs[{ob}{kk * LDB // 4}u + tx + {WX * q}u];")
-                b_of = lambda j: f"bv{kk}_{j // 4}.{'xyzw'[j % 4]}"  # noqa: E731
+                    L(f"let bv{tag}_{q} = Bs[{ob}{at(LDB // 4)} + tx + {WX * q}u];")
+                b_of = lambda j: f"bv{tag}_{j // 4}.{'xyzw'[j % 4]}"  # noqa: E731
             else:
                 for j in range(TN):
-                    L(f"let b{kk}_{j} = Bs[{ob}{kk * LDB}u + tx * {TN}u + {j}u];")
-                b_of = lambda j: f"b{kk}_{j}"  # noqa: E731
+                    L(f"let b{tag}_{j} = Bs[{ob}{at(LDB)} + tx * {TN}u + {j}u];")
+                b_of = lambda j: f"b{tag}_{j}"  # noqa: E731
             for i in range(TM):
                 for j in range(TN):
                     L(f"{acc[i][j]} = fma({a_of(i)}, {b_of(j)}, {acc[i][j]});")
+        if K_LOOP and TM * TN * BK > K_LOOP:
+            # a WGSL loop over the tile's k rather than BK unrolled copies: the shader stays
+            # small (an 8 x 16 block at K step 16 is ~100 KB unrolled, and the driver takes
+            # ~0.15 s to compile each such pipeline), the GPU's compiler unrolls it anyway
+            with em.block(f"for (var kk = 0u; kk < {BK}u; kk++)"):
+                k_step("kk", "")
+        else:
+            for kk in range(BK):
+                k_step(kk, kk)
         if db:
             with em.block("if (more)"):
                 for reg, rd in zip(regs, reads):

@@ -1,0 +1,68 @@
+"""The worker's Pyodide memory snapshot (worker/worker.mjs): the first boot on an origin makes
+one and keeps it in Cache Storage; a page opened later in the same browser context boots from
+it, and its Python then behaves like a freshly initialized one (checked against CPython's own
+answers, and by compiling and stepping a model on WebGPU against the reference executor in CPython).
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+_CODE = """
+import sys, math, json, hashlib, webgrad as wg
+from webgrad import ops, optim, Module, init
+class M(Module):
+    def __init__(self):
+        super().__init__()
+        self.w = self.param([3, 2], init=init.literal([[0.1, -0.2], [0.3, 0.4], [-0.5, 0.6]]))
+def loss(m, inp):
+    return ops.sum_all((inp["x"] @ m.w) ** 2)
+c = wg.compile_module(M, loss, inputs={"x": ([2, 3], "f32")}, optimizer=optim.SGD(lr=0.1),
+                      backend="webgpu")
+[sys.platform, hashlib.sha256(b"webgrad").hexdigest(), math.lgamma(7.5),
+ json.dumps({"a": [1, 2]}), c.step({"x": [[1, 2, 3], [4, 5, 6]]}),
+ c.step({"x": [[1, 2, 3], [4, 5, 6]]})]
+"""
+
+
+def test_second_page_boots_from_snapshot(browser_session):
+    import hashlib
+    import json
+    context = browser_session.browser.new_context()
+    try:
+        infos, results = [], []
+        for _ in range(2):
+            page = context.new_page()
+            page.goto(browser_session.url)
+            infos.append(page.evaluate("window.webgrad.ready"))
+            results.append(page.evaluate(
+                "(code) => window.webgrad.run(code).catch((e) => ({error: e}))", _CODE))
+            assert "error" not in results[-1], (infos[-1], results[-1]["error"]["traceback"])
+            if not infos[-1]["boot"].get("from_snapshot"):  # storing it is not awaited by boot
+                page.wait_for_function("""async () => (await (await caches.open(
+                    "webgrad-pyodide-snapshot")).keys()).length > 0""", timeout=60_000)
+            page.close()
+    finally:
+        context.close()
+    assert not infos[0]["boot"].get("from_snapshot") and infos[1]["boot"].get("from_snapshot") is True
+    assert "snapshot_made" in infos[0]["boot"] and "snapshot_made" not in infos[1]["boot"]
+    import webgrad as wg
+    from webgrad import Module, init, ops, optim
+
+    class M(Module):
+        def __init__(self):
+            super().__init__()
+            self.w = self.param([3, 2], init=init.literal([[0.1, -0.2], [0.3, 0.4], [-0.5, 0.6]]))
+
+    c = wg.compile_module(M, lambda m, inp: ops.sum_all((inp["x"] @ m.w) ** 2),
+                          inputs={"x": ([2, 3], "f32")}, optimizer=optim.SGD(lr=0.1),
+                          backend="reference")
+    feed = {"x": [[1, 2, 3], [4, 5, 6]]}
+    expected = ["emscripten", hashlib.sha256(b"webgrad").hexdigest(), math.lgamma(7.5),
+                json.dumps({"a": [1, 2]}), c.step(feed), c.step(feed)]
+    for got in results:
+        assert got[:4] == expected[:4]
+        assert all(math.isclose(a, b, rel_tol=1e-4) for a, b in zip(got[4:], expected[4:]))

@@ -1,0 +1,107 @@
+"""The notebook site (/lab/, JupyterLite built by scripts/lab.py): notebooks/mlp_sin.ipynb runs
+all its cells in headless Chromium, installing webgrad with piplite/micropip from the site and
+training the MLP on WebGPU (SwiftShader) in the Pyodide kernel.
+
+Checked against things computed here, not by the notebook: the plotted MLP curve lies on
+math.sin (read back from the SVG's pixel coordinates), the loss printed at the end is far below
+the first step's, no cell raised, and the page fetched nothing from outside the server.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+NOTEBOOK = "mlp_sin.ipynb"
+
+# The cells of the open notebook: [execution count, outputs as nbformat JSON] per code cell.
+_CELLS_JS = """() => {
+  const panel = window.jupyterapp.shell.currentWidget;
+  const cells = panel.content.model.cells;
+  const out = [];
+  for (let i = 0; i < cells.length; i++) {
+    const c = cells.get(i);
+    if (c.type === "code") out.push([c.executionCount, c.outputs.toJSON()]);
+  }
+  return {cells: out, kernel: panel.sessionContext.session?.kernel?.status ?? null};
+}"""
+
+_KERNEL_IDLE_JS = """() => {
+  const w = window.jupyterapp?.shell.currentWidget;
+  return w?.sessionContext?.session?.kernel?.status === "idle";
+}"""
+
+
+@pytest.fixture(scope="module")
+def lab_site(serve_module):
+    pytest.importorskip("jupyterlite_core", reason="jupyterlite-core is not installed "
+                        "(pip install -e '.[test]')")
+    lab = serve_module.load_lab()
+    serve_module.provision()
+    try:
+        return lab.build_lab()
+    except lab.LabError as e:
+        pytest.fail(f"the notebook site does not build: {e}")
+
+
+def _points(svg: str, colour: str) -> list[tuple[float, float]]:
+    found = re.search(rf'<polyline points="([^"]+)" fill="none" stroke="{colour}"', svg)
+    assert found, f"no {colour} curve in the plot: {svg[:300]}"
+    return [tuple(map(float, p.split(","))) for p in found.group(1).split()]
+
+
+def test_mlp_notebook_trains_on_webgpu(browser_session, lab_site):
+    page = browser_session.browser.new_page()  # a fresh context: no notebook saved in storage
+    outside: list[str] = []
+    page.on("request", lambda r: r.url.startswith(("data:", "blob:", browser_session.url))
+            or outside.append(r.url))
+    try:
+        page.goto(browser_session.url + f"lab/notebooks/index.html?path={NOTEBOOK}")
+        page.wait_for_function(_KERNEL_IDLE_JS, timeout=180_000, polling=250)
+        # run-all's promise settles once every cell ran (false when one failed)
+        page.evaluate("""() => { window.webgradRunAll = undefined;
+          window.jupyterapp.commands.execute("notebook:run-all-cells").then(
+            (ok) => { window.webgradRunAll = ok; }, (e) => { window.webgradRunAll = String(e); }); }""")
+        deadline = time.monotonic() + 240
+        while True:
+            state = page.evaluate(_CELLS_JS)
+            done = page.evaluate("window.webgradRunAll")
+            errors = [o for _, outs in state["cells"] for o in outs if o["output_type"] == "error"]
+            assert not errors, "a notebook cell raised:\n" + "\n".join(
+                re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(e["traceback"])) for e in errors)
+            if done is not None:
+                assert done is True, f"running the cells failed: {done}"
+                break
+            assert time.monotonic() < deadline, f"the notebook did not finish: {state}"
+            time.sleep(1)
+        rendered = page.locator("svg.webgrad-plot").count()
+    finally:
+        page.close()
+    assert not outside, f"the notebook page fetched from outside the server: {outside[:5]}"
+    assert rendered == 1, "the training plot is not on the page"
+
+    outputs = state["cells"][-1][1]
+    text = "".join(o.get("text", "") for o in outputs if o["output_type"] == "stream")
+    first, last, steps = re.search(
+        r"first step ([\d.]+), last step ([\d.]+) after (\d+) steps", text).groups()
+    assert float(last) < 2e-3 and float(last) < float(first) / 20, text
+
+    svg = [o["data"]["text/html"] for o in outputs if o["output_type"] == "display_data"][-1]
+    assert f"fit after {steps} steps" in svg  # the plot shows the final model
+    # pixel -> data: the fit panel maps x in [-pi, pi] to 40..360 and y in [-1.3, 1.3] to 230..30
+    errs = [abs((230 - py) / 200 * 2.6 - 1.3 - math.sin((px - 40) / 320 * 2 * math.pi - math.pi))
+            for px, py in _points(svg, "#1f6fd1")]
+    assert len(errs) == 101 and max(errs) < 0.15, max(errs)
+
+
+def test_notebook_in_repository_is_clean():
+    """The committed notebook carries no outputs (they would show stale results before a run)."""
+    from pathlib import Path
+    nb = json.loads((Path(__file__).resolve().parents[2] / "notebooks" / NOTEBOOK).read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    assert code and all(not c["outputs"] and c["execution_count"] is None for c in code)
