@@ -1,12 +1,16 @@
 """webgrad.io.modelcache's GPU image, here in CPython (the IndexedDB half is tested in the
 browser, tests/browser/test_modelcache_page.py): an image restores to a model with the same logits
-bit for bit, whatever the token table's split on either side; a GGUF model's image holds the
-weights as the `gguf` package dequantizes them; a damaged image is refused naming the field.
+bit for bit, whatever the token table's split on either side; a GGUF model kept quantized (Q4_K,
+Q8_0; reference and WebGPU) images as its GPU words, which give back the file's blocks as the
+`gguf` package reads them, and restores, without transcoding, to the same quant specs, weight
+bytes and logits; dequantized at load, its image holds the weights as `gguf` dequantizes them;
+a damaged image is refused naming the field.
 """
 from __future__ import annotations
 
 import asyncio
 import copy
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -86,33 +90,92 @@ def gguf_of(path, m, *, qtype=None):
     return path, stored
 
 
-def test_gguf_image_keeps_the_blocks(tmp_path):
-    """A GGUF model's quantized weights are imaged as the file's own blocks (read here by the
-    gguf package) and restore quantized, with the same logits; its f32 tensors hold gguf's
-    values. keep_quantized=False models image as f32, gguf's dequantization."""
+def test_gguf_image_holds_ggufs_dequantization(tmp_path):
+    """Loaded with keep_quantized=False, a GGUF's weights are f32: the image holds gguf's values."""
     gguf = pytest.importorskip("gguf")
     src = gpt2.GPT2.init_random(gpt2.GPT2Config(2, 2, 64, 16, 50), seed=7, backend="reference")
     path, stored = gguf_of(tmp_path / "m.gguf", src, qtype=gguf.GGMLQuantizationType.Q8_0)
-    raw = {t.name: bytes(t.data.tobytes()) for t in gguf.GGUFReader(str(path)).tensors}
-    m, kind = run(modelcache.parse_async(path.read_bytes(), "reference"))
-    assert kind == "gguf" and "h.1.mlp.c_fc.weight" in m.quant_full
+    m = gpt2.GPT2.from_gguf(path, "reference", keep_quantized=False)
     meta, data = image(m)
     t = next(t for t in meta["tensors"] if t["name"] == "h.1.mlp.c_fc.weight")
-    assert (t["dtype"], t["shape"], t["transposed"]) == ("Q8_0", [256, 64], True)
-    assert data[t["offset"]:t["offset"] + t["nbytes"]] == raw["blk.1.ffn_up.weight"]
-    b = next(t for t in meta["tensors"] if t["name"] == "h.1.ln_1.bias")
-    got = np.frombuffer(data[b["offset"]:b["offset"] + b["nbytes"]], np.float32)
-    assert b["dtype"] == "f32" and np.array_equal(got, stored["blk.1.attn_norm.bias"])
-    back = modelcache.restore(meta, data, backend="reference")
-    assert back.quant_full == m.quant_full
-    assert np.array_equal(np.asarray(back.forward(IDS)), np.asarray(m.forward(IDS)))
-    # dequantized at load: the image is f32, gguf's values, [in, out]
-    f32 = gpt2.GPT2.from_gguf(path, backend="reference", keep_quantized=False)
-    meta, data = image(f32)
-    t = next(t for t in meta["tensors"] if t["name"] == "h.1.mlp.c_fc.weight")
+    assert t["dtype"] == "f32" and "quant" not in t
     got = np.frombuffer(data[t["offset"]:t["offset"] + t["nbytes"]], np.float32).reshape(t["shape"])
-    assert t["dtype"] == "f32" and np.array_equal(got, stored["blk.1.ffn_up.weight"].T)
+    assert np.array_equal(got, stored["blk.1.ffn_up.weight"].T)   # gguf's values, [in, out]
     assert not np.array_equal(got, np.asarray(src.state_dict()["h.1.mlp.c_fc.weight"]))
+
+
+def _webgpu_ok() -> bool:
+    try:
+        from webgrad.backends.webgpu_native import NativeHost
+        NativeHost()
+        return True
+    except Exception:
+        return False
+
+
+WEBGPU = pytest.param("webgpu", marks=[pytest.mark.webgpu, pytest.mark.skipif(
+    not _webgpu_ok(), reason="no native WebGPU adapter")])
+
+
+def _quantized(tmp_path, qt_name, backend):
+    """A GGUF (gguf's writer; every matrix, token table included, in qt) loaded quantized."""
+    pytest.importorskip("gguf")
+    from gguf import GGMLQuantizationType as QT
+    from test_gguf_quant import CONFIGS, quantized_gpt2
+    qt = QT[qt_name]
+    path, _ = quantized_gpt2(tmp_path, qt, **CONFIGS[qt])
+    return path, gpt2.GPT2.from_gguf(path, backend=backend)
+
+
+@pytest.mark.parametrize("backend", ["reference", WEBGPU])
+@pytest.mark.parametrize("qt", ["Q4_K", "Q8_0"])
+def test_quantized_image_keeps_the_gpu_words(tmp_path, qt, backend, monkeypatch):
+    import gguf
+    from webgrad import quant
+    path, m = _quantized(tmp_path, qt, backend)
+    assert m.quant_full and m.wte_chunks == 1
+    meta, data = image(m)
+    # the image is what the GPU holds: the blocks' bytes, not f32 (Q4_K: ~1/7 of them)
+    assert meta["nbytes"] == len(data) == m.weight_bytes
+    assert m.weight_bytes < 4 * sum(np.prod(s) for s in gpt2.param_shapes(m.cfg).values()) / 3
+    # each quantized tensor's words give back the file's blocks as the gguf package reads them
+    blocks = {t.name: bytes(np.asarray(t.data).view(np.uint8).reshape(-1))
+              for t in gguf.GGUFReader(str(path)).tensors}
+    names = {"wte.weight": "token_embd.weight", "h.1.mlp.c_fc.weight": "blk.1.ffn_up.weight"}
+    for t in meta["tensors"]:
+        assert (t["dtype"] == "words") == (t["name"] in m.quant_full), t
+        if t["name"] in names:
+            q = t["quant"]
+            assert q["qtype"] == qt and tuple(q["shape"]) == m.quant_full[t["name"]].shape
+            words = data[t["offset"]:t["offset"] + t["nbytes"]]
+            assert quant.raw_blocks(qt, words, int(np.prod(q["shape"]))) == blocks[names[t["name"]]]
+    # restored: the same specs and bytes, nothing transcoded again, the same logits bit for bit
+    def no_transcode(*a):
+        raise AssertionError("restore transcoded blocks")
+    monkeypatch.setattr(quant, "transcode", no_transcode)
+    back = modelcache.restore(meta, data, backend=backend)
+    monkeypatch.undo()
+    assert back.quant_full == m.quant_full and back.quant == m.quant
+    assert back.weight_bytes == m.weight_bytes
+    assert np.array_equal(np.asarray(back.forward(IDS)), np.asarray(m.forward(IDS)))
+    meta2, data2 = image(back)
+    assert meta2 == meta and data2 == data
+
+
+def test_quantized_split_token_table_images_as_one(tmp_path, monkeypatch):
+    """A device that splits the token table holds each row block in its own layout: the image
+    joins them into the whole table's words, and a split restore cuts them again."""
+    path, m = _quantized(tmp_path, "Q8_0", "reference")
+    meta, data = image(m)
+    monkeypatch.setattr(gpt2, "wte_chunks_for", lambda *a, **k: 3)
+    split = modelcache.restore(meta, data, backend="reference")
+    monkeypatch.undo()
+    assert split.wte_chunks == 3 and sorted(n for n in split.quant if n.startswith("wte.")) == [
+        "wte.0.weight", "wte.1.weight", "wte.2.weight"]
+    assert split.quant_full == m.quant_full
+    assert image(split) == (meta, data)
+    np.testing.assert_allclose(np.asarray(split.forward(IDS)), np.asarray(m.forward(IDS)),
+                               rtol=0, atol=1e-5)
 
 
 def _damaged(meta, data):
@@ -147,21 +210,34 @@ def test_damaged_images_are_refused_by_field():
             modelcache.restore(bad, blob, backend="reference", what="'k1'")
 
 
+def test_damaged_quantized_images_are_refused_by_field(tmp_path):
+    _, m = _quantized(tmp_path, "Q4_K", "reference")
+    meta, data = image(m)
+    name = "h.0.mlp.c_fc.weight"
+
+    def q(m):
+        return next(t for t in m["tensors"] if t["name"] == name)
+    cases = [
+        ("format", lambda m: m.update(format=1)),          # written before quantized images
+        (".quant.qtype", lambda m: q(m)["quant"].update(qtype="Q6_K")),
+        (".quant.qtype", lambda m: q(m)["quant"].update(qtype=None)),
+        (".quant.transposed", lambda m: q(m)["quant"].update(transposed="yes")),
+        (".quant.transposed", lambda m: q(m)["quant"].update(transposed=not q(m)["quant"]["transposed"])),
+        (".quant.shape", lambda m: q(m)["quant"].update(shape=[q(m)["quant"]["shape"][0], 128])),
+        (".quant.shape", lambda m: q(m)["quant"].update(shape="1024x256")),
+        (".quant", lambda m: q(m).pop("quant")),
+        (".nbytes", lambda m: q(m).update(nbytes=q(m)["nbytes"] - 144)),
+        (".nbytes", lambda m: q(m).update(dtype="f32")),   # words are not f32 values
+        (".dtype", lambda m: q(m).update(dtype="Q4_K")),
+    ]
+    for field, edit in cases:
+        bad = copy.deepcopy(meta)
+        edit(bad)
+        with pytest.raises(modelcache.ModelCacheError,
+                           match=rf"entry 'k2': (tensors\['{name}'\])?{re.escape(field)}"):
+            modelcache.restore(bad, data, backend="reference", what="'k2'")
+
+
 def test_cache_outside_the_browser_says_where_it_lives():
     with pytest.raises(RuntimeError, match="IndexedDB.*Pyodide worker"):
         run(modelcache.list_async())
-
-
-def test_damaged_quantized_entries_are_refused(tmp_path):
-    gguf = pytest.importorskip("gguf")
-    src = gpt2.GPT2.init_random(gpt2.GPT2Config(1, 2, 64, 16, 50), seed=8, backend="reference")
-    path, _ = gguf_of(tmp_path / "m.gguf", src, qtype=gguf.GGMLQuantizationType.Q4_0)
-    meta, data = image(run(modelcache.parse_async(path.read_bytes(), "reference"))[0])
-    name = "h.0.mlp.c_fc.weight"
-    for field, edit in (("dtype", {"dtype": "Q5_0"}), ("nbytes", {"dtype": "Q8_0"}),
-                        ("shape", {"shape": [64, 256]}), ("shape", {"shape": [256, 60]}),
-                        ("shape", {"transposed": False})):
-        bad = copy.deepcopy(meta)
-        next(t for t in bad["tensors"] if t["name"] == name).update(edit)
-        with pytest.raises(modelcache.ModelCacheError, match=rf"\['{name}'\]\.{field}"):
-            modelcache.restore(bad, data, backend="reference")

@@ -3,9 +3,9 @@
 //
 // This module is the storage half and runs in the page and in the Pyodide worker alike (both
 // see the same database). The Python half, webgrad.io.modelcache, makes the images (a loaded
-// model's parameters as f32 bytes, with their names and shapes) and restores them; in the
-// worker it reaches this module through `webgradModelCache` (worker/worker.mjs). The
-// surprisal page lists, removes and clears entries with it directly.
+// model's parameters as f32 bytes, quantized weights as their GPU words, with their names and
+// shapes) and restores them; in the worker it reaches this module through `webgradModelCache`
+// (worker/worker.mjs). The surprisal page lists, removes and clears entries with it directly.
 //
 // Database "webgrad-models", object store "models", one record per model:
 //   key       keyFor(name, size, version): the file's name and size and what it holds:
@@ -16,7 +16,7 @@
 //   source    "url:<absolute URL>" | "file:<name>" | "trained:<key>": storing a new version
 //             of a source drops the older ones (a file that changed on the server)
 //   meta      webgrad.io.modelcache's image description: {format, model, config,
-//             tensors: [{name, dtype, shape, offset, nbytes}], nbytes}
+//             tensors: [{name, dtype, shape, offset, nbytes, quant?}], nbytes}
 //   data      a Blob of the tensors back to back. A Blob is kept out of line by the browser:
 //             listing reads no tensor bytes, and a 500 MB model is not one structured clone
 //

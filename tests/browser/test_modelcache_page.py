@@ -1,9 +1,9 @@
 """The browser's model cache (web/modelcache.mjs + webgrad.io.modelcache) on the surprisal page
 in headless Chromium: a GPT-2 safetensors file fetched from serve.py and a GGUF (written by the
 `gguf` package, Q8_0) picked from disk each load twice. The first load downloads (or reads and
-hashes), parses and keeps the GPU image; the second is a cache hit: no GET of the file reaches
-the network (only a HEAD for its ETag), no parse phase runs, and the logits equal the first
-load's bit for bit. Both loads' logits are judged against the same model in CPython (the
+hashes), parses and keeps the GPU image (the GGUF's Q8_0 weights as their words, the size they
+take on the GPU); the second is a cache hit: no GET of the file reaches the network (only a HEAD
+for its ETag), no parse phase runs, and the logits equal the first load's bit for bit. Both loads' logits are judged against the same model in CPython (the
 reference executor; for GGUF, gguf's dequantization on the host). The cache lists both files,
 and clearing it empties it (the next load downloads again). Both load times are printed.
 """
@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from webgrad.io import modelcache
 from webgrad.models import gpt2
 
 browser = pytest.mark.browser
@@ -97,7 +98,7 @@ def test_models_load_from_the_cache_the_second_time(browser_session, tmp_path, c
         assert np.array_equal(logits(page), fresh)
         times["safetensors"] = (first["seconds"], second["seconds"])
 
-        # GGUF picked from disk: hashed, parsed (blocks dequantized on the GPU), kept; then a hit
+        # GGUF picked from disk: hashed, parsed (blocks kept quantized), kept; then a hit
         first = loaded(page, lambda: page.set_input_files("#model", str(gg_path)))
         assert first["cached"] is False and first["kind"] == "gguf", first
         assert {"hash", "parse", "store"} <= set(first["phases"])
@@ -115,9 +116,10 @@ def test_models_load_from_the_cache_the_second_time(browser_session, tmp_path, c
         assert sorted(e["kind"] for e in listed) == ["gguf", "safetensors"]
         assert all(e["meta"]["config"]["n_embd"] == 64 and e["nbytes"] == e["meta"]["nbytes"]
                    for e in listed)
-        kept = {e["kind"]: e for e in listed}   # the GGUF's matrices kept as their Q8_0 blocks
-        assert {t["dtype"] for t in kept["gguf"]["meta"]["tensors"]} == {"f32", "Q8_0"}
-        assert kept["gguf"]["nbytes"] < kept["safetensors"]["nbytes"] / 2
+        # the GGUF is kept as the GPU holds it: its Q8_0 weights as their words, not f32
+        gg = next(e for e in listed if e["kind"] == "gguf")
+        assert gg["nbytes"] == gg_host.weight_bytes
+        assert {t["name"] for t in gg["meta"]["tensors"] if t["dtype"] == "words"} == set(gg_host.quant)
         page.wait_for_function("document.getElementById('cache').dataset.count === '2'")
         row = page.locator("#cache tbody tr", has_text=served.name)
         again = loaded(page, lambda: row.locator("button.load").click())
@@ -183,6 +185,6 @@ async def cache_api(blob):
     assert got["a"]["cached"] is False and got["b"]["cached"] is True and got["c"]["cached"] is True
     assert got["a"]["key"] == got["b"]["key"] and got["phases"] == ["hash", "lookup", "parse", "store"]
     assert got["names"] == ["api.safetensors", "copy"] and got["after"] == ["copy"]
-    assert got["same"] and got["empty"] == [] and got["stale"] == [False, True, 1]
+    assert got["same"] and got["empty"] == [] and got["stale"] == [False, True, modelcache.FORMAT]
     want = np.asarray(src.state_dict()["h.0.mlp.c_fc.weight"]).ravel()
     assert np.array_equal(np.asarray(got["w"], np.float32), want)

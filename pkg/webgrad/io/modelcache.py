@@ -1,20 +1,25 @@
 """A loaded model's GPU image, and the browser cache that keeps it (IndexedDB).
 
 Loading GPT-2 weights in the browser costs a download, a parse (safetensors' F16 widened,
-GGUF's blocks dequantized) and an upload. The *image* of a loaded model is what the GPU holds
-after all that: one f32 tensor per parameter, in GPT2's names and layouts (one full
-"wte.weight": a device that splits the token table into row blocks does so on upload, so an
-image serves every device); weights a GGUF model holds quantized stay its GGUF blocks. Cached, it turns the next load of the same file into an upload.
+GGUF's blocks transcoded or dequantized) and an upload. The *image* of a loaded model is what the GPU holds
+after all that: one tensor per parameter, in GPT2's names and layouts (one full "wte.weight":
+a device that splits the token table into row blocks does so on upload, so an image serves
+every device). A weight held as f32 is its f32 values; a weight held quantized (a GGUF's
+Q8_0/Q4_0/Q4_K, GPT2.quant_full) is its GPU words (quant.py's transcoded layout, the file's
+size), so a Q4_K model takes 1/7 of its f32 bytes in IndexedDB as on the GPU, and restoring it
+writes the words as they are: no parse, no transcoding. Cached, an image turns the next load
+of the same file into an upload.
 
 Pure Python, any backend (CPython too; the tests check the round trip here):
 
     meta, parts = await image_async(model)   # meta: {format, model, config, tensors, nbytes},
-                                             # tensors: [{name, dtype, shape, offset, nbytes}];
+                                             # tensors: [{name, dtype, shape, offset, nbytes}]
+                                             # (dtype "f32", or "words" with quant: {qtype,
+                                             # shape, transposed}, the QuantSpec; shape is
+                                             # always the parameter's declared shape);
                                              # parts: one bytes-like per tensor, in that order
     model = restore(meta, data, backend=...) # data: the parts back to back; every field is
                                              # checked before anything is written
-    # tensors' dtype: "f32", or "Q8_0"/"Q4_0"/"Q4_K" (GGUF blocks, shape as stored, with
-    # `transposed`: quant.QuantSpec), restored quantized
 
 In the browser worker (the IndexedDB half, with the record format and the cache key, is
 web/modelcache.mjs; the worker exposes it as `webgradModelCache`):
@@ -43,7 +48,7 @@ import time
 from dataclasses import asdict
 from math import prod
 
-FORMAT = 1
+FORMAT = 2     # 2: quantized weights as their GPU words (1 held every weight as f32)
 
 
 class ModelCacheError(ValueError):
@@ -53,35 +58,52 @@ class ModelCacheError(ValueError):
 # ---------------------------------------------------------------- the image (pure Python)
 
 async def image_async(model) -> tuple[dict, list]:
-    """(meta, parts) of a GPT2 on any backend: f32 parameters as f32 bytes, weights held
-    quantized (GPT2.from_gguf) as their GGUF blocks (dtype "Q8_0"/"Q4_0"/"Q4_K", shape as
-    stored, `transposed` as in quant.QuantSpec): a cached GGUF model comes back quantized."""
-    from ..arrays import HostArray
+    """(meta, parts) of a GPT2 on any backend: f32 parameters read back as f32 bytes, quantized
+    ones as their GPU words (whole tensors: a split token table is joined)."""
     from ..models.gpt2 import param_shapes
-    from ..quant import raw_blocks
-    quant_full = getattr(model, "quant_full", {}) or {}
-    split = model.wte_chunks > 1
     tensors, parts, at = [], [], 0
     for name, shape in param_shapes(model.cfg).items():
-        stored = ([f"wte.{k}.weight" for k in range(model.wte_chunks)]
-                  if name == "wte.weight" and split else [name])
-        q = quant_full.get(name)
+        q = model.quant_full.get(name)
         if q is None:
-            table = HostArray("f32", shape=shape)
-            for n in stored:                 # a split table: its row blocks one after the other
-                table.extend(await model._read_f32(n))
-            view, entry = memoryview(table).cast("B"), {"dtype": "f32", "shape": list(shape)}
+            view = memoryview(await _f32(model, name)).cast("B")
+            entry = {"name": name, "dtype": "f32", "shape": list(shape)}
         else:
-            blocks = b"".join([raw_blocks(model.quant[n].qtype, (await model.backend.read(n)).tobytes(),
-                                          prod(model.quant[n].shape)) for n in stored])
-            view = memoryview(blocks)
-            entry = {"dtype": q.qtype, "shape": list(q.shape), "transposed": bool(q.transposed)}
-        tensors.append({"name": name, **entry, "offset": at, "nbytes": view.nbytes})
+            view = memoryview(await _words(model, name, q)).cast("B")
+            entry = {"name": name, "dtype": "words", "shape": list(shape),
+                     "quant": {"qtype": q.qtype, "shape": list(q.shape),
+                               "transposed": bool(q.transposed)}}
+        tensors.append({**entry, "offset": at, "nbytes": view.nbytes})
         parts.append(view)
         at += view.nbytes
     meta = {"format": FORMAT, "model": "gpt2", "config": asdict(model.cfg), "tensors": tensors,
             "nbytes": at}
     return meta, parts
+
+
+async def _f32(model, name):
+    """The f32 values of parameter `name` (a split token table joined), as a HostArray."""
+    from ..arrays import HostArray
+    if name in model.shapes:
+        return await model.backend.read(name)
+    table = HostArray("f32")
+    for k in range(model.wte_chunks):    # blocks of rows: one after the other
+        table.extend(await model.backend.read(f"wte.{k}.weight"))
+    return table
+
+
+async def _words(model, name, q) -> bytes:
+    """The GPU words of the whole quantized tensor `name`. A token table split into row blocks
+    holds each block in its own layout (Q8_0/Q4_0 put a block's scales after its quants), so
+    the blocks go back to GGUF's blocks, are joined and transcoded as one table."""
+    from ..quant import raw_blocks, transcode
+    if name in model.quant:
+        return (await model.backend.read(name)).tobytes()
+    raw = b""
+    for k in range(model.wte_chunks):
+        n = f"wte.{k}.weight"
+        raw += raw_blocks(q.qtype, (await model.backend.read(n)).tobytes(),
+                          prod(model.quant[n].shape))
+    return transcode(q.qtype, raw)
 
 
 def restore(meta: dict, data, backend="auto", *, progress=None, what: str = "<image>"):
@@ -92,7 +114,7 @@ def restore(meta: dict, data, backend="auto", *, progress=None, what: str = "<im
     has been checked."""
     from ..arrays import HostArray
     from ..models.gpt2 import GPT2, GPT2Config, param_shapes
-    from ..quant import QTYPES, QuantSpec
+    from ..quant import raw_blocks
 
     def fail(field, msg):
         raise ModelCacheError(f"model cache entry {what}: {field}: {msg}")
@@ -130,44 +152,69 @@ def restore(meta: dict, data, backend="auto", *, progress=None, what: str = "<im
     quant = {}
     for name, shape in want.items():
         t = got[name]
-        dtype, stored = t.get("dtype"), list(t.get("shape") or ())
-        if dtype != "f32" and dtype not in QTYPES:
-            fail(f"tensors[{name!r}].dtype", f"{dtype!r}; expected 'f32' or one of {list(QTYPES)}")
-        if dtype == "f32":
-            declared, need = stored, 4 * prod(shape)
-        else:
-            try:
-                q = QuantSpec(dtype, tuple(stored), bool(t.get("transposed", False)))
-            except (TypeError, ValueError) as e:
-                fail(f"tensors[{name!r}].shape", str(e))
-            quant[name] = q
-            declared = list(q.declared_shape)
-            block, block_bytes = QTYPES[dtype]
-            need = prod(stored[:-1]) * (stored[-1] // block) * block_bytes
-        if declared != list(shape):
-            fail(f"tensors[{name!r}].shape", f"{stored}; {cfg} needs {list(shape)}")
+        field = f"tensors[{name!r}]"
+        if t.get("dtype") not in ("f32", "words"):
+            fail(f"{field}.dtype", f"{t.get('dtype')!r}; expected 'f32' or 'words'")
+        if list(t.get("shape") or ()) != list(shape):
+            fail(f"{field}.shape", f"{t.get('shape')}; {cfg} needs {list(shape)}")
         off, n = t.get("offset"), t.get("nbytes")
+        if t["dtype"] == "words":
+            q = quant[name] = _quant_spec(t.get("quant"), shape, f"{field}.quant", fail)
+            need, what_ = 4 * q.words, f"{q.qtype}{list(q.shape)}'s words"
+        else:
+            need, what_ = 4 * prod(shape), f"f32{list(shape)}"
         if not (isinstance(off, int) and isinstance(n, int)) or n != need:
-            fail(f"tensors[{name!r}].nbytes", f"{n!r}; {dtype}{stored} takes {need}")
-        if off < 0 or (dtype == "f32" and off % 4) or off + n > size:
-            fail(f"tensors[{name!r}].offset", f"{off!r} (+{n} bytes) is not a 4-aligned range "
-                                             f"inside the {size} bytes of data")
-    model = GPT2(cfg, backend, quant=quant) if quant else GPT2(cfg, backend)
+            fail(f"{field}.nbytes", f"{n!r}; {what_} need {need}")
+        if off < 0 or off % 4 or off + n > size:
+            fail(f"{field}.offset", f"{off!r} (+{n} bytes) is not a 4-aligned range "
+                                    f"inside the {size} bytes of data")
+    model = GPT2(cfg, backend, quant=quant)
     done, total = 0, sum(got[n]["nbytes"] for n in want)
     if progress is not None:
         progress(0, total)
     for name, shape in want.items():
-        t = got[name]
-        if name in quant:
-            model.write_blocks(name, piece(t["offset"], t["nbytes"]))
-        else:
+        t, q = got[name], quant.get(name)
+        if q is None:
             h = HostArray("f32", shape=shape)
             h.frombytes(piece(t["offset"], t["nbytes"]))
             model._write({name: h})
+        elif name in model.quant:     # the words as the GPU takes them: written as they are
+            h = HostArray("i32", shape=(q.words,))
+            h.frombytes(piece(t["offset"], t["nbytes"]))
+            model.backend.write(name, h)
+        else:                         # a token table this device splits: each block its layout
+            model.write_blocks(name, raw_blocks(q.qtype, piece(t["offset"], t["nbytes"]),
+                                                prod(q.shape)))
         done += t["nbytes"]
         if progress is not None:
             progress(done, total)
     return model
+
+
+def _quant_spec(q, shape, field, fail):
+    """The QuantSpec a tensor's meta describes, each field checked (fail names it)."""
+    from ..quant import QTYPES, QuantSpec
+    if not isinstance(q, dict):
+        fail(field, f"expected {{qtype, shape, transposed}} for dtype 'words', got {q!r}")
+    qtype, qshape, transposed = q.get("qtype"), q.get("shape"), q.get("transposed")
+    if qtype not in QTYPES:
+        fail(f"{field}.qtype", f"{qtype!r}; kept quantized are {', '.join(QTYPES)}")
+    if not isinstance(transposed, bool):
+        fail(f"{field}.transposed", f"{transposed!r}; expected true or false")
+    if not (isinstance(qshape, list) and qshape
+            and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in qshape)):
+        fail(f"{field}.shape", f"{qshape!r}; expected a list of positive sizes")
+    try:
+        spec = QuantSpec(qtype, tuple(qshape), transposed)
+    except ValueError as e:
+        fail(f"{field}.shape", str(e))
+    if spec.declared_shape != tuple(shape):
+        # the stored shape fits the other way round: it is `transposed` that is wrong
+        flipped = tuple(qshape) if transposed else tuple(reversed(qshape))
+        which = "transposed" if flipped == tuple(shape) else "shape"
+        fail(f"{field}.{which}", f"{qshape}{' transposed' if transposed else ''} is not the "
+                                 f"parameter's {list(shape)}")
+    return spec
 
 
 async def parse_async(data: bytes, backend="auto", *, progress=None):
@@ -241,8 +288,10 @@ class _Clock:
 
 
 def _nbytes(model) -> int:
-    """About the image's size (quantized weights count their words), for progress."""
-    return model.weight_bytes
+    """The image's size (quantized weights as their words)."""
+    from ..models.gpt2 import param_shapes
+    q = model.quant_full
+    return 4 * sum(q[n].words if n in q else prod(s) for n, s in param_shapes(model.cfg).items())
 
 
 async def _store(cache, meta, parts, record, clock) -> None:
