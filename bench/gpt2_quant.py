@@ -82,20 +82,6 @@ def write_gguf(path, cfg, qtype: str, seed: int = 0) -> None:
     w.close()
 
 
-def pick_lib() -> str:
-    name = os.environ.get("WEBGRAD_WGPU_LIB")
-    if name:
-        return name
-    for cand in ("wgpudawn", "wgpu"):
-        try:
-            __import__(cand)
-            os.environ["WEBGRAD_WGPU_LIB"] = cand
-            return cand
-        except ImportError:
-            continue
-    sys.exit("neither wgpudawn nor wgpu is installed")
-
-
 def shared_prefix(a, b) -> int:
     n = 0
     for x, y in zip(a, b):
@@ -117,6 +103,7 @@ def row(r, f32) -> str:
 
 def run_native(args, cfg):
     from webgrad.models import gpt2
+    from matmul import pick_lib  # bench/ is on sys.path when a bench runs as a script
     lib = pick_lib()
     prompt = [(7 * i + 3) % cfg.vocab_size for i in range(args.prompt)]
     rows = []

@@ -24,21 +24,11 @@ from webgrad.primitives import ShapeError
 from webgrad.stateful import compile_program
 
 from test_gguf import write
+from backends import WEBGPU, webgpu_available
 
 QTS = [QT.Q8_0, QT.Q4_0, QT.Q4_K]
 
 
-def _webgpu_ok() -> bool:
-    try:
-        from webgrad.backends.webgpu_native import NativeHost
-        NativeHost()
-        return True
-    except Exception:
-        return False
-
-
-WEBGPU = pytest.param("webgpu", marks=[pytest.mark.webgpu, pytest.mark.skipif(
-    not _webgpu_ok(), reason="no native WebGPU adapter")])
 
 
 def small_blocks(qt, n_blocks, rng):
@@ -283,7 +273,7 @@ def test_gpt2_keep_quantized_false_and_split_table(tmp_path):
 
 
 @pytest.mark.webgpu
-@pytest.mark.skipif(not _webgpu_ok(), reason="no native WebGPU adapter")
+@pytest.mark.skipif(not webgpu_available(), reason="no native WebGPU adapter")
 def test_gpt2_quantized_on_the_tiled_kernel(tmp_path):
     """GPUs take the tiled matmul (lavapipe the barrier-free one): forced here, the whole
     model's logits still equal the host-dequantized model's on the same kernel."""

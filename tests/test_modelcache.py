@@ -18,6 +18,7 @@ import pytest
 
 from webgrad.io import modelcache
 from webgrad.models import gpt2
+from backends import WEBGPU
 
 CFG = gpt2.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_ctx=16, vocab_size=50)
 IDS = [3, 1, 4, 1, 5, 9, 2, 6, 49]
@@ -102,19 +103,6 @@ def test_gguf_image_holds_ggufs_dequantization(tmp_path):
     got = np.frombuffer(data[t["offset"]:t["offset"] + t["nbytes"]], np.float32).reshape(t["shape"])
     assert np.array_equal(got, stored["blk.1.ffn_up.weight"].T)   # gguf's values, [in, out]
     assert not np.array_equal(got, np.asarray(src.state_dict()["h.1.mlp.c_fc.weight"]))
-
-
-def _webgpu_ok() -> bool:
-    try:
-        from webgrad.backends.webgpu_native import NativeHost
-        NativeHost()
-        return True
-    except Exception:
-        return False
-
-
-WEBGPU = pytest.param("webgpu", marks=[pytest.mark.webgpu, pytest.mark.skipif(
-    not _webgpu_ok(), reason="no native WebGPU adapter")])
 
 
 def _quantized(tmp_path, qt_name, backend):

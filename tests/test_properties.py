@@ -23,17 +23,9 @@ from hypothesis import strategies as st  # noqa: E402
 
 import webgrad as wg  # noqa: E402
 from webgrad import Module, ShapeError, init, ops  # noqa: E402
+from backends import webgpu_available as _webgpu_available  # noqa: E402
 
 THIS = __file__.rsplit("/", 1)[-1]
-
-
-def _webgpu_available() -> bool:
-    try:
-        from webgrad.backends.webgpu_native import NativeHost
-        NativeHost()
-        return True
-    except Exception:
-        return False
 
 
 BACKENDS = ["reference", "torch"] + (["webgpu"] if _webgpu_available() else [])

@@ -22,21 +22,9 @@ import pytest
 
 import webgrad as wg
 from webgrad import FeedError, Module, ShapeError, nn, ops, optim
+from backends import WEBGPU, webgpu_available as _webgpu_available
 
 THIS = __file__.rsplit("/", 1)[-1]
-
-
-def _webgpu_available() -> bool:
-    try:
-        from webgrad.backends.webgpu_native import NativeHost
-        NativeHost()
-        return True
-    except Exception:
-        return False
-
-
-WEBGPU = pytest.param("webgpu", marks=[pytest.mark.webgpu, pytest.mark.skipif(
-    not _webgpu_available(), reason="no native WebGPU adapter")])
 BACKENDS = ["reference", "torch", WEBGPU]
 
 

@@ -42,6 +42,23 @@ class QuantOperand:
         return f"{self.qtype} blocks of {self.words.what}"
 
 
+def _q4k_scale_min(w: str) -> str:
+    """WGSL: sub-block `sub`'s 6-bit scale `sc` and min `mn`, and the super-block's f16 pair
+    `dm`, of the Q4_K super-block at word `base` of `w` (both decoders share it)."""
+    return f"""
+  let sh = (sub & 3u) << 3u;
+  let b0 = ({w}[base + 1u] >> sh) & 255u;
+  let mlo = ({w}[base + 2u] >> sh) & 255u;
+  let top = ({w}[base + 3u] >> sh) & 255u;
+  var sc = b0 & 63u;
+  var mn = mlo & 63u;
+  if (sub >= 4u) {{
+    sc = (top & 15u) | ((b0 >> 6u) << 4u);
+    mn = (top >> 4u) | ((mlo >> 6u) << 4u);
+  }}
+  let dm = unpack2x16float({w}[base]);"""
+
+
 def _body(qtype: str, w: str, n: int) -> str:
     # indices past the end (a tile's edge, read then discarded) stay safe: WebGPU clamps
     # out-of-bounds storage reads
@@ -75,18 +92,7 @@ def _body(qtype: str, w: str, n: int) -> str:
   let k = 16u + 32u * g + (w & 31u);
   let packed = ({w}[base + (k >> 2u)] >> ((k & 3u) << 3u)) & 255u;
   let q = select(packed & 15u, packed >> 4u, hi);
-  // bytes t, 4 + t and 8 + t of the 12 scale bytes (t = sub % 4): words 1, 2, 3
-  let sh = (sub & 3u) << 3u;
-  let b0 = ({w}[base + 1u] >> sh) & 255u;
-  let mlo = ({w}[base + 2u] >> sh) & 255u;
-  let top = ({w}[base + 3u] >> sh) & 255u;
-  var sc = b0 & 63u;
-  var mn = mlo & 63u;
-  if (sub >= 4u) {{
-    sc = (top & 15u) | ((b0 >> 6u) << 4u);
-    mn = (top >> 4u) | ((mlo >> 6u) << 4u);
-  }}
-  let dm = unpack2x16float({w}[base]);
+  // bytes t, 4 + t and 8 + t of the 12 scale bytes (t = sub % 4): words 1, 2, 3{_q4k_scale_min(w)}
   return (dm.x * f32(sc)) * f32(q) - dm.y * f32(mn);"""
     raise AssertionError(qtype)
 
@@ -125,18 +131,7 @@ def _group_bodies(qtype: str, w: str, n: int) -> tuple[str, str]:
         return scale, quant
     scale = f"""
   let base = (gi >> 3u) * 36u;
-  let sub = gi & 7u;
-  let sh = (sub & 3u) << 3u;
-  let b0 = ({w}[base + 1u] >> sh) & 255u;
-  let mlo = ({w}[base + 2u] >> sh) & 255u;
-  let top = ({w}[base + 3u] >> sh) & 255u;
-  var sc = b0 & 63u;
-  var mn = mlo & 63u;
-  if (sub >= 4u) {{
-    sc = (top & 15u) | ((b0 >> 6u) << 4u);
-    mn = (top >> 4u) | ((mlo >> 6u) << 4u);
-  }}
-  let dm = unpack2x16float({w}[base]);
+  let sub = gi & 7u;{_q4k_scale_min(w)}
   return vec2<f32>(dm.x * f32(sc), dm.y * f32(mn));"""
     quant = f"""
   let i = e & 255u;
