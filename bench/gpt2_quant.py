@@ -23,7 +23,6 @@ the 4-bit types). The ratios are against F32 in the same run.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
