@@ -105,9 +105,9 @@ class Program:
 
 class LazyProgram:
     """A Program prepared on its first use: compile_module's run() graph. Its kernels are
-    needed by run() alone, and a cold compile paid for them up front (GPT-2 124M: 12 of the
-    77 distinct pipelines, about 1 s of pipeline creation on a driver without a shader
-    cache; bench/README.md, compile_time)."""
+    needed by run() alone, and a compile paid for them up front (GPT-2 124M: 12 of the 77
+    distinct pipelines, among them one of the slowest matmuls to create on a driver without
+    a shader cache; bench/README.md, compile_time)."""
 
     def __init__(self, backend, graph, inputs):
         self.backend, self.graph, self.inputs = backend, graph, inputs

@@ -277,6 +277,7 @@ class Fusion:
             self.groups[gid] = G
             self.group_of[n.id] = gid
         self._loads_cache: dict[int, dict[int, bool]] = {}
+        self._leaves_of: dict[int, list[int]] | None = None  # binding_estimate's
 
     def preserves(self, node, k: int) -> bool:
         """Is input k read at the flat index node is read at?"""
@@ -333,13 +334,14 @@ class Fusion:
         return False
 
     def binding_estimate(self, outputs, loads) -> int:
-        inplace = 0
-        for o in outputs:
+        if self._leaves_of is None:  # writeback value -> the persistent leaves it replaces
+            self._leaves_of = {}
             for name, r in self.g.writebacks.items():
                 leaf = self.persist_leaf.get(name)
-                if r == o and leaf is not None and loads.get(leaf):
-                    inplace += 1
-                    break
+                if leaf is not None:
+                    self._leaves_of.setdefault(r, []).append(leaf)
+        inplace = sum(1 for o in outputs
+                      if any(loads.get(leaf) for leaf in self._leaves_of.get(o, ())))
         return len(set(loads) | set(outputs)) - inplace
 
     def scratch_bindings(self, main: int | None) -> int:
@@ -394,7 +396,9 @@ class Fusion:
                 for a in G.anchors:
                     self.group_of[a] = h
                 del self.groups[gid]
-                self._loads_cache.clear()
+                # a group's loads follow from its own anchors and main alone: only H's changed
+                self._loads_cache.pop(h, None)
+                self._loads_cache.pop(gid, None)
                 break
 
     # ------------------------------------------------------------ in-place writebacks
@@ -402,6 +406,10 @@ class Fusion:
         g = self.g
         self.inplace: dict[int, str] = {}   # node -> persistent name it is computed into
         self.end_copies: list[tuple[int, str]] = []  # (stored node, persistent name)
+        readers_of: dict[int, list[int]] = {}  # stored node -> the groups that load it
+        for h in self.groups:
+            for n in self.loads(h):
+                readers_of.setdefault(n, []).append(h)
         for name, r in g.writebacks.items():
             s = self.storage_base(r)
             leaf = self.persist_leaf.get(name)
@@ -414,10 +422,8 @@ class Fusion:
             ok = g[s].size == g[leaf].size if leaf is not None else True
             readers = []
             if ok and leaf is not None:
-                for h in self.groups:
+                for h in readers_of.get(leaf, ()):
                     ld = self.loads(h)
-                    if leaf not in ld:
-                        continue
                     if h == gid:  # write_rows of the leaf itself: written row by row, in place
                         ok = ok and (ld[leaf] or (g[s].op == "write_rows" and g[s].inputs[0] == leaf))
                     else:

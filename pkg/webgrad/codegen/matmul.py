@@ -509,9 +509,10 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
                 for j in range(TN):
                     L(f"let b{tag}_{j} = Bs[{ob}{at(LDB)} + tx * {TN}u + {j}u];")
                 b_of = lambda j: f"b{tag}_{j}"  # noqa: E731
+            a_names, b_names = [a_of(i) for i in range(TM)], [b_of(j) for j in range(TN)]
             for i in range(TM):
                 for j in range(TN):
-                    L(f"{acc[i][j]} = fma({a_of(i)}, {b_of(j)}, {acc[i][j]});")
+                    L(f"{acc[i][j]} = fma({a_names[i]}, {b_names[j]}, {acc[i][j]});")
         if K_LOOP and TM * TN * BK > K_LOOP:
             # a WGSL loop over the tile's k rather than BK unrolled copies: the shader stays
             # small (an 8 x 16 block at K step 16 is ~100 KB unrolled, and the driver takes
