@@ -56,11 +56,18 @@ def test_oracle(record):
     oracle.check(record, "webgpu")
 
 
-def _lowered_kernel_names(record) -> list[str]:
+def _lowered_kernel_names(record, col_split_min_r=None) -> list[str]:
     from webgrad.codegen import Limits, lower
+    from webgrad.codegen import reduce as rd
     from webgrad.compile import build_train_graph, parse_inputs
     factory, loss_fn, inputs, _ = oracle.build_record(record)
-    return lower(build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1], Limits())[1]
+    saved = rd.COL_SPLIT_MIN_R
+    rd.COL_SPLIT_MIN_R = col_split_min_r or saved
+    try:
+        return lower(build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1],
+                     Limits())[1]
+    finally:
+        rd.COL_SPLIT_MIN_R = saved
 
 
 # records whose step (forward and gradients) has a matmul kernel: run under both kernels
@@ -172,6 +179,27 @@ def test_vec4_loads_where_the_layout_allows(monkeypatch):
     # A's rows start 30 floats apart (not 16-byte aligned); B's are 48 apart
     assert bindings(64, 30, 48) == ["array<f32>;", "array<vec4<f32>>;"]
     assert bindings(64, 64, 64, plus_a=True) == ["array<f32>;"] * 2
+
+
+@pytest.mark.parametrize("n", [48, 46])
+def test_vec4_epilogue_stores(n, monkeypatch):
+    """The tiled kernel's epilogue stores 4 adjacent outputs as one vec4 (matmul.epi4)
+    where N is a multiple of 4 (every fused output so: the AdamW updates of a weight
+    gradient are checked by the training tests under the H200 classes), else one float at
+    a time; values against numpy in float64."""
+    monkeypatch.setattr(mm, "FORCE_CONFIG", mm.Config(4, 4, 8, wx=4, wy=4, vload=True))
+    m, k = 37, 24
+    c = forward(lambda x, w, b: ops.relu(x @ w + b) - 0.5 * (x @ w),
+                {"x": [m, k], "w": [k, n], "b": [n]})
+    wgsl = [p["wgsl"] for p in exe(c).lowered.plan["pipelines"] if "matmul" in p["wgsl"]]
+    assert len(wgsl) == 1 and ("fn epi4" in wgsl[0]) == (n % 4 == 0)
+    rng = np.random.default_rng(3)
+    feed = {"x": rng.standard_normal((m, k)).astype(np.float32),
+            "w": rng.standard_normal((k, n)).astype(np.float32),
+            "b": rng.standard_normal(n).astype(np.float32)}
+    got = c.run(feed)
+    ref = feed["x"].astype(np.float64) @ feed["w"].astype(np.float64)
+    np.testing.assert_allclose(got, np.maximum(ref + feed["b"], 0) - 0.5 * ref, rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("classes", ["wide_group", "as_listed"])
@@ -432,13 +460,56 @@ REDUCTIONS = [
 @pytest.mark.parametrize("case", REDUCTIONS, ids=[c[0] for c in REDUCTIONS])
 def test_long_reductions(case):
     """Bound: |err| <= 1e-6 * sum|x| (tree/chunked f32 summation) + 1e-5 (1 + |want|)."""
+    _check_reduction(case)
+
+
+def _check_reduction(case):
     name, fn, shape, ref = case
     x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
     got = forward(fn, {"x": shape}).run({"x": x})
     want = ref(x.astype(np.float64))
-    scale = np.abs(x).sum() * 1e-6
+    scale = np.abs(ref(np.abs(x.astype(np.float64)))).sum() * 1e-6
     assert np.all(np.abs(got - want) <= scale + 1e-5 * (1 + np.abs(want))), \
         f"{name}: max err {np.max(np.abs(got - want))}"
+
+
+# column sums long enough for codegen/reduce.py's col_split: column counts that are not a
+# multiple of its 32-column blocks (7: blocks of 8 columns x 32 rows), row counts that end
+# a chunk early, an elementwise producer computed in pass 1, two reduced axes, an epilogue
+COL_SUMS = [
+    ("sum axis 0, 7 columns", lambda x: ops.sum(x, 0), [5000, 7], lambda x: x.sum(0)),
+    ("sum of squares axis 0", lambda x: ops.sum(x * x, 0), [4099, 97], lambda x: (x * x).sum(0)),
+    ("sum axes 0, 1", lambda x: ops.sum(x, [0, 1]), [3, 1500, 33], lambda x: x.sum((0, 1))),
+    ("sum axis 0 of 3-d", lambda x: ops.sum(x, 0), [2049, 40, 3], lambda x: x.sum(0)),
+    ("sum axis 0, epilogue", lambda x: ops.exp(ops.sum(x, 0) * 0.01), [2048, 64],
+     lambda x: np.exp(x.sum(0) * 0.01)),
+]
+
+
+@pytest.mark.parametrize("tiled", [True, False], ids=["tiled", "per_thread"])
+@pytest.mark.parametrize("case", COL_SUMS, ids=[c[0] for c in COL_SUMS])
+def test_column_sums(case, tiled, monkeypatch):
+    """col_split's two pass-1 kernels (the tiled one GPUs run, the per-thread loop CPU
+    adapters run) against numpy in float64; same bound as test_long_reductions."""
+    from webgrad.codegen import reduce as rd
+    monkeypatch.setattr(rd, "COLUMN_TILED", tiled)
+    _check_reduction(case)
+
+
+SUM_RECORDS = [r for r in oracle.RECORDS
+               if any(n.startswith("sum (pass 1)") for n in _lowered_kernel_names(r, 1))]
+
+
+@pytest.mark.parametrize("record", SUM_RECORDS, ids=[r.name for r in SUM_RECORDS])
+def test_oracle_under_column_split(record, monkeypatch):
+    """The records whose step sums over leading axes (bias gradients, the batch of a
+    broadcast, sums in the forward pass), every such sum through col_split's tiled kernel (even short
+    ones), its producers and consumers fused as usual."""
+    from webgrad.codegen import reduce as rd
+    monkeypatch.setattr(rd, "COL_SPLIT_MIN_R", 1)
+    monkeypatch.setattr(rd, "COLUMN_TILED", True)
+    assert any(n.startswith("sum (pass 1)") for n in _lowered_kernel_names(record))
+    oracle.check(record, "webgpu")
 
 
 # ---------------------------------------------------------------- (e) limits

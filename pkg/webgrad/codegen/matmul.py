@@ -67,6 +67,7 @@ DIRECT_WG = 64             # threads per workgroup of the barrier-free kernel
 # (Unrolling the K loop by 4 measured no better there.)
 DIRECT_TM, DIRECT_TN = 8, 8
 FORCE_DIRECT = None        # tests: True/False forces the barrier-free/tiled kernel
+VEC_EPILOGUE = True        # the tiled kernel stores 4 adjacent outputs as one vec4 (epi4)
 # The tiled kernel's k loop is a WGSL loop when a K step has more FMAs per thread than this
 # (0: always unrolled in the WGSL). H200 through Dawn, 2026-11-30, on a fresh machine (no
 # driver cache): an unrolled 8 x 16 block at K step 16 (~100 KB of WGSL) took 0.46 s to
@@ -298,17 +299,44 @@ def build_matmul(ctx, config: Config | None = None) -> list:
     if cfg is None:
         return _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh)
     ops = (sa, offa, dima, ash), (sb, offb, dimb, bsh)
-    try:
-        return _build_tiled(ctx, node, cfg, *ops)
-    except BindingTypeClash:
-        # the epilogue reads or writes an operand's buffer, which a vec4 view of it cannot
-        # share (one binding per buffer): scalar loads
-        if not cfg.vload:
-            raise
-        return _build_tiled(ctx, node, replace(cfg, vload=False), *ops)
+    # the epilogue reads or writes an operand's buffer, which a vec4 view of it cannot
+    # share (one binding per buffer): scalar stores, then scalar loads too
+    for vec_epi, c in ((VEC_EPILOGUE, cfg), (False, cfg), (False, replace(cfg, vload=False))):
+        try:
+            return _build_tiled(ctx, node, c, *ops, vec_epi=vec_epi)
+        except BindingTypeClash:
+            if c.vload is False:
+                raise
+    raise AssertionError("unreachable")
 
 
-def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
+def _epilogue4_fn(ctx, kernel) -> str | None:
+    """`fn epi4(f: u32, v: vec4<f32>)`: the group's epilogue (ctx.epilogue_fn) at the 4
+    adjacent flat indices f..f+3 (f a multiple of 4), each stored output written as one
+    vec4: a quarter of the store instructions. None where an output is not f32 or does not
+    start 16-byte aligned. Raises BindingTypeClash where an output's buffer is read as f32
+    in the same kernel."""
+    from .emit import Idx
+    G = ctx.group
+    outs = [(n, ctx.storage(n)) for n in ctx.outs]
+    if not outs or any(st.dtype != "f32" or st.offset % 4 for _, st in outs):
+        return None
+    em = ctx.emitter(kernel)
+    lanes = []
+    for j, c in enumerate("xyzw"):
+        flat = "f" if j == 0 else em.let(f"f + {j}u")
+        em.bound[G.main] = (flat, f"v.{c}")
+        lanes.append([f"v.{c}" if n == G.main else em.value(n, Idx(ctx.g[n].shape, flat=flat))
+                      for n, _ in outs])
+    for k, (_, st) in enumerate(outs):  # every value first: an output may be written in place
+        name = kernel.binding(st.buffer, "vec4_f32", write=True, what=st.what, nbytes=st.nbytes)
+        at = "f" if st.offset == 0 else f"{st.offset}u + f"
+        em.emit(f"{name}[({at}) >> 2u] = vec4<f32>({', '.join(v[k] for v in lanes)});")
+    kernel.functions.append("fn epi4(f: u32, v: vec4<f32>) {\n" + "\n".join(em.lines) + "\n}\n")
+    return "epi4"
+
+
+def _build_tiled(ctx, node, cfg: Config, opa, opb, vec_epi: bool = False) -> list:
     (sa, offa, dima, ash), (sb, offb, dimb, bsh) = opa, opb
     M, K, N = ash[-2], ash[-1], bsh[-1]
     batch = tuple(node.shape[:-2])
@@ -349,11 +377,16 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
         n = BK * ld * (2 if db else 1)
         kernel.decls.append(f"var<workgroup> {name}: array<vec4<f32>, {n // 4}>;" if vec else
                             f"var<workgroup> {name}: array<f32, {n}>;")
+    epi4 = None
     if S > 1:  # partial sums go to scratch; the second kernel runs the epilogue
         part = ctx.scratch[0]
         P = kernel.binding(part.buffer, "f32", write=True, what=part.what, nbytes=part.nbytes)
     else:
-        epi = ctx.epilogue_fn(kernel)
+        # a thread's columns come in groups of 4 adjacent ones (vb): one vec4 store each
+        if vec_epi and vb and N % 4 == 0:
+            epi4 = _epilogue4_fn(ctx, kernel)
+        if epi4 is None:
+            epi = ctx.epilogue_fn(kernel)
     em = ctx.emitter(kernel)
     L = em.emit
 
@@ -537,6 +570,15 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
     if S > 1:
         L(f"let poff = sk * {nb * M * N}u + f0;")
     for i, ri in enumerate(rows_a):
+        if epi4 is not None:
+            for j in range(0, TN, 4):
+                cj = cols_b[j]
+                conds = (([f"m0 + {ri}u < {M}u"] if need_m else [])
+                         + ([f"n0 + {cj}u < {N}u"] if need_n else []))  # all 4 in or out
+                call = (f"{epi4}(f0 + {ri * N + cj}u, vec4<f32>("
+                        + ", ".join(acc[i][j + t] for t in range(4)) + "));")
+                L(f"if ({' && '.join(conds)}) {{ {call} }}" if conds else call)
+            continue
         for j, cj in enumerate(cols_b):
             conds = (([f"m0 + {ri}u < {M}u"] if need_m else [])
                      + ([f"n0 + {cj}u < {N}u"] if need_n else []))
