@@ -43,9 +43,9 @@ def pick_lib() -> str:
 
 def parse_config(text: str):
     from webgrad.codegen.matmul import Config
-    shape, *flags = text.split(":")
-    if shape == "auto":
+    if text == "auto":
         return None
+    shape, *flags = text.split(":")
     tm, tn, bk = (int(v) for v in shape.split("x"))
 
     def num(prefix, default):  # the value of flag prefix + digits ("s4" -> "4")
@@ -80,7 +80,7 @@ def parse_shape(text: str):
     return (text, batch, m, k, n, "".join(flags))
 
 
-def build(host, shape, config, vec_epilogue=True):
+def build(host, shape, config):
     from webgrad.codegen import Limits, lower
     from webgrad.codegen import matmul as mm
     from webgrad.ir import Graph
@@ -97,13 +97,13 @@ def build(host, shape, config, vec_epilogue=True):
     a = operand("a", m, k, "ta" in flags)
     b = operand("b", k, n, "tb" in flags)
     g.outputs["out"] = g.add("matmul", [a, b], batch + (m, n), "f32")
-    mm.FORCE_CONFIG, mm.VEC_EPILOGUE = config, vec_epilogue
+    mm.FORCE_CONFIG = config
     limits = Limits.from_host(host.limits)
     limits.adapter = host.info  # the adapter's row of matmul.ADAPTER_TILINGS, as the backend does
     try:
         low, names = lower(g, limits)
     finally:
-        mm.FORCE_CONFIG, mm.VEC_EPILOGUE = None, True
+        mm.FORCE_CONFIG = None
     return low, names[0]
 
 
@@ -172,9 +172,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--configs", default="auto",
                     help="comma-separated tilings: auto | "
-                    "TMxTNxBK[:novec][:nopre][:sN][:db][:wXxY][:gG][:vl][:se] (N K chunks; db: double-buffered shared memory; X x Y threads (N x M); "
-                    "tile order in runs of G tile rows; vl: vec4 global loads; se: scalar "
-                    "epilogue stores, not vec4; 'auto:se' too)")
+                    "TMxTNxBK[:novec][:nopre][:sN][:db][:wXxY][:gG][:vl] (N K chunks; db: double-buffered shared memory; X x Y threads (N x M); "
+                    "tile order in runs of G tile rows; vl: vec4 global loads)")
     args = ap.parse_args()
     lib = pick_lib()
     import numpy as np
@@ -211,7 +210,7 @@ def main() -> None:
         want = (torch.from_numpy(np.ascontiguousarray(A[..., rows, :])).double()
                 @ torch.from_numpy(B).double()).numpy()
         for ctext in args.configs.split(","):
-            low, name = build(host, shape, parse_config(ctext), ":se" not in ctext)
+            low, name = build(host, shape, parse_config(ctext))
             prog = host.load(low.plan)
             host.write(prog, low.feeds["a"], Ain.tobytes())
             host.write(prog, low.feeds["b"], Bin.tobytes())

@@ -123,11 +123,15 @@ H200_CONFIGS = {
     "batched": mm.Config(8, 8, 8, wx=8, wy=8, vload=True),
     "small_group": mm.Config(4, 4, 8, wx=4, wy=4, group=3, vload=True),
     "small_split_group": mm.Config(4, 8, 16, wx=4, wy=8, splits=2, group=4, vload=True),
+    "odd_split": mm.Config(8, 8, 16, wx=16, wy=16, vload=True, splits=3),
+    "odd_group": mm.Config(8, 8, 16, wx=16, wy=16, vload=True, group=2),
 }
 # 8 x 16 outputs per thread make large shaders, slow to compile on lavapipe: those configs
 # run the records with several tiles per axis only
 _H200_BIG = {"wide": ("matmul/tiles_odd", "matmul/batched_odd", "matmul/aligned_epilogue"),
-             "wide_bk16_group_split": ("matmul/wgrad_odd", "matmul/odd_long_k")}
+             "wide_bk16_group_split": ("matmul/wgrad_odd", "matmul/odd_long_k"),
+             "odd_split": ("matmul/odd_long_k", "matmul/wgrad_odd"),
+             "odd_group": ("matmul/tiles_odd", "matmul/aligned_epilogue")}
 _H200_ALL = ("matmul/2d", "matmul/batch_bcast", "matmul/vec_mat", "matmul/tiles_odd",
              "matmul/batched_odd", "matmul/wgrad_odd", "matmul/odd_long_k",
              "matmul/aligned_epilogue")
@@ -181,27 +185,6 @@ def test_vec4_loads_where_the_layout_allows(monkeypatch):
     assert bindings(64, 64, 64, plus_a=True) == ["array<f32>;"] * 2
 
 
-@pytest.mark.parametrize("n", [48, 46])
-def test_vec4_epilogue_stores(n, monkeypatch):
-    """The tiled kernel's epilogue stores 4 adjacent outputs as one vec4 (matmul.epi4)
-    where N is a multiple of 4 (every fused output so: the AdamW updates of a weight
-    gradient are checked by the training tests under the H200 classes), else one float at
-    a time; values against numpy in float64."""
-    monkeypatch.setattr(mm, "FORCE_CONFIG", mm.Config(4, 4, 8, wx=4, wy=4, vload=True))
-    m, k = 37, 24
-    c = forward(lambda x, w, b: ops.relu(x @ w + b) - 0.5 * (x @ w),
-                {"x": [m, k], "w": [k, n], "b": [n]})
-    wgsl = [p["wgsl"] for p in exe(c).lowered.plan["pipelines"] if "matmul" in p["wgsl"]]
-    assert len(wgsl) == 1 and ("fn epi4" in wgsl[0]) == (n % 4 == 0)
-    rng = np.random.default_rng(3)
-    feed = {"x": rng.standard_normal((m, k)).astype(np.float32),
-            "w": rng.standard_normal((k, n)).astype(np.float32),
-            "b": rng.standard_normal(n).astype(np.float32)}
-    got = c.run(feed)
-    ref = feed["x"].astype(np.float64) @ feed["w"].astype(np.float64)
-    np.testing.assert_allclose(got, np.maximum(ref + feed["b"], 0) - 0.5 * ref, rtol=1e-5, atol=1e-4)
-
-
 @pytest.mark.parametrize("classes", ["wide_group", "as_listed"])
 def test_transformer_training_under_h200_classes(classes, monkeypatch):
     """The test transformer's step (merge_heads views, folded weight gradients, fused
@@ -247,6 +230,14 @@ def test_h200_shape_classes():
     # a weight gradient: split-K with the wide tile
     cfg = mm.choose_config(512, 1536, 16384, 1, adapter=a)
     assert (cfg.splits, cfg.wx, cfg.wy, cfg.tm, cfg.tn) == (11, 8, 16, 8, 16)
+    # the GPT-2 vocabulary's products (N or K = 50257, unaligned rows): the "odd" tile,
+    # split where it was split, in runs of tile rows where they were
+    odd = mm.ADAPTER_TILINGS[0][1]["odd"]
+    assert mm.choose_config(4096, 768, 50257, 1, adapter=a) == mm.replace(odd, splits=4)
+    assert mm.choose_config(4096, 50257, 768, 1, adapter=a) == mm.replace(odd, group=32)
+    assert mm.choose_config(768, 50257, 4096, 1, adapter=a) == mm.replace(odd, group=32)
+    # under 3/4 of a wave of 128 x 128 tiles, a wave of 64 x 64 ones
+    assert mm.choose_config(4096, 768, 768, 1, adapter=a) == mm.ADAPTER_TILINGS[0][1]["mid"]
     # few tiles: the shrinking rule, as on adapters without a row
     assert mm.choose_config(1024, 1024, 1024, 1, adapter=a) == \
         mm.choose_config(1024, 1024, 1024, 1, adapter="some GPU")

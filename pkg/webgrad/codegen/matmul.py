@@ -67,7 +67,6 @@ DIRECT_WG = 64             # threads per workgroup of the barrier-free kernel
 # (Unrolling the K loop by 4 measured no better there.)
 DIRECT_TM, DIRECT_TN = 8, 8
 FORCE_DIRECT = None        # tests: True/False forces the barrier-free/tiled kernel
-VEC_EPILOGUE = True        # the tiled kernel stores 4 adjacent outputs as one vec4 (epi4)
 # The tiled kernel's k loop is a WGSL loop when a K step has more FMAs per thread than this
 # (0: always unrolled in the WGSL). H200 through Dawn, 2026-11-30, on a fresh machine (no
 # driver cache): an unrolled 8 x 16 block at K step 16 (~100 KB of WGSL) took 0.46 s to
@@ -116,7 +115,12 @@ class Config:
 #       K, such as the LM head's input gradient [B] x [T, vocab] @ [vocab, d], is work enough
 #       per tile for the wide tile: 36 TFLOP/s on the 64 x 64 one at vocab 4096);
 #   "group": tile order in runs of this many tile rows when one tile row has at least a
-#       wave of tiles (a vocabulary-wide product), so that the B panels stay in L2.
+#       wave of tiles (a vocabulary-wide product), so that the B panels stay in L2;
+#   "odd": the tile (of "wide" and "split" products) where N or K is not a multiple of 4:
+#       an operand whose rows are that long starts them unaligned, so it is read one float
+#       at a time (the vocabulary's products: 50257);
+#   "mid": the tile of a product with less than 3/4 of a wave of 128 x 128 tiles but a
+#       wave of 64 x 64 ones.
 # Shapes no class takes keep the tile-shrinking rule. GPUs not listed get no split-K
 # (their slot count is unknown) and that rule alone.
 BATCHED_MN = 512 * 512
@@ -128,11 +132,19 @@ ADAPTER_TILINGS = (
     # 0.83-0.91; a 64 x 64 tile of 64 threads does attention's products (scores 1.01
     # against 0.82); runs of 32 tile rows and the new tile took the [4096 x 768] @ [768 x
     # 50257] logits from 9.9 to 8.3 ms. Double buffering was slower (0.64-0.69).
+    # 2026-11-30 (step_breakdown.py's session): the GPT-2 step's three vocabulary products
+    # (N or K = 50257, scalar loads of the unaligned operand) ran faster on 256 threads of
+    # 8 x 8 at K step 16 than on the wide tile: LM head input gradient (K = 50257, split 4)
+    # 9.74 -> 8.47 ms, logits 8.45 -> 8.18, head weight gradient 8.46 -> 7.80; [4096 x 768]
+    # @ [768 x 768] (192 tiles of 128 x 128) 0.192 ms on 64 x 128 tiles, 0.158 on the 64 x
+    # 64 one, 0.167 split in 2.
     (("h200", "h100"), {
         "slots": 264, "double": False,
         "split": Config(8, 16, 8, wx=8, wy=16, vload=True),
         "wide": Config(8, 16, 8, wx=8, wy=16, vload=True), "wide_bk": 16,
+        "odd": Config(8, 8, 16, wx=16, wy=16, vload=True),
         "batched": Config(8, 8, 8, wx=8, wy=8, vload=True),
+        "mid": Config(8, 8, 8, wx=8, wy=8, vload=True),
         "group": 32,
     }),
 )
@@ -176,6 +188,7 @@ def _choose_config(M: int, N: int, K: int, nb: int, adapter: str) -> Config:
     def t(d):
         return 8 if d >= 128 else 4 if d >= 64 else 2 if d >= 32 else 1
     tm, tn = t(M), t(N)
+    odd = N % 4 != 0 or K % 4 != 0
 
     def tiles(tm, tn):
         return -(-M // (16 * tm)) * -(-N // (16 * tn)) * nb
@@ -188,19 +201,26 @@ def _choose_config(M: int, N: int, K: int, nb: int, adapter: str) -> Config:
         S = choose_splits(tiles(tm, tn), K, slots)
         if S > 1:
             if "split" in row and tm == tn == 8:
-                return replace(row["split"], splits=S)
+                return replace(row["odd" if odd and "odd" in row else "split"], splits=S)
             return Config(tm, tn, max(8 if max(tm, tn) >= 8 else 16, 16 // min(tm, tn)),
                           splits=S)
     if "batched" in row and nb > 1 and M * N <= BATCHED_MN and K < SPLIT_MIN_K:
         return row["batched"]
     big = tiles(8, 8)  # 128 x 128 tiles
     if "wide" in row and slots and 4 * big >= 3 * slots:  # 3/4 of a wave: 2048 square
+        if odd and "odd" in row:
+            cfg = row["odd"]
+            if row.get("group") and -(-N // cfg.bn) >= slots:
+                cfg = replace(cfg, group=row["group"])
+            return cfg
         cfg = row["wide"]
         if big >= 3 * slots:
             cfg = replace(cfg, bk=row.get("wide_bk", cfg.bk))
         if row.get("group") and -(-N // cfg.bn) >= slots:
             cfg = replace(cfg, group=row["group"])
         return cfg
+    if "mid" in row and slots and tiles(4, 4) >= slots:  # a wave of 64 x 64 tiles
+        return row["mid"]
     while tiles(tm, tn) < TARGET_TILES and (tm > 2 or tn > 2):
         if tm >= tn:
             tm //= 2
@@ -299,44 +319,17 @@ def build_matmul(ctx, config: Config | None = None) -> list:
     if cfg is None:
         return _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh)
     ops = (sa, offa, dima, ash), (sb, offb, dimb, bsh)
-    # the epilogue reads or writes an operand's buffer, which a vec4 view of it cannot
-    # share (one binding per buffer): scalar stores, then scalar loads too
-    for vec_epi, c in ((VEC_EPILOGUE, cfg), (False, cfg), (False, replace(cfg, vload=False))):
-        try:
-            return _build_tiled(ctx, node, c, *ops, vec_epi=vec_epi)
-        except BindingTypeClash:
-            if c.vload is False:
-                raise
-    raise AssertionError("unreachable")
+    try:
+        return _build_tiled(ctx, node, cfg, *ops)
+    except BindingTypeClash:
+        # the epilogue reads or writes an operand's buffer, which a vec4 view of it cannot
+        # share (one binding per buffer): scalar loads
+        if not cfg.vload:
+            raise
+        return _build_tiled(ctx, node, replace(cfg, vload=False), *ops)
 
 
-def _epilogue4_fn(ctx, kernel) -> str | None:
-    """`fn epi4(f: u32, v: vec4<f32>)`: the group's epilogue (ctx.epilogue_fn) at the 4
-    adjacent flat indices f..f+3 (f a multiple of 4), each stored output written as one
-    vec4: a quarter of the store instructions. None where an output is not f32 or does not
-    start 16-byte aligned. Raises BindingTypeClash where an output's buffer is read as f32
-    in the same kernel."""
-    from .emit import Idx
-    G = ctx.group
-    outs = [(n, ctx.storage(n)) for n in ctx.outs]
-    if not outs or any(st.dtype != "f32" or st.offset % 4 for _, st in outs):
-        return None
-    em = ctx.emitter(kernel)
-    lanes = []
-    for j, c in enumerate("xyzw"):
-        flat = "f" if j == 0 else em.let(f"f + {j}u")
-        em.bound[G.main] = (flat, f"v.{c}")
-        lanes.append([f"v.{c}" if n == G.main else em.value(n, Idx(ctx.g[n].shape, flat=flat))
-                      for n, _ in outs])
-    for k, (_, st) in enumerate(outs):  # every value first: an output may be written in place
-        name = kernel.binding(st.buffer, "vec4_f32", write=True, what=st.what, nbytes=st.nbytes)
-        at = "f" if st.offset == 0 else f"{st.offset}u + f"
-        em.emit(f"{name}[({at}) >> 2u] = vec4<f32>({', '.join(v[k] for v in lanes)});")
-    kernel.functions.append("fn epi4(f: u32, v: vec4<f32>) {\n" + "\n".join(em.lines) + "\n}\n")
-    return "epi4"
-
-
-def _build_tiled(ctx, node, cfg: Config, opa, opb, vec_epi: bool = False) -> list:
+def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
     (sa, offa, dima, ash), (sb, offb, dimb, bsh) = opa, opb
     M, K, N = ash[-2], ash[-1], bsh[-1]
     batch = tuple(node.shape[:-2])
@@ -377,16 +370,11 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb, vec_epi: bool = False) -> lis
         n = BK * ld * (2 if db else 1)
         kernel.decls.append(f"var<workgroup> {name}: array<vec4<f32>, {n // 4}>;" if vec else
                             f"var<workgroup> {name}: array<f32, {n}>;")
-    epi4 = None
     if S > 1:  # partial sums go to scratch; the second kernel runs the epilogue
         part = ctx.scratch[0]
         P = kernel.binding(part.buffer, "f32", write=True, what=part.what, nbytes=part.nbytes)
     else:
-        # a thread's columns come in groups of 4 adjacent ones (vb): one vec4 store each
-        if vec_epi and vb and N % 4 == 0:
-            epi4 = _epilogue4_fn(ctx, kernel)
-        if epi4 is None:
-            epi = ctx.epilogue_fn(kernel)
+        epi = ctx.epilogue_fn(kernel)
     em = ctx.emitter(kernel)
     L = em.emit
 
@@ -570,15 +558,6 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb, vec_epi: bool = False) -> lis
     if S > 1:
         L(f"let poff = sk * {nb * M * N}u + f0;")
     for i, ri in enumerate(rows_a):
-        if epi4 is not None:
-            for j in range(0, TN, 4):
-                cj = cols_b[j]
-                conds = (([f"m0 + {ri}u < {M}u"] if need_m else [])
-                         + ([f"n0 + {cj}u < {N}u"] if need_n else []))  # all 4 in or out
-                call = (f"{epi4}(f0 + {ri * N + cj}u, vec4<f32>("
-                        + ", ".join(acc[i][j + t] for t in range(4)) + "));")
-                L(f"if ({' && '.join(conds)}) {{ {call} }}" if conds else call)
-            continue
         for j, cj in enumerate(cols_b):
             conds = (([f"m0 + {ri}u < {M}u"] if need_m else [])
                      + ([f"n0 + {cj}u < {N}u"] if need_n else []))
