@@ -321,7 +321,8 @@ def main() -> None:
     ap.add_argument("--dump-reps", type=int, default=3, help="profiled webgrad steps per dump (mean)")
     ap.add_argument("--exact-timestamps", action="store_true",
                     help="Dawn: turn off timestamp quantisation (toggles allow_unsafe_apis, "
-                    "timestamp_quantization) so that short kernels time right")
+                    "-timestamp_quantization, added to $WEBGRAD_DAWN_TOGGLES) so that short "
+                    "kernels time right")
     args = ap.parse_args()
     modes = args.attention.split(",")
     bad = set(modes) - set(ATTENTION_MODES)
@@ -335,15 +336,15 @@ def main() -> None:
     if args.backend == "webgpu":
         from matmul import pick_lib
         lib = pick_lib()
-        if args.exact_timestamps and lib == "wgpudawn":
-            try:
-                from wgpudawn.backends.dawn import extras
-                extras.set_instance_extras(enable_toggles=["allow_unsafe_apis"],
-                                           disable_toggles=["timestamp_quantization"])
-            except Exception as e:  # noqa: BLE001 - the timestamps stay quantised
-                print(f"--exact-timestamps: {type(e).__name__}: {e}")
+        if args.exact_timestamps:  # read by webgpu_native when it makes the device
+            import os
+            extra = "allow_unsafe_apis,-timestamp_quantization"
+            os.environ["WEBGRAD_DAWN_TOGGLES"] = ",".join(
+                t for t in (os.environ.get("WEBGRAD_DAWN_TOGGLES", ""), extra) if t)
         from webgrad.backends.webgpu_native import NativeHost
-        print(f"webgpu: {NativeHost().info}  (library {lib})")
+        import os
+        print(f"webgpu: {NativeHost().info}  (library {lib}; Dawn toggles "
+              f"{os.environ.get('WEBGRAD_DAWN_TOGGLES', 'default')})")
     torch = None
     if not args.no_torch:
         import torch
