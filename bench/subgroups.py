@@ -55,7 +55,7 @@ def subgroup_rewrite(wgsl: str, wgs: int = 256) -> str:
             k += 1
             continue
         ind, x = m.group(1), m.group(2)
-        op, ident = ("subgroupMax", "bitcast<f32>(0xff800000u)") if "max(" in steps[0].group(2) \
+        op, ident = ("subgroupMax", "bitcast<f32>(wg_ninf_bits)") if "max(" in steps[0].group(2) \
             else ("subgroupAdd", "0.0f")
         out += [f"{ind}{{ let sv = {op}({x}); if (sgi == 0u) {{ red[lid / sgs] = sv; }} }}",
                 f"{ind}workgroupBarrier();",
