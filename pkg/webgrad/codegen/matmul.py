@@ -40,9 +40,16 @@ names the tile of each shape class (wide products, batches of small ones such as
 attention's, split-K) and the tile order (runs of tile rows, so that a vocabulary-wide
 product's B panels stay in L2).
 
-Subgroup operations (the H200's Dawn adapter has them) are not used: sharing operands
+Subgroup operations (the H200's Dawn adapter has them) are not used here: sharing operands
 between lanes by shuffles moves one float per lane and instruction where a shared-memory
-vec4 read moves four, and operand traffic is what limits this kernel; none was measured.
+vec4 read moves four, and operand traffic is what limits this kernel; no matmul variant
+was measured. Row reductions were (bench/subgroups.py, H200, 2026-11-30): a subgroup
+reduction in place of the shared-memory tree took log-softmax over [4096, 50257] from 2.28
+to 1.49 ms and softmax over [49152, 512] from 0.186 to 0.160, layer norm 0-10%: worth
+emitting for long rows (not done yet, bench/README.md). Also measured there: Dawn's
+robustness (index clamping) costs this kernel 0-2% (`disable_robustness`), and vec4 stores
+of 4 adjacent outputs in the epilogue were slower than scalar ones (0.969 against 0.888 ms
+at [16384 x 512] @ [512 x 2048]).
 """
 from __future__ import annotations
 
