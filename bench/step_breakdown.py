@@ -6,6 +6,7 @@
         profiled steps) and DIR/<row>_torch.json.gz (torch.profiler's Chrome trace of one
         step: CUDA kernels with the CPU ops that launched them)
     python3 bench/step_breakdown.py DIR [--rows gpt2] [--top 8]   # anywhere: the table
+    python3 bench/step_breakdown.py DIR --matmuls   # and every product, by shape, both sides
 
 Both sides are grouped into the same categories, so the table says where webgrad loses:
   forward matmuls, backward matmuls (webgrad's weight gradients carry the AdamW update of
@@ -257,6 +258,42 @@ def table(w_rows, t_rows, top: int = 0) -> str:
     return "\n".join(lines)
 
 
+def matmul_lines(dump: dict, trace: dict | None) -> str:
+    """Both sides' products by shape: count x mean ms, total, TFLOP/s (webgrad: the
+    kernel's name and ops; torch: the aten op and its input shapes, the kernel)."""
+    agg = defaultdict(lambda: [0, 0.0, 0])
+    for k in dump["kernels"]:
+        if k["name"].startswith("matmul"):
+            ts = [t for t in k["seconds"] if t is not None]
+            a = agg[(k["name"], k["ops"][:40])]
+            a[0] += 1
+            a[1] += 1e3 * statistics.fmean(ts) if ts else 0.0
+            a[2] = max(a[2], k["flops"])
+    lines = ["webgrad products: n x ms, total ms, TFLOP/s, kernel [ops]"]
+    for (name, ops), (n, ms, fl) in sorted(agg.items(), key=lambda kv: -kv[1][1]):
+        tf = fl / (ms / n) / 1e9 if ms else 0.0
+        lines.append(f"  {n:3d} x {ms / n:7.4f} {ms:7.2f} {tf:6.1f}  {name} [{ops}]")
+    if trace is None:
+        return "\n".join(lines)
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    by_ext: dict[int, dict] = {}
+    for e in events:
+        x = e.get("args", {}).get("External id")
+        if e.get("cat") == "cpu_op" and x is not None and (x not in by_ext or e["dur"] < by_ext[x]["dur"]):
+            by_ext[x] = e
+    tagg = defaultdict(lambda: [0, 0.0])
+    for e in events:
+        op = by_ext.get(e.get("args", {}).get("External id")) if e.get("cat") == "kernel" else None
+        if op is not None and op["name"] in ("aten::mm", "aten::addmm", "aten::bmm"):
+            a = tagg[(op["name"], str(op["args"].get("Input Dims")), e["name"][:50])]
+            a[0] += 1
+            a[1] += e["dur"] / 1e3
+    lines.append("torch products: n x ms, total ms, op [input dims] kernel")
+    for (op, dims, kname), (n, ms) in sorted(tagg.items(), key=lambda kv: -kv[1][1]):
+        lines.append(f"  {n:3d} x {ms / n:7.4f} {ms:7.2f}  {op} {dims} {kname}")
+    return "\n".join(lines)
+
+
 def load(path: Path):
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt") as f:
@@ -268,15 +305,19 @@ def main() -> None:
     ap.add_argument("dir", type=Path)
     ap.add_argument("--rows", default=None, help="comma-separated rows (default: every dump)")
     ap.add_argument("--top", type=int, default=0, help="list each category's N longest kernels")
+    ap.add_argument("--matmuls", action="store_true", help="list both sides' products by shape")
     args = ap.parse_args()
     rows = args.rows.split(",") if args.rows else sorted(
         p.name[:-len("_webgrad.json")] for p in args.dir.glob("*_webgrad.json"))
     for row in rows:
         wd = load(args.dir / f"{row}_webgrad.json")
         tp = args.dir / f"{row}_torch.json.gz"
-        t_rows = torch_rows(load(tp), wd["vocab"]) if tp.exists() else []
+        trace = load(tp) if tp.exists() else None
+        t_rows = torch_rows(trace, wd["vocab"]) if trace is not None else []
         print(f"\n### {row} ({wd['timing']} timing, {wd['info']})\n")
         print(table(webgrad_rows(wd), t_rows, args.top))
+        if args.matmuls:
+            print("\n" + matmul_lines(wd, trace))
 
 
 if __name__ == "__main__":
