@@ -40,9 +40,16 @@ names the tile of each shape class (wide products, batches of small ones such as
 attention's, split-K) and the tile order (runs of tile rows, so that a vocabulary-wide
 product's B panels stay in L2).
 
-Subgroup operations (the H200's Dawn adapter has them) are not used: sharing operands
+Subgroup operations (the H200's Dawn adapter has them) are not used here: sharing operands
 between lanes by shuffles moves one float per lane and instruction where a shared-memory
-vec4 read moves four, and operand traffic is what limits this kernel; none was measured.
+vec4 read moves four, and operand traffic is what limits this kernel; no matmul variant
+was measured. Row reductions were (bench/subgroups.py, H200, 2026-11-30): a subgroup
+reduction in place of the shared-memory tree took log-softmax over [4096, 50257] from 2.28
+to 1.49 ms and softmax over [49152, 512] from 0.186 to 0.160, layer norm 0-10%: worth
+emitting for long rows (not done yet, bench/README.md). Also measured there: Dawn's
+robustness (index clamping) costs this kernel 0-2% (`disable_robustness`), and vec4 stores
+of 4 adjacent outputs in the epilogue were slower than scalar ones (0.969 against 0.888 ms
+at [16384 x 512] @ [512 x 2048]).
 """
 from __future__ import annotations
 
@@ -115,7 +122,12 @@ class Config:
 #       K, such as the LM head's input gradient [B] x [T, vocab] @ [vocab, d], is work enough
 #       per tile for the wide tile: 36 TFLOP/s on the 64 x 64 one at vocab 4096);
 #   "group": tile order in runs of this many tile rows when one tile row has at least a
-#       wave of tiles (a vocabulary-wide product), so that the B panels stay in L2.
+#       wave of tiles (a vocabulary-wide product), so that the B panels stay in L2;
+#   "odd": the tile (of "wide" and "split" products) where N or K is not a multiple of 4:
+#       an operand whose rows are that long starts them unaligned, so it is read one float
+#       at a time (the vocabulary's products: 50257);
+#   "mid": the tile of a product with less than 3/4 of a wave of 128 x 128 tiles but a
+#       wave of 64 x 64 ones.
 # Shapes no class takes keep the tile-shrinking rule. GPUs not listed get no split-K
 # (their slot count is unknown) and that rule alone.
 BATCHED_MN = 512 * 512
@@ -127,11 +139,19 @@ ADAPTER_TILINGS = (
     # 0.83-0.91; a 64 x 64 tile of 64 threads does attention's products (scores 1.01
     # against 0.82); runs of 32 tile rows and the new tile took the [4096 x 768] @ [768 x
     # 50257] logits from 9.9 to 8.3 ms. Double buffering was slower (0.64-0.69).
+    # 2026-11-30 (step_breakdown.py's session): the GPT-2 step's three vocabulary products
+    # (N or K = 50257, scalar loads of the unaligned operand) ran faster on 256 threads of
+    # 8 x 8 at K step 16 than on the wide tile: LM head input gradient (K = 50257, split 4)
+    # 9.74 -> 8.47 ms, logits 8.45 -> 8.18, head weight gradient 8.46 -> 7.80; [4096 x 768]
+    # @ [768 x 768] (192 tiles of 128 x 128) 0.192 ms on 64 x 128 tiles, 0.158 on the 64 x
+    # 64 one, 0.167 split in 2.
     (("h200", "h100"), {
         "slots": 264, "double": False,
         "split": Config(8, 16, 8, wx=8, wy=16, vload=True),
         "wide": Config(8, 16, 8, wx=8, wy=16, vload=True), "wide_bk": 16,
+        "odd": Config(8, 8, 16, wx=16, wy=16, vload=True),
         "batched": Config(8, 8, 8, wx=8, wy=8, vload=True),
+        "mid": Config(8, 8, 8, wx=8, wy=8, vload=True),
         "group": 32,
     }),
 )
@@ -175,6 +195,7 @@ def _choose_config(M: int, N: int, K: int, nb: int, adapter: str) -> Config:
     def t(d):
         return 8 if d >= 128 else 4 if d >= 64 else 2 if d >= 32 else 1
     tm, tn = t(M), t(N)
+    odd = N % 4 != 0 or K % 4 != 0
 
     def tiles(tm, tn):
         return -(-M // (16 * tm)) * -(-N // (16 * tn)) * nb
@@ -187,19 +208,26 @@ def _choose_config(M: int, N: int, K: int, nb: int, adapter: str) -> Config:
         S = choose_splits(tiles(tm, tn), K, slots)
         if S > 1:
             if "split" in row and tm == tn == 8:
-                return replace(row["split"], splits=S)
+                return replace(row["odd" if odd and "odd" in row else "split"], splits=S)
             return Config(tm, tn, max(8 if max(tm, tn) >= 8 else 16, 16 // min(tm, tn)),
                           splits=S)
     if "batched" in row and nb > 1 and M * N <= BATCHED_MN and K < SPLIT_MIN_K:
         return row["batched"]
     big = tiles(8, 8)  # 128 x 128 tiles
     if "wide" in row and slots and 4 * big >= 3 * slots:  # 3/4 of a wave: 2048 square
+        if odd and "odd" in row:
+            cfg = row["odd"]
+            if row.get("group") and -(-N // cfg.bn) >= slots:
+                cfg = replace(cfg, group=row["group"])
+            return cfg
         cfg = row["wide"]
         if big >= 3 * slots:
             cfg = replace(cfg, bk=row.get("wide_bk", cfg.bk))
         if row.get("group") and -(-N // cfg.bn) >= slots:
             cfg = replace(cfg, group=row["group"])
         return cfg
+    if "mid" in row and slots and tiles(4, 4) >= slots:  # a wave of 64 x 64 tiles
+        return row["mid"]
     while tiles(tm, tn) < TARGET_TILES and (tm > 2 or tn > 2):
         if tm >= tn:
             tm //= 2
