@@ -56,7 +56,7 @@ def _plan_by_size(tensors: list[Live]) -> tuple[list[int], dict]:
     for t in sorted(tensors, key=lambda t: t.first):
         d = t.donor
         if d is not None and d in by_key and d not in taken and last_of[d] == t.first \
-                and align(by_key[d].nbytes) >= align(t.nbytes):
+                and by_key[d].first < t.first and align(by_key[d].nbytes) >= align(t.nbytes):
             taken.add(d)
             head[t.key] = head.get(d, d)
     objects: dict = {}  # head key -> [first, last, bytes, keys]
