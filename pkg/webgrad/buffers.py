@@ -8,11 +8,13 @@ fewer bytes in all is kept: walking the schedule, a tensor takes the smallest fr
 that fits (growing the largest free one if none fits, else a new one) and gives it back
 after its last reader; or largest tensor first, each into the smallest buffer free over
 its whole lifetime, else a new one (the greedy-by-size packing of shared objects, which
-grows no buffer: 187 -> ... MiB for the GPT bench's 2 x 256 row, bench/memory_plan.py).
+grows no buffer: the GPT bench's pool at 2 x 256 from 187 to 163 MiB, the most ever
+live, bench/memory_plan.py).
 A buffer is handed to a tensor written by the kernel that reads the buffer's previous
 tensor only when the planner says that is safe (`Live.donor`: that kernel reads the donor
 only at the index it writes, in the same thread, before writing: an elementwise update in
-place); otherwise outputs are placed before the kernel's inputs are freed. A kernel binds a shared buffer once, read_write (codegen/wgsl.py). Persistent buffers (params, optimizer
+place); otherwise outputs are placed before the kernel's inputs are freed. A kernel binds
+a shared buffer once, read_write (codegen/wgsl.py). Persistent buffers (params, optimizer
 state, kept gradients) and feeds are not pooled: they live for the program's lifetime.
 """
 from __future__ import annotations
