@@ -11,8 +11,10 @@ outside it reads. The rules, in order:
  2. An expression is stored (becomes an *anchor*) when it must be: it is a graph output or
     a writeback value (unless it is a free reshape of something stored), or a matmul reads
     it and no affine view reaches it (matmul wants strides, not recomputation), or it is
-    worth it: read by several kernels and costly, or read through a broadcast (it would be
-    recomputed many times), or its kernel would bind more buffers than the device allows.
+    worth it: read by several kernels and costly (unless codegen/remat.py finds that this
+    saves no memory worth having: GELU's tanh, kept for the backward beside its input), or
+    read through a broadcast (it would be recomputed many times), or its kernel would bind
+    more buffers than the device allows.
  3. Merging. An anchor's kernel is merged into the kernel of a tensor it reads at the
     *same flat index* (same element count, read through elementwise ops and reshapes
     only): the reader's expression is evaluated by the producer's writer thread. So bias +
