@@ -147,7 +147,8 @@ def compile_module(factory, loss_fn, *, inputs, optimizer=_DEFAULT, backend="ref
     specs, train, forward = build_train_graph(factory, loss_fn, ins, optimizer, keep_grads=keep_grads,
                                                 seed=seed)
     be = get_backend(backend)
-    return CompiledModule(be, factory, specs, Program(be, train, ins), Program(be, forward, ins),
+    return CompiledModule(be, factory, specs, Program(be, train, ins),
+                          Program(be, forward, ins, lazy=True),  # prepared by the first run()
                           seed=seed, check_finite=check_finite, recovery=recovery)
 
 

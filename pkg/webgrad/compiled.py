@@ -44,19 +44,28 @@ def run_blocking(coro):
 class Program:
     """One graph prepared on one backend, with its feed contract."""
 
-    def __init__(self, backend, graph, inputs):
+    def __init__(self, backend, graph, inputs, *, lazy: bool = False):
         self.backend, self.graph, self.inputs = backend, graph, inputs
         for n in graph.nodes:
             if n.op in ("param", "state"):
                 backend.ensure(n.attrs["name"], n.shape, n.dtype)
         for name, i in graph.writebacks.items():
             backend.ensure(name, graph[i].shape, graph[i].dtype)
-        self.exe = backend.prepare(graph)
+        # lazy: prepared on first use (a training step's run() graph, which many programs never
+        # run: on a CPU rasterizer its pipelines alone took a second to create)
+        self.lazy = lazy
+        self._exe = None if lazy else backend.prepare(graph)
         self.index_checks = index_checks(graph)  # fed indices: range-checked per step
+
+    @property
+    def exe(self):
+        if self._exe is None:
+            self._exe = self.backend.prepare(self.graph)
+        return self._exe
 
     def reload(self, backend) -> "Program":
         """The same graph prepared on another backend (recover(): a new device)."""
-        return Program(backend, self.graph, self.inputs)
+        return Program(backend, self.graph, self.inputs, lazy=self.lazy and self._exe is None)
 
     def check_feed(self, feed, method: str) -> dict[str, HostArray]:
         if not isinstance(feed, dict):
