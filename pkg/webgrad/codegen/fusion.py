@@ -74,10 +74,7 @@ class FusionError(NotImplementedError):
 class Fusion:
     def __init__(self, g, limits: Limits):
         self.g, self.limits = g, limits
-        self.cons: dict[int, list[int]] = {n.id: [] for n in g.nodes}
-        for n in g.nodes:
-            for i in dict.fromkeys(n.inputs):
-                self.cons[i].append(n.id)
+        self.cons = g.consumers()
         self.stored: set[int] = set()
         self.mat: set[int] = set()
         self.persist_leaf = {name: i for name, i in list(g.params.items()) + list(g.state.items())}
