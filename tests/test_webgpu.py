@@ -73,7 +73,8 @@ def _lowered_kernel_names(record, col_split_min_r=None) -> list[str]:
 # records whose step (forward and gradients) has a matmul kernel: run under both kernels
 MATMUL_RECORDS = [r for r in oracle.RECORDS
                   if any(n.startswith("matmul") for n in _lowered_kernel_names(r))]
-MATMUL_KERNELS = {"direct": True, "tiled": False}  # codegen/matmul.py's FORCE_DIRECT
+MATMUL_KERNELS = {"direct": True, "tiled": False,  # codegen/matmul.py's FORCE_DIRECT
+                  "direct_small": True}  # ... with SwiftShader's small blocks on every adapter
 # split-K forced on every matmul: 3 K chunks (empty ones where K is short), 32 x 32 tiles
 SPLIT_CONFIG = mm.Config(2, 2, 16, splits=3)
 
@@ -84,8 +85,16 @@ def test_oracle_under_both_matmul_kernels(record, kernel, monkeypatch):
     """The oracle records with a matmul (forward or gradient), through the barrier-free and
     the tiled kernel alike: which one runs by default depends on the adapter and the size."""
     monkeypatch.setattr(mm, "FORCE_DIRECT", MATMUL_KERNELS[kernel])
+    if kernel == "direct_small":
+        monkeypatch.setattr(mm, "SMALL_BLOCK_ADAPTERS", ("",))  # "" is in every description
     names = [n for n in _lowered_kernel_names(record) if n.startswith("matmul")]
-    assert names and all((" direct " in n) == (kernel == "direct") for n in names), names
+    assert names and all((" direct " in n) == kernel.startswith("direct") for n in names), names
+    if kernel == "direct_small":  # "matmul AxBxC K=k direct TMxTN": small products, small blocks
+        for n in names:
+            words = n.split()
+            size = math.prod(int(d) for d in words[1].split("x"))
+            tm, tn = (int(d) for d in words[-1].split("x"))
+            assert (tm <= mm.SMALL_BLOCK[0] and tn <= mm.SMALL_BLOCK[1]) or size > mm.DIRECT_SMALL, n
     oracle.check(record, "webgpu")
 
 

@@ -2,7 +2,9 @@
 // playground (main.mjs) builds its UI on this; the CPython driver (pkg/webgrad/browser.py) and
 // the browser tests use the same object as `window.webgrad`:
 //
-//   webgrad.ready          Promise<{python_version, webgrad_version, jspi}>
+//   webgrad.ready          Promise<{python_version, webgrad_version, jspi, boot}>
+//   webgrad.warm           Promise<boot>: the worker's warm-up after ready is done (compiler
+//                          imported, GPU device there); boot: ms at the end of each phase
 //   webgrad.run(code)      Promise<value of the code's last expression>
 //   webgrad.call(name, args)  Promise<return value of global Python function `name`>
 //   webgrad.stdout / .stderr  the last lines of output, at least MAX_LINES of them and at most a
@@ -49,6 +51,9 @@ export function startWebgrad(workerURL = new URL("../worker/worker.mjs", import.
   let settleReady;
   const ready = new Promise((resolve, reject) => { settleReady = { resolve, reject }; });
   ready.catch(() => {});  // callers see the rejection; keep the console free of "unhandled"
+  let settleWarm;
+  const warm = new Promise((resolve, reject) => { settleWarm = { resolve, reject }; });
+  warm.catch(() => {});
   // Shared memory needs cross-origin isolation, which serve.py's COOP/COEP headers give.
   const interruptBuffer = globalThis.crossOriginIsolated
     ? new Uint8Array(new SharedArrayBuffer(1)) : null;
@@ -62,6 +67,7 @@ export function startWebgrad(workerURL = new URL("../worker/worker.mjs", import.
     if (dead) return;
     dead = error;
     settleReady.reject(error);
+    settleWarm.reject(error);
     for (const { reject } of pending.values()) reject(error);
     pending.clear();
   }
@@ -77,6 +83,7 @@ export function startWebgrad(workerURL = new URL("../worker/worker.mjs", import.
     else if (data.type === "stderr") stderr.add(data.text);
     else if (data.type === "progress" && progress.push(data) > MAX_PROGRESS) progress.shift();
     else if (data.type === "ready") settleReady.resolve(data);
+    else if (data.type === "warm") settleWarm.resolve(data.boot);
     else if (data.type === "fatal") die(data.error);
     else if (data.type === "alive") {
       navigator.locks.request(data.lifeLock, () => die({
@@ -105,7 +112,7 @@ export function startWebgrad(workerURL = new URL("../worker/worker.mjs", import.
   }
 
   return {
-    ready, stdout, stderr, progress,
+    ready, warm, stdout, stderr, progress,
     get dropped() { return { stdout: stdout.dropped, stderr: stderr.dropped }; },
     run: (code) => request({ type: "run", code }),
     call: (name, args = []) => request({ type: "call", name, args }),

@@ -64,6 +64,31 @@ export async function requestDevice(options = {}) {
   return new Replay(device, describe(adapter.info));
 }
 
+// The worker's shared device: requested once, by whoever asks first. worker.mjs asks while
+// Pyodide boots, so that the adapter and device round trips (and the pipelines it prewarms,
+// Replay.prewarm) overlap the boot; webgpu_browser.request_device() then gets the same one.
+let shared = null;   // Promise<Replay>
+let current = null;  // the Replay it resolved to
+
+/** The worker's shared Replay; a lost one (or a failed request) is replaced by a new one. */
+export function sharedDevice() {
+  if (shared) {
+    return shared.then((replay) => (replay.lost ? renew() : replay), () => renew());
+  }
+  return renew();
+}
+
+function renew() {
+  const request = shared = requestDevice();
+  request.then((replay) => { if (shared === request) current = replay; }, () => {});
+  return request;
+}
+
+/** The shared Replay if one was made (null otherwise); requests nothing. */
+export function currentDevice() {
+  return current;
+}
+
 /** Format getCompilationInfo() errors with the source line they point at. */
 function compileErrors(info, wgsl) {
   const lines = wgsl.split("\n");
@@ -86,11 +111,16 @@ export class Replay {
     this.lost = null;        // {reason, message} once device.lost resolved
     this.uncaptured = [];    // recent errors no scope caught, quoted in later messages
     this.modules = new Map();   // WGSL text -> {pipeline, check: Promise<string|null>}
+    this.used = [];             // WGSL texts of the loaded plans, in order of first use
+    this.usedSet = new Set();   // (worker.mjs keeps them, to prewarm them on the next visit)
+    this.onUsed = null;         // called after a load() that used WGSL texts new to `used`
+    this.prewarming = new Map();  // WGSL text -> Promise: prewarm()'s pipelines being made
     this.programs = new Map();
     this.persistent = new Map();  // scope + key -> {buffer, refs}
     this.nextId = 1;
-    // Counters for profiling: runs, submits, milliseconds spent encoding (the JS loop alone).
-    this.stats = { runs: 0, submits: 0, dispatches: 0, encodeMs: 0 };
+    // Counters for profiling: runs, submits, milliseconds spent encoding (the JS loop alone);
+    // pipelines compiled by load() and made by prewarm() (tests of the prewarm read them).
+    this.stats = { runs: 0, submits: 0, dispatches: 0, encodeMs: 0, compiled: 0, prewarmed: 0 };
     device.lost.then((info) => {
       this.lost = { reason: String(info.reason), message: String(info.message || "") };
     });
@@ -121,6 +151,7 @@ export class Replay {
     let entry = this.modules.get(wgsl);
     if (entry) return entry;
     const device = this.device;
+    this.stats.compiled++;
     device.pushErrorScope("validation");
     const module = device.createShaderModule({ code: wgsl, label });
     const scope = device.popErrorScope();
@@ -137,6 +168,40 @@ export class Replay {
       });
     this.modules.set(wgsl, entry);
     return entry;
+  }
+
+  /** Start compiling pipelines that plans are expected to need (the WGSL texts a previous
+   *  session used, worker.mjs), all at once with createComputePipelineAsync: they compile in
+   *  the GPU process, in parallel where it can, while the worker does other things. Each
+   *  lands in `modules` when made; a text that fails to compile is dropped, and a load()
+   *  of it compiles it again and reports why. Returns how many were started. */
+  prewarm(texts) {
+    let n = 0;
+    for (const wgsl of texts) {
+      if (typeof wgsl !== "string" || this.modules.has(wgsl) || this.prewarming.has(wgsl)) continue;
+      const label = `prewarmed ${n++}`;
+      const module = this.device.createShaderModule({ code: wgsl, label });
+      const made = this.device.createComputePipelineAsync({
+        layout: "auto", compute: { module, entryPoint: "main" }, label })
+        .then((pipeline) => {
+          if (this.modules.has(wgsl)) return;
+          this.modules.set(wgsl, { pipeline, check: Promise.resolve(null) });
+          this.stats.prewarmed++;
+        }, () => {})
+        .finally(() => this.prewarming.delete(wgsl));
+      this.prewarming.set(wgsl, made);
+    }
+    return n;
+  }
+
+  /** A Promise that settles once every pipeline of this plan that prewarm() is still making
+   *  is made (or failed), or undefined (Python's None) if none is in flight: loading the
+   *  plan before that would compile them a second time. */
+  prewarmed(planJSON) {
+    if (!this.prewarming.size) return undefined;
+    const plan = typeof planJSON === "string" ? JSON.parse(planJSON) : planJSON;
+    const waits = plan.pipelines.map((p) => this.prewarming.get(p.wgsl)).filter(Boolean);
+    return waits.length ? Promise.all(waits) : undefined;
   }
 
   /** Create a plan's buffers, pipelines and bind groups; returns the program id at once.
@@ -186,6 +251,11 @@ export class Replay {
     });
     const pipelines = plan.pipelines.map((p, k) =>
       this.pipeline(p.wgsl, p.label || `pipeline ${k}`));
+    const before = this.used.length;
+    for (const p of plan.pipelines) {
+      if (!this.usedSet.has(p.wgsl)) { this.usedSet.add(p.wgsl); this.used.push(p.wgsl); }
+    }
+    if (this.used.length > before && this.onUsed) this.onUsed();
     const bufferOf = (ref, where) => {
       const index = typeof ref === "number" ? ref : ref.buffer;
       if (!(index >= 0 && index < buffers.length)) {

@@ -265,15 +265,22 @@ async def handle(request):
 
 # --- What the playground page asks about the user's models --------------------------------
 
-async def warm_up() -> None:
+async def warm_up() -> dict:
     """The first compile's fixed costs, paid while the page waits for a click: importing the
-    compiler and the WebGPU backend, and requesting the worker's shared GPU device."""
+    compiler and the WebGPU backend, and requesting the worker's shared GPU device. Returns
+    when each part ended (ms on the worker's clock, for bench/cold_start.py)."""
+    marks = {}
+    now = js.performance.now
     import webgrad.compile  # noqa: F401
+    marks["import_compile"] = now()
     from webgrad.backends import webgpu, webgpu_browser  # noqa: F401
+    marks["import_webgpu"] = now()
     try:
         await webgpu_browser.request_device()
     except Exception:
         pass  # no WebGPU here: the page says so, and compile reports it when asked
+    marks["device"] = now()
+    return {k: round(v) for k, v in marks.items()}
 
 
 def _compiled_modules() -> list[tuple[str, object]]:

@@ -34,6 +34,9 @@
 //     {type: "ready", python_version, webgrad_version, jspi, boot}   booted; requests now run
 //                                                  (boot: ms at the end of each boot phase;
 //                                                  from_snapshot: a cached snapshot was used)
+//     {type: "warm", boot}                         the warm-up after ready is done (the
+//                                                  compiler imported, the GPU device there):
+//                                                  boot as in ready, with its phases added
 //     {type: "fatal", error: {type, message, traceback}}       boot failed or Pyodide died;
 //                                                  every later request is answered with an error
 // Values: None/bool/int/float/str/list/tuple/dict(str keys) become JS values, bytes/bytearray a
@@ -135,10 +138,25 @@ self.webgradFlushOutput = () => flushOutput();  // Python's progress() keeps out
 // 2-core machine); loading a memory snapshot of an initialized Python costs a fraction of that.
 // So the first boot on an origin makes one and keeps it in Cache Storage, under a key that
 // changes with Pyodide's version and the wheels' bytes (manifest.boot_key); later boots (a
-// reload, the next visit) start from it. The snapshot is made right after Pyodide's own
-// initialization: it may hold no reference to a JS object, and loadPackage already makes one
-// (so the wheels are unpacked, and webgrad imported, after it, on every boot).
+// reload, the next visit) start from it. The snapshot may hold no reference to a JS object
+// (loadPackage makes one, so the wheels are unpacked by unpackArchive instead): it is made
+// after Pyodide's own initialization, the wheels' unpacking and the import of the modules a
+// first run needs (SNAPSHOT_IMPORTS). The files do not live in it (the file system is on the
+// JS side), so every boot unpacks the wheels again.
 const SNAPSHOT_CACHE = "webgrad-pyodide-snapshot";
+// Imported before the snapshot is taken (webgrad's compiler and WebGPU backend, and the
+// standard modules webgrad_worker.py and the examples import; none of them touches a JS
+// object on import). Only wheel code: webgrad_worker.py itself can change without the
+// boot_key changing. SNAPSHOT_CONTENT names this list in the snapshot's key: change it with
+// the list.
+const SNAPSHOT_IMPORTS = `
+import array, asyncio, inspect, json, linecache, math, random, re, signal, traceback
+import importlib.metadata
+import webgrad, webgrad.compile, webgrad.playground, webgrad.init
+import webgrad.backends.hosts, webgrad.backends.webgpu, webgrad.backends.webgpu_browser
+import webgrad.codegen.initparams
+`;
+const SNAPSHOT_CONTENT = "webgrad-imported-1";
 const bootTimes = {};  // phase -> ms since the worker started (bench/cold_start.py)
 const mark = (phase) => { bootTimes[phase] = Math.round(performance.now()); };
 
@@ -157,6 +175,68 @@ async function storeSnapshot(key, bytes) {
   if (!cache) return;
   for (const old of await cache.keys()) await cache.delete(old);  // one snapshot per origin
   await cache.put(key, new Response(bytes, { headers: { "Content-Type": "application/octet-stream" } }));
+}
+
+// --- The GPU side of a cold start. The worker's WebGPU device is requested the moment the
+// worker starts (replay.mjs's sharedDevice, which webgpu_browser.request_device() later
+// returns), and the pipelines the last session on this origin compiled are compiled again
+// right away (Replay.prewarm), in the GPU process, while Pyodide boots: creating pipelines is
+// most of a first compile (seconds on a CPU rasterizer), and a plan loaded later with the same
+// WGSL finds them made. The WGSL texts are kept in Cache Storage under the manifest's
+// boot_key (a new webgrad drops them) with the adapter they were made for; a different
+// adapter's texts are not prewarmed. Stored: this session's texts in order of first use,
+// then older ones, at most PIPELINE_CACHE_BYTES in all.
+const PIPELINE_CACHE = "webgrad-pipelines";
+const PIPELINE_CACHE_BYTES = 4 << 20;
+const gpuModule = import(here("./replay.mjs"));
+const gpuDevice = gpuModule.then((m) => m.sharedDevice());
+gpuDevice.then(() => mark("device_js"), () => {});  // no WebGPU: Python says so when asked
+let pipelineKey = null;  // the Cache Storage key of this boot_key's texts
+let pipelinesStored = [null, 0];  // [Replay, how many of its used texts are stored]
+
+async function cachedPipelines(key) {
+  try {
+    const hit = await (await caches.open(PIPELINE_CACHE)).match(key);
+    return hit ? await hit.json() : null;
+  } catch { return null; }  // no Cache Storage, or a damaged entry: prewarm nothing
+}
+
+async function prewarm(key) {
+  const [replay, cached] = await Promise.all([gpuDevice.catch(() => null), cachedPipelines(key)]);
+  if (replay) replay.onUsed = storePipelines;
+  if (replay && cached && cached.adapter === replay.info && Array.isArray(cached.wgsl)) {
+    bootTimes.prewarmed = replay.prewarm(cached.wgsl);
+    mark("prewarm");
+  }
+}
+
+// Stores the texts of the pipelines used so far if there are new ones: as soon as a plan
+// used new ones (Replay.onUsed; the tab may be closed any time after), and after each
+// request (a device renewed after a loss has no onUsed). One store at a time.
+let storing = Promise.resolve();
+function storePipelines() {
+  storing = storing.then(storePipelinesNow)
+    .catch((e) => console.warn("webgrad worker: pipelines not stored", e));
+  return storing;
+}
+
+async function storePipelinesNow() {
+  const replay = pipelineKey && (await gpuModule.catch(() => null))?.currentDevice();
+  if (!replay || (pipelinesStored[0] === replay && pipelinesStored[1] === replay.used.length)) return;
+  pipelinesStored = [replay, replay.used.length];
+  const cache = await caches.open(PIPELINE_CACHE);
+  const old = await cachedPipelines(pipelineKey);
+  const texts = [...replay.used];
+  if (old && old.adapter === replay.info && Array.isArray(old.wgsl)) {
+    texts.push(...old.wgsl.filter((w) => !replay.usedSet.has(w)));
+  }
+  let bytes = 0;
+  const kept = texts.filter((w) => (bytes += w.length) <= PIPELINE_CACHE_BYTES);
+  for (const other of await cache.keys()) {  // one boot_key's texts per origin
+    if (other.url !== pipelineKey) await cache.delete(other);
+  }
+  await cache.put(pipelineKey, new Response(JSON.stringify({ adapter: replay.info, wgsl: kept }),
+                                            { headers: { "Content-Type": "application/json" } }));
 }
 
 async function boot() {
@@ -178,7 +258,11 @@ async function boot() {
   // fetched while Pyodide boots, unpacked into site-packages once it is up
   const wheelBytes = wheels.map((url) => fetchOk(url).then((r) => r.arrayBuffer()));
   for (const w of wheelBytes) w.catch(() => {});
-  const snapshotKey = here(`../assets/snapshot/${manifest.boot_key || "none"}.bin`);
+  if (manifest.boot_key) {
+    pipelineKey = here(`../assets/pipelines/${manifest.boot_key}.json`);
+    prewarm(pipelineKey).catch((e) => console.warn("webgrad worker: no pipelines prewarmed", e));
+  }
+  const snapshotKey = here(`../assets/snapshot/${manifest.boot_key || "none"}-${SNAPSHOT_CONTENT}.bin`);
   const snapshot = manifest.boot_key ? await loadSnapshot(snapshotKey).catch(() => null) : null;
   const { loadPyodide } = await pyodideModule;
   const indexURL = here("../assets/pyodide/");
@@ -195,8 +279,19 @@ async function boot() {
   const makeSnapshot = !pyodide && manifest.boot_key;
   if (!pyodide) pyodide = await loadPyodide({ indexURL, _makeSnapshot: !!makeSnapshot });
   mark("pyodide");
+  const sitePackages = pyodide.runPython("import sysconfig; sysconfig.get_path('purelib')");
+  const wheelData = await Promise.all(wheelBytes);
+  // pure-Python wheels: unpacking is all an install is (loadPackage's bookkeeping took
+  // seconds on a loaded machine, and makes the snapshot impossible, see above)
+  const unpackWheels = () => {
+    for (const bytes of wheelData) pyodide.unpackArchive(bytes, "wheel", { extractDir: sitePackages });
+  };
   if (makeSnapshot) {  // before anything hands Python a JS object (loadPackage does)
     try {
+      // The modules a first run imports go into the snapshot, already imported (the files
+      // are not: the file system lives on the JS side, so every boot unpacks the wheels).
+      unpackWheels();
+      pyodide.runPython(SNAPSHOT_IMPORTS);
       const bytes = pyodide.makeMemorySnapshot();
       storeSnapshot(snapshotKey, bytes).catch((e) => console.warn("webgrad worker: snapshot not stored", e));
       // The instance that made a snapshot is not fit for use (`js.location` raises "Illegal
@@ -208,32 +303,42 @@ async function boot() {
     }
     mark("snapshot_made");
   }
-  const sitePackages = pyodide.runPython("import sysconfig; sysconfig.get_path('purelib')");
-  // pure-Python wheels: unpacking is all an install is (loadPackage's bookkeeping took
-  // seconds on a loaded machine, and makes the snapshot impossible, see above)
-  for (const bytes of await Promise.all(wheelBytes)) {
-    pyodide.unpackArchive(bytes, "wheel", { extractDir: sitePackages });
-  }
+  unpackWheels();
   mark("wheels");
   if (interruptBuffer) pyodide.setInterruptBuffer(interruptBuffer);
   pyodide.setStdout(writer("stdout"));
   pyodide.setStderr(writer("stderr"));
   pyodide.FS.writeFile(`${sitePackages}/webgrad_worker.py`, await helperReady);
+  mark("helper");
 
+  // webgrad's version from the module the snapshot imported: importlib.metadata's search of
+  // the path took 1.2 s on the first Python run after a snapshot load
   const info = await pyodide.runPythonAsync(`
-import importlib.metadata, sys, pyodide.ffi
-[sys.version.split()[0], importlib.metadata.version("webgrad"), pyodide.ffi.can_run_sync()]
+import sys, pyodide.ffi
+def _version():
+    if "webgrad" in sys.modules:
+        return sys.modules["webgrad"].__version__
+    import importlib.metadata
+    return importlib.metadata.version("webgrad")
+[sys.version.split()[0], _version(), pyodide.ffi.can_run_sync()]
 `);
   const [python_version, webgrad_version, jspi] = info.toJs();
   info.destroy();
+  mark("info");
   worker_py = pyodide.pyimport("webgrad_worker");
   worker_py.setup(interruptBuffer ? () => { interruptBuffer[0] = 2; } : null);
   mark("ready");
   post({ type: "ready", python_version, webgrad_version, jspi, boot: bootTimes });
   // Then, before any request (they queue behind it): import the compiler and ask for the GPU
   // device, the first compile's fixed costs, while the person reads the page.
-  queue = queue.then(() => pyodide.runPythonAsync("import webgrad_worker\nawait webgrad_worker.warm_up()"))
-    .catch((e) => console.warn("webgrad worker: warm-up failed", e)).then(() => mark("warm"));
+  queue = queue.then(async () => {
+    const marks = await pyodide.runPythonAsync("import webgrad_worker\nawait webgrad_worker.warm_up()");
+    Object.assign(bootTimes, marks.toJs({ dict_converter: Object.fromEntries }));
+    marks.destroy();
+  }).catch((e) => console.warn("webgrad worker: warm-up failed", e)).then(() => {
+    mark("warm");
+    post({ type: "warm", boot: bootTimes });
+  });
 }
 
 const booted = boot().catch((e) => {
@@ -270,6 +375,7 @@ async function handle(request) {
     if (interruptBuffer) interruptBuffer[0] = 0;  // an interrupt that found nothing to stop
     ns.destroy();
     flushOutput(true);
+    storePipelines();
   }
 }
 

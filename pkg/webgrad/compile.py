@@ -32,7 +32,7 @@ With check_finite or recovery, recovery.py keeps a host copy of a module's last 
 """
 from __future__ import annotations
 
-from .compiled import CompiledForward, CompiledModule, LazyProgram, Program
+from .compiled import CompiledForward, CompiledModule, Program
 from .dce import cse, dce
 from .grad import append_grad
 from .ir import Graph
@@ -151,10 +151,9 @@ def compile_module(factory, loss_fn, *, inputs, optimizer=_DEFAULT, backend="ref
     specs, train, forward = build_train_graph(factory, loss_fn, ins, optimizer, keep_grads=keep_grads,
                                                 seed=seed)
     be = get_backend(backend)
-    # the run() graph is prepared on the first run(): only run() needs its kernels
     return CompiledModule(be, factory, specs, Program(be, train, ins),
-                          LazyProgram(be, forward, ins), seed=seed, check_finite=check_finite,
-                          recovery=recovery)
+                          Program(be, forward, ins, lazy=True),  # prepared by the first run()
+                          seed=seed, check_finite=check_finite, recovery=recovery)
 
 
 def compile_forward(factory, fwd_fn, *, inputs, backend="reference", seed: int = 0,

@@ -2,6 +2,8 @@
 one and keeps it in Cache Storage; a page opened later in the same browser context boots from
 it, and its Python then behaves like a freshly initialized one (checked against CPython's own
 answers, and by compiling and stepping a model on WebGPU against the reference executor in CPython).
+The snapshot holds webgrad's compiler already imported; the modules it does not hold still
+import from the wheel's files, and the wheel's metadata is there.
 """
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ import pytest
 pytestmark = pytest.mark.browser
 
 _CODE = """
-import sys, math, json, hashlib, webgrad as wg
+import sys, math, json, hashlib, importlib.metadata, webgrad as wg
+import webgrad.io.safetensors as st  # not in the snapshot: imported from the unpacked wheel
 from webgrad import ops, optim, Module, init
 class M(Module):
     def __init__(self):
@@ -23,7 +26,8 @@ def loss(m, inp):
 c = wg.compile_module(M, loss, inputs={"x": ([2, 3], "f32")}, optimizer=optim.SGD(lr=0.1),
                       backend="webgpu")
 [sys.platform, hashlib.sha256(b"webgrad").hexdigest(), math.lgamma(7.5),
- json.dumps({"a": [1, 2]}), c.step({"x": [[1, 2, 3], [4, 5, 6]]}),
+ json.dumps({"a": [1, 2]}), importlib.metadata.version("webgrad"),
+ sorted(st.load(st.dumps({"t": ("F32", [2], bytes(8))}))), c.step({"x": [[1, 2, 3], [4, 5, 6]]}),
  c.step({"x": [[1, 2, 3], [4, 5, 6]]})]
 """
 
@@ -62,7 +66,7 @@ def test_second_page_boots_from_snapshot(browser_session):
                           backend="reference")
     feed = {"x": [[1, 2, 3], [4, 5, 6]]}
     expected = ["emscripten", hashlib.sha256(b"webgrad").hexdigest(), math.lgamma(7.5),
-                json.dumps({"a": [1, 2]}), c.step(feed), c.step(feed)]
+                json.dumps({"a": [1, 2]}), wg.__version__, ["t"], c.step(feed), c.step(feed)]
     for got in results:
-        assert got[:4] == expected[:4]
-        assert all(math.isclose(a, b, rel_tol=1e-4) for a, b in zip(got[4:], expected[4:]))
+        assert got[:6] == expected[:6]
+        assert all(math.isclose(a, b, rel_tol=1e-4) for a, b in zip(got[6:], expected[6:]))

@@ -77,6 +77,15 @@ DIRECT_WG = 64             # threads per workgroup of the barrier-free kernel
 # the MLP's and the tiny transformer's the same (bench/README.md, transformer_browser.py).
 # (Unrolling the K loop by 4 measured no better there.)
 DIRECT_TM, DIRECT_TN = 8, 8
+# ... except small products on SwiftShader (headless Chromium's WebGPU), whose pipeline
+# creation (LLVM) grows with the unrolled block: there the MLP-sin step's pipelines took
+# 6.0-7.7 s to create with 8 x 8 blocks and 1.2-2.7 s with 4 x 4, whose step ran as fast
+# (13.5-14.2 against 16.4-18.9 ms/step; bench/README.md, cold_start.py). Products of at most
+# DIRECT_SMALL elements (the MLP's 256 x 64; the addition transformer's are 1024 x 64 and up,
+# where 8 x 8 ran 15% faster) get SMALL_BLOCK.
+DIRECT_SMALL = 1 << 15
+SMALL_BLOCK = (4, 4)
+SMALL_BLOCK_ADAPTERS = ("swiftshader",)
 FORCE_DIRECT = None        # tests: True/False forces the barrier-free/tiled kernel
 # The tiled kernel's k loop is a WGSL loop when a K step has more FMAs per thread than this
 # (0: always unrolled in the WGSL). H200 through Dawn, 2026-11-30, on a fresh machine (no
@@ -642,8 +651,11 @@ def _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh) -> list:
     M, K, N = ash[-2], ash[-1], bsh[-1]
     batch = tuple(node.shape[:-2])
     nb = prod(batch)
-    TM = min(DIRECT_TM, M)
-    TN = min(DIRECT_TN, N)
+    TM, TN = DIRECT_TM, DIRECT_TN
+    adapter = str(getattr(ctx.limits, "adapter", "")).lower()
+    if M * N * nb <= DIRECT_SMALL and any(a in adapter for a in SMALL_BLOCK_ADAPTERS):
+        TM, TN = SMALL_BLOCK
+    TM, TN = min(TM, M), min(TN, N)
     tiles_m, tiles_n = -(-M // TM), -(-N // TN)
     total = tiles_m * tiles_n * nb
     # K chunks (cpu_splits): thread t sums chunk sk = t / total of its block into scratch
