@@ -81,20 +81,12 @@ def write_gguf(path, cfg, qtype: str, seed: int = 0) -> None:
     w.close()
 
 
-def shared_prefix(a, b) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 HEADER = ("| type | weights on the GPU, MB | x F32 | load s | decode tokens/s | x F32 | "
           "kernels/step | tokens = F32's |\n|---|---|---|---|---|---|---|---|")
 
 
 def row(r, f32) -> str:
+    from gpt2_decode import shared_prefix  # bench/ is on sys.path when a bench runs as a script
     return (f"| {r['type']} | {r['bytes'] / 1e6:.1f} | {r['bytes'] / f32['bytes']:.3f} | "
             f"{r['load']:.1f} | {r['tps']:.1f} | {r['tps'] / f32['tps']:.2f} | "
             f"{r['kernels']} | {shared_prefix(r['tokens'], f32['tokens'])}/{len(f32['tokens'])} |")

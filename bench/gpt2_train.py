@@ -14,6 +14,7 @@ Rows (model x batch):
   small2   d 512, 8 layers, 8 heads, vocab 4096, B x T = 2 x 256
   small64  the same model, 64 x 256
   gpt2     GPT-2 124M (d 768, 12 layers, 12 heads, vocab 50257, context 1024), 8 x 512
+  gpt2ctx  the same model at its full context: 8 x 1024 (not in the default rows)
   tiny     d 64, 2 layers, 2 heads, vocab 256, 2 x 32 (smoke test on CPU adapters)
 
 The model is the same in both libraries: learned token and position embeddings, pre-LN
@@ -54,6 +55,7 @@ ROWS = {  # name: (d, layers, heads, vocab, context, B, T)
     "small2": (512, 8, 8, 4096, 256, 2, 256),
     "small64": (512, 8, 8, 4096, 256, 64, 256),
     "gpt2": (768, 12, 12, 50257, 1024, 8, 512),
+    "gpt2ctx": (768, 12, 12, 50257, 1024, 8, 1024),
     "tiny": (64, 2, 2, 256, 32, 2, 32),
 }
 LR, WD = 3e-4, 0.01

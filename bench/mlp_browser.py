@@ -47,25 +47,27 @@ import mlp_sin  # noqa: E402  (examples/mlp_sin.py: the model, its batches and c
 from webgrad import init as wg_init  # noqa: E402
 from webgrad.browser import BrowserSession, load_serve  # noqa: E402
 
-# Runs in webgrad's Pyodide worker: ships examples/mlp_sin.py as a module (its text run as
-# __main__ would start its own training), then times STEPS steps as the peers' harness does.
+# Runs in webgrad's Pyodide worker: ships a model's file as module MODULE (its text run as
+# __main__ would start its own training), builds the model with BUILD, draws the batches with
+# BATCHES before timing (as the peers get them), then times STEPS steps as the peers' harness
+# does. CHECKSUM of the first batch lets the caller check that the peers got the same data.
+# bench/transformer_browser.py fills the same template for its models.
 WORKER_CODE = """
 import importlib, os, sys, time, random, statistics
 folder = "/home/pyodide/webgrad_bench"
 os.makedirs(folder, exist_ok=True)
-with open(folder + "/mlp_sin.py", "w") as f:
+with open(f"{folder}/{MODULE}.py", "w") as f:
     f.write(SOURCE)
 if folder not in sys.path:
     sys.path.insert(0, folder)
-sys.modules.pop("mlp_sin", None)
+sys.modules.pop(MODULE, None)
 importlib.invalidate_caches()
-import mlp_sin
+mod = importlib.import_module(MODULE)
 
 t0 = time.perf_counter()
-c = mlp_sin.compile_mlp("webgpu", seed=SEED)
+c = BUILD
 setup_ms = 1e3 * (time.perf_counter() - t0)
-rng = random.Random(SEED)
-batches = [mlp_sin.batch(rng) for _ in range(STEPS)]  # made before timing, as for the peers
+batches = BATCHES
 times, losses = [], []
 for feed in batches:
     t0 = time.perf_counter()
@@ -78,8 +80,18 @@ timed = sorted(times[WARMUP:])
  "ms_per_step": statistics.median(timed), "ms_p10": timed[round(0.1 * (len(timed) - 1))],
  "ms_p90": timed[round(0.9 * (len(timed) - 1))], "first_step_ms": times[0],
  "dispatches": dispatches, "loss": losses[-1], "first_loss": losses[0], "losses": losses[::10],
- "first_losses": losses[:20], "x_checksum": sum(batches[0]["x"])}
+ "first_losses": losses[:20], "checksum": CHECKSUM}
 """
+
+
+def worker_code(path: Path, module: str, build: str, batches: str, checksum: str,
+                **constants) -> str:
+    """WORKER_CODE for the model file at path, with constants (STEPS, WARMUP, SEED, ...)."""
+    head = f"SOURCE = {path.read_text()!r}\nMODULE = {module!r}\n"
+    head += "".join(f"{k} = {v!r}\n" for k, v in constants.items())
+    return head + (WORKER_CODE.replace("BUILD", build).replace("BATCHES", batches)
+                   .replace("CHECKSUM", checksum))
+
 
 # Runs in a peer page: window.peerBench.run(config) with a deadline, errors as {error}.
 PEER_RUN_JS = """async ([config, timeoutMs]) => {
@@ -130,8 +142,11 @@ def peers_server(serve):
 
 
 def run_webgrad(s: BrowserSession, steps: int, warmup: int, seed: int) -> dict:
-    code = (f"SOURCE = {(REPO / 'examples' / 'mlp_sin.py').read_text()!r}\n"
-            f"STEPS, WARMUP, SEED = {steps}, {warmup}, {seed}\n" + WORKER_CODE)
+    code = worker_code(REPO / "examples" / "mlp_sin.py", "mlp_sin",
+                       build="mod.compile_mlp('webgpu', seed=SEED)",
+                       batches="(lambda rng: [mod.batch(rng) for _ in range(STEPS)])"
+                               "(random.Random(SEED))",
+                       checksum='sum(batches[0]["x"])', STEPS=steps, WARMUP=warmup, SEED=seed)
     out = s.run(code, timeout=120 + 2.0 * steps)
     out["version"] = s.info.get("webgrad_version", "?")
     return out
@@ -198,7 +213,7 @@ def run_round(s: BrowserSession, url: str | None, peers: list[str], config: dict
     out = []
     try:
         r = run_webgrad(s, args.steps, args.warmup, args.seed)
-        if abs(r["x_checksum"] - sum(config["xs"][:mlp_sin.B])) > 1e-3:
+        if abs(r["checksum"] - sum(config["xs"][:mlp_sin.B])) > 1e-3:
             print("warning: webgrad's worker drew other batches than the peers get",
                   file=sys.stderr)
         out.append(r)

@@ -82,40 +82,6 @@ MODELS = {
     },
 }
 
-# Runs in webgrad's Pyodide worker: ships the model's file as a module (run as __main__ it
-# would train on its own), draws the batches before timing, then times STEPS steps.
-WORKER_CODE = """
-import importlib, os, sys, time, random, statistics
-folder = "/home/pyodide/webgrad_bench"
-os.makedirs(folder, exist_ok=True)
-with open(f"{folder}/{MODULE}.py", "w") as f:
-    f.write(SOURCE)
-if folder not in sys.path:
-    sys.path.insert(0, folder)
-sys.modules.pop(MODULE, None)
-importlib.invalidate_caches()
-mod = importlib.import_module(MODULE)
-
-t0 = time.perf_counter()
-c = BUILD
-setup_ms = 1e3 * (time.perf_counter() - t0)
-batches = BATCHES
-times, losses = [], []
-for feed in batches:
-    t0 = time.perf_counter()
-    losses.append(float(c.step(feed)))
-    times.append(1e3 * (time.perf_counter() - t0))
-dispatches = c.kernel_count
-c.destroy()
-timed = sorted(times[WARMUP:])
-{"library": "webgrad", "steps": STEPS, "warmup": WARMUP, "setup_ms": setup_ms,
- "ms_per_step": statistics.median(timed), "ms_p10": timed[round(0.1 * (len(timed) - 1))],
- "ms_p90": timed[round(0.9 * (len(timed) - 1))], "first_step_ms": times[0],
- "dispatches": dispatches, "loss": losses[-1], "first_loss": losses[0], "losses": losses[::10],
- "first_losses": losses[:20], "checksum": sum(map(sum, batches[0]["idx"]))}
-"""
-
-
 def batches_here(name: str, steps: int, seed: int) -> list[dict]:
     """The batches the worker's BATCHES expression draws, drawn here for jax-js."""
     if name == "tiny":
@@ -146,9 +112,10 @@ def make_config(name: str, steps: int, warmup: int, seed: int) -> dict:
 
 def run_webgrad(s: BrowserSession, name: str, steps: int, warmup: int, seed: int) -> dict:
     m = MODELS[name]
-    code = (f"SOURCE = {m['file'].read_text()!r}\nMODULE = {m['module']!r}\n"
-            f"STEPS, WARMUP, SEED, DATA_SEED = {steps}, {warmup}, {seed}, {DATA_SEED}\n"
-            + WORKER_CODE.replace("BUILD", m["build"]).replace("BATCHES", m["batches"]))
+    code = mlp_browser.worker_code(m["file"], m["module"], build=m["build"],
+                                   batches=m["batches"],
+                                   checksum='sum(map(sum, batches[0]["idx"]))',
+                                   STEPS=steps, WARMUP=warmup, SEED=seed, DATA_SEED=DATA_SEED)
     out = s.run(code, timeout=300 + 15.0 * steps)
     out["version"] = s.info.get("webgrad_version", "?")
     return out

@@ -103,6 +103,36 @@ class Program:
         return out[main], caps
 
 
+class LazyProgram:
+    """A Program prepared on its first use: compile_module's run() graph. Its kernels are
+    needed by run() alone, and a compile paid for them up front (GPT-2 124M: 12 of the 77
+    distinct pipelines, among them one of the slowest matmuls to create on a driver without
+    a shader cache; bench/README.md, compile_time)."""
+
+    def __init__(self, backend, graph, inputs):
+        self.backend, self.graph, self.inputs = backend, graph, inputs
+        self._program: Program | None = None
+
+    @property
+    def program(self) -> Program:
+        if self._program is None:
+            self._program = Program(self.backend, self.graph, self.inputs)
+        return self._program
+
+    async def execute(self, feed, method, main: str, with_captures: bool):
+        return await self.program.execute(feed, method, main, with_captures)
+
+    def reload(self, backend):
+        if self._program is None:
+            return LazyProgram(backend, self.graph, self.inputs)
+        return self._program.reload(backend)
+
+    def __getattr__(self, name):  # the rest of Program's interface
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.program, name)
+
+
 _serials = itertools.count()
 
 

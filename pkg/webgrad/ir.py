@@ -71,6 +71,14 @@ class Graph:
     def __getitem__(self, i: int) -> Node:
         return self.nodes[i]
 
+    def consumers(self) -> dict[int, list[int]]:
+        """Node id -> the ids of the nodes that read it, each once, in graph order."""
+        cons: dict[int, list[int]] = {n.id: [] for n in self.nodes}
+        for n in self.nodes:
+            for i in dict.fromkeys(n.inputs):
+                cons[i].append(n.id)
+        return cons
+
     def roots(self) -> list[int]:
         """Ids every executor must compute: outputs and writeback values."""
         return list(dict.fromkeys([*self.outputs.values(), *self.writebacks.values()]))

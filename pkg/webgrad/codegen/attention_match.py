@@ -83,10 +83,7 @@ def _swaps_last_two(node) -> bool:
 class _Matcher:
     def __init__(self, g: Graph):
         self.g = g
-        self.cons: dict[int, list[int]] = {n.id: [] for n in g.nodes}
-        for n in g.nodes:
-            for i in dict.fromkeys(n.inputs):
-                self.cons[i].append(n.id)
+        self.cons = g.consumers()
         self._const: dict[int, bool] = {}
         self._sym: dict[int, object] = {}
         self._kept: dict[tuple, object] = {}

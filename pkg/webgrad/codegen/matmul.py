@@ -40,6 +40,10 @@ names the tile of each shape class (wide products, batches of small ones such as
 attention's, split-K) and the tile order (runs of tile rows, so that a vocabulary-wide
 product's B panels stay in L2).
 
+On CPU adapters K is split as well whenever one invocation's K loop would run past
+wgsl.CPU_LOOP_ITERATIONS (lavapipe silently stops a shader's loops after 65535 iterations):
+`cpu_splits`, the same partial sums and second kernel, for both kernels.
+
 Subgroup operations (the H200's Dawn adapter has them) are not used here: sharing operands
 between lanes by shuffles moves one float per lane and instruction where a shared-memory
 vec4 read moves four, and operand traffic is what limits this kernel; no matmul variant
@@ -58,7 +62,7 @@ from math import prod
 
 from .layout import digits_addr
 from .quant import QuantOperand, group_helpers, operand_reader
-from .wgsl import BindingTypeClash
+from .wgsl import CPU_LOOP_ITERATIONS, BindingTypeClash
 
 
 TARGET_TILES = 256  # fewer workgroups than this: shrink the tile (an H200 has 132 SMs)
@@ -305,15 +309,34 @@ def group_config(limits, M: int, K: int, N: int, nb: int) -> Config | None:
     barrier-free kernel). One function for the builder and the scratch planner."""
     if use_direct(limits.cpu):
         return None
-    return choose_config(M, N, K, nb, limits.max_compute_workgroup_storage_size,
-                         limits.adapter)
+    cfg = choose_config(M, N, K, nb, limits.max_compute_workgroup_storage_size,
+                        limits.adapter)
+    if limits.cpu:  # a tiled kernel forced onto a CPU adapter: its K loop is bounded too
+        S = cpu_splits(K)[0]
+        if S > cfg.splits:
+            cfg = replace(cfg, splits=S)
+    return cfg
+
+
+def cpu_splits(K: int) -> tuple[int, int]:
+    """(chunks, K per chunk) so that no invocation loops over more than
+    CPU_LOOP_ITERATIONS values of K (a chunk of K runs at most that many iterations in
+    either kernel: the tiled one K/BK steps of BK, the direct one K, or K/32 groups of 8
+    for a quantized W^T); chunks are multiples of 32, so quantized groups never straddle
+    two. (1, K): no split."""
+    if K <= CPU_LOOP_ITERATIONS:
+        return 1, K
+    S = -(-K // CPU_LOOP_ITERATIONS)
+    KS = -(-(-(-K // S)) // 32) * 32
+    return -(-K // KS), KS
 
 
 def matmul_scratch_bytes(g, fu, main: int, limits) -> int:
     """Partial sums of a split-K matmul: splits x batch x M x N floats (0: no split)."""
     M, K, N, nb = matmul_dims(g, fu, main)
     cfg = group_config(limits, M, K, N, nb)
-    return 4 * cfg.splits * nb * M * N if cfg is not None and cfg.splits > 1 else 0
+    S = cfg.splits if cfg is not None else cpu_splits(K)[0]
+    return 4 * S * nb * M * N if S > 1 else 0
 
 
 def build_matmul(ctx, config: Config | None = None) -> list:
@@ -537,9 +560,10 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
                 for j in range(TN):
                     L(f"let b{tag}_{j} = Bs[{ob}{at(LDB)} + tx * {TN}u + {j}u];")
                 b_of = lambda j: f"b{tag}_{j}"  # noqa: E731
+            a_names, b_names = [a_of(i) for i in range(TM)], [b_of(j) for j in range(TN)]
             for i in range(TM):
                 for j in range(TN):
-                    L(f"{acc[i][j]} = fma({a_of(i)}, {b_of(j)}, {acc[i][j]});")
+                    L(f"{acc[i][j]} = fma({a_names[i]}, {b_names[j]}, {acc[i][j]});")
         if K_LOOP and TM * TN * BK > K_LOOP:
             # a WGSL loop over the tile's k rather than BK unrolled copies: the shader stays
             # small (an 8 x 16 block at K step 16 is ~100 KB unrolled, and the driver takes
@@ -622,15 +646,26 @@ def _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh) -> list:
     TN = min(DIRECT_TN, N)
     tiles_m, tiles_n = -(-M // TM), -(-N // TN)
     total = tiles_m * tiles_n * nb
-    kernel = ctx.kernel(f"matmul {'x'.join(map(str, node.shape))} K={K} direct {TM}x{TN}")
+    # K chunks (cpu_splits): thread t sums chunk sk = t / total of its block into scratch
+    S, KS = cpu_splits(K)
+    split = f" split {S}" if S > 1 else ""
+    kernel = ctx.kernel(f"matmul {'x'.join(map(str, node.shape))} K={K} direct {TM}x{TN}{split}")
     A, B = operand_reader(kernel, sa), operand_reader(kernel, sb)
-    epi = ctx.epilogue_fn(kernel)
+    if S > 1:
+        part = ctx.scratch[0]
+        P = kernel.binding(part.buffer, "f32", write=True, what=part.what, nbytes=part.nbytes)
+    else:
+        epi = ctx.epilogue_fn(kernel)
     em = ctx.emitter(kernel)
     L = em.emit
-    grid = kernel.thread_index(em, total, "t", DIRECT_WG)
+    grid = kernel.thread_index(em, total * S, "ts", DIRECT_WG)
+    L(f"let sk = ts / {total}u;")
+    L(f"let t = ts % {total}u;")
     L(f"let m0 = ((t / {tiles_n}u) % {tiles_m}u) * {TM}u;")
     L(f"let n0 = (t % {tiles_n}u) * {TN}u;")
     L(f"let bt = t / {tiles_m * tiles_n}u;")
+    kbeg, kend = ("sk * {KS}u".format(KS=KS), f"min(sk * {KS}u + {KS}u, {K}u)") if S > 1 \
+        else ("0u", f"{K}u")
     bdims = em.unravel("bt", batch) if batch else []
 
     base_a = _batch_base(em, batch, bdims, offa, dima, ash)
@@ -662,7 +697,7 @@ def _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh) -> list:
         # a scale (and a min), read once per group, and 4 at a time from one word; each
         # value is the same f32 operations as the per-element decode
         sfn, qfn, has_min = group_helpers(kernel, sb)
-        with em.block(f"for (var kq = 0u; kq < {K // 32}u; kq++)"):
+        with em.block(f"for (var kq = {kbeg} / 32u; kq < {kend} / 32u; kq++)"):
             for j in range(TN):
                 L(f"let s{j} = {sfn}(({cb[j]} >> 5u) + kq);")
             with em.block("for (var kk = 0u; kk < 32u; kk += 4u)"):
@@ -675,7 +710,7 @@ def _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh) -> list:
                             L(f"let yb{j} = s{j}.x * q{j}[{t}]" + (f" - s{j}.y;" if has_min else ";"))
                         k_step(f"(k0 + {t}u)" if t else "k0")
     else:
-        with em.block(f"for (var k = 0u; k < {K}u; k++)"):
+        with em.block(f"for (var k = {kbeg}; k < {kend}; k++)"):
             L(f"let kb = {_sum(digits_addr(dimb[-2], 'k', K))};")
             for j in range(TN):
                 L(f"let yb{j} = {B(f'{cb[j]} + kb')};")
@@ -685,9 +720,14 @@ def _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh) -> list:
         for j in range(TN):
             conds = (([f"m0 + {i}u < {M}u"] if M % TM else [])
                      + ([f"n0 + {j}u < {N}u"] if N % TN else []))
-            call = f"{epi}(f0 + {i * N + j}u, {acc[i][j]});"
+            call = (f"{P}[sk * {nb * M * N}u + f0 + {i * N + j}u] = {acc[i][j]};" if S > 1
+                    else f"{epi}(f0 + {i * N + j}u, {acc[i][j]});")
             L(f"if ({' && '.join(conds)}) {{ {call} }}" if conds else call)
-    return [ctx.dispatch(kernel, em.lines, grid, DIRECT_WG)]
+    out = [ctx.dispatch(kernel, em.lines, grid, DIRECT_WG)]
+    if S > 1:
+        out[0]["cost"] = True  # the profiler's bytes and FLOPs: the product, not the sum
+        out.append(_build_split_sum(ctx, node, S, nb * M * N))
+    return out
 
 
 __all__ = ["Config", "choose_config", "build_matmul", "use_direct", "FORCE_CONFIG",

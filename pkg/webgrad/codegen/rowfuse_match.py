@@ -33,10 +33,7 @@ ROW_KERNEL_OPS = frozenset({"logsumexp_last", "layer_norm_grad"})
 class _Rewriter:
     def __init__(self, g: Graph):
         self.g = g
-        self.cons: dict[int, list[int]] = {n.id: [] for n in g.nodes}
-        for n in g.nodes:
-            for i in dict.fromkeys(n.inputs):
-                self.cons[i].append(n.id)
+        self.cons = g.consumers()
         self.roots = set(g.roots())
 
     def through_unit_reshapes(self, n: int) -> int:
