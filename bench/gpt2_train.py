@@ -346,7 +346,7 @@ def main() -> None:
         from webgrad.backends.webgpu_native import NativeHost
         import os
         print(f"webgpu: {NativeHost().info}  (library {lib}; Dawn toggles "
-              f"{os.environ.get('WEBGRAD_DAWN_TOGGLES', 'default')})")
+              f"{os.environ.get('WEBGRAD_DAWN_TOGGLES', 'default') if lib == 'wgpudawn' else '-'})")
     torch = None
     if not args.no_torch:
         import torch
