@@ -4,6 +4,12 @@
     python3 bench/compile_time.py --row gpt2 --backend webgpu      # Dawn on a GPU machine
     python3 bench/compile_time.py --row gpt2 --backend reference   # numpy, any machine
     python3 bench/compile_time.py --row gpt2 --model module        # webgrad.models.gpt2
+    python3 bench/compile_time.py --row gpt2 --no-profile          # the plain wall time
+    python3 bench/compile_time.py --row gpt2 --model module --lower-only   # any machine
+
+--lower-only times codegen.lower of the training step alone (best of 3, no GPU), under the
+limits and adapter name of an H200 through Dawn (so its plan takes the H200's kernels), and
+prints a digest of the plan: a change meant to speed up lowering must leave it unchanged.
 
 Prints the wall time of compile_module (trace, grad, optimizer, lowering and pipeline
 creation for the step and the forward program, parameter init) and the 20 functions with
@@ -29,6 +35,10 @@ def main() -> None:
     ap.add_argument("--backend", default="webgpu")
     ap.add_argument("--model", default="bench", choices=("bench", "module"))
     ap.add_argument("--top", type=int, default=20)
+    ap.add_argument("--no-profile", action="store_true",
+                    help="time without cProfile (whose overhead inflates the Python stages)")
+    ap.add_argument("--lower-only", action="store_true",
+                    help="time lowering the step under an H200's limits (no GPU needed)")
     args = ap.parse_args()
     import webgrad as wg
     from webgrad import optim
@@ -38,21 +48,57 @@ def main() -> None:
         factory, loss_fn, names = module_model(d, layers, heads, vocab, context)
     else:
         (factory, loss_fn), names = webgrad_model(d, layers, heads, vocab, context), ("idx", "target")
+    if args.lower_only:
+        return lower_only(factory, loss_fn, names, B, T)
     if args.backend == "webgpu":
         from webgrad.backends.webgpu_native import NativeHost
         print("webgpu:", NativeHost().info)  # the device is made before the clock starts
     prof = cProfile.Profile()
     t0 = time.perf_counter()
-    prof.enable()
+    if not args.no_profile:
+        prof.enable()
     c = wg.compile_module(factory, loss_fn, backend=args.backend,
                           inputs={names[0]: ([B, T], "i32"), names[1]: ([B, T], "i32")},
                           optimizer=optim.AdamW(lr=3e-4))
     prof.disable()
     dt = time.perf_counter() - t0
     n = sum(math.prod(s) for s in c.param_shapes.values())
+    how = "without cProfile" if args.no_profile else "under cProfile"
     print(f"{args.row} ({args.model}, {n / 1e6:.1f}M params) on {args.backend}: compile+init "
-          f"{dt:.2f} s (under cProfile), {c.kernel_count} kernels")
-    pstats.Stats(prof).sort_stats("cumtime").print_stats(args.top)
+          f"{dt:.2f} s ({how}), {c.kernel_count} kernels")
+    if args.backend == "webgpu":
+        from webgrad.backends.webgpu_native import shared_device
+        print(f"{len(shared_device().pipelines)} distinct compute pipelines on the device")
+    if not args.no_profile:
+        pstats.Stats(prof).sort_stats("cumtime").print_stats(args.top)
+
+
+# what codegen reads of an H200's Dawn device (Limits and the adapter's description)
+H200 = dict(max_storage_buffer_binding_size=4294967292, max_buffer_size=4294967292,
+            max_compute_invocations_per_workgroup=1024, max_compute_workgroup_size_x=1024,
+            max_compute_workgroup_storage_size=32768, max_storage_buffers_per_shader_stage=16)
+H200_ADAPTER = "NVIDIA H200 (DiscreteGPU) via Vulkan [wgpudawn]"
+
+
+def lower_only(factory, loss_fn, names, B, T) -> None:
+    import hashlib
+    import json
+    from webgrad import optim
+    from webgrad.codegen import Limits, lower
+    from webgrad.compile import build_train_graph, parse_inputs
+    ins = parse_inputs({names[0]: ([B, T], "i32"), names[1]: ([B, T], "i32")})
+    _, train, _ = build_train_graph(factory, loss_fn, ins, optim.AdamW(lr=3e-4),
+                                    keep_grads=True, seed=0)
+    limits = Limits.from_host(H200)
+    limits.adapter = H200_ADAPTER
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        lowered, _ = lower(train, limits, lambda name: f"p:{name}")
+        times.append(time.perf_counter() - t0)
+    digest = hashlib.sha256(json.dumps(lowered.plan, sort_keys=True).encode()).hexdigest()[:16]
+    print(f"lowering the step: best {min(times):.2f} s of {', '.join(f'{t:.2f}' for t in times)}; "
+          f"{len(lowered.plan['pipelines'])} pipelines; plan sha256 {digest}")
 
 
 if __name__ == "__main__":

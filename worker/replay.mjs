@@ -114,12 +114,11 @@ export class Replay {
     this.used = [];             // WGSL texts of the loaded plans, in order of first use
     this.usedSet = new Set();   // (worker.mjs keeps them, to prewarm them on the next visit)
     this.onUsed = null;         // called after a load() that used WGSL texts new to `used`
-    this.prewarming = new Map();  // WGSL text -> Promise: prewarm()'s pipelines being made
     this.programs = new Map();
     this.persistent = new Map();  // scope + key -> {buffer, refs}
     this.nextId = 1;
     // Counters for profiling: runs, submits, milliseconds spent encoding (the JS loop alone);
-    // pipelines compiled by load() and made by prewarm() (tests of the prewarm read them).
+    // pipelines compiled for load() and for prewarm() (tests of the prewarm read them).
     this.stats = { runs: 0, submits: 0, dispatches: 0, encodeMs: 0, compiled: 0, prewarmed: 0 };
     device.lost.then((info) => {
       this.lost = { reason: String(info.reason), message: String(info.message || "") };
@@ -144,60 +143,44 @@ export class Replay {
     return program;
   }
 
-  /** A compute pipeline for this WGSL text, compiled once per device. */
-  pipeline(wgsl, label) {
+  /** A compute pipeline for this WGSL text, compiled once per device: createComputePipelineAsync,
+   *  so that a plan's pipelines compile together (on the browser's threads, while Python goes
+   *  on) rather than one by one. {pipeline: set once made, check: Promise<error text|null>}. */
+  pipeline(wgsl, label, counter = "compiled") {
     let entry = this.modules.get(wgsl);
     if (entry) return entry;
     const device = this.device;
-    this.stats.compiled++;
+    this.stats[counter]++;
     device.pushErrorScope("validation");
     const module = device.createShaderModule({ code: wgsl, label });
-    const pipeline = device.createComputePipeline({
-      layout: "auto", compute: { module, entryPoint: "main" }, label });
     const scope = device.popErrorScope();
-    const check = module.getCompilationInfo().then(async (info) => {
-      const errors = compileErrors(info, wgsl);
-      const validation = await scope;
-      if (errors) return errors;
-      return validation ? validation.message : null;
-    });
-    entry = { pipeline, check };
+    entry = { pipeline: null, check: null };
+    const made = device.createComputePipelineAsync({
+      layout: "auto", compute: { module, entryPoint: "main" }, label })
+      .then((pipeline) => { entry.pipeline = pipeline; return null; }, (e) => e);
+    entry.check = Promise.all([module.getCompilationInfo(), scope, made])
+      .then(([info, validation, failed]) => {
+        const errors = compileErrors(info, wgsl);
+        if (errors) return errors;
+        if (validation) return validation.message;
+        return failed ? String(failed.message ?? failed) : null;
+      });
     this.modules.set(wgsl, entry);
     return entry;
   }
 
   /** Start compiling pipelines that plans are expected to need (the WGSL texts a previous
-   *  session used, worker.mjs), all at once with createComputePipelineAsync: they compile in
-   *  the GPU process, in parallel where it can, while the worker does other things. Each
-   *  lands in `modules` when made; a text that fails to compile is dropped, and a load()
-   *  of it compiles it again and reports why. Returns how many were started. */
+   *  session used, worker.mjs): they compile in the GPU process (createComputePipelineAsync,
+   *  see pipeline()) while the worker does other things, and a later load() of a plan with
+   *  the same WGSL waits for them instead of compiling them again. A text that does not
+   *  compile costs nothing more: a load() that uses it reports why. Returns how many started. */
   prewarm(texts) {
     let n = 0;
     for (const wgsl of texts) {
-      if (typeof wgsl !== "string" || this.modules.has(wgsl) || this.prewarming.has(wgsl)) continue;
-      const label = `prewarmed ${n++}`;
-      const module = this.device.createShaderModule({ code: wgsl, label });
-      const made = this.device.createComputePipelineAsync({
-        layout: "auto", compute: { module, entryPoint: "main" }, label })
-        .then((pipeline) => {
-          if (this.modules.has(wgsl)) return;
-          this.modules.set(wgsl, { pipeline, check: Promise.resolve(null) });
-          this.stats.prewarmed++;
-        }, () => {})
-        .finally(() => this.prewarming.delete(wgsl));
-      this.prewarming.set(wgsl, made);
+      if (typeof wgsl !== "string" || this.modules.has(wgsl)) continue;
+      this.pipeline(wgsl, `prewarmed ${n++}`, "prewarmed");
     }
     return n;
-  }
-
-  /** A Promise that settles once every pipeline of this plan that prewarm() is still making
-   *  is made (or failed), or undefined (Python's None) if none is in flight: loading the
-   *  plan before that would compile them a second time. */
-  prewarmed(planJSON) {
-    if (!this.prewarming.size) return undefined;
-    const plan = typeof planJSON === "string" ? JSON.parse(planJSON) : planJSON;
-    const waits = plan.pipelines.map((p) => this.prewarming.get(p.wgsl)).filter(Boolean);
-    return waits.length ? Promise.all(waits) : undefined;
   }
 
   /** Create a plan's buffers, pipelines and bind groups; returns the program id at once.
@@ -261,8 +244,11 @@ export class Replay {
       return buffers[index];
     };
 
-    // Consecutive dispatches share one compute pass; a copy ends the pass.
+    // Consecutive dispatches share one compute pass; a copy ends the pass. The commands are
+    // checked here (a PlanError is thrown at once); a dispatch's bind group needs its
+    // pipeline's layout, so the bind groups are made in `ready`, once the pipelines compiled.
     const segments = [];
+    const dispatches = [];  // {d: the segment's entry, entry, entries, label}
     let pass = null;
     try {
       plan.commands.forEach((c, i) => {
@@ -277,18 +263,16 @@ export class Replay {
               `pipeline ${c.pipeline}`}): workgroups [${x}, ${y}, ${z}] exceed this device's ` +
               `maxComputeWorkgroupsPerDimension ${maxWorkgroups}`);
           }
-          const bindGroup = device.createBindGroup({
-            layout: entry.pipeline.getBindGroupLayout(0),
-            entries: c.bindings.map((ref, k) => ({
-              binding: k,
-              resource: typeof ref === "number" ? { buffer: bufferOf(ref, `command ${i}`) }
-                : { buffer: bufferOf(ref, `command ${i}`), offset: ref.offset ?? 0,
-                    size: ref.size },
-            })),
-            label: `command ${i}`,
-          });
+          const entries = c.bindings.map((ref, k) => ({
+            binding: k,
+            resource: typeof ref === "number" ? { buffer: bufferOf(ref, `command ${i}`) }
+              : { buffer: bufferOf(ref, `command ${i}`), offset: ref.offset ?? 0,
+                  size: ref.size },
+          }));
           if (!pass) segments.push(pass = { dispatches: [] });
-          pass.dispatches.push({ pipeline: entry.pipeline, bindGroup, x, y, z });
+          const d = { pipeline: null, bindGroup: null, x, y, z };
+          pass.dispatches.push(d);
+          dispatches.push({ d, entry, entries, label: `command ${i}` });
         } else if (c.op === "copy") {
           pass = null;
           segments.push({
@@ -307,22 +291,32 @@ export class Replay {
     }
     const validation = device.popErrorScope();
     const memory = device.popErrorScope();
-    const ready = (async () => {
+    // Reads return the plan's sizes (the buffers themselves may be a little larger).
+    const sizes = plan.buffers.map((b) => Math.ceil(b.size / 4) * 4);
+    const program = { buffers, sizes, owned, sharedKeys, segments, staging: new Map(),
+                      ready: null, loaded: false };
+    program.ready = (async () => {
       const checks = await Promise.all(pipelines.map((p) => p.check));
       const bad = checks.findIndex((c) => c !== null);
       if (bad >= 0) {
         const label = plan.pipelines[bad].label || `pipeline ${bad}`;
         throw named("WGSLError", `WGSL of ${label} does not compile:\n${checks[bad]}`);
       }
-      const [v, m] = await Promise.all([validation, memory]);
-      if (m) throw named("GPUOutOfMemoryError", `loading the plan: ${m.message}`);
-      if (v) throw named("GPUValidationError", `loading the plan: ${v.message}`);
+      if (program.unloaded) return;
+      device.pushErrorScope("out-of-memory");
+      device.pushErrorScope("validation");
+      for (const { d, entry, entries, label } of dispatches) {
+        d.pipeline = entry.pipeline;
+        d.bindGroup = device.createBindGroup({
+          layout: entry.pipeline.getBindGroupLayout(0), entries, label });
+      }
+      const groups = device.popErrorScope();
+      const groupsMemory = device.popErrorScope();
+      const [v, m, gv, gm] = await Promise.all([validation, memory, groups, groupsMemory]);
+      if (m || gm) throw named("GPUOutOfMemoryError", `loading the plan: ${(m || gm).message}`);
+      if (v || gv) throw named("GPUValidationError", `loading the plan: ${(v || gv).message}`);
     })();
-    // Reads return the plan's sizes (the buffers themselves may be a little larger).
-    const sizes = plan.buffers.map((b) => Math.ceil(b.size / 4) * 4);
-    const program = { buffers, sizes, owned, sharedKeys, segments, staging: new Map(), ready,
-                      loaded: false };
-    ready.then(() => { program.loaded = true; }, () => {});
+    program.ready.then(() => { program.loaded = true; }, () => {});
     this.programs.set(id, program);
     return id;
   }

@@ -12,6 +12,10 @@ compile_module(factory, loss_fn, ...):
                           (codegen/attention_match.py -> attention.py's row kernels on
                           CPU adapters, attention_tiled.py's on GPUs), cross entropy and
                           layer-norm backward (codegen/rowfuse_match.py -> rowfuse.py)
+     6a'. (webgpu)        fusion (codegen/fusion.py) chooses what is stored and the kernel
+                          order; codegen/remat.py leaves unstored the expressions whose
+                          buffer would save no memory (GELU's tanh, recomputed in the
+                          backward); buffers.py packs the temporaries into a pool
      6b. (webgpu)         quantized weights (quant.py: GGUF blocks, ops.dequantize) are never
                           stored as f32: matmuls and gathers decode them in registers
                           (codegen/quant.py)
@@ -28,7 +32,7 @@ With check_finite or recovery, recovery.py keeps a host copy of a module's last 
 """
 from __future__ import annotations
 
-from .compiled import CompiledForward, CompiledModule, Program
+from .compiled import CompiledForward, CompiledModule, LazyProgram, Program
 from .dce import cse, dce
 from .grad import append_grad
 from .ir import Graph
@@ -147,9 +151,10 @@ def compile_module(factory, loss_fn, *, inputs, optimizer=_DEFAULT, backend="ref
     specs, train, forward = build_train_graph(factory, loss_fn, ins, optimizer, keep_grads=keep_grads,
                                                 seed=seed)
     be = get_backend(backend)
+    # the run() graph is prepared on the first run(): only run() needs its kernels
     return CompiledModule(be, factory, specs, Program(be, train, ins),
-                          Program(be, forward, ins, lazy=True),  # prepared by the first run()
-                          seed=seed, check_finite=check_finite, recovery=recovery)
+                          LazyProgram(be, forward, ins), seed=seed, check_finite=check_finite,
+                          recovery=recovery)
 
 
 def compile_forward(factory, fwd_fn, *, inputs, backend="reference", seed: int = 0,

@@ -44,28 +44,19 @@ def run_blocking(coro):
 class Program:
     """One graph prepared on one backend, with its feed contract."""
 
-    def __init__(self, backend, graph, inputs, *, lazy: bool = False):
+    def __init__(self, backend, graph, inputs):
         self.backend, self.graph, self.inputs = backend, graph, inputs
         for n in graph.nodes:
             if n.op in ("param", "state"):
                 backend.ensure(n.attrs["name"], n.shape, n.dtype)
         for name, i in graph.writebacks.items():
             backend.ensure(name, graph[i].shape, graph[i].dtype)
-        # lazy: prepared on first use (a training step's run() graph, which many programs never
-        # run: on a CPU rasterizer its pipelines alone took a second to create)
-        self.lazy = lazy
-        self._exe = None if lazy else backend.prepare(graph)
+        self.exe = backend.prepare(graph)
         self.index_checks = index_checks(graph)  # fed indices: range-checked per step
-
-    @property
-    def exe(self):
-        if self._exe is None:
-            self._exe = self.backend.prepare(self.graph)
-        return self._exe
 
     def reload(self, backend) -> "Program":
         """The same graph prepared on another backend (recover(): a new device)."""
-        return Program(backend, self.graph, self.inputs, lazy=self.lazy and self._exe is None)
+        return Program(backend, self.graph, self.inputs)
 
     def check_feed(self, feed, method: str) -> dict[str, HostArray]:
         if not isinstance(feed, dict):
@@ -110,6 +101,36 @@ class Program:
         out = await self.exe.run(feeds, fetch)
         caps = {k[len("capture:"):]: to_user(v) for k, v in out.items() if k.startswith("capture:")}
         return out[main], caps
+
+
+class LazyProgram:
+    """A Program prepared on its first use: compile_module's run() graph. Its kernels are
+    needed by run() alone, and a compile paid for them up front (GPT-2 124M: 12 of the 77
+    distinct pipelines, among them one of the slowest matmuls to create on a driver without
+    a shader cache; bench/README.md, compile_time)."""
+
+    def __init__(self, backend, graph, inputs):
+        self.backend, self.graph, self.inputs = backend, graph, inputs
+        self._program: Program | None = None
+
+    @property
+    def program(self) -> Program:
+        if self._program is None:
+            self._program = Program(self.backend, self.graph, self.inputs)
+        return self._program
+
+    async def execute(self, feed, method, main: str, with_captures: bool):
+        return await self.program.execute(feed, method, main, with_captures)
+
+    def reload(self, backend):
+        if self._program is None:
+            return LazyProgram(backend, self.graph, self.inputs)
+        return self._program.reload(backend)
+
+    def __getattr__(self, name):  # the rest of Program's interface
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.program, name)
 
 
 _serials = itertools.count()

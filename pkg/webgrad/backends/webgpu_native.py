@@ -11,6 +11,10 @@ by WGSL text), because creating a device and compiling pipelines is the slow par
 made with NativeHost(private=True) has a device of its own (tests destroy it to simulate a
 lost device). A lost device turns every later call into DeviceLostError, promptly: wgpu-py
 raises on any use of a lost device, and the host remembers it.
+
+Dawn's toggles (wgpudawn only): $WEBGRAD_DAWN_TOGGLES, comma-separated names to enable
+and -names to disable, else DAWN_TOGGLES, go to the process's Dawn instance before its
+first adapter (bench/gpt2_train.py --exact-timestamps turns timestamp quantisation off so).
 """
 from __future__ import annotations
 
@@ -25,6 +29,20 @@ _WANTED_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size",
                   "max-compute-invocations-per-workgroup", "max-compute-workgroup-size-x",
                   "max-compute-workgroups-per-dimension")
 _WANTED_FEATURES = ("timestamp-query",)
+DAWN_TOGGLES: tuple[str, ...] = ()
+
+
+def _set_dawn_toggles(lib) -> None:
+    spec = os.environ.get("WEBGRAD_DAWN_TOGGLES")
+    names = [t for t in spec.split(",") if t] if spec is not None else list(DAWN_TOGGLES)
+    if not names or lib.__name__ != "wgpudawn":
+        return
+    extras = importlib.import_module("wgpudawn.backends.dawn.extras")
+    try:
+        extras.set_instance_extras(enable_toggles=[t for t in names if t[0] != "-"],
+                                   disable_toggles=[t[1:] for t in names if t[0] == "-"])
+    except RuntimeError:  # the instance exists already (an earlier device): its toggles stand
+        pass
 
 
 def wgpu_module():
@@ -47,6 +65,7 @@ class _Device:
             self.lib = lib or wgpu_module()
         except ImportError as e:
             raise RuntimeError(f"no WebGPU implementation for Python ({e}); pip install wgpu") from None
+        _set_dawn_toggles(self.lib)
         adapter = self.lib.gpu.request_adapter_sync(power_preference="high-performance")
         if adapter is None:
             raise RuntimeError("wgpu found no WebGPU adapter (no Vulkan/Metal/D3D12 driver?)")
@@ -80,18 +99,66 @@ class _Device:
         self._lost = value
 
     def pipeline(self, wgsl: str):
-        p = self.pipelines.get(wgsl)
-        if p is None:
+        """The pipeline of one WGSL text (cached)."""
+        return self.pipelines_for([wgsl])[0]
+
+    def pipelines_for(self, wgsls: list[str]) -> list:
+        """The pipeline of each WGSL text, in order. Those not cached yet are created
+        together: all issued with create_compute_pipeline_async, then all waited for. Dawn
+        compiles them on its worker threads, in parallel (GPT-2 124M's 77 pipelines on an
+        H200 whose driver had no shader cache: 7.7 s one at a time, 3.7 s together;
+        bench/README.md, compile_time); wgpu-native resolves the same call at once, and an
+        API without it gets them made one by one. A failure raises the error of the first
+        failing text in plan order, once the rest were waited for (those that compiled stay
+        cached; a failed text is tried afresh by the next call that names it)."""
+        create = getattr(self.device, "create_compute_pipeline_async", None)
+        pending = {}
+        for wgsl in dict.fromkeys(wgsls) if create is not None else ():
+            if wgsl not in self.pipelines:
+                try:
+                    module = self.device.create_shader_module(code=wgsl)
+                    pending[wgsl] = create(
+                        layout="auto", compute={"module": module, "entry_point": "main"})
+                except Exception as e:  # WGSL that does not parse: reported in order below
+                    pending[wgsl] = _Failed(e)
+        failures = {}
+        for i, wgsl in enumerate(wgsls):
+            if wgsl in self.pipelines or wgsl in failures:
+                continue
+            promise = pending.get(wgsl)
             try:
-                module = self.device.create_shader_module(code=wgsl)
-                p = self.device.create_compute_pipeline(
-                    layout="auto", compute={"module": module, "entry_point": "main"})
+                if isinstance(promise, _Failed):
+                    raise promise.error
+                if promise is None:  # no async creation in this API
+                    module = self.device.create_shader_module(code=wgsl)
+                    made = self.device.create_compute_pipeline(
+                        layout="auto", compute={"module": module, "entry_point": "main"})
+                else:
+                    made = promise.sync_wait()
             except Exception as e:
-                head = wgsl.splitlines()[0] if wgsl else ""
-                raise RuntimeError(f"WGSL kernel {head!r} failed to compile: {e}\n--- WGSL ---\n"
-                                   f"{wgsl}") from None
-            self.pipelines[wgsl] = p
-        return p
+                failures[wgsl] = (i, e)
+                continue
+            self.pipelines[wgsl] = made
+        if failures:
+            wgsl, (_, e) = min(failures.items(), key=lambda kv: kv[1][0])
+            raise _compile_error(wgsl, e)
+        return [self.pipelines[w] for w in wgsls]
+
+
+class _Failed:
+    """A pipeline whose creation failed when it was issued."""
+
+    def __init__(self, error: BaseException):
+        error.__traceback__ = None
+        self.error = error
+
+
+def _compile_error(wgsl: str, e: BaseException) -> RuntimeError:
+    """The error of a kernel that did not compile: its first line (the kernel's name) and
+    the whole WGSL text."""
+    e.__traceback__ = None
+    head = wgsl.splitlines()[0] if wgsl else ""
+    return RuntimeError(f"WGSL kernel {head!r} failed to compile: {e}\n--- WGSL ---\n{wgsl}")
 
 
 _shared: _Device | None = None
@@ -199,7 +266,8 @@ class NativeHost(GPUHost):
                 p.buffers.append(buf)
                 p.sizes.append(size)
                 p.keys.append(key)
-            pipes = [self._dev.pipeline(q["wgsl"]) for q in plan["pipelines"]]
+            # all of the plan's new pipelines at once, compiling in parallel (pipelines_for)
+            pipes = self._dev.pipelines_for([q["wgsl"] for q in plan["pipelines"]])
             for c in plan["commands"]:
                 if c["op"] == "dispatch":
                     pipe = pipes[c["pipeline"]]
