@@ -114,12 +114,11 @@ export class Replay {
     this.used = [];             // WGSL texts of the loaded plans, in order of first use
     this.usedSet = new Set();   // (worker.mjs keeps them, to prewarm them on the next visit)
     this.onUsed = null;         // called after a load() that used WGSL texts new to `used`
-    this.prewarming = new Map();  // WGSL text -> Promise: prewarm()'s pipelines being made
     this.programs = new Map();
     this.persistent = new Map();  // scope + key -> {buffer, refs}
     this.nextId = 1;
     // Counters for profiling: runs, submits, milliseconds spent encoding (the JS loop alone);
-    // pipelines compiled by load() and made by prewarm() (tests of the prewarm read them).
+    // pipelines compiled for load() and for prewarm() (tests of the prewarm read them).
     this.stats = { runs: 0, submits: 0, dispatches: 0, encodeMs: 0, compiled: 0, prewarmed: 0 };
     device.lost.then((info) => {
       this.lost = { reason: String(info.reason), message: String(info.message || "") };
@@ -147,11 +146,11 @@ export class Replay {
   /** A compute pipeline for this WGSL text, compiled once per device: createComputePipelineAsync,
    *  so that a plan's pipelines compile together (on the browser's threads, while Python goes
    *  on) rather than one by one. {pipeline: set once made, check: Promise<error text|null>}. */
-  pipeline(wgsl, label) {
+  pipeline(wgsl, label, counter = "compiled") {
     let entry = this.modules.get(wgsl);
     if (entry) return entry;
     const device = this.device;
-    this.stats.compiled++;
+    this.stats[counter]++;
     device.pushErrorScope("validation");
     const module = device.createShaderModule({ code: wgsl, label });
     const scope = device.popErrorScope();
@@ -171,37 +170,17 @@ export class Replay {
   }
 
   /** Start compiling pipelines that plans are expected to need (the WGSL texts a previous
-   *  session used, worker.mjs), all at once with createComputePipelineAsync: they compile in
-   *  the GPU process, in parallel where it can, while the worker does other things. Each
-   *  lands in `modules` when made; a text that fails to compile is dropped, and a load()
-   *  of it compiles it again and reports why. Returns how many were started. */
+   *  session used, worker.mjs): they compile in the GPU process (createComputePipelineAsync,
+   *  see pipeline()) while the worker does other things, and a later load() of a plan with
+   *  the same WGSL waits for them instead of compiling them again. A text that does not
+   *  compile costs nothing more: a load() that uses it reports why. Returns how many started. */
   prewarm(texts) {
     let n = 0;
     for (const wgsl of texts) {
-      if (typeof wgsl !== "string" || this.modules.has(wgsl) || this.prewarming.has(wgsl)) continue;
-      const label = `prewarmed ${n++}`;
-      const module = this.device.createShaderModule({ code: wgsl, label });
-      const made = this.device.createComputePipelineAsync({
-        layout: "auto", compute: { module, entryPoint: "main" }, label })
-        .then((pipeline) => {
-          if (this.modules.has(wgsl)) return;
-          this.modules.set(wgsl, { pipeline, check: Promise.resolve(null) });
-          this.stats.prewarmed++;
-        }, () => {})
-        .finally(() => this.prewarming.delete(wgsl));
-      this.prewarming.set(wgsl, made);
+      if (typeof wgsl !== "string" || this.modules.has(wgsl)) continue;
+      this.pipeline(wgsl, `prewarmed ${n++}`, "prewarmed");
     }
     return n;
-  }
-
-  /** A Promise that settles once every pipeline of this plan that prewarm() is still making
-   *  is made (or failed), or undefined (Python's None) if none is in flight: loading the
-   *  plan before that would compile them a second time. */
-  prewarmed(planJSON) {
-    if (!this.prewarming.size) return undefined;
-    const plan = typeof planJSON === "string" ? JSON.parse(planJSON) : planJSON;
-    const waits = plan.pipelines.map((p) => this.prewarming.get(p.wgsl)).filter(Boolean);
-    return waits.length ? Promise.all(waits) : undefined;
   }
 
   /** Create a plan's buffers, pipelines and bind groups; returns the program id at once.

@@ -215,11 +215,6 @@ class BrowserHost(GPUHost):
         if self._gpu.lost:
             raise _translate(self._gpu.lostError(), "loading a plan")
         text = json.dumps(plan, separators=(",", ":"))
-        from pyodide.ffi import can_run_sync
-        prewarmed = getattr(self._gpu, "prewarmed", None)  # worker.mjs prewarms last visit's
-        pending = prewarmed(text) if prewarmed is not None and can_run_sync() else None
-        if pending is not None:  # pipelines: wait for those this plan uses, not compile twice
-            _block(pending, "loading a plan")
         try:
             program = int(self._gpu.load(text, self._scope))
         except Exception as e:
@@ -228,6 +223,7 @@ class BrowserHost(GPUHost):
         self._sizes[program] = [-(-int(b["size"]) // 4) * 4 for b in plan["buffers"]]
         self._labels[program] = [str(b.get("label", f"buffer {i}"))
                                  for i, b in enumerate(plan["buffers"])]
+        from pyodide.ffi import can_run_sync
         if can_run_sync():
             try:
                 _block(self._gpu.ready(program), "loading a plan")
