@@ -7,6 +7,8 @@
     python3 bench/gpt2_train.py --no-torch --profile 0  # webgrad alone, no kernel table
     python3 bench/gpt2_train.py --model module        # webgrad.models.gpt2.GPT2Module (tied head)
     python3 bench/gpt2_train.py --attention forced,unfused  # fused attention forced on, and off
+    python3 bench/gpt2_train.py --rows gpt2 --dump out/  # per-kernel dumps of both libraries:
+                                                      # bench/step_breakdown.py out/ groups them
 
 Rows (model x batch):
   small2   d 512, 8 layers, 8 heads, vocab 4096, B x T = 2 x 256
@@ -225,6 +227,11 @@ def run_webgrad(row, args, np):
     except NotImplementedError:
         planned = None
     prof = None
+    if args.dump:
+        import json
+        from step_breakdown import webgrad_dump
+        dump = webgrad_dump(c, feeds[0], args.dump_reps, vocab)
+        (Path(args.dump) / f"{row}_webgrad.json").write_text(json.dumps(dump))
     if args.profile and hasattr(c, "profile"):
         try:
             prof = c.profile(feeds[0])
@@ -272,6 +279,9 @@ def run_torch(row, args, np, torch):
             step(feeds[0])
         kernels = sum(e.count for e in prof.key_averages() if e.device_type.name == "CUDA"
                       and not e.key.startswith("Memcpy") and not e.key.startswith("Memset"))
+    if args.dump and dev == "cuda":
+        from step_breakdown import torch_dump
+        torch_dump(torch, lambda: step(feeds[0]), Path(args.dump) / f"{row}_torch.json.gz")
     times = []
     for s in range(args.steps):
         t0 = time.perf_counter()
@@ -307,17 +317,36 @@ def main() -> None:
                     "module: webgrad.models.gpt2.GPT2Module (head tied to wte), torch tied too")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--profile", type=int, default=10, help="top-N kernels of webgrad's profile")
+    ap.add_argument("--dump", default=None, metavar="DIR",
+                    help="write DIR/<row>_webgrad.json and DIR/<row>_torch.json.gz, every kernel "
+                    "of a step with its GPU time, for bench/step_breakdown.py")
+    ap.add_argument("--dump-reps", type=int, default=3, help="profiled webgrad steps per dump (mean)")
+    ap.add_argument("--exact-timestamps", action="store_true",
+                    help="Dawn: turn off timestamp quantisation (toggles allow_unsafe_apis, "
+                    "-timestamp_quantization, added to $WEBGRAD_DAWN_TOGGLES) so that short "
+                    "kernels time right")
     args = ap.parse_args()
     modes = args.attention.split(",")
     bad = set(modes) - set(ATTENTION_MODES)
     if bad:
         ap.error(f"--attention: unknown {sorted(bad)}; choose from {', '.join(ATTENTION_MODES)}")
     import numpy as np
+    if args.dump:
+        Path(args.dump).mkdir(parents=True, exist_ok=True)
+        from step_breakdown import capture_graphs
+        capture_graphs()
     if args.backend == "webgpu":
         from matmul import pick_lib
         lib = pick_lib()
+        if args.exact_timestamps:  # read by webgpu_native when it makes the device
+            import os
+            extra = "allow_unsafe_apis,-timestamp_quantization"
+            os.environ["WEBGRAD_DAWN_TOGGLES"] = ",".join(
+                t for t in (os.environ.get("WEBGRAD_DAWN_TOGGLES", ""), extra) if t)
         from webgrad.backends.webgpu_native import NativeHost
-        print(f"webgpu: {NativeHost().info}  (library {lib})")
+        import os
+        print(f"webgpu: {NativeHost().info}  (library {lib}; Dawn toggles "
+              f"{os.environ.get('WEBGRAD_DAWN_TOGGLES', 'default')})")
     torch = None
     if not args.no_torch:
         import torch

@@ -74,3 +74,37 @@ def test_records_in_both_forms(record, form):
         pytest.skip(f"no native WebGPU adapter: {e}")
     be.limits.cpu = form == "loop"
     oracle.check(record, be)
+
+
+@pytest.mark.webgpu
+@pytest.mark.parametrize("D", [3, 1000, 5003])
+def test_one_pass_logsumexp_against_torch(D):
+    """The GPU form of logsumexp_last (one pass: running max and rescaled sum per thread,
+    (m, s) pairs combined in the tree) against torch.logsumexp in float64, on rows shorter
+    and longer than the workgroup and rows with +inf (once, twice), all -inf, a NaN."""
+    import numpy as np
+    import torch
+    try:
+        from webgrad.backends.webgpu_native import NativeHost
+        host = NativeHost()
+    except Exception as e:
+        pytest.skip(f"no native WebGPU adapter: {e}")
+    from webgrad.compiled import run_blocking
+    from webgrad.ir import Graph
+    x = (np.random.default_rng(D).standard_normal((6, D)) * 20).astype(np.float32)
+    x[1, 5 % D] = np.inf
+    x[2, :] = -np.inf
+    x[3, 1 % D] = np.nan
+    x[4, :2] = np.inf
+    x[5, 0] = -np.inf
+    g = Graph()
+    xi = g.add("input", [], (6, D), "f32", {"name": "x", "shape": (6, D), "dtype": "f32"})
+    g.outputs["out"] = g.add("logsumexp_last", [xi], (6,), "f32", {})
+    low, names = lower(g, Limits(cpu=False))
+    assert names == [f"logsumexp_last 6x{D}"]
+    prog = host.load(low.plan)
+    host.write(prog, low.feeds["x"], x.tobytes())
+    got = np.frombuffer(run_blocking(host.run(prog, {}, [low.outputs["out"][0]]))[0], np.float32, 6)
+    host.unload(prog)
+    want = torch.logsumexp(torch.from_numpy(x).double(), -1).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-5)

@@ -56,11 +56,18 @@ def test_oracle(record):
     oracle.check(record, "webgpu")
 
 
-def _lowered_kernel_names(record) -> list[str]:
+def _lowered_kernel_names(record, col_split_min_r=None) -> list[str]:
     from webgrad.codegen import Limits, lower
+    from webgrad.codegen import reduce as rd
     from webgrad.compile import build_train_graph, parse_inputs
     factory, loss_fn, inputs, _ = oracle.build_record(record)
-    return lower(build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1], Limits())[1]
+    saved = rd.COL_SPLIT_MIN_R
+    rd.COL_SPLIT_MIN_R = col_split_min_r or saved
+    try:
+        return lower(build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1],
+                     Limits())[1]
+    finally:
+        rd.COL_SPLIT_MIN_R = saved
 
 
 # records whose step (forward and gradients) has a matmul kernel: run under both kernels
@@ -116,11 +123,15 @@ H200_CONFIGS = {
     "batched": mm.Config(8, 8, 8, wx=8, wy=8, vload=True),
     "small_group": mm.Config(4, 4, 8, wx=4, wy=4, group=3, vload=True),
     "small_split_group": mm.Config(4, 8, 16, wx=4, wy=8, splits=2, group=4, vload=True),
+    "odd_split": mm.Config(8, 8, 16, wx=16, wy=16, vload=True, splits=3),
+    "odd_group": mm.Config(8, 8, 16, wx=16, wy=16, vload=True, group=2),
 }
 # 8 x 16 outputs per thread make large shaders, slow to compile on lavapipe: those configs
 # run the records with several tiles per axis only
 _H200_BIG = {"wide": ("matmul/tiles_odd", "matmul/batched_odd", "matmul/aligned_epilogue"),
-             "wide_bk16_group_split": ("matmul/wgrad_odd", "matmul/odd_long_k")}
+             "wide_bk16_group_split": ("matmul/wgrad_odd", "matmul/odd_long_k"),
+             "odd_split": ("matmul/odd_long_k", "matmul/wgrad_odd"),
+             "odd_group": ("matmul/tiles_odd", "matmul/aligned_epilogue")}
 _H200_ALL = ("matmul/2d", "matmul/batch_bcast", "matmul/vec_mat", "matmul/tiles_odd",
              "matmul/batched_odd", "matmul/wgrad_odd", "matmul/odd_long_k",
              "matmul/aligned_epilogue")
@@ -219,6 +230,14 @@ def test_h200_shape_classes():
     # a weight gradient: split-K with the wide tile
     cfg = mm.choose_config(512, 1536, 16384, 1, adapter=a)
     assert (cfg.splits, cfg.wx, cfg.wy, cfg.tm, cfg.tn) == (11, 8, 16, 8, 16)
+    # the GPT-2 vocabulary's products (N or K = 50257, unaligned rows): the "odd" tile,
+    # split where it was split, in runs of tile rows where they were
+    odd = mm.ADAPTER_TILINGS[0][1]["odd"]
+    assert mm.choose_config(4096, 768, 50257, 1, adapter=a) == mm.replace(odd, splits=4)
+    assert mm.choose_config(4096, 50257, 768, 1, adapter=a) == mm.replace(odd, group=32)
+    assert mm.choose_config(768, 50257, 4096, 1, adapter=a) == mm.replace(odd, group=32)
+    # under 3/4 of a wave of 128 x 128 tiles, a wave of 64 x 64 ones
+    assert mm.choose_config(4096, 768, 768, 1, adapter=a) == mm.ADAPTER_TILINGS[0][1]["mid"]
     # few tiles: the shrinking rule, as on adapters without a row
     assert mm.choose_config(1024, 1024, 1024, 1, adapter=a) == \
         mm.choose_config(1024, 1024, 1024, 1, adapter="some GPU")
@@ -432,13 +451,56 @@ REDUCTIONS = [
 @pytest.mark.parametrize("case", REDUCTIONS, ids=[c[0] for c in REDUCTIONS])
 def test_long_reductions(case):
     """Bound: |err| <= 1e-6 * sum|x| (tree/chunked f32 summation) + 1e-5 (1 + |want|)."""
+    _check_reduction(case)
+
+
+def _check_reduction(case):
     name, fn, shape, ref = case
     x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
     got = forward(fn, {"x": shape}).run({"x": x})
     want = ref(x.astype(np.float64))
-    scale = np.abs(x).sum() * 1e-6
+    scale = np.abs(ref(np.abs(x.astype(np.float64)))).sum() * 1e-6
     assert np.all(np.abs(got - want) <= scale + 1e-5 * (1 + np.abs(want))), \
         f"{name}: max err {np.max(np.abs(got - want))}"
+
+
+# column sums long enough for codegen/reduce.py's col_split: column counts that are not a
+# multiple of its 32-column blocks (7: blocks of 8 columns x 32 rows), row counts that end
+# a chunk early, an elementwise producer computed in pass 1, two reduced axes, an epilogue
+COL_SUMS = [
+    ("sum axis 0, 7 columns", lambda x: ops.sum(x, 0), [5000, 7], lambda x: x.sum(0)),
+    ("sum of squares axis 0", lambda x: ops.sum(x * x, 0), [4099, 97], lambda x: (x * x).sum(0)),
+    ("sum axes 0, 1", lambda x: ops.sum(x, [0, 1]), [3, 1500, 33], lambda x: x.sum((0, 1))),
+    ("sum axis 0 of 3-d", lambda x: ops.sum(x, 0), [2049, 40, 3], lambda x: x.sum(0)),
+    ("sum axis 0, epilogue", lambda x: ops.exp(ops.sum(x, 0) * 0.01), [2048, 64],
+     lambda x: np.exp(x.sum(0) * 0.01)),
+]
+
+
+@pytest.mark.parametrize("tiled", [True, False], ids=["tiled", "per_thread"])
+@pytest.mark.parametrize("case", COL_SUMS, ids=[c[0] for c in COL_SUMS])
+def test_column_sums(case, tiled, monkeypatch):
+    """col_split's two pass-1 kernels (the tiled one GPUs run, the per-thread loop CPU
+    adapters run) against numpy in float64; same bound as test_long_reductions."""
+    from webgrad.codegen import reduce as rd
+    monkeypatch.setattr(rd, "COLUMN_TILED", tiled)
+    _check_reduction(case)
+
+
+SUM_RECORDS = [r for r in oracle.RECORDS
+               if any(n.startswith("sum (pass 1)") for n in _lowered_kernel_names(r, 1))]
+
+
+@pytest.mark.parametrize("record", SUM_RECORDS, ids=[r.name for r in SUM_RECORDS])
+def test_oracle_under_column_split(record, monkeypatch):
+    """The records whose step sums over leading axes (bias gradients, the batch of a
+    broadcast, sums in the forward pass), every such sum through col_split's tiled kernel (even short
+    ones), its producers and consumers fused as usual."""
+    from webgrad.codegen import reduce as rd
+    monkeypatch.setattr(rd, "COL_SPLIT_MIN_R", 1)
+    monkeypatch.setattr(rd, "COLUMN_TILED", True)
+    assert any(n.startswith("sum (pass 1)") for n in _lowered_kernel_names(record))
+    oracle.check(record, "webgpu")
 
 
 # ---------------------------------------------------------------- (e) limits

@@ -12,6 +12,10 @@ compile_module(factory, loss_fn, ...):
                           (codegen/attention_match.py -> attention.py's row kernels on
                           CPU adapters, attention_tiled.py's on GPUs), cross entropy and
                           layer-norm backward (codegen/rowfuse_match.py -> rowfuse.py)
+     6a'. (webgpu)        fusion (codegen/fusion.py) chooses what is stored and the kernel
+                          order; codegen/remat.py leaves unstored the expressions whose
+                          buffer would save no memory (GELU's tanh, recomputed in the
+                          backward); buffers.py packs the temporaries into a pool
      6b. (webgpu)         quantized weights (quant.py: GGUF blocks, ops.dequantize) are never
                           stored as f32: matmuls and gathers decode them in registers
                           (codegen/quant.py)

@@ -511,6 +511,52 @@ finally:
         oracle.check_result(oracle.BY_NAME[name], result["got"], "webgpu (browser, tiled)")
 
 
+# records whose steps have column sums (bias and LayerNorm gradients) and cross-entropy's
+# logsumexp: run with the GPU forms of those kernels forced on in the worker (SwiftShader
+# would take the per-thread loops): reduce.py's tiled col_split (even for short columns)
+# and the workgroup-per-row kernels, logsumexp_last in one pass
+GPU_ROW_RECORDS = ("nn.Linear", "nn.LayerNorm", "sum/axes", "matmul/batch_bcast",
+                   "nn.cross_entropy_last", "nn.cross_entropy_last/NCd4")
+
+
+@browser
+@needs_webgpu_backend
+def test_gpu_column_sums_and_logsumexp_in_browser(s):
+    import oracle
+    ship_module(s, "oracle", (REPO / "tests" / "oracle.py").read_text())
+    out = s.run(f"""
+import oracle, traceback
+from webgrad.codegen import Limits, lower, reduce as rd, rowfuse
+from webgrad.compile import build_train_graph, parse_inputs
+saved = rd.COLUMN_TILED, rd.COL_SPLIT_MIN_R, rd.row_per_thread, rowfuse.row_per_thread
+rd.COLUMN_TILED, rd.COL_SPLIT_MIN_R = True, 1
+rd.row_per_thread = rowfuse.row_per_thread = lambda ctx, D: False
+results, kernels = {{}}, []
+try:
+    for name in ("nn.Linear", "nn.cross_entropy_last"):
+        factory, loss_fn, inputs, _ = oracle.build_record(oracle.BY_NAME[name])
+        g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
+        kernels += lower(g, Limits(cpu=True))[1]
+    for name in {GPU_ROW_RECORDS!r}:
+        try:
+            results[name] = {{"ok": True, "got": await oracle.run_webgrad_by_name(name, "webgpu")}}
+        except Exception:
+            results[name] = {{"ok": False, "error": traceback.format_exc(limit=-4)}}
+finally:
+    rd.COLUMN_TILED, rd.COL_SPLIT_MIN_R, rd.row_per_thread, rowfuse.row_per_thread = saved
+{{"kernels": kernels, "results": results}}
+""", timeout=600)
+    assert "sum (pass 1)" in out["kernels"], out["kernels"]
+    assert any(k.startswith("logsumexp_last") and not k.endswith(" thread")
+               for k in out["kernels"]), out["kernels"]
+    for name in GPU_ROW_RECORDS:
+        result = out["results"][name]
+        if not result["ok"]:
+            pytest.fail(f"{name!r} with GPU row kernels failed in the browser worker:\n"
+                        f"{result['error']}", pytrace=False)
+        oracle.check_result(oracle.BY_NAME[name], result["got"], "webgpu (browser, GPU rows)")
+
+
 @browser
 @needs_webgpu_backend
 def test_matmul_records_under_gpu_tilings_in_browser(s):

@@ -11,6 +11,10 @@ by WGSL text), because creating a device and compiling pipelines is the slow par
 made with NativeHost(private=True) has a device of its own (tests destroy it to simulate a
 lost device). A lost device turns every later call into DeviceLostError, promptly: wgpu-py
 raises on any use of a lost device, and the host remembers it.
+
+Dawn's toggles (wgpudawn only): $WEBGRAD_DAWN_TOGGLES, comma-separated names to enable
+and -names to disable, else DAWN_TOGGLES, go to the process's Dawn instance before its
+first adapter (bench/gpt2_train.py --exact-timestamps turns timestamp quantisation off so).
 """
 from __future__ import annotations
 
@@ -25,6 +29,20 @@ _WANTED_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size",
                   "max-compute-invocations-per-workgroup", "max-compute-workgroup-size-x",
                   "max-compute-workgroups-per-dimension")
 _WANTED_FEATURES = ("timestamp-query",)
+DAWN_TOGGLES: tuple[str, ...] = ()
+
+
+def _set_dawn_toggles(lib) -> None:
+    spec = os.environ.get("WEBGRAD_DAWN_TOGGLES")
+    names = [t for t in spec.split(",") if t] if spec is not None else list(DAWN_TOGGLES)
+    if not names or lib.__name__ != "wgpudawn":
+        return
+    extras = importlib.import_module("wgpudawn.backends.dawn.extras")
+    try:
+        extras.set_instance_extras(enable_toggles=[t for t in names if t[0] != "-"],
+                                   disable_toggles=[t[1:] for t in names if t[0] == "-"])
+    except RuntimeError:  # the instance exists already (an earlier device): its toggles stand
+        pass
 
 
 def wgpu_module():
@@ -47,6 +65,7 @@ class _Device:
             self.lib = lib or wgpu_module()
         except ImportError as e:
             raise RuntimeError(f"no WebGPU implementation for Python ({e}); pip install wgpu") from None
+        _set_dawn_toggles(self.lib)
         adapter = self.lib.gpu.request_adapter_sync(power_preference="high-performance")
         if adapter is None:
             raise RuntimeError("wgpu found no WebGPU adapter (no Vulkan/Metal/D3D12 driver?)")

@@ -11,8 +11,10 @@ outside it reads. The rules, in order:
  2. An expression is stored (becomes an *anchor*) when it must be: it is a graph output or
     a writeback value (unless it is a free reshape of something stored), or a matmul reads
     it and no affine view reaches it (matmul wants strides, not recomputation), or it is
-    worth it: read by several kernels and costly, or read through a broadcast (it would be
-    recomputed many times), or its kernel would bind more buffers than the device allows.
+    worth it: read by several kernels and costly (unless codegen/remat.py finds that this
+    saves no memory worth having: GELU's tanh, kept for the backward beside its input), or
+    read through a broadcast (it would be recomputed many times), or its kernel would bind
+    more buffers than the device allows.
  3. Merging. An anchor's kernel is merged into the kernel of a tensor it reads at the
     *same flat index* (same element count, read through elementwise ops and reshapes
     only): the reader's expression is evaluated by the producer's writer thread. So bias +
@@ -72,8 +74,10 @@ class FusionError(NotImplementedError):
 
 
 class Fusion:
-    def __init__(self, g, limits: Limits):
+    def __init__(self, g, limits: Limits, remat: frozenset = frozenset()):
         self.g, self.limits = g, limits
+        self.remat = remat  # expressions rule 2's cost test must not store (codegen/remat.py)
+        self.cost_stored: set[int] = set()  # those it did store
         self.cons = g.consumers()
         self.stored: set[int] = set()
         self.mat: set[int] = set()
@@ -232,8 +236,11 @@ class Fusion:
             if n.size <= 1 or not self.cons[n.id]:
                 continue
             expand = any(g[c2].op not in KERNEL_OPS and g[c2].size > n.size for c2 in self.cons[n.id])
-            if (expand and c >= 3) or (len(self.cons[n.id]) >= 2 and c >= 8):
+            if expand and c >= 3:
                 store(n.id)
+            elif len(self.cons[n.id]) >= 2 and c >= 8 and n.id not in self.remat:
+                store(n.id)
+                self.cost_stored.add(n.id)
 
     def storage_base(self, n: int):
         """The stored node whose buffer holds n's elements in n's order (n itself, or under
@@ -434,24 +441,39 @@ class Fusion:
 
     # ------------------------------------------------------------ schedule
     def _schedule(self):
-        """Groups in dependency order, ties by node order."""
+        """Groups in dependency order, ties by the node order of the earliest group that
+        needs them: a producer traced after its consumer's kernel op (the optimizer's
+        scalars, read by the weight gradients' kernels the Adam update joined) runs just
+        before that consumer, not after the whole backward pass, which would keep every
+        activation gradient a weight gradient reads alive until then."""
         import heapq
         deps = {gid: self.deps(gid) for gid in self.groups}
         users: dict[int, list[int]] = {gid: [] for gid in self.groups}
         for gid, ds in deps.items():
             for d in ds:
                 users[d].append(gid)
+        prio = {gid: G.order for gid, G in self.groups.items()}
+        for gid in sorted(self.groups, key=lambda i: -self.groups[i].order):
+            for d in deps[gid]:  # deps mostly precede in node order: a few sweeps settle it
+                prio[d] = min(prio[d], prio[gid])
+        changed = True
+        while changed:
+            changed = False
+            for gid, ds in deps.items():
+                for d in ds:
+                    if prio[gid] < prio[d]:
+                        prio[d], changed = prio[gid], True
         indeg = {gid: len(ds) for gid, ds in deps.items()}
-        ready = [(self.groups[gid].order, gid) for gid, k in indeg.items() if k == 0]
+        ready = [(prio[gid], self.groups[gid].order, gid) for gid, k in indeg.items() if k == 0]
         heapq.heapify(ready)
         self.order: list[int] = []
         while ready:
-            _, gid = heapq.heappop(ready)
+            *_, gid = heapq.heappop(ready)
             self.order.append(gid)
             for u in users[gid]:
                 indeg[u] -= 1
                 if indeg[u] == 0:
-                    heapq.heappush(ready, (self.groups[u].order, u))
+                    heapq.heappush(ready, (prio[u], self.groups[u].order, u))
         if len(self.order) != len(self.groups):
             raise AssertionError("fusion produced a cyclic schedule")
 

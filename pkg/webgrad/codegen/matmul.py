@@ -40,9 +40,20 @@ names the tile of each shape class (wide products, batches of small ones such as
 attention's, split-K) and the tile order (runs of tile rows, so that a vocabulary-wide
 product's B panels stay in L2).
 
-Subgroup operations (the H200's Dawn adapter has them) are not used: sharing operands
+On CPU adapters K is split as well whenever one invocation's K loop would run past
+wgsl.CPU_LOOP_ITERATIONS (lavapipe silently stops a shader's loops after 65535 iterations):
+`cpu_splits`, the same partial sums and second kernel, for both kernels.
+
+Subgroup operations (the H200's Dawn adapter has them) are not used here: sharing operands
 between lanes by shuffles moves one float per lane and instruction where a shared-memory
-vec4 read moves four, and operand traffic is what limits this kernel; none was measured.
+vec4 read moves four, and operand traffic is what limits this kernel; no matmul variant
+was measured. Row reductions were (bench/subgroups.py, H200, 2026-11-30): a subgroup
+reduction in place of the shared-memory tree took log-softmax over [4096, 50257] from 2.28
+to 1.49 ms and softmax over [49152, 512] from 0.186 to 0.160, layer norm 0-10%: worth
+emitting for long rows (not done yet, bench/README.md). Also measured there: Dawn's
+robustness (index clamping) costs this kernel 0-2% (`disable_robustness`), and vec4 stores
+of 4 adjacent outputs in the epilogue were slower than scalar ones (0.969 against 0.888 ms
+at [16384 x 512] @ [512 x 2048]).
 """
 from __future__ import annotations
 
@@ -51,7 +62,7 @@ from math import prod
 
 from .layout import digits_addr
 from .quant import QuantOperand, group_helpers, operand_reader
-from .wgsl import BindingTypeClash
+from .wgsl import CPU_LOOP_ITERATIONS, BindingTypeClash
 
 
 TARGET_TILES = 256  # fewer workgroups than this: shrink the tile (an H200 has 132 SMs)
@@ -115,7 +126,12 @@ class Config:
 #       K, such as the LM head's input gradient [B] x [T, vocab] @ [vocab, d], is work enough
 #       per tile for the wide tile: 36 TFLOP/s on the 64 x 64 one at vocab 4096);
 #   "group": tile order in runs of this many tile rows when one tile row has at least a
-#       wave of tiles (a vocabulary-wide product), so that the B panels stay in L2.
+#       wave of tiles (a vocabulary-wide product), so that the B panels stay in L2;
+#   "odd": the tile (of "wide" and "split" products) where N or K is not a multiple of 4:
+#       an operand whose rows are that long starts them unaligned, so it is read one float
+#       at a time (the vocabulary's products: 50257);
+#   "mid": the tile of a product with less than 3/4 of a wave of 128 x 128 tiles but a
+#       wave of 64 x 64 ones.
 # Shapes no class takes keep the tile-shrinking rule. GPUs not listed get no split-K
 # (their slot count is unknown) and that rule alone.
 BATCHED_MN = 512 * 512
@@ -127,11 +143,19 @@ ADAPTER_TILINGS = (
     # 0.83-0.91; a 64 x 64 tile of 64 threads does attention's products (scores 1.01
     # against 0.82); runs of 32 tile rows and the new tile took the [4096 x 768] @ [768 x
     # 50257] logits from 9.9 to 8.3 ms. Double buffering was slower (0.64-0.69).
+    # 2026-11-30 (step_breakdown.py's session): the GPT-2 step's three vocabulary products
+    # (N or K = 50257, scalar loads of the unaligned operand) ran faster on 256 threads of
+    # 8 x 8 at K step 16 than on the wide tile: LM head input gradient (K = 50257, split 4)
+    # 9.74 -> 8.47 ms, logits 8.45 -> 8.18, head weight gradient 8.46 -> 7.80; [4096 x 768]
+    # @ [768 x 768] (192 tiles of 128 x 128) 0.192 ms on 64 x 128 tiles, 0.158 on the 64 x
+    # 64 one, 0.167 split in 2.
     (("h200", "h100"), {
         "slots": 264, "double": False,
         "split": Config(8, 16, 8, wx=8, wy=16, vload=True),
         "wide": Config(8, 16, 8, wx=8, wy=16, vload=True), "wide_bk": 16,
+        "odd": Config(8, 8, 16, wx=16, wy=16, vload=True),
         "batched": Config(8, 8, 8, wx=8, wy=8, vload=True),
+        "mid": Config(8, 8, 8, wx=8, wy=8, vload=True),
         "group": 32,
     }),
 )
@@ -175,6 +199,7 @@ def _choose_config(M: int, N: int, K: int, nb: int, adapter: str) -> Config:
     def t(d):
         return 8 if d >= 128 else 4 if d >= 64 else 2 if d >= 32 else 1
     tm, tn = t(M), t(N)
+    odd = N % 4 != 0 or K % 4 != 0
 
     def tiles(tm, tn):
         return -(-M // (16 * tm)) * -(-N // (16 * tn)) * nb
@@ -187,19 +212,26 @@ def _choose_config(M: int, N: int, K: int, nb: int, adapter: str) -> Config:
         S = choose_splits(tiles(tm, tn), K, slots)
         if S > 1:
             if "split" in row and tm == tn == 8:
-                return replace(row["split"], splits=S)
+                return replace(row["odd" if odd and "odd" in row else "split"], splits=S)
             return Config(tm, tn, max(8 if max(tm, tn) >= 8 else 16, 16 // min(tm, tn)),
                           splits=S)
     if "batched" in row and nb > 1 and M * N <= BATCHED_MN and K < SPLIT_MIN_K:
         return row["batched"]
     big = tiles(8, 8)  # 128 x 128 tiles
     if "wide" in row and slots and 4 * big >= 3 * slots:  # 3/4 of a wave: 2048 square
+        if odd and "odd" in row:
+            cfg = row["odd"]
+            if row.get("group") and -(-N // cfg.bn) >= slots:
+                cfg = replace(cfg, group=row["group"])
+            return cfg
         cfg = row["wide"]
         if big >= 3 * slots:
             cfg = replace(cfg, bk=row.get("wide_bk", cfg.bk))
         if row.get("group") and -(-N // cfg.bn) >= slots:
             cfg = replace(cfg, group=row["group"])
         return cfg
+    if "mid" in row and slots and tiles(4, 4) >= slots:  # a wave of 64 x 64 tiles
+        return row["mid"]
     while tiles(tm, tn) < TARGET_TILES and (tm > 2 or tn > 2):
         if tm >= tn:
             tm //= 2
@@ -277,15 +309,34 @@ def group_config(limits, M: int, K: int, N: int, nb: int) -> Config | None:
     barrier-free kernel). One function for the builder and the scratch planner."""
     if use_direct(limits.cpu):
         return None
-    return choose_config(M, N, K, nb, limits.max_compute_workgroup_storage_size,
-                         limits.adapter)
+    cfg = choose_config(M, N, K, nb, limits.max_compute_workgroup_storage_size,
+                        limits.adapter)
+    if limits.cpu:  # a tiled kernel forced onto a CPU adapter: its K loop is bounded too
+        S = cpu_splits(K)[0]
+        if S > cfg.splits:
+            cfg = replace(cfg, splits=S)
+    return cfg
+
+
+def cpu_splits(K: int) -> tuple[int, int]:
+    """(chunks, K per chunk) so that no invocation loops over more than
+    CPU_LOOP_ITERATIONS values of K (a chunk of K runs at most that many iterations in
+    either kernel: the tiled one K/BK steps of BK, the direct one K, or K/32 groups of 8
+    for a quantized W^T); chunks are multiples of 32, so quantized groups never straddle
+    two. (1, K): no split."""
+    if K <= CPU_LOOP_ITERATIONS:
+        return 1, K
+    S = -(-K // CPU_LOOP_ITERATIONS)
+    KS = -(-(-(-K // S)) // 32) * 32
+    return -(-K // KS), KS
 
 
 def matmul_scratch_bytes(g, fu, main: int, limits) -> int:
     """Partial sums of a split-K matmul: splits x batch x M x N floats (0: no split)."""
     M, K, N, nb = matmul_dims(g, fu, main)
     cfg = group_config(limits, M, K, N, nb)
-    return 4 * cfg.splits * nb * M * N if cfg is not None and cfg.splits > 1 else 0
+    S = cfg.splits if cfg is not None else cpu_splits(K)[0]
+    return 4 * S * nb * M * N if S > 1 else 0
 
 
 def build_matmul(ctx, config: Config | None = None) -> list:
@@ -595,15 +646,26 @@ def _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh) -> list:
     TN = min(DIRECT_TN, N)
     tiles_m, tiles_n = -(-M // TM), -(-N // TN)
     total = tiles_m * tiles_n * nb
-    kernel = ctx.kernel(f"matmul {'x'.join(map(str, node.shape))} K={K} direct {TM}x{TN}")
+    # K chunks (cpu_splits): thread t sums chunk sk = t / total of its block into scratch
+    S, KS = cpu_splits(K)
+    split = f" split {S}" if S > 1 else ""
+    kernel = ctx.kernel(f"matmul {'x'.join(map(str, node.shape))} K={K} direct {TM}x{TN}{split}")
     A, B = operand_reader(kernel, sa), operand_reader(kernel, sb)
-    epi = ctx.epilogue_fn(kernel)
+    if S > 1:
+        part = ctx.scratch[0]
+        P = kernel.binding(part.buffer, "f32", write=True, what=part.what, nbytes=part.nbytes)
+    else:
+        epi = ctx.epilogue_fn(kernel)
     em = ctx.emitter(kernel)
     L = em.emit
-    grid = kernel.thread_index(em, total, "t", DIRECT_WG)
+    grid = kernel.thread_index(em, total * S, "ts", DIRECT_WG)
+    L(f"let sk = ts / {total}u;")
+    L(f"let t = ts % {total}u;")
     L(f"let m0 = ((t / {tiles_n}u) % {tiles_m}u) * {TM}u;")
     L(f"let n0 = (t % {tiles_n}u) * {TN}u;")
     L(f"let bt = t / {tiles_m * tiles_n}u;")
+    kbeg, kend = ("sk * {KS}u".format(KS=KS), f"min(sk * {KS}u + {KS}u, {K}u)") if S > 1 \
+        else ("0u", f"{K}u")
     bdims = em.unravel("bt", batch) if batch else []
 
     base_a = _batch_base(em, batch, bdims, offa, dima, ash)
@@ -635,7 +697,7 @@ def _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh) -> list:
         # a scale (and a min), read once per group, and 4 at a time from one word; each
         # value is the same f32 operations as the per-element decode
         sfn, qfn, has_min = group_helpers(kernel, sb)
-        with em.block(f"for (var kq = 0u; kq < {K // 32}u; kq++)"):
+        with em.block(f"for (var kq = {kbeg} / 32u; kq < {kend} / 32u; kq++)"):
             for j in range(TN):
                 L(f"let s{j} = {sfn}(({cb[j]} >> 5u) + kq);")
             with em.block("for (var kk = 0u; kk < 32u; kk += 4u)"):
@@ -648,7 +710,7 @@ def _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh) -> list:
                             L(f"let yb{j} = s{j}.x * q{j}[{t}]" + (f" - s{j}.y;" if has_min else ";"))
                         k_step(f"(k0 + {t}u)" if t else "k0")
     else:
-        with em.block(f"for (var k = 0u; k < {K}u; k++)"):
+        with em.block(f"for (var k = {kbeg}; k < {kend}; k++)"):
             L(f"let kb = {_sum(digits_addr(dimb[-2], 'k', K))};")
             for j in range(TN):
                 L(f"let yb{j} = {B(f'{cb[j]} + kb')};")
@@ -658,9 +720,14 @@ def _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh) -> list:
         for j in range(TN):
             conds = (([f"m0 + {i}u < {M}u"] if M % TM else [])
                      + ([f"n0 + {j}u < {N}u"] if N % TN else []))
-            call = f"{epi}(f0 + {i * N + j}u, {acc[i][j]});"
+            call = (f"{P}[sk * {nb * M * N}u + f0 + {i * N + j}u] = {acc[i][j]};" if S > 1
+                    else f"{epi}(f0 + {i * N + j}u, {acc[i][j]});")
             L(f"if ({' && '.join(conds)}) {{ {call} }}" if conds else call)
-    return [ctx.dispatch(kernel, em.lines, grid, DIRECT_WG)]
+    out = [ctx.dispatch(kernel, em.lines, grid, DIRECT_WG)]
+    if S > 1:
+        out[0]["cost"] = True  # the profiler's bytes and FLOPs: the product, not the sum
+        out.append(_build_split_sum(ctx, node, S, nb * M * N))
+    return out
 
 
 __all__ = ["Config", "choose_config", "build_matmul", "use_direct", "FORCE_CONFIG",

@@ -31,6 +31,7 @@ from .index import build_scatter, scatter_scratch
 from .layout import build_concat_pieces, strided_view
 from .matmul import build_matmul, matmul_scratch_bytes
 from .quant import QuantOperand
+from .remat import plan_fusion
 from .reduce import REDUCE_OPS, ROW_OPS, build_reduce, scratch_specs
 from .rows import build_write_rows
 from .wgsl import Kernel, LimitError, Limits
@@ -56,6 +57,10 @@ class Lowered:
     writers: dict          # persistent name -> index of the dispatch that writes it, or "copy"
     kernels: list = None   # per command: name, ops, nodes, workgroups, bytes, flops (profile.py)
     empty_outputs: dict = field(default_factory=dict)  # name -> (shape, dtype): zero-size
+    # the pool's plan, for diagnostics (bench/memory_plan.py): buffers.Live per temporary
+    # (keys ("t", node) and ("s", (group, k)) for scratch), its pool slot, the graph lowered
+    # and the group run at each step
+    pool: dict = field(default_factory=dict)
 
 
 class GroupCtx:
@@ -154,7 +159,7 @@ class _Lowering:
     def __init__(self, graph, limits: Limits, persist_key):
         self.g, self.limits = graph, limits
         check_index_range(graph)
-        self.fu = fu = Fusion(graph, limits)
+        self.fu = fu = plan_fusion(graph, limits)
         self.buffers: list[dict] = []
         self.storage: dict[int, Storage] = {}
         self.scratch: dict[int, list[Storage]] = {}
@@ -235,6 +240,7 @@ class _Lowering:
                     lives.append(Live(("s", (gid, k)), nb, pos[gid], pos[gid]))
                     scratch_dtype[(gid, k)] = dt
         slots, assign = plan_pool(lives)
+        self.lives, self.pool_assign = lives, assign
         base = len(self.buffers)
         for k, size in enumerate(slots):
             self.buffers.append({"size": size, "label": f"pool {k}"})
@@ -304,8 +310,11 @@ class _Lowering:
         plan = {"buffers": self.buffers, "pipelines": pipelines, "commands": commands}
         report = dict(self.report, kernels=n_kernels, pipelines=len(pipelines),
                       end_copies=len(fu.end_copies), in_place=len(fu.inplace))
+        pool = {"lives": self.lives, "slot": self.pool_assign, "graph": g, "order": fu.order,
+                "split_k": {gid for gid in fu.order if gid in self.scratch and (
+                    g[fu.groups[gid].main].op == "matmul" or fu.groups[gid].main in fu.matmul_fold)}}
         return Lowered(plan, self.feeds, outputs, self.persistent, self.const_data, n_kernels,
-                       report, writers, kernels), names
+                       report, writers, kernels, pool=pool), names
 
 
 def _donors(fu, need, pos, last, ends) -> dict[int, int]:

@@ -5,8 +5,9 @@ Strategies, by the shape of the reduction (R elements reduced into each of O out
   wg        reduced axes trailing and R >= 64: a workgroup per output; its threads stride
             over the row, then a shared-memory tree combines them. Row ops do their passes
             (max, sum of exp / mean, variance, write) inside the same workgroup.
-  thread    short rows, or reduced axes in front (a bias gradient sums [N, D] over N): a
-            thread per output loops over R; neighbouring threads read neighbouring columns.
+  thread    short rows, or reduced axes in front (a bias gradient sums [N, D] over N)
+            and R short: a thread per output loops over R; neighbouring threads read
+            neighbouring columns.
             Row ops take it on CPU adapters (Limits.cpu: SwiftShader, lavapipe) for rows up
             to CPU_ROW_MAX long, in workgroups of CPU_ROW_WG threads: there a workgroup's
             threads are emulated and each barrier of the tree switches between all of them,
@@ -16,6 +17,17 @@ Strategies, by the shape of the reduction (R elements reduced into each of O out
             a 2 x 50257 log-softmax wrote its first 15k values only).
   split     very long reductions with few outputs: pass 1 reduces chunks into a scratch
             buffer, pass 2 reduces the partials and runs the epilogue (2 dispatches).
+  col_split reduced axes in front and R long (every bias and LayerNorm gradient of a
+            training step: [B*T, D] summed over B*T, then AdamW in the epilogue): pass 1
+            gives each workgroup a block of COL_WX columns and a chunk of rows; its threads
+            stand in COL_WY rows of COL_WX (a warp reads one row segment: coalesced), each
+            keeps COL_UNROLL independent sums, so that several loads are in flight per
+            thread, and a shared-memory tree adds the rows; pass 2 adds the chunks in
+            order. Chunks are sized for about COL_TARGET_WG workgroups. A thread per
+            (column, chunk) of 256 rows instead (the kernel before) waited on one load at a
+            time: 0.11 ms for a [4096, 768] sum on an H200, 98 of them in a GPT-2 step
+            (bench/README.md, step_breakdown.py). CPU adapters keep that loop
+            (`_thread_split`, same chunks): they emulate barriers (COLUMN_TILED).
 Inputs are read through the emitter, so an elementwise producer is computed inside the
 reduction (loss chains: sum(d * d) is one kernel); the result goes through the group's
 epilogue (`epi(flat, value)`), where fused elementwise consumers are evaluated.
@@ -40,7 +52,12 @@ SPLIT_CHUNK = 4096     # elements per workgroup in pass 1 of a split row reducti
 CPU_ROW_WG = 32        # threads (rows) per workgroup of a row op on a CPU adapter: small, so
                        # that even a few hundred rows spread over the CPU's cores
 CPU_ROW_MAX = 4096     # longest row a CPU adapter loops over in one thread (4 passes at most)
-THREAD_CHUNK = 256     # elements per thread in pass 1 of a split column reduction
+COL_SPLIT_MIN_R = 2048  # column sums at least this long are split (col_split)
+COL_WX, COL_WY = 32, 8  # pass 1 of col_split: threads along columns x along rows
+COL_UNROLL = 4          # independent partial sums (loads in flight) per thread
+COL_MIN_ROWS = 16       # rows per thread at least, per chunk
+COL_TARGET_WG = 1024    # about this many workgroups in pass 1 (an H200 holds 132 x 8)
+COLUMN_TILED = None     # tests: True/False forces col_split's tiled/per-thread pass 1
 
 
 class _Shape:
@@ -71,9 +88,22 @@ class _Shape:
             if self.kind != "argmax" and self.R >= 8 * SPLIT_CHUNK and self.O <= 64:
                 return "wg_split", min(-(-self.R // SPLIT_CHUNK), 1024)
             return "wg", None
-        if self.kind == "sum" and not self.trailing and self.R >= 8 * THREAD_CHUNK and self.O <= 8192:
-            return "thread_split", min(-(-self.R // THREAD_CHUNK), 1024)
+        if self.kind == "sum" and not self.trailing and self.R >= COL_SPLIT_MIN_R and self.O <= 8192:
+            return "col_split", self.col_chunks()
         return "thread", None
+
+    def col_tile(self) -> tuple[int, int]:
+        """(threads along columns, along rows) of a col_split workgroup: COL_WX x COL_WY,
+        fewer columns (more rows) where there are fewer than COL_WX outputs."""
+        wx = min(COL_WX, pow2ceil(self.O))
+        return wx, COL_WX * COL_WY // wx
+
+    def col_chunks(self) -> int:
+        """How many row chunks col_split cuts R into: about COL_TARGET_WG workgroups in
+        all, each thread at least COL_MIN_ROWS rows, at most 1024 chunks."""
+        wx, wy = self.col_tile()
+        blocks = -(-self.O // wx)
+        return max(1, min(-(-COL_TARGET_WG // blocks), -(-self.R // (wy * COL_MIN_ROWS)), 1024))
 
     def x_idx(self, em: Emitter, o: str, r: str) -> Idx:
         if self.trailing:
@@ -95,7 +125,7 @@ def scratch_specs(g, node, source=None) -> list[tuple[int, str]]:
         return []
     s = _Shape(g, node, source)
     strat, P = s.strategy()
-    return [(4 * s.O * P, g[s.x].dtype)] if strat in ("wg_split", "thread_split") else []
+    return [(4 * s.O * P, g[s.x].dtype)] if strat in ("wg_split", "col_split") else []
 
 
 def _wgsize(ctx, n: int) -> int:
@@ -139,7 +169,8 @@ def build_reduce(ctx) -> list:
         return [_thread_reduce(ctx, node, s)]
     if strat == "wg_split":
         return _wg_split(ctx, node, s, P)
-    return _thread_split(ctx, node, s, P)
+    tiled = COLUMN_TILED if COLUMN_TILED is not None else not ctx.limits.cpu
+    return _col_split(ctx, node, s, P) if tiled else _thread_split(ctx, node, s, P)
 
 
 def _accumulate(em, s, kind, acc, acci, o, r):
@@ -246,6 +277,46 @@ def _wg_split(ctx, node, s, P):
     return [d1, ctx.dispatch(k2, em.lines, grid2, wgs2)]
 
 
+def _col_split(ctx, node, s, P):
+    """col_split (header): pass 1 tiled over columns x rows, then `_split_pass2`."""
+    xdt = ctx.g[s.x].dtype
+    scratch = ctx.scratch[0]
+    wx, wy = s.col_tile()
+    U = COL_UNROLL
+    C = -(-(-(-s.R // P)) // (wy * U)) * (wy * U)  # rows per chunk: whole steps of wy x U
+    blocks = -(-s.O // wx)
+    k1 = _kernel(ctx, node.op + " (pass 1)", s.kind)
+    k1.decls.append(f"var<workgroup> red: array<{xdt}, {wx * wy}>;")
+    em = ctx.emitter(k1)
+    grid1 = k1.workgroup_index(em, blocks * P, "w")  # workgroup-uniform: barriers stay legal
+    em.emit(f"let p = w / {blocks}u;")
+    em.emit(f"let o = (w % {blocks}u) * {wx}u + lid % {wx}u;")
+    em.emit(f"let ty = lid / {wx}u;")
+    em.emit(f"let r1 = min(p * {C}u + {C}u, {s.R}u);")
+    accs = [em.var(xdt, zero(xdt)) for _ in range(U)]
+    em.emit(f"var r = p * {C}u + ty;")
+    with em.block(f"if (o < {s.O}u)" if s.O % wx else ""):
+        # U rows wy apart per step, their loads independent; then the rest one at a time
+        with em.block(f"for (; r + {(U - 1) * wy}u < r1; r += {U * wy}u)"):
+            for u, acc in enumerate(accs):
+                with em.block(""):
+                    _accumulate(em, s, "sum", acc, None, "o", f"(r + {u * wy}u)" if u else "r")
+        with em.block(f"for (; r < r1; r += {wy}u)"):
+            _accumulate(em, s, "sum", accs[0], None, "o", "r")
+    em.emit(f"red[lid] = ({accs[0]} + {accs[1 % U]})" + "".join(f" + {a}" for a in accs[2:]) + ";"
+            if U > 1 else f"red[lid] = {accs[0]};")
+    em.emit("workgroupBarrier();")
+    st = wy // 2
+    while st >= 1:  # a tree over the rows of each column
+        em.emit(f"if (ty < {st}u) {{ red[lid] = red[lid] + red[lid + {st * wx}u]; }}")
+        em.emit("workgroupBarrier();")
+        st //= 2
+    with em.block(f"if (ty == 0u && o < {s.O}u)" if s.O % wx else "if (ty == 0u)"):
+        em.store(scratch, f"p * {s.O}u + o", "red[lid]")
+    d1 = ctx.dispatch(k1, em.lines, grid1, wx * wy)
+    return [d1, _split_pass2(ctx, node, s, P)]
+
+
 def _thread_split(ctx, node, s, P):
     xdt = ctx.g[s.x].dtype
     scratch = ctx.scratch[0]
@@ -264,7 +335,16 @@ def _thread_split(ctx, node, s, P):
         _accumulate(em, s, s.kind, acc, None, "o", "r")
     em.store(scratch, "t", acc)
     d1 = ctx.dispatch(k1, em.lines, grid1, WG)
-    # pass 2: thread o sums its P partials, then the epilogue
+    return [d1, _split_pass2(ctx, node, s, P)]
+
+
+def _split_pass2(ctx, node, s, P):
+    """Pass 2 of a column split: thread o adds its P partials (scratch[p * O + o]) in
+    chunk order, then the epilogue."""
+    xdt = ctx.g[s.x].dtype
+    scratch = ctx.scratch[0]
+    total = s.O * P
+    comb = _combine(s.kind, xdt)
     k2 = _kernel(ctx, node.op + " (pass 2)", s.kind)
     epi = ctx.epilogue_fn(k2)
     em = ctx.emitter(k2)
@@ -274,7 +354,7 @@ def _thread_split(ctx, node, s, P):
         v = em.load(scratch, Idx((total,), flat=em.let(f"p * {s.O}u + o")))
         em.emit(comb(acc, v))
     em.emit(f"{epi}(o, {acc});")
-    return [d1, ctx.dispatch(k2, em.lines, grid2, WG)]
+    return ctx.dispatch(k2, em.lines, grid2, WG)
 
 
 # ---------------------------------------------------------------- row ops

@@ -24,6 +24,12 @@ import struct
 from dataclasses import dataclass
 
 WG = 256  # default workgroup size for one-thread-per-element kernels (WebGPU's default max)
+# Loop iterations one invocation may run on a CPU adapter (Limits.cpu). lavapipe stops an
+# invocation's loops after 65535 iterations in all, silently: in one shader, a loop of 40000
+# then another of 40000 ran 40000 and 25534 times, and every later loop (nested or not) once.
+# Kernels whose loops a long axis drives keep each invocation under this on those adapters
+# (reduce.py's tree for long rows, matmul.py's K chunks); a margin is left for small loops.
+CPU_LOOP_ITERATIONS = 60000
 
 
 class LimitError(ValueError):
