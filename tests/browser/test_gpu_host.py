@@ -268,6 +268,64 @@ out
                       ) == [3.0]
 
 
+def _scaled_wgsl(factor: float, workgroup: int = 64) -> str:
+    """out[i] = a[i] * factor, with a text no other test made (pipelines are cached by it)."""
+    return AFFINE_WGSL.replace("a[i] * 2.0 + 1.0", f"a[i] * {factor!r}").replace(
+        "@workgroup_size(64)", f"@workgroup_size({workgroup})") + f"// {random.random()}\n"
+
+
+@browser
+def test_pipelines_of_a_plan_compile_together_and_a_failure_names_its_kernel(s):
+    """replay.mjs creates a plan's pipelines with createComputePipelineAsync, all of them
+    before waiting for any (the blocking createComputePipeline is never called). A kernel
+    that parses but fails pipeline creation (a workgroup over the device's invocation
+    limit), among good ones, raises WGSLError naming it; the good ones then load and
+    compute (against a[i] * factor in Python)."""
+    n = 8
+    factors = [3.0, 0.5, -2.0]
+    good = [_scaled_wgsl(f) for f in factors]
+    too_big = _scaled_wgsl(1.0, workgroup=100000)
+
+    def plan(wgsls, labels):
+        return {"buffers": [{"size": 4 * n, "label": "a"}]
+                           + [{"size": 4 * n, "label": f"out{k}"} for k in range(len(wgsls))],
+                "pipelines": [{"wgsl": w, "label": lab} for w, lab in zip(wgsls, labels)],
+                "commands": [{"op": "dispatch", "pipeline": k, "bindings": [0, k + 1],
+                              "workgroups": [1, 1, 1]} for k in range(len(wgsls))]}
+    out = s.run(f"""
+from pyodide.code import run_js
+h = BrowserHost()  # the shared device (a new one if an earlier test lost it)
+counts = run_js('''(device) => {{
+  const counts = {{ blocking: 0, promised: 0 }};
+  const sync = device.createComputePipeline.bind(device);
+  const made = device.createComputePipelineAsync.bind(device);
+  device.createComputePipeline = (d) => {{ counts.blocking++; return sync(d); }};
+  device.createComputePipelineAsync = (d) => {{ counts.promised++; return made(d); }};
+  counts.restore = () => {{ device.createComputePipeline = sync;
+                           device.createComputePipelineAsync = made; }};
+  return counts;
+}}''')(h.device)
+try:
+    try:
+        h.load({plan(good[:1] + [too_big] + good[1:], ["first", "too_big", "second", "third"])!r})
+        error = "no error"
+    except WGSLError as e:
+        error = str(e)
+    p = h.load({plan(good, ["first", "second", "third"])!r})
+    values = await h.run(p, {{0: f32([float(i) - 3.5 for i in range({n})])}}, [1, 2, 3])
+    h.unload(p)
+finally:
+    counts.restore()
+[error, values, counts.blocking, counts.promised]
+""")
+    error, values, sync_calls, async_calls = out
+    assert "too_big" in error and "first" not in error, error
+    assert sync_calls == 0 and async_calls == 4  # the good ones are cached after the failure
+    xs = [float(i) - 3.5 for i in range(n)]
+    for got, f in zip(values, factors):
+        assert f32_values(got) == [round_f32(x * f) for x in xs]
+
+
 @browser
 def test_device_loss_raises_device_lost_error(s):
     out = s.run(f"""
@@ -615,59 +673,3 @@ after = await c2.step_async({"x": [1.0, 0.0, 2.0]})
     assert before == 6.0 and after == 7.0 and new_device
     assert "device was lost" in lost and "Compile the module again" in lost, lost
 
-
-def _scaled_wgsl(factor: float, workgroup: int = 64) -> str:
-    """out[i] = a[i] * factor, with a text no other test made (pipelines are cached by it)."""
-    return AFFINE_WGSL.replace("a[i] * 2.0 + 1.0", f"a[i] * {factor!r}").replace(
-        "@workgroup_size(64)", f"@workgroup_size({workgroup})") + f"// {random.random()}\n"
-
-
-@browser
-def test_pipelines_of_a_plan_compile_together_and_a_failure_names_its_kernel(s):
-    """replay.mjs creates a plan's pipelines with createComputePipelineAsync, all of them
-    before waiting for any (the blocking createComputePipeline is never called). A kernel
-    that parses but fails pipeline creation (a workgroup over the device's invocation
-    limit), among good ones, raises WGSLError naming it; the good ones then load and
-    compute (against a[i] * factor in Python)."""
-    n = 8
-    factors = [3.0, 0.5, -2.0]
-    good = [_scaled_wgsl(f) for f in factors]
-    too_big = _scaled_wgsl(1.0, workgroup=100000)
-
-    def plan(wgsls, labels):
-        return {"buffers": [{"size": 4 * n, "label": "a"}]
-                           + [{"size": 4 * n, "label": f"out{k}"} for k in range(len(wgsls))],
-                "pipelines": [{"wgsl": w, "label": lab} for w, lab in zip(wgsls, labels)],
-                "commands": [{"op": "dispatch", "pipeline": k, "bindings": [0, k + 1],
-                              "workgroups": [1, 1, 1]} for k in range(len(wgsls))]}
-    out = s.run(f"""
-from pyodide.code import run_js
-counts = run_js('''(device) => {{
-  const counts = {{ blocking: 0, promised: 0 }};
-  const sync = device.createComputePipeline.bind(device);
-  const made = device.createComputePipelineAsync.bind(device);
-  device.createComputePipeline = (d) => {{ counts.blocking++; return sync(d); }};
-  device.createComputePipelineAsync = (d) => {{ counts.promised++; return made(d); }};
-  counts.restore = () => {{ device.createComputePipeline = sync;
-                           device.createComputePipelineAsync = made; }};
-  return counts;
-}}''')(host.device)
-try:
-    try:
-        host.load({plan(good[:1] + [too_big] + good[1:], ["first", "too_big", "second", "third"])!r})
-        error = "no error"
-    except WGSLError as e:
-        error = str(e)
-    p = host.load({plan(good, ["first", "second", "third"])!r})
-    values = await host.run(p, {{0: f32([float(i) - 3.5 for i in range({n})])}}, [1, 2, 3])
-    host.unload(p)
-finally:
-    counts.restore()
-[error, values, counts.blocking, counts.promised]
-""")
-    error, values, sync_calls, async_calls = out
-    assert "too_big" in error and "first" not in error, error
-    assert sync_calls == 0 and async_calls == 4  # the good ones are cached after the failure
-    xs = [float(i) - 3.5 for i in range(n)]
-    for got, f in zip(values, factors):
-        assert f32_values(got) == [round_f32(x * f) for x in xs]
