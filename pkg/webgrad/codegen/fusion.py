@@ -74,9 +74,9 @@ class FusionError(NotImplementedError):
 
 
 class Fusion:
-    def __init__(self, g, limits: Limits, remat: frozenset = frozenset()):
+    def __init__(self, g, limits: Limits, remat=None):
         self.g, self.limits = g, limits
-        self.remat = remat  # expressions rule 2's cost test must not store (codegen/remat.py)
+        self.remat = remat  # remat.Remat: what rule 2's cost test must not store, or None
         self.cost_stored: set[int] = set()  # those it did store
         self.cons = g.consumers()
         self.stored: set[int] = set()
@@ -238,7 +238,7 @@ class Fusion:
             expand = any(g[c2].op not in KERNEL_OPS and g[c2].size > n.size for c2 in self.cons[n.id])
             if expand and c >= 3:
                 store(n.id)
-            elif len(self.cons[n.id]) >= 2 and c >= 8 and n.id not in self.remat:
+            elif len(self.cons[n.id]) >= 2 and c >= 8 and not (self.remat and self.remat.skip(n.id, ls)):
                 store(n.id)
                 self.cost_stored.add(n.id)
 

@@ -20,6 +20,8 @@ bench's H200 plan (bench/README.md, memory_plan.py): 6791 -> 6247 MiB at 64 x 25
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..buffers import END
 
 
@@ -76,21 +78,36 @@ def remat_candidates(fu) -> frozenset:
     return frozenset(out)
 
 
-def plan_fusion(graph, limits, rounds: int = 4):
-    """Fusion with the expressions remat_candidates names left unstored. Leaving one
-    unstored can make its consumer the costly expression that the cost test stores
-    (1 + tanh(...) once tanh(...) is no longer stored), so repeat until nothing new is
-    named, a few rounds at most."""
+@dataclass(frozen=True)
+class Remat:
+    """What Fusion's cost test (rule 2) must leave unstored: the named expressions, and any
+    expression the first plan did not store whose stored inputs are all among theirs.
+    Leaving tanh(...) unstored makes its consumer 1 + tanh(...) costly in turn; that
+    consumer was evaluated by readers of the tanh, which its inputs outlive, so it is
+    recomputed as well, in the same fusion pass (not one more pass per link)."""
+    nodes: frozenset
+    loads: frozenset   # the stored tensors the named expressions are computed from
+    kept: frozenset    # what the first plan's cost test stored and stays stored
+
+    def skip(self, n: int, loads) -> bool:
+        return n in self.nodes or (n not in self.kept and bool(loads) and loads <= self.loads)
+
+
+def plan_fusion(graph, limits, rounds: int = 3):
+    """Fusion with the expressions remat_candidates names left unstored (see Remat), then
+    again while that names more, a few rounds at most (one, on the GPT bench's step)."""
     from .fusion import Fusion
     fu = Fusion(graph, limits)
-    remat: frozenset = frozenset()
+    first = fu
+    nodes: frozenset = frozenset()
     for _ in range(rounds):
-        more = remat_candidates(fu) - remat
+        more = remat_candidates(fu) - nodes
         if not more:
             break
-        remat |= more
-        fu = Fusion(graph, limits, remat)
+        nodes |= more
+        loads = frozenset().union(*(_expression_loads(first, e) for e in nodes))
+        fu = Fusion(graph, limits, Remat(nodes, loads, frozenset(first.cost_stored - nodes)))
     return fu
 
 
-__all__ = ["remat_candidates", "plan_fusion"]
+__all__ = ["remat_candidates", "plan_fusion", "Remat"]
