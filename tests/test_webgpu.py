@@ -169,6 +169,20 @@ def test_k_loop_in_wgsl(name, monkeypatch):
     oracle.check(oracle.BY_NAME[name], "webgpu")
 
 
+@pytest.mark.parametrize("name", ["matmul/tiles_odd", "matmul/odd_long_k"])
+def test_k_loop_partly_unrolled(name, monkeypatch):
+    """The tiled kernel's K step as a WGSL loop over pairs of k (mm.K_UNROLL)."""
+    monkeypatch.setattr(mm, "FORCE_CONFIG", mm.Config(4, 4, 8, wx=4, wy=4, vload=True))
+    monkeypatch.setattr(mm, "K_UNROLL", (1, 2))
+    from webgrad.codegen import Limits, lower
+    from webgrad.compile import build_train_graph, parse_inputs
+    factory, loss_fn, inputs, _ = oracle.build_record(oracle.BY_NAME[name])
+    g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
+    wgsl = [p["wgsl"] for p in lower(g, Limits())[0].plan["pipelines"] if " K=" in p["wgsl"]]
+    assert wgsl and all("for (var kb = 0u; kb < 8u; kb += 2u)" in w for w in wgsl)
+    oracle.check(oracle.BY_NAME[name], "webgpu")
+
+
 def test_vec4_loads_where_the_layout_allows(monkeypatch):
     """vec4 global loads need a stride-1 axis whose size is a multiple of 4 and 4-aligned
     other strides; an epilogue that reads an operand's buffer (a binding has one element

@@ -94,6 +94,14 @@ FORCE_DIRECT = None        # tests: True/False forces the barrier-free/tiled ker
 # 3.21 ms looped. At K step 8 the loop cost more (2048: 1.97 -> 2.43 ms), so only the
 # K-step-16 tiles loop.
 K_LOOP = 1024
+# Tiles above K_UNROLL[0] FMAs per K step (and at most K_LOOP) loop over the step K_UNROLL[1]
+# k at a time instead of unrolling it whole; None (the default) unrolls. It trades kernel speed
+# for pipeline-creation time. H200 through Dawn, 2026-11-30, on a cold driver cache: GPT-2
+# 124M's compile + init 5.41 / 6.67 s unrolled, 4.50 / 4.83 s with (512, 4), 4.28 s with
+# (512, 2); but the products ran 5-8% slower with (512, 4) (2048: 0.428 -> 0.455 ms;
+# [4096 x 768] @ [768 x 3072]: 0.477 -> 0.516) and the vocabulary-wide "odd" tile 18% slower
+# (8.11 -> 9.54 ms), so training speed keeps the unrolled steps.
+K_UNROLL: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -579,6 +587,11 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
             # ~0.15 s to compile each such pipeline), the GPU's compiler unrolls it anyway
             with em.block(f"for (var kk = 0u; kk < {BK}u; kk++)"):
                 k_step("kk", "")
+        elif K_UNROLL and TM * TN * BK > K_UNROLL[0] and BK % K_UNROLL[1] == 0 and BK > K_UNROLL[1]:
+            U = K_UNROLL[1]
+            with em.block(f"for (var kb = 0u; kb < {BK}u; kb += {U}u)"):
+                for u in range(U):
+                    k_step(f"(kb + {u}u)", u)
         else:
             for kk in range(BK):
                 k_step(kk, kk)
