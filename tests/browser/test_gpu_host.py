@@ -642,6 +642,7 @@ def test_pipelines_of_a_plan_compile_together_and_a_failure_names_its_kernel(s):
                               "workgroups": [1, 1, 1]} for k in range(len(wgsls))]}
     out = s.run(f"""
 from pyodide.code import run_js
+own = BrowserHost(await request_device(new=True))  # test_lost_device_... destroys the shared one
 counts = run_js('''(device) => {{
   const counts = {{ blocking: 0, promised: 0 }};
   const sync = device.createComputePipeline.bind(device);
@@ -651,18 +652,19 @@ counts = run_js('''(device) => {{
   counts.restore = () => {{ device.createComputePipeline = sync;
                            device.createComputePipelineAsync = made; }};
   return counts;
-}}''')(host.device)
+}}''')(own.device)
 try:
     try:
-        host.load({plan(good[:1] + [too_big] + good[1:], ["first", "too_big", "second", "third"])!r})
+        own.load({plan(good[:1] + [too_big] + good[1:], ["first", "too_big", "second", "third"])!r})
         error = "no error"
     except WGSLError as e:
         error = str(e)
-    p = host.load({plan(good, ["first", "second", "third"])!r})
-    values = await host.run(p, {{0: f32([float(i) - 3.5 for i in range({n})])}}, [1, 2, 3])
-    host.unload(p)
+    p = own.load({plan(good, ["first", "second", "third"])!r})
+    values = await own.run(p, {{0: f32([float(i) - 3.5 for i in range({n})])}}, [1, 2, 3])
+    own.unload(p)
 finally:
     counts.restore()
+    own.close()
 [error, values, counts.blocking, counts.promised]
 """)
     error, values, sync_calls, async_calls = out
