@@ -89,12 +89,7 @@ def report(row: str, low, vocab: int, top: int) -> None:
 
     # the forward: ancestors of the loss; the backward starts after the loss's kernel
     loss = g.outputs["loss"]
-    fwd, stack = set(), [loss]
-    while stack:
-        n = stack.pop()
-        if n not in fwd:
-            fwd.add(n)
-            stack.extend(g[n].inputs)
+    fwd = g.ancestors(loss)
     steps = len(order)
     live = [0] * (steps + 1)
     for lv in lives:  # a donor and its heir share step `first`: count the buffer once there

@@ -108,12 +108,7 @@ def test_weight_gradients_run_inside_the_backward(adapter):
     low = lower(g, Limits(adapter=adapter, max_storage_buffer_binding_size=1 << 31))[0]
     pg, lives, order = low.pool["graph"], low.pool["lives"], low.pool["order"]
     loss = pg.outputs["loss"]
-    fwd, stack = set(), [loss]
-    while stack:
-        n = stack.pop()
-        if n not in fwd:
-            fwd.add(n)
-            stack.extend(pg[n].inputs)
+    fwd = pg.ancestors(loss)
     vocab = models.VOCAB
     dlogits = [lv for lv in lives if lv.key[0] == "t" and lv.key[1] not in fwd
                and pg[lv.key[1]].shape[-1:] == (vocab,)]

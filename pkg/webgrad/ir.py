@@ -79,6 +79,16 @@ class Graph:
                 cons[i].append(n.id)
         return cons
 
+    def ancestors(self, node: int) -> set[int]:
+        """node and every node it reads, directly or not."""
+        seen, stack = set(), [node]
+        while stack:
+            n = stack.pop()
+            if n not in seen:
+                seen.add(n)
+                stack.extend(self.nodes[n].inputs)
+        return seen
+
     def roots(self) -> list[int]:
         """Ids every executor must compute: outputs and writeback values."""
         return list(dict.fromkeys([*self.outputs.values(), *self.writebacks.values()]))
