@@ -503,12 +503,18 @@ finally:
 {{"kernels": kernels, "results": results}}
 """, timeout=600)
     assert out["kernels"] and all(" tiled " in n for n in out["kernels"]), out["kernels"]
-    for name in TILED_IN_BROWSER:
-        result = out["results"][name]
+    _check_records(out["results"], TILED_IN_BROWSER, "tiled attention")
+
+
+def _check_records(results: dict, names, forced: str) -> None:
+    """Each oracle record's result from the worker (run with `forced` kernels) against torch's."""
+    import oracle
+    for name in names:
+        result = results[name]
         if not result["ok"]:
-            pytest.fail(f"{name!r} with tiled attention failed in the browser worker:\n"
+            pytest.fail(f"{name!r} with {forced} failed in the browser worker:\n"
                         f"{result['error']}", pytrace=False)
-        oracle.check_result(oracle.BY_NAME[name], result["got"], "webgpu (browser, tiled)")
+        oracle.check_result(oracle.BY_NAME[name], result["got"], f"webgpu (browser, {forced})")
 
 
 # records whose steps have column sums (bias and LayerNorm gradients) and cross-entropy's
@@ -549,12 +555,7 @@ finally:
     assert "sum (pass 1)" in out["kernels"], out["kernels"]
     assert any(k.startswith("logsumexp_last") and not k.endswith(" thread")
                for k in out["kernels"]), out["kernels"]
-    for name in GPU_ROW_RECORDS:
-        result = out["results"][name]
-        if not result["ok"]:
-            pytest.fail(f"{name!r} with GPU row kernels failed in the browser worker:\n"
-                        f"{result['error']}", pytrace=False)
-        oracle.check_result(oracle.BY_NAME[name], result["got"], "webgpu (browser, GPU rows)")
+    _check_records(out["results"], GPU_ROW_RECORDS, "GPU row kernels")
 
 
 @browser
