@@ -254,6 +254,24 @@ def build_tiled(ctx) -> list[dict]:
             L("workgroupBarrier();")
 
     own_rows = [em.let(f"r0 + ty * {TR}u + {a}u") for a in range(TR)]
+
+    def across_row(values, name, combine):
+        """Each own row's value (one per thread) combined over the row's 16 threads through
+        workgroup memory: one new variable per row, combine(r, x) folding red's entries in
+        order from the first."""
+        for a in range(TR):
+            L(f"red[(ty * {TR}u + {a}u) * 16u + tx] = {values[a]};")
+        L("workgroupBarrier();")
+        out = []
+        for a in range(TR):
+            base = f"(ty * {TR}u + {a}u) * 16u"
+            r = em.fresh(name)
+            L(f"var {r}: f32 = red[{base}];")
+            with em.block("for (var t = 1u; t < 16u; t++)"):
+                L(f"{r} = {combine.format(r=r, x=f'red[{base} + t]')};")
+            out.append(r)
+        return out
+
     def out_cols(width):
         n = _padded(width) // 16
         if XV == 4:
@@ -315,17 +333,10 @@ def build_tiled(ctx) -> list[dict]:
                 terms = " + ".join(f"exp({x} - {mz})" for x in xsc[a])
                 L(f"{l_run[a]} = {l_run[a]} * exp({m_run[a]} - {mz}) + {terms};")
                 L(f"{m_run[a]} = {mn};")
-        elif online:  # the row's maximum over this block, through workgroup memory
+        elif online:  # the row's maximum over this block
+            row_max = across_row([_max(xsc[a]) for a in range(TR)], "rm", "max({r}, {x})")
             for a in range(TR):
-                L(f"red[(ty * {TR}u + {a}u) * 16u + tx] = {_max(xsc[a])};")
-            L("workgroupBarrier();")
-            for a in range(TR):
-                base = f"(ty * {TR}u + {a}u) * 16u"
-                rm = em.fresh("rm")
-                L(f"var {rm}: f32 = red[{base}];")
-                with em.block("for (var t = 1u; t < 16u; t++)"):
-                    L(f"{rm} = max({rm}, red[{base} + t]);")
-                mn = em.let(f"max({m_run[a]}, {rm})")
+                mn = em.let(f"max({m_run[a]}, {row_max[a]})")
                 mz = em.let(f"select({mn}, 0.0f, {mn} == {ninf})")
                 al = em.let(f"exp({m_run[a]} - {mz})")
                 for b in range(TC):
@@ -400,15 +411,9 @@ def build_tiled(ctx) -> list[dict]:
 
     inv = [None] * TR
     if online:  # the row sums: each thread holds its columns' part
+        row_sum = across_row(l_run, "ls", "{r} + {x}")
         for a in range(TR):
-            L(f"red[(ty * {TR}u + {a}u) * 16u + tx] = {l_run[a]};")
-        L("workgroupBarrier();")
-        for a in range(TR):
-            base = f"(ty * {TR}u + {a}u) * 16u"
-            ls = em.fresh("ls")
-            L(f"var {ls}: f32 = 0.0f;")
-            with em.block("for (var t = 0u; t < 16u; t++)"):
-                L(f"{ls} = {ls} + red[{base} + t];")
+            ls = row_sum[a]
             inv[a] = em.let(f"1.0f / {ls}")
             if op == "attn_fwd":  # lse_i = m_i + log(sum), after the row's O
                 with em.block(f"if (tx == 0u && {own_rows[a]} < {NR}u)"):
