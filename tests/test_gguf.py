@@ -144,20 +144,19 @@ def hf_gpt2(n_layer=2, n_embd=64, n_head=4, vocab=96, n_ctx=16):
     return cfg, model
 
 
-def gpt2_gguf(tmp_path, model, cfg, *, with_output: bool, qtype=None):
-    """What llama.cpp's converter writes for GPT-2: gguf's own name map, Conv1D weights
-    transposed to [out, in], attention mask buffers dropped, the tied head written or not."""
-    name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPT2, cfg.n_layer)
-    sd = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+def gpt2_gguf_file(path, sd, *, n_ctx, n_embd, n_layer, n_head, eps, qtype=None):
+    """What llama.cpp's converter writes for a GPT-2 state dict sd (transformers' names,
+    numpy arrays): gguf's own name map, Conv1D weights transposed to [out, in], 2-D weights
+    other than the embeddings quantized to qtype. Returns the path and each stored tensor as
+    gguf dequantizes it."""
+    name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPT2, n_layer)
     stored = {}
 
     def build(w):
-        w.add_context_length(cfg.n_positions); w.add_embedding_length(cfg.n_embd)
-        w.add_feed_forward_length(4 * cfg.n_embd); w.add_block_count(cfg.n_layer)
-        w.add_head_count(cfg.n_head); w.add_layer_norm_eps(cfg.layer_norm_epsilon)
+        w.add_context_length(n_ctx); w.add_embedding_length(n_embd)
+        w.add_feed_forward_length(4 * n_embd); w.add_block_count(n_layer)
+        w.add_head_count(n_head); w.add_layer_norm_eps(eps)
         for k, v in sd.items():
-            if k.endswith((".attn.bias", ".attn.masked_bias")) or (k == "lm_head.weight" and not with_output):
-                continue
             base, _, suffix = k.rpartition(".")
             gname = f"{name_map.get_name(base)}.{suffix}"
             if k.endswith((".c_attn.weight", ".c_proj.weight", ".c_fc.weight")):
@@ -171,7 +170,18 @@ def gpt2_gguf(tmp_path, model, cfg, *, with_output: bool, qtype=None):
                 stored[gname] = v
                 w.add_tensor(gname, v)
 
-    return write(tmp_path, build, arch="gpt2"), stored
+    return write(path.parent, build, arch="gpt2", name=path.name), stored
+
+
+def gpt2_gguf(tmp_path, model, cfg, *, with_output: bool, qtype=None):
+    """gpt2_gguf_file of a transformers GPT-2: attention mask buffers dropped, the tied head
+    written or not."""
+    sd = {k: v.detach().numpy() for k, v in model.state_dict().items()
+          if not (k.endswith((".attn.bias", ".attn.masked_bias"))
+                  or (k == "lm_head.weight" and not with_output))}
+    return gpt2_gguf_file(tmp_path / "m.gguf", sd, n_ctx=cfg.n_positions, n_embd=cfg.n_embd,
+                          n_layer=cfg.n_layer, n_head=cfg.n_head, eps=cfg.layer_norm_epsilon,
+                          qtype=qtype)
 
 
 @pytest.mark.parametrize("with_output", [False, True], ids=["tied", "output.weight"])

@@ -63,32 +63,14 @@ def test_split_token_table_images_as_one():
 
 
 def gguf_of(path, m, *, qtype=None):
-    """What llama.cpp's converter writes for GPT2 `m` (gguf's own names and writer; Conv1D
-    weights [out, in]; no output.weight: tied), 2-D weights quantized to qtype. Returns the
+    """What llama.cpp's converter writes for GPT2 `m` (test_gguf.gpt2_gguf_file: gguf's own
+    names and writer; no output.weight: tied), 2-D weights quantized to qtype. Returns the
     path and each stored tensor as gguf dequantizes it."""
-    import gguf
+    from test_gguf import gpt2_gguf_file
     cfg = m.cfg
-    name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPT2, cfg.n_layer)
-    w = gguf.GGUFWriter(str(path), "gpt2")
-    w.add_context_length(cfg.n_ctx); w.add_embedding_length(cfg.n_embd)
-    w.add_feed_forward_length(4 * cfg.n_embd); w.add_block_count(cfg.n_layer)
-    w.add_head_count(cfg.n_head); w.add_layer_norm_eps(cfg.layer_norm_epsilon)
-    stored = {}
-    for k, v in m.state_dict().items():
-        base, _, suffix = ("transformer." + k).rpartition(".")
-        name = f"{name_map.get_name(base)}.{suffix}"
-        v = np.asarray(v, np.float32)
-        if k.endswith((".c_attn.weight", ".c_proj.weight", ".c_fc.weight")):
-            v = np.ascontiguousarray(v.T)
-        if qtype is not None and v.ndim == 2 and k.startswith("h."):
-            q = gguf.quants.quantize(v, qtype)
-            stored[name] = gguf.quants.dequantize(q, qtype)
-            w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qtype)
-        else:
-            stored[name] = v
-            w.add_tensor(name, v)
-    w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
-    return path, stored
+    sd = {"transformer." + k: np.asarray(v, np.float32) for k, v in m.state_dict().items()}
+    return gpt2_gguf_file(path, sd, n_ctx=cfg.n_ctx, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
+                          n_head=cfg.n_head, eps=cfg.layer_norm_epsilon, qtype=qtype)
 
 
 def test_gguf_image_holds_ggufs_dequantization(tmp_path):
