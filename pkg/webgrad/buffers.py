@@ -51,13 +51,12 @@ def _plan_by_size(tensors: list[Live]) -> tuple[list[int], dict]:
     """Largest first, each into the smallest slot free over its lifetime. A tensor and the
     donor whose buffer it takes over (the donor's last reader writes it) are one object
     over both lifetimes."""
-    last_of = {t.key: t.last for t in tensors}
     by_key = {t.key: t for t in tensors}
     head: dict = {}  # key -> the first tensor of its donor chain
     taken = set()
     for t in sorted(tensors, key=lambda t: t.first):
         d = t.donor
-        if d is not None and d in by_key and d not in taken and last_of[d] == t.first \
+        if d is not None and d in by_key and d not in taken and by_key[d].last == t.first \
                 and by_key[d].first < t.first and align(by_key[d].nbytes) >= align(t.nbytes):
             taken.add(d)
             head[t.key] = head.get(d, d)
