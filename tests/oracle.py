@@ -952,6 +952,14 @@ rec("attention/tiled_cache_T5_S70",
     "lambda q, k, v: ops.softmax_last(ops.where_causal(q @ ops.swap_axes(k, -1, -2) * 0.25)) @ v",
     lambda q, k, v: _t_sdpa(q, k, v, 0.25, _t_causal(5, 70)),
     f32(1, 2, 5, 16), f32(1, 2, 70, 16), f32(1, 2, 70, 16), **MM)
+rec("attention/tiled_T128_D64",  # GPT-2's head dim, T a multiple of every block (no bounds tests)
+    "lambda q, k, v: ops.softmax_causal_last(q @ ops.swap_axes(k, -1, -2) * 0.125) @ v",
+    lambda q, k, v: _t_sdpa(q, k, v, 0.125, _t_causal(128, 128)),
+    f32(1, 2, 128, 64), f32(1, 2, 128, 64), f32(1, 2, 128, 64), atol=2e-4)
+rec("attention/tiled_T150_D64",  # ... T past 128 that divides no block
+    "lambda q, k, v: ops.softmax_causal_last(q @ ops.swap_axes(k, -1, -2) * 0.125) @ v",
+    lambda q, k, v: _t_sdpa(q, k, v, 0.125, _t_causal(150, 150)),
+    f32(1, 1, 150, 64), f32(1, 1, 150, 64), f32(1, 1, 150, 64), atol=2e-4)
 rec("attention/tiled_nomask_T20_S75_Dv5",
     "lambda q, k, v: ops.softmax_last(q @ ops.swap_axes(k, -1, -2) * 0.3) @ v",
     lambda q, k, v: _t_sdpa(q, k, v, 0.3),

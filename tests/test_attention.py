@@ -20,7 +20,7 @@ import models
 import oracle
 from webgrad import Module, init, ops, optim
 from webgrad.codegen import Limits, lower
-from webgrad.codegen.attention_match import find_matches, rewrite_attention
+from webgrad.codegen.attention_match import ATTN_OPS, find_matches, rewrite_attention
 from webgrad.compile import build_forward_graph, build_train_graph, parse_inputs
 
 
@@ -288,6 +288,36 @@ def test_records_in_every_code_shape(name, form, monkeypatch):
     be.limits.cpu = form == "rows loops"
     if form == "tiled 16 KiB":
         be.limits.max_compute_workgroup_storage_size = 16384
+    oracle.check(oracle.BY_NAME[name], be)
+
+
+# block shapes other than the default (bench/attention.py --variants measures them): 8 rows
+# or 8 columns per thread, and the code options off; those that fit lavapipe's 32 KiB
+BLOCK_FORMS = {"128x32": ((128, 32, 16, 8), {}), "32x128": ((32, 128, 8, 4), {}),
+               "64x64 options off": ((64, 64, 32, 16), {"heavy_first": False, "red_in_as": False,
+                                                        "ws_vec": False, "swizzle": False,
+                                                        "exact": False})}
+BLOCK_RECORDS = ["attention/tiled_T128_D64", "attention/tiled_T150_D64", "attention/tiled_T70_D80",
+                 "attention/tiled_odd_T37_D33_Dv7", "attention/tiled_cache_T5_S70",
+                 "attention/cache_position", "attention/tiled_nomask_T20_S75_Dv5"]
+
+
+@pytest.mark.webgpu
+@pytest.mark.parametrize("form", list(BLOCK_FORMS))
+@pytest.mark.parametrize("name", BLOCK_RECORDS)
+def test_records_in_other_block_shapes(name, form, monkeypatch):
+    """The tiled kernels with the block shapes and code options forced (every op): forward
+    and gradients against torch on the native adapter."""
+    import webgrad.codegen.attention_tiled as at
+    try:
+        from webgrad.backends.webgpu import WebGPUBackend
+        be = WebGPUBackend()
+    except Exception as e:
+        pytest.skip(f"no native WebGPU adapter: {e}")
+    blocks, opts = BLOCK_FORMS[form]
+    monkeypatch.setattr(at, "FORCE_TILED", True)
+    monkeypatch.setattr(at, "FORCE_BLOCKS", {op: blocks for op in ATTN_OPS})
+    monkeypatch.setattr(at, "OPTS", {**at.OPTS, **opts})
     oracle.check(oracle.BY_NAME[name], be)
 
 

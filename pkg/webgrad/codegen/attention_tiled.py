@@ -71,24 +71,49 @@ def use_tiled(limits) -> bool:
 PAD = 4  # extra words per shared row: keeps vec4 alignment, staggers the banks
 
 
+def _red_in_as(op, BR, DK) -> bool:
+    """The online softmax's row reductions (16 words per own row) reuse As: it is free
+    between a block's score product and the next block's staging, and after the loop."""
+    return (OPTS["red_in_as"] and op in ("attn_out", "attn_fwd")
+            and DK * (BR + PAD) >= 16 * BR)
+
+
 def _shared_bytes(op, BR, BC, DK, XK, EP) -> int:
     n = DK * (BR + PAD) + DK * (BC + PAD)
     if op != "attn_lse":
         n += BC * (BR + PAD) + XK * EP
     if op == "attn_lse":
         n += 2 * 16 * BR
-    elif op in ("attn_out", "attn_fwd"):
+    elif op in ("attn_out", "attn_fwd") and not _red_in_as(op, BR, DK):
         n += 16 * BR  # the online softmax's row maxima (and the final row sums)
     return 4 * n
+
+
+FORCE_BLOCKS = None  # bench/attention.py: {op: (BR, BC, DK, XK)} in place of choose_blocks
+# Code options, each measured against its absence (bench/attention.py --variants):
+OPTS = {
+    "heavy_first": True,  # causal: the row blocks with most streamed blocks get the lowest ids
+    "red_in_as": True,    # the online softmax's row reductions in As, read as vec4
+    "ws_vec": True,       # W stored to Ws as one vector per column, not TR scalars
+    "swizzle": True,      # transposed staging (As, Bs): lanes 8 k x 4 rows, no bank conflicts
+    "exact": True,        # no clamps / zero selects where the block sizes divide the extents
+}
+BLOCK_SIZES = ((64, 64),)  # (BR, BC) tried first, where they fit (then 32 x 32, 16 x 16)
 
 
 def choose_blocks(op, own_n, str_n, E, limit):
     """(BR, BC, DK, XK): own rows per workgroup, streamed rows per step, the D chunk of the
     score products, the X rows per step of the output product; the largest that fit."""
+    if FORCE_BLOCKS is not None and op in FORCE_BLOCKS:
+        return FORCE_BLOCKS[op]
     EP = _padded(E)
-    br0 = min(64, max(16, pow2ceil(own_n)))
-    bc0 = min(64, max(16, pow2ceil(str_n)))
-    for BR, BC in ((br0, bc0), (min(br0, 32), min(bc0, 32)), (16, 16)):
+    cands = []
+    for br, bc in BLOCK_SIZES + ((32, 32), (16, 16)):
+        BR = min(br, max(16, pow2ceil(own_n)))
+        BC = min(bc, max(16, pow2ceil(str_n)))
+        if (BR, BC) not in cands:
+            cands.append((BR, BC))
+    for BR, BC in cands:
         for DK in (32, 16, 8):
             for XK in (16, 8, 4):
                 if _shared_bytes(op, BR, BC, DK, XK, EP) <= limit:
@@ -153,7 +178,9 @@ def build_tiled(ctx) -> list[dict]:
     E = max((w for w, _, _ in prods), default=0)
     NR, NC = (S, T) if per_key else (T, S)  # own rows, streamed rows
     BR, BC, DK, XK = choose_blocks(op, NR, NC, E, ctx.limits.max_compute_workgroup_storage_size)
-    TR, TC = BR // 16, BC // 16  # a thread's rows ty*TR + a, columns tx*TC + b
+    TR, TC = BR // 16, BC // 16  # a thread's rows and columns of the W tile
+    # ... in vectors of WR (WC) adjacent ones, groups of 16 WR apart (_local)
+    WR, WC = min(TR, 4), min(TC, 4)
     EP = _padded(E)
     # output columns 64 q + 4 tx + i (vec4 reads of X), or tx + 16 e
     XV = 4 if all(_padded(w) % 64 == 0 for w, _, _ in prods) else 1
@@ -162,22 +189,29 @@ def build_tiled(ctx) -> list[dict]:
 
     kernel = ctx.kernel(f"{op} [{'x'.join(map(str, batch)) or '1'}] T{T} S{S} D{D} "
                         f"tiled {BR}x{BC}")
-    kernel.decls.append(f"var<workgroup> As: array<{_vty(TR)}, {DK * LDA // TR}>;")
-    kernel.decls.append(f"var<workgroup> Bs: array<{_vty(TC)}, {DK * LDB // TC}>;")
-    if op != "attn_lse":  # W transposed: a thread's TR rows of one column are one vector
-        kernel.decls.append(f"var<workgroup> Ws: array<{_vty(TR)}, {BC * LDW // TR}>;")
+    kernel.decls.append(f"var<workgroup> As: array<{_vty(WR)}, {DK * LDA // WR}>;")
+    kernel.decls.append(f"var<workgroup> Bs: array<{_vty(WC)}, {DK * LDB // WC}>;")
+    if op != "attn_lse":  # W transposed: a thread's WR adjacent rows of one column, a vector
+        kernel.decls.append(f"var<workgroup> Ws: array<{_vty(WR)}, {BC * LDW // WR}>;")
         kernel.decls.append(f"var<workgroup> Xs: array<{_vty(XV)}, {XK * EP // XV}>;")
     if op == "attn_lse":
         kernel.decls.append(f"var<workgroup> red_m: array<f32, {16 * BR}>;")
         kernel.decls.append(f"var<workgroup> red_l: array<f32, {16 * BR}>;")
-    elif online:
+    red_in_as = _red_in_as(op, BR, DK)
+    if online and not red_in_as:
         kernel.decls.append(f"var<workgroup> red: array<f32, {16 * BR}>;")
     epi = ctx.epilogue_fn(kernel)
     em = ctx.emitter(kernel)
     L = em.emit
     grid = kernel.workgroup_index(em, nb * nblk, "w")  # workgroup-uniform: barriers legal
-    L(f"let blk = w % {nblk}u;")
-    L(f"let bo = w / {nblk}u;")
+    if off is not None and OPTS["heavy_first"] and nblk > 1:
+        # causal: block-major order, the blocks with the most streamed rows first (a query
+        # kernel's last blocks, a key kernel's first) so that the short ones fill the tail
+        L(f"let bo = w % {nb}u;")
+        L(f"let blk = {'' if per_key else f'{nblk - 1}u - '}w / {nb}u;")
+    else:
+        L(f"let blk = w % {nblk}u;")
+        L(f"let bo = w / {nblk}u;")
     L("let tx = lid % 16u;")
     L("let ty = lid / 16u;")
     L(f"let r0 = blk * {BR}u;")
@@ -219,56 +253,98 @@ def build_tiled(ctx) -> list[dict]:
     else:  # the block's first key r0 is kept by queries >= r0 - off
         cbeg = em.let(f"u32(clamp(i32(r0) - {off}i{' - dyn' if dyn else ''}, 0i, {NC}i))")
         cend = f"{NC}u"
+    # a key block's first query r0 - off (- dyn) may not start a BC block: the last is short
+    causal_tail = per_key and off is not None and bool(dyn or off % BC or BR % BC)
 
-    def stage(arr, w, store, nrows, nk, row0, rows_total, k0, k_total, load):
+    def stage(arr, w, store, nrows, nk, row0, rows_total, k0, k_total, load, rows_exact=False,
+              k_exact=False, swz=False):
         """Word store(rr, kk) of arr (of vec{w}) = load(row0 + rr, k0 + kk) for rr < nrows,
         kk < nk (kk fastest across threads: coalesced reads), zero outside rows_total x
-        k_total."""
+        k_total (no test where rows_exact / k_exact say the block lies inside). swz: a
+        transposed store (kk * LD + rr, LD = 4 mod 32): each 32 lanes take 8 kk x 4 rr, 32
+        banks, where plain order puts 32 kk on 8 banks."""
         n = nrows * nk
+        swz = swz and OPTS["swizzle"] and nk % 8 == 0 and nrows % 4 == 0
+        rows_exact = rows_exact and OPTS["exact"]
+        k_exact = k_exact and OPTS["exact"]
         for t in range(-(-n // WGS)):
             e = f"lid + {t * WGS}u" if t else "lid"
             hdr = f"if ({e} < {n}u)" if (t + 1) * WGS > n else ""
             with em.block(hdr):
-                rr, kk = em.let(f"({e}) / {nk}u"), em.let(f"({e}) % {nk}u")
+                if swz:  # e = ((rh * nk/8 + kh) * 4 + rl) * 8 + kl
+                    e_ = em.let(f"{e}")
+                    rest = em.let(f"{e_} / 32u")
+                    kk = em.let(f"({rest} % {nk // 8}u) * 8u + {e_} % 8u")
+                    rr = em.let(f"({rest} / {nk // 8}u) * 4u + ({e_} / 8u) % 4u")
+                else:
+                    rr, kk = em.let(f"({e}) / {nk}u"), em.let(f"({e}) % {nk}u")
                 row, k = em.let(f"{row0} + {rr}"), em.let(f"{k0} + {kk}")
-                val = load(f"min({row}, {rows_total - 1}u)", f"min({k}, {k_total - 1}u)")
-                L(_put(arr, w, store(rr, kk),
-                       f"select(0.0f, {val}, {row} < {rows_total}u && {k} < {k_total}u)"))
+                conds = ([] if rows_exact else [f"{row} < {rows_total}u"]) + \
+                    ([] if k_exact else [f"{k} < {k_total}u"])
+                val = load(row if rows_exact else f"min({row}, {rows_total - 1}u)",
+                           k if k_exact else f"min({k}, {k_total - 1}u)")
+                if conds:
+                    val = f"select(0.0f, {val}, {' && '.join(conds)})"
+                L(_put(arr, w, store(rr, kk), val))
 
     def dot_tiles(accs, width, own_load, str_load):
         """accs[a][b] += own row (ty*TR + a) . streamed row (tx*TC + b), over width."""
         with em.block(f"for (var d0 = 0u; d0 < {width}u; d0 += {DK}u)"):
-            stage("As", TR, lambda rr, kk: f"{kk} * {LDA}u + {rr}", BR, DK, "r0", NR, "d0",
-                  width, own_load)
-            stage("Bs", TC, lambda rr, kk: f"{kk} * {LDB}u + {rr}", BC, DK, "c0", NC, "d0",
-                  width, str_load)
+            stage("As", WR, lambda rr, kk: f"{kk} * {LDA}u + {rr}", BR, DK, "r0", NR, "d0",
+                  width, own_load, NR % BR == 0, width % DK == 0, True)
+            stage("Bs", WC, lambda rr, kk: f"{kk} * {LDB}u + {rr}", BC, DK, "c0", NC, "d0",
+                  width, str_load, NC % BC == 0 and not causal_tail, width % DK == 0, True)
             L("workgroupBarrier();")
             for dd in range(DK):
-                x, y = em.fresh("x"), em.fresh("y")
-                L(f"let {x} = As[{dd * LDA // TR}u + ty];")
-                L(f"let {y} = Bs[{dd * LDB // TC}u + tx];")
+                xs = [em.fresh("x") for _ in range(TR // WR)]
+                ys = [em.fresh("y") for _ in range(TC // WC)]
+                for h, x in enumerate(xs):
+                    L(f"let {x} = As[{dd * LDA // WR + 16 * h}u + ty];")
+                for h, y in enumerate(ys):
+                    L(f"let {y} = Bs[{dd * LDB // WC + 16 * h}u + tx];")
                 for a in range(TR):
                     for b in range(TC):
-                        L(f"{accs[a][b]} = fma({_comp(x, TR, a)}, {_comp(y, TC, b)}, "
-                          f"{accs[a][b]});")
+                        L(f"{accs[a][b]} = fma({_comp(xs[a // WR], WR, a % WR)}, "
+                          f"{_comp(ys[b // WC], WC, b % WC)}, {accs[a][b]});")
             L("workgroupBarrier();")
 
-    own_rows = [em.let(f"r0 + ty * {TR}u + {a}u") for a in range(TR)]
+    def rl(a):  # the block-local index of a thread's row a
+        return f"ty * {WR}u + {(a // WR) * 16 * WR + a % WR}u"
+
+    def cl(b):  # ... and of its column b
+        return f"tx * {WC}u + {(b // WC) * 16 * WC + b % WC}u"
+
+    own_rows = [em.let(f"r0 + {rl(a)}") for a in range(TR)]
 
     def across_row(values, name, combine):
         """Each own row's value (one per thread) combined over the row's 16 threads through
-        workgroup memory: one new variable per row, combine(r, x) folding red's entries in
-        order from the first."""
+        workgroup memory (red, or As where _red_in_as): one new variable per row,
+        combine(r, x) folding the 16 entries in order from the first."""
         for a in range(TR):
-            L(f"red[(ty * {TR}u + {a}u) * 16u + tx] = {values[a]};")
+            q = f"({rl(a)}) * 16u + tx"
+            L(_put("As", WR, q, values[a]) if red_in_as else f"red[{q}] = {values[a]};")
         L("workgroupBarrier();")
         out = []
         for a in range(TR):
-            base = f"(ty * {TR}u + {a}u) * 16u"
+            base = f"({rl(a)}) * 16u"
             r = em.fresh(name)
-            L(f"var {r}: f32 = red[{base}];")
-            with em.block("for (var t = 1u; t < 16u; t++)"):
-                L(f"{r} = {combine.format(r=r, x=f'red[{base} + t]')};")
+            if red_in_as and WR == 4:  # the row's 16 entries as 4 vec4 reads
+                vs = [em.let(f"As[({rl(a)}) * 4u + {i}u]") for i in range(4)]
+                xs = [f"{v}.{c}" for v in vs for c in "xyzw"]
+            elif red_in_as:
+                sh = {1: 0, 2: 1}[WR]
+                xs = [f"As[({base} + {t}u) >> {sh}u]" + (f"[({base} + {t}u) & 1u]" if WR == 2 else "")
+                      for t in range(16)]
+            else:
+                xs = None
+            if xs is not None:
+                L(f"var {r}: f32 = {xs[0]};")
+                for x in xs[1:]:
+                    L(f"{r} = {combine.format(r=r, x=x)};")
+            else:
+                L(f"var {r}: f32 = red[{base}];")
+                with em.block("for (var t = 1u; t < 16u; t++)"):
+                    L(f"{r} = {combine.format(r=r, x=f'red[{base} + t]')};")
             out.append(r)
         return out
 
@@ -307,7 +383,7 @@ def build_tiled(ctx) -> list[dict]:
         if two_dots:
             dp = [[em.var("f32", "0.0f", "p") for _ in range(TC)] for _ in range(TR)]
             dot_tiles(dp, Dv, dp_own, dp_str)
-        cols = [em.let(f"c0 + tx * {TC}u + {b}u") for b in range(TC)]
+        cols = [em.let(f"c0 + {cl(b)}") for b in range(TC)]
         str_lse = str_dr = None
         if per_key:
             str_lse = [em.let(stat(lse_n, f"min({c}, {T - 1}u)")) for c in cols]
@@ -363,19 +439,27 @@ def build_tiled(ctx) -> list[dict]:
             wk = w if k == 0 else w2
             acc = accs[k]
             TE = _padded(width) // 16
-            for a in range(TR):
+            if OPTS["ws_vec"]:  # a thread's rows are WR adjacent words per vector
                 for b in range(TC):
-                    L(_put("Ws", TR, f"(tx * {TC}u + {b}u) * {LDW}u + ty * {TR}u + {a}u",
-                           wk[a][b]))
+                    for h in range(TR // WR):
+                        vals = [wk[h * WR + i][b] for i in range(WR)]
+                        L(f"Ws[({cl(b)}) * {LDW // WR}u + {16 * h}u + ty] = "
+                          f"{_vty(WR)}({', '.join(vals)});")
+            else:
+                for a in range(TR):
+                    for b in range(TC):
+                        L(_put("Ws", WR, f"({cl(b)}) * {LDW}u + {rl(a)}", wk[a][b]))
             L("workgroupBarrier();")
             xn = em.let(f"min({BC}u, {cend} - c0)")  # the last block may be short
             with em.block(f"for (var x0 = 0u; x0 < {xn}; x0 += {XK}u)"):
                 stage("Xs", XV, lambda rr, kk: f"{rr} * {EP}u + {kk}", XK, _padded(width),
-                      "c0 + x0", NC, "0u", width, X_loads[k])
+                      "c0 + x0", NC, "0u", width, X_loads[k],
+                      NC % BC == 0 and BC % XK == 0 and not causal_tail, _padded(width) == width)
                 L("workgroupBarrier();")
                 for xx in range(XK):
-                    wv = em.fresh("w")
-                    L(f"let {wv} = Ws[(x0 + {xx}u) * {LDW // TR}u + ty];")
+                    wvs = [em.fresh("w") for _ in range(TR // WR)]
+                    for h, wv in enumerate(wvs):
+                        L(f"let {wv} = Ws[(x0 + {xx}u) * {LDW // WR}u + {16 * h}u + ty];")
                     if XV == 4:
                         xv = [em.fresh("x") for _ in range(TE // 4)]
                         for q, nm in enumerate(xv):
@@ -387,17 +471,18 @@ def build_tiled(ctx) -> list[dict]:
                             L(f"let {nm} = Xs[{xx * EP + 16 * e}u + tx];")
                     for a in range(TR):
                         for e in range(TE):
-                            L(f"{acc[a][e]} = fma({_comp(wv, TR, a)}, {xe[e]}, {acc[a][e]});")
+                            L(f"{acc[a][e]} = fma({_comp(wvs[a // WR], WR, a % WR)}, {xe[e]}, "
+                              f"{acc[a][e]});")
                 L("workgroupBarrier();")
 
     if op == "attn_lse":  # combine the 16 threads' (max, sum) of each row
         for a in range(TR):
-            L(f"red_m[(ty * {TR}u + {a}u) * 16u + tx] = {m_run[a]};")
-            L(f"red_l[(ty * {TR}u + {a}u) * 16u + tx] = {l_run[a]};")
+            L(f"red_m[({rl(a)}) * 16u + tx] = {m_run[a]};")
+            L(f"red_l[({rl(a)}) * 16u + tx] = {l_run[a]};")
         L("workgroupBarrier();")
         with em.block("if (tx == 0u)"):
             for a in range(TR):
-                base = f"(ty * {TR}u + {a}u) * 16u"
+                base = f"({rl(a)}) * 16u"
                 with em.block(f"if ({own_rows[a]} < {NR}u)"):
                     L(f"var mm: f32 = red_m[{base}];")
                     with em.block("for (var t = 1u; t < 16u; t++)"):
@@ -435,4 +520,4 @@ def build_tiled(ctx) -> list[dict]:
     return [ctx.dispatch(kernel, em.lines, grid, WGS)]
 
 
-__all__ = ["build_tiled", "use_tiled", "choose_blocks", "FORCE_TILED"]
+__all__ = ["build_tiled", "use_tiled", "choose_blocks", "FORCE_TILED", "FORCE_BLOCKS"]
