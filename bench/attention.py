@@ -6,6 +6,7 @@ torch eager fp32 (TF32 off) on the same GPU.
     python3 bench/attention.py                                  # GPT-2 shapes (a GPU machine)
     python3 bench/attention.py --shapes 1x2x128x64 --reps 3     # lavapipe / CPU: small
     python3 bench/attention.py --rows --profile                 # + the row kernels, kernel times
+    python3 bench/attention.py --variants all --profiles 7      # tiled block shapes / options
 
 A shape is BxHxTxD. "fused" forces the fused kernels (tiled on GPUs, attention_tiled.py)
 whatever attention_match._fuse_training's policy says; --rows adds the older row kernels.
@@ -18,6 +19,13 @@ around `step()` (one submission, the loss read back) as the median of --reps aft
 --warmup steps; kernels per step and planned GPU bytes are the compiler's. torch times
 the same loss and autograd with CUDA events (the wall clock on the CPU). The fused and
 unfused losses are checked against torch before timing.
+
+--variants compares the tiled kernels' block shapes and code options (VARIANTS:
+attention_tiled.FORCE_BLOCKS and OPTS) side by side: per shape and variant, the median over
+--profiles profiled steps of each attention kernel's GPU time, their total and TFLOP/s
+(the causal half's FLOPs: 4 BHT^2D/2 forward, 10 backward with the recomputed scores),
+next to torch's whole step. Set WEBGRAD_DAWN_TOGGLES=allow_unsafe_apis,-timestamp_quantization
+for unquantised timestamps.
 """
 from __future__ import annotations
 
@@ -84,6 +92,94 @@ def webgrad_step(shape, fused: bool, reps: int, warmup: int, seed: int = 0, tile
     return out, vals, w
 
 
+ALL_OFF = {"heavy_first": False, "red_in_as": False, "ws_vec": False, "swizzle": False,
+           "exact": False}
+# name: (blocks forced for every attention op or None for choose_blocks', options changed)
+VARIANTS = {
+    "64x64 options off": ((64, 64, 32, 16), ALL_OFF),
+    "default": (None, {}),
+    "default -heavy_first": (None, {"heavy_first": False}),
+    "default -swizzle": (None, {"swizzle": False}),
+    "default -ws_vec": (None, {"ws_vec": False}),
+    "default -exact": (None, {"exact": False}),
+    "128x64": ((128, 64, 16, 8), {}),
+    "128x32": ((128, 32, 16, 8), {}),
+    "64x128": ((64, 128, 8, 8), {}),
+    "32x64": ((32, 64, 32, 16), {}),
+}
+
+
+def variant_times(shape, name, profiles: int):
+    """{kernel op: median GPU ms} of one variant's step, and the loss."""
+    import numpy as np
+    import webgrad as wg
+    import webgrad.codegen.attention_match as am
+    import webgrad.codegen.attention_tiled as at
+    from webgrad import Module, ops
+    B, H, T, D = shape
+    blocks, opts = VARIANTS[name]
+
+    class M(Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v = (self.param([B, H, T, D], init="zeros") for _ in range(3))
+
+    def loss(m, inp):
+        s = m.q @ ops.swap_axes(m.k, -1, -2) * (1 / math.sqrt(D))
+        return ops.sum_all((ops.softmax_causal_last(s) @ m.v) * inp["w"])
+
+    saved = am._fuse_training, at.FORCE_TILED, at.FORCE_BLOCKS, at.OPTS
+    am._fuse_training = lambda score_bytes, limits: True
+    at.FORCE_TILED = True
+    at.FORCE_BLOCKS = None if blocks is None else {op: blocks for op in am.ATTN_OPS}
+    at.OPTS = {**at.OPTS, **opts}
+    try:
+        c = wg.compile_module(M, loss, inputs={"w": [B, H, T, D]}, optimizer=None, backend="webgpu")
+    finally:
+        am._fuse_training, at.FORCE_TILED, at.FORCE_BLOCKS, at.OPTS = saved
+    rng = np.random.default_rng(0)
+    c.upload_params({n: rng.standard_normal((B, H, T, D)).astype(np.float32) for n in "qkv"})
+    feed = {"w": rng.standard_normal((B, H, T, D)).astype(np.float32)}
+    lossv = c.step(feed)
+    c.step(feed)
+    per: dict[str, list[float]] = {}
+    for _ in range(profiles):
+        for r in c.profile(feed).rows:
+            if r.name.startswith("attn_") and r.seconds is not None:
+                per.setdefault(r.name.split()[0], []).append(r.seconds * 1e3)
+    c.destroy()
+    return {k: statistics.median(v) for k, v in per.items()}, lossv
+
+
+def run_variants(args):
+    import numpy as np
+    names = list(VARIANTS) if args.variants == "all" else args.variants.split(",")
+    for text in args.shapes.split(","):
+        shape = tuple(int(v) for v in text.split("x"))
+        B, H, T, D = shape
+        rng = np.random.default_rng(0)
+        vals = {n: rng.standard_normal(shape).astype(np.float32) for n in "qkv"}
+        w = rng.standard_normal(shape).astype(np.float32)
+        lt, ms_t, dev = torch_step(vals, w, args.reps, args.warmup)
+        half = B * H * T * T * D / 2
+        print(f"\n{text}: torch step {ms_t:.3f} ms ({dev})")
+        print(f"{'variant':>22} {'attn_fwd':>9} {'attn_dkv':>9} {'attn_dq':>9} {'total':>8} "
+              f"{'fwd TF/s':>8} {'bwd TF/s':>8} {'x torch':>7}")
+        for name in names:
+            try:
+                t, lv = variant_times(shape, name, args.profiles)
+            except Exception as e:  # a block that does not fit the device, say
+                print(f"{name:>22} {type(e).__name__}: {str(e)[:120]}", flush=True)
+                continue
+            ok = abs(lv - lt) <= 1e-3 * abs(lt) + 1e-2
+            f, k, q = t.get("attn_fwd", 0), t.get("attn_dkv", 0), t.get("attn_dq", 0)
+            tot = f + k + q
+            print(f"{name:>22} {f:9.3f} {k:9.3f} {q:9.3f} {tot:8.3f} "
+                  f"{4 * half / f / 1e9 if f else 0:8.1f} "
+                  f"{10 * half / (k + q) / 1e9 if k + q else 0:8.1f} {tot / ms_t:7.2f}"
+                  + ("" if ok else f"  LOSS MISMATCH {lv} vs {lt}"), flush=True)
+
+
 def torch_step(vals, w, reps: int, warmup: int):
     import torch
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -134,7 +230,12 @@ def main():
                     "per row) instead of the tiled ones")
     ap.add_argument("--profile", action="store_true",
                     help="print the fused step's attention kernels with their GPU times")
+    ap.add_argument("--variants", default=None,
+                    help="'all' or comma-separated VARIANTS names: compare tiled block shapes")
+    ap.add_argument("--profiles", type=int, default=5, help="profiled steps per variant")
     args = ap.parse_args()
+    if args.variants:
+        return run_variants(args)
     print(f"{'shape':>16} {'fused ms':>15} {'kern':>4} {'GB':>6} {'rows ms':>15} "
           f"{'unfused ms':>15} {'kern':>4} {'GB':>6} {'torch ms':>9} {'fused/torch':>11}")
     print(f"{'':>16} {'wall / GPU':>15} {'':>4} {'':>6} {'wall / GPU':>15} {'wall / GPU':>15}")
