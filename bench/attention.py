@@ -92,14 +92,18 @@ def webgrad_step(shape, fused: bool, reps: int, warmup: int, seed: int = 0, tile
     return out, vals, w
 
 
-ALL_OFF = {"heavy_first": False, "red_in_as": False, "ws_vec": False, "swizzle": False,
-           "exact": False}
+NONE = frozenset()
+ALL_OFF = {"heavy_first": False, "red_in_as": False, "ws_vec": False, "exact": False,
+           "prefetch_d": NONE, "prefetch_x": NONE}
 # name: (blocks forced for every attention op or None for choose_blocks', options changed)
 VARIANTS = {
     "64x64 options off": ((64, 64, 32, 16), ALL_OFF),
     "default": (None, {}),
     "default -heavy_first": (None, {"heavy_first": False}),
-    "default -swizzle": (None, {"swizzle": False}),
+    "default -prefetch_d": (None, {"prefetch_d": NONE}),
+    "default -prefetch_x": (None, {"prefetch_x": NONE}),
+    "default -prefetch": (None, {"prefetch_d": NONE, "prefetch_x": NONE}),
+    "default, x fwd only": (None, {"prefetch_x": frozenset({"attn_fwd"})}),
     "default -ws_vec": (None, {"ws_vec": False}),
     "default -exact": (None, {"exact": False}),
     "128x64": ((128, 64, 16, 8), {}),

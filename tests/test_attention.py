@@ -295,8 +295,9 @@ def test_records_in_every_code_shape(name, form, monkeypatch):
 # or 8 columns per thread, and the code options off; those that fit lavapipe's 32 KiB
 BLOCK_FORMS = {"128x32": ((128, 32, 16, 8), {}), "32x128": ((32, 128, 8, 4), {}),
                "64x64 options off": ((64, 64, 32, 16), {"heavy_first": False, "red_in_as": False,
-                                                        "ws_vec": False, "swizzle": False,
-                                                        "exact": False})}
+                                                        "ws_vec": False, "exact": False,
+                                                        "prefetch_d": frozenset(),
+                                                        "prefetch_x": frozenset()})}
 BLOCK_RECORDS = ["attention/tiled_T128_D64", "attention/tiled_T150_D64", "attention/tiled_T70_D80",
                  "attention/tiled_odd_T37_D33_Dv7", "attention/tiled_cache_T5_S70",
                  "attention/cache_position", "attention/tiled_nomask_T20_S75_Dv5"]

@@ -95,10 +95,20 @@ OPTS = {
     "heavy_first": True,  # causal: the row blocks with most streamed blocks get the lowest ids
     "red_in_as": True,    # the online softmax's row reductions in As, read as vec4
     "ws_vec": True,       # W stored to Ws as one vector per column, not TR scalars
-    "swizzle": True,      # transposed staging (As, Bs): lanes 8 k x 4 rows, no bank conflicts
     "exact": True,        # no clamps / zero selects where the block sizes divide the extents
+    # ops whose next D chunk's global loads are issued before the current chunk's products
+    "prefetch_d": frozenset({"attn_fwd", "attn_out", "attn_dq", "attn_dkv", "attn_dk", "attn_dv"}),
+    # ops whose X rows (v, g, q or k) are loaded at the block's start, before the scores
+    "prefetch_x": frozenset({"attn_fwd", "attn_out", "attn_dq", "attn_dkv", "attn_dk", "attn_dv"}),
 }
+PREFETCH_D_MAX = 4  # D chunks unrolled (and prefetched) at most; more: a loop
 BLOCK_SIZES = ((64, 64),)  # (BR, BC) tried first, where they fit (then 32 x 32, 16 x 16)
+# ... before them, for the query kernels over long rows: 128 query rows (8 per thread) took
+# attn_fwd 0.668 -> 0.607 ms and attn_dq 0.839 -> 0.756 at 8 x 12 x 1024 x 64 on an H200,
+# but were slower at T 512 (0.206 -> 0.215, 0.257 -> 0.271) and for attn_dkv everywhere
+# (bench/README.md, "Tiled attention kernels")
+LONG_BLOCKS = {"attn_fwd": (128, 64), "attn_dq": (128, 64)}
+LONG_MIN = 1024  # own and streamed rows at least this many
 
 
 def choose_blocks(op, own_n, str_n, E, limit):
@@ -108,7 +118,8 @@ def choose_blocks(op, own_n, str_n, E, limit):
         return FORCE_BLOCKS[op]
     EP = _padded(E)
     cands = []
-    for br, bc in BLOCK_SIZES + ((32, 32), (16, 16)):
+    first = ((LONG_BLOCKS[op],) if op in LONG_BLOCKS and min(own_n, str_n) >= LONG_MIN else ())
+    for br, bc in first + BLOCK_SIZES + ((32, 32), (16, 16)):
         BR = min(br, max(16, pow2ceil(own_n)))
         BC = min(bc, max(16, pow2ceil(str_n)))
         if (BR, BC) not in cands:
@@ -256,45 +267,52 @@ def build_tiled(ctx) -> list[dict]:
     # a key block's first query r0 - off (- dyn) may not start a BC block: the last is short
     causal_tail = per_key and off is not None and bool(dyn or off % BC or BR % BC)
 
-    def stage(arr, w, store, nrows, nk, row0, rows_total, k0, k_total, load, rows_exact=False,
-              k_exact=False, swz=False):
-        """Word store(rr, kk) of arr (of vec{w}) = load(row0 + rr, k0 + kk) for rr < nrows,
-        kk < nk (kk fastest across threads: coalesced reads), zero outside rows_total x
-        k_total (no test where rows_exact / k_exact say the block lies inside). swz: a
-        transposed store (kk * LD + rr, LD = 4 mod 32): each 32 lanes take 8 kk x 4 rr, 32
-        banks, where plain order puts 32 kk on 8 banks."""
+    def fetch(store, nrows, nk, row0, rows_total, k0, k_total, load, rows_exact=False,
+              k_exact=False):
+        """The global loads of a tile: word store(rr, kk) = load(row0 + rr, k0 + kk) for
+        rr < nrows, kk < nk (kk fastest across threads: coalesced reads), zero outside
+        rows_total x k_total (no test where rows_exact / k_exact say the tile lies inside).
+        Returns [(condition or None, word, value)] for put: the loads are `let`s in the
+        current scope, so they can be issued well before the stores (prefetch)."""
         n = nrows * nk
-        swz = swz and OPTS["swizzle"] and nk % 8 == 0 and nrows % 4 == 0
         rows_exact = rows_exact and OPTS["exact"]
         k_exact = k_exact and OPTS["exact"]
+        items = []
         for t in range(-(-n // WGS)):
             e = f"lid + {t * WGS}u" if t else "lid"
-            hdr = f"if ({e} < {n}u)" if (t + 1) * WGS > n else ""
-            with em.block(hdr):
-                if swz:  # e = ((rh * nk/8 + kh) * 4 + rl) * 8 + kl
-                    e_ = em.let(f"{e}")
-                    rest = em.let(f"{e_} / 32u")
-                    kk = em.let(f"({rest} % {nk // 8}u) * 8u + {e_} % 8u")
-                    rr = em.let(f"({rest} / {nk // 8}u) * 4u + ({e_} / 8u) % 4u")
-                else:
-                    rr, kk = em.let(f"({e}) / {nk}u"), em.let(f"({e}) % {nk}u")
-                row, k = em.let(f"{row0} + {rr}"), em.let(f"{k0} + {kk}")
-                conds = ([] if rows_exact else [f"{row} < {rows_total}u"]) + \
-                    ([] if k_exact else [f"{k} < {k_total}u"])
-                val = load(row if rows_exact else f"min({row}, {rows_total - 1}u)",
-                           k if k_exact else f"min({k}, {k_total - 1}u)")
-                if conds:
-                    val = f"select(0.0f, {val}, {' && '.join(conds)})"
-                L(_put(arr, w, store(rr, kk), val))
+            partial = (t + 1) * WGS > n  # some threads have no word: load a clamped one
+            ee = em.let(f"min({e}, {n - 1}u)") if partial else e
+            rr, kk = em.let(f"({ee}) / {nk}u"), em.let(f"({ee}) % {nk}u")
+            row, k = em.let(f"{row0} + {rr}"), em.let(f"{k0} + {kk}")
+            conds = ([] if rows_exact else [f"{row} < {rows_total}u"]) + \
+                ([] if k_exact else [f"{k} < {k_total}u"])
+            val = load(row if rows_exact else f"min({row}, {rows_total - 1}u)",
+                       k if k_exact else f"min({k}, {k_total - 1}u)")
+            if conds:
+                val = f"select(0.0f, {val}, {' && '.join(conds)})"
+            items.append((f"{e} < {n}u" if partial else None, store(rr, kk), em.let(val)))
+        return items
+
+    def put(arr, w, items):
+        """The stores of fetch's words into arr (of vec{w})."""
+        for cond, q, v in items:
+            if cond:
+                with em.block(f"if ({cond})"):
+                    L(_put(arr, w, q, v))
+            else:
+                L(_put(arr, w, q, v))
 
     def dot_tiles(accs, width, own_load, str_load):
-        """accs[a][b] += own row (ty*TR + a) . streamed row (tx*TC + b), over width."""
-        with em.block(f"for (var d0 = 0u; d0 < {width}u; d0 += {DK}u)"):
-            stage("As", WR, lambda rr, kk: f"{kk} * {LDA}u + {rr}", BR, DK, "r0", NR, "d0",
-                  width, own_load, NR % BR == 0, width % DK == 0, True)
-            stage("Bs", WC, lambda rr, kk: f"{kk} * {LDB}u + {rr}", BC, DK, "c0", NC, "d0",
-                  width, str_load, NC % BC == 0 and not causal_tail, width % DK == 0, True)
-            L("workgroupBarrier();")
+        """accs[a][b] += own row a . streamed row b (the thread's), over width: D chunks of
+        DK staged in As / Bs, the next chunk's loads issued before this one's products
+        where the op prefetches and there are few chunks."""
+        def tiles(d0):
+            return (fetch(lambda rr, kk: f"{kk} * {LDA}u + {rr}", BR, DK, "r0", NR, d0,
+                          width, own_load, NR % BR == 0, width % DK == 0),
+                    fetch(lambda rr, kk: f"{kk} * {LDB}u + {rr}", BC, DK, "c0", NC, d0,
+                          width, str_load, NC % BC == 0 and not causal_tail, width % DK == 0))
+
+        def products():
             for dd in range(DK):
                 xs = [em.fresh("x") for _ in range(TR // WR)]
                 ys = [em.fresh("y") for _ in range(TC // WC)]
@@ -306,6 +324,25 @@ def build_tiled(ctx) -> list[dict]:
                     for b in range(TC):
                         L(f"{accs[a][b]} = fma({_comp(xs[a // WR], WR, a % WR)}, "
                           f"{_comp(ys[b // WC], WC, b % WC)}, {accs[a][b]});")
+
+        nch = -(-width // DK)
+        if op in OPTS["prefetch_d"] and nch <= PREFETCH_D_MAX:
+            cur = tiles("0u")
+            for ci in range(nch):
+                put("As", WR, cur[0])
+                put("Bs", WC, cur[1])
+                L("workgroupBarrier();")
+                if ci + 1 < nch:
+                    cur = tiles(f"{(ci + 1) * DK}u")
+                products()
+                L("workgroupBarrier();")
+            return
+        with em.block(f"for (var d0 = 0u; d0 < {width}u; d0 += {DK}u)"):
+            a_, b_ = tiles("d0")
+            put("As", WR, a_)
+            put("Bs", WC, b_)
+            L("workgroupBarrier();")
+            products()
             L("workgroupBarrier();")
 
     def rl(a):  # the block-local index of a thread's row a
@@ -377,6 +414,15 @@ def build_tiled(ctx) -> list[dict]:
     l_run = [em.var("f32", "0.0f", "l") for _ in range(TR)] if op == "attn_lse" or online else []
 
     with em.block(f"for (var c0 = {cbeg}; c0 < {cend}; c0 += {BC}u)"):
+        x_exact = NC % BC == 0 and BC % XK == 0 and not causal_tail
+
+        def x_rows(k, x0):  # the XK rows x0.. of X for product k
+            width = prods[k][0]
+            return fetch(lambda rr, kk: f"{rr} * {EP}u + {kk}", XK, _padded(width), f"c0 + {x0}",
+                         NC, "0u", width, X_loads[k], x_exact, _padded(width) == width)
+        # X rows past a causal block's last kept one are real rows times W = 0, or zeros
+        x_pre = ([[x_rows(k, f"{x0}u") for x0 in range(0, BC, XK)] for k in range(len(prods))]
+                 if op in OPTS["prefetch_x"] else None)
         s = [[em.var("f32", "0.0f", "s") for _ in range(TC)] for _ in range(TR)]
         dot_tiles(s, D, own_load, str_load)
         dp = None
@@ -450,16 +496,12 @@ def build_tiled(ctx) -> list[dict]:
                     for b in range(TC):
                         L(_put("Ws", WR, f"({cl(b)}) * {LDW}u + {rl(a)}", wk[a][b]))
             L("workgroupBarrier();")
-            xn = em.let(f"min({BC}u, {cend} - c0)")  # the last block may be short
-            with em.block(f"for (var x0 = 0u; x0 < {xn}; x0 += {XK}u)"):
-                stage("Xs", XV, lambda rr, kk: f"{rr} * {EP}u + {kk}", XK, _padded(width),
-                      "c0 + x0", NC, "0u", width, X_loads[k],
-                      NC % BC == 0 and BC % XK == 0 and not causal_tail, _padded(width) == width)
-                L("workgroupBarrier();")
+
+            def pv(x0):  # acc += W[:, x0 + xx] X[x0 + xx] over the XK staged rows
                 for xx in range(XK):
                     wvs = [em.fresh("w") for _ in range(TR // WR)]
                     for h, wv in enumerate(wvs):
-                        L(f"let {wv} = Ws[(x0 + {xx}u) * {LDW // WR}u + {16 * h}u + ty];")
+                        L(f"let {wv} = Ws[({x0} + {xx}u) * {LDW // WR}u + {16 * h}u + ty];")
                     if XV == 4:
                         xv = [em.fresh("x") for _ in range(TE // 4)]
                         for q, nm in enumerate(xv):
@@ -473,7 +515,19 @@ def build_tiled(ctx) -> list[dict]:
                         for e in range(TE):
                             L(f"{acc[a][e]} = fma({_comp(wvs[a // WR], WR, a % WR)}, {xe[e]}, "
                               f"{acc[a][e]});")
-                L("workgroupBarrier();")
+            if x_pre is not None:  # every row of the block, loaded before the scores
+                for i, x0 in enumerate(range(0, BC, XK)):
+                    put("Xs", XV, x_pre[k][i])
+                    L("workgroupBarrier();")
+                    pv(f"{x0}u")
+                    L("workgroupBarrier();")
+            else:
+                xn = em.let(f"min({BC}u, {cend} - c0)")  # the last block may be short
+                with em.block(f"for (var x0 = 0u; x0 < {xn}; x0 += {XK}u)"):
+                    put("Xs", XV, x_rows(k, "x0"))
+                    L("workgroupBarrier();")
+                    pv("x0")
+                    L("workgroupBarrier();")
 
     if op == "attn_lse":  # combine the 16 threads' (max, sum) of each row
         for a in range(TR):
