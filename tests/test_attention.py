@@ -258,6 +258,10 @@ def test_tiles_follow_the_workgroup_memory():
                 elif E <= 80:
                     assert (BR, BC) == ((64, 64) if limit == 32768 else (32, 32)), (op, E, limit)
     assert choose_blocks("attn_out", 1, 1024, 64, 32768)[:2] == (16, 64)  # decoding
+    # 48 KiB (the H200's Dawn adapter) and rows of 1024: 128-row blocks for the query kernels
+    for op, br in (("attn_fwd", 128), ("attn_dq", 128), ("attn_dkv", 64)):
+        blocks = choose_blocks(op, 1024, 1024, 64, 49152)
+        assert blocks[:2] == (br, 64) and _shared_bytes(op, *blocks, 64) <= 49152, (op, blocks)
 
 
 ATTN_NAMES = [r.name for r in ATTN_RECORDS]

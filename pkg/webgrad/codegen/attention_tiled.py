@@ -6,7 +6,7 @@ side's rows through workgroup memory, flash-attention style.
 Why: the row kernels of attention.py (a thread per query or key, its vectors in registers)
 leave a GPU nearly idle in the backward: at GPT-2 size attn_dk / attn_dv ran 10-12 ms each
 on an H200 (a few hundred workgroups of 64 threads, each thread walking 512 rows with 192
-registers of vectors); here the three kernels of a training step take 1.1 ms together
+registers of vectors); here the three kernels of a training step take 0.79 ms together
 (bench/README.md). Every kernel is a chain of small matrix products between
 workgroup-memory tiles, which is the shape GPUs are built for.
 
@@ -26,27 +26,36 @@ side BC rows at a time; W is a BR x BC tile, X the streamed rows it multiplies:
   attn_dkv  keys     queries   p^T -> g, then ds^T -> q      [dK_j | dV_j]
 Per streamed block: the scores (own . streamed over D) and, for dq / dk / dkv, g . v over
 Dv are products of D-chunks (DK wide) staged in workgroup memory (As: own, Bs: streamed),
-each thread owning a TR x TC block of the tile (rows ty*TR + a, columns tx*TC + b, read
-as one vec{TR} and one vec{TC} per step). W goes to workgroup memory transposed (Ws: a
-thread's TR rows of one column are one vector), then out += W @ X with X staged XK rows
-at a time (Xs), each thread owning TR rows x EP/16 output columns (4 adjacent ones per
-64, vec4 reads, where the width pads to whole 64s; else tx + 16 e). The backward's
+each thread owning a TR x TC block of the tile (TR = BR / 16: rows ty*TR + a up to 4 per
+thread, read as one vec{TR}; 8 are two vec4s 64 rows apart, likewise columns). W goes to
+workgroup memory transposed (Ws: a thread's adjacent rows of one column are one vector,
+stored as one), then out += W @ X with X staged XK rows at a time (Xs), each thread
+owning TR rows x EP/16 output columns (4 adjacent ones per 64, vec4 reads, where the
+width pads to whole 64s; else tx + 16 e). Global loads are issued ahead of their use:
+the next D chunk's before the current chunk's products, and a block's X rows before its
+scores (the loads are `let`s, stored to workgroup memory later), so their latency hides
+behind arithmetic; with barriers between every stage and one or two workgroups per SM,
+the exposed latency was what held these kernels back (bench/README.md). The backward's
 softmax statistics come from elsewhere (lse, Drow: FA-2's backward recomputes p from the
 saved lse, and Drow = rowsum(g * O) is a plain reduction in the IR), so the only row
 reductions across threads are attn_lse's final combine of per-thread (max, sum) pairs
 and the online softmax's per-block row maximum and final row sums, through workgroup
-memory (no subgroup operations: they are an optional WebGPU feature this compiler does
-not request yet).
+memory (As, free between a block's products, read back as vec4s; no subgroup operations:
+they are an optional WebGPU feature this compiler does not request yet).
 Causal blocks beyond the diagonal are never visited: a query block stops at its last
-kept key, a key block starts at its first query. dQ and dK / dV are separate kernels
-(WebGPU has no float atomics).
+kept key, a key block starts at its first query; the workgroups run block-major, the
+blocks with the most streamed rows first, so that the short ones fill the GPU's tail.
+dQ and dK / dV are separate kernels (WebGPU has no float atomics).
 
 Every loop bound depends only on the workgroup (a runtime cache position is read with
 workgroupUniformLoad), so the barriers are in uniform control flow. Rows past T or S
 read clamped addresses and are zeroed or masked; head dims that are not multiples of 16
 (odd ones too) are padded with zeros in workgroup memory. Tile sizes follow the device's
 maxComputeWorkgroupStorageSize (WebGPU's default 16 KiB: 32-row blocks; 32 KiB or more:
-64, with 32-wide D chunks where they fit: the H200 through Dawn offers 48 KiB).
+64, with 32-wide D chunks where they fit: the H200 through Dawn offers 48 KiB; there the
+query kernels over rows of 1024 or more take 128-row blocks, LONG_BLOCKS). Bounds tests
+are emitted only where a block does not divide its extent. OPTS switches each of these
+choices so that bench/attention.py --variants can measure it against its absence.
 """
 from __future__ import annotations
 
