@@ -623,6 +623,22 @@ def test_erf_is_accurate_to_a_few_ulp():
     assert rel.max() < 3e-7, (rel.max(), xs[rel.argmax()])
 
 
+def test_tanh_is_accurate_to_a_few_ulp():
+    """elementwise.tanh_f (a polynomial below |x| = 0.75, 1 - 2/(1 + exp(2|x|)) above) against
+    numpy's tanh in double: within 4 f32 ulps of the result, both sides of the switch, tiny,
+    huge and special values (NaN passes through, -0 keeps its sign)."""
+    xs = np.concatenate([np.linspace(-12, 12, 24001), np.logspace(-30, 1.5, 2000),
+                         -np.logspace(-30, 1.5, 2000),
+                         [0.0, -0.0, 0.7499999, 0.75, -0.75, 14.9, 15.0, 15.1, 1e30, -1e30,
+                          np.inf, -np.inf, np.nan]]).astype(np.float32)
+    got = forward(lambda x: ops.tanh(x), {"x": [xs.size]}).run({"x": xs})
+    want = np.tanh(xs.astype(np.float64))
+    ok = ~np.isnan(xs)
+    ulp = np.abs(got[ok] - want[ok]) / np.spacing(np.abs(want[ok]).astype(np.float32))
+    assert ulp.max() <= 4, (ulp.max(), xs[ok][ulp.argmax()])
+    assert np.isnan(got[~ok]).all() and (np.signbit(got[xs == 0]) == np.signbit(xs[xs == 0])).all()
+
+
 def test_random_bits_match_the_spec_at_later_steps():
     """rand_uniform at step counter 3 equals primitives.rand_bits bit for bit."""
     seed_box = {}
