@@ -690,6 +690,11 @@ rec("matmul/batched_odd", "lambda a, b: ops.matmul_batched(a, ops.swap_axes(b, -
 # 4-aligned shapes (vec4 loads) with an epilogue that reads an operand
 rec("matmul/aligned_epilogue", "lambda a, b: ops.matmul(a, b) + a", lambda a, b: a @ b + a,
     f32(12, 8), f32(8, 8), atol=1e-3)
+# a GELU MLP on shapes no tile divides: bias + GELU epilogue, and in the gradient the
+# product fused with GELU's derivative, which loads the pre-activation and the bias
+rec("matmul/gelu_mlp_odd", "lambda x, w1, b1, w2: ops.matmul(ops.gelu(ops.matmul(x, w1) + b1), w2)",
+    lambda x, w1, b1, w2: F.gelu(x @ w1 + b1, approximate="tanh") @ w2,
+    f32(37, 29), f32(29, 45), f32(45), f32(45, 23), atol=1e-3)
 rec("matmul/wgrad_odd", "lambda x, g: ops.sum(ops.matmul(ops.swap_axes(x, -1, -2), g), 0)",
     lambda x, g: (x.transpose(-1, -2) @ g).sum(0), f32(3, 77, 9), f32(3, 77, 35), atol=1e-3)
 
