@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
 from concurrent.futures import ThreadPoolExecutor, wait
 
 from .gpu_host import DeviceLostError, GPUHost
@@ -47,6 +48,8 @@ PREFETCH = True
 
 
 def _pipeline_threads() -> int:
+    if sys.platform == "emscripten":  # wgpudawn under Pyodide: no threads to start
+        return 0
     if PIPELINE_THREADS is not None:
         return PIPELINE_THREADS
     return min(16, os.cpu_count() or 1)
