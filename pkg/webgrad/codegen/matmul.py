@@ -28,8 +28,8 @@ dequantize(words) (a quantized weight, codegen/quant.py) is read through a decod
 blocks instead of a load: the f32 weight is never stored, only its blocks are read. Shapes
 are constants; bounds tests are emitted only where a dimension is not a multiple of its
 tile. The result goes to the group's epilogue `epi(flat, v)`, so elementwise consumers
-(bias, relu, an optimizer update) are fused into the writer. Where the epilogue loads a
-value or two per output (a bias, GELU's pre-activation in its backward), `Config.epi_rows`
+(bias, relu, an optimizer update) are fused into the writer. Where the epilogue streams a
+tensor of the output's size (GELU's pre-activation in its backward), `Config.epi_rows`
 splits it (`_split_epilogue`) so that the loads of a row of the thread's block are issued
 before any of its stores: the GPU's compiler must assume a storage load may alias an
 earlier store, so one call after another waits out a memory latency per output.
@@ -175,7 +175,7 @@ ADAPTER_TILINGS = (
     # @ [768 x 768] (192 tiles of 128 x 128) 0.192 ms on 64 x 128 tiles, 0.158 on the 64 x
     # 64 one, 0.167 split in 2.
     # 2026-11-30 (evening, bench/README.md "epilogues"): the wide tile issues its epilogue's
-    # loads a row at a time (epi_rows 1): GELU's backward twin 0.590 -> 0.566 ms in the
+    # loads a row at a time (epi_rows 1): GELU's backward twin 0.579 -> 0.548 ms in the
     # step; two rows spilled the AdamW-fused head weight gradient (7.95 -> 10.1 ms; hence
     # EPI_MAX_LOADS). Tried and not kept: the output tile staged through workgroup memory so
     # that each warp stores whole 128-byte lines (every product slower: [4096 x 768] @ [768
@@ -652,6 +652,7 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
 EPI_MAX_LOADS = 2  # epilogues loading more values per output keep their loads in place
 _LET = re.compile(r"^\s*let (\w+) = (.*);$")
 _LOAD = re.compile(r"^(b\d+)\[.*\]$")
+_STREAMED = re.compile(r"^\s*let \w+ = b\d+\[(\d+u \+ )?f\];$")  # a load at the output's index
 _STORE = re.compile(r"^\s*b\d+\[.*\] = .*;$")
 
 
@@ -662,7 +663,10 @@ def _split_epilogue(kernel, epi: str) -> bool:
     values from p. The tile's writer then issues the loads of several outputs before
     their stores (Config.epi_rows): the GPU's compiler keeps a load after any earlier
     store to a storage buffer (they may alias), so one call after another waits out a
-    memory latency per value. False (nothing changed): the epilogue loads nothing."""
+    memory latency per value. Only where a load streams a tensor of the output's size
+    (read at f): a broadcast bias alone is a cache hit, and prefetching it measured slower
+    (the GPT-2 MLP's GELU forward, 0.546 -> 0.554 ms). False (nothing changed): no such
+    load, or more than EPI_MAX_LOADS loads."""
     at = next(k for k, fn in enumerate(kernel.functions) if fn.startswith(f"fn {epi}(f: u32, v: "))
     head, *body = kernel.functions[at].rstrip().rstrip("}").rstrip().split("\n")
     dep, loads, pure = {"v"}, [], []
@@ -681,8 +685,8 @@ def _split_epilogue(kernel, epi: str) -> bool:
         if lm:
             elem = kernel.bindings[int(lm.group(1)[1:])].elem
             loads.append((name, elem))
-    if not loads or len(loads) > EPI_MAX_LOADS:
-        return False
+    if len(loads) > EPI_MAX_LOADS or not any(_STREAMED.match(ln) for ln in pure):
+        return False  # nothing streamed from memory at f: a broadcast bias stays in cache
     need = {n for n, _ in loads}  # epi_ld keeps the lines the loads' indices come from
     keep = []
     for ln in reversed(pure):
