@@ -66,9 +66,9 @@ ERF_WGSL = f"""fn erf_f(x: f32) -> f32 {{
 # where the subtraction loses nothing (tanh >= 0.63) and |x| is clamped to 15 (tanh(15)
 # rounds to 1) so exp stays finite on every backend. Both sides are computed and one
 # selected: GELU's argument puts both in one warp anyway. On an H200 through Dawn WGSL's
-# tanh cost ~0.05 ms per 12.6M values inside a matmul epilogue, this ~0.01
-# (bench/README.md, 2026-11-30: the GPT-2 MLP up-projection with its GELU 0.537 ->
-# 0.511 ms, a product with three tanh epilogues 0.707 -> 0.572).
+# tanh cost ~0.05 ms per 12.6M values inside a matmul epilogue (bench/README.md,
+# 2026-11-30: the GPT-2 MLP up-projection with its GELU 0.534-0.541 ms -> 0.519, a product
+# with three tanh in its epilogue 0.706-0.727 -> 0.617).
 _TANH_P = (0.0017302967607975006, -0.007645958568900824, 0.02144482545554638,
            -0.05389061197638512, 0.1333266645669937, -0.3333331346511841)
 TANH_WGSL = f"""fn tanh_f(x: f32) -> f32 {{
