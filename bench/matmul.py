@@ -95,7 +95,7 @@ def epilogue_graph(batch, m, k, n, flags):
     (a @ b + bias, the QKV Linear), "gelu" (the up-projection: stores a @ b and
     gelu(a @ b + bias), as the training step keeps the product for the backward pass),
     "geluback" (its backward twin: (a @ b) * gelu'(pre + bias), reading the stored
-    [m, n] product `pre`)."""
+    [m, n] product `pre`). Both operands are stored as they are read (no :ta / :tb)."""
     from webgrad import Module, ops
     from webgrad.compile import build_forward_graph
     kind = next(f for f in EPILOGUES[::-1] if f in flags.split(":"))
@@ -170,6 +170,8 @@ def build(host, shape, config):
     from webgrad.ir import Graph
     _, batch, m, k, n, flags = shape
     if any(f in EPILOGUES for f in flags.split(":")):
+        if "ta" in flags.split(":") or "tb" in flags.split(":"):
+            sys.exit(f"{shape[0]}: the epilogue shapes take no :ta / :tb")
         g = epilogue_graph(batch, m, k, n, flags)
         mm.FORCE_CONFIG = config
         limits = Limits.from_host(host.limits)
