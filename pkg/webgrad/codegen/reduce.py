@@ -42,7 +42,7 @@ from math import prod
 
 from .elementwise import ISNAN_WGSL
 from .emit import Emitter, Idx
-from .wgsl import WG, f32_lit, pow2ceil, tree_reduce, zero
+from .wgsl import WG, f32_lit, pow2ceil, tree_reduce, workgroup_reduce, zero
 
 REDUCE_OPS = {"sum", "max_last", "argmax_last"}
 ROW_OPS = {"softmax_last", "log_softmax_last", "layer_norm_last"}
@@ -216,14 +216,18 @@ def _wg_body(ctx, kernel, em, s, kind, dtype, o, r_from, r_to, wgs, finish):
     acci = em.var("u32", "0u") if kind == "argmax" else None
     with em.block(f"for (var r = {r_from} + lid; r < {r_to}; r += {wgs}u)"):
         _accumulate(em, s, kind, acc, acci, o, "r")
-    em.emit(f"red[lid] = {acc};")
-    if kind == "argmax":
-        em.emit(f"redi[lid] = {acci};")
-        _tree_argmax(em, wgs)
+    if kind == "sum":  # subgroups where the device has them (max must propagate NaN)
+        total = workgroup_reduce(em, wgs, acc, kind, _combine(kind, dtype), dtype)
     else:
-        tree_reduce(em.lines, "  ", "red", wgs, _combine(kind, dtype))
+        em.emit(f"red[lid] = {acc};")
+        if kind == "argmax":
+            em.emit(f"redi[lid] = {acci};")
+            _tree_argmax(em, wgs)
+        else:
+            tree_reduce(em.lines, "  ", "red", wgs, _combine(kind, dtype))
+        total = "red[0]" if kind != "argmax" else "i32(redi[0])"
     with em.block("if (lid == 0u)"):
-        finish("red[0]" if kind != "argmax" else "i32(redi[0])")
+        finish(total)
 
 
 def _wg_reduce(ctx, node, s):
@@ -270,10 +274,14 @@ def _wg_split(ctx, node, s, P):
     with em.block(f"for (var r = lid; r < {P}u; r += {wgs2}u)"):
         v = em.load(scratch, Idx((s.O * P,), flat=em.let(f"o * {P}u + r")))
         em.emit(comb(acc, v))
-    em.emit(f"red[lid] = {acc};")
-    tree_reduce(em.lines, "  ", "red", wgs2, comb)
+    if s.kind == "sum":
+        total = workgroup_reduce(em, wgs2, acc, "sum", comb, xdt)
+    else:
+        em.emit(f"red[lid] = {acc};")
+        tree_reduce(em.lines, "  ", "red", wgs2, comb)
+        total = "red[0]"
     with em.block("if (lid == 0u)"):
-        em.emit(f"{epi}(o, red[0]);")
+        em.emit(f"{epi}(o, {total});")
     return [d1, ctx.dispatch(k2, em.lines, grid2, wgs2)]
 
 
@@ -381,10 +389,8 @@ def _row_op(ctx, node, s, strat):
         """acc (a per-thread var) -> a let holding the row's total."""
         if not wg:
             return em.let(acc)
-        em.emit(f"red[lid] = {acc};")
-        tree_reduce(em.lines, "  ", "red", wgs, _combine(kind, "f32"))
-        total = em.snapshot("red[0]")
-        em.emit("workgroupBarrier();")  # everyone has read red[0] before it is reused
+        total = workgroup_reduce(em, wgs, acc, kind, _combine(kind, "f32"))
+        em.emit("workgroupBarrier();")  # everyone has read the total before red is reused
         return total
 
     def out_flat():
