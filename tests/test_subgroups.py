@@ -30,12 +30,19 @@ def _reducing(kernels):
 
 
 @pytest.mark.parametrize("name", RECORDS)
-def test_subgroup_form_only_where_the_device_has_them(name):
+def test_subgroup_form_only_where_the_device_has_them(name, monkeypatch):
+    """Limits() (no 'subgroups'): every reduction is a tree. Limits(subgroups=True): the
+    one-pass logsumexp takes subgroups (wgsl.SUBGROUP_DEFAULT, measured faster on an H200),
+    the other reductions keep the tree; SUBGROUPS = True puts every one in subgroup form,
+    with fewer barriers than its tree."""
     tree = _reducing(_kernels(name, Limits()))
-    sub = _reducing(_kernels(name, Limits(subgroups=True)))
-    assert tree and [n for n, _ in tree] == [n for n, _ in sub]
-    for (n, t), (_, s) in zip(tree, sub):
+    default = _reducing(_kernels(name, Limits(subgroups=True)))
+    monkeypatch.setattr(wgsl, "SUBGROUPS", True)
+    forced = _reducing(_kernels(name, Limits(subgroups=True)))
+    assert tree and [n for n, _ in tree] == [n for n, _ in default] == [n for n, _ in forced]
+    for (n, t), (_, d), (_, s) in zip(tree, default, forced):
         assert "subgroup" not in t and "enable subgroups;" not in t, n
+        assert ("enable subgroups;" in d) == n.startswith("logsumexp_last"), n
         assert s.startswith(f"// webgrad: {n}\nenable subgroups;\n"), n
         assert "subgroupAdd(" in s, n
         # a reduction costs 2 barriers (1 + the caller's) instead of log2(wgs) + 2
@@ -43,7 +50,8 @@ def test_subgroup_form_only_where_the_device_has_them(name):
 
 
 def test_the_switch_forces_either_form(monkeypatch):
-    name = "log_softmax_last/long_rows"
+    name = "nn.cross_entropy_last/vocab_50257"
+    assert any("enable subgroups;" in w for _, w in _kernels(name, Limits(subgroups=True)))
     monkeypatch.setattr(wgsl, "SUBGROUPS", False)
     assert not any("subgroup" in w for _, w in _kernels(name, Limits(subgroups=True)))
     monkeypatch.setattr(wgsl, "SUBGROUPS", True)

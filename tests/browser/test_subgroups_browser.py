@@ -1,9 +1,10 @@
-"""Subgroup reductions (codegen/wgsl.py, workgroup_reduce) in headless Chromium, whose
-SwiftShader adapter has the 'subgroups' feature: the worker's device is requested with it,
-codegen emits the subgroup form there by default, and with it forced on every workgroup row
-kernel (softmax, log-softmax, layer norm and its backward, the one-pass logsumexp of cross
-entropy) and the workgroup sums agree with torch, on rows that are not multiples of the
-workgroup or of the subgroup (33, 300, 700, 20011, 50257). Tint compiles these kernels here;
+"""Subgroup reductions (codegen/wgsl.py, workgroup_reduce; rowfuse.py's one-pass logsumexp)
+in headless Chromium, whose SwiftShader adapter has the 'subgroups' feature (subgroups of 4):
+the worker's device is requested with it, the cross entropy's logsumexp takes the subgroup form
+there by default (wgsl.SUBGROUP_DEFAULT), and with the form forced on (wgsl.SUBGROUPS) every
+workgroup row kernel (softmax, log-softmax, layer norm and its backward, logsumexp) and the
+workgroup sums agree with torch, on rows that are not multiples of the workgroup or of the
+subgroup (6, 33, 300, 700, 1000, 5003, 20011, 50257). Tint compiles these kernels here;
 lavapipe (tests/test_subgroups.py) cannot, and keeps the shared-memory trees.
 """
 from __future__ import annotations
@@ -29,34 +30,61 @@ def s(browser_session):
 
 @browser
 @needs_webgpu_backend
-def test_worker_device_has_subgroups_and_codegen_uses_them(s):
+def test_worker_device_has_subgroups_and_cross_entropy_uses_them(s):
     """The shared device is requested with 'subgroups' where the adapter has it, the
-    backend's Limits say so, and a long-row kernel (beyond the per-thread loops of CPU
-    adapters) is emitted with subgroup operations by default."""
-    out = s.run("""
+    backend's Limits say so, and by default the cross entropy of a 5000-word vocabulary (a
+    row beyond the per-thread loops of CPU adapters) gets its one-pass logsumexp in subgroup
+    form (wgsl.SUBGROUP_DEFAULT) while the other reductions keep the tree; the loss and the
+    logits' gradient agree with torch."""
+    import array
+    import random
+    import torch
+    rng = random.Random(5)
+    logits = [[rng.gauss(0.0, 3.0) for _ in range(5000)] for _ in range(4)]
+    targets = [rng.randrange(5000) for _ in range(4)]
+    blob = array.array("f", [v for row in logits for v in row]).tobytes().hex()
+    out = s.run(f"""
+import array
 import webgrad as wg
-from webgrad import ops, Module
+from webgrad import nn, Module
 from webgrad.backends.webgpu_browser import BrowserHost
 import js
 adapter = await js.navigator.gpu.requestAdapter()
 info = adapter.info
 host = BrowserHost()
+values = array.array("f", bytes.fromhex("{blob}")).tolist()
 def factory():
-    m = Module(); m.x = m.param((2, 5000), init=wg.init.randn(1.0)); return m
+    m = Module(); m.x = m.param((4, 5000), init=wg.init.literal(values)); return m
 def loss_fn(m, feeds):
-    return ops.sum_all(ops.log_softmax_last(m.x))
-c = wg.compile_module(factory, loss_fn, inputs={}, optimizer=None, backend="webgpu")
-res = {"adapter": adapter.features.has("subgroups"), "host": sorted(host.features),
-       "limits": c.backend.limits.subgroups,
-       "sizes": [getattr(info, "subgroupMinSize", None), getattr(info, "subgroupMaxSize", None)]}
+    return nn.cross_entropy_last(m.x, feeds["t"])
+c = wg.compile_module(factory, loss_fn, inputs={{"t": ((4,), "i32")}}, optimizer=None,
+                      backend="webgpu")
+feed = {{"t": wg.HostArray("i32", {targets!r}, shape=(4,))}}
+loss = float(await c.step_async(feed))
+grad = (await c.download_param_grads_async())["x"]
+exe = c._train.exe
+plan = exe.lowered.plan
+cmds = [cmd for cmd in plan["commands"] if cmd["op"] == "dispatch"]
+texts = {{n: plan["pipelines"][cmd["pipeline"]]["wgsl"] for n, cmd in zip(exe.kernel_names, cmds)}}
+res = {{"adapter": adapter.features.has("subgroups"), "host": sorted(host.features),
+       "limits": c.backend.limits.subgroups, "loss": loss, "grad": list(grad.tolist()),
+       "sub": sorted(n for n, w in texts.items() if "enable subgroups;" in w),
+       "sizes": [getattr(info, "subgroupMinSize", None), getattr(info, "subgroupMaxSize", None)]}}
 c.destroy()
 res
 """, timeout=300)
     print(f"\nSwiftShader subgroup sizes (min, max): {out['sizes']}")
     if not out["adapter"]:
         pytest.skip("this Chromium's adapter has no 'subgroups' feature")
-    assert "subgroups" in out["host"], out
-    assert out["limits"] is True, out
+    assert "subgroups" in out["host"], out["host"]
+    assert out["limits"] is True
+    assert out["sub"] == ["logsumexp_last 4x5000"], out
+    x = torch.tensor(logits, dtype=torch.float64, requires_grad=True)
+    want = torch.nn.functional.cross_entropy(x, torch.tensor(targets))
+    want.backward()
+    assert abs(out["loss"] - want.item()) < 1e-5
+    torch.testing.assert_close(torch.tensor(out["grad"], dtype=torch.float64).reshape(4, 5000),
+                               x.grad, rtol=1e-4, atol=1e-6)
 
 
 def _lowered_texts(record_name: str) -> list[tuple[str, str]]:
@@ -75,9 +103,10 @@ def _lowered_texts(record_name: str) -> list[tuple[str, str]]:
 @browser
 @needs_webgpu_backend
 def test_row_kernels_and_sums_with_subgroups_forced_in_browser(s, monkeypatch):
-    from webgrad.codegen import reduce as rd, rowfuse
+    from webgrad.codegen import reduce as rd, rowfuse, wgsl
     monkeypatch.setattr(rd, "row_per_thread", lambda ctx, D: False)
     monkeypatch.setattr(rowfuse, "row_per_thread", lambda ctx, D: False)
+    monkeypatch.setattr(wgsl, "SUBGROUPS", True)
     for name in SUBGROUP_RECORDS:  # every record runs at least one kernel in subgroup form
         texts = _lowered_texts(name)
         assert any("enable subgroups;" in w for _, w in texts), (name, [n for n, _ in texts])
@@ -132,18 +161,19 @@ def test_special_rows_with_subgroups_against_torch(s, op, D):
     got = s.run(f"""
 import array
 from webgrad.backends.webgpu_browser import BrowserHost
-from webgrad.codegen import Limits, lower, reduce as rd, rowfuse
+from webgrad.codegen import Limits, lower, reduce as rd, rowfuse, wgsl
 from webgrad.ir import Graph
 host = BrowserHost()
 g = Graph()
 xi = g.add("input", [], (6, {D}), "f32", {{"name": "x", "shape": (6, {D}), "dtype": "f32"}})
 g.outputs["out"] = g.add({op!r}, [xi], {out_shape!r}, "f32", {attrs!r})
-saved = rd.row_per_thread, rowfuse.row_per_thread
+saved = rd.row_per_thread, rowfuse.row_per_thread, wgsl.SUBGROUPS
 rd.row_per_thread = rowfuse.row_per_thread = lambda ctx, D: False
+wgsl.SUBGROUPS = True
 try:
     low, names = lower(g, Limits(cpu=True, subgroups=True))
 finally:
-    rd.row_per_thread, rowfuse.row_per_thread = saved
+    rd.row_per_thread, rowfuse.row_per_thread, wgsl.SUBGROUPS = saved
 wgsl = low.plan["pipelines"][0]["wgsl"]
 assert "enable subgroups;" in wgsl and "workgroupBarrier" in wgsl, names
 prog = host.load(low.plan)

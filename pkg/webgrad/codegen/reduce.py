@@ -3,8 +3,10 @@ log_softmax_last and layer_norm_last, each ONE kernel (two for very long reducti
 
 Strategies, by the shape of the reduction (R elements reduced into each of O outputs):
   wg        reduced axes trailing and R >= 64: a workgroup per output; its threads stride
-            over the row, then a shared-memory tree combines them. Row ops do their passes
-            (max, sum of exp / mean, variance, write) inside the same workgroup.
+            over the row, then a shared-memory tree combines them (wgsl.workgroup_reduce,
+            whose subgroup form measured no faster here on an H200: taken only when
+            wgsl.SUBGROUPS forces it). Row ops do their passes (max, sum of exp / mean,
+            variance, write) inside the same workgroup.
   thread    short rows, or reduced axes in front (a bias gradient sums [N, D] over N)
             and R short: a thread per output loops over R; neighbouring threads read
             neighbouring columns.

@@ -17,7 +17,8 @@ Everything else in codegen/ writes kernel *bodies* as text and asks a `Kernel` f
   * literals: f32 values are written so that they round back to the same float32
     (inf/nan through bitcast, negative numbers parenthesised so `a - -1` never forms `--`);
   * workgroup reductions (`workgroup_reduce`): a shared-memory tree, or subgroup operations
-    where the device was requested with the 'subgroups' feature (`use_subgroups`).
+    where the device was requested with the 'subgroups' feature and they measured faster
+    (`use_subgroups`, SUBGROUP_DEFAULT).
 """
 from __future__ import annotations
 
@@ -32,9 +33,15 @@ WG = 256  # default workgroup size for one-thread-per-element kernels (WebGPU's 
 # Kernels whose loops a long axis drives keep each invocation under this on those adapters
 # (reduce.py's tree for long rows, matmul.py's K chunks); a margin is left for small loops.
 CPU_LOOP_ITERATIONS = 60000
-# tests and benches: True / False forces the subgroup / shared-memory-tree form of
-# workgroup_reduce on any adapter (True needs a device requested with 'subgroups')
+# tests and benches: True / False forces the subgroup / shared-memory-tree form of every
+# workgroup reduction on any adapter (True needs a device requested with 'subgroups')
 SUBGROUPS = None
+# The reductions that take the subgroup form by default where the device has 'subgroups'
+# (use_subgroups): measured on an H200 through Dawn (bench/subgroups.py, bench/README.md),
+# the one-pass logsumexp's (max, sum) pairs over [4096, 50257] took 0.73x the tree's time;
+# single values (layer norm and its backward, softmax, sums) took 1.0x over [4096, 50257]
+# and 1.3-4.5x over rows of 512-768, so they keep the tree unless SUBGROUPS forces it.
+SUBGROUP_DEFAULT = frozenset({"pairs"})
 
 
 class LimitError(ValueError):
@@ -280,12 +287,16 @@ def tree_reduce(lines: list[str], ind: str, arr: str, wgs: int, combine) -> None
         s //= 2
 
 
-def use_subgroups(limits: Limits) -> bool:
-    """Whether workgroup reductions use subgroup operations: where the device was requested
-    with the 'subgroups' feature (Limits.subgroups; the hosts request it where the adapter
-    has it: Dawn on GPUs, Chromium's SwiftShader; wgpu-native on lavapipe names no such
-    feature and its WGSL compiler takes no `enable subgroups;`). SUBGROUPS forces either."""
-    return bool(limits.subgroups) if SUBGROUPS is None else bool(SUBGROUPS)
+def use_subgroups(limits: Limits, what: str = "values") -> bool:
+    """Whether a workgroup reduction of `what` ("values": workgroup_reduce; "pairs": the
+    one-pass logsumexp's (max, sum) pairs, rowfuse.py) uses subgroup operations: where the
+    device was requested with the 'subgroups' feature (Limits.subgroups; the hosts request
+    it where the adapter has it: Dawn on GPUs, Chromium's SwiftShader; wgpu-native on
+    lavapipe names no such feature and its WGSL compiler takes no `enable subgroups;`) and
+    `what` is in SUBGROUP_DEFAULT (measured faster there). SUBGROUPS forces either form."""
+    if SUBGROUPS is not None:
+        return bool(SUBGROUPS)
+    return bool(limits.subgroups) and what in SUBGROUP_DEFAULT
 
 
 def workgroup_reduce(em, wgs: int, value: str, kind: str, combine, dtype: str = "f32",
@@ -303,10 +314,10 @@ def workgroup_reduce(em, wgs: int, value: str, kind: str, combine, dtype: str = 
     identity (so every element is written and no slot depends on how the hardware groups
     invocations); one barrier; then in every subgroup lane i folds arr[i], arr[i + n], ...
     (n active lanes) and one more subgroup operation gives the total to every invocation.
-    Two barriers in all (with the caller's) instead of log2(wgs) + 2: on an H200 this took
-    log-softmax over [4096, 50257] from 2.28 to 1.49 ms (bench/README.md). A subgroup max
-    of a NaN need not be NaN, so callers whose max must propagate NaN (max_last) keep the
-    tree; the row ops' later passes see the NaN themselves."""
+    Two barriers in all (with the caller's) instead of log2(wgs) + 2, but on an H200 no
+    faster for these single values (SUBGROUP_DEFAULT: the tree stays unless forced). A
+    subgroup max of a NaN need not be NaN, so callers whose max must propagate NaN
+    (max_last) keep the tree; the row ops' later passes see the NaN themselves."""
     ind = "  " * em._ind
     if not use_subgroups(em.k.limits):
         em.emit(f"{arr}[lid] = {value};")
