@@ -594,6 +594,8 @@ rec("i32/arith", "lambda x, i, j: x * ops.cast(ops.div(i * j - i, j) + (i - j), 
     f32(3, 4), i32((3, 4), -6, 6), i32((3, 4), 1, 4))
 rec("i32/sum", "lambda x, i: x * ops.cast(ops.sum_last(i, keepdims=True), 'f32')",
     lambda x, i: x * i.sum(-1, keepdim=True).double(), f32(3, 4), i32((3, 5), -100, 100))
+rec("i32/sum_wide", "lambda x, i: x * ops.cast(ops.sum_last(i, keepdims=True), 'f32')",
+    lambda x, i: x * i.sum(-1, keepdim=True).double(), f32(3, 4), i32((3, 301), -100, 100))
 rec("constant", "lambda x: x * ops.constant([[1.0, -2.0, 0.5]])",
     lambda x: x * torch.tensor([[1.0, -2.0, 0.5]], dtype=torch.float64), f32(2, 3))
 rec("capture", "lambda x: ops.capture('mid', ops.exp(x)) * 2.0", lambda x: torch.exp(x) * 2, f32(3))
@@ -976,6 +978,10 @@ rec("nn.LayerNorm/width_768", "lambda x, w, b: with_params(nn.LayerNorm(768), we
     lambda x, w, b: F.layer_norm(x, (768,), w, b), f32(3, 768), f32(768), f32(768), **RED)
 rec("layer_norm_last/odd_300", "lambda x: ops.layer_norm_last(x * 2.0 + 1.0)",
     lambda x: F.layer_norm(x * 2.0 + 1.0, (300,)), f32(5, 300), **RED)
+# rows longer than a CPU adapter loops over in one thread, of a prime length, and a loss that
+# sums 40022 elements: the workgroup row kernels and the two-pass (split) sum everywhere
+rec("log_softmax_last/long_rows", "lambda x: ops.log_softmax_last(x)",
+    lambda x: torch.log_softmax(x, -1), f32(2, 20011), **RED)
 
 BY_NAME: dict[str, Record] = {r.name: r for r in RECORDS}
 assert len(BY_NAME) == len(RECORDS), "oracle record names must be unique"

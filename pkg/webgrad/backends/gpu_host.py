@@ -42,6 +42,8 @@ class GPUHost:
     limits: dict  # "max_storage_buffer_binding_size", "max_compute_workgroups_per_dimension",
                   # "max_compute_workgroup_size_x", "max_compute_invocations_per_workgroup", ...
     info: str     # adapter description, for messages
+    features: frozenset = frozenset()  # optional WebGPU features the device was requested
+                                       # with ("subgroups": codegen's workgroup reductions)
 
     def load(self, plan: dict) -> int:
         """Create the plan's buffers and pipelines; returns a program handle. The plan's

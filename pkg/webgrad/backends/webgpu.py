@@ -56,6 +56,7 @@ class WebGPUBackend(Backend):
         self.limits = Limits.from_host(getattr(host, "limits", None))
         self.limits.cpu = is_cpu_adapter(str(getattr(host, "info", "")))
         self.limits.adapter = str(getattr(host, "info", ""))
+        self.limits.subgroups = "subgroups" in (getattr(host, "features", None) or ())
         self.uid = next(_uids)
         self.store: dict[str, _Slot] = {}
         self.programs: list[int] = []

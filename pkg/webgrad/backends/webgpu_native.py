@@ -38,7 +38,10 @@ _WANTED_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size",
                   "max-storage-buffers-per-shader-stage", "max-compute-workgroup-storage-size",
                   "max-compute-invocations-per-workgroup", "max-compute-workgroup-size-x",
                   "max-compute-workgroups-per-dimension")
-_WANTED_FEATURES = ("timestamp-query",)
+# requested where the adapter has them: timestamps for the profiler (profile.py), subgroups
+# for codegen's workgroup reductions (wgsl.workgroup_reduce; Dawn names it, wgpu-native's
+# lavapipe offers naga's 'subgroup' instead and so keeps the shared-memory trees)
+_WANTED_FEATURES = ("timestamp-query", "subgroups")
 DAWN_TOGGLES: tuple[str, ...] = ()
 # Threads creating pipelines at once (None: one per CPU core, at most 16); 0 or 1 issues them
 # all with create_compute_pipeline_async instead and waits (Dawn's two worker threads).
@@ -93,7 +96,6 @@ class _Device:
         if adapter is None:
             raise RuntimeError("wgpu found no WebGPU adapter (no Vulkan/Metal/D3D12 driver?)")
         have = adapter.limits
-        # timestamps let the profiler time each kernel on the GPU (profile.py)
         self.features = {f for f in _WANTED_FEATURES if f in adapter.features}
         self.device = adapter.request_device_sync(
             required_features=sorted(self.features),
@@ -249,6 +251,7 @@ class NativeHost(GPUHost):
         self.lib = self._dev.lib
         self.limits = dict(self._dev.limits)
         self.info = self._dev.info
+        self.features = frozenset(self._dev.features)  # optional features the device has
         self._programs: dict[int, _Program] = {}
         self._next = 1
         self._persistent: dict[str, list] = {}  # key -> [GPUBuffer, size, programs using it]

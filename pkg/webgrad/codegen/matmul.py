@@ -51,10 +51,11 @@ wgsl.CPU_LOOP_ITERATIONS (lavapipe silently stops a shader's loops after 65535 i
 Subgroup operations (the H200's Dawn adapter has them) are not used here: sharing operands
 between lanes by shuffles moves one float per lane and instruction where a shared-memory
 vec4 read moves four, and operand traffic is what limits this kernel; no matmul variant
-was measured. Row reductions were (bench/subgroups.py, H200, 2026-11-30): a subgroup
-reduction in place of the shared-memory tree took log-softmax over [4096, 50257] from 2.28
-to 1.49 ms and softmax over [49152, 512] from 0.186 to 0.160, layer norm 0-10%: worth
-emitting for long rows (not done yet, bench/README.md). Also measured there: Dawn's
+was measured. Row reductions were (bench/subgroups.py, H200, 2026-11-30): codegen emits
+them for the one-pass logsumexp's (max, sum) pairs (1.38 -> 1.01 ms over [4096, 50257]);
+single-value row reductions keep the shared-memory tree, whose subgroup form measured 1.0x
+over [4096, 50257] and slower over rows of 512-768 (codegen/wgsl.py, SUBGROUP_DEFAULT;
+bench/README.md). Also measured there: Dawn's
 robustness (index clamping) costs this kernel 0-2% (`disable_robustness`), and vec4 stores
 of 4 adjacent outputs in the epilogue were slower than scalar ones (0.969 against 0.888 ms
 at [16384 x 512] @ [512 x 2048]).
