@@ -6,10 +6,18 @@
     python3 bench/compile_time.py --row gpt2 --model module        # webgrad.models.gpt2
     python3 bench/compile_time.py --row gpt2 --no-profile          # the plain wall time
     python3 bench/compile_time.py --row gpt2 --model module --lower-only   # any machine
+    python3 bench/compile_time.py --row gpt2 --model module --no-profile --pipeline-threads 0
+
+--pipeline-threads N sets webgpu_native.PIPELINE_THREADS (0: createComputePipelineAsync,
+Dawn's two worker threads), --no-prefetch leaves pipeline creation to load() instead of
+starting each kernel as lowering emits it; the run prints the seconds spent lowering and
+waiting for pipelines.
 
 --lower-only times codegen.lower of the training step alone (best of 3, no GPU), under the
 limits and adapter name of an H200 through Dawn (so its plan takes the H200's kernels), and
-prints a digest of the plan: a change meant to speed up lowering must leave it unchanged.
+prints a digest of the plan: a change meant to speed up lowering must leave it unchanged
+(buffer labels name the user's line that built a tensor, which may be a line of this file:
+the digest leaves the " (built at ...)" part out, so editing this file does not change it).
 
 Prints the wall time of compile_module (trace, grad, optimizer, lowering and pipeline
 creation for the step and the forward program, parameter init) and the 20 functions with
@@ -39,6 +47,10 @@ def main() -> None:
                     help="time without cProfile (whose overhead inflates the Python stages)")
     ap.add_argument("--lower-only", action="store_true",
                     help="time lowering the step under an H200's limits (no GPU needed)")
+    ap.add_argument("--pipeline-threads", type=int, default=None,
+                    help="threads creating pipelines (default: webgpu_native's choice)")
+    ap.add_argument("--no-prefetch", action="store_true",
+                    help="create pipelines at load, not while lowering emits them")
     args = ap.parse_args()
     import webgrad as wg
     from webgrad import optim
@@ -51,8 +63,14 @@ def main() -> None:
     if args.lower_only:
         return lower_only(factory, loss_fn, names, B, T)
     if args.backend == "webgpu":
-        from webgrad.backends.webgpu_native import NativeHost
-        print("webgpu:", NativeHost().info)  # the device is made before the clock starts
+        from webgrad.backends import webgpu_native
+        webgpu_native.PREFETCH = not args.no_prefetch
+        if args.pipeline_threads is not None:
+            webgpu_native.PIPELINE_THREADS = args.pipeline_threads
+        host = webgpu_native.NativeHost()  # the device is made before the clock starts
+        print(f"webgpu: {host.info}; {host._dev.threads} pipeline threads, prefetch "
+              f"{webgpu_native.PREFETCH}")
+        spent = _time_phases()
     prof = cProfile.Profile()
     t0 = time.perf_counter()
     if not args.no_profile:
@@ -68,9 +86,30 @@ def main() -> None:
           f"{dt:.2f} s ({how}), {c.kernel_count} kernels")
     if args.backend == "webgpu":
         from webgrad.backends.webgpu_native import shared_device
-        print(f"{len(shared_device().pipelines)} distinct compute pipelines on the device")
+        print(f"{len(shared_device().pipelines)} distinct compute pipelines on the device; "
+              f"lowering {spent['lower']:.2f} s, waiting for pipelines "
+              f"{spent['pipelines']:.2f} s")
     if not args.no_profile:
         pstats.Stats(prof).sort_stats("cumtime").print_stats(args.top)
+
+
+def _time_phases() -> dict:
+    """Wall seconds spent in lowering and in waiting for pipelines (pipelines_for), summed
+    over the programs compile_module makes."""
+    from webgrad.backends import webgpu, webgpu_native
+    spent = {"lower": 0.0, "pipelines": 0.0}
+
+    def timed(fn, key):
+        def wrapper(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                spent[key] += time.perf_counter() - t0
+        return wrapper
+    webgpu.lower = timed(webgpu.lower, "lower")
+    webgpu_native._Device.pipelines_for = timed(webgpu_native._Device.pipelines_for, "pipelines")
+    return spent
 
 
 # what codegen reads of an H200's Dawn device (Limits and the adapter's description)
@@ -83,6 +122,7 @@ H200_ADAPTER = "NVIDIA H200 (DiscreteGPU) via Vulkan [wgpudawn]"
 def lower_only(factory, loss_fn, names, B, T) -> None:
     import hashlib
     import json
+    import re
     from webgrad import optim
     from webgrad.codegen import Limits, lower
     from webgrad.compile import build_train_graph, parse_inputs
@@ -96,7 +136,8 @@ def lower_only(factory, loss_fn, names, B, T) -> None:
         t0 = time.perf_counter()
         lowered, _ = lower(train, limits, lambda name: f"p:{name}")
         times.append(time.perf_counter() - t0)
-    digest = hashlib.sha256(json.dumps(lowered.plan, sort_keys=True).encode()).hexdigest()[:16]
+    text = re.sub(r" \(built at [^)]*\)", "", json.dumps(lowered.plan, sort_keys=True))
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     print(f"lowering the step: best {min(times):.2f} s of {', '.join(f'{t:.2f}' for t in times)}; "
           f"{len(lowered.plan['pipelines'])} pipelines; plan sha256 {digest}")
 

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import os
+from contextlib import contextmanager
+from dataclasses import replace
 import sys
 import time
 from pathlib import Path
@@ -42,9 +44,13 @@ def pick_lib() -> str:
 
 
 def parse_config(text: str):
+    """None (the table's tiling), a dict (the table's tilings with these Config fields:
+    "auto:e2"), or a Config."""
     from webgrad.codegen.matmul import Config
     if text == "auto":
         return None
+    if text.startswith("auto:"):
+        return {"epi_rows": int(text.split(":e")[1])}
     shape, *flags = text.split(":")
     tm, tn, bk = (int(v) for v in shape.split("x"))
 
@@ -55,7 +61,7 @@ def parse_config(text: str):
     wx, wy = (int(v) for v in num("w", "16x16").split("x"))
     return Config(tm, tn, bk, vec="novec" not in flags, prefetch="nopre" not in flags,
                   splits=int(num("s", 1)), double="db" in flags, wx=wx, wy=wy,
-                  group=int(num("g", 0)), vload="vl" in flags)
+                  group=int(num("g", 0)), vload="vl" in flags, epi_rows=int(num("e", 0)))
 
 
 # the matmuls of bench/gpt2_train.py's 64 x 256 row (d 512): name, [batch], M, K, N, and
@@ -69,7 +75,7 @@ ISSUE_SHAPES = {
 
 
 def parse_shape(text: str):
-    """"4096" (square), a name of ISSUE_SHAPES, or "[Bx]MxKxN[:ta][:tb]"."""
+    """"4096" (square), a name of ISSUE_SHAPES, or "[Bx]MxKxN[:ta][:tb][:bias|gelu|geluback]"."""
     if text in ISSUE_SHAPES:
         return (text,) + ISSUE_SHAPES[text]
     dims, *flags = text.split(":")
@@ -77,14 +83,104 @@ def parse_shape(text: str):
     if len(d) == 1:
         d = [d[0]] * 3
     batch, (m, k, n) = tuple(d[:-3]), d[-3:]
-    return (text, batch, m, k, n, "".join(flags))
+    return (text, batch, m, k, n, ":".join(flags))
+
+
+EPILOGUES = ("bias", "gelu", "geluback")
+GELU_C = (2 / 3.141592653589793) ** 0.5
+
+
+def epilogue_graph(batch, m, k, n, flags):
+    """The product with the GPT MLP's fused epilogues, traced from webgrad ops: "bias"
+    (a @ b + bias, the QKV Linear), "gelu" (the up-projection: stores a @ b and
+    gelu(a @ b + bias), as the training step keeps the product for the backward pass),
+    "geluback" (its backward twin: (a @ b) * gelu'(pre + bias), reading the stored
+    [m, n] product `pre`). Both operands are stored as they are read (no :ta / :tb)."""
+    from webgrad import Module, ops
+    from webgrad.compile import build_forward_graph
+    kind = next(f for f in EPILOGUES[::-1] if f in flags.split(":"))
+    inputs = {"a": (batch + (m, k), "f32"), "b": (batch + (k, n), "f32"), "bias": ((n,), "f32")}
+    if kind == "geluback":
+        inputs["pre"] = (batch + (m, n), "f32")
+    keep = {}
+
+    def fwd(_, i):
+        y = ops.matmul(i["a"], i["b"])
+        if kind == "bias":
+            return y + i["bias"]
+        if kind == "gelu":
+            keep["pre"] = y
+            return ops.gelu(y + i["bias"])
+        # gelu'(x) = (1 + t) / 2 + x (1 - t^2) c (1 + 3 a x^2) / 2, t = tanh(c (x + a x^3)).
+        # Each tanh is read once: one read twice would be stored by fusion's cost rule (in
+        # the training step remat.py keeps it unstored), and so would z, so t^2 =
+        # tanh(z') tanh(z'') with z', z'' the same value written differently (not merged
+        # by cse): three tanh where the step's kernel has one
+        x = i["pre"] + i["bias"]
+        x2 = x * x
+        z = GELU_C * (x + 0.044715 * (x2 * x))
+        z2 = GELU_C * x + (GELU_C * 0.044715) * (x * x2)
+        z3 = (GELU_C * x) * (1.0 + 0.044715 * x2)
+        d = (0.5 * (1.0 + ops.tanh(z)) + 0.5 * x * (1.0 - ops.tanh(z2) * ops.tanh(z3))
+             * GELU_C * (1.0 + 3 * 0.044715 * x2))
+        return y * d
+    _, g = build_forward_graph(Module, fwd, inputs)
+    g.outputs = {"out": g.outputs["output"]}
+    if "pre" in keep:
+        g.outputs["pre"] = keep["pre"].id
+    return g
+
+
+def epilogue_want(kind, A, B, bias, pre):
+    """float64 reference of epilogue_graph's "out" (rows of A given)."""
+    import numpy as np
+    y = A.astype(np.float64) @ B.astype(np.float64)
+    if kind == "bias":
+        return y + bias
+    if kind == "gelu":
+        x = y + bias
+        return 0.5 * x * (1 + np.tanh(GELU_C * (x + 0.044715 * x ** 3)))
+    x = pre.astype(np.float64) + bias
+    t = np.tanh(GELU_C * (x + 0.044715 * x ** 3))
+    return y * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * GELU_C * (1 + 3 * 0.044715 * x * x))
+
+
+@contextmanager
+def table_variant(fields: dict | None):
+    """codegen/matmul.py's ADAPTER_TILINGS with `fields` set on every tile of every row
+    (None: as it is), for as long as the block runs."""
+    from webgrad.codegen import matmul as mm
+    saved = mm.ADAPTER_TILINGS
+    if fields:
+        mm.ADAPTER_TILINGS = tuple(
+            (words, {k: replace(v, **fields) if isinstance(v, mm.Config) else v
+                     for k, v in row.items()}) for words, row in saved)
+    try:
+        yield
+    finally:
+        mm.ADAPTER_TILINGS = saved
 
 
 def build(host, shape, config):
+    if isinstance(config, dict):
+        with table_variant(config):
+            return build(host, shape, None)
     from webgrad.codegen import Limits, lower
     from webgrad.codegen import matmul as mm
     from webgrad.ir import Graph
     _, batch, m, k, n, flags = shape
+    if any(f in EPILOGUES for f in flags.split(":")):
+        if "ta" in flags.split(":") or "tb" in flags.split(":"):
+            sys.exit(f"{shape[0]}: the epilogue shapes take no :ta / :tb")
+        g = epilogue_graph(batch, m, k, n, flags)
+        mm.FORCE_CONFIG = config
+        limits = Limits.from_host(host.limits)
+        limits.adapter = host.info
+        try:
+            low, names = lower(g, limits)
+        finally:
+            mm.FORCE_CONFIG = None
+        return low, next(nm for nm in names if nm.startswith("matmul") and " K=" in nm)
     g = Graph()
 
     def operand(name, rows, cols, transposed):
@@ -171,9 +267,10 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--configs", default="auto",
-                    help="comma-separated tilings: auto | "
-                    "TMxTNxBK[:novec][:nopre][:sN][:db][:wXxY][:gG][:vl] (N K chunks; db: double-buffered shared memory; X x Y threads (N x M); "
-                    "tile order in runs of G tile rows; vl: vec4 global loads)")
+                    help="comma-separated tilings: auto | auto:eE (the table's, epi_rows E on "
+                    "every tile) | "
+                    "TMxTNxBK[:novec][:nopre][:sN][:db][:wXxY][:gG][:vl][:eE] (N K chunks; db: double-buffered shared memory; X x Y threads (N x M); "
+                    "tile order in runs of G tile rows; vl: vec4 global loads; E: rows of epilogue loads issued together)")
     args = ap.parse_args()
     lib = pick_lib()
     import numpy as np
@@ -210,11 +307,22 @@ def main() -> None:
         rows = np.unique(np.linspace(0, m - 1, 8).astype(int))
         want = (torch.from_numpy(np.ascontiguousarray(A[..., rows, :])).double()
                 @ torch.from_numpy(B).double()).numpy()
+        extra = {}
+        kind = next((f for f in EPILOGUES[::-1] if f in flags.split(":")), None)
+        if kind:  # the epilogue's inputs, and its float64 result on the sampled rows
+            extra["bias"] = rng.standard_normal(n, dtype=np.float32)
+            if kind == "geluback":
+                extra["pre"] = rng.standard_normal(batch + (m, n), dtype=np.float32)
+            want = epilogue_want(kind, A[..., rows, :], B, extra["bias"],
+                                 extra["pre"][..., rows, :] if "pre" in extra else None)
         for ctext in args.configs.split(","):
             low, name = build(host, shape, parse_config(ctext))
             prog = host.load(low.plan)
             host.write(prog, low.feeds["a"], Ain.tobytes())
             host.write(prog, low.feeds["b"], Bin.tobytes())
+            for nm, arr in extra.items():
+                if nm in low.feeds:
+                    host.write(prog, low.feeds[nm], arr.tobytes())
             buf = low.outputs["out"][0]
             out = run_blocking(host.run(prog, {}, [buf]))[0]
             C = np.frombuffer(out, np.float32, len(out) // 4)[:int(np.prod(batch + (m, n)))]

@@ -594,6 +594,8 @@ rec("i32/arith", "lambda x, i, j: x * ops.cast(ops.div(i * j - i, j) + (i - j), 
     f32(3, 4), i32((3, 4), -6, 6), i32((3, 4), 1, 4))
 rec("i32/sum", "lambda x, i: x * ops.cast(ops.sum_last(i, keepdims=True), 'f32')",
     lambda x, i: x * i.sum(-1, keepdim=True).double(), f32(3, 4), i32((3, 5), -100, 100))
+rec("i32/sum_wide", "lambda x, i: x * ops.cast(ops.sum_last(i, keepdims=True), 'f32')",
+    lambda x, i: x * i.sum(-1, keepdim=True).double(), f32(3, 4), i32((3, 301), -100, 100))
 rec("constant", "lambda x: x * ops.constant([[1.0, -2.0, 0.5]])",
     lambda x: x * torch.tensor([[1.0, -2.0, 0.5]], dtype=torch.float64), f32(2, 3))
 rec("capture", "lambda x: ops.capture('mid', ops.exp(x)) * 2.0", lambda x: torch.exp(x) * 2, f32(3))
@@ -690,6 +692,11 @@ rec("matmul/batched_odd", "lambda a, b: ops.matmul_batched(a, ops.swap_axes(b, -
 # 4-aligned shapes (vec4 loads) with an epilogue that reads an operand
 rec("matmul/aligned_epilogue", "lambda a, b: ops.matmul(a, b) + a", lambda a, b: a @ b + a,
     f32(12, 8), f32(8, 8), atol=1e-3)
+# a GELU MLP on shapes no tile divides: bias + GELU epilogue, and in the gradient the
+# product fused with GELU's derivative, which loads the pre-activation and the bias
+rec("matmul/gelu_mlp_odd", "lambda x, w1, b1, w2: ops.matmul(ops.gelu(ops.matmul(x, w1) + b1), w2)",
+    lambda x, w1, b1, w2: F.gelu(x @ w1 + b1, approximate="tanh") @ w2,
+    f32(37, 29), f32(29, 45), f32(45), f32(45, 23), atol=1e-3)
 rec("matmul/wgrad_odd", "lambda x, g: ops.sum(ops.matmul(ops.swap_axes(x, -1, -2), g), 0)",
     lambda x, g: (x.transpose(-1, -2) @ g).sum(0), f32(3, 77, 9), f32(3, 77, 35), atol=1e-3)
 
@@ -979,6 +986,10 @@ rec("nn.LayerNorm/width_768", "lambda x, w, b: with_params(nn.LayerNorm(768), we
     lambda x, w, b: F.layer_norm(x, (768,), w, b), f32(3, 768), f32(768), f32(768), **RED)
 rec("layer_norm_last/odd_300", "lambda x: ops.layer_norm_last(x * 2.0 + 1.0)",
     lambda x: F.layer_norm(x * 2.0 + 1.0, (300,)), f32(5, 300), **RED)
+# rows longer than a CPU adapter loops over in one thread, of a prime length, and a loss that
+# sums 40022 elements: the workgroup row kernels and the two-pass (split) sum everywhere
+rec("log_softmax_last/long_rows", "lambda x: ops.log_softmax_last(x)",
+    lambda x: torch.log_softmax(x, -1), f32(2, 20011), **RED)
 
 BY_NAME: dict[str, Record] = {r.name: r for r in RECORDS}
 assert len(BY_NAME) == len(RECORDS), "oracle record names must be unique"

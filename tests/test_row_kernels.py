@@ -5,6 +5,8 @@ a CPU, so its default is the loop: each oracle record with a row kernel runs und
 forms against torch (tests/oracle.py), and the lowering is checked for barriers."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import oracle
@@ -35,10 +37,14 @@ def test_the_records_cover_every_row_kernel():
     assert seen == set(ROW_KERNELS), seen
 
 
-def _row_length(name: str) -> int | None:
-    """D of a kernel named "op RxD..." (the row ops of reduce.py carry no shape)."""
+def _row_length(name: str, wgsl: str = "") -> int | None:
+    """D of a kernel named "op RxD..."; the row ops of reduce.py carry no shape: the bound
+    of their loop over the row (`j < Du`) in `wgsl`."""
     parts = name.split(" ")
-    return int(parts[1].split("x")[1]) if len(parts) > 1 and "x" in parts[1] else None
+    if len(parts) > 1 and "x" in parts[1]:
+        return int(parts[1].split("x")[1])
+    m = re.search(r"\bj < (\d+)u", wgsl)
+    return int(m.group(1)) if m else None
 
 
 @pytest.mark.parametrize("record", ROW_RECORDS, ids=[r.name for r in ROW_RECORDS])
@@ -46,7 +52,7 @@ def test_cpu_adapters_get_row_kernels_without_barriers(record):
     from webgrad.codegen.reduce import CPU_ROW_MAX
     for cpu in (True, False):
         for name, wgsl in _row_kernels(record, Limits(cpu=cpu)):
-            D = _row_length(name)
+            D = _row_length(name, wgsl)
             looped = "workgroupBarrier" not in wgsl and "var<workgroup>" not in wgsl
             if cpu and (D is None or D <= CPU_ROW_MAX):
                 assert looped, name

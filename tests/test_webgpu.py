@@ -127,7 +127,7 @@ def test_oracle_under_double_buffering(record, config, monkeypatch):
 # threads, 8 x 16 outputs per thread, K step 16, vec4 global loads, tile rows in runs (the
 # last one shorter), split-K
 H200_CONFIGS = {
-    "wide": mm.Config(8, 16, 8, wx=8, wy=16, vload=True),
+    "wide": mm.Config(8, 16, 8, wx=8, wy=16, vload=True, epi_rows=1),
     "wide_bk16_group_split": mm.Config(8, 16, 16, wx=8, wy=16, group=2, splits=3),
     "batched": mm.Config(8, 8, 8, wx=8, wy=8, vload=True),
     "small_group": mm.Config(4, 4, 8, wx=4, wy=4, group=3, vload=True),
@@ -153,6 +153,29 @@ H200_CASES = [(r, cfg) for cfg in H200_CONFIGS for r in DB_RECORDS
 def test_oracle_under_h200_tilings(record, config, monkeypatch):
     monkeypatch.setattr(mm, "FORCE_CONFIG", H200_CONFIGS[config])
     oracle.check(record, "webgpu")
+
+
+EPI_CONFIGS = {"rows1": mm.Config(4, 4, 8, wx=4, wy=4, vload=True, epi_rows=1),
+               "rows3_group_scalar": mm.Config(4, 8, 16, wx=4, wy=8, group=2, epi_rows=3)}
+
+
+@pytest.mark.parametrize("config", list(EPI_CONFIGS))
+@pytest.mark.parametrize("name", ["matmul/gelu_mlp_odd", "matmul/aligned_epilogue"])
+def test_epilogue_loads_issued_first(name, config, monkeypatch):
+    """Config.epi_rows: the epilogue's loads (bias, GELU's pre-activation, an operand) of
+    several outputs issued before their stores (matmul._split_epilogue), on shapes no tile
+    divides, against torch; an epilogue with more loads than EPI_MAX_LOADS keeps them."""
+    monkeypatch.setattr(mm, "FORCE_CONFIG", EPI_CONFIGS[config])
+    from webgrad.codegen import Limits, lower
+    from webgrad.compile import build_train_graph, parse_inputs
+    factory, loss_fn, inputs, _ = oracle.build_record(oracle.BY_NAME[name])
+    g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
+    wgsl = [p["wgsl"] for p in lower(g, Limits())[0].plan["pipelines"] if " K=" in p["wgsl"]]
+    assert any("fn epi_ld(" in w for w in wgsl)
+    oracle.check(oracle.BY_NAME[name], "webgpu")
+    monkeypatch.setattr(mm, "EPI_MAX_LOADS", 0)
+    wgsl = [p["wgsl"] for p in lower(g, Limits())[0].plan["pipelines"] if " K=" in p["wgsl"]]
+    assert not any("fn epi_ld(" in w for w in wgsl)
 
 
 @pytest.mark.parametrize("name", ["matmul/tiles_odd", "matmul/odd_long_k"])
@@ -621,6 +644,22 @@ def test_erf_is_accurate_to_a_few_ulp():
     want = np.array([math.erf(float(v)) for v in xs])
     rel = np.abs(got - want) / np.maximum(np.abs(want), 1e-38)
     assert rel.max() < 3e-7, (rel.max(), xs[rel.argmax()])
+
+
+def test_tanh_is_accurate_to_a_few_ulp():
+    """elementwise.tanh_f (a polynomial below |x| = 0.75, 1 - 2/(1 + exp(2|x|)) above) against
+    numpy's tanh in double: within 4 f32 ulps of the result, both sides of the switch, tiny,
+    huge and special values (NaN passes through, -0 keeps its sign)."""
+    xs = np.concatenate([np.linspace(-12, 12, 24001), np.logspace(-30, 1.5, 2000),
+                         -np.logspace(-30, 1.5, 2000),
+                         [0.0, -0.0, 0.7499999, 0.75, -0.75, 14.9, 15.0, 15.1, 1e30, -1e30,
+                          np.inf, -np.inf, np.nan]]).astype(np.float32)
+    got = forward(lambda x: ops.tanh(x), {"x": [xs.size]}).run({"x": xs})
+    want = np.tanh(xs.astype(np.float64))
+    ok = ~np.isnan(xs)
+    ulp = np.abs(got[ok] - want[ok]) / np.spacing(np.abs(want[ok]).astype(np.float32))
+    assert ulp.max() <= 4, (ulp.max(), xs[ok][ulp.argmax()])
+    assert np.isnan(got[~ok]).all() and (np.signbit(got[xs == 0]) == np.signbit(xs[xs == 0])).all()
 
 
 def test_random_bits_match_the_spec_at_later_steps():

@@ -15,7 +15,9 @@
 // "GPUValidationError" / "GPUOutOfMemoryError" (anything else WebGPU refused), "PlanError".
 
 const STAGING_POOL = 4;  // free staging buffers kept per read buffer; more are made on demand
-const WANTED_FEATURES = ["timestamp-query"];  // requested where the adapter has them
+// requested where the adapter has them: timestamps for profile(), subgroups for codegen's
+// workgroup reductions (pkg/webgrad/codegen/wgsl.py, workgroup_reduce)
+const WANTED_FEATURES = ["timestamp-query", "subgroups"];
 
 function named(name, message) {
   const error = new Error(message);

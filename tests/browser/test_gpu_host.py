@@ -467,7 +467,7 @@ TILED_IN_BROWSER = ["attention/qkv_slices_T70_D32", "attention/tiled_odd_T37_D33
 # threads, K step 16, ran past 90 s on matmul/tiles_odd in SwiftShader while lavapipe runs it
 # in seconds: not understood yet; CPU adapters use the barrier-free kernel.)
 H200_TILINGS = {
-    "group": "mm.Config(4, 4, 8, wx=4, wy=4, group=3, vload=True)",
+    "group": "mm.Config(4, 4, 8, wx=4, wy=4, group=3, vload=True, epi_rows=1)",
 }
 H200_RECORDS = ("matmul/tiles_odd", "matmul/batched_odd", "matmul/aligned_epilogue",
                 "matmul/wgrad_odd")

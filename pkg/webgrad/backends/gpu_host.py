@@ -42,12 +42,15 @@ class GPUHost:
     limits: dict  # "max_storage_buffer_binding_size", "max_compute_workgroups_per_dimension",
                   # "max_compute_workgroup_size_x", "max_compute_invocations_per_workgroup", ...
     info: str     # adapter description, for messages
+    features: frozenset = frozenset()  # optional WebGPU features the device was requested
+                                       # with ("subgroups": codegen's workgroup reductions)
 
     def load(self, plan: dict) -> int:
         """Create the plan's buffers and pipelines; returns a program handle. The plan's
-        pipelines not cached yet are created together (createComputePipelineAsync, all
-        issued before any is waited for: the driver compiles them in parallel); one that
-        fails raises an error naming its kernel, with its WGSL (BrowserHost: WGSLError)."""
+        pipelines not cached yet are created together, so the driver compiles them in
+        parallel (NativeHost: on a pool of threads, started while lowering emitted them;
+        BrowserHost: createComputePipelineAsync, all issued before any is waited for); one
+        that fails raises an error naming its kernel, with its WGSL (BrowserHost: WGSLError)."""
         raise NotImplementedError
 
     def write(self, program: int, buffer: int, data, offset: int = 0) -> None:

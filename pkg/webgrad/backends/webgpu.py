@@ -56,6 +56,7 @@ class WebGPUBackend(Backend):
         self.limits = Limits.from_host(getattr(host, "limits", None))
         self.limits.cpu = is_cpu_adapter(str(getattr(host, "info", "")))
         self.limits.adapter = str(getattr(host, "info", ""))
+        self.limits.subgroups = "subgroups" in (getattr(host, "features", None) or ())
         self.uid = next(_uids)
         self.store: dict[str, _Slot] = {}
         self.programs: list[int] = []
@@ -124,7 +125,9 @@ class WebGPUBackend(Backend):
             super().init_params([(n, spec, shape) for n, spec, shape, _ in on_host], seed=seed)
 
     def prepare(self, graph):
-        lowered, names = lower(graph, self.limits, self._key)
+        # a host that can start compiling kernels while the rest is lowered gets each new one
+        lowered, names = lower(graph, self.limits, self._key,
+                               on_pipeline=getattr(self.host, "prefetch", None))
         program = self.host.load(lowered.plan)
         self.programs.append(program)
         for name, buf in lowered.persistent.items():

@@ -106,7 +106,8 @@ def _translate(e: BaseException, what: str) -> BaseException:
 
 async def request_device(*, new: bool = False, features: list[str] | None = None):
     """The worker's shared device (a JS Replay), requested with the adapter's maximum limits
-    and 'timestamp-query' where the adapter has it (the profiler's GPU times).
+    and 'timestamp-query' (the profiler's GPU times) and 'subgroups' (codegen's workgroup
+    reductions) where the adapter has them.
 
     A lost shared device is replaced by a fresh one. ``new=True`` returns a device of its own
     that nothing else shares (for tests that destroy it); ``features`` (with ``new=True``)
@@ -152,6 +153,7 @@ class BrowserHost(GPUHost):
         limits = replay.limits.to_py()
         self.limits = {_snake(k): v for k, v in limits.items()}
         self.info = str(replay.info)
+        self.features = frozenset(str(f) for f in replay.features)  # the device's features
         self._scope = f"host{next(_scopes)}"  # plans of this host share persistent buffers
         self._sizes: dict[int, list[int]] = {}    # program -> buffer sizes
         self._labels: dict[int, list[str]] = {}

@@ -12,6 +12,14 @@ made with NativeHost(private=True) has a device of its own (tests destroy it to 
 lost device). A lost device turns every later call into DeviceLostError, promptly: wgpu-py
 raises on any use of a lost device, and the host remembers it.
 
+Pipelines are created on a pool of Python threads (PIPELINE_THREADS), each calling the
+synchronous create_compute_pipeline, which runs with the GIL released: Dawn's own
+createComputePipelineAsync compiles on a pool of two threads (dawn/platform/WorkerThread.h,
+kDefaultTaskHandlingJobCount), and a cold NVIDIA driver takes 0.2-0.7 s per large matmul
+pipeline. Lowering hands each new kernel text over as it is emitted (NativeHost.prefetch), so
+the driver compiles while Python lowers the rest; bench/README.md ("Compile + init") has the
+figures.
+
 Dawn's toggles (wgpudawn only): $WEBGRAD_DAWN_TOGGLES, comma-separated names to enable
 and -names to disable, else DAWN_TOGGLES, go to the process's Dawn instance before its
 first adapter (bench/gpt2_train.py --exact-timestamps turns timestamp quantisation off so).
@@ -20,6 +28,8 @@ from __future__ import annotations
 
 import importlib
 import os
+import sys
+from concurrent.futures import ThreadPoolExecutor, wait
 
 from .gpu_host import DeviceLostError, GPUHost
 
@@ -28,8 +38,24 @@ _WANTED_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size",
                   "max-storage-buffers-per-shader-stage", "max-compute-workgroup-storage-size",
                   "max-compute-invocations-per-workgroup", "max-compute-workgroup-size-x",
                   "max-compute-workgroups-per-dimension")
-_WANTED_FEATURES = ("timestamp-query",)
+# requested where the adapter has them: timestamps for the profiler (profile.py), subgroups
+# for codegen's workgroup reductions (wgsl.workgroup_reduce; Dawn names it, wgpu-native's
+# lavapipe offers naga's 'subgroup' instead and so keeps the shared-memory trees)
+_WANTED_FEATURES = ("timestamp-query", "subgroups")
 DAWN_TOGGLES: tuple[str, ...] = ()
+# Threads creating pipelines at once (None: one per CPU core, at most 16); 0 or 1 issues them
+# all with create_compute_pipeline_async instead and waits (Dawn's two worker threads).
+# PREFETCH: lowering starts each new kernel's pipeline as soon as its WGSL exists.
+PIPELINE_THREADS: int | None = None
+PREFETCH = True
+
+
+def _pipeline_threads() -> int:
+    if sys.platform == "emscripten":  # wgpudawn under Pyodide: no threads to start
+        return 0
+    if PIPELINE_THREADS is not None:
+        return PIPELINE_THREADS
+    return min(16, os.cpu_count() or 1)
 
 
 def _set_dawn_toggles(lib) -> None:
@@ -70,7 +96,6 @@ class _Device:
         if adapter is None:
             raise RuntimeError("wgpu found no WebGPU adapter (no Vulkan/Metal/D3D12 driver?)")
         have = adapter.limits
-        # timestamps let the profiler time each kernel on the GPU (profile.py)
         self.features = {f for f in _WANTED_FEATURES if f in adapter.features}
         self.device = adapter.request_device_sync(
             required_features=sorted(self.features),
@@ -79,6 +104,9 @@ class _Device:
         self.limits = {k.replace("-", "_"): v for k, v in self.device.limits.items()
                        if isinstance(v, int)}
         self.pipelines: dict[str, object] = {}
+        self.threads = _pipeline_threads()
+        self._pool: ThreadPoolExecutor | None = None
+        self._making: dict = {}  # WGSL -> Future of its pipeline (prefetch)
         self._lost = False
 
     @property
@@ -102,15 +130,33 @@ class _Device:
         """The pipeline of one WGSL text (cached)."""
         return self.pipelines_for([wgsl])[0]
 
+    def _create(self, wgsl: str):
+        """One pipeline, made synchronously (on a pool thread or the caller's)."""
+        module = self.device.create_shader_module(code=wgsl)
+        return self.device.create_compute_pipeline(
+            layout="auto", compute={"module": module, "entry_point": "main"})
+
+    def prefetch(self, wgsl: str) -> None:
+        """Start creating the pipeline of `wgsl` on a pool thread, unless it is made or under
+        way; pipelines_for collects it. Nothing without the thread pool."""
+        if self.threads <= 1 or wgsl in self.pipelines or wgsl in self._making:
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="webgrad-pipeline")
+        self._making[wgsl] = self._pool.submit(self._create, wgsl)
+
     def pipelines_for(self, wgsls: list[str]) -> list:
         """The pipeline of each WGSL text, in order. Those not cached yet are created
-        together: all issued with create_compute_pipeline_async, then all waited for. Dawn
-        compiles them on its worker threads, in parallel (GPT-2 124M's 77 pipelines on an
-        H200 whose driver had no shader cache: 7.7 s one at a time, 3.7 s together;
-        bench/README.md, compile_time); wgpu-native resolves the same call at once, and an
-        API without it gets them made one by one. A failure raises the error of the first
-        failing text in plan order, once the rest were waited for (those that compiled stay
-        cached; a failed text is tried afresh by the next call that names it)."""
+        together: on the thread pool (prefetch; those lowering started already are waited
+        for), else all issued with create_compute_pipeline_async and then all waited for
+        (Dawn compiles two at a time; wgpu-native resolves the call at once), else, in an
+        API without that call, one by one. A failure raises the error of the first failing
+        text in plan order, once the rest were waited for (those that compiled stay cached;
+        a failed text is tried afresh by the next call that names it)."""
+        if self.threads > 1:
+            for wgsl in wgsls:
+                self.prefetch(wgsl)
+            return self._collect_threads(wgsls)
         create = getattr(self.device, "create_compute_pipeline_async", None)
         pending = {}
         for wgsl in dict.fromkeys(wgsls) if create is not None else ():
@@ -121,24 +167,36 @@ class _Device:
                         layout="auto", compute={"module": module, "entry_point": "main"})
                 except Exception as e:  # WGSL that does not parse: reported in order below
                     pending[wgsl] = _Failed(e)
+
+        def made(wgsl):
+            promise = pending.get(wgsl)
+            if isinstance(promise, _Failed):
+                raise promise.error
+            return self._create(wgsl) if promise is None else promise.sync_wait()
+        return self._in_order(wgsls, made)
+
+    def _collect_threads(self, wgsls: list[str]) -> list:
+        # Every pipeline under way is waited for, not only this call's: the bindings report
+        # a validation error in whichever thread looks first (wgpu-py's error handler keeps
+        # one list of pending errors), so a failure anywhere may belong to any of them.
+        making, self._making = self._making, {}
+        wait(making.values())
+        if any(f.exception() is not None for f in making.values()):
+            # which text failed is not known: this call's are made again one at a time, in
+            # plan order, so the error names the right kernel (the others are dropped)
+            return self._in_order(wgsls, self._create)
+        self.pipelines.update((w, f.result()) for w, f in making.items())
+        return [self.pipelines[w] for w in wgsls]
+
+    def _in_order(self, wgsls: list[str], made) -> list:
         failures = {}
         for i, wgsl in enumerate(wgsls):
             if wgsl in self.pipelines or wgsl in failures:
                 continue
-            promise = pending.get(wgsl)
             try:
-                if isinstance(promise, _Failed):
-                    raise promise.error
-                if promise is None:  # no async creation in this API
-                    module = self.device.create_shader_module(code=wgsl)
-                    made = self.device.create_compute_pipeline(
-                        layout="auto", compute={"module": module, "entry_point": "main"})
-                else:
-                    made = promise.sync_wait()
+                self.pipelines[wgsl] = made(wgsl)
             except Exception as e:
                 failures[wgsl] = (i, e)
-                continue
-            self.pipelines[wgsl] = made
         if failures:
             wgsl, (_, e) = min(failures.items(), key=lambda kv: kv[1][0])
             raise _compile_error(wgsl, e)
@@ -193,6 +251,7 @@ class NativeHost(GPUHost):
         self.lib = self._dev.lib
         self.limits = dict(self._dev.limits)
         self.info = self._dev.info
+        self.features = frozenset(self._dev.features)  # optional features the device has
         self._programs: dict[int, _Program] = {}
         self._next = 1
         self._persistent: dict[str, list] = {}  # key -> [GPUBuffer, size, programs using it]
@@ -238,6 +297,12 @@ class NativeHost(GPUHost):
         self.device.destroy()
 
     # -- GPUHost
+    def prefetch(self, wgsl: str) -> None:
+        """Start creating a kernel's pipeline now (lowering calls this for each new WGSL
+        text, so the driver compiles while the rest is lowered); load() collects it."""
+        if PREFETCH and not self._dev.lost:
+            self._dev.prefetch(wgsl)
+
     def load(self, plan: dict) -> int:
         if self._dev.lost:
             raise DeviceLostError(f"the WebGPU device ({self.info}) was lost; compile again")

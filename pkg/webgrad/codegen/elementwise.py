@@ -6,7 +6,8 @@ elementwise nodes (chosen by fusion.py) becomes ONE kernel of one thread per out
 element that evaluates every output of the group at its flat index, sharing common
 subexpressions, and stores them all (the Adam update of a parameter writes m, v and p from
 one kernel). Numerics that WGSL leaves loose are pinned here:
-  tanh   clamped to [-15, 15] first (tanh(15) rounds to 1 in f32), so no inf/inf
+  tanh   our own f32 formula (below, tanh_f), within ~2 ulp, no inf/inf; WGSL's tanh
+         made GELU's matmul epilogues slow on an H200 (bench/README.md)
   pow    integer exponents by multiplication / |x|^p with the sign fixed (WGSL's pow is
          exp2(p log2 x): NaN for x < 0); p = +-0.5 as sqrt / inverseSqrt
   erf    our own f32 approximation (below), max relative error ~1.7e-7 (3 ulp)
@@ -55,6 +56,27 @@ ERF_WGSL = f"""fn erf_f(x: f32) -> f32 {{
   let s = (1.0f / a - {f32_lit(_ERF_MID)}) * {f32_lit(_ERF_INVHALF)};
   let r = 1.0f - exp(-(a * a)) * {_horner(_ERF_Q, "s")};
   return select(r, -r, x < 0.0f);
+}}
+"""
+
+
+# tanh(x) for |x| < 0.75 is x + x^3 P(x^2) (P: degree 5, least squares on Chebyshev nodes
+# in x^2 against numpy's tanh in double precision, relative weights, coefficients rounded to
+# f32; 0.72 ulp evaluated in f32); beyond, 1 - 2 / (1 + exp(2|x|)) with the sign of x,
+# where the subtraction loses nothing (tanh >= 0.63) and |x| is clamped to 15 (tanh(15)
+# rounds to 1) so exp stays finite on every backend. Both sides are computed and one
+# selected: GELU's argument puts both in one warp anyway. On an H200 through Dawn WGSL's
+# tanh cost ~0.05 ms per 12.6M values inside a matmul epilogue (bench/README.md,
+# 2026-11-30: the GPT-2 MLP up-projection with its GELU 0.534-0.541 ms -> 0.519, a product
+# with three tanh in its epilogue 0.706-0.727 -> 0.617).
+_TANH_P = (0.0017302967607975006, -0.007645958568900824, 0.02144482545554638,
+           -0.05389061197638512, 0.1333266645669937, -0.3333331346511841)
+TANH_WGSL = f"""fn tanh_f(x: f32) -> f32 {{
+  let a = abs(x);
+  let s = a * a;
+  let p = x * fma(s, {_horner(_TANH_P, "s")}, 1.0f);  // x * (...): keeps -0
+  let r = 1.0f - 2.0f / (1.0f + exp(2.0f * min(a, 15.0f)));
+  return select(select(r, -r, x < 0.0f), p, a < 0.75f);
 }}
 """
 
@@ -204,7 +226,7 @@ _UNARY = {
                          f"bitcast<f32>(wg_nan_bits), {x} < 0.0f || isnan_f({x}))"),
     "sqrt": lambda x, a: _keep_nan(x, f"sqrt({x})"),
     "rsqrt": lambda x, a: _keep_nan(x, f"inverseSqrt({x})"),
-    "tanh": lambda x, a: f"select(tanh(clamp({x}, -15.0f, 15.0f)), {x}, isnan_f({x}))",
+    "tanh": lambda x, a: _keep_nan(x, f"tanh_f({x})"),
     "sigmoid": lambda x, a: _keep_nan(x, f"(1.0f / (1.0f + exp(-{x})))"),
     "relu": lambda x, a: f"select(max({x}, 0.0f), {x}, isnan_f({x}))",
     "erf": lambda x, a: _keep_nan(x, f"erf_f({x})"),
@@ -243,6 +265,8 @@ def _unary_rule(em: Emitter, node, idx: Idx) -> str:
         em.k.helper("erf_f", ERF_WGSL)
     if node.op in ("sin", "cos"):
         em.k.helper("trig_f", TRIG_WGSL)
+    if node.op == "tanh":
+        em.k.helper("tanh_f", TANH_WGSL)
     if node.op in _NAN_SAFE:
         em.k.helper("isnan_f", ISNAN_WGSL)
     return _UNARY[node.op](em.arg(node, 0, idx), node.attrs)

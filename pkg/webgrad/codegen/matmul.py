@@ -28,7 +28,11 @@ dequantize(words) (a quantized weight, codegen/quant.py) is read through a decod
 blocks instead of a load: the f32 weight is never stored, only its blocks are read. Shapes
 are constants; bounds tests are emitted only where a dimension is not a multiple of its
 tile. The result goes to the group's epilogue `epi(flat, v)`, so elementwise consumers
-(bias, relu, an optimizer update) are fused into the writer.
+(bias, relu, an optimizer update) are fused into the writer. Where the epilogue streams a
+tensor of the output's size (GELU's pre-activation in its backward), `Config.epi_rows`
+splits it (`_split_epilogue`) so that the loads of a row of the thread's block are issued
+before any of its stores: the GPU's compiler must assume a storage load may alias an
+earlier store, so one call after another waits out a memory latency per output.
 
 Split-K: a long K over too few output tiles to fill the GPU's waves (a weight gradient,
 K = B*T; the LM head's input gradient, K = vocabulary) keeps the large tile and gives each
@@ -47,16 +51,18 @@ wgsl.CPU_LOOP_ITERATIONS (lavapipe silently stops a shader's loops after 65535 i
 Subgroup operations (the H200's Dawn adapter has them) are not used here: sharing operands
 between lanes by shuffles moves one float per lane and instruction where a shared-memory
 vec4 read moves four, and operand traffic is what limits this kernel; no matmul variant
-was measured. Row reductions were (bench/subgroups.py, H200, 2026-11-30): a subgroup
-reduction in place of the shared-memory tree took log-softmax over [4096, 50257] from 2.28
-to 1.49 ms and softmax over [49152, 512] from 0.186 to 0.160, layer norm 0-10%: worth
-emitting for long rows (not done yet, bench/README.md). Also measured there: Dawn's
+was measured. Row reductions were (bench/subgroups.py, H200, 2026-11-30): codegen emits
+them for the one-pass logsumexp's (max, sum) pairs (1.38 -> 1.01 ms over [4096, 50257]);
+single-value row reductions keep the shared-memory tree, whose subgroup form measured 1.0x
+over [4096, 50257] and slower over rows of 512-768 (codegen/wgsl.py, SUBGROUP_DEFAULT;
+bench/README.md). Also measured there: Dawn's
 robustness (index clamping) costs this kernel 0-2% (`disable_robustness`), and vec4 stores
 of 4 adjacent outputs in the epilogue were slower than scalar ones (0.969 against 0.888 ms
 at [16384 x 512] @ [512 x 2048]).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from math import prod
 
@@ -100,7 +106,9 @@ K_LOOP = 1024
 # 124M's compile + init 5.41 / 6.67 s unrolled, 4.50 / 4.83 s with (512, 4), 4.28 s with
 # (512, 2); but the products ran 5-8% slower with (512, 4) (2048: 0.428 -> 0.455 ms;
 # [4096 x 768] @ [768 x 3072]: 0.477 -> 0.516) and the vocabulary-wide "odd" tile 18% slower
-# (8.11 -> 9.54 ms), so training speed keeps the unrolled steps.
+# (8.11 -> 9.54 ms), so training speed keeps the unrolled steps. Since pipelines are made on a
+# pool of threads (webgpu_native.PIPELINE_THREADS), the unrolled steps' cold compile + init is
+# 1.5-1.7 s (bench/README.md, "Compile + init"): nothing is left to trade.
 K_UNROLL: tuple[int, int] | None = None
 
 
@@ -122,6 +130,7 @@ class Config:
     wy: int = 16  # threads along M
     group: int = 0  # tile order: runs of `group` tile rows walked column by column (L2 reuse)
     vload: bool = False  # vec4 global loads where the operands' layouts allow (_vec_axis)
+    epi_rows: int = 0  # epilogue loads issued for this many of a thread's rows at once (0: per value)
 
     @property
     def bm(self): return self.wy * self.tm
@@ -166,10 +175,19 @@ ADAPTER_TILINGS = (
     # 9.74 -> 8.47 ms, logits 8.45 -> 8.18, head weight gradient 8.46 -> 7.80; [4096 x 768]
     # @ [768 x 768] (192 tiles of 128 x 128) 0.192 ms on 64 x 128 tiles, 0.158 on the 64 x
     # 64 one, 0.167 split in 2.
+    # 2026-11-30 (evening, bench/README.md "epilogues"): the wide tile issues its epilogue's
+    # loads a row at a time (epi_rows 1): GELU's backward twin 0.579 -> 0.548 ms in the
+    # step; two rows spilled the AdamW-fused head weight gradient (7.95 -> 10.1 ms; hence
+    # EPI_MAX_LOADS). Tried and not kept: the output tile staged through workgroup memory so
+    # that each warp stores whole 128-byte lines (every product slower: [4096 x 768] @ [768
+    # x 3072] 0.473 -> 0.508 ms, with GELU 0.537 -> 0.554, the vocabulary's 8.1 -> 10.8),
+    # and vec4 loads of the vocabulary's unaligned rows as two aligned vec4s shifted by
+    # selects (logits 8.15 -> 8.20, head weight gradient 7.77 -> 7.95, input gradient 8.46
+    # -> 8.95 ms).
     (("h200", "h100"), {
         "slots": 264, "double": False,
         "split": Config(8, 16, 8, wx=8, wy=16, vload=True),
-        "wide": Config(8, 16, 8, wx=8, wy=16, vload=True), "wide_bk": 16,
+        "wide": Config(8, 16, 8, wx=8, wy=16, vload=True, epi_rows=1), "wide_bk": 16,
         "odd": Config(8, 8, 16, wx=16, wy=16, vload=True),
         "batched": Config(8, 8, 8, wx=8, wy=8, vload=True),
         "mid": Config(8, 8, 8, wx=8, wy=8, vload=True),
@@ -610,18 +628,83 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
     L(f"let f0 = bt * {M * N}u + m0 * {N}u + n0;")
     if S > 1:
         L(f"let poff = sk * {nb * M * N}u + f0;")
-    for i, ri in enumerate(rows_a):
-        for j, cj in enumerate(cols_b):
-            conds = (([f"m0 + {ri}u < {M}u"] if need_m else [])
-                     + ([f"n0 + {cj}u < {N}u"] if need_n else []))
-            call = (f"{P}[poff + {ri * N + cj}u] = {acc[i][j]};" if S > 1 else
-                    f"{epi}(f0 + {ri * N + cj}u, {acc[i][j]});")
-            L(f"if ({' && '.join(conds)}) {{ {call} }}" if conds else call)
+    pre = S == 1 and cfg.epi_rows > 0 and _split_epilogue(kernel, epi)
+    for i0 in range(0, TM, max(1, cfg.epi_rows) if pre else TM):
+        rows = list(enumerate(rows_a))[i0:i0 + cfg.epi_rows] if pre else list(enumerate(rows_a))
+        if pre:  # the epilogue's loads of these rows first, then their stores
+            for i, ri in rows:
+                for j, cj in enumerate(cols_b):
+                    L(f"let q{i}_{j} = {epi}_ld(f0 + {ri * N + cj}u);")
+        for i, ri in rows:
+            for j, cj in enumerate(cols_b):
+                conds = (([f"m0 + {ri}u < {M}u"] if need_m else [])
+                         + ([f"n0 + {cj}u < {N}u"] if need_n else []))
+                call = (f"{P}[poff + {ri * N + cj}u] = {acc[i][j]};" if S > 1 else
+                        f"{epi}(f0 + {ri * N + cj}u, {acc[i][j]}, q{i}_{j});" if pre else
+                        f"{epi}(f0 + {ri * N + cj}u, {acc[i][j]});")
+                L(f"if ({' && '.join(conds)}) {{ {call} }}" if conds else call)
     out = [ctx.dispatch(kernel, em.lines, grid, NT)]
     if S > 1:
         out[0]["cost"] = True  # the profiler's bytes and FLOPs: the product, not the sum
         out.append(_build_split_sum(ctx, node, S, nb * M * N))
     return out
+
+
+EPI_MAX_LOADS = 2  # epilogues loading more values per output keep their loads in place
+_LET = re.compile(r"^\s*let (\w+) = (.*);$")
+_LOAD = re.compile(r"^(b\d+)\[.*\]$")
+_STREAMED = re.compile(r"^\s*let \w+ = b\d+\[(\d+u \+ )?f\];$")  # a load at the output's index
+_STORE = re.compile(r"^\s*b\d+\[.*\] = .*;$")
+
+
+def _split_epilogue(kernel, epi: str) -> bool:
+    """Split the epilogue `fn epi(f, v)` (program.epilogue_fn) in two where it loads
+    anything (a bias, a pre-activation): `epi_ld(f)` makes those loads, which depend on f
+    alone, and returns them in a struct; `epi(f, v, p)` is the rest, taking the loaded
+    values from p. The tile's writer then issues the loads of several outputs before
+    their stores (Config.epi_rows): the GPU's compiler keeps a load after any earlier
+    store to a storage buffer (they may alias), so one call after another waits out a
+    memory latency per value. Only where a load streams a tensor of the output's size
+    (read at f): a broadcast bias alone is a cache hit, and prefetching it measured slower
+    (the GPT-2 MLP's GELU forward, 0.546 -> 0.554 ms). False (nothing changed): no such
+    load, or more than EPI_MAX_LOADS loads."""
+    at = next(k for k, fn in enumerate(kernel.functions) if fn.startswith(f"fn {epi}(f: u32, v: "))
+    head, *body = kernel.functions[at].rstrip().rstrip("}").rstrip().split("\n")
+    dep, loads, pure = {"v"}, [], []
+    if not all(_LET.match(ln) or _STORE.match(ln) for ln in body):
+        return False  # anything but straight-line lets and stores: left as it is
+    for ln in body:
+        m = _LET.match(ln)
+        if not m:
+            continue
+        name, expr = m.groups()
+        if set(re.findall(r"\w+", expr)) & dep:
+            dep.add(name)
+            continue
+        pure.append(ln)
+        lm = _LOAD.match(expr)
+        if lm:
+            elem = kernel.bindings[int(lm.group(1)[1:])].elem
+            loads.append((name, elem))
+    if len(loads) > EPI_MAX_LOADS or not any(_STREAMED.match(ln) for ln in pure):
+        return False  # nothing streamed from memory at f: a broadcast bias stays in cache
+    need = {n for n, _ in loads}  # epi_ld keeps the lines the loads' indices come from
+    keep = []
+    for ln in reversed(pure):
+        name, expr = _LET.match(ln).groups()
+        if name in need:
+            keep.append(ln)
+            need |= set(re.findall(r"\w+", expr))
+    pure = keep[::-1]
+    fields = ", ".join(f"{n}: {t}" for n, t in loads)
+    kernel.functions[at:at + 1] = [
+        f"struct EpiLoads {{ {fields} }}\n",
+        f"fn {epi}_ld(f: u32) -> EpiLoads {{\n" + "\n".join(pure)
+        + f"\n  return EpiLoads({', '.join(n for n, _ in loads)});\n}}\n",
+        head.replace(") {", ", p: EpiLoads) {") + "\n" + "\n".join(
+            f"  let {m.group(1)} = p.{m.group(1)};" if (m := _LET.match(ln)) and
+            m.group(1) in dict(loads) else ln for ln in body) + "\n}\n"]
+    return True
 
 
 def _build_split_sum(ctx, node, S: int, total: int) -> dict:

@@ -264,7 +264,7 @@ class _Lowering:
             "buffers": len(self.buffers),
         }
 
-    def build(self) -> Lowered:
+    def build(self, on_pipeline=None) -> Lowered:
         fu, g = self.fu, self.g
         pipelines: list[dict] = []
         by_text: dict[str, int] = {}
@@ -288,6 +288,8 @@ class _Lowering:
                 if p is None:
                     p = by_text[d["wgsl"]] = len(pipelines)
                     pipelines.append({"wgsl": d["wgsl"]})
+                    if on_pipeline is not None:
+                        on_pipeline(d["wgsl"])
                 commands.append({"op": "dispatch", "pipeline": p, "bindings": d["bindings"],
                                  "workgroups": d["workgroups"]})
                 names.append(d["name"])
@@ -377,14 +379,16 @@ def _build_group(ctx: GroupCtx) -> list[dict]:
     raise AssertionError(m.op)
 
 
-def lower(graph, limits: Limits | None = None, persist_key=lambda name: name):
-    """Compile a Graph into (Lowered, kernel names)."""
+def lower(graph, limits: Limits | None = None, persist_key=lambda name: name, *,
+          on_pipeline=None):
+    """Compile a Graph into (Lowered, kernel names). on_pipeline(wgsl), if given, is called
+    with each distinct kernel text as soon as it is emitted (NativeHost.prefetch)."""
     limits = limits or Limits()
     graph, empty = strip_empty(graph)  # zero-size tensors: nothing to compute or bind
     graph = rewrite_attention(graph, limits)  # fused attention kernels (attention_match.py)
     graph = rewrite_rows(graph)  # cross entropy, layer-norm backward (rowfuse_match.py)
     low = _Lowering(graph, limits, persist_key)
-    lowered, names = low.build()
+    lowered, names = low.build(on_pipeline)
     lowered.empty_outputs = empty
     return lowered, names
 

@@ -3,8 +3,10 @@ log_softmax_last and layer_norm_last, each ONE kernel (two for very long reducti
 
 Strategies, by the shape of the reduction (R elements reduced into each of O outputs):
   wg        reduced axes trailing and R >= 64: a workgroup per output; its threads stride
-            over the row, then a shared-memory tree combines them. Row ops do their passes
-            (max, sum of exp / mean, variance, write) inside the same workgroup.
+            over the row, then a shared-memory tree combines them (wgsl.workgroup_reduce,
+            whose subgroup form measured no faster here on an H200: taken only when
+            wgsl.SUBGROUPS forces it). Row ops do their passes (max, sum of exp / mean,
+            variance, write) inside the same workgroup.
   thread    short rows, or reduced axes in front (a bias gradient sums [N, D] over N)
             and R short: a thread per output loops over R; neighbouring threads read
             neighbouring columns.
@@ -42,7 +44,7 @@ from math import prod
 
 from .elementwise import ISNAN_WGSL
 from .emit import Emitter, Idx
-from .wgsl import WG, f32_lit, pow2ceil, tree_reduce, zero
+from .wgsl import WG, f32_lit, pow2ceil, tree_reduce, workgroup_reduce, zero
 
 REDUCE_OPS = {"sum", "max_last", "argmax_last"}
 ROW_OPS = {"softmax_last", "log_softmax_last", "layer_norm_last"}
@@ -216,14 +218,18 @@ def _wg_body(ctx, kernel, em, s, kind, dtype, o, r_from, r_to, wgs, finish):
     acci = em.var("u32", "0u") if kind == "argmax" else None
     with em.block(f"for (var r = {r_from} + lid; r < {r_to}; r += {wgs}u)"):
         _accumulate(em, s, kind, acc, acci, o, "r")
-    em.emit(f"red[lid] = {acc};")
-    if kind == "argmax":
-        em.emit(f"redi[lid] = {acci};")
-        _tree_argmax(em, wgs)
+    if kind == "sum":  # subgroups where the device has them (max must propagate NaN)
+        total = workgroup_reduce(em, wgs, acc, kind, _combine(kind, dtype), dtype)
     else:
-        tree_reduce(em.lines, "  ", "red", wgs, _combine(kind, dtype))
+        em.emit(f"red[lid] = {acc};")
+        if kind == "argmax":
+            em.emit(f"redi[lid] = {acci};")
+            _tree_argmax(em, wgs)
+        else:
+            tree_reduce(em.lines, "  ", "red", wgs, _combine(kind, dtype))
+        total = "red[0]" if kind != "argmax" else "i32(redi[0])"
     with em.block("if (lid == 0u)"):
-        finish("red[0]" if kind != "argmax" else "i32(redi[0])")
+        finish(total)
 
 
 def _wg_reduce(ctx, node, s):
@@ -270,10 +276,14 @@ def _wg_split(ctx, node, s, P):
     with em.block(f"for (var r = lid; r < {P}u; r += {wgs2}u)"):
         v = em.load(scratch, Idx((s.O * P,), flat=em.let(f"o * {P}u + r")))
         em.emit(comb(acc, v))
-    em.emit(f"red[lid] = {acc};")
-    tree_reduce(em.lines, "  ", "red", wgs2, comb)
+    if s.kind == "sum":
+        total = workgroup_reduce(em, wgs2, acc, "sum", comb, xdt)
+    else:
+        em.emit(f"red[lid] = {acc};")
+        tree_reduce(em.lines, "  ", "red", wgs2, comb)
+        total = "red[0]"
     with em.block("if (lid == 0u)"):
-        em.emit(f"{epi}(o, red[0]);")
+        em.emit(f"{epi}(o, {total});")
     return [d1, ctx.dispatch(k2, em.lines, grid2, wgs2)]
 
 
@@ -381,10 +391,8 @@ def _row_op(ctx, node, s, strat):
         """acc (a per-thread var) -> a let holding the row's total."""
         if not wg:
             return em.let(acc)
-        em.emit(f"red[lid] = {acc};")
-        tree_reduce(em.lines, "  ", "red", wgs, _combine(kind, "f32"))
-        total = em.snapshot("red[0]")
-        em.emit("workgroupBarrier();")  # everyone has read red[0] before it is reused
+        total = workgroup_reduce(em, wgs, acc, kind, _combine(kind, "f32"))
+        em.emit("workgroupBarrier();")  # everyone has read the total before red is reused
         return total
 
     def out_flat():

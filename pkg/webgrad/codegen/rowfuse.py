@@ -7,7 +7,10 @@ layer-norm backward into.
                          s = sum exp(x - m), rescaled when m grows (s e^(m - m') + 1), and
                          the tree combines (m, s) pairs the same way. The two-pass form
                          (max, then the sum) read a [4096, 50257] row block twice: 0.69 ms
-                         on an H200, at 1.2 TB/s of rows (bench/README.md)
+                         on an H200, at 1.2 TB/s of rows (bench/README.md). Where the
+                         device has 'subgroups' the pairs are combined by subgroupMax /
+                         subgroupAdd instead of the tree (_logsumexp_subgroups): 1.38 ->
+                         1.01 ms over [4096, 50257] on an H200 (bench/subgroups.py)
   layer_norm_grad(x, g)  dx of layer_norm_last (no affine) given g = dL/dy:
                          mu = mean(x), r = (mean((x - mu)^2) + eps)^-1/2, xhat = (x - mu) r,
                          dx = r (g - mean(g) - xhat mean(g xhat))
@@ -25,7 +28,7 @@ from math import prod
 
 from .emit import Idx, rule
 from .reduce import row_per_thread, row_thread_wg
-from .wgsl import WG, f32_lit, pow2ceil, tree_reduce
+from .wgsl import WG, f32_lit, pow2ceil, tree_reduce, use_subgroups, workgroup_reduce
 
 from .rowfuse_match import ROW_KERNEL_OPS
 
@@ -76,12 +79,10 @@ def build_row_kernel(ctx) -> list[dict]:
     def total(acc, combine="sum"):
         if per_thread:  # the thread's own sum is the row's
             return em.let(acc)
-        em.emit(f"red[lid] = {acc};")
-        tree_reduce(em.lines, "  ", "red", wgs,
-                    (lambda a, b: f"{a} = {a} + {b};") if combine == "sum"
-                    else (lambda a, b: f"{a} = max({a}, {b});"))
-        t = em.snapshot("red[0]")
-        em.emit("workgroupBarrier();")  # everyone has read red[0] before it is reused
+        t = workgroup_reduce(em, wgs, acc, combine,
+                             (lambda a, b: f"{a} = {a} + {b};") if combine == "sum"
+                             else (lambda a, b: f"{a} = max({a}, {b});"))
+        em.emit("workgroupBarrier();")  # everyone has read the total before red is reused
         return t
 
     if node.op == "logsumexp_last" and not per_thread:
@@ -97,11 +98,14 @@ def build_row_kernel(ctx) -> list[dict]:
                 em.emit(f"{m} = {v};")
             with em.block("else"):
                 em.emit(f"{sm} = {sm} + select(exp({v} - {m}), 1.0f, {v} == {m});")
-        em.emit(f"red[lid] = {m};")
-        em.emit(f"red2[lid] = {sm};")
 
         def part(ma, sa, mm):
             return f"select({sa} * select(exp({ma} - {mm}), 1.0f, {ma} == {mm}), 0.0f, {sa} == 0.0f)"
+        if use_subgroups(ctx.limits, "pairs"):
+            _logsumexp_subgroups(em, kernel, wgs, m, sm, part, lambda v: em.emit(f"{epi}(row, {v});"))
+            return [ctx.dispatch(kernel, em.lines, grid, wgs)]
+        em.emit(f"red[lid] = {m};")
+        em.emit(f"red2[lid] = {sm};")
         tree_reduce(em.lines, "  ", "red", wgs, lambda a, b: (
             f"let ma = {a}; let mb = {b}; let mm = max(ma, mb); "
             f"red2[lid] = {part('ma', 'red2[lid]', 'mm')} + {part('mb', b.replace('red', 'red2'), 'mm')}; "
@@ -148,6 +152,31 @@ def build_row_kernel(ctx) -> list[dict]:
         xhat = em.let(f"({at(x)} - {mean}) * {r}")
         em.emit(f"{epi}({flat()}, {r} * ({at(gg)} - {mg} - {xhat} * {mgx}));")
     return [ctx.dispatch(kernel, em.lines, grid, wgs)]
+
+
+def _logsumexp_subgroups(em, kernel, wgs, m, sm, part, finish):
+    """The (m, s) pairs of a one-pass logsumexp combined through subgroups, as
+    wgsl.workgroup_reduce combines one value: each subgroup takes the largest m and adds
+    its s rescaled to it; its first active invocation writes the pair, the others the
+    empty pair (-inf, 0); one barrier; each lane folds every n-th pair in order, and one
+    more max and sum over the subgroup give every invocation the row's pair."""
+    rank, count = kernel.enable_subgroups()
+    ninf = f32_lit(float("-inf"))
+    mg = em.snapshot(f"subgroupMax({m})")
+    sg = em.snapshot(f"subgroupAdd({part(m, sm, mg)})")
+    em.emit(f"red[lid] = select({ninf}, {mg}, {rank} == 0u);")
+    em.emit(f"red2[lid] = select(0.0f, {sg}, {rank} == 0u);")
+    em.emit("workgroupBarrier();")
+    m2, s2 = em.var("f32", ninf), em.var("f32", "0.0f")
+    with em.block(f"for (var wg_k = {rank}; wg_k < {wgs}u; wg_k += {count})"):
+        mb, sb = em.snapshot("red[wg_k]"), em.snapshot("red2[wg_k]")
+        mm = em.snapshot(f"max({m2}, {mb})")
+        em.emit(f"{s2} = {part(m2, s2, mm)} + {part(mb, sb, mm)};")
+        em.emit(f"{m2} = {mm};")
+    mt = em.snapshot(f"subgroupMax({m2})")
+    st = em.snapshot(f"subgroupAdd({part(m2, s2, mt)})")
+    with em.block("if (lid == 0u)"):
+        finish(f"{mt} + log({st})")
 
 
 __all__ = ["ROW_KERNEL_OPS", "build_row_kernel"]

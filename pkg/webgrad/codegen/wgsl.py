@@ -15,7 +15,10 @@ Everything else in codegen/ writes kernel *bodies* as text and asks a `Kernel` f
     `thread_index` / `workgroup_index` emit that preamble for the two kernel shapes (one
     thread per item / one workgroup per item), so builders never spell it out;
   * literals: f32 values are written so that they round back to the same float32
-    (inf/nan through bitcast, negative numbers parenthesised so `a - -1` never forms `--`).
+    (inf/nan through bitcast, negative numbers parenthesised so `a - -1` never forms `--`);
+  * workgroup reductions (`workgroup_reduce`): a shared-memory tree, or subgroup operations
+    where the device was requested with the 'subgroups' feature and they measured faster
+    (`use_subgroups`, SUBGROUP_DEFAULT).
 """
 from __future__ import annotations
 
@@ -30,6 +33,15 @@ WG = 256  # default workgroup size for one-thread-per-element kernels (WebGPU's 
 # Kernels whose loops a long axis drives keep each invocation under this on those adapters
 # (reduce.py's tree for long rows, matmul.py's K chunks); a margin is left for small loops.
 CPU_LOOP_ITERATIONS = 60000
+# tests and benches: True / False forces the subgroup / shared-memory-tree form of every
+# workgroup reduction on any adapter (True needs a device requested with 'subgroups')
+SUBGROUPS = None
+# The reductions that take the subgroup form by default where the device has 'subgroups'
+# (use_subgroups): measured on an H200 through Dawn (bench/subgroups.py, bench/README.md),
+# the one-pass logsumexp's (max, sum) pairs over [4096, 50257] took 0.73x the tree's time;
+# single values (layer norm and its backward, softmax, sums) took 1.0x over [4096, 50257]
+# and 1.3-4.5x over rows of 512-768, so they keep the tree unless SUBGROUPS forces it.
+SUBGROUP_DEFAULT = frozenset({"pairs"})
 
 
 class LimitError(ValueError):
@@ -52,6 +64,7 @@ class Limits:
     max_storage_buffers_per_shader_stage: int = 8
     cpu: bool = False  # a CPU-emulated adapter (SwiftShader, lavapipe): avoid barriers
     adapter: str = ""  # the adapter's description (codegen/matmul.py's table of tilings)
+    subgroups: bool = False  # the device was requested with the 'subgroups' feature
 
     @classmethod
     def from_host(cls, limits: dict | None) -> "Limits":
@@ -144,6 +157,7 @@ class Kernel:
         self.functions: list[str] = []      # generated functions (epilogues)
         self.workgroup_size = WG
         self.nx = self.ny = self.nz = 1
+        self.subgroups = False  # the body uses subgroup operations (enable_subgroups)
 
     # -- buffers
     def binding(self, buffer: int, dtype: str, *, write: bool = False, what: str = "",
@@ -170,6 +184,17 @@ class Kernel:
     def helper(self, name: str, code: str) -> str:
         self._helpers.setdefault(name, code)
         return name
+
+    def enable_subgroups(self) -> tuple[str, str]:
+        """Declare that the body uses subgroup operations: the module gets `enable
+        subgroups;` and main starts with this invocation's rank among the active
+        invocations of its subgroup and their count (names returned). Rank and count,
+        rather than the subgroup_invocation_id / subgroup_size builtins: a subgroup may
+        run with inactive lanes (a workgroup smaller than the subgroup, or not a multiple
+        of it), and no API ties subgroups to ranges of local_invocation_index, so the
+        reductions below index nothing by subgroup number."""
+        self.subgroups = True
+        return "wg_sg_rank", "wg_sg_count"
 
     # -- dispatch
     def grid(self, workgroups: int) -> list[int]:
@@ -229,6 +254,8 @@ class Kernel:
                              f"kernel ({names}) but the device allows "
                              f"{self.limits.max_storage_buffers_per_shader_stage}")
         out = [f"// webgrad: {self.name}"]
+        if self.subgroups:
+            out.append("enable subgroups;")
         for k, b in enumerate(self.bindings):
             access = "read_write" if b.write else "read"
             out.append(f"@group(0) @binding({k}) var<storage, {access}> b{k}: array<{b.elem}>;")
@@ -241,6 +268,9 @@ class Kernel:
         out.append(f"@compute @workgroup_size({wgs})")
         out.append("fn main(@builtin(workgroup_id) wid: vec3<u32>, "
                    "@builtin(local_invocation_index) lid: u32) {")
+        if self.subgroups:  # at the top of main: control flow is uniform here
+            out += ["  let wg_sg_rank = subgroupExclusiveAdd(1u);",
+                    "  let wg_sg_count = subgroupAdd(1u);"]
         out += body
         out.append("}")
         return "\n".join(out) + "\n"
@@ -255,3 +285,52 @@ def tree_reduce(lines: list[str], ind: str, arr: str, wgs: int, combine) -> None
         lines.append(f"{ind}if (lid < {s}u) {{ {combine(f'{arr}[lid]', f'{arr}[lid + {s}u]')} }}")
         lines.append(f"{ind}workgroupBarrier();")
         s //= 2
+
+
+def use_subgroups(limits: Limits, what: str = "values") -> bool:
+    """Whether a workgroup reduction of `what` ("values": workgroup_reduce; "pairs": the
+    one-pass logsumexp's (max, sum) pairs, rowfuse.py) uses subgroup operations: where the
+    device was requested with the 'subgroups' feature (Limits.subgroups; the hosts request
+    it where the adapter has it: Dawn on GPUs, Chromium's SwiftShader; wgpu-native on
+    lavapipe names no such feature and its WGSL compiler takes no `enable subgroups;`) and
+    `what` is in SUBGROUP_DEFAULT (measured faster there). SUBGROUPS forces either form."""
+    if SUBGROUPS is not None:
+        return bool(SUBGROUPS)
+    return bool(limits.subgroups) and what in SUBGROUP_DEFAULT
+
+
+def workgroup_reduce(em, wgs: int, value: str, kind: str, combine, dtype: str = "f32",
+                     arr: str = "red") -> str:
+    """The total of `value` (one per invocation) over a workgroup of `wgs` invocations, as a
+    `let` that every invocation holds. `arr` is a `var<workgroup>` array of wgs elements
+    that the caller declared; the caller puts a barrier after its last read of the total
+    before `arr` is written again. kind 'sum' or 'max'; `combine(a, b)` -> the statement
+    folding b into a (as tree_reduce's). Call in workgroup-uniform control flow.
+
+    Tree (no subgroups): every invocation writes arr[lid], log2(wgs) halving steps each
+    behind a barrier, then everyone reads arr[0].
+    Subgroups (use_subgroups): each subgroup reduces in registers (subgroupAdd/Max); its
+    first active invocation writes the subgroup's total to arr[lid], every other one the
+    identity (so every element is written and no slot depends on how the hardware groups
+    invocations); one barrier; then in every subgroup lane i folds arr[i], arr[i + n], ...
+    (n active lanes) and one more subgroup operation gives the total to every invocation.
+    Two barriers in all (with the caller's) instead of log2(wgs) + 2, but on an H200 no
+    faster for these single values (SUBGROUP_DEFAULT: the tree stays unless forced). A
+    subgroup max of a NaN need not be NaN, so callers whose max must propagate NaN
+    (max_last) keep the tree; the row ops' later passes see the NaN themselves."""
+    ind = "  " * em._ind
+    if not use_subgroups(em.k.limits):
+        em.emit(f"{arr}[lid] = {value};")
+        tree_reduce(em.lines, ind, arr, wgs, combine)
+        return em.snapshot(f"{arr}[0]")
+    assert kind == "sum" or dtype == "f32", (kind, dtype)
+    rank, count = em.k.enable_subgroups()
+    op = {"sum": "subgroupAdd", "max": "subgroupMax"}[kind]
+    ident = ("0.0f" if dtype == "f32" else "0i") if kind == "sum" else "bitcast<f32>(wg_ninf_bits)"
+    part = em.snapshot(f"{op}({value})")
+    em.emit(f"{arr}[lid] = select({ident}, {part}, {rank} == 0u);")
+    em.emit("workgroupBarrier();")
+    acc = em.var(wgsl_type(dtype), ident)
+    with em.block(f"for (var wg_k = {rank}; wg_k < {wgs}u; wg_k += {count})"):
+        em.emit(combine(acc, em.snapshot(f"{arr}[wg_k]")))
+    return em.snapshot(f"{op}({acc})")
