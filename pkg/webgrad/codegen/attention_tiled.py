@@ -111,6 +111,16 @@ OPTS = {
     "prefetch_x": frozenset({"attn_fwd", "attn_out", "attn_dq", "attn_dkv", "attn_dk", "attn_dv"}),
 }
 PREFETCH_D_MAX = 4  # D chunks unrolled (and prefetched) at most; more: a loop
+# Adapters that get neither prefetch: SwiftShader creates a pipeline with LLVM inside Chrome's
+# GPU process, and the prefetches' unrolled chunks double the kernels' WGSL (attn_fwd of the
+# T 37, D 33 record: 15 -> 31 KB); headless Chromium on a 2-core machine then lost its device
+# creating them (tests/browser/test_gpu_host.py). A CPU has no load latency to hide anyway.
+PREFETCH_OFF_ADAPTERS = ("swiftshader",)
+
+
+def _prefetches(op: str, kind: str, adapter: str) -> bool:
+    """Whether `op`'s kernel issues the `kind` prefetch ("prefetch_d", "prefetch_x")."""
+    return op in OPTS[kind] and not any(w in adapter.lower() for w in PREFETCH_OFF_ADAPTERS)
 BLOCK_SIZES = ((64, 64),)  # (BR, BC) tried first, where they fit (then 32 x 32, 16 x 16)
 # ... before them, for the query kernels over long rows: 128 query rows (8 per thread) took
 # attn_fwd 0.668 -> 0.607 ms and attn_dq 0.839 -> 0.756 at 8 x 12 x 1024 x 64 on an H200,
@@ -335,7 +345,7 @@ def build_tiled(ctx) -> list[dict]:
                           f"{_comp(ys[b // WC], WC, b % WC)}, {accs[a][b]});")
 
         nch = -(-width // DK)
-        if op in OPTS["prefetch_d"] and nch <= PREFETCH_D_MAX:
+        if _prefetches(op, "prefetch_d", ctx.limits.adapter) and nch <= PREFETCH_D_MAX:
             cur = tiles("0u")
             for ci in range(nch):
                 put("As", WR, cur[0])
@@ -431,7 +441,7 @@ def build_tiled(ctx) -> list[dict]:
                          NC, "0u", width, X_loads[k], x_exact, _padded(width) == width)
         # X rows past a causal block's last kept one are real rows times W = 0, or zeros
         x_pre = ([[x_rows(k, f"{x0}u") for x0 in range(0, BC, XK)] for k in range(len(prods))]
-                 if op in OPTS["prefetch_x"] else None)
+                 if _prefetches(op, "prefetch_x", ctx.limits.adapter) else None)
         s = [[em.var("f32", "0.0f", "s") for _ in range(TC)] for _ in range(TR)]
         dot_tiles(s, D, own_load, str_load)
         dp = None
