@@ -39,13 +39,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pkg"))
 
 
-def webgrad_step(shape, fused: bool, reps: int, warmup: int, seed: int = 0, tiled=None,
-                 profile: bool = False):
-    import numpy as np
-    import webgrad as wg
-    import webgrad.codegen.attention_match as am
-    import webgrad.codegen.attention_tiled as at
-    import webgrad.codegen.program as program
+def attention_model(shape):
+    """(Module class, loss) of the benched step: q, k, v parameters of [B, H, T, D] and
+    loss = sum(softmax_causal_last(q @ k^T / sqrt(D)) @ v * w)."""
     from webgrad import Module, ops
     B, H, T, D = shape
 
@@ -57,6 +53,19 @@ def webgrad_step(shape, fused: bool, reps: int, warmup: int, seed: int = 0, tile
     def loss(m, inp):
         s = m.q @ ops.swap_axes(m.k, -1, -2) * (1 / math.sqrt(D))
         return ops.sum_all((ops.softmax_causal_last(s) @ m.v) * inp["w"])
+    return M, loss
+
+
+def webgrad_step(shape, fused: bool, reps: int, warmup: int, seed: int = 0, tiled=None,
+                 profile: bool = False):
+    import numpy as np
+    import webgrad as wg
+    import webgrad.codegen.attention_match as am
+    import webgrad.codegen.attention_tiled as at
+    import webgrad.codegen.program as program
+    B, H, T, D = shape
+
+    M, loss = attention_model(shape)
 
     saved = program.rewrite_attention, am._fuse_training, at.FORCE_TILED
     if not fused:
@@ -119,18 +128,10 @@ def variant_times(shape, name, profiles: int):
     import webgrad as wg
     import webgrad.codegen.attention_match as am
     import webgrad.codegen.attention_tiled as at
-    from webgrad import Module, ops
     B, H, T, D = shape
     blocks, opts = VARIANTS[name]
 
-    class M(Module):
-        def __init__(self):
-            super().__init__()
-            self.q, self.k, self.v = (self.param([B, H, T, D], init="zeros") for _ in range(3))
-
-    def loss(m, inp):
-        s = m.q @ ops.swap_axes(m.k, -1, -2) * (1 / math.sqrt(D))
-        return ops.sum_all((ops.softmax_causal_last(s) @ m.v) * inp["w"])
+    M, loss = attention_model(shape)
 
     saved = am._fuse_training, at.FORCE_TILED, at.FORCE_BLOCKS, at.OPTS
     am._fuse_training = lambda score_bytes, limits: True
