@@ -289,6 +289,7 @@ def test_records_in_every_code_shape(name, form, monkeypatch):
     except Exception as e:
         pytest.skip(f"no native WebGPU adapter: {e}")
     monkeypatch.setattr(at, "FORCE_TILED", form.startswith("tiled"))
+    monkeypatch.setattr(at, "FORCE_PREFETCH", True)  # the H200's code (PREFETCH_ADAPTERS)
     be.limits.cpu = form == "rows loops"
     if form == "tiled 16 KiB":
         be.limits.max_compute_workgroup_storage_size = 16384
@@ -323,7 +324,26 @@ def test_records_in_other_block_shapes(name, form, monkeypatch):
     monkeypatch.setattr(at, "FORCE_TILED", True)
     monkeypatch.setattr(at, "FORCE_BLOCKS", {op: blocks for op in ATTN_OPS})
     monkeypatch.setattr(at, "OPTS", {**at.OPTS, **opts})
+    monkeypatch.setattr(at, "FORCE_PREFETCH", True)  # as on an H200, unless opts empty them
     oracle.check(oracle.BY_NAME[name], be)
+
+
+def test_prefetches_follow_the_adapter():
+    """The tiled kernels' prefetches only where they were measured (an H200): SwiftShader lost
+    its device creating them, and the WGSL of the same kernel is about twice as long."""
+    import webgrad.codegen.attention_tiled as at
+    from webgrad.codegen import Limits, lower
+    from webgrad.compile import build_train_graph, parse_inputs
+    record = oracle.BY_NAME["attention/tiled_odd_T37_D33_Dv7"]
+    factory, loss_fn, inputs, _ = oracle.build_record(record)
+    g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
+    sizes = {}
+    for adapter in ("NVIDIA H200 (DiscreteGPU) via Vulkan", "SwiftShader Device (Subzero)", ""):
+        low, names = lower(g, Limits(adapter=adapter))
+        sizes[adapter] = sum(len(p["wgsl"]) for p, n in zip(low.plan["pipelines"], names)
+                             if n.startswith("attn_"))
+    assert sizes["SwiftShader Device (Subzero)"] == sizes[""]
+    assert sizes["NVIDIA H200 (DiscreteGPU) via Vulkan"] > 1.5 * sizes[""], sizes
 
 
 # ---------------------------------------------------------------- GPT-2 size

@@ -111,16 +111,22 @@ OPTS = {
     "prefetch_x": frozenset({"attn_fwd", "attn_out", "attn_dq", "attn_dkv", "attn_dk", "attn_dv"}),
 }
 PREFETCH_D_MAX = 4  # D chunks unrolled (and prefetched) at most; more: a loop
-# Adapters that get neither prefetch: SwiftShader creates a pipeline with LLVM inside Chrome's
-# GPU process, and the prefetches' unrolled chunks double the kernels' WGSL (attn_fwd of the
-# T 37, D 33 record: 15 -> 31 KB); headless Chromium on a 2-core machine then lost its device
-# creating them (tests/browser/test_gpu_host.py). A CPU has no load latency to hide anyway.
-PREFETCH_OFF_ADAPTERS = ("swiftshader",)
+# Adapters whose kernels issue the prefetches: those they were measured on (bench/README.md).
+# They double the kernels' WGSL (attn_fwd of the T 37, D 33 record: 15 -> 31 KB), and
+# SwiftShader, which creates a pipeline with LLVM inside Chrome's GPU process, lost its device
+# creating them in headless Chromium (tests/browser/test_gpu_host.py, test_webgpu.py's Tint
+# check); other GPUs' compilers are unmeasured. FORCE_PREFETCH: tests, True / False on any.
+PREFETCH_ADAPTERS = ("h200", "h100")
+FORCE_PREFETCH = None
 
 
 def _prefetches(op: str, kind: str, adapter: str) -> bool:
     """Whether `op`'s kernel issues the `kind` prefetch ("prefetch_d", "prefetch_x")."""
-    return op in OPTS[kind] and not any(w in adapter.lower() for w in PREFETCH_OFF_ADAPTERS)
+    on = (FORCE_PREFETCH if FORCE_PREFETCH is not None
+          else any(w in adapter.lower() for w in PREFETCH_ADAPTERS))
+    return on and op in OPTS[kind]
+
+
 BLOCK_SIZES = ((64, 64),)  # (BR, BC) tried first, where they fit (then 32 x 32, 16 x 16)
 # ... before them, for the query kernels over long rows: 128 query rows (8 per thread) took
 # attn_fwd 0.668 -> 0.607 ms and attn_dq 0.839 -> 0.756 at 8 x 12 x 1024 x 64 on an H200,
