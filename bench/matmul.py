@@ -49,8 +49,16 @@ def parse_config(text: str):
     from webgrad.codegen.matmul import Config
     if text == "auto":
         return None
-    if text.startswith("auto:"):
-        return {"epi_rows": int(text.split(":e")[1])}
+    if text.startswith("auto:"):  # the table's tiles with fields set: e<rows>, db
+        fields = {}
+        for f in text.split(":")[1:]:
+            if f[:1] == "e" and f[1:].isdigit():
+                fields["epi_rows"] = int(f[1:])
+            elif f == "db":
+                fields["double"] = True
+            else:
+                sys.exit(f"{text}: unknown flag {f} (e<rows>, db)")
+        return fields
     shape, *flags = text.split(":")
     tm, tn, bk = (int(v) for v in shape.split("x"))
 
@@ -267,8 +275,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--configs", default="auto",
-                    help="comma-separated tilings: auto | auto:eE (the table's, epi_rows E on "
-                    "every tile) | "
+                    help="comma-separated tilings: auto | auto[:eE][:db] (the table's, with "
+                    "epi_rows E / double-buffered tiles) | "
                     "TMxTNxBK[:novec][:nopre][:sN][:db][:wXxY][:gG][:vl][:eE] (N K chunks; db: double-buffered shared memory; X x Y threads (N x M); "
                     "tile order in runs of G tile rows; vl: vec4 global loads; E: rows of epilogue loads issued together)")
     args = ap.parse_args()

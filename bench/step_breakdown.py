@@ -52,8 +52,8 @@ def capture_graphs() -> None:
         return
     orig = program._Lowering.build
 
-    def build(self):
-        low, names = orig(self)
+    def build(self, *args, **kw):
+        low, names = orig(self, *args, **kw)
         low.graph_ir = self.g
         return low, names
     build._keeps_graph = True

@@ -184,6 +184,12 @@ ADAPTER_TILINGS = (
     # and vec4 loads of the vocabulary's unaligned rows as two aligned vec4s shifted by
     # selects (logits 8.15 -> 8.20, head weight gradient 7.77 -> 7.95, input gradient 8.46
     # -> 8.95 ms).
+    # 2026-12-01 (bench/README.md "tiles, the last round"), slower on every shape measured
+    # (4096, [4096 x 768] @ [768 x 3072], the three vocabulary products): tiles whose k-rows
+    # are XOR-swizzled instead of padded (conflict-free transposing stores; 6-15% slower:
+    # the reads' addresses are no longer base + constant), double buffering on the current
+    # tiles (20-40% slower), K step 32 (30-40%), no register prefetch (8-35%), 256 threads
+    # of 8 x 16 (128 x 256 tiles), 64 x 256 tiles.
     (("h200", "h100"), {
         "slots": 264, "double": False,
         "split": Config(8, 16, 8, wx=8, wy=16, vload=True),
