@@ -5,12 +5,13 @@
 
 webgrad's row kernels (layer norm and its backward, softmax, log-softmax, the one-pass
 logsumexp of cross entropy: codegen/reduce.py, codegen/rowfuse.py) give a row to a workgroup
-of 256 threads; each thread strides over the row, then the workgroup combines the 256
-partials. The tree form adds (or maxes) them in shared memory: 8 steps, 9 barriers per
-reduction. The subgroup form (codegen/wgsl.py, workgroup_reduce, emitted where the device
-has 'subgroups'): each subgroup reduces in registers, one lane per subgroup writes its total
-(every other lane the identity: no slot assumes how invocations form subgroups), one
-barrier, and each lane folds every n-th slot before one more subgroup operation. This bench
+(of about a thread per 8 elements, at most 256: reduce.ROW_ELEMS); each thread strides over
+the row, then the workgroup combines the threads' partials. The tree form adds (or maxes)
+them in shared memory: log2(threads) steps, a barrier each. The subgroup form
+(codegen/wgsl.py, workgroup_reduce, emitted where the device has 'subgroups'): each
+subgroup reduces in registers, one lane per subgroup writes its total (every other lane
+the identity: no slot assumes how invocations form subgroups), one barrier, and each lane
+folds every n-th slot before one more subgroup operation. This bench
 lowers each case both ways (codegen.wgsl.SUBGROUPS False / True) in one process, plus
 "dense": the tree text rewritten so that subgroup k writes slot k, which assumes subgroups
 are runs of local_invocation_index (true on the GPUs at hand, promised by no API: what the
@@ -130,7 +131,9 @@ def main() -> None:
             low, names = build(limits, op, rows, d, variant == "subgroups")
             plan = dict(low.plan)
             if variant == "dense":
-                texts = [dense_rewrite(p["wgsl"]) for p in plan["pipelines"]]
+                texts = [dense_rewrite(p["wgsl"], int(re.search(r"@workgroup_size\((\d+)",
+                                                                p["wgsl"]).group(1)))
+                         for p in plan["pipelines"]]
                 if None in texts:
                     continue
                 plan["pipelines"] = [dict(p, wgsl=t) for p, t in zip(plan["pipelines"], texts)]

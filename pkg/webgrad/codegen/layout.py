@@ -5,7 +5,7 @@ transpose    the consumer's index permuted (elementwise consumers); for matmul o
              `strided_view` folds it into strides, so swap_axes(W) @ g reads W in place
 broadcast_to the broadcast dims read at index 0 (stride 0 in a strided view)
 slice        an offset on one axis
-pad          a bounds test: zero outside, the input (at a clamped index) inside
+pad          a bounds test: zero outside, the input read only inside
 concat       a select over the inputs, each read at a clamped index
 A chain of transpose / broadcast_to / slice / reshape over a stored tensor is a *strided
 view*: an offset and, per axis, a list of (size, stride) digits; one digit per axis is the
@@ -17,7 +17,7 @@ from __future__ import annotations
 from math import prod
 
 from .emit import Emitter, Idx, rule
-from .wgsl import zero
+from .wgsl import wgsl_type, zero
 
 LAYOUT_OPS = {"reshape", "transpose", "broadcast_to", "slice", "pad", "concat"}
 
@@ -69,10 +69,15 @@ def _pad_rule(em, node, idx):
     d = dims[ax]
     conds = ([f"{d} >= {before}u"] if before else []) + [f"{d} < {before + n}u"]
     inside = em.let(" && ".join(conds))
-    dims[ax] = em.let(f"select(0u, {d} - {before}u, {inside})") if before else \
-        em.let(f"min({d}, {max(n - 1, 0)}u)")
-    v = em.value(x, Idx(em.g[x].shape, dims=dims))
-    return f"select({zero(node.dtype)}, {v}, {inside})"
+    # the input is read only inside: a select of a clamped read would load it everywhere
+    # (the QKV gradient, three pads of [4096, 768] added into [4096, 2304], read three
+    # values per element where one is used)
+    out = em.var(wgsl_type(node.dtype), zero(node.dtype))
+    with em.block(f"if ({inside})"):
+        if before:
+            dims[ax] = em.let(f"{d} - {before}u")
+        em.emit(f"{out} = {em.value(x, Idx(em.g[x].shape, dims=dims))};")
+    return out
 
 
 @rule("concat")

@@ -136,6 +136,22 @@ def _wgsize(ctx, n: int) -> int:
     return max(1, min(cap, max(32, pow2ceil(n))))
 
 
+# Threads of a row kernel's workgroup: about ROW_ELEMS elements each (at least 32, at most
+# WG; None: WG whatever the row's length). Rows of a few hundred are short for 256 threads:
+# each reduction is 8 tree steps for 3 values a thread, and fewer rows' workgroups fit an SM.
+# H200 through Dawn, 2026-12-01 (bench/README.md "Row kernels' workgroups"), ms at 256 /
+# 128-64 threads (8 a thread) / 64 (12) / 32 (24): layer norm [4096, 768] 0.0188 / 0.0166 /
+# 0.0175 / 0.0227, its backward 0.0293 / 0.0250 / 0.0237 / 0.0301, layer norm [16384, 512]
+# 0.058 / 0.042 / 0.042 / 0.063, softmax [49152, 512] 0.162 / 0.108 / 0.176 / 0.292; rows of
+# 50257 keep 256 threads.
+ROW_ELEMS: int | None = 8
+
+
+def row_wgsize(ctx, D: int) -> int:
+    """Threads of a row kernel's workgroup (one row each) for rows of D."""
+    return _wgsize(ctx, D if ROW_ELEMS is None else -(-D // ROW_ELEMS))
+
+
 def _combine(kind: str, dtype: str):
     if kind == "sum":
         return lambda a, b: f"{a} = {a} + {b};"
@@ -376,7 +392,7 @@ def _row_op(ctx, node, s, strat):
     kernel = _kernel(ctx, op, "max" if op != "layer_norm_last" else "sum")  # max's NaN test
     epi = ctx.epilogue_fn(kernel)
     wg = strat == "wg" and not row_per_thread(ctx, D)
-    wgs = _wgsize(ctx, D) if wg else row_thread_wg(ctx)
+    wgs = row_wgsize(ctx, D) if wg else row_thread_wg(ctx)
     if wg:
         kernel.decls.append(f"var<workgroup> red: array<f32, {wgs}>;")
     em = ctx.emitter(kernel)

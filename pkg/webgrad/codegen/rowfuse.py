@@ -27,8 +27,8 @@ from __future__ import annotations
 from math import prod
 
 from .emit import Idx, rule
-from .reduce import row_per_thread, row_thread_wg
-from .wgsl import WG, f32_lit, pow2ceil, tree_reduce, use_subgroups, workgroup_reduce
+from .reduce import row_per_thread, row_thread_wg, row_wgsize
+from .wgsl import f32_lit, tree_reduce, use_subgroups, workgroup_reduce
 
 from .rowfuse_match import ROW_KERNEL_OPS
 
@@ -44,12 +44,6 @@ def _pick_rule(em, node, idx):
     return f"select(0.0f, {v}, {ku} < {V}u)"
 
 
-def _wgsize(ctx, n: int) -> int:
-    cap = min(WG, ctx.limits.max_compute_invocations_per_workgroup,
-              ctx.limits.max_compute_workgroup_size_x)
-    return max(1, min(cap, max(32, pow2ceil(n))))
-
-
 def build_row_kernel(ctx) -> list[dict]:
     node = ctx.main_node
     g = ctx.g
@@ -59,7 +53,7 @@ def build_row_kernel(ctx) -> list[dict]:
     per_thread = row_per_thread(ctx, D)
     kernel = ctx.kernel(f"{node.op} {rows}x{D}" + (" thread" if per_thread else ""))
     epi = ctx.epilogue_fn(kernel)
-    wgs = row_thread_wg(ctx) if per_thread else _wgsize(ctx, D)
+    wgs = row_thread_wg(ctx) if per_thread else row_wgsize(ctx, D)
     if not per_thread:
         kernel.decls.append(f"var<workgroup> red: array<f32, {wgs}>;")
     em = ctx.emitter(kernel)
