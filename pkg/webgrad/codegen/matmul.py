@@ -189,7 +189,11 @@ ADAPTER_TILINGS = (
     # are XOR-swizzled instead of padded (conflict-free transposing stores; 6-15% slower:
     # the reads' addresses are no longer base + constant), double buffering on the current
     # tiles (20-40% slower), K step 32 (30-40%), no register prefetch (8-35%), 256 threads
-    # of 8 x 16 (128 x 256 tiles), 64 x 256 tiles.
+    # of 8 x 16 (128 x 256 tiles), 64 x 256 tiles; A's tile m-major, each thread's loaded
+    # vec4 of 4 k stored as it is and the k loop reading 4 k of a row at once (as cuBLAS's
+    # "tn" kernels lay A out; no transposing stores): 10-25% slower; other split counts and
+    # the 64 x 64 tile for the split products ([4096 x 3072] @ [3072 x 768], the weight
+    # gradients at K = 4096): no better than the table's.
     (("h200", "h100"), {
         "slots": 264, "double": False,
         "split": Config(8, 16, 8, wx=8, wy=16, vload=True),
