@@ -23,8 +23,8 @@ Reuse by other suites:
     at the top (torch is loaded by `torch_reference` only; tests/test_registry.py checks
     that every record traces with both absent);
   * a browser suite writes this file into Pyodide's filesystem, imports it there, awaits
-    `run_webgrad_by_name(name, "webgpu")` (plain lists come back), and finishes on the
-    CPython side with `check_result(BY_NAME[name], got, "browser")`.
+    `run_records_collect(names, "webgpu")` (plain lists come back, or a record's traceback
+    as text), and finishes on the CPython side with `check_collected(results, names, where)`.
 Records whose result is random (dropout, rand_uniform, categorical) add a `stat_check`
 (structure and statistics; deterministic given the seed) and may compare against a torch
 computation that reuses webgrad's own random draw (`torch_takes_out`).
@@ -229,6 +229,23 @@ async def run_webgrad_by_name(name: str, backend="webgpu") -> dict:
     return await run_webgrad_async(BY_NAME[name], backend)
 
 
+async def run_records_collect(names, backend="webgpu") -> dict:
+    """Entry point for a browser worker running several records in one round trip: name ->
+    {"ok": True, "got": run_webgrad's result} or {"ok": False, "error": the traceback}.
+    A record that raises does not stop the others; its traceback (the innermost frames, where
+    webgrad failed) crosses back as text, and `check_collected` on the host fails with it
+    under the record's name. Settings a test forces (kernel forms, tilings) are set by the
+    caller around this call."""
+    import traceback
+    results = {}
+    for name in names:
+        try:
+            results[name] = {"ok": True, "got": await run_webgrad_by_name(name, backend)}
+        except Exception:
+            results[name] = {"ok": False, "error": traceback.format_exc(limit=-4)}
+    return results
+
+
 # ---------------------------------------------------------------- the torch side
 
 
@@ -332,6 +349,23 @@ def check_result(record: Record, got: dict, backend: str = "?") -> None:
                rtol, atol, ctx, shapes[name])
     if record.stat_check is not None:
         record.stat_check(record, got, make_inputs(record))
+
+
+def check_collected(results: dict, names, backend: str) -> None:
+    """The host's side of `run_records_collect`: every record in `names` must have a result
+    (a missing one fails, so a batch that ran nothing cannot pass), a record that raised in
+    the worker fails with its name and the worker's traceback, and each result is compared
+    with torch (`check_result`). `backend` says where and how the records ran."""
+    import pytest
+    for name in names:
+        if name not in results:
+            pytest.fail(f"oracle record {name!r}: no result from {backend!r} (got results for "
+                        f"{sorted(results)})", pytrace=False)
+        result = results[name]
+        if not result["ok"]:
+            pytest.fail(f"oracle record {name!r} failed on backend {backend!r}; the worker's "
+                        f"traceback:\n{result['error']}", pytrace=False)
+        check_result(BY_NAME[name], result["got"], backend)
 
 
 def check(record: Record, backend: str) -> None:

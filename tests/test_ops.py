@@ -121,3 +121,27 @@ def test_dropout_masks_change_per_step_and_match_across_executors():
     other_seed = _dropout_module("reference", seed=1)
     _, d = other_seed.step({}, with_captures=True)
     assert (d["y"] != masks["reference"]).mean() > 0.3, "dropout(seed=) did not change the mask"
+
+
+# ---------------------------------------------------------------- the browser suites' batch helpers
+
+
+def test_collected_records_fail_with_the_record_name_and_worker_traceback(monkeypatch):
+    """oracle.run_records_collect / check_collected (the browser suites' worker loop and host
+    check), here in CPython on the reference executor: good records pass; a record that
+    raises, one whose result is off, and one missing from the batch each fail, naming it."""
+    import dataclasses
+    from webgrad.compiled import run_blocking
+    names = ["neg/2d", "exp/2d"]
+    broken = dataclasses.replace(oracle.BY_NAME["exp/2d"], wg_src="lambda a: ops.no_such_op(a)")
+    monkeypatch.setitem(oracle.BY_NAME, "exp/2d", broken)
+    results = run_blocking(oracle.run_records_collect(names, "reference"))
+    assert results["neg/2d"]["ok"] and not results["exp/2d"]["ok"]
+    oracle.check_collected(results, ["neg/2d"], "reference")
+    with pytest.raises(pytest.fail.Exception, match=r"(?s)'exp/2d' failed.*no_such_op"):
+        oracle.check_collected(results, names, "reference")
+    results["neg/2d"]["got"]["out"][0] += 1.0
+    with pytest.raises(AssertionError, match=r"'neg/2d'.*output.*differs from torch"):
+        oracle.check_collected(results, ["neg/2d"], "reference")
+    with pytest.raises(pytest.fail.Exception, match=r"'log/2d': no result"):
+        oracle.check_collected(results, ["log/2d"], "reference")

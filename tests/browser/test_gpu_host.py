@@ -423,14 +423,8 @@ def oracle_results(s):
         chunk = names[k:k + ORACLE_CHUNK]
         # The *_async API (awaited), where the MLP test below uses the blocking one (JSPI).
         results.update(s.run(f"""
-import oracle, traceback
-results = {{}}
-for name in {chunk!r}:
-    try:
-        results[name] = {{"ok": True, "got": await oracle.run_webgrad_by_name(name, "webgpu")}}
-    except Exception as e:
-        results[name] = {{"ok": False, "error": traceback.format_exc(limit=-4)}}
-results
+import oracle
+await oracle.run_records_collect({chunk!r}, "webgpu")
 """, timeout=600))
     return results
 
@@ -448,11 +442,7 @@ def _oracle_names():
 @pytest.mark.parametrize("name", _oracle_names())
 def test_oracle_record_in_browser(oracle_results, name):
     import oracle
-    result = oracle_results[name]
-    if not result["ok"]:
-        pytest.fail(f"oracle record {name!r} failed in the browser worker on WebGPU:\n"
-                    f"{result['error']}", pytrace=False)
-    oracle.check_result(oracle.BY_NAME[name], result["got"], "webgpu (browser, SwiftShader)")
+    oracle.check_collected(oracle_results, [name], "webgpu (browser, SwiftShader)")
 
 
 TILED_IN_BROWSER = ["attention/qkv_slices_T70_D32", "attention/tiled_odd_T37_D33_Dv7",
@@ -483,38 +473,22 @@ def test_tiled_attention_in_browser(s):
     import oracle
     ship_module(s, "oracle", (REPO / "tests" / "oracle.py").read_text())
     out = s.run(f"""
-import oracle, traceback
+import oracle
 import webgrad.codegen.attention_tiled as at
 from webgrad.codegen import Limits, lower
 from webgrad.compile import build_train_graph, parse_inputs
 at.FORCE_TILED = True
-results = {{}}
 try:
     factory, loss_fn, inputs, _ = oracle.build_record(oracle.BY_NAME[{TILED_IN_BROWSER[0]!r}])
     g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
     kernels = [n for n in lower(g, Limits(cpu=True))[1] if n.startswith("attn_")]
-    for name in {TILED_IN_BROWSER!r}:
-        try:
-            results[name] = {{"ok": True, "got": await oracle.run_webgrad_by_name(name, "webgpu")}}
-        except Exception as e:
-            results[name] = {{"ok": False, "error": traceback.format_exc(limit=-4)}}
+    results = await oracle.run_records_collect({TILED_IN_BROWSER!r}, "webgpu")
 finally:
     at.FORCE_TILED = None
 {{"kernels": kernels, "results": results}}
 """, timeout=600)
     assert out["kernels"] and all(" tiled " in n for n in out["kernels"]), out["kernels"]
-    _check_records(out["results"], TILED_IN_BROWSER, "tiled attention")
-
-
-def _check_records(results: dict, names, forced: str) -> None:
-    """Each oracle record's result from the worker (run with `forced` kernels) against torch's."""
-    import oracle
-    for name in names:
-        result = results[name]
-        if not result["ok"]:
-            pytest.fail(f"{name!r} with {forced} failed in the browser worker:\n"
-                        f"{result['error']}", pytrace=False)
-        oracle.check_result(oracle.BY_NAME[name], result["got"], f"webgpu (browser, {forced})")
+    oracle.check_collected(out["results"], TILED_IN_BROWSER, "webgpu (browser, tiled attention)")
 
 
 # records whose steps have column sums (bias and LayerNorm gradients) and cross-entropy's
@@ -531,23 +505,19 @@ def test_gpu_column_sums_and_logsumexp_in_browser(s):
     import oracle
     ship_module(s, "oracle", (REPO / "tests" / "oracle.py").read_text())
     out = s.run(f"""
-import oracle, traceback
+import oracle
 from webgrad.codegen import Limits, lower, reduce as rd, rowfuse
 from webgrad.compile import build_train_graph, parse_inputs
 saved = rd.COLUMN_TILED, rd.COL_SPLIT_MIN_R, rd.row_per_thread, rowfuse.row_per_thread
 rd.COLUMN_TILED, rd.COL_SPLIT_MIN_R = True, 1
 rd.row_per_thread = rowfuse.row_per_thread = lambda ctx, D: False
-results, kernels = {{}}, []
+kernels = []
 try:
     for name in ("nn.Linear", "nn.cross_entropy_last"):
         factory, loss_fn, inputs, _ = oracle.build_record(oracle.BY_NAME[name])
         g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
         kernels += lower(g, Limits(cpu=True))[1]
-    for name in {GPU_ROW_RECORDS!r}:
-        try:
-            results[name] = {{"ok": True, "got": await oracle.run_webgrad_by_name(name, "webgpu")}}
-        except Exception:
-            results[name] = {{"ok": False, "error": traceback.format_exc(limit=-4)}}
+    results = await oracle.run_records_collect({GPU_ROW_RECORDS!r}, "webgpu")
 finally:
     rd.COLUMN_TILED, rd.COL_SPLIT_MIN_R, rd.row_per_thread, rowfuse.row_per_thread = saved
 {{"kernels": kernels, "results": results}}
@@ -555,7 +525,7 @@ finally:
     assert "sum (pass 1)" in out["kernels"], out["kernels"]
     assert any(k.startswith("logsumexp_last") and not k.endswith(" thread")
                for k in out["kernels"]), out["kernels"]
-    _check_records(out["results"], GPU_ROW_RECORDS, "GPU row kernels")
+    oracle.check_collected(out["results"], GPU_ROW_RECORDS, "webgpu (browser, GPU row kernels)")
 
 
 @browser
@@ -564,27 +534,20 @@ def test_matmul_records_under_gpu_tilings_in_browser(s):
     import oracle
     ship_module(s, "oracle", (REPO / "tests" / "oracle.py").read_text())
     got = s.run(f"""
-import oracle, traceback
+import oracle
 from webgrad.codegen import matmul as mm
 results = {{}}
 for tag, cfg in {H200_TILINGS!r}.items():
     mm.FORCE_CONFIG = eval(cfg)
     try:
-        for name in {H200_RECORDS!r}:
-            try:
-                results[tag + " " + name] = {{"ok": True,
-                    "got": await oracle.run_webgrad_by_name(name, "webgpu")}}
-            except Exception:
-                results[tag + " " + name] = {{"ok": False, "error": traceback.format_exc(limit=-4)}}
+        results[tag] = await oracle.run_records_collect({H200_RECORDS!r}, "webgpu")
     finally:
         mm.FORCE_CONFIG = None
 results
 """, timeout=600)
-    assert len(got) == len(H200_TILINGS) * len(H200_RECORDS)
-    for key, result in got.items():
-        assert result["ok"], f"{key} failed in the browser worker:\n{result['error']}"
-        oracle.check_result(oracle.BY_NAME[key.split(" ", 1)[1]], result["got"],
-                            f"webgpu (browser, SwiftShader), tiling {key.split()[0]}")
+    assert sorted(got) == sorted(H200_TILINGS), sorted(got)
+    for tag in H200_TILINGS:
+        oracle.check_collected(got[tag], H200_RECORDS, f"webgpu (browser, SwiftShader), tiling {tag}")
 
 
 def torch_mlp_mse(params: dict) -> float:

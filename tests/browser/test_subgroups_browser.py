@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_gpu_host import REPO, _check_records, needs_webgpu_backend, ship_module
+from test_gpu_host import REPO, needs_webgpu_backend, ship_module
 
 browser = pytest.mark.browser
 
@@ -103,6 +103,7 @@ def _lowered_texts(record_name: str) -> list[tuple[str, str]]:
 @browser
 @needs_webgpu_backend
 def test_row_kernels_and_sums_with_subgroups_forced_in_browser(s, monkeypatch):
+    import oracle
     from webgrad.codegen import reduce as rd, rowfuse, wgsl
     monkeypatch.setattr(rd, "row_per_thread", lambda ctx, D: False)
     monkeypatch.setattr(rowfuse, "row_per_thread", lambda ctx, D: False)
@@ -111,23 +112,18 @@ def test_row_kernels_and_sums_with_subgroups_forced_in_browser(s, monkeypatch):
         texts = _lowered_texts(name)
         assert any("enable subgroups;" in w for _, w in texts), (name, [n for n, _ in texts])
     out = s.run(f"""
-import oracle, traceback
+import oracle
 from webgrad.codegen import reduce as rd, rowfuse, wgsl
 saved = wgsl.SUBGROUPS, rd.row_per_thread, rowfuse.row_per_thread
 wgsl.SUBGROUPS = True
 rd.row_per_thread = rowfuse.row_per_thread = lambda ctx, D: False
-results = {{}}
 try:
-    for name in {SUBGROUP_RECORDS!r}:
-        try:
-            results[name] = {{"ok": True, "got": await oracle.run_webgrad_by_name(name, "webgpu")}}
-        except Exception:
-            results[name] = {{"ok": False, "error": traceback.format_exc(limit=-4)}}
+    results = await oracle.run_records_collect({SUBGROUP_RECORDS!r}, "webgpu")
 finally:
     wgsl.SUBGROUPS, rd.row_per_thread, rowfuse.row_per_thread = saved
 results
 """, timeout=600)
-    _check_records(out, SUBGROUP_RECORDS, "subgroup reductions")
+    oracle.check_collected(out, SUBGROUP_RECORDS, "webgpu (browser, subgroup reductions)")
 
 
 @browser
