@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import math
 import random
+import re
 
 import numpy as np
 import pytest
@@ -563,9 +564,12 @@ def test_oversized_tensor_is_refused_naming_it():
         forward(lambda a, b: ops.sum_all(a @ b), {"a": [33, 1], "b": [1, 33]}, backend=be)
 
 
-def test_dispatch_over_65535_workgroups():
-    """An elementwise kernel over 65536 * 256 + 37 elements needs 65537 workgroups of 256:
-    the grid is split in two dimensions and every element is still computed once."""
+def test_dispatch_over_65535_workgroups(monkeypatch):
+    """An elementwise kernel over 65536 * 256 + 37 elements, one a thread, needs 65537
+    workgroups of 256: the grid is split in two dimensions and every element is still
+    computed once."""
+    from webgrad.codegen import elementwise
+    monkeypatch.setattr(elementwise, "ELEMS", 1)
     n = 65536 * 256 + 37
     f = forward(lambda x: x * 0.5 + 1.0, {"x": [n]})
     (cmd,) = [c for c in exe(f).plan["commands"] if c["op"] == "dispatch"]
@@ -573,6 +577,28 @@ def test_dispatch_over_65535_workgroups():
     assert max(x, y, z) <= 65535 and x * y * z >= 65537 and y > 1
     xs = np.arange(n, dtype=np.float32) % 1024
     np.testing.assert_array_equal(f.run({"x": xs}), xs * np.float32(0.5) + np.float32(1.0))
+
+
+@pytest.mark.parametrize("m, k", [(37, 3), (257, 129), (5, 1)])
+def test_elementwise_several_elements_a_thread(monkeypatch, m, k):
+    """A large elementwise kernel gives each thread ELEMS elements t, t + T, ... with every
+    load before any store; where the last ones run past the end their index is clamped
+    and their stores guarded. Forced on small odd sizes (ELEMS_MIN 0) through a transpose
+    and a broadcast, against numpy: 111 elements (T = 28: the 4th element exists for 27
+    threads of 28), 33153, and 5 (fewer than 2 x ELEMS: one a thread)."""
+    from webgrad.codegen import elementwise
+    monkeypatch.setattr(elementwise, "ELEMS_MIN", 0)
+    f = forward(lambda x, y, b: ops.tanh(x + ops.swap_axes(y, 0, 1)) * b - 1.0,
+                {"x": [m, k], "y": [k, m], "b": [k]})
+    (cmd,) = [c for c in exe(f).plan["commands"] if c["op"] == "dispatch"]
+    wgsl = exe(f).plan["pipelines"][cmd["pipeline"]]
+    wgsl = wgsl if isinstance(wgsl, str) else wgsl["wgsl"]
+    V = elementwise.ELEMS if m * k >= 2 * elementwise.ELEMS else 1
+    assert len(re.findall(r"let i\d+ = ", wgsl)) == (V if V > 1 else 0), wgsl
+    rng = np.random.default_rng(m)
+    x, y, b = (rng.standard_normal(s).astype(np.float32) for s in ((m, k), (k, m), (k,)))
+    np.testing.assert_allclose(f.run({"x": x, "y": y, "b": b}),
+                               np.tanh(x + y.T) * b - 1.0, rtol=2e-6, atol=2e-6)
 
 
 @pytest.mark.parametrize("limit", [8, 5])

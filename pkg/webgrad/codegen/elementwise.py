@@ -2,8 +2,8 @@
 
 Each elementwise primitive is one expression rule (emit.EXPR_RULES): the value at an index
 from its inputs' values at the broadcast index. Fusion needs nothing more: a group of
-elementwise nodes (chosen by fusion.py) becomes ONE kernel of one thread per output
-element that evaluates every output of the group at its flat index, sharing common
+elementwise nodes (chosen by fusion.py) becomes ONE kernel whose threads evaluate every
+output of the group at an element's flat index (ELEMS elements a thread), sharing common
 subexpressions, and stores them all (the Adam update of a parameter writes m, v and p from
 one kernel). Numerics that WGSL leaves loose are pinned here:
   tanh   our own f32 formula (below, tanh_f), within ~2 ulp, no inf/inf; WGSL's tanh
@@ -19,6 +19,8 @@ one kernel). Numerics that WGSL leaves loose are pinned here:
          sigmoid/erf propagate NaN, sign(NaN) = 0
 """
 from __future__ import annotations
+
+import re
 
 from .emit import Emitter, Idx, rule
 from .wgsl import WG, f32_lit, lit
@@ -325,11 +327,44 @@ def _arange_rule(em, node, idx):
 
 # ---------------------------------------------------------------- the fused kernel
 
+# Elements per thread of a large elementwise kernel (ELEMS_MIN elements or more): thread t
+# of T takes t, t + T, t + 2T, ... (each load still coalesced across a warp), and loads all
+# of them before it stores any (a GPU's compiler keeps a load after a store to a buffer that
+# may alias it, so one element after another would wait out a memory latency each). H200
+# through Dawn, 2026-12-01 (bench/README.md): the GPT-2 step's cross-entropy backward 0.707
+# -> 0.420 ms (2.3 -> 3.9 TB/s), its elementwise kernels 1.24 -> 0.82 ms in all; 8 a thread
+# no better.
+ELEMS, ELEMS_MIN = 4, 1 << 18
+_STORE_LINE = re.compile(r"^\s*b\d+\[.*\] = .*;$")
+
+
 def build_elementwise(ctx) -> list:
-    """One thread per element of the group's domain; every output stored at its flat index."""
+    """Threads over the elements of the group's domain; every output stored at its flat
+    index. ELEMS elements a thread once the domain has ELEMS_MIN."""
     kernel = ctx.kernel("elementwise")
     em = ctx.emitter(kernel)
-    grid = kernel.thread_index(em, ctx.numel, "i")
-    ctx.write_outputs(em, "i", None)
+    n, V = ctx.numel, ELEMS if ctx.numel >= max(ELEMS_MIN, 2 * ELEMS) else 1
+    if V == 1:
+        grid = kernel.thread_index(em, n, "i")
+        ctx.write_outputs(em, "i", None)
+        return [ctx.dispatch(kernel, em.lines, grid, WG)]
+    T = -(-n // V)
+    grid = kernel.thread_index(em, T, "t")
+    stores = []
+    for j in range(V):
+        whole = (j + 1) * T <= n  # every thread's j-th element exists
+        # past the end: the index is clamped (a valid address to load), the stores guarded
+        em.emit(f"let i{j} = {f't + {j * T}u' if whole else f'min(t + {j * T}u, {n - 1}u)'};")
+        at = len(em.lines)
+        ctx.write_outputs(em, f"i{j}", None)
+        stores.append((whole, j, [ln for ln in em.lines[at:] if _STORE_LINE.match(ln)]))
+        em.lines[at:] = [ln for ln in em.lines[at:] if not _STORE_LINE.match(ln)]
+    for whole, j, mine in stores:
+        if whole:
+            em.lines += mine
+        else:
+            em.emit(f"if (t + {j * T}u < {n}u) {{")
+            em.lines += ["  " + ln for ln in mine]
+            em.emit("}")
     return [ctx.dispatch(kernel, em.lines, grid, WG)]
 
