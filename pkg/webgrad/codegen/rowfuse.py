@@ -27,7 +27,7 @@ from __future__ import annotations
 from math import prod
 
 from .emit import Idx, rule
-from .reduce import row_per_thread, row_thread_wg, row_wgsize
+from .reduce import RowPasses, row_per_thread, row_thread_wg, row_wgsize
 from .wgsl import f32_lit, tree_reduce, use_subgroups, workgroup_reduce
 
 from .rowfuse_match import ROW_KERNEL_OPS
@@ -126,25 +126,30 @@ def build_row_kernel(ctx) -> list[dict]:
     # layer_norm_grad(x, g)
     gg = node.inputs[1]
     inv = f32_lit(1.0 / D)
+    rp = RowPasses(em, D, rows, wgs, not per_thread)
+
+    def val(n):
+        return lambda f: em.value(n, Idx(g[n].shape, flat=f))
+    xv, gv = val(x), val(gg)
+    rp.preload(lambda f: (xv(f), gv(f)))
     acc = em.var("f32", "0.0f")
-    with em.block(loop):
-        em.emit(f"{acc} = {acc} + {at(x)};")
+    rp.fold((acc, xv))
     mean = em.let(f"{total(acc)} * {inv}")
     acc2 = em.var("f32", "0.0f")
-    with em.block(loop):
-        dv = em.let(f"{at(x)} - {mean}")
-        em.emit(f"{acc2} = {acc2} + {dv} * {dv};")
+
+    def sq(f):
+        dv = em.let(f"{xv(f)} - {mean}")
+        return f"{dv} * {dv}"
+    rp.fold((acc2, sq))
     r = em.let(f"inverseSqrt({total(acc2)} * {inv} + {f32_lit(node.attrs['eps'])})")
     sg, sgx = em.var("f32", "0.0f"), em.var("f32", "0.0f")
-    with em.block(loop):
-        gv = at(gg)
-        em.emit(f"{sg} = {sg} + {gv};")
-        em.emit(f"{sgx} = {sgx} + {gv} * (({at(x)} - {mean}) * {r});")
+
+    def xhat(f):
+        return em.let(f"({xv(f)} - {mean}) * {r}")
+    rp.fold((sg, gv), (sgx, lambda f: f"{gv(f)} * {xhat(f)}"))
     mg = em.let(f"{total(sg)} * {inv}")
     mgx = em.let(f"{total(sgx)} * {inv}")
-    with em.block(loop):
-        xhat = em.let(f"({at(x)} - {mean}) * {r}")
-        em.emit(f"{epi}({flat()}, {r} * ({at(gg)} - {mg} - {xhat} * {mgx}));")
+    rp.each(lambda f: em.emit(f"{epi}({f}, {r} * ({gv(f)} - {mg} - {xhat(f)} * {mgx}));"))
     return [ctx.dispatch(kernel, em.lines, grid, wgs)]
 
 
