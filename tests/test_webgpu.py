@@ -131,6 +131,7 @@ H200_CONFIGS = {
     "wide": mm.Config(8, 16, 8, wx=8, wy=16, vload=True, epi_rows=1),
     "wide_bk16_group_split": mm.Config(8, 16, 16, wx=8, wy=16, group=2, splits=3),
     "batched": mm.Config(8, 8, 8, wx=8, wy=8, vload=True),
+    "mid": mm.Config(8, 8, 16, wx=8, wy=8, vload=True),
     "small_group": mm.Config(4, 4, 8, wx=4, wy=4, group=3, vload=True),
     "small_split_group": mm.Config(4, 8, 16, wx=4, wy=8, splits=2, group=4, vload=True),
     "odd_split": mm.Config(8, 8, 16, wx=16, wy=16, vload=True, splits=3),
