@@ -253,6 +253,22 @@ def test_tensors_stay_hashable():
 def test_scatter_add_rows_at_a_50k_vocabulary(backend):
     """The embedding gradient of a 50,000-token vocabulary: many repeated rows (a Zipf-like
     draw), compared with numpy's add.at in float64."""
+    _check_scatter_50k(backend)
+
+
+@pytest.mark.webgpu
+@pytest.mark.skipif(not _webgpu_available(), reason="no native WebGPU adapter")
+@pytest.mark.parametrize("tiled", [True, False])
+def test_scatter_add_rows_scans_on_webgpu(tiled, monkeypatch):
+    """Both forms of scatter_add_rows' scan of the row counts (codegen/index.py): tiles in
+    shared memory (GPUs; 50000 rows are 25 tiles of 2048, carried from tile to tile) and a
+    chunk of rows per thread (CPU adapters, lavapipe's default), forced either way."""
+    from webgrad.codegen import index
+    monkeypatch.setattr(index, "SCAN_TILED", tiled)
+    _check_scatter_50k("webgpu")
+
+
+def _check_scatter_50k(backend):
     V, D, N = 50000, 8, 4096
     rng = np.random.default_rng(4)
     idx = np.minimum(rng.zipf(1.3, N) - 1, V - 1).astype(np.int32)
