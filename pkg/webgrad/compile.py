@@ -11,7 +11,9 @@ compile_module(factory, loss_fn, ...):
      6a. (webgpu)         pattern passes rewrite the IR into fused kernels first: attention
                           (codegen/attention_match.py -> attention.py's row kernels on
                           CPU adapters, attention_tiled.py's on GPUs), cross entropy and
-                          layer-norm backward (codegen/rowfuse_match.py -> rowfuse.py)
+                          layer-norm backward (codegen/rowfuse_match.py -> rowfuse.py),
+                          vocabulary-wide products on padded columns where the adapter's
+                          tiling row asks for it (codegen/align_match.py)
      6a'. (webgpu)        fusion (codegen/fusion.py) chooses what is stored and the kernel
                           order; codegen/remat.py leaves unstored the expressions whose
                           buffer would save no memory (GELU's tanh, recomputed in the

@@ -18,6 +18,7 @@ from math import prod
 
 from ..buffers import END, Live, align, plan_pool
 from ..profile import group_cost
+from .align_match import align_products
 from .attention import ATTN_OPS, build_attention
 from .attention_match import rewrite_attention
 from .rowfuse import ROW_KERNEL_OPS, build_row_kernel
@@ -387,6 +388,7 @@ def lower(graph, limits: Limits | None = None, persist_key=lambda name: name, *,
     graph, empty = strip_empty(graph)  # zero-size tensors: nothing to compute or bind
     graph = rewrite_attention(graph, limits)  # fused attention kernels (attention_match.py)
     graph = rewrite_rows(graph)  # cross entropy, layer-norm backward (rowfuse_match.py)
+    graph = align_products(graph, limits)  # vocabulary-wide products padded (align_match.py)
     low = _Lowering(graph, limits, persist_key)
     lowered, names = low.build(on_pipeline)
     lowered.empty_outputs = empty
