@@ -155,7 +155,10 @@ class Config:
 #       wave of tiles (a vocabulary-wide product), so that the B panels stay in L2;
 #   "odd": the tile (of "wide" and "split" products) where N or K is not a multiple of 4:
 #       an operand whose rows are that long starts them unaligned, so it is read one float
-#       at a time (the vocabulary's products: 50257);
+#       at a time (the vocabulary's products: 50257); also of a vocabulary-wide product
+#       (a tile row of a wave or more) with K >= SPLIT_MIN_K: the head's weight gradient
+#       on padded columns, [768 x 4096] @ [4096 x 50304], 7.05 ms on the wide tile, 6.70
+#       on this one (H200, 2026-12-01; the logits, K = 768, stay wide: 7.37 against 7.50);
 #   "mid": the tile of a product with less than 3/4 of a wave of 128 x 128 tiles but a
 #       wave of 64 x 64 ones.
 # Shapes no class takes keep the tile-shrinking rule. GPUs not listed get no split-K
@@ -270,7 +273,8 @@ def _choose_config(M: int, N: int, K: int, nb: int, adapter: str) -> Config:
         return row["batched"]
     big = tiles(8, 8)  # 128 x 128 tiles
     if "wide" in row and slots and 4 * big >= 3 * slots:  # 3/4 of a wave: 2048 square
-        if odd and "odd" in row:
+        vocab_long_k = K >= SPLIT_MIN_K and -(-N // row["wide"].bn) >= slots
+        if (odd or vocab_long_k) and "odd" in row:
             cfg = row["odd"]
             if row.get("group") and -(-N // cfg.bn) >= slots:
                 cfg = replace(cfg, group=row["group"])
