@@ -44,16 +44,20 @@ def _names(kind, vocab, force):
 
 @pytest.mark.parametrize("kind", ["untied", "tied"])
 def test_vocabulary_products_take_padded_columns(kind):
-    """37 columns padded to 48 with (16, 16): the logits and the head's weight gradient run
-    48 wide; nothing changes without the rule, for N below MIN, or for N a multiple of A."""
+    """37 columns padded to 48 with (16, 16, 1): the logits and the head's weight gradient
+    run 48 wide; nothing changes without the rule, for N below MIN, or for N a multiple of
+    A; with ROWS 64 the logits (32 rows) are left alone, the weight gradient (64) not."""
     plain = _names(kind, 37, None)
     assert not any("x48" in n for n in plain), plain
-    names = _names(kind, 37, (16, 16))
+    names = _names(kind, 37, (16, 16, 1))
     assert f"matmul {B}x{T}x48 K=32" in " ".join(names), names
     assert any(n.startswith("matmul") and ("x48 K=" in n or "48x32" in n or "32x48" in n)
                and f"{B}x{T}x48" not in n for n in names), names  # the weight gradient
-    assert not any("48" in n for n in _names(kind, 37, (16, 64))), "N < MIN was padded"
-    assert not any("x48" in n for n in _names(kind, 32, (16, 16))), "an aligned N was padded"
+    assert not any("48" in n for n in _names(kind, 37, (16, 64, 1))), "N < MIN was padded"
+    assert not any("x48" in n for n in _names(kind, 32, (16, 16, 1))), "an aligned N was padded"
+    # the logits have B x T = 32 rows, the weight gradient 32 x 2 (per batch x batch)
+    few = _names(kind, 37, (16, 16, 64))
+    assert not any(f"{B}x{T}x48" in n for n in few) and any("48" in n for n in few), few
 
 
 @pytest.mark.webgpu
@@ -66,7 +70,7 @@ def test_padded_training_steps_match_the_reference(kind, monkeypatch):
         WebGPUBackend()
     except Exception as e:
         pytest.skip(f"no native WebGPU adapter: {e}")
-    monkeypatch.setattr(align_match, "FORCE_ALIGN", (16, 16))
+    monkeypatch.setattr(align_match, "FORCE_ALIGN", (16, 16, 1))
     V = 37
     factory, loss_fn, names = _model(kind, V)
     rng = np.random.default_rng(0)

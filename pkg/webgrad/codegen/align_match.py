@@ -1,10 +1,12 @@
 """The alignment pass: vocabulary-wide products computed on padded columns, for WebGPU.
 
 `program.lower` runs `align_products(graph, limits)` before fusion (after the row pass)
-on adapters whose tiling row (matmul.ADAPTER_TILINGS) has an "align" entry (A, MIN). A
-matmul whose output has N >= MIN columns, N not a multiple of A, reads its B operand padded
-with zero columns up to the next multiple of A, and its readers see the first N columns
-of the padded product through a slice (a view: no copy). The LM head of a GPT-2 step:
+on adapters whose tiling row (matmul.ADAPTER_TILINGS) has an "align" entry (A, MIN,
+ROWS). A matmul whose output has N >= MIN columns, N not a multiple of A, and at least
+ROWS rows (all its other axes together: a decoding step's logits, one row, would pay the
+padded copy of the head for nothing) reads its B operand padded with zero columns up to
+the next multiple of A, and its readers see the first N columns of the padded product
+through a slice (a view: no copy). The LM head of a GPT-2 step:
 
   logits  = x @ W               -> slice(x @ pad(W))           W: [d, 50257] -> [d, 50304]
   dW      = sum_b(x_b^T @ dl_b)   -> slice(sum_b(x_b^T @ pad(dl)))   (the slice after the
@@ -25,14 +27,16 @@ columns are the same sums.
 """
 from __future__ import annotations
 
+from math import prod
+
 from ..dce import dce
 from ..ir import Graph, Node
 from .matmul import adapter_tiling
 
-FORCE_ALIGN: tuple[int, int] | None = None  # tests: (A, MIN) on any adapter
+FORCE_ALIGN: tuple[int, int, int] | None = None  # tests: (A, MIN, ROWS) on any adapter
 
 
-def _align(limits) -> tuple[int, int] | None:
+def _align(limits) -> tuple[int, int, int] | None:
     if FORCE_ALIGN is not None:
         return FORCE_ALIGN
     return adapter_tiling(str(getattr(limits, "adapter", "") or "")).get("align")
@@ -43,11 +47,15 @@ def align_products(g: Graph, limits) -> Graph:
     rule = _align(limits)
     if not rule:
         return g
-    A, MIN = rule
+    A, MIN, ROWS = rule
+
+    def wide(n: Node) -> bool:
+        return (n.op == "matmul" and n.shape[-1] >= MIN and n.shape[-1] % A != 0
+                and prod(n.shape[:-1]) >= ROWS)
     cons = g.consumers()
     padded: dict[int, int] = {}  # B operand -> its padded width
     for n in g.nodes:
-        if n.op == "matmul" and n.shape[-1] >= MIN and n.shape[-1] % A:
+        if wide(n):
             padded[n.inputs[1]] = -(-n.shape[-1] // A) * A
     if not padded:
         return g
@@ -73,7 +81,7 @@ def align_products(g: Graph, limits) -> Graph:
 
     for n in g.nodes:
         ins = [remap[x] for x in n.inputs]
-        if n.op == "matmul" and n.shape[-1] >= MIN and n.shape[-1] % A:
+        if wide(n):
             b = n.inputs[1]
             if b not in pad_of:
                 bs = out[remap[b]].shape

@@ -210,7 +210,7 @@ ADAPTER_TILINGS = (
         "batched": Config(8, 8, 8, wx=8, wy=8, vload=True),
         "mid": Config(8, 8, 16, wx=8, wy=8, vload=True),
         "group": 32,
-        "align": (128, 8192),  # codegen/align_match.py: vocabulary-wide products padded
+        "align": (128, 8192, 2048),  # codegen/align_match.py: vocabulary-wide products padded
     }),
 )
 
