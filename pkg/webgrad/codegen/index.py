@@ -148,28 +148,15 @@ def build_scatter(ctx) -> list:
 def _scan_chunks(ctx, V, counts, starts) -> dict:
     """Each thread scans a chunk of rows serially, the chunk totals are scanned in shared
     memory (Hillis-Steele), then written back. Few barriers: CPU adapters emulate them."""
-    wgs = min(WG, ctx.limits.max_compute_invocations_per_workgroup,
-              ctx.limits.max_compute_workgroup_size_x)
+    k, em, wgs, c, s = _scan_kernel(ctx, counts, starts, "atomic_u32", 0)
     chunk = -(-V // wgs) if V else 1
-    k = ctx.kernel("scatter_add_rows (scan)")
-    k.decls.append(f"var<workgroup> part: array<u32, {wgs}>;")
-    em = ctx.emitter(k)
-    grid = k.grid(1)
-    c = k.binding(counts.buffer, "atomic_u32", write=True, what=counts.what, nbytes=counts.nbytes)
-    s = k.binding(starts.buffer, "u32", write=True, what=starts.what, nbytes=starts.nbytes)
     em.emit(f"let r0 = min(lid * {chunk}u, {V}u);")
     em.emit(f"let r1 = min(r0 + {chunk}u, {V}u);")
     tot = em.var("u32", "0u")
     with em.block("for (var r = r0; r < r1; r++)"):
         em.emit(f"{tot} += atomicLoad(&{c}[r]);")
     em.emit(f"part[lid] = {tot};")
-    st = 1
-    while st < wgs:
-        em.emit("workgroupBarrier();")
-        em.emit(f"let p{st} = select(0u, part[lid - {st}u], lid >= {st}u);")
-        em.emit("workgroupBarrier();")
-        em.emit(f"part[lid] += p{st};")
-        st *= 2
+    _scan_part(em, wgs)
     em.emit("workgroupBarrier();")
     run = em.var("u32", f"part[lid] - {tot}")  # the exclusive prefix of this chunk
     with em.block("for (var r = r0; r < r1; r++)"):
@@ -179,7 +166,7 @@ def _scan_chunks(ctx, V, counts, starts) -> dict:
         em.emit(f"atomicStore(&{c}[r], 0u);")
     with em.block(f"if (lid == {wgs - 1}u)"):
         em.emit(f"{s}[{V}u] = part[lid];")
-    return ctx.dispatch(k, em.lines, grid, wgs)
+    return ctx.dispatch(k, em.lines, k.grid(1), wgs)
 
 
 SCAN_E = 8          # counts a thread scans per tile of the tiled scan (tiles of SCAN_E x wgs)
@@ -193,17 +180,9 @@ def _scan_tiled(ctx, V, counts, starts) -> dict:
     of the tiles before. A thread per chunk of V / wgs rows instead read them serially and
     strided: 0.19 ms for GPT-2's 50257 rows on an H200, 0.063 ms in tiles (bench/README.md).
     About 20 barriers a tile: CPU adapters, which emulate barriers, keep the chunks."""
-    wgs = min(WG, ctx.limits.max_compute_invocations_per_workgroup,
-              ctx.limits.max_compute_workgroup_size_x)
     E = SCAN_E
+    k, em, wgs, c, s = _scan_kernel(ctx, counts, starts, "u32", E)
     TILE = E * wgs
-    k = ctx.kernel("scatter_add_rows (scan)")
-    k.decls.append(f"var<workgroup> tile: array<u32, {TILE}>;")
-    k.decls.append(f"var<workgroup> part: array<u32, {wgs}>;")
-    em = ctx.emitter(k)
-    grid = k.grid(1)
-    c = k.binding(counts.buffer, "u32", write=True, what=counts.what, nbytes=counts.nbytes)
-    s = k.binding(starts.buffer, "u32", write=True, what=starts.what, nbytes=starts.nbytes)
     em.emit("var carry = 0u;")
     with em.block(f"for (var b = 0u; b < {V}u; b += {TILE}u)"):  # uniform: barriers inside
         for e in range(E):
@@ -216,13 +195,7 @@ def _scan_tiled(ctx, V, counts, starts) -> dict:
             em.emit(f"tile[lid * {E}u + {e}u] = sum;")
             em.emit(f"sum += v{e};")
         em.emit("part[lid] = sum;")
-        st = 1
-        while st < wgs:
-            em.emit("workgroupBarrier();")
-            em.emit(f"let p{st} = select(0u, part[lid - {st}u], lid >= {st}u);")
-            em.emit("workgroupBarrier();")
-            em.emit(f"part[lid] += p{st};")
-            st *= 2
+        _scan_part(em, wgs)
         em.emit("workgroupBarrier();")
         em.emit("let before = carry + part[lid] - sum;")
         for e in range(E):
@@ -236,4 +209,29 @@ def _scan_tiled(ctx, V, counts, starts) -> dict:
         em.emit("workgroupBarrier();")  # the tile is read before the next one is written
     with em.block("if (lid == 0u)"):
         em.emit(f"{s}[{V}u] = carry;")
-    return ctx.dispatch(k, em.lines, grid, wgs)
+    return ctx.dispatch(k, em.lines, k.grid(1), wgs)
+
+
+def _scan_kernel(ctx, counts, starts, count_type: str, E: int):
+    """The scan's kernel (one workgroup of wgs threads): its emitter, shared arrays (part:
+    a total per thread; with E, tile: E x wgs counts) and the counts / starts bindings."""
+    wgs = min(WG, ctx.limits.max_compute_invocations_per_workgroup,
+              ctx.limits.max_compute_workgroup_size_x)
+    k = ctx.kernel("scatter_add_rows (scan)")
+    if E:
+        k.decls.append(f"var<workgroup> tile: array<u32, {E * wgs}>;")
+    k.decls.append(f"var<workgroup> part: array<u32, {wgs}>;")
+    c = k.binding(counts.buffer, count_type, write=True, what=counts.what, nbytes=counts.nbytes)
+    s = k.binding(starts.buffer, "u32", write=True, what=starts.what, nbytes=starts.nbytes)
+    return k, ctx.emitter(k), wgs, c, s
+
+
+def _scan_part(em, wgs: int) -> None:
+    """part[lid] becomes the inclusive scan of part over the workgroup (Hillis-Steele)."""
+    st = 1
+    while st < wgs:
+        em.emit("workgroupBarrier();")
+        em.emit(f"let p{st} = select(0u, part[lid - {st}u], lid >= {st}u);")
+        em.emit("workgroupBarrier();")
+        em.emit(f"part[lid] += p{st};")
+        st *= 2
