@@ -45,7 +45,7 @@ def _names(kind, vocab, force):
 @pytest.mark.parametrize("kind", ["untied", "tied"])
 def test_vocabulary_products_take_padded_columns(kind):
     """37 columns padded to 48 with (16, 16, 1): the logits and the head's weight gradient
-    run 48 wide; nothing changes without the rule, for N below MIN, or for N a multiple of
+    run 48 wide, the input gradient over K = 48; nothing changes without the rule, for N below MIN, or for N a multiple of
     A; with ROWS 64 the logits (32 rows) are left alone, the weight gradient (64) not."""
     plain = _names(kind, 37, None)
     assert not any("x48" in n for n in plain), plain
@@ -53,6 +53,7 @@ def test_vocabulary_products_take_padded_columns(kind):
     assert f"matmul {B}x{T}x48 K=32" in " ".join(names), names
     assert any(n.startswith("matmul") and ("x48 K=" in n or "48x32" in n or "32x48" in n)
                and f"{B}x{T}x48" not in n for n in names), names  # the weight gradient
+    assert f"matmul {B}x{T}x32 K=48" in " ".join(names), names  # the input gradient, K padded
     assert not any("48" in n for n in _names(kind, 37, (16, 64, 1))), "N < MIN was padded"
     assert not any("x48" in n for n in _names(kind, 32, (16, 16, 1))), "an aligned N was padded"
     # the logits have B x T = 32 rows, the weight gradient 32 x 2 (per batch x batch)
