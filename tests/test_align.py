@@ -86,3 +86,25 @@ def test_padded_training_steps_match_the_reference(kind, monkeypatch):
     for name in p_ref:
         np.testing.assert_allclose(p_gpu[name], p_ref[name], rtol=1e-3, atol=3e-4, err_msg=name)
         np.testing.assert_allclose(g_gpu[name], g_ref[name], rtol=1e-3, atol=1e-4, err_msg=name)
+
+
+def test_quantized_weights_are_not_padded():
+    """A product whose B is read through dequantize (quantized weights, decoded in
+    registers) keeps its width: a padded copy would store the weights as f32."""
+    from webgrad import Module, ops
+    from webgrad.codegen.align_match import align_products
+    from webgrad.compile import build_forward_graph
+    words = 315  # Q8_0 [37, 32]: 37 blocks of 32 values, 8.5 words each (34 bytes)
+    for quantized in (True, False):
+        def fwd(_, i):
+            w = (ops.dequantize(i["w"], "Q8_0", (37, 32)) if quantized
+                 else ops.reshape(i["v"], (37, 32)))
+            return ops.matmul(i["x"], ops.swap_axes(w, 0, 1))
+        g = build_forward_graph(Module, fwd, parse_inputs(
+            {"x": ((4, 32), "f32"), "w": ((words,), "i32"), "v": ((37 * 32,), "f32")}))[1]
+        align_match.FORCE_ALIGN = (16, 16, 1)
+        try:
+            ops_after = [n.op for n in align_products(g, Limits(cpu=False)).nodes]
+        finally:
+            align_match.FORCE_ALIGN = None
+        assert ("pad" in ops_after) is not quantized, ops_after

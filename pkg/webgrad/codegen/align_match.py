@@ -45,6 +45,14 @@ def _align(limits) -> tuple[int, int, int] | None:
     return adapter_tiling(str(getattr(limits, "adapter", "") or "")).get("align")
 
 
+def _quantized(g: Graph, n: int) -> bool:
+    """Is n (through views) a dequantize? Its matmul reads the quantized words in
+    registers (codegen/quant.py); a padded copy would store the weights as f32."""
+    while g[n].op in ("transpose", "reshape", "slice", "broadcast_to"):
+        n = g[n].inputs[0]
+    return g[n].op == "dequantize"
+
+
 def align_products(g: Graph, limits) -> Graph:
     """The graph with every qualifying product computed on padded columns (else g)."""
     rule = _align(limits)
@@ -54,7 +62,7 @@ def align_products(g: Graph, limits) -> Graph:
 
     def wide(n: Node) -> bool:
         return (n.op == "matmul" and n.shape[-1] >= MIN and n.shape[-1] % A != 0
-                and prod(n.shape[:-1]) >= ROWS)
+                and prod(n.shape[:-1]) >= ROWS and not _quantized(g, n.inputs[1]))
     cons = g.consumers()
     padded: dict[int, int] = {}  # B operand -> its padded width
     for n in g.nodes:
@@ -103,7 +111,8 @@ def align_products(g: Graph, limits) -> Graph:
         if swaps_last2(bn) and padded.get(bn.inputs[0]) == width:
             src = bn.inputs[0]
         else:
-            src = next((c for c in cons[b] if swaps_last2(g[c]) and padded.get(c) == width), None)
+            src = next((c for c in cons[b] if c in remap and swaps_last2(g[c])
+                        and padded.get(c) == width), None)
         if src is None:
             return None
         tp = pad(src, bn.loc)
