@@ -108,3 +108,28 @@ def test_quantized_weights_are_not_padded():
         finally:
             align_match.FORCE_ALIGN = None
         assert ("pad" in ops_after) is not quantized, ops_after
+
+
+def test_padded_gpt2_step_stores_no_second_logits():
+    """At GPT-2 size with the H200's rule (the adapter's row): the padded logit gradient is
+    computed inside its pad's kernel (a pad reads each element once, so fusion.py does not
+    store its input) and takes the padded logits' buffer (a read through pad(slice(x)) is
+    at the kernel's own index), so the step's pool grows by the head's padded copies at
+    most, not by a [4096, 50304] tensor (824 MB)."""
+    factory, loss_fn = gpt2_train.webgrad_model(768, 12, 12, 50257, 1024)
+    g = build_train_graph(factory, loss_fn, parse_inputs({"idx": ([8, 512], "i32"),
+                                                          "target": ([8, 512], "i32")}),
+                          optim.AdamW(lr=3e-4))[1]
+    limits = Limits(cpu=False, adapter="NVIDIA H200 (DiscreteGPU)")
+    limits.max_storage_buffer_binding_size = limits.max_buffer_size = 1 << 34
+    pools = {}
+    for force in ((128, 1 << 40, 1), None):  # off, then the table's rule
+        saved = align_match.FORCE_ALIGN
+        align_match.FORCE_ALIGN = force
+        try:
+            low, names = lower(g, limits)
+        finally:
+            align_match.FORCE_ALIGN = saved
+        pools[force is None] = low.report["pool_bytes"]
+    assert "matmul 8x512x50304 K=768" in " ".join(names), names
+    assert pools[True] <= pools[False] + 2 * 768 * 50304 * 4, pools

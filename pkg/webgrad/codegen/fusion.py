@@ -235,7 +235,10 @@ class Fusion:
             cost[n.id], loads[n.id] = c, ls
             if n.size <= 1 or not self.cons[n.id]:
                 continue
-            expand = any(g[c2].op not in KERNEL_OPS and g[c2].size > n.size for c2 in self.cons[n.id])
+            # read through a broadcast: each element recomputed many times (a pad reads
+            # each once, so the padded logit gradient computes the gradient in its kernel)
+            expand = any(g[c2].op not in KERNEL_OPS and g[c2].op != "pad" and g[c2].size > n.size
+                         for c2 in self.cons[n.id])
             if expand and c >= 3:
                 store(n.id)
             elif len(self.cons[n.id]) >= 2 and c >= 8 and not (self.remat and self.remat.skip(n.id, ls)):
@@ -294,7 +297,10 @@ class Fusion:
         return False
 
     def loads(self, gid: int) -> dict[int, bool]:
-        """Stored tensors group gid reads -> whether every read is at the domain's index."""
+        """Stored tensors group gid reads -> whether every read is at the domain's index.
+        A read through pad(.., slice(x)) along the last axis, both at 0, with x as wide as
+        the pad (align_match.py's padded logits, read by the padded logit gradient) is at
+        the domain's index too: the state between the two is ("cols", width)."""
         if gid in self._loads_cache:
             return self._loads_cache[gid]
         G, g = self.groups[gid], self.g
@@ -310,13 +316,27 @@ class Fusion:
                 continue
             seen.add((n, ident))
             if n == G.main or (self.has_storage(n) and n not in inside):
-                res[n] = res.get(n, True) and ident
+                res[n] = res.get(n, True) and ident is True
                 continue
             node = g[n]
             for k, i in enumerate(node.inputs):
-                stack.append((i, ident and self.preserves(node, k)))
+                stack.append((i, self._read_at(node, k, ident)))
         self._loads_cache[gid] = res
         return res
+
+    def _read_at(self, node, k: int, ident):
+        """Where node reads input k, given where node is read: True (the domain's index),
+        False, or ("cols", W): at the domain's index of a last axis W wide, cut short."""
+        x = self.g[node.inputs[k]]
+        last = len(node.shape) - 1
+        if ident is True and node.op == "pad" and node.attrs["axis"] == last \
+                and node.attrs["before"] == 0:
+            return ("cols", node.shape[-1])
+        if isinstance(ident, tuple):
+            if node.op == "slice" and node.attrs["axis"] == last and node.attrs["start"] == 0:
+                return x.shape[-1] == ident[1]
+            return ident if node.op in ELEMENTWISE_OPS and x.shape == node.shape else False
+        return ident and self.preserves(node, k)
 
     def deps(self, gid: int) -> set[int]:
         out = {self.group_of[s] for s in self.loads(gid) if s in self.mat}
