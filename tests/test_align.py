@@ -31,15 +31,20 @@ def _inputs(names):
     return {n: ([B, T], "i32") for n in names}
 
 
-def _names(kind, vocab, force):
-    factory, loss_fn, feeds = _model(kind, vocab)
-    g = build_train_graph(factory, loss_fn, parse_inputs(_inputs(feeds)), optim.AdamW(lr=1e-3))[1]
+def _lowered(g, limits, force):
+    """lower(g, limits) with align_match.FORCE_ALIGN = force (None: the adapter's row)."""
     saved = align_match.FORCE_ALIGN
     align_match.FORCE_ALIGN = force
     try:
-        return lower(g, Limits(cpu=False))[1]
+        return lower(g, limits)
     finally:
         align_match.FORCE_ALIGN = saved
+
+
+def _names(kind, vocab, force):
+    factory, loss_fn, feeds = _model(kind, vocab)
+    g = build_train_graph(factory, loss_fn, parse_inputs(_inputs(feeds)), optim.AdamW(lr=1e-3))[1]
+    return _lowered(g, Limits(cpu=False), force)[1]
 
 
 @pytest.mark.parametrize("kind", ["untied", "tied"])
@@ -88,7 +93,7 @@ def test_padded_training_steps_match_the_reference(kind, monkeypatch):
         np.testing.assert_allclose(g_gpu[name], g_ref[name], rtol=1e-3, atol=1e-4, err_msg=name)
 
 
-def test_quantized_weights_are_not_padded():
+def test_quantized_weights_are_not_padded(monkeypatch):
     """A product whose B is read through dequantize (quantized weights, decoded in
     registers) keeps its width: a padded copy would store the weights as f32."""
     from webgrad import Module, ops
@@ -102,11 +107,8 @@ def test_quantized_weights_are_not_padded():
             return ops.matmul(i["x"], ops.swap_axes(w, 0, 1))
         g = build_forward_graph(Module, fwd, parse_inputs(
             {"x": ((4, 32), "f32"), "w": ((words,), "i32"), "v": ((37 * 32,), "f32")}))[1]
-        align_match.FORCE_ALIGN = (16, 16, 1)
-        try:
-            ops_after = [n.op for n in align_products(g, Limits(cpu=False)).nodes]
-        finally:
-            align_match.FORCE_ALIGN = None
+        monkeypatch.setattr(align_match, "FORCE_ALIGN", (16, 16, 1))
+        ops_after = [n.op for n in align_products(g, Limits(cpu=False)).nodes]
         assert ("pad" in ops_after) is not quantized, ops_after
 
 
@@ -124,12 +126,7 @@ def test_padded_gpt2_step_stores_no_second_logits():
     limits.max_storage_buffer_binding_size = limits.max_buffer_size = 1 << 34
     pools = {}
     for force in ((128, 1 << 40, 1), None):  # off, then the table's rule
-        saved = align_match.FORCE_ALIGN
-        align_match.FORCE_ALIGN = force
-        try:
-            low, names = lower(g, limits)
-        finally:
-            align_match.FORCE_ALIGN = saved
+        low, names = _lowered(g, limits, force)
         pools[force is None] = low.report["pool_bytes"]
     assert "matmul 8x512x50304 K=768" in " ".join(names), names
     assert pools[True] <= pools[False] + 2 * 768 * 50304 * 4, pools

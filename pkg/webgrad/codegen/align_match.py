@@ -79,10 +79,7 @@ def align_products(g: Graph, limits) -> Graph:
     pad_of: dict[int, int] = {}  # original tensor -> its padded copy in `out`
     mm_padded: dict[int, int] = {}  # original product -> the padded product in `out`
 
-    def add(op, ins, shape, dtype, attrs, loc) -> int:
-        i = len(out.nodes)
-        out.nodes.append(Node(i, op, tuple(ins), tuple(shape), dtype, dict(attrs), loc))
-        return i
+    add = out.add
 
     def pad(x: int, loc) -> int:
         """The padded copy of original tensor x (made once)."""

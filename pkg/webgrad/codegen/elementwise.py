@@ -20,9 +20,7 @@ one kernel). Numerics that WGSL leaves loose are pinned here:
 """
 from __future__ import annotations
 
-import re
-
-from .emit import Emitter, Idx, rule
+from .emit import STORE_LINE, Emitter, Idx, rule
 from .wgsl import WG, f32_lit, lit
 
 # erf(x) for |x| < 0.75 is x * P(x^2); for 0.75 <= |x| < 4 it is 1 - exp(-x^2) Q(s), where
@@ -335,7 +333,6 @@ def _arange_rule(em, node, idx):
 # -> 0.420 ms (2.3 -> 3.9 TB/s), its elementwise kernels 1.24 -> 0.82 ms in all; 8 a thread
 # no better.
 ELEMS, ELEMS_MIN = 4, 1 << 18
-_STORE_LINE = re.compile(r"^\s*b\d+\[.*\] = .*;$")
 
 
 def build_elementwise(ctx) -> list:
@@ -357,8 +354,8 @@ def build_elementwise(ctx) -> list:
         em.emit(f"let i{j} = {f't + {j * T}u' if whole else f'min(t + {j * T}u, {n - 1}u)'};")
         at = len(em.lines)
         ctx.write_outputs(em, f"i{j}", None)
-        stores.append((whole, j, [ln for ln in em.lines[at:] if _STORE_LINE.match(ln)]))
-        em.lines[at:] = [ln for ln in em.lines[at:] if not _STORE_LINE.match(ln)]
+        stores.append((whole, j, [ln for ln in em.lines[at:] if STORE_LINE.match(ln)]))
+        em.lines[at:] = [ln for ln in em.lines[at:] if not STORE_LINE.match(ln)]
     for whole, j, mine in stores:
         if whole:
             em.lines += mine

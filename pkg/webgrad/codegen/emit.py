@@ -24,6 +24,7 @@ from math import prod
 from .wgsl import Kernel
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z_0-9]*$|^\(?-?[0-9][0-9.eE+-]*[fiu]?\)?$")
+STORE_LINE = re.compile(r"^\s*b\d+\[.*\] = .*;$")  # a line Emitter.store emits
 
 EXPR_RULES: dict = {}  # op -> rule(em, node, idx) -> WGSL expression text
 

@@ -66,6 +66,7 @@ import re
 from dataclasses import dataclass, replace
 from math import prod
 
+from .emit import STORE_LINE
 from .layout import digits_addr
 from .quant import QuantOperand, group_helpers, operand_reader
 from .wgsl import CPU_LOOP_ITERATIONS, BindingTypeClash
@@ -674,7 +675,6 @@ EPI_MAX_LOADS = 2  # epilogues loading more values per output keep their loads i
 _LET = re.compile(r"^\s*let (\w+) = (.*);$")
 _LOAD = re.compile(r"^(b\d+)\[.*\]$")
 _STREAMED = re.compile(r"^\s*let \w+ = b\d+\[(\d+u \+ )?f\];$")  # a load at the output's index
-_STORE = re.compile(r"^\s*b\d+\[.*\] = .*;$")
 
 
 def _split_epilogue(kernel, epi: str) -> bool:
@@ -691,7 +691,7 @@ def _split_epilogue(kernel, epi: str) -> bool:
     at = next(k for k, fn in enumerate(kernel.functions) if fn.startswith(f"fn {epi}(f: u32, v: "))
     head, *body = kernel.functions[at].rstrip().rstrip("}").rstrip().split("\n")
     dep, loads, pure = {"v"}, [], []
-    if not all(_LET.match(ln) or _STORE.match(ln) for ln in body):
+    if not all(_LET.match(ln) or STORE_LINE.match(ln) for ln in body):
         return False  # anything but straight-line lets and stores: left as it is
     for ln in body:
         m = _LET.match(ln)

@@ -25,7 +25,7 @@ Kernels and the pick's expression rule: codegen/rowfuse.py.
 from __future__ import annotations
 
 from ..dce import dce
-from ..ir import Graph, Node
+from ..ir import Graph
 
 ROW_KERNEL_OPS = frozenset({"logsumexp_last", "layer_norm_grad"})
 
@@ -156,11 +156,7 @@ def rewrite_rows(g: Graph) -> Graph:
     out = Graph(seed=g.seed, training=g.training)
     remap: dict[int, int] = {}
 
-    def add(op, ins, shape, dtype, attrs, loc) -> int:
-        i = len(out.nodes)
-        out.nodes.append(Node(i, op, tuple(ins), tuple(shape), dtype, dict(attrs), loc))
-        return i
-
+    add = out.add
     for n in g.nodes:
         how = plan.get(n.id)
         if how is None:
