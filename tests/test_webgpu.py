@@ -291,6 +291,28 @@ def test_h200_shape_classes():
         mm.choose_config(1024, 1024, 1024, 1, adapter="some GPU")
 
 
+def test_h200_batch_against_one_weight_is_one_product():
+    """[64, 256, 1536] @ [1536, 512] (a Linear's input gradient over [B, T, C]) is one
+    [16384 x 1536] @ [1536 x 512] product to the table: the wide tile, not the "batched"
+    one of attention's small products (each batch element alone is 256 x 512), in the
+    kernel the compiler emits as in the table's answer; a batched B keeps "batched"."""
+    from webgrad.codegen import lower
+    from webgrad.codegen.wgsl import Limits
+    from webgrad.compile import build_forward_graph
+    a = "NVIDIA H200 (DiscreteGPU) via Vulkan"
+    limits = Limits(adapter=a, max_compute_workgroup_storage_size=49152,
+                    max_storage_buffer_binding_size=1 << 30, max_buffer_size=1 << 30)
+    wide, batched = (mm.ADAPTER_TILINGS[0][1][k] for k in ("wide", "batched"))
+    assert mm.group_config(limits, 256, 1536, 512, 64, shared_b=True) == wide
+    assert mm.group_config(limits, 256, 1536, 512, 64, shared_b=False) == batched
+    for bshape, tile in (((1536, 512), f"tile {wide.bm}x{wide.bn}x"),
+                         ((64, 1536, 512), f"tile {batched.bm}x{batched.bn}x")):
+        ins = {"x": ((64, 256, 1536), "f32"), "w": (bshape, "f32")}
+        graph = build_forward_graph(lambda: Module(), lambda _, i: ops.matmul(i["x"], i["w"]), ins)[1]
+        names = [n for n in lower(graph, limits)[1] if n.startswith("matmul")]
+        assert names and all(tile in n for n in names), (bshape, names)
+
+
 @pytest.mark.parametrize("M,K,N,nb,splits", [
     (512, 16384, 1536, 1, 11),   # the QKV weight gradient of the 64 x 256 GPT step
     (512, 16384, 2048, 1, 4),    # the MLP up-projection's

@@ -349,22 +349,31 @@ def _batch_base(em, batch, bdims, off, dims, shape) -> str:
     return em.let(" + ".join(terms)) if terms else "0u"
 
 
-def matmul_dims(g, fu, main: int) -> tuple[int, int, int, int]:
-    """(M, K, N, batch count) of the matmul group whose main node is `main` (a matmul, or
-    a sum folded over a batched matmul, whose batch joins K: fusion.matmul_fold)."""
+def matmul_dims(g, fu, main: int) -> tuple[int, int, int, int, bool]:
+    """(M, K, N, batch count, B shared) of the matmul group whose main node is `main` (a
+    matmul, or a sum folded over a batched matmul, whose batch joins K:
+    fusion.matmul_fold). B shared: one B matrix for the whole batch (a Linear's weight)."""
     x = fu.matmul_fold.get(main)
     if x is not None:
         a, b = (g[i].shape for i in g[x].inputs)
-        return a[-2], prod(a[:-2]) * a[-1], b[-1], 1
+        return a[-2], prod(a[:-2]) * a[-1], b[-1], 1, True
     a, b = (g[i].shape for i in g[main].inputs)
-    return a[-2], a[-1], b[-1], prod(g[main].shape[:-2])
+    return a[-2], a[-1], b[-1], prod(g[main].shape[:-2]), prod(b[:-2]) == 1
 
 
-def group_config(limits, M: int, K: int, N: int, nb: int) -> Config | None:
+def group_config(limits, M: int, K: int, N: int, nb: int,
+                 shared_b: bool = False) -> Config | None:
     """The tiled kernel's configuration for these dims on this adapter (None: the
-    barrier-free kernel). One function for the builder and the scratch planner."""
+    barrier-free kernel). One function for the builder and the scratch planner.
+
+    A batch of products against one B (a Linear applied to [B, T, C]) is one [nb M, K] @
+    [K, N] product to the tiling table: its tile class is that of the whole, not of one
+    batch element (which would take the "batched" class of attention's small products:
+    small64's [64 x 256 x 1536] @ [1536 x 512] ran on 64 x 64 tiles)."""
     if use_direct(limits.cpu):
         return None
+    if shared_b and nb > 1:
+        M, nb = M * nb, 1
     cfg = choose_config(M, N, K, nb, limits.max_compute_workgroup_storage_size,
                         limits.adapter)
     if limits.cpu:  # a tiled kernel forced onto a CPU adapter: its K loop is bounded too
@@ -389,8 +398,8 @@ def cpu_splits(K: int) -> tuple[int, int]:
 
 def matmul_scratch_bytes(g, fu, main: int, limits) -> int:
     """Partial sums of a split-K matmul: splits x batch x M x N floats (0: no split)."""
-    M, K, N, nb = matmul_dims(g, fu, main)
-    cfg = group_config(limits, M, K, N, nb)
+    M, K, N, nb, shared_b = matmul_dims(g, fu, main)
+    cfg = group_config(limits, M, K, N, nb, shared_b)
     S = cfg.splits if cfg is not None else cpu_splits(K)[0]
     return 4 * S * nb * M * N if S > 1 else 0
 
@@ -401,7 +410,7 @@ def build_matmul(ctx, config: Config | None = None) -> list:
     M, K, N = ash[-2], ash[-1], bsh[-1]
     batch = tuple(node.shape[:-2])
     nb = prod(batch)
-    cfg = config or group_config(ctx.limits, M, K, N, nb)
+    cfg = config or group_config(ctx.limits, M, K, N, nb, prod(bsh[:-2]) == 1)
     if cfg is None:
         return _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh)
     ops = (sa, offa, dima, ash), (sb, offb, dimb, bsh)
