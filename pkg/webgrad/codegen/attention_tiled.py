@@ -29,7 +29,8 @@ Dv are products of D-chunks (DK wide) staged in workgroup memory (As: own, Bs: s
 each thread owning a TR x TC block of the tile (TR = BR / 16: rows ty*TR + a up to 4 per
 thread, read as one vec{TR}; 8 are two vec4s 64 rows apart, likewise columns). W goes to
 workgroup memory transposed (Ws: a thread's adjacent rows of one column are one vector,
-stored as one), then out += W @ X with X staged XK rows at a time (Xs), each thread
+stored as one), then out += W @ X with X staged XK rows at a time (Xs; where the loads
+are issued ahead, the whole block at once in As's and Bs's words, OPTS["x_whole"]), each thread
 owning TR rows x EP/16 output columns (4 adjacent ones per 64, vec4 reads, where the
 width pads to whole 64s; else tx + 16 e). Global loads are issued ahead of their use:
 the next D chunk's before the current chunk's products, and a block's X rows before its
@@ -105,6 +106,10 @@ OPTS = {
     "red_in_as": True,    # the online softmax's row reductions in As, read as vec4
     "ws_vec": True,       # W stored to Ws as one vector per column, not TR scalars
     "exact": True,        # no clamps / zero selects where the block sizes divide the extents
+    # a block's X rows staged whole, in the words of As and Bs (free once the scores are
+    # made): one barrier pair per output product instead of one per XK rows (with
+    # prefetch_x, whose registers hold the whole block already)
+    "x_whole": True,
     # ops whose next D chunk's global loads are issued before the current chunk's products
     "prefetch_d": frozenset({"attn_fwd", "attn_out", "attn_dq", "attn_dkv", "attn_dk", "attn_dv"}),
     # ops whose X rows (v, g, q or k) are loaded at the block's start, before the scores
@@ -222,18 +227,30 @@ def build_tiled(ctx) -> list[dict]:
     XV = 4 if all(_padded(w) % 64 == 0 for w, _, _ in prods) else 1
     LDA, LDB, LDW = BR + PAD, BC + PAD, BR + PAD
     nblk = -(-NR // BR)
+    # X staged whole in As's and Bs's words (OPTS["x_whole"]): one array of one vector type
+    # holds As, then Bs; the online softmax's row reductions then go to `red`, since X is
+    # stored into As right after them
+    xw = (OPTS["x_whole"] and op != "attn_lse" and _prefetches(op, "prefetch_x", ctx.limits.adapter)
+          and WR == WC == XV and BC * EP <= DK * (LDA + LDB)
+          and 4 * (DK * (LDA + LDB) + BC * LDW + (16 * BR if online else 0))
+          <= ctx.limits.max_compute_workgroup_storage_size)
+    if xw:
+        XK = BC
+    alias = {"Bs": ("As", DK * LDA), "Xs": ("As", 0)} if xw else {}
 
     kernel = ctx.kernel(f"{op} [{'x'.join(map(str, batch)) or '1'}] T{T} S{S} D{D} "
                         f"tiled {BR}x{BC}")
-    kernel.decls.append(f"var<workgroup> As: array<{_vty(WR)}, {DK * LDA // WR}>;")
-    kernel.decls.append(f"var<workgroup> Bs: array<{_vty(WC)}, {DK * LDB // WC}>;")
+    kernel.decls.append(f"var<workgroup> As: array<{_vty(WR)}, {(DK * LDA + (DK * LDB if xw else 0)) // WR}>;")
+    if not xw:
+        kernel.decls.append(f"var<workgroup> Bs: array<{_vty(WC)}, {DK * LDB // WC}>;")
     if op != "attn_lse":  # W transposed: a thread's WR adjacent rows of one column, a vector
         kernel.decls.append(f"var<workgroup> Ws: array<{_vty(WR)}, {BC * LDW // WR}>;")
-        kernel.decls.append(f"var<workgroup> Xs: array<{_vty(XV)}, {XK * EP // XV}>;")
+        if not xw:
+            kernel.decls.append(f"var<workgroup> Xs: array<{_vty(XV)}, {XK * EP // XV}>;")
     if op == "attn_lse":
         kernel.decls.append(f"var<workgroup> red_m: array<f32, {16 * BR}>;")
         kernel.decls.append(f"var<workgroup> red_l: array<f32, {16 * BR}>;")
-    red_in_as = _red_in_as(op, BR, DK)
+    red_in_as = _red_in_as(op, BR, DK) and not xw
     if online and not red_in_as:
         kernel.decls.append(f"var<workgroup> red: array<f32, {16 * BR}>;")
     epi = ctx.epilogue_fn(kernel)
@@ -319,8 +336,10 @@ def build_tiled(ctx) -> list[dict]:
         return items
 
     def put(arr, w, items):
-        """The stores of fetch's words into arr (of vec{w})."""
+        """The stores of fetch's words into arr (of vec{w}; an alias: its words of As)."""
+        arr, base = alias.get(arr, (arr, 0))
         for cond, q, v in items:
+            q = f"{base}u + {q}" if base else q
             if cond:
                 with em.block(f"if ({cond})"):
                     L(_put(arr, w, q, v))
@@ -337,6 +356,8 @@ def build_tiled(ctx) -> list[dict]:
                     fetch(lambda rr, kk: f"{kk} * {LDB}u + {rr}", BC, DK, "c0", NC, d0,
                           width, str_load, NC % BC == 0 and not causal_tail, width % DK == 0))
 
+        bs, boff = alias.get("Bs", ("Bs", 0))
+
         def products():
             for dd in range(DK):
                 xs = [em.fresh("x") for _ in range(TR // WR)]
@@ -344,7 +365,7 @@ def build_tiled(ctx) -> list[dict]:
                 for h, x in enumerate(xs):
                     L(f"let {x} = As[{dd * LDA // WR + 16 * h}u + ty];")
                 for h, y in enumerate(ys):
-                    L(f"let {y} = Bs[{dd * LDB // WC + 16 * h}u + tx];")
+                    L(f"let {y} = {bs}[{(boff + dd * LDB) // WC + 16 * h}u + tx];")
                 for a in range(TR):
                     for b in range(TC):
                         L(f"{accs[a][b]} = fma({_comp(xs[a // WR], WR, a % WR)}, "
@@ -522,6 +543,8 @@ def build_tiled(ctx) -> list[dict]:
                         L(_put("Ws", WR, f"({cl(b)}) * {LDW}u + {rl(a)}", wk[a][b]))
             L("workgroupBarrier();")
 
+            xs_name = alias.get("Xs", ("Xs", 0))[0]
+
             def pv(x0):  # acc += W[:, x0 + xx] X[x0 + xx] over the XK staged rows
                 for xx in range(XK):
                     wvs = [em.fresh("w") for _ in range(TR // WR)]
@@ -530,12 +553,12 @@ def build_tiled(ctx) -> list[dict]:
                     if XV == 4:
                         xv = [em.fresh("x") for _ in range(TE // 4)]
                         for q, nm in enumerate(xv):
-                            L(f"let {nm} = Xs[{(xx * EP + 64 * q) // 4}u + tx];")
+                            L(f"let {nm} = {xs_name}[{(xx * EP + 64 * q) // 4}u + tx];")
                         xe = [f"{xv[e // 4]}.{'xyzw'[e % 4]}" for e in range(TE)]
                     else:
                         xe = [em.fresh("x") for _ in range(TE)]
                         for e, nm in enumerate(xe):
-                            L(f"let {nm} = Xs[{xx * EP + 16 * e}u + tx];")
+                            L(f"let {nm} = {xs_name}[{xx * EP + 16 * e}u + tx];")
                     for a in range(TR):
                         for e in range(TE):
                             L(f"{acc[a][e]} = fma({_comp(wvs[a // WR], WR, a % WR)}, {xe[e]}, "
