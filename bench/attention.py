@@ -120,6 +120,10 @@ VARIANTS = {
     "128x32": ((128, 32, 16, 8), {}),
     "64x128": ((64, 128, 8, 8), {}),
     "32x64": ((32, 64, 32, 16), {}),
+    # (blocks, options, thread grid (WY, WX) of every op)
+    "8 x 16 threads": (None, {}, (8, 16)),
+    "16 x 8 threads": (None, {}, (16, 8)),
+    "8 x 8 threads": (None, {}, (8, 8)),
 }
 
 
@@ -130,19 +134,20 @@ def variant_times(shape, name, profiles: int):
     import webgrad.codegen.attention_match as am
     import webgrad.codegen.attention_tiled as at
     B, H, T, D = shape
-    blocks, opts = VARIANTS[name]
+    blocks, opts, *threads = VARIANTS[name]
 
     M, loss = attention_model(shape)
 
-    saved = am._fuse_training, at.FORCE_TILED, at.FORCE_BLOCKS, at.OPTS
+    saved = am._fuse_training, at.FORCE_TILED, at.FORCE_BLOCKS, at.OPTS, at.FORCE_THREADS
     am._fuse_training = lambda score_bytes, limits: True
     at.FORCE_TILED = True
     at.FORCE_BLOCKS = None if blocks is None else {op: blocks for op in am.ATTN_OPS}
     at.OPTS = {**at.OPTS, **opts}
+    at.FORCE_THREADS = {op: threads[0] for op in am.ATTN_OPS} if threads else None
     try:
         c = wg.compile_module(M, loss, inputs={"w": [B, H, T, D]}, optimizer=None, backend="webgpu")
     finally:
-        am._fuse_training, at.FORCE_TILED, at.FORCE_BLOCKS, at.OPTS = saved
+        am._fuse_training, at.FORCE_TILED, at.FORCE_BLOCKS, at.OPTS, at.FORCE_THREADS = saved
     rng = np.random.default_rng(0)
     c.upload_params({n: rng.standard_normal((B, H, T, D)).astype(np.float32) for n in "qkv"})
     feed = {"w": rng.standard_normal((B, H, T, D)).astype(np.float32)}

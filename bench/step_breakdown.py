@@ -119,7 +119,8 @@ def webgrad_category(k: dict, loss: int | None, vocab: int) -> str:
     if name.startswith("attn") or any(o.startswith("attn_") for o in opset):
         return "attention"
     if "matmul" in opset or name.startswith("matmul"):
-        if vocab in _matmul_dims(name):
+        # the vocabulary, or its padded width (codegen/align_match.py: 50257 -> 50304)
+        if any(vocab <= d < vocab + 128 for d in _matmul_dims(name)):
             return "LM head products"
         mm = [n for n, op, _ in k["nodes"] if op == "matmul"]
         if mm and loss is not None and max(mm) > loss:

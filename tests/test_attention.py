@@ -298,11 +298,14 @@ def test_records_in_every_code_shape(name, form, monkeypatch):
 
 # block shapes other than the default (bench/attention.py --variants measures them): 8 rows
 # or 8 columns per thread, and the code options off; those that fit lavapipe's 32 KiB
-BLOCK_FORMS = {"128x32": ((128, 32, 16, 8), {}), "32x128": ((32, 128, 8, 4), {}),
+# (blocks or None: choose_blocks', options, thread grid (WY, WX) or None: the default)
+BLOCK_FORMS = {"128x32": ((128, 32, 16, 8), {}, None), "32x128": ((32, 128, 8, 4), {}, None),
                "64x64 options off": ((64, 64, 32, 16), {"heavy_first": False, "red_in_as": False,
                                                         "ws_vec": False, "exact": False,
                                                         "prefetch_d": frozenset(),
-                                                        "prefetch_x": frozenset()})}
+                                                        "prefetch_x": frozenset()}, None),
+               "8 x 16 threads": (None, {}, (8, 16)), "16 x 8 threads": (None, {}, (16, 8)),
+               "8 x 8 threads, 32x64": ((32, 64, 16, 8), {}, (8, 8))}
 BLOCK_RECORDS = ["attention/tiled_T128_D64", "attention/tiled_T150_D64", "attention/tiled_T70_D80",
                  "attention/tiled_odd_T37_D33_Dv7", "attention/tiled_cache_T5_S70",
                  "attention/cache_position", "attention/tiled_nomask_T20_S75_Dv5"]
@@ -312,17 +315,20 @@ BLOCK_RECORDS = ["attention/tiled_T128_D64", "attention/tiled_T150_D64", "attent
 @pytest.mark.parametrize("form", list(BLOCK_FORMS))
 @pytest.mark.parametrize("name", BLOCK_RECORDS)
 def test_records_in_other_block_shapes(name, form, monkeypatch):
-    """The tiled kernels with the block shapes and code options forced (every op): forward
-    and gradients against torch on the native adapter."""
+    """The tiled kernels with the block shapes, code options and thread grids forced (every
+    op): forward and gradients against torch on the native adapter."""
     import webgrad.codegen.attention_tiled as at
     try:
         from webgrad.backends.webgpu import WebGPUBackend
         be = WebGPUBackend()
     except Exception as e:
         pytest.skip(f"no native WebGPU adapter: {e}")
-    blocks, opts = BLOCK_FORMS[form]
+    blocks, opts, threads = BLOCK_FORMS[form]
     monkeypatch.setattr(at, "FORCE_TILED", True)
-    monkeypatch.setattr(at, "FORCE_BLOCKS", {op: blocks for op in ATTN_OPS})
+    if blocks is not None:
+        monkeypatch.setattr(at, "FORCE_BLOCKS", {op: blocks for op in ATTN_OPS})
+    if threads is not None:
+        monkeypatch.setattr(at, "FORCE_THREADS", {op: threads for op in ATTN_OPS})
     monkeypatch.setattr(at, "OPTS", {**at.OPTS, **opts})
     monkeypatch.setattr(at, "FORCE_PREFETCH", True)  # as on an H200, unless opts empty them
     oracle.check(oracle.BY_NAME[name], be)

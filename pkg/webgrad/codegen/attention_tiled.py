@@ -65,7 +65,21 @@ from math import prod
 from .emit import Idx
 from .wgsl import f32_lit, pow2ceil
 
-WGS = 256  # 16 x 16 threads
+# The workgroup: WY x WX threads (WY along the own rows, WX along the streamed ones and the
+# output columns); THREADS per op, else (16, 16). FORCE_THREADS: bench/attention.py, tests.
+# Fewer threads with more of the tile each were 1.3-4x slower on an H200 at 64 x 64 blocks
+# (8 x 16, 16 x 8, 8 x 8 threads; attn_dkv 0.32 -> 0.98-2.1 ms at 8 x 12 x 512 x 64: a
+# thread then also holds twice or four times the prefetched X rows; bench/README.md).
+THREADS: dict[str, tuple[int, int]] = {}
+FORCE_THREADS = None
+
+
+def _threads(op) -> tuple[int, int]:
+    if FORCE_THREADS is not None and op in FORCE_THREADS:
+        return FORCE_THREADS[op]
+    return THREADS.get(op, (16, 16))
+
+
 FORCE_TILED = None  # tests: True / False forces the tiled / row kernels on any adapter
 
 
@@ -81,21 +95,21 @@ def use_tiled(limits) -> bool:
 PAD = 4  # extra words per shared row: keeps vec4 alignment, staggers the banks
 
 
-def _red_in_as(op, BR, DK) -> bool:
-    """The online softmax's row reductions (16 words per own row) reuse As: it is free
+def _red_in_as(op, BR, DK, WX=16) -> bool:
+    """The online softmax's row reductions (WX words per own row) reuse As: it is free
     between a block's score product and the next block's staging, and after the loop."""
     return (OPTS["red_in_as"] and op in ("attn_out", "attn_fwd")
-            and DK * (BR + PAD) >= 16 * BR)
+            and DK * (BR + PAD) >= WX * BR)
 
 
-def _shared_bytes(op, BR, BC, DK, XK, EP) -> int:
+def _shared_bytes(op, BR, BC, DK, XK, EP, WX=16) -> int:
     n = DK * (BR + PAD) + DK * (BC + PAD)
     if op != "attn_lse":
         n += BC * (BR + PAD) + XK * EP
     if op == "attn_lse":
-        n += 2 * 16 * BR
-    elif op in ("attn_out", "attn_fwd") and not _red_in_as(op, BR, DK):
-        n += 16 * BR  # the online softmax's row maxima (and the final row sums)
+        n += 2 * WX * BR
+    elif op in ("attn_out", "attn_fwd") and not _red_in_as(op, BR, DK, WX):
+        n += WX * BR  # the online softmax's row maxima (and the final row sums)
     return 4 * n
 
 
@@ -146,7 +160,8 @@ def choose_blocks(op, own_n, str_n, E, limit):
     score products, the X rows per step of the output product; the largest that fit."""
     if FORCE_BLOCKS is not None and op in FORCE_BLOCKS:
         return FORCE_BLOCKS[op]
-    EP = _padded(E)
+    WX = _threads(op)[1]
+    EP = _padded(E, WX)
     cands = []
     first = ((LONG_BLOCKS[op],) if op in LONG_BLOCKS and min(own_n, str_n) >= LONG_MIN else ())
     for br, bc in first + BLOCK_SIZES + ((32, 32), (16, 16)):
@@ -157,15 +172,15 @@ def choose_blocks(op, own_n, str_n, E, limit):
     for BR, BC in cands:
         for DK in (32, 16, 8):
             for XK in (16, 8, 4):
-                if _shared_bytes(op, BR, BC, DK, XK, EP) <= limit:
+                if _shared_bytes(op, BR, BC, DK, XK, EP, WX) <= limit:
                     return BR, BC, DK, XK
     raise AssertionError(f"{op}: no tile fits {limit} bytes of workgroup memory")
 
 
-def _padded(E: int) -> int:
-    """Output columns with padding: E itself when it is whole groups of 64 (4 adjacent
-    columns per thread, vec4 reads), else whole groups of 16 (one column per thread)."""
-    return E if E % 64 == 0 else 16 * -(-E // 16)
+def _padded(E: int, WX: int = 16) -> int:
+    """Output columns with padding: E itself when it is whole groups of 4 WX (4 adjacent
+    columns per thread, vec4 reads), else whole groups of WX (one column per thread)."""
+    return E if E % (4 * WX) == 0 else WX * -(-E // WX)
 
 
 def _max(xs: list[str]) -> str:
@@ -219,12 +234,14 @@ def build_tiled(ctx) -> list[dict]:
     E = max((w for w, _, _ in prods), default=0)
     NR, NC = (S, T) if per_key else (T, S)  # own rows, streamed rows
     BR, BC, DK, XK = choose_blocks(op, NR, NC, E, ctx.limits.max_compute_workgroup_storage_size)
-    TR, TC = BR // 16, BC // 16  # a thread's rows and columns of the W tile
-    # ... in vectors of WR (WC) adjacent ones, groups of 16 WR apart (_local)
+    WY, WX = _threads(op)
+    NT = WY * WX
+    TR, TC = BR // WY, BC // WX  # a thread's rows and columns of the W tile
+    # ... in vectors of WR (WC) adjacent ones, groups of WY WR (WX WC) apart (rl, cl)
     WR, WC = min(TR, 4), min(TC, 4)
-    EP = _padded(E)
-    # output columns 64 q + 4 tx + i (vec4 reads of X), or tx + 16 e
-    XV = 4 if all(_padded(w) % 64 == 0 for w, _, _ in prods) else 1
+    EP = _padded(E, WX)
+    # output columns 4 WX q + 4 tx + i (vec4 reads of X), or tx + WX e
+    XV = 4 if all(_padded(w, WX) % (4 * WX) == 0 for w, _, _ in prods) else 1
     LDA, LDB, LDW = BR + PAD, BC + PAD, BR + PAD
     nblk = -(-NR // BR)
     # X staged whole in As's and Bs's words (OPTS["x_whole"]): one array of one vector type
@@ -232,7 +249,7 @@ def build_tiled(ctx) -> list[dict]:
     # stored into As right after them
     xw = (OPTS["x_whole"] and op != "attn_lse" and _prefetches(op, "prefetch_x", ctx.limits.adapter)
           and WR == WC == XV and BC * EP <= DK * (LDA + LDB)
-          and 4 * (DK * (LDA + LDB) + BC * LDW + (16 * BR if online else 0))
+          and 4 * (DK * (LDA + LDB) + BC * LDW + (WX * BR if online else 0))
           <= ctx.limits.max_compute_workgroup_storage_size)
     if xw:
         XK = BC
@@ -248,11 +265,11 @@ def build_tiled(ctx) -> list[dict]:
         if not xw:
             kernel.decls.append(f"var<workgroup> Xs: array<{_vty(XV)}, {XK * EP // XV}>;")
     if op == "attn_lse":
-        kernel.decls.append(f"var<workgroup> red_m: array<f32, {16 * BR}>;")
-        kernel.decls.append(f"var<workgroup> red_l: array<f32, {16 * BR}>;")
-    red_in_as = _red_in_as(op, BR, DK) and not xw
+        kernel.decls.append(f"var<workgroup> red_m: array<f32, {WX * BR}>;")
+        kernel.decls.append(f"var<workgroup> red_l: array<f32, {WX * BR}>;")
+    red_in_as = _red_in_as(op, BR, DK, WX) and not xw
     if online and not red_in_as:
-        kernel.decls.append(f"var<workgroup> red: array<f32, {16 * BR}>;")
+        kernel.decls.append(f"var<workgroup> red: array<f32, {WX * BR}>;")
     epi = ctx.epilogue_fn(kernel)
     em = ctx.emitter(kernel)
     L = em.emit
@@ -265,8 +282,8 @@ def build_tiled(ctx) -> list[dict]:
     else:
         L(f"let blk = w % {nblk}u;")
         L(f"let bo = w / {nblk}u;")
-    L("let tx = lid % 16u;")
-    L("let ty = lid / 16u;")
+    L(f"let tx = lid % {WX}u;")
+    L(f"let ty = lid / {WX}u;")
     L(f"let r0 = blk * {BR}u;")
     bdims = em.unravel("bo", batch) if batch else []
     sc = f32_lit(scale)
@@ -320,9 +337,9 @@ def build_tiled(ctx) -> list[dict]:
         rows_exact = rows_exact and OPTS["exact"]
         k_exact = k_exact and OPTS["exact"]
         items = []
-        for t in range(-(-n // WGS)):
-            e = f"lid + {t * WGS}u" if t else "lid"
-            partial = (t + 1) * WGS > n  # some threads have no word: load a clamped one
+        for t in range(-(-n // NT)):
+            e = f"lid + {t * NT}u" if t else "lid"
+            partial = (t + 1) * NT > n  # some threads have no word: load a clamped one
             ee = em.let(f"min({e}, {n - 1}u)") if partial else e
             rr, kk = em.let(f"({ee}) / {nk}u"), em.let(f"({ee}) % {nk}u")
             row, k = em.let(f"{row0} + {rr}"), em.let(f"{k0} + {kk}")
@@ -363,9 +380,9 @@ def build_tiled(ctx) -> list[dict]:
                 xs = [em.fresh("x") for _ in range(TR // WR)]
                 ys = [em.fresh("y") for _ in range(TC // WC)]
                 for h, x in enumerate(xs):
-                    L(f"let {x} = As[{dd * LDA // WR + 16 * h}u + ty];")
+                    L(f"let {x} = As[{dd * LDA // WR + WY * h}u + ty];")
                 for h, y in enumerate(ys):
-                    L(f"let {y} = {bs}[{(boff + dd * LDB) // WC + 16 * h}u + tx];")
+                    L(f"let {y} = {bs}[{(boff + dd * LDB) // WC + WX * h}u + tx];")
                 for a in range(TR):
                     for b in range(TC):
                         L(f"{accs[a][b]} = fma({_comp(xs[a // WR], WR, a % WR)}, "
@@ -392,32 +409,32 @@ def build_tiled(ctx) -> list[dict]:
             L("workgroupBarrier();")
 
     def rl(a):  # the block-local index of a thread's row a
-        return f"ty * {WR}u + {(a // WR) * 16 * WR + a % WR}u"
+        return f"ty * {WR}u + {(a // WR) * WY * WR + a % WR}u"
 
     def cl(b):  # ... and of its column b
-        return f"tx * {WC}u + {(b // WC) * 16 * WC + b % WC}u"
+        return f"tx * {WC}u + {(b // WC) * WX * WC + b % WC}u"
 
     own_rows = [em.let(f"r0 + {rl(a)}") for a in range(TR)]
 
     def across_row(values, name, combine):
-        """Each own row's value (one per thread) combined over the row's 16 threads through
+        """Each own row's value (one per thread) combined over the row's WX threads through
         workgroup memory (red, or As where _red_in_as): one new variable per row,
-        combine(r, x) folding the 16 entries in order from the first."""
+        combine(r, x) folding the WX entries in order from the first."""
         for a in range(TR):
-            q = f"({rl(a)}) * 16u + tx"
+            q = f"({rl(a)}) * {WX}u + tx"
             L(_put("As", WR, q, values[a]) if red_in_as else f"red[{q}] = {values[a]};")
         L("workgroupBarrier();")
         out = []
         for a in range(TR):
-            base = f"({rl(a)}) * 16u"
+            base = f"({rl(a)}) * {WX}u"
             r = em.fresh(name)
-            if red_in_as and WR == 4:  # the row's 16 entries as 4 vec4 reads
-                vs = [em.let(f"As[({rl(a)}) * 4u + {i}u]") for i in range(4)]
+            if red_in_as and WR == 4:  # the row's WX entries as WX / 4 vec4 reads
+                vs = [em.let(f"As[({rl(a)}) * {WX // 4}u + {i}u]") for i in range(WX // 4)]
                 xs = [f"{v}.{c}" for v in vs for c in "xyzw"]
             elif red_in_as:
                 sh = {1: 0, 2: 1}[WR]
                 xs = [f"As[({base} + {t}u) >> {sh}u]" + (f"[({base} + {t}u) & 1u]" if WR == 2 else "")
-                      for t in range(16)]
+                      for t in range(WX)]
             else:
                 xs = None
             if xs is not None:
@@ -426,16 +443,16 @@ def build_tiled(ctx) -> list[dict]:
                     L(f"{r} = {combine.format(r=r, x=x)};")
             else:
                 L(f"var {r}: f32 = red[{base}];")
-                with em.block("for (var t = 1u; t < 16u; t++)"):
+                with em.block(f"for (var t = 1u; t < {WX}u; t++)"):
                     L(f"{r} = {combine.format(r=r, x=f'red[{base} + t]')};")
             out.append(r)
         return out
 
     def out_cols(width):
-        n = _padded(width) // 16
+        n = _padded(width, WX) // WX
         if XV == 4:
-            return [f"{64 * (e // 4) + e % 4}u + tx * 4u" for e in range(n)]
-        return [f"tx + {16 * e}u" for e in range(n)]
+            return [f"{4 * WX * (e // 4) + e % 4}u + tx * 4u" for e in range(n)]
+        return [f"tx + {WX * e}u" for e in range(n)]
     if per_key:
         own_load, str_load = K, Q
         dp_own, dp_str = Vv, Gg
@@ -452,10 +469,10 @@ def build_tiled(ctx) -> list[dict]:
     if not per_key and dr_n is not None:
         own_dr = [em.let(stat(dr_n, f"min({r}, {T - 1}u)")) for r in own_rows]
 
-    accs = [[[em.var("f32", "0.0f", "o") for _ in range(_padded(w) // 16)] for _ in range(TR)]
+    accs = [[[em.var("f32", "0.0f", "o") for _ in range(_padded(w, WX) // WX)] for _ in range(TR)]
             for w, _, _ in prods]
     acc = accs[0] if accs else []
-    TE = _padded(prods[0][0]) // 16 if prods else 0
+    TE = _padded(prods[0][0], WX) // WX if prods else 0
     m_run = [em.var("f32", ninf, "m") for _ in range(TR)] if op == "attn_lse" or online else []
     l_run = [em.var("f32", "0.0f", "l") for _ in range(TR)] if op == "attn_lse" or online else []
 
@@ -464,8 +481,8 @@ def build_tiled(ctx) -> list[dict]:
 
         def x_rows(k, x0):  # the XK rows x0.. of X for product k
             width = prods[k][0]
-            return fetch(lambda rr, kk: f"{rr} * {EP}u + {kk}", XK, _padded(width), f"c0 + {x0}",
-                         NC, "0u", width, X_loads[k], x_exact, _padded(width) == width)
+            return fetch(lambda rr, kk: f"{rr} * {EP}u + {kk}", XK, _padded(width, WX), f"c0 + {x0}",
+                         NC, "0u", width, X_loads[k], x_exact, _padded(width, WX) == width)
         # X rows past a causal block's last kept one are real rows times W = 0, or zeros
         x_pre = ([[x_rows(k, f"{x0}u") for x0 in range(0, BC, XK)] for k in range(len(prods))]
                  if _prefetches(op, "prefetch_x", ctx.limits.adapter) else None)
@@ -530,12 +547,12 @@ def build_tiled(ctx) -> list[dict]:
         for k, (width, _, _) in enumerate(prods):
             wk = w if k == 0 else w2
             acc = accs[k]
-            TE = _padded(width) // 16
+            TE = _padded(width, WX) // WX
             if OPTS["ws_vec"]:  # a thread's rows are WR adjacent words per vector
                 for b in range(TC):
                     for h in range(TR // WR):
                         vals = [wk[h * WR + i][b] for i in range(WR)]
-                        L(f"Ws[({cl(b)}) * {LDW // WR}u + {16 * h}u + ty] = "
+                        L(f"Ws[({cl(b)}) * {LDW // WR}u + {WY * h}u + ty] = "
                           f"{_vty(WR)}({', '.join(vals)});")
             else:
                 for a in range(TR):
@@ -549,16 +566,16 @@ def build_tiled(ctx) -> list[dict]:
                 for xx in range(XK):
                     wvs = [em.fresh("w") for _ in range(TR // WR)]
                     for h, wv in enumerate(wvs):
-                        L(f"let {wv} = Ws[({x0} + {xx}u) * {LDW // WR}u + {16 * h}u + ty];")
+                        L(f"let {wv} = Ws[({x0} + {xx}u) * {LDW // WR}u + {WY * h}u + ty];")
                     if XV == 4:
                         xv = [em.fresh("x") for _ in range(TE // 4)]
                         for q, nm in enumerate(xv):
-                            L(f"let {nm} = {xs_name}[{(xx * EP + 64 * q) // 4}u + tx];")
+                            L(f"let {nm} = {xs_name}[{(xx * EP + 4 * WX * q) // 4}u + tx];")
                         xe = [f"{xv[e // 4]}.{'xyzw'[e % 4]}" for e in range(TE)]
                     else:
                         xe = [em.fresh("x") for _ in range(TE)]
                         for e, nm in enumerate(xe):
-                            L(f"let {nm} = {xs_name}[{xx * EP + 16 * e}u + tx];")
+                            L(f"let {nm} = {xs_name}[{xx * EP + WX * e}u + tx];")
                     for a in range(TR):
                         for e in range(TE):
                             L(f"{acc[a][e]} = fma({_comp(wvs[a // WR], WR, a % WR)}, {xe[e]}, "
@@ -577,24 +594,24 @@ def build_tiled(ctx) -> list[dict]:
                     pv("x0")
                     L("workgroupBarrier();")
 
-    if op == "attn_lse":  # combine the 16 threads' (max, sum) of each row
+    if op == "attn_lse":  # combine the WX threads' (max, sum) of each row
         for a in range(TR):
-            L(f"red_m[({rl(a)}) * 16u + tx] = {m_run[a]};")
-            L(f"red_l[({rl(a)}) * 16u + tx] = {l_run[a]};")
+            L(f"red_m[({rl(a)}) * {WX}u + tx] = {m_run[a]};")
+            L(f"red_l[({rl(a)}) * {WX}u + tx] = {l_run[a]};")
         L("workgroupBarrier();")
         with em.block("if (tx == 0u)"):
             for a in range(TR):
-                base = f"({rl(a)}) * 16u"
+                base = f"({rl(a)}) * {WX}u"
                 with em.block(f"if ({own_rows[a]} < {NR}u)"):
                     L(f"var mm: f32 = red_m[{base}];")
-                    with em.block("for (var t = 1u; t < 16u; t++)"):
+                    with em.block(f"for (var t = 1u; t < {WX}u; t++)"):
                         L(f"mm = max(mm, red_m[{base} + t]);")
                     L(f"let mz = select(mm, 0.0f, mm == {ninf});")
                     L("var ll: f32 = 0.0f;")
-                    with em.block("for (var t = 0u; t < 16u; t++)"):
+                    with em.block(f"for (var t = 0u; t < {WX}u; t++)"):
                         L(f"ll = ll + red_l[{base} + t] * exp(red_m[{base} + t] - mz);")
                     L(f"{epi}(bo * {T}u + {own_rows[a]}, mm + log(ll));")
-        return [ctx.dispatch(kernel, em.lines, grid, WGS)]
+        return [ctx.dispatch(kernel, em.lines, grid, NT)]
 
     inv = [None] * TR
     if online:  # the row sums: each thread holds its columns' part
@@ -618,8 +635,8 @@ def build_tiled(ctx) -> list[dict]:
                         v = f"{v} * {sc}"
                     at_ = f"{col0}u + {col}" if col0 else col
                     call = f"{epi}(bo * {NR * Eo}u + {own_rows[a]} * {Eo}u + {at_}, {v});"
-                    L(f"if ({col} < {width}u) {{ {call} }}" if _padded(width) != width else call)
-    return [ctx.dispatch(kernel, em.lines, grid, WGS)]
+                    L(f"if ({col} < {width}u) {{ {call} }}" if _padded(width, WX) != width else call)
+    return [ctx.dispatch(kernel, em.lines, grid, NT)]
 
 
 __all__ = ["build_tiled", "use_tiled", "choose_blocks", "FORCE_TILED", "FORCE_BLOCKS"]
