@@ -56,8 +56,10 @@ def parse_config(text: str):
                 fields["epi_rows"] = int(f[1:])
             elif f == "db":
                 fields["double"] = True
+            elif f == "wt":
+                fields["warp_tiles"] = True
             else:
-                sys.exit(f"{text}: unknown flag {f} (e<rows>, db)")
+                sys.exit(f"{text}: unknown flag {f} (e<rows>, db, wt)")
         return fields
     shape, *flags = text.split(":")
     tm, tn, bk = (int(v) for v in shape.split("x"))
@@ -69,7 +71,8 @@ def parse_config(text: str):
     wx, wy = (int(v) for v in num("w", "16x16").split("x"))
     return Config(tm, tn, bk, vec="novec" not in flags, prefetch="nopre" not in flags,
                   splits=int(num("s", 1)), double="db" in flags, wx=wx, wy=wy,
-                  group=int(num("g", 0)), vload="vl" in flags, epi_rows=int(num("e", 0)))
+                  group=int(num("g", 0)), vload="vl" in flags, epi_rows=int(num("e", 0)),
+                  warp_tiles="wt" in flags)
 
 
 # the matmuls of bench/gpt2_train.py's 64 x 256 row (d 512): name, [batch], M, K, N, and
@@ -277,7 +280,7 @@ def main() -> None:
     ap.add_argument("--configs", default="auto",
                     help="comma-separated tilings: auto | auto[:eE][:db] (the table's, with "
                     "epi_rows E / double-buffered tiles) | "
-                    "TMxTNxBK[:novec][:nopre][:sN][:db][:wXxY][:gG][:vl][:eE] (N K chunks; db: double-buffered shared memory; X x Y threads (N x M); "
+                    "TMxTNxBK[:novec][:nopre][:sN][:db][:wXxY][:gG][:vl][:eE][:wt] (N K chunks; db: double-buffered shared memory; X x Y threads (N x M); wt: each warp a 4 x 8 patch of them; "
                     "tile order in runs of G tile rows; vl: vec4 global loads; E: rows of epilogue loads issued together)")
     args = ap.parse_args()
     lib = pick_lib()

@@ -132,6 +132,10 @@ class Config:
     group: int = 0  # tile order: runs of `group` tile rows walked column by column (L2 reuse)
     vload: bool = False  # vec4 global loads where the operands' layouts allow (_vec_axis)
     epi_rows: int = 0  # epilogue loads issued for this many of a thread's rows at once (0: per value)
+    # threads as 4 x 8 patches of 32 consecutive ids (a warp on NVIDIA GPUs), not rows of wx:
+    # a warp then reads 4 A vectors and 8 B vectors of a k (one 128-byte wavefront each)
+    # where a 16-wide row of threads reads 2 and 16 (two wavefronts for B)
+    warp_tiles: bool = False
 
     @property
     def bm(self): return self.wy * self.tm
@@ -497,8 +501,13 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
         L(f"let tn = w % {tiles_n}u;")
         L(f"let tm = (w / {tiles_n}u) % {tiles_m}u;")
     L(f"let bt = w / {tiles_m * tiles_n}u;")
-    L(f"let tx = lid % {WX}u;")
-    L(f"let ty = lid / {WX}u;")
+    if cfg.warp_tiles and WX % 8 == 0 and WY % 4 == 0 and WX > 8:
+        L("let wq = lid / 32u;")
+        L(f"let tx = (wq % {WX // 8}u) * 8u + lid % 8u;")
+        L(f"let ty = (wq / {WX // 8}u) * 4u + (lid % 32u) / 8u;")
+    else:
+        L(f"let tx = lid % {WX}u;")
+        L(f"let ty = lid / {WX}u;")
     L(f"let row0 = tm * {BM}u;")
     L(f"let col0 = tn * {BN}u;")
     bdims = em.unravel("bt", batch) if batch else []
