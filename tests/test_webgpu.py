@@ -124,22 +124,25 @@ def test_oracle_under_double_buffering(record, config, monkeypatch):
 
 
 # the H200 row's tilings (codegen/matmul.py ADAPTER_TILINGS) and smaller tiles of the same
-# kinds, so that the matmul records span several tiles: workgroups of 128, 64 and 16
-# threads, 8 x 16 outputs per thread, K step 16, vec4 global loads, tile rows in runs (the
-# last one shorter), split-K
+# kinds, so that the matmul records span several tiles: workgroups of 256, 128, 64 and 16
+# threads, threads in warp tiles, 8 x 16 outputs per thread, K step 16, vec4 global loads,
+# tile rows in runs (the last one shorter), split-K
 H200_CONFIGS = {
-    "wide": mm.Config(8, 16, 8, wx=8, wy=16, vload=True, epi_rows=1),
+    "wide": mm.Config(8, 8, 8, vload=True, epi_rows=1, warp_tiles=True),
+    "split_group": mm.Config(8, 8, 8, vload=True, group=2, splits=3, warp_tiles=True),
     "wide_bk16_group_split": mm.Config(8, 16, 16, wx=8, wy=16, group=2, splits=3),
+    "small_warp_tiles": mm.Config(4, 4, 8, wx=16, wy=8, vload=True, warp_tiles=True),
     "batched": mm.Config(8, 8, 8, wx=8, wy=8, vload=True),
     "mid": mm.Config(8, 8, 16, wx=8, wy=8, vload=True),
     "small_group": mm.Config(4, 4, 8, wx=4, wy=4, group=3, vload=True),
     "small_split_group": mm.Config(4, 8, 16, wx=4, wy=8, splits=2, group=4, vload=True),
-    "odd_split": mm.Config(8, 8, 16, wx=16, wy=16, vload=True, splits=3),
-    "odd_group": mm.Config(8, 8, 16, wx=16, wy=16, vload=True, group=2),
+    "odd_split": mm.Config(8, 8, 16, vload=True, splits=3, warp_tiles=True),
+    "odd_group": mm.Config(8, 8, 16, vload=True, group=2, warp_tiles=True),
 }
 # 8 x 16 outputs per thread make large shaders, slow to compile on lavapipe: those configs
 # run the records with several tiles per axis only
 _H200_BIG = {"wide": ("matmul/tiles_odd", "matmul/batched_odd", "matmul/aligned_epilogue"),
+             "split_group": ("matmul/wgrad_odd", "matmul/odd_long_k"),
              "wide_bk16_group_split": ("matmul/wgrad_odd", "matmul/odd_long_k"),
              "odd_split": ("matmul/odd_long_k", "matmul/wgrad_odd"),
              "odd_group": ("matmul/tiles_odd", "matmul/aligned_epilogue")}
@@ -267,8 +270,8 @@ def test_h200_shape_classes():
     """Which tiling each class of the GPT step's products gets on the H200 (the table)."""
     a = "NVIDIA H200 (DiscreteGPU) via Vulkan"
     wide, batched = (mm.ADAPTER_TILINGS[0][1][k] for k in ("wide", "batched"))
-    assert mm.choose_config(4096, 4096, 4096, 1, adapter=a) == mm.replace(wide, bk=16)
-    assert mm.choose_config(2048, 2048, 2048, 1, adapter=a) == wide  # under 3 waves: K step 8
+    assert mm.choose_config(4096, 4096, 4096, 1, adapter=a) == wide
+    assert mm.choose_config(2048, 2048, 2048, 1, adapter=a) == wide
     # the logits: a tile row is longer than a wave, so tile rows go in runs
     assert mm.choose_config(4096, 50257, 768, 1, adapter=a).group == 32
     assert mm.choose_config(4096, 4096, 4096, 1, adapter=a).group == 0
@@ -279,7 +282,7 @@ def test_h200_shape_classes():
     assert mm.choose_config(256, 512, 4096, 64, adapter=a).wx == wide.wx
     # a weight gradient: split-K with the wide tile
     cfg = mm.choose_config(512, 1536, 16384, 1, adapter=a)
-    assert (cfg.splits, cfg.wx, cfg.wy, cfg.tm, cfg.tn) == (11, 8, 16, 8, 16)
+    assert (cfg.splits, cfg.wx, cfg.wy, cfg.tm, cfg.tn, cfg.warp_tiles) == (11, 16, 16, 8, 8, True)
     # the GPT-2 vocabulary's products (N or K = 50257, unaligned rows): the "odd" tile,
     # split where it was split, in runs of tile rows where they were
     odd = mm.ADAPTER_TILINGS[0][1]["odd"]

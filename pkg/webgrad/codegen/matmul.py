@@ -151,7 +151,8 @@ class Config:
 #       split-K sizes its grid in whole waves of these;
 #   "double": double-buffered shared memory (Config.double);
 #   "split": the tile of a split-K product; "wide": the tile of a product with at least 3/4
-#       of a wave of 128 x 128 tiles, its K step "wide_bk" once there are 3 waves or more;
+#       of a wave of 128 x 128 tiles, its K step "wide_bk" (if given) once there are 3
+#       waves or more;
 #   "batched": the tile of a batch of small products (M x N <= BATCHED_MN, K < SPLIT_MIN_K:
 #       attention's [B*H] x [T, 64] @ [64, T] and the products of its backward pass; a long
 #       K, such as the LM head's input gradient [B] x [T, vocab] @ [vocab, d], is work enough
@@ -207,11 +208,21 @@ ADAPTER_TILINGS = (
     # 1024] @ [1024 x 1024] 0.137 -> 0.125 (:tb, :ta within 0.002). Not taken: the [4096 x
     # 2304 / 3072] @ [.. x 768] input gradients on 64 x 64 tiles without split-K (0.406 /
     # 0.532-0.536 ms against 0.399 / 0.500-0.516 with the table's split 4 and its sum).
+    # 2026-12-01 (next session): threads in warp tiles (Config.warp_tiles: each 32 ids a 4
+    # x 8 patch of the 16 x 16 grid; with rows of 16 a warp's B reads took two wavefronts)
+    # made the 256-thread 8 x 8 tile 8-9% faster (4096: 3.37 -> 3.10 ms; [16384 x 512] @
+    # [512 x 2048] 0.896 -> 0.823) and faster than the 128-thread 8 x 16 one, which
+    # "wide" and "split" were (3.26 / 0.867 ms at K step 16; at K step 16 the 8 x 8 one
+    # is slower: 3.22 / 0.862). Per product, 8 x 16 -> 8 x 8 in warp tiles: the LM head's
+    # input gradient 7.71 -> 7.31 ms, [4096 x 3072] @ [3072 x 768] (B^T) 0.537 -> 0.506,
+    # small64's products 3-5% faster; [4096 x 768] @ [768 x 3072] 0.483 -> 0.490 and [768
+    # x 4096] @ [4096 x 2304] (A^T, split 7) 0.370 -> 0.389 slower. Steps: small64 83.92 ->
+    # 81.85 ms, GPT-2 8 x 512 93.74 -> 91.55 (bench/README.md).
     (("h200", "h100"), {
         "slots": 264, "double": False,
-        "split": Config(8, 16, 8, wx=8, wy=16, vload=True),
-        "wide": Config(8, 16, 8, wx=8, wy=16, vload=True, epi_rows=1), "wide_bk": 16,
-        "odd": Config(8, 8, 16, wx=16, wy=16, vload=True),
+        "split": Config(8, 8, 8, vload=True, warp_tiles=True),
+        "wide": Config(8, 8, 8, vload=True, epi_rows=1, warp_tiles=True),
+        "odd": Config(8, 8, 16, vload=True, warp_tiles=True),
         "batched": Config(8, 8, 8, wx=8, wy=8, vload=True),
         "mid": Config(8, 8, 16, wx=8, wy=8, vload=True),
         "group": 32,
