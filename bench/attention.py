@@ -116,6 +116,7 @@ VARIANTS = {
     "default -ws_vec": (None, {"ws_vec": False}),
     "default -exact": (None, {"exact": False}),
     "default -x_whole": (None, {"x_whole": False}),
+    "default -warp_tiles": (None, {"warp_tiles": False}),
     "128x64": ((128, 64, 16, 8), {}),
     "128x32": ((128, 32, 16, 8), {}),
     "64x128": ((64, 128, 8, 8), {}),

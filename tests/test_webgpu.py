@@ -138,6 +138,7 @@ H200_CONFIGS = {
     "small_split_group": mm.Config(4, 8, 16, wx=4, wy=8, splits=2, group=4, vload=True),
     "odd_split": mm.Config(8, 8, 16, vload=True, splits=3, warp_tiles=True),
     "odd_group": mm.Config(8, 8, 16, vload=True, group=2, warp_tiles=True),
+    "vocab_wgrad_group": mm.Config(16, 8, 8, vload=True, group=2, warp_tiles=True),
 }
 # 8 x 16 outputs per thread make large shaders, slow to compile on lavapipe: those configs
 # run the records with several tiles per axis only
@@ -145,7 +146,8 @@ _H200_BIG = {"wide": ("matmul/tiles_odd", "matmul/batched_odd", "matmul/aligned_
              "split_group": ("matmul/wgrad_odd", "matmul/odd_long_k"),
              "wide_bk16_group_split": ("matmul/wgrad_odd", "matmul/odd_long_k"),
              "odd_split": ("matmul/odd_long_k", "matmul/wgrad_odd"),
-             "odd_group": ("matmul/tiles_odd", "matmul/aligned_epilogue")}
+             "odd_group": ("matmul/tiles_odd", "matmul/aligned_epilogue"),
+             "vocab_wgrad_group": ("matmul/wgrad_odd", "matmul/aligned_epilogue")}
 _H200_ALL = ("matmul/2d", "matmul/batch_bcast", "matmul/vec_mat", "matmul/tiles_odd",
              "matmul/batched_odd", "matmul/wgrad_odd", "matmul/odd_long_k",
              "matmul/aligned_epilogue")
@@ -289,6 +291,12 @@ def test_h200_shape_classes():
     assert mm.choose_config(4096, 768, 50257, 1, adapter=a) == mm.replace(odd, splits=4)
     assert mm.choose_config(4096, 50257, 768, 1, adapter=a) == mm.replace(odd, group=32)
     assert mm.choose_config(768, 50257, 4096, 1, adapter=a) == mm.replace(odd, group=32)
+    # ... and on padded columns (codegen/align_match.py): the head's weight gradient takes
+    # the 256 x 128 tile, the logits the wide one
+    vw = mm.ADAPTER_TILINGS[0][1]["vocab_wgrad"]
+    assert (vw.bm, vw.bn) == (256, 128)
+    assert mm.choose_config(768, 50304, 4096, 1, adapter=a) == mm.replace(vw, group=32)
+    assert mm.choose_config(4096, 50304, 768, 1, adapter=a) == mm.replace(wide, group=32)
     # under 3/4 of a wave of 128 x 128 tiles, a wave of 64 x 64 ones
     assert mm.choose_config(4096, 768, 768, 1, adapter=a) == mm.ADAPTER_TILINGS[0][1]["mid"]
     # few tiles: the shrinking rule, as on adapters without a row
@@ -560,6 +568,48 @@ def test_column_sums(case, tiled, monkeypatch):
     from webgrad.codegen import reduce as rd
     monkeypatch.setattr(rd, "COLUMN_TILED", tiled)
     _check_reduction(case)
+
+
+# short trailing rows, several per workgroup (codegen/reduce.py, _wg_rows): row counts
+# that are not a multiple of a workgroup's rows, rows that are not a multiple of its lanes,
+# a producer computed on the way in (attention's rowsum(dO * O)), two reduced axes, max
+# (NaN propagates), an epilogue
+ROW_REDUCTIONS = [
+    ("sum last, 64", lambda x: ops.sum(x, -1), [3, 7, 64], lambda x: x.sum(-1)),
+    ("sum of products last, 64", lambda x: ops.sum(x * ops.exp(x * 0.5), -1), [5, 13, 64],
+     lambda x: (x * np.exp(x * 0.5)).sum(-1)),
+    ("sum last 2 axes, 7 x 19", lambda x: ops.sum(x, [1, 2]), [33, 7, 19],
+     lambda x: x.sum((1, 2))),
+    ("max last, 100", lambda x: ops.max(x, -1), [37, 100], lambda x: x.max(-1)),
+    ("max last, 512, epilogue", lambda x: ops.exp(ops.max(x, -1) * 0.1), [9, 512],
+     lambda x: np.exp(x.max(-1) * 0.1)),
+]
+
+
+@pytest.mark.parametrize("tiled", [True, False], ids=["rows_per_wg", "wg_per_row"])
+@pytest.mark.parametrize("case", ROW_REDUCTIONS, ids=[c[0] for c in ROW_REDUCTIONS])
+def test_short_row_reductions(case, tiled, monkeypatch):
+    """_wg_rows (GPUs) and the workgroup per row (CPU adapters), forced either way on this
+    adapter, against numpy in float64; the lowered kernel is the one forced."""
+    from webgrad.codegen import Limits, lower
+    from webgrad.codegen import reduce as rd
+    from webgrad.compile import build_forward_graph
+    monkeypatch.setattr(rd, "ROWS_TILED", tiled)
+    name, fn, shape, _ = case
+    g = build_forward_graph(Module, lambda _, i: fn(i["x"]), {"x": (tuple(shape), "f32")})[1]
+    wgsl = [p["wgsl"] for p in lower(g, Limits(cpu=True))[0].plan["pipelines"]]
+    assert any("let lane = " in w for w in wgsl) == tiled, name
+    _check_reduction(case)
+
+
+def test_short_row_reduction_propagates_nan(monkeypatch):
+    from webgrad.codegen import reduce as rd
+    monkeypatch.setattr(rd, "ROWS_TILED", True)
+    x = np.random.default_rng(2).standard_normal((11, 96)).astype(np.float32)
+    x[3, 50] = np.nan
+    got = forward(lambda x: ops.max(x, -1), {"x": [11, 96]}).run({"x": x})
+    assert np.isnan(got[3]) and not np.isnan(np.delete(got, 3)).any()
+    np.testing.assert_array_equal(np.delete(got, 3), np.delete(x.max(-1), 3))
 
 
 SUM_RECORDS = [r for r in oracle.RECORDS

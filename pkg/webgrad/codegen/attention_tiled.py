@@ -124,6 +124,11 @@ OPTS = {
     # made): one barrier pair per output product instead of one per XK rows (with
     # prefetch_x, whose registers hold the whole block already)
     "x_whole": True,
+    # threads as 4 x 8 patches of 32 consecutive ids (a warp on NVIDIA GPUs), not rows of WX:
+    # a warp's reads of a k then cover 4 row vectors and 8 column vectors (one 128-byte
+    # wavefront each) where 2 rows of 16 threads read 2 and 16 (codegen/matmul.py measured
+    # 8-9% on its 8 x 8 tile)
+    "warp_tiles": True,
     # ops whose next D chunk's global loads are issued before the current chunk's products
     "prefetch_d": frozenset({"attn_fwd", "attn_out", "attn_dq", "attn_dkv", "attn_dk", "attn_dv"}),
     # ops whose X rows (v, g, q or k) are loaded at the block's start, before the scores
@@ -282,8 +287,13 @@ def build_tiled(ctx) -> list[dict]:
     else:
         L(f"let blk = w % {nblk}u;")
         L(f"let bo = w / {nblk}u;")
-    L(f"let tx = lid % {WX}u;")
-    L(f"let ty = lid / {WX}u;")
+    if OPTS["warp_tiles"] and WX % 8 == 0 and WY % 4 == 0 and WX > 8:
+        L("let wq = lid / 32u;")
+        L(f"let tx = (wq % {WX // 8}u) * 8u + lid % 8u;")
+        L(f"let ty = (wq / {WX // 8}u) * 4u + (lid % 32u) / 8u;")
+    else:
+        L(f"let tx = lid % {WX}u;")
+        L(f"let ty = lid / {WX}u;")
     L(f"let r0 = blk * {BR}u;")
     bdims = em.unravel("bo", batch) if batch else []
     sc = f32_lit(scale)

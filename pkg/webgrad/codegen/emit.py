@@ -147,9 +147,59 @@ class Emitter:
                 continue
             stride = prod(shape[k + 1:])
             terms.append(dims[k] if stride == 1 else f"{dims[k]} * {stride}u")
-        return self.let(" + ".join(terms)) if terms else "0u"
+        if not terms:
+            return "0u"
+        flat = self.let(" + ".join(terms))
+        if len(terms) > 1:
+            # remembered in this scope (where every name in dims is visible): an unravel
+            # of this index regroups dims instead of dividing it again
+            self._scopes[-1][("ravel", flat)] = (list(dims), tuple(shape))
+        return flat
+
+    def _raveled(self, flat):
+        for scope in reversed(self._scopes):
+            got = scope.get(("ravel", flat))
+            if got is not None:
+                return got
+        return None
 
     def unravel(self, flat, shape) -> list[str]:
+        known = self._raveled(flat)
+        if known is not None and prod(known[1]) == prod(shape):
+            return self._regroup(*known, tuple(shape))
+        return self._unravel(flat, shape)
+
+    def _regroup(self, dims, src, dst) -> list[str]:
+        """dims of `src` (a reshape's input) as dims of `dst`: runs of axes with equal
+        products map onto each other, each run raveled and/or unraveled on its own (an
+        index made by ravel([b, t, j], [8, 512, 50257]) read as [8, 512, 50257] is [b, t,
+        j] again, no division; as [4096, 50257] it is [b * 512 + t, j])."""
+        A = [(d, n) for d, n in zip(dims, src) if n != 1]
+        B = [n for n in dst if n != 1]
+        out: list[str] = []
+        i = j = 0
+        while i < len(A):
+            ga, gb = [A[i]], [B[j]]
+            pa, pb = A[i][1], B[j]
+            i, j = i + 1, j + 1
+            while pa != pb:
+                if pa < pb:
+                    ga.append(A[i])
+                    pa *= A[i][1]
+                    i += 1
+                else:
+                    gb.append(B[j])
+                    pb *= B[j]
+                    j += 1
+            if len(ga) == 1 and len(gb) == 1:
+                out.append(ga[0][0])
+                continue
+            f = ga[0][0] if len(ga) == 1 else self.ravel([d for d, _ in ga], [n for _, n in ga])
+            out.extend([f] if len(gb) == 1 else self._unravel(f, gb))
+        it = iter(out)
+        return ["0u" if n == 1 else next(it) for n in dst]
+
+    def _unravel(self, flat, shape) -> list[str]:
         out = []
         for k, d in enumerate(shape):
             if d == 1:

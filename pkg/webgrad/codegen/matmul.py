@@ -164,7 +164,10 @@ class Config:
 #       at a time (the vocabulary's products: 50257); also of a vocabulary-wide product
 #       (a tile row of a wave or more) with K >= SPLIT_MIN_K: the head's weight gradient
 #       on padded columns, [768 x 4096] @ [4096 x 50304], 7.05 ms on the wide tile, 6.70
-#       on this one (H200, 2026-12-01; the logits, K = 768, stay wide: 7.37 against 7.50);
+#       on this one (H200, 2026-12-01; the logits, K = 768, stay wide: 7.37 against 7.50),
+#       unless the row has
+#   "vocab_wgrad": the tile of that vocabulary-wide product with K >= SPLIT_MIN_K where N
+#       is a multiple of 4 (the padded head weight gradient: 6.44 ms on 256 x 128 tiles);
 #   "mid": the tile of a product with less than 3/4 of a wave of 128 x 128 tiles but a
 #       wave of 64 x 64 ones.
 # Shapes no class takes keep the tile-shrinking rule. GPUs not listed get no split-K
@@ -218,11 +221,25 @@ ADAPTER_TILINGS = (
     # small64's products 3-5% faster; [4096 x 768] @ [768 x 3072] 0.483 -> 0.490 and [768
     # x 4096] @ [4096 x 2304] (A^T, split 7) 0.370 -> 0.389 slower. Steps: small64 83.92 ->
     # 81.85 ms, GPT-2 8 x 512 93.74 -> 91.55 (bench/README.md).
+    # 2026-12-01 (third session): the padded head weight gradient [768 x 4096] @ [4096 x
+    # 50304] on 256 x 128 tiles (16 x 8 per thread, warp tiles, K step 8): 6.67 -> 6.44 ms
+    # (torch 5.98); at K step 16 7.10. The logits and the input gradient on that tile were
+    # slower (7.16 -> 7.38, 7.33 -> 7.83 ms), as 128 x 256 tiles (8 x 16 per thread or 512
+    # threads of 8 x 8) were on every shape (6.7 -> 9.1 ms on this one). With the head's
+    # AdamW update as its epilogue (the product on the weight's 50257 columns, reading the
+    # padded gradient as vec4 past each row's end) it took 8.1-9.4 ms on these tiles and
+    # the wide ones, against 6.44 + 0.32 apart: align_match keeps the update apart.
+    # Double buffering with the K loop unrolled over the two buffers (every shared address
+    # a constant offset; the buffer index in a variable was what made it 20-40% slower):
+    # 4096 3.097 / 3.105 ms, [4096 x 768] @ [768 x 3072] 0.468 / 0.468, 0.500 / 0.495 on
+    # [4096 x 3072] @ [3072 x 768] (B^T): as fast as one buffer, not faster; the 64 x 64
+    # mid tile 0.149 -> 0.281.
     (("h200", "h100"), {
         "slots": 264, "double": False,
         "split": Config(8, 8, 8, vload=True, warp_tiles=True),
         "wide": Config(8, 8, 8, vload=True, epi_rows=1, warp_tiles=True),
         "odd": Config(8, 8, 16, vload=True, warp_tiles=True),
+        "vocab_wgrad": Config(16, 8, 8, vload=True, warp_tiles=True),
         "batched": Config(8, 8, 8, wx=8, wy=8, vload=True),
         "mid": Config(8, 8, 16, wx=8, wy=8, vload=True),
         "group": 32,
@@ -291,7 +308,8 @@ def _choose_config(M: int, N: int, K: int, nb: int, adapter: str) -> Config:
     if "wide" in row and slots and 4 * big >= 3 * slots:  # 3/4 of a wave: 2048 square
         vocab_long_k = K >= SPLIT_MIN_K and -(-N // row["wide"].bn) >= slots
         if (odd or vocab_long_k) and "odd" in row:
-            cfg = row["odd"]
+            cfg = row["vocab_wgrad" if vocab_long_k and not odd and "vocab_wgrad" in row
+                      else "odd"]
             if row.get("group") and -(-N // cfg.bn) >= slots:
                 cfg = replace(cfg, group=row["group"])
             return cfg
@@ -595,82 +613,86 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
             L(f"var {reg}: {'vec4<f32>' if rd[2][2] else 'f32'} = {v};")
 
     rows_a, cols_b = _offsets(TM, va, WY), _offsets(TN, vb, WX)
-    oa = ob = ""  # the current buffer's offset in As / Bs (double buffering)
-    if db:
-        # the first K step's tiles go to buffer 0; then each step computes from buffer sb
-        # while its successor's tiles (already in registers) go to the other buffer, and
-        # one barrier ends the step: the other buffer was last read in the step before,
-        # which that step's barrier closed
-        for reg, rd in zip(regs, reads):
-            shared_store(rd[8], rd[9], rd[10], rd[2], reg)
-        L("workgroupBarrier();")
-        L("var sb = 0u;")
-    with em.block(f"for (var k0 = {kbeg}; k0 < {kend}; k0 += {BK}u)"):
-        if db:
-            L(f"let more = k0 + {BK}u < {kend};")
-            with em.block("if (more)"):
-                for reg, v in zip(regs, fetch(f"k0 + {BK}u")):
-                    L(f"{reg} = {v};")
-            L(f"let oa = sb * {BK * LDA // (4 if va else 1)}u;")
-            L(f"let ob = sb * {BK * LDB // (4 if vb else 1)}u;")
-            oa, ob = "oa + ", "ob + "
-        elif cfg.prefetch:
-            for reg, rd in zip(regs, reads):
-                shared_store(rd[8], rd[9], rd[10], rd[2], reg)
-            L("workgroupBarrier();")
-            with em.block(f"if (k0 + {BK}u < {kend})"):
-                for reg, v in zip(regs, fetch(f"k0 + {BK}u")):
-                    L(f"{reg} = {v};")
-        else:
-            for rd, v in zip(reads, fetch("k0")):
-                shared_store(rd[8], rd[9], rd[10], rd[2], v)
-            L("workgroupBarrier();")
 
-        def k_step(kk, tag):   # one k of the tile: TM + TN shared reads, TM x TN FMAs
-            def at(ld):        # kk: a constant (unrolled) or the loop variable
-                return f"{kk * ld}u" if isinstance(kk, int) else f"{kk} * {ld}u"
-            if va:
-                for q in range(TM // 4):
-                    L(f"let av{tag}_{q} = As[{oa}{at(LDA // 4)} + ty + {WY * q}u];")
-                a_of = lambda i: f"av{tag}_{i // 4}.{'xyzw'[i % 4]}"  # noqa: E731
-            else:
-                for i in range(TM):
-                    L(f"let a{tag}_{i} = As[{oa}{at(LDA)} + ty * {TM}u + {i}u];")
-                a_of = lambda i: f"a{tag}_{i}"  # noqa: E731
-            if vb:
-                for q in range(TN // 4):
-                    L(f"let bv{tag}_{q} = Bs[{ob}{at(LDB // 4)} + tx + {WX * q}u];")
-                b_of = lambda j: f"bv{tag}_{j // 4}.{'xyzw'[j % 4]}"  # noqa: E731
-            else:
-                for j in range(TN):
-                    L(f"let b{tag}_{j} = Bs[{ob}{at(LDB)} + tx * {TN}u + {j}u];")
-                b_of = lambda j: f"b{tag}_{j}"  # noqa: E731
-            a_names, b_names = [a_of(i) for i in range(TM)], [b_of(j) for j in range(TN)]
+    def k_step(kk, tag, oa="", ob=""):   # one k of the tile: TM + TN shared reads, TM x TN FMAs
+        def at(ld):        # kk: a constant (unrolled) or the loop variable
+            return f"{kk * ld}u" if isinstance(kk, int) else f"{kk} * {ld}u"
+        if va:
+            for q in range(TM // 4):
+                L(f"let av{tag}_{q} = As[{oa}{at(LDA // 4)} + ty + {WY * q}u];")
+            a_of = lambda i: f"av{tag}_{i // 4}.{'xyzw'[i % 4]}"  # noqa: E731
+        else:
             for i in range(TM):
-                for j in range(TN):
-                    L(f"{acc[i][j]} = fma({a_names[i]}, {b_names[j]}, {acc[i][j]});")
+                L(f"let a{tag}_{i} = As[{oa}{at(LDA)} + ty * {TM}u + {i}u];")
+            a_of = lambda i: f"a{tag}_{i}"  # noqa: E731
+        if vb:
+            for q in range(TN // 4):
+                L(f"let bv{tag}_{q} = Bs[{ob}{at(LDB // 4)} + tx + {WX * q}u];")
+            b_of = lambda j: f"bv{tag}_{j // 4}.{'xyzw'[j % 4]}"  # noqa: E731
+        else:
+            for j in range(TN):
+                L(f"let b{tag}_{j} = Bs[{ob}{at(LDB)} + tx * {TN}u + {j}u];")
+            b_of = lambda j: f"b{tag}_{j}"  # noqa: E731
+        a_names, b_names = [a_of(i) for i in range(TM)], [b_of(j) for j in range(TN)]
+        for i in range(TM):
+            for j in range(TN):
+                L(f"{acc[i][j]} = fma({a_names[i]}, {b_names[j]}, {acc[i][j]});")
+
+    def k_tile(oa="", ob=""):  # the staged tile's BK k
         if K_LOOP and TM * TN * BK > K_LOOP:
             # a WGSL loop over the tile's k rather than BK unrolled copies: the shader stays
             # small (an 8 x 16 block at K step 16 is ~100 KB unrolled, and the driver takes
             # ~0.15 s to compile each such pipeline), the GPU's compiler unrolls it anyway
             with em.block(f"for (var kk = 0u; kk < {BK}u; kk++)"):
-                k_step("kk", "")
+                k_step("kk", "", oa, ob)
         elif K_UNROLL and TM * TN * BK > K_UNROLL[0] and BK % K_UNROLL[1] == 0 and BK > K_UNROLL[1]:
             U = K_UNROLL[1]
             with em.block(f"for (var kb = 0u; kb < {BK}u; kb += {U}u)"):
                 for u in range(U):
-                    k_step(f"(kb + {u}u)", u)
+                    k_step(f"(kb + {u}u)", u, oa, ob)
         else:
             for kk in range(BK):
-                k_step(kk, kk)
-        if db:
-            with em.block("if (more)"):
+                k_step(kk, kk, oa, ob)
+
+    if db:
+        # two buffers, the loop unrolled over them so that every shared address is a
+        # constant offset from the thread's base (an offset computed from the buffer's
+        # index cost more than the barrier it saves): the first K step's tiles go to buffer
+        # 0; each half computes from its buffer while the next step's tiles (already in
+        # registers) go to the other one, and one barrier ends the half (the other buffer
+        # was last read in the half before, which that half's barrier closed)
+        for reg, rd in zip(regs, reads):
+            shared_store(rd[8], rd[9], rd[10], rd[2], reg)
+        L("workgroupBarrier();")
+
+        def half(b, k, more):
+            L(f"let {more} = {k} + {BK}u < {kend};")
+            with em.block(f"if ({more})"):
+                for reg, v in zip(regs, fetch(f"{k} + {BK}u")):
+                    L(f"{reg} = {v};")
+            k_tile(f"{b * BK * LDA // (4 if va else 1)}u + ", f"{b * BK * LDB // (4 if vb else 1)}u + ")
+            with em.block(f"if ({more})"):
                 for reg, rd in zip(regs, reads):
-                    nbuf = BK * rd[9]
-                    shared_store(rd[8], rd[9], rd[10], rd[2], reg, f"(1u - sb) * {nbuf}u + ")
+                    shared_store(rd[8], rd[9], rd[10], rd[2], reg, f"{(1 - b) * BK * rd[9]}u + ")
             L("workgroupBarrier();")
-            L("sb = 1u - sb;")
-        else:
+        with em.block(f"for (var k0 = {kbeg}; k0 < {kend}; k0 += {2 * BK}u)"):
+            half(0, "k0", "more0")
+            with em.block("if (more0)"):
+                half(1, f"(k0 + {BK}u)", "more1")
+    else:
+        with em.block(f"for (var k0 = {kbeg}; k0 < {kend}; k0 += {BK}u)"):
+            if cfg.prefetch:
+                for reg, rd in zip(regs, reads):
+                    shared_store(rd[8], rd[9], rd[10], rd[2], reg)
+                L("workgroupBarrier();")
+                with em.block(f"if (k0 + {BK}u < {kend})"):
+                    for reg, v in zip(regs, fetch(f"k0 + {BK}u")):
+                        L(f"{reg} = {v};")
+            else:
+                for rd, v in zip(reads, fetch("k0")):
+                    shared_store(rd[8], rd[9], rd[10], rd[2], v)
+                L("workgroupBarrier();")
+            k_tile()
             L("workgroupBarrier();")
 
     L(f"let m0 = row0 + ty * {4 if va else TM}u;")

@@ -6,7 +6,9 @@ Strategies, by the shape of the reduction (R elements reduced into each of O out
             over the row, then a shared-memory tree combines them (wgsl.workgroup_reduce,
             whose subgroup form measured no faster here on an H200: taken only when
             wgsl.SUBGROUPS forces it). Row ops do their passes (max, sum of exp / mean,
-            variance, write) inside the same workgroup.
+            variance, write) inside the same workgroup. Sums and maxima of rows up to
+            ROWS_MAX_R long take several rows per workgroup instead (`_wg_rows`: about 4
+            elements per thread, a tree per row), except on CPU adapters.
   thread    short rows, or reduced axes in front (a bias gradient sums [N, D] over N)
             and R short: a thread per output loops over R; neighbouring threads read
             neighbouring columns.
@@ -60,6 +62,8 @@ COL_UNROLL = 4          # independent partial sums (loads in flight) per thread
 COL_MIN_ROWS = 16       # rows per thread at least, per chunk
 COL_TARGET_WG = 1024    # about this many workgroups in pass 1 (an H200 holds 132 x 8)
 COLUMN_TILED = None     # tests: True/False forces col_split's tiled/per-thread pass 1
+ROWS_MAX_R = 512        # trailing rows up to this long: several per workgroup (_wg_rows)
+ROWS_TILED = None       # tests: True/False forces _wg_rows on/off (default: not on CPU adapters)
 
 
 class _Shape:
@@ -253,6 +257,8 @@ def build_reduce(ctx) -> list:
         return [_row_op(ctx, node, s, strat)]
 
     if strat == "wg":
+        if _rows_per_wg(ctx, s) > 1:
+            return [_wg_rows(ctx, node, s)]
         return [_wg_reduce(ctx, node, s)]
     if strat == "thread":
         return [_thread_reduce(ctx, node, s)]
@@ -332,6 +338,54 @@ def _wg_reduce(ctx, node, s):
     _wg_body(ctx, kernel, em, s, s.kind, xdt, "o", "0u", f"{s.R}u", wgs,
              lambda v: em.emit(f"{epi}(o, {v});"))
     return ctx.dispatch(kernel, em.lines, grid, wgs)
+
+
+def _rows_per_wg(ctx, s) -> int:
+    """How many short rows (trailing sums and maxima of R <= ROWS_MAX_R) one workgroup of
+    _wg_rows reduces: WG / lanes per row; 1 (the workgroup per row of _wg_reduce) for
+    longer rows, argmax, and on CPU adapters (ROWS_TILED forces either way)."""
+    tiled = ROWS_TILED if ROWS_TILED is not None else not ctx.limits.cpu
+    if not tiled or s.kind not in ("sum", "max") or s.R > ROWS_MAX_R:
+        return 1
+    return WG // _row_lanes(s.R)
+
+
+def _row_lanes(R: int) -> int:
+    """Threads per row in _wg_rows: about 4 elements each, 4 to 64."""
+    return max(4, min(64, pow2ceil(R) // 4))
+
+
+def _wg_rows(ctx, node, s):
+    """Short trailing rows, several per workgroup (attention's backward row sums, rowsum(dO
+    * O) over D = 64, are 49152-98304 rows): L lanes per row read L consecutive elements
+    per step (coalesced), then a shared-memory tree over each row's lanes. A workgroup of
+    64 threads per row, one element each, read a [8 x 12 x 512, 64] product at 0.66 TB/s
+    on an H200."""
+    xdt = ctx.g[s.x].dtype
+    L = _row_lanes(s.R)
+    RPW = WG // L
+    kernel = _kernel(ctx, node.op, s.kind)
+    kernel.decls.append(f"var<workgroup> red: array<{xdt}, {WG}>;")
+    epi = ctx.epilogue_fn(kernel)
+    em = ctx.emitter(kernel)
+    grid = kernel.workgroup_index(em, -(-s.O // RPW), "w")  # uniform: barriers stay legal
+    em.emit(f"let lane = lid % {L}u;")
+    em.emit(f"let row = w * {RPW}u + lid / {L}u;")
+    acc = em.var(xdt, _init(s.kind, xdt))
+    with em.block(f"if (row < {s.O}u)" if s.O % RPW else ""):
+        with em.block(f"for (var r = lane; r < {s.R}u; r += {L}u)"):
+            _accumulate(em, s, s.kind, acc, None, "row", "r")
+    em.emit(f"red[lid] = {acc};")
+    em.emit("workgroupBarrier();")
+    comb = _combine(s.kind, xdt)
+    st = L // 2
+    while st >= 1:  # a tree over each row's L lanes
+        em.emit(f"if (lane < {st}u) {{ {comb('red[lid]', f'red[lid + {st}u]')} }}")
+        em.emit("workgroupBarrier();")
+        st //= 2
+    with em.block(f"if (lane == 0u && row < {s.O}u)" if s.O % RPW else "if (lane == 0u)"):
+        em.emit(f"{epi}(row, red[lid]);")
+    return ctx.dispatch(kernel, em.lines, grid, WG)
 
 
 def _wg_split(ctx, node, s, P):
