@@ -46,7 +46,7 @@ from math import prod
 
 from .elementwise import ISNAN_WGSL
 from .emit import Emitter, Idx
-from .wgsl import WG, f32_lit, pow2ceil, tree_reduce, workgroup_reduce, zero
+from .wgsl import WG, f32_lit, pow2ceil, tree_reduce, use_subgroups, workgroup_reduce, zero
 
 REDUCE_OPS = {"sum", "max_last", "argmax_last"}
 ROW_OPS = {"softmax_last", "log_softmax_last", "layer_norm_last"}
@@ -343,9 +343,12 @@ def _wg_reduce(ctx, node, s):
 def _rows_per_wg(ctx, s) -> int:
     """How many short rows (trailing sums and maxima of R <= ROWS_MAX_R) one workgroup of
     _wg_rows reduces: WG / lanes per row; 1 (the workgroup per row of _wg_reduce) for
-    longer rows, argmax, and on CPU adapters (ROWS_TILED forces either way)."""
+    longer rows, argmax, sums that take subgroup operations (wgsl.use_subgroups), and on CPU
+    adapters (ROWS_TILED forces either way)."""
     tiled = ROWS_TILED if ROWS_TILED is not None else not ctx.limits.cpu
     if not tiled or s.kind not in ("sum", "max") or s.R > ROWS_MAX_R:
+        return 1
+    if s.kind == "sum" and use_subgroups(ctx.limits):  # workgroup_reduce's subgroup form
         return 1
     return WG // _row_lanes(s.R)
 
