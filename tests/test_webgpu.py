@@ -286,9 +286,10 @@ def test_h200_shape_classes():
     cfg = mm.choose_config(512, 1536, 16384, 1, adapter=a)
     assert (cfg.splits, cfg.wx, cfg.wy, cfg.tm, cfg.tn, cfg.warp_tiles) == (11, 16, 16, 8, 8, True)
     # the GPT-2 vocabulary's products (N or K = 50257, unaligned rows): the "odd" tile,
-    # split where it was split, in runs of tile rows where they were
+    # split where it was split (K chunks of 4096 or more into whole waves: 192 tiles x 11
+    # = 8 x 264), in runs of tile rows where they were
     odd = mm.ADAPTER_TILINGS[0][1]["odd"]
-    assert mm.choose_config(4096, 768, 50257, 1, adapter=a) == mm.replace(odd, splits=4)
+    assert mm.choose_config(4096, 768, 50257, 1, adapter=a) == mm.replace(odd, splits=11)
     assert mm.choose_config(4096, 50257, 768, 1, adapter=a) == mm.replace(odd, group=32)
     assert mm.choose_config(768, 50257, 4096, 1, adapter=a) == mm.replace(odd, group=32)
     # ... and on padded columns (codegen/align_match.py): the head's weight gradient takes
@@ -327,6 +328,8 @@ def test_h200_batch_against_one_weight_is_one_product():
 
 
 @pytest.mark.parametrize("M,K,N,nb,splits", [
+    (4096, 50304, 768, 1, 11),   # GPT-2's LM head input gradient: long chunks, whole waves
+    (4096, 3072, 768, 1, 4),     # its MLP's: short chunks keep the per-chunk penalty
     (512, 16384, 1536, 1, 11),   # the QKV weight gradient of the 64 x 256 GPT step
     (512, 16384, 2048, 1, 4),    # the MLP up-projection's
     (16384, 512, 1536, 1, 1),    # enough tiles: no split
