@@ -57,11 +57,16 @@ export function startWebgrad(workerURL = new URL("../worker/worker.mjs", import.
   // Shared memory needs cross-origin isolation, which serve.py's COOP/COEP headers give.
   const interruptBuffer = globalThis.crossOriginIsolated
     ? new Uint8Array(new SharedArrayBuffer(1)) : null;
+  // The last request id an interrupt was meant for: a request still queued in the worker when
+  // it came (the worker booting, or busy with another) is then answered as interrupted
+  // instead of run, and the worker's reset of interruptBuffer cannot lose it.
+  const interruptedUpTo = globalThis.crossOriginIsolated
+    ? new Int32Array(new SharedArrayBuffer(4)) : null;
   // A worker that dies without an `error` event (closed itself, killed for memory) would leave
   // calls waiting forever. It holds a Web Lock for as long as it lives: when the lock comes
   // free, the worker is gone, and every pending call fails.
   const lifeLock = globalThis.navigator?.locks ? `webgrad-worker-${crypto.randomUUID()}` : null;
-  worker.postMessage({ type: "init", interruptBuffer, lifeLock });
+  worker.postMessage({ type: "init", interruptBuffer, interruptedUpTo, lifeLock });
 
   function die(error) {
     if (dead) return;
@@ -121,8 +126,10 @@ export function startWebgrad(workerURL = new URL("../worker/worker.mjs", import.
     onEvent(fn) { listeners.add(fn); return () => listeners.delete(fn); },
     interrupt() {
       if (dead) return false;
+      const upTo = nextId - 1;  // every request made so far, running or still queued
+      if (interruptedUpTo) Atomics.store(interruptedUpTo, 0, upTo);  // before the flag
       if (interruptBuffer) interruptBuffer[0] = 2;  // SIGINT: seen by code that computes
-      worker.postMessage({ type: "interrupt" });  // and by the worker, for code that awaits
+      worker.postMessage({ type: "interrupt", upTo });  // and by the worker, for code that awaits
       return interruptBuffer !== null;
     },
     get dead() { return dead; },

@@ -11,14 +11,18 @@
 //     {id, type: "call", name, args} call the global Python function `name` with args (an array);
 //                                    a coroutine result is awaited
 //     {id, type: "ping"}             answered at once with value "pong", even during boot
-//     {type: "interrupt"}            answered by nothing; the running request gets a
+//     {type: "interrupt", upTo}      answered by nothing; the running request gets a
 //                                    KeyboardInterrupt where it awaits (asyncio.sleep, a GPU
 //                                    read-back, time.sleep) -- the interrupt buffer (below)
-//                                    reaches code that computes. The page sends both.
-//     {type: "init", interruptBuffer, lifeLock}  optional, first. interruptBuffer: a Uint8Array
-//                                    on a SharedArrayBuffer; the page writes 2 into it to raise
-//                                    KeyboardInterrupt in the running code (needs a cross-origin
-//                                    isolated page). lifeLock: a Web Lock name the worker holds
+//                                    reaches code that computes. The page sends both. Queued
+//                                    requests with id <= upTo are answered with a
+//                                    KeyboardInterrupt error when their turn comes, not run.
+//     {type: "init", interruptBuffer, interruptedUpTo, lifeLock}  optional, first.
+//                                    interruptBuffer: a Uint8Array on a SharedArrayBuffer; the
+//                                    page writes 2 into it to raise KeyboardInterrupt in the
+//                                    running code (needs a cross-origin isolated page);
+//                                    interruptedUpTo: an Int32Array on one, where the page
+//                                    writes `upTo` first. lifeLock: a Web Lock name the worker holds
 //                                    while it lives, answered by {type: "alive", lifeLock}; the
 //                                    page waits on the same lock to learn of a silent death
 //   replies:
@@ -67,6 +71,15 @@ async function fetchOk(url) {
 
 let pyodide = null;
 let interruptBuffer = null;
+// The last request id the page interrupted (webgrad.mjs): shared memory where the page is
+// cross-origin isolated, and the interrupt messages' `upTo` (for pages that are not).
+let interruptedUpTo = null;
+let interruptedUpToSent = 0;
+
+function interruptedBeforeStart(id) {
+  const shared = interruptedUpTo ? Atomics.load(interruptedUpTo, 0) : 0;
+  return id <= Math.max(shared, interruptedUpToSent);
+}
 let fatal = null;  // set once boot fails or Pyodide dies; later requests get it as their error
 let running = null;  // id of the request being handled, or null
 let worker_py = null;  // the webgrad_worker module (a PyProxy), once booted
@@ -305,7 +318,6 @@ async function boot() {
   }
   unpackWheels();
   mark("wheels");
-  if (interruptBuffer) pyodide.setInterruptBuffer(interruptBuffer);
   pyodide.setStdout(writer("stdout"));
   pyodide.setStderr(writer("stderr"));
   pyodide.FS.writeFile(`${sitePackages}/webgrad_worker.py`, await helperReady);
@@ -327,11 +339,15 @@ def _version():
   mark("info");
   worker_py = pyodide.pyimport("webgrad_worker");
   worker_py.setup(interruptBuffer ? () => { interruptBuffer[0] = 2; } : null);
+  // only now: an interrupt while the worker boots is meant for a call queued behind the boot
+  // (answered as interrupted, interruptedBeforeStart), not for the boot's own Python
+  if (interruptBuffer) pyodide.setInterruptBuffer(interruptBuffer);
   mark("ready");
   post({ type: "ready", python_version, webgrad_version, jspi, boot: bootTimes });
   // Then, before any request (they queue behind it): import the compiler and ask for the GPU
   // device, the first compile's fixed costs, while the person reads the page.
   queue = queue.then(async () => {
+    if (interruptBuffer) interruptBuffer[0] = 0;  // an interrupt before now was for a queued call
     const marks = await pyodide.runPythonAsync("import webgrad_worker\nawait webgrad_worker.warm_up()");
     Object.assign(bootTimes, marks.toJs({ dict_converter: Object.fromEntries }));
     marks.destroy();
@@ -350,6 +366,14 @@ async function handle(request) {
   await booted;
   if (fatal) return { id: request.id, ok: false, error: fatal };
   if (interruptBuffer) interruptBuffer[0] = 0;  // forget an interrupt meant for an earlier request
+  // ... unless it was meant for this one, which has not started: it is answered, not run
+  // (read after the reset: an interrupt that comes later sets the flag again, which the code
+  // then sees as it starts)
+  if (interruptedBeforeStart(request.id)) {
+    return { id: request.id, ok: false, error: {
+      type: "KeyboardInterrupt", traceback: "",
+      message: "interrupted before it started (it was queued behind the worker's boot or an earlier call)" } };
+  }
   // runPythonAsync (not a direct PyProxy call) so that the code runs with JSPI available.
   const ns = pyodide.toPy({});
   ns.set("request", request);
@@ -405,12 +429,14 @@ self.addEventListener("message", (event) => {
     return;
   }
   if (request?.type === "interrupt") {
+    interruptedUpToSent = Math.max(interruptedUpToSent, request.upTo ?? 0);
     interruptAwaits();
     return;
   }
   if (request?.type === "init") {
     interruptBuffer = request.interruptBuffer ?? null;
-    if (pyodide && interruptBuffer) pyodide.setInterruptBuffer(interruptBuffer);
+    interruptedUpTo = request.interruptedUpTo ?? null;
+    if (worker_py && interruptBuffer) pyodide.setInterruptBuffer(interruptBuffer);  // booted
     if (request.lifeLock && navigator.locks) {  // held until this worker is gone (see main.mjs)
       navigator.locks.request(request.lifeLock, () => {
         post({ type: "alive", lifeLock: request.lifeLock });

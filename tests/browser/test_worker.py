@@ -107,6 +107,29 @@ def test_timeout_interrupts_runaway_code(browser_session):
 
 
 @browser
+def test_interrupt_reaches_a_call_that_has_not_started(browser_session):
+    # the call is queued while the worker boots (on a loaded machine a 1 s timeout can end
+    # before the code starts): the interrupt must not be forgotten when its turn comes (the
+    # worker resets the interrupt flag at each call's start), or the loop runs forever
+    page = browser_session.new_page()  # its own worker, interrupted before its boot ends
+    try:
+        outcome = page.evaluate("""async () => {
+          const api = window.webgrad;
+          const hung = new Promise((resolve) => setTimeout(() => resolve("hung"), 30000));
+          const first = api.run("while True: pass");
+          api.interrupt();
+          const got = await Promise.race([first.then(() => "resolved", (e) => e), hung]);
+          const later = await Promise.race([api.run("'still alive'").catch((e) => e), hung]);
+          return {got, later};
+        }""")
+    finally:
+        page.close()
+    assert outcome["got"] != "hung", "the interrupted call never ended"
+    assert outcome["got"]["type"] == "KeyboardInterrupt", outcome
+    assert outcome["later"] == "still alive", outcome
+
+
+@browser
 def test_killed_worker_rejects_pending_calls(browser_session):
     page = browser_session.new_page()  # its own worker: the shared one stays healthy
     try:
