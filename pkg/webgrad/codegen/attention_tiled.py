@@ -63,7 +63,7 @@ from __future__ import annotations
 from math import prod
 
 from .emit import Idx
-from .wgsl import f32_lit, pow2ceil
+from .wgsl import f32_lit, pow2ceil, thread_xy
 
 # The workgroup: WY x WX threads (WY along the own rows, WX along the streamed ones and the
 # output columns); THREADS per op, else (16, 16). FORCE_THREADS: bench/attention.py, tests.
@@ -287,13 +287,8 @@ def build_tiled(ctx) -> list[dict]:
     else:
         L(f"let blk = w % {nblk}u;")
         L(f"let bo = w / {nblk}u;")
-    if OPTS["warp_tiles"] and WX % 8 == 0 and WY % 4 == 0 and WX > 8:
-        L("let wq = lid / 32u;")
-        L(f"let tx = (wq % {WX // 8}u) * 8u + lid % 8u;")
-        L(f"let ty = (wq / {WX // 8}u) * 4u + (lid % 32u) / 8u;")
-    else:
-        L(f"let tx = lid % {WX}u;")
-        L(f"let ty = lid / {WX}u;")
+    for line in thread_xy(WX, WY, OPTS["warp_tiles"]):
+        L(line)
     L(f"let r0 = blk * {BR}u;")
     bdims = em.unravel("bo", batch) if batch else []
     sc = f32_lit(scale)

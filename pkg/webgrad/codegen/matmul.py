@@ -69,7 +69,7 @@ from math import prod
 from .emit import STORE_LINE
 from .layout import digits_addr
 from .quant import QuantOperand, group_helpers, operand_reader
-from .wgsl import CPU_LOOP_ITERATIONS, BindingTypeClash
+from .wgsl import CPU_LOOP_ITERATIONS, BindingTypeClash, thread_xy
 
 
 TARGET_TILES = 256  # fewer workgroups than this: shrink the tile (an H200 has 132 SMs)
@@ -536,13 +536,8 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
         L(f"let tn = w % {tiles_n}u;")
         L(f"let tm = (w / {tiles_n}u) % {tiles_m}u;")
     L(f"let bt = w / {tiles_m * tiles_n}u;")
-    if cfg.warp_tiles and WX % 8 == 0 and WY % 4 == 0 and WX > 8:
-        L("let wq = lid / 32u;")
-        L(f"let tx = (wq % {WX // 8}u) * 8u + lid % 8u;")
-        L(f"let ty = (wq / {WX // 8}u) * 4u + (lid % 32u) / 8u;")
-    else:
-        L(f"let tx = lid % {WX}u;")
-        L(f"let ty = lid / {WX}u;")
+    for line in thread_xy(WX, WY, cfg.warp_tiles):
+        L(line)
     L(f"let row0 = tm * {BM}u;")
     L(f"let col0 = tn * {BN}u;")
     bdims = em.unravel("bt", batch) if batch else []

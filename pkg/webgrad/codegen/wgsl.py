@@ -135,6 +135,19 @@ def pow2ceil(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
+def thread_xy(WX: int, WY: int, warp_tiles: bool) -> list[str]:
+    """WGSL lets of `tx`, `ty`: a thread's column and row in a WY x WX workgroup grid, from
+    `lid`. Row by row; or, with warp_tiles (where WX is a multiple of 8 above 8 and WY of
+    4), each 32 consecutive ids a 4 x 8 patch (a warp on NVIDIA GPUs): a warp's reads of a
+    tile's k then cover 4 row vectors and 8 column vectors (one 128-byte shared-memory
+    wavefront each) where 2 rows of 16 threads read 2 and 16 (two wavefronts)."""
+    if warp_tiles and WX % 8 == 0 and WY % 4 == 0 and WX > 8:
+        return ["let wq = lid / 32u;",
+                f"let tx = (wq % {WX // 8}u) * 8u + lid % 8u;",
+                f"let ty = (wq / {WX // 8}u) * 4u + (lid % 32u) / 8u;"]
+    return [f"let tx = lid % {WX}u;", f"let ty = lid / {WX}u;"]
+
+
 # ---------------------------------------------------------------- the kernel builder
 
 @dataclass
