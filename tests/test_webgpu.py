@@ -615,6 +615,28 @@ def test_short_row_reduction_propagates_nan(monkeypatch):
     np.testing.assert_array_equal(np.delete(got, 3), np.delete(x.max(-1), 3))
 
 
+def _lowered_wgsl(record) -> list[str]:
+    from webgrad.codegen import Limits, lower
+    from webgrad.compile import build_train_graph, parse_inputs
+    factory, loss_fn, inputs, _ = oracle.build_record(record)
+    g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
+    return [p["wgsl"] for p in lower(g, Limits())[0].plan["pipelines"]]
+
+
+# records whose step (on a GPU adapter) reduces short rows several per workgroup
+ROWS_RECORDS = [r for r in oracle.RECORDS if any("let lane = " in w for w in _lowered_wgsl(r))]
+
+
+@pytest.mark.parametrize("record", ROWS_RECORDS, ids=[r.name for r in ROWS_RECORDS])
+def test_oracle_under_rows_per_workgroup(record, monkeypatch):
+    """The records whose short-row sums and maxima take _wg_rows on a GPU (i32 sums,
+    attention's backward row sums, maxima over the last axis), with it forced on this
+    adapter, against torch."""
+    from webgrad.codegen import reduce as rd
+    monkeypatch.setattr(rd, "ROWS_TILED", True)
+    oracle.check(record, "webgpu")
+
+
 SUM_RECORDS = [r for r in oracle.RECORDS
                if any(n.startswith("sum (pass 1)") for n in _lowered_kernel_names(r, 1))]
 
