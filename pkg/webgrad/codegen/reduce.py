@@ -117,7 +117,7 @@ class _Shape:
                 return Idx(self.xs, flat=r)
             if self.R == 1:
                 return Idx(self.xs, flat=o)
-            return Idx(self.xs, flat=em.let(f"{o} * {self.R}u + {r}"))
+            return Idx(self.xs, flat=em.ravel([o, r], (self.O, self.R)))
         kd = iter(em.unravel(o, self.kept))
         rd = iter(em.unravel(r, self.red))
         return Idx(self.xs, dims=[next(rd) if k in self.axes else next(kd)
@@ -189,7 +189,7 @@ class RowPasses:
                 self.slots.append((self._flat(j), ok))
 
     def _flat(self, j: str) -> str:
-        return self.em.let(f"row * {self.D}u + {j}") if self.rows > 1 else j
+        return self.em.ravel(["row", j], (self.rows, self.D))
 
     def fold(self, *pairs, combine=lambda a, t: f"{a} + {t}", ident="0.0f") -> None:
         """For each (acc, term) pair: acc = combine(acc, term(flat)) over the thread's

@@ -65,7 +65,7 @@ def build_row_kernel(ctx) -> list[dict]:
         loop = f"for (var j = lid; j < {D}u; j += {wgs}u)"
 
     def flat():
-        return em.let(f"row * {D}u + j") if rows > 1 else "j"
+        return em.ravel(["row", "j"], (rows, D))  # remembered: views regroup [row, j]
 
     def at(n):
         return em.value(n, Idx(g[n].shape, flat=flat()))
