@@ -10,7 +10,10 @@ the same call (prologue) and hands its result to the same machinery (epilogue).
 
 Indices are `Idx`: per-dimension u32 expressions and/or the flat row-major index, each
 derived from the other on demand (so an elementwise chain over same-shaped tensors never
-divides: it indexes storage with the flat thread index). Every `let` is deduplicated by its
+divides: it indexes storage with the flat thread index). A flat index made by `ravel` is
+remembered with its dims, so that unraveling it again (a view reached through reshapes:
+pad, slice, merge_heads, a row kernel's [row, j]) regroups those dims instead of dividing
+(`_regroup`). Every `let` is deduplicated by its
 text within the enclosing blocks, which is common-subexpression elimination for free: the
 Adam update's three outputs share one computation of m' and v'.
 """
