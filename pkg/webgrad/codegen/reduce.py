@@ -379,13 +379,7 @@ def _wg_rows(ctx, node, s):
         with em.block(f"for (var r = lane; r < {s.R}u; r += {L}u)"):
             _accumulate(em, s, s.kind, acc, None, "row", "r")
     em.emit(f"red[lid] = {acc};")
-    em.emit("workgroupBarrier();")
-    comb = _combine(s.kind, xdt)
-    st = L // 2
-    while st >= 1:  # a tree over each row's L lanes
-        em.emit(f"if (lane < {st}u) {{ {comb('red[lid]', f'red[lid + {st}u]')} }}")
-        em.emit("workgroupBarrier();")
-        st //= 2
+    tree_reduce(em.lines, "  ", "red", L, _combine(s.kind, xdt), pos="lane")  # each row's lanes
     with em.block(f"if (lane == 0u && row < {s.O}u)" if s.O % RPW else "if (lane == 0u)"):
         em.emit(f"{epi}(row, red[lid]);")
     return ctx.dispatch(kernel, em.lines, grid, WG)
@@ -459,12 +453,8 @@ def _col_split(ctx, node, s, P):
             _accumulate(em, s, "sum", accs[0], None, "o", "r")
     em.emit(f"red[lid] = ({accs[0]} + {accs[1 % U]})" + "".join(f" + {a}" for a in accs[2:]) + ";"
             if U > 1 else f"red[lid] = {accs[0]};")
-    em.emit("workgroupBarrier();")
-    st = wy // 2
-    while st >= 1:  # a tree over the rows of each column
-        em.emit(f"if (ty < {st}u) {{ red[lid] = red[lid] + red[lid + {st * wx}u]; }}")
-        em.emit("workgroupBarrier();")
-        st //= 2
+    # a tree over the rows of each column
+    tree_reduce(em.lines, "  ", "red", wy, _combine("sum", xdt), pos="ty", stride=wx)
     with em.block(f"if (ty == 0u && o < {s.O}u)" if s.O % wx else "if (ty == 0u)"):
         em.store(scratch, f"p * {s.O}u + o", "red[lid]")
     d1 = ctx.dispatch(k1, em.lines, grid1, wx * wy)

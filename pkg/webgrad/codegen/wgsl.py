@@ -289,13 +289,19 @@ class Kernel:
         return "\n".join(out) + "\n"
 
 
-def tree_reduce(lines: list[str], ind: str, arr: str, wgs: int, combine) -> None:
+def tree_reduce(lines: list[str], ind: str, arr: str, wgs: int, combine,
+                pos: str = "lid", stride: int = 1) -> None:
     """Append a shared-memory tree reduction over `arr[0..wgs)` (unrolled; result in arr[0]).
-    `combine(a, b)` -> WGSL statement(s) that fold element b into a (strings of lvalues)."""
+    `combine(a, b)` -> WGSL statement(s) that fold element b into a (strings of lvalues).
+    Several trees side by side: `pos` is the invocation's place in its tree (0..wgs) and
+    `stride` the distance in `arr` between neighbours of one tree (each tree's result in its
+    invocation at pos 0): a row's lanes (pos `lane`, stride 1), or a column's rows (pos
+    `ty`, stride the workgroup's width)."""
     lines.append(f"{ind}workgroupBarrier();")
     s = wgs // 2
     while s >= 1:
-        lines.append(f"{ind}if (lid < {s}u) {{ {combine(f'{arr}[lid]', f'{arr}[lid + {s}u]')} }}")
+        lines.append(f"{ind}if ({pos} < {s}u) "
+                     f"{{ {combine(f'{arr}[lid]', f'{arr}[lid + {s * stride}u]')} }}")
         lines.append(f"{ind}workgroupBarrier();")
         s //= 2
 
