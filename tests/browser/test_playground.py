@@ -155,7 +155,10 @@ def test_stop_mid_run_keeps_last_step_and_runs_again(page, browser_session):
     page.wait_for_function("['stopped', 'error', 'done'].includes(window.playground.state)",
                            timeout=30_000)
     assert page.evaluate("window.playground.state") == "stopped"
-    assert "KeyboardInterrupt" in page.eval_on_selector("#console", "e => e.textContent")
+    # the console renders its text on the next animation frame, after the state is set
+    page.wait_for_function(
+        "document.querySelector('#console').textContent.includes('KeyboardInterrupt')",
+        timeout=10_000)
     reported = len(page.evaluate("window.playground.losses"))
     params = browser_session.run("{k: list(map(float, v)) for k, v in c.download_params().items()}")
     # the parameters are those after the last completed step (one more than reported if the
