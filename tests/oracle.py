@@ -731,6 +731,18 @@ rec("matmul/aligned_epilogue", "lambda a, b: ops.matmul(a, b) + a", lambda a, b:
 rec("matmul/gelu_mlp_odd", "lambda x, w1, b1, w2: ops.matmul(ops.gelu(ops.matmul(x, w1) + b1), w2)",
     lambda x, w1, b1, w2: F.gelu(x @ w1 + b1, approximate="tanh") @ w2,
     f32(37, 29), f32(29, 45), f32(45), f32(45, 23), atol=1e-3)
+# a Linear's bias gradient beside its weight gradient, over [B, T, C] (the weight gradient's
+# K runs over batch and rows: its kernel sums the bias gradient from the tiles it stages,
+# fusion.operand_sums), with W as [in, out] and as [out, in] (read through swap_axes)
+rec("matmul/linear_bias_3d", "lambda x, w, b: ops.tanh(ops.matmul(x, w) + b)",
+    lambda x, w, b: torch.tanh(x @ w + b), f32(3, 37, 29), f32(29, 45), f32(45), atol=1e-3)
+rec("matmul/linear_bias_wt", "lambda x, w, b: ops.tanh(ops.matmul(x, ops.swap_axes(w, -1, -2)) + b)",
+    lambda x, w, b: torch.tanh(x @ w.T + b), f32(2, 41, 29), f32(45, 29), f32(45), atol=1e-3)
+# ... and the column sums of A's rows (A = g^T: the sum of g over K), taken by the product
+rec("matmul/operand_sum_a",
+    "lambda g, x: ops.concat([ops.reshape(ops.matmul(ops.swap_axes(g, -1, -2), x), [45 * 29]),"
+    " ops.sum(g, 0)], 0)",
+    lambda g, x: torch.cat([(g.T @ x).reshape(-1), g.sum(0)]), f32(37, 45), f32(37, 29), atol=1e-3)
 rec("matmul/wgrad_odd", "lambda x, g: ops.sum(ops.matmul(ops.swap_axes(x, -1, -2), g), 0)",
     lambda x, g: (x.transpose(-1, -2) @ g).sum(0), f32(3, 77, 9), f32(3, 77, 35), atol=1e-3)
 

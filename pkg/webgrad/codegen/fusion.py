@@ -41,9 +41,11 @@ from math import prod
 from .attention_match import ATTN_OPS
 from .elementwise import ELEMENTWISE_OPS, const_fill
 from .emit import EXPR_RULES
-from .layout import merge_batch_into_k, strided_view
+from .layout import canon_digits, merge_batch_into_k, strided_view
+from . import matmul
+from .matmul import group_config, matmul_dims
 from .quant import quant_base
-from .reduce import REDUCE_OPS, ROW_OPS, scratch_specs
+from .reduce import REDUCE_OPS, ROW_OPS, ReduceShape, scratch_specs
 from .rowfuse_match import ROW_KERNEL_OPS
 from .wgsl import Limits
 
@@ -98,6 +100,7 @@ class Fusion:
         self._form_groups()
         self._merge()
         self._inplace()
+        self._operand_sums()
         self._schedule()
 
     # ------------------------------------------------------------ storage decisions
@@ -458,6 +461,60 @@ class Fusion:
                 self.inplace[s] = name
             else:
                 self.end_copies.append((s, name))
+
+    # ------------------------------------------------------------ operand sums
+    def _operand_sums(self):
+        """A bias gradient is the column sum of the very tensor its weight gradient reads as
+        an operand over the same rows (y = x W + b: dW = x^T dY, db = sum of dY's rows).
+        The weight gradient's kernel stages every K step of dY in workgroup memory anyway:
+        it sums what it stages into K-chunk partials (codegen/matmul.py), and the sum keeps
+        only its second pass, over those partials, where its epilogue (the bias' AdamW
+        update) runs. self.operand_sums: sum group -> (matmul group, operand 0 / 1), the
+        sum ordered after the matmul."""
+        g = self.g
+        self.operand_sums: dict[int, tuple[int, int]] = {}
+        if not matmul.OPERAND_SUMS:
+            return
+        readers: dict[int, list[tuple[int, int]]] = {}  # stored x -> (matmul group, operand)
+        for gid, G in self.groups.items():
+            m = G.main
+            if m is None or (g[m].op != "matmul" and m not in self.matmul_fold):
+                continue
+            M, K, N, nb, shared_b = matmul_dims(g, self, m)
+            cfg = group_config(self.limits, M, K, N, nb, shared_b)
+            if cfg is None or nb != 1:
+                continue
+            if cfg.splits == 1 and self.binding_estimate(
+                    G.outputs, self.loads(gid)) + 1 > self.limits.max_storage_buffers_per_shader_stage:
+                continue  # the partials' binding beside the epilogue's would be one too many
+            if m in self.matmul_fold:
+                views = self.folded_views(self.matmul_fold[m])
+            else:
+                views = [strided_view(g, i, self.operand_base) + (g[i].shape,)
+                         for i in g[m].inputs]
+            for k, (base, off, dims, shape) in enumerate(views):
+                X = shape[-2] if k == 0 else shape[-1]
+                xd, kd = (dims[-2], dims[-1]) if k == 0 else (dims[-1], dims[-2])
+                # the operand is x [.., X] itself, its rows along K: x^T for A, x for B
+                if (off == 0 and self.has_storage(base) and g[base].size == K * X
+                        and g[base].shape[-1:] == (X,) and canon_digits(xd) == [(X, 1)]
+                        and canon_digits(kd) == [(K, X)]):
+                    readers.setdefault(base, []).append((gid, k))
+        taken = set()
+        for gid, G in self.groups.items():
+            m = G.main
+            if m is None or g[m].op != "sum":
+                continue
+            s = ReduceShape(g, g[m], self.sum_source.get(m))
+            if (g[s.x].dtype != "f32" or len(s.xs) < 2
+                    or s.axes != tuple(range(len(s.xs) - 1))):
+                continue
+            for mg, k in readers.get(s.x, ()):
+                if (mg, k) not in taken and not self.depends(mg, gid):
+                    taken.add((mg, k))
+                    self.operand_sums[gid] = (mg, k)
+                    G.after.add(mg)
+                    break
 
     # ------------------------------------------------------------ schedule
     def _schedule(self):

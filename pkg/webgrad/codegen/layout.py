@@ -129,7 +129,7 @@ def contiguous_strides(shape) -> list[int]:
     return [prod(shape[k + 1:]) for k in range(len(shape))]
 
 
-def _canon(comps):
+def canon_digits(comps):
     """Drop size-1 digits and merge neighbours that are contiguous: (c1, s1), (c2, s2) with
     s1 == c2 * s2 is one digit (c1 * c2, s2)."""
     out = []
@@ -198,7 +198,7 @@ def strided_view(g, n: int, has_storage):
                 cur.append((need, st * (c // need)))
                 queue.insert(0, (c // need, st))
                 need = 1
-        out.append(_canon(cur))
+        out.append(canon_digits(cur))
     if queue:
         return None
     return base, off, out
@@ -209,7 +209,7 @@ def merge_batch_into_k(dims, k_axis: int):
     = -1 for A [.., M, K], -2 for B [.., K, N]): sum over the batch of A_b @ B_b is then ONE
     matmul whose K runs over (batch, k)."""
     nb = len(dims) - 2
-    k = _canon([c for d in dims[:nb] for c in d] + list(dims[k_axis]))
+    k = canon_digits([c for d in dims[:nb] for c in d] + list(dims[k_axis]))
     return [dims[-2], k] if k_axis == -1 else [k, dims[-1]]
 
 

@@ -83,6 +83,9 @@ SPLIT_LONG_CHUNK = 4096
 MAX_SPLITS = 16
 
 FORCE_CONFIG = None  # bench/matmul.py sets a Config here to compare tilings
+# a bias gradient (the row sums of a weight gradient's operand) is summed by the weight
+# gradient's kernel from its staged tiles (fusion.operand_sums); False: a reduction apart
+OPERAND_SUMS = True
 DIRECT_WG = 64             # threads per workgroup of the barrier-free kernel
 # C block per thread of the barrier-free kernel: 8 x 8 (16 loads per 64 FMAs). In headless
 # Chromium (SwiftShader) the addition transformer's step took ~15% less than with 8 x 4,
@@ -608,6 +611,30 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
         return [global_read(nm, be, it, sr, sc, nr, need_k, nrows, r0, k0)
                 for nm, be, it, sr, sc, nr, nrows, r0, _, _, _ in reads]
 
+    # an operand's row sums over K (fusion.operand_sums: a bias gradient beside its weight
+    # gradient): each thread adds up what it stages, then the workgroups of the first tile
+    # row (column, for A) sum their threads' parts per row of the operand into K-chunk
+    # partials
+    side = getattr(ctx, "operand_sum", None)
+    side_reads = set()
+    if side is not None:
+        side_reads = set(range(len(ia))) if side[0] == 0 else set(range(len(ia), len(reads)))
+        other = "tn" if side[0] == 0 else "tm"
+        for r in sorted(side_reads):
+            vec4 = reads[r][2][2] is not None
+            L(f"var s{r}: {'vec4<f32>' if vec4 else 'f32'} = "
+              f"{'vec4<f32>(0.0f)' if vec4 else '0.0f'};")
+
+    def stage(r, v, base=""):  # read r's value v into its place in the staged tile
+        rd = reads[r]
+        if r in side_reads:
+            if not re.fullmatch(r"\w+", v):
+                v = em.let(v)
+            # only where they are written (a branch taken by whole workgroups): summed by
+            # every thread, the products ran 3-4% slower (H200; 0.7-1.7% so)
+            L(f"if ({other} == 0u) {{ s{r} += {v}; }}")
+        shared_store(rd[8], rd[9], rd[10], rd[2], v, base)
+
     if cfg.prefetch:
         regs = [f"p{r}" for r in range(len(reads))]
         for reg, v, rd in zip(regs, fetch(kbeg), reads):
@@ -662,8 +689,8 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
         # 0; each half computes from its buffer while the next step's tiles (already in
         # registers) go to the other one, and one barrier ends the half (the other buffer
         # was last read in the half before, which that half's barrier closed)
-        for reg, rd in zip(regs, reads):
-            shared_store(rd[8], rd[9], rd[10], rd[2], reg)
+        for r, reg in enumerate(regs):
+            stage(r, reg)
         L("workgroupBarrier();")
 
         def half(b, k, more):
@@ -673,8 +700,8 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
                     L(f"{reg} = {v};")
             k_tile(f"{b * BK * LDA // (4 if va else 1)}u + ", f"{b * BK * LDB // (4 if vb else 1)}u + ")
             with em.block(f"if ({more})"):
-                for reg, rd in zip(regs, reads):
-                    shared_store(rd[8], rd[9], rd[10], rd[2], reg, f"{(1 - b) * BK * rd[9]}u + ")
+                for r, reg in enumerate(regs):
+                    stage(r, reg, f"{(1 - b) * BK * reads[r][9]}u + ")
             L("workgroupBarrier();")
         with em.block(f"for (var k0 = {kbeg}; k0 < {kend}; k0 += {2 * BK}u)"):
             half(0, "k0", "more0")
@@ -683,18 +710,39 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
     else:
         with em.block(f"for (var k0 = {kbeg}; k0 < {kend}; k0 += {BK}u)"):
             if cfg.prefetch:
-                for reg, rd in zip(regs, reads):
-                    shared_store(rd[8], rd[9], rd[10], rd[2], reg)
+                for r, reg in enumerate(regs):
+                    stage(r, reg)
                 L("workgroupBarrier();")
                 with em.block(f"if (k0 + {BK}u < {kend})"):
                     for reg, v in zip(regs, fetch(f"k0 + {BK}u")):
                         L(f"{reg} = {v};")
             else:
-                for rd, v in zip(reads, fetch("k0")):
-                    shared_store(rd[8], rd[9], rd[10], rd[2], v)
+                for r, v in enumerate(fetch("k0")):
+                    stage(r, v)
                 L("workgroupBarrier();")
             k_tile()
             L("workgroupBarrier();")
+    if side is not None:
+        # the first tile row (B; column, A) of workgroups: each thread's staged sums go
+        # where its loads went, and the tile's k are added per row of the operand into
+        # the K chunk's partial sum of that row: scratch[sk * X + x]
+        BX, x0, X = (BM, "row0", M) if side[0] == 0 else (BN, "col0", N)
+        part = side[1]
+        Q = kernel.binding(part.buffer, "f32", write=True, what=part.what, nbytes=part.nbytes)
+        arr, ld, vec = reads[min(side_reads)][8:11]
+        with em.block(f"if ({other} == 0u)"):
+            for r in sorted(side_reads):
+                shared_store(arr, ld, vec, reads[r][2], f"s{r}")
+            L("workgroupBarrier();")
+            with em.block(f"for (var c = lid; c < {BX}u; c += {NT}u)" if BX > NT else
+                          f"if (lid < {BX}u)"):
+                c = "c" if BX > NT else "lid"
+                L("var t = 0.0f;")
+                for kk in range(BK):
+                    q = f"{kk * ld}u + {c}"
+                    L(f"t += {arr}[({q}) >> 2u][{c} & 3u];" if vec else f"t += {arr}[{q}];")
+                at = f"{'sk * ' + str(X) + 'u + ' if S > 1 else ''}{x0} + {c}"
+                L(f"if ({x0} + {c} < {X}u) {{ {Q}[{at}] = t; }}" if X % BX else f"{Q}[{at}] = t;")
 
     L(f"let m0 = row0 + ty * {4 if va else TM}u;")
     L(f"let n0 = col0 + tx * {4 if vb else TN}u;")
@@ -910,5 +958,6 @@ def _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh) -> list:
     return out
 
 
-__all__ = ["Config", "choose_config", "build_matmul", "use_direct", "FORCE_CONFIG",
+__all__ = ["Config", "choose_config", "build_matmul", "use_direct", "FORCE_CONFIG", "OPERAND_SUMS",
+           "group_config",
            "FORCE_DIRECT", "ADAPTER_TILINGS", "matmul_dims", "matmul_scratch_bytes"]

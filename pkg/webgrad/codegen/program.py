@@ -30,7 +30,7 @@ from .emit import Emitter, Idx, Storage
 from .fusion import Fusion
 from .index import build_scatter, scatter_scratch
 from .layout import build_concat_pieces, strided_view
-from .matmul import build_matmul, matmul_scratch_bytes
+from .matmul import build_matmul, group_config, matmul_dims, matmul_scratch_bytes
 from .quant import QuantOperand
 from .remat import plan_fusion
 from .reduce import REDUCE_OPS, ROW_OPS, build_reduce, scratch_specs
@@ -78,6 +78,11 @@ class GroupCtx:
         self.outs = [n for n in G.outputs if n in low.storage]
         self.scratch = low.scratch.get(gid, [])
         self.sum_source = fu.sum_source.get(G.main)  # (x, axes): a folded sum(sum(x))
+        # a sum whose partials a matmul writes: how many per output (fusion.operand_sums)
+        self.operand_parts = low.operand_parts.get(gid)
+        # a matmul that writes them: (operand 0 / 1, the sum's scratch)
+        self.operand_sum = next(((k, low.scratch[h][0]) for h, (mg, k) in
+                                 fu.operand_sums.items() if mg == gid), None)
 
     def storage(self, n):
         return self._low.storage.get(n)
@@ -234,9 +239,20 @@ class _Lowering:
             lives.append(Live(("t", n), 4 * g[n].size, first, END if n in ends else last.get(n, first),
                               ("t", donors[n]) if n in donors else None))
         scratch_dtype = {}
+        # a sum taken by a weight gradient's kernel (fusion.operand_sums): its K-chunk
+        # partials, written by that matmul and read by the sum's pass 2
+        self.operand_parts = {}  # sum group -> partials per output
+        for gid, (mg, k) in fu.operand_sums.items():
+            M, K, N, nb, shared_b = matmul_dims(g, fu, fu.groups[mg].main)
+            self.operand_parts[gid] = group_config(limits, M, K, N, nb, shared_b).splits
         for gid in fu.order:
             G = fu.groups[gid]
-            if G.main is not None:
+            if gid in self.operand_parts:
+                P = self.operand_parts[gid]
+                lives.append(Live(("s", (gid, 0)), 4 * P * g[G.main].size,
+                                  pos[fu.operand_sums[gid][0]], pos[gid]))
+                scratch_dtype[(gid, 0)] = "f32"
+            elif G.main is not None:
                 for k, (nb, dt) in enumerate(_scratch_specs(fu, G.main, limits)):
                     lives.append(Live(("s", (gid, k)), nb, pos[gid], pos[gid]))
                     scratch_dtype[(gid, k)] = dt

@@ -66,7 +66,7 @@ ROWS_MAX_R = 512        # trailing rows up to this long: several per workgroup (
 ROWS_TILED = None       # tests: True/False forces _wg_rows on/off (default: not on CPU adapters)
 
 
-class _Shape:
+class ReduceShape:
     """What is reduced: x's shape, the reduced axes, O outputs of R elements each."""
 
     def __init__(self, g, node, source=None):
@@ -129,7 +129,7 @@ def scratch_specs(g, node, source=None) -> list[tuple[int, str]]:
     pass); the partials have the reduced tensor's dtype (i32 sums stay i32)."""
     if node.op not in REDUCE_OPS:
         return []
-    s = _Shape(g, node, source)
+    s = ReduceShape(g, node, source)
     strat, P = s.strategy()
     return [(4 * s.O * P, g[s.x].dtype)] if strat in ("wg_split", "col_split") else []
 
@@ -251,7 +251,9 @@ def _init(kind: str, dtype: str) -> str:
 
 def build_reduce(ctx) -> list:
     node = ctx.main_node
-    s = _Shape(ctx.g, node, ctx.sum_source)
+    s = ReduceShape(ctx.g, node, ctx.sum_source)
+    if ctx.operand_parts:  # a matmul wrote the partials (fusion.operand_sums): pass 2 alone
+        return [_split_pass2(ctx, node, s, ctx.operand_parts)]
     strat, P = s.strategy()
     if node.op in ROW_OPS:
         return [_row_op(ctx, node, s, strat)]
