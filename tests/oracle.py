@@ -512,6 +512,9 @@ rec("sin/large", "lambda x: ops.sin(x)", lambda x: torch.sin(x), f32(40, kind="l
 rec("cos/large", "lambda x: ops.cos(x)", lambda x: torch.cos(x), f32(40, kind="large"))
 rec("sigmoid/large", "lambda x: ops.sigmoid(x * 30.0)", lambda x: torch.sigmoid(x * 30), f32(2, 5))
 rec("gelu/3d", "lambda x: ops.gelu(x)", lambda x: F.gelu(x, approximate="tanh"), f32(2, 3, 2))
+# wide inputs, where tanh saturates (its exp under- or overflows)
+rec("gelu/wide", "lambda x: ops.gelu(x * 12.0)", lambda x: F.gelu(x * 12, approximate="tanh"),
+    f32(4, 10), atol=1e-4)  # (the gradient's terms cancel where x * 12 is about -3: f32 rounding)
 rec("pow/cube", "lambda x: ops.pow(x, 3)", lambda x: x ** 3, f32(3, 4))
 rec("pow/half", "lambda x: ops.pow(x, 0.5)", lambda x: x ** 0.5, f32(3, 4, kind="positive"))
 rec("pow/neg_frac", "lambda x: x ** -1.5", lambda x: x ** -1.5, f32(2, 3, kind="positive"))
@@ -743,6 +746,13 @@ rec("matmul/operand_sum_a",
     "lambda g, x: ops.concat([ops.reshape(ops.matmul(ops.swap_axes(g, -1, -2), x), [45 * 29]),"
     " ops.sum(g, 0)], 0)",
     lambda g, x: torch.cat([(g.T @ x).reshape(-1), g.sum(0)]), f32(37, 45), f32(37, 29), atol=1e-3)
+# ... and the column sums of expressions of a product's output (a layer norm's weight and
+# bias gradients from the next Linear's input gradient), taken by the product's epilogue
+rec("matmul/output_sums",
+    "lambda x, w, y: (lambda m: ops.concat([ops.reshape(m, [3 * 37 * 45]),"
+    " ops.sum(m * y, (0, 1)), ops.sum(m, (0, 1))], 0))(ops.matmul(x, w))",
+    lambda x, w, y: (lambda m: torch.cat([m.reshape(-1), (m * y).sum((0, 1)), m.sum((0, 1))]))(x @ w),
+    f32(3, 37, 29), f32(29, 45), f32(3, 37, 45), atol=1e-3)
 rec("matmul/wgrad_odd", "lambda x, g: ops.sum(ops.matmul(ops.swap_axes(x, -1, -2), g), 0)",
     lambda x, g: (x.transpose(-1, -2) @ g).sum(0), f32(3, 77, 9), f32(3, 77, 35), atol=1e-3)
 
@@ -957,6 +967,18 @@ rec("attention/qkv_slices_T70_D32",
     lambda x: _t_sdpa(*[_t_split(z, 2) for z in x.split(64, -1)], 1 / math.sqrt(32),
                       _t_causal(70, 70)).permute(0, 2, 1, 3).reshape(2, 70, 64),
     f32(2, 70, 192), atol=2e-4)
+# q, k, v from one Linear: their gradients, padded into [B, T, 3C] and added, are the
+# Linear's output gradient, which the attention backward kernels write in place
+# (fusion._assemble) and its weight and bias gradients read
+rec("attention/qkv_linear_T37_D16",
+    "lambda x, w, b: (lambda qkv: nn.merge_heads(ops.softmax_last(ops.where_causal("
+    "nn.split_heads(ops.slice_last_range(qkv, 0, 32), 2)"
+    " @ ops.swap_axes(nn.split_heads(ops.slice_last_range(qkv, 32, 64), 2), -1, -2))"
+    " * (1 / math.sqrt(16))) @ nn.split_heads(ops.slice_last_range(qkv, 64, 96), 2)))"
+    "(ops.matmul(x, w) + b)",
+    lambda x, w, b: _t_sdpa(*[_t_split(z, 2) for z in (x @ w + b).split(32, -1)], 1 / math.sqrt(16),
+                            _t_causal(37, 37)).permute(0, 2, 1, 3).reshape(2, 37, 32),
+    f32(2, 37, 24, kind="unit"), f32(24, 96, kind="unit"), f32(96), atol=2e-4)
 rec("attention/div_scale_D128",
     "lambda q, k, v: ops.softmax_causal_last(q @ ops.swap_axes(k, -1, -2) / math.sqrt(128)) @ v",
     lambda q, k, v: _t_sdpa(q, k, v, 1 / math.sqrt(128), _t_causal(5, 5)),

@@ -189,9 +189,29 @@ def test_attention_records_are_fused(record):
         for k in kernels:
             assert sum(n.startswith(k + " ") for n in names) == 1, (k, names)
         assert sum(n.startswith("attn_") for n in names) == len(kernels), names
-        assert not any(n.startswith(("softmax", "matmul")) for n in names), names
-    g2 = rewrite_attention(g, Limits())  # the records are attention alone: no score remains
-    assert not {n.op for n in g2.nodes} & {"softmax_last", "matmul"}, str(g2)
+        assert not any(n.startswith("softmax") for n in names), names
+        # the records are attention alone, but for a QKV Linear's product and its gradients
+        linear = "qkv_linear" in record.name
+        assert sum(n.startswith("matmul") for n in names) == 3 * linear, names
+    g2 = rewrite_attention(g, Limits())  # no score remains
+    assert "softmax_last" not in {n.op for n in g2.nodes}, str(g2)
+    assert sum(n.op == "matmul" for n in g2.nodes) == 3 * linear, str(g2)
+
+
+@pytest.mark.parametrize("cpu", [False, True], ids=["gpu", "cpu"])
+def test_qkv_gradient_is_written_in_place(cpu, monkeypatch):
+    """The QKV Linear's output gradient (dQ, dK, dV padded into [B, T, 3C] and added) is
+    written by the attention backward kernels into its buffer: no kernel adds the pads
+    (fusion._assemble), and the pieces get no buffer."""
+    from webgrad.codegen import fusion
+    factory, loss_fn, inputs, _ = oracle.build_record(oracle.BY_NAME["attention/qkv_linear_T37_D16"])
+    g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
+    low, names = lower(g, Limits(cpu=cpu))
+    monkeypatch.setattr(fusion, "ASSEMBLE", False)
+    low2, names2 = lower(g, Limits(cpu=cpu))
+    assert len(names2) == len(names) + 1, (names, names2)
+    # dQ and dKV (a CPU adapter's dQ, dK, dV) are temporaries no more
+    assert low2.report["temporaries"] - low.report["temporaries"] == (3 if cpu else 2)
 
 
 def test_transformer_kernel_count():
@@ -307,6 +327,7 @@ BLOCK_FORMS = {"128x32": ((128, 32, 16, 8), {}, None), "32x128": ((32, 128, 8, 4
                "8 x 16 threads": (None, {}, (8, 16)), "16 x 8 threads": (None, {}, (16, 8)),
                "8 x 8 threads, 32x64": ((32, 64, 16, 8), {}, (8, 8))}
 BLOCK_RECORDS = ["attention/tiled_T128_D64", "attention/tiled_T150_D64", "attention/tiled_T70_D80",
+                 "attention/qkv_linear_T37_D16",
                  "attention/tiled_odd_T37_D33_Dv7", "attention/tiled_cache_T5_S70",
                  "attention/cache_position", "attention/tiled_nomask_T20_S75_Dv5"]
 

@@ -327,6 +327,36 @@ def test_h200_batch_against_one_weight_is_one_product():
         assert names and all(tile in n for n in names), (bshape, names)
 
 
+def test_h200_step_takes_sums_in_its_products(monkeypatch):
+    """The GPT bench's step lowered for an H200 (64 x 256, d 128, 2 layers): every bias
+    gradient is summed by its weight gradient's kernel and every layer norm's weight and
+    bias gradients by the epilogue of the next Linear's input gradient (unsplit there), so
+    no sum keeps a first pass; the QKV gradient has no kernel of its own (the attention
+    backward writes it). With those rules off, the step has those kernels back."""
+    import sys
+    from pathlib import Path
+    from webgrad.codegen import fusion, lower
+    from webgrad.codegen.wgsl import Limits
+    from webgrad.compile import build_train_graph, parse_inputs
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import gpt2_train
+    factory, loss_fn = gpt2_train.webgrad_model(128, 2, 2, 256, 256)
+    graph = build_train_graph(factory, loss_fn, parse_inputs(
+        {"idx": ([64, 256], "i32"), "target": ([64, 256], "i32")}), wg.optim.AdamW(lr=3e-4))[1]
+    limits = Limits(adapter="NVIDIA H200 (DiscreteGPU) via Vulkan",
+                    max_compute_workgroup_storage_size=49152,
+                    max_storage_buffer_binding_size=1 << 30, max_buffer_size=1 << 30)
+    names = lower(graph, limits)[1]
+    assert not any(n.startswith("sum (pass 1)") for n in names), names
+    # per layer 4 biases and 2 layer norms' 2 parameters, and the final layer norm's 2
+    assert sum(n.startswith("sum (pass 2)") for n in names) == 2 * 8 + 2, names
+    monkeypatch.setattr(mm, "OPERAND_SUMS", False)
+    monkeypatch.setattr(fusion, "ASSEMBLE", False)
+    plain = lower(graph, limits)[1]
+    assert sum(n.startswith("sum (pass 1)") for n in plain) == 2 * 8 + 2, plain
+    assert len(plain) == len(names) + 2 * 8 + 2 + 2, (len(plain), len(names))
+
+
 @pytest.mark.parametrize("M,K,N,nb,splits", [
     (4096, 50304, 768, 1, 11),   # GPT-2's LM head input gradient: long chunks, whole waves
     (4096, 3072, 768, 1, 4),     # its MLP's: short chunks keep the per-chunk penalty

@@ -32,6 +32,15 @@ Two algebraic folds save whole kernels: sum(sum(x, A1), A2) is one reduction of 
 sum over the batch axes of a batched matmul (every weight gradient of a layer applied to
 [B, T, D] activations) is one matmul whose K runs over batch and k. A concat with more
 inputs than a kernel may bind is written one input per dispatch.
+Three more save kernels and memory traffic in a training step:
+ 5. Assembled tensors (_assemble). A sum of disjoint zero pads of views of attention
+    kernels' outputs (the QKV gradient) is written by those kernels' epilogues straight
+    into its buffer; no kernel adds the pads.
+ 6. Operand sums (_operand_sums). A bias gradient, the row sum of the tensor a weight
+    gradient reads as an operand over the same rows, is summed by the weight gradient's
+    kernel from the tiles it stages; the sum keeps only its second pass.
+ 7. Output sums (_output_sums). The row sums of an expression of a matmul's output at its
+    own index (layer norm's weight and bias gradients) are taken by the matmul's epilogue.
 """
 from __future__ import annotations
 
@@ -53,6 +62,7 @@ KERNEL_OPS = ({"matmul", "scatter_add_rows", "fold2d", "write_rows"} | REDUCE_OP
               | ATTN_OPS | ROW_KERNEL_OPS)
 LEAF_OPS = {"input", "param", "state"}
 VIEW_OPS = {"transpose", "broadcast_to", "slice", "reshape"}
+ASSEMBLE = True  # tests: False computes a tensor _assemble would assemble in a kernel of its own
 _COSTLY = {"exp", "log", "tanh", "sigmoid", "erf", "pow", "sin", "cos", "sqrt", "rsqrt", "div"}
 _FREE = VIEW_OPS | {"const", "arange", "cast"}
 
@@ -99,8 +109,10 @@ class Fusion:
         self._roots()
         self._form_groups()
         self._merge()
+        self._assemble()
         self._inplace()
         self._operand_sums()
+        self._output_sums()
         self._schedule()
 
     # ------------------------------------------------------------ storage decisions
@@ -428,6 +440,65 @@ class Fusion:
                 self._loads_cache.pop(gid, None)
                 break
 
+    # ------------------------------------------------------------ assembled tensors
+    def _assemble(self):
+        """A tensor z that is a sum of zero pads along one axis, disjoint and covering it,
+        each of a view (slice / transpose / reshape) of an attention kernel's output that
+        nothing else reads (the QKV gradient: dQ, dK and dV through merge_heads, padded
+        into [B, T, 3C] and added), is never computed: each producer's epilogue stores
+        its elements straight into z's buffer, where the views and the pad put them
+        (program.GroupCtx.write_outputs), and the pieces get no buffer. z's group stays,
+        as an ordering point after its producers, with no dispatch.
+        self.assembled: piece -> [(z, [the view nodes from the piece up to the pad])];
+        self.assembled_groups: z's group -> the producers' groups."""
+        g = self.g
+        self.assembled: dict[int, list[tuple[int, list]]] = {}
+        self.assembled_groups: dict[int, set[int]] = {}
+        if not ASSEMBLE:
+            return
+        roots = set(g.outputs.values()) | set(g.writebacks.values())
+        readers: dict[int, set[int]] = {}
+        for h in self.groups:
+            for n in self.loads(h):
+                readers.setdefault(n, set()).add(h)
+        for gid, G in list(self.groups.items()):
+            if G.main is not None or len(G.anchors) != 1:
+                continue
+            z = G.anchors[0]
+            if z in roots or g[z].dtype != "f32" or g[z].op != "add":
+                continue
+            terms, stack = [], [z]
+            while stack:
+                n = stack.pop()
+                if g[n].op == "add" and (n == z or not self.has_storage(n)):
+                    stack += g[n].inputs
+                else:
+                    terms.append(n)
+            pieces = []
+            for t in terms:
+                pad = g[t]
+                if pad.op != "pad" or self.has_storage(t) or (pieces and pad.attrs["axis"] != pieces[0][2]):
+                    break
+                chain, n = [pad], pad.inputs[0]
+                while not self.has_storage(n) and g[n].op in ("slice", "transpose", "reshape"):
+                    chain.append(g[n])
+                    n = g[n].inputs[0]
+                h = self.group_of.get(n)
+                if (not self.has_storage(n) or n in roots or h is None or self.groups[h].main != n
+                        or g[n].op not in ATTN_OPS or readers.get(n) != {gid}):
+                    break
+                pieces.append((n, chain[::-1], pad.attrs["axis"]))
+            else:
+                ax = pieces[0][2] if pieces else None
+                spans = sorted((c[-1].attrs["before"], c[-1].attrs["before"]
+                                + g[c[-1].inputs[0]].shape[ax]) for _, c, _ in pieces)
+                if not spans or spans[0][0] != 0 or spans[-1][1] != g[z].shape[ax] or any(
+                        a[1] != b[0] for a, b in zip(spans, spans[1:])):
+                    continue
+                for n, chain, _ in pieces:
+                    self.assembled.setdefault(n, []).append((z, chain))
+                self.assembled_groups[gid] = {self.group_of[n] for n, _, _ in pieces}
+
     # ------------------------------------------------------------ in-place writebacks
     def _inplace(self):
         g = self.g
@@ -516,6 +587,70 @@ class Fusion:
                     G.after.add(mg)
                     break
 
+    def _output_sums(self):
+        """The column sums of an expression of a matmul's output, read at the output's own
+        index (layer norm's weight and bias gradients, sum(dY * y) and sum(dY), where dY is
+        the next Linear's input gradient): the matmul's epilogue evaluates the expression,
+        adds it over each thread's rows, then over its workgroup's threads, into partials
+        per tile row (codegen/matmul.py), and the sum keeps only its second pass. Products
+        whose epilogue runs in a kernel of its own (split-K) keep their sums apart.
+        self.output_sums: sum group -> matmul group."""
+        g = self.g
+        self.output_sums: dict[int, int] = {}
+        if not matmul.OPERAND_SUMS:
+            return
+        limit = self.limits.max_storage_buffers_per_shader_stage
+        extra: dict[int, set] = {}  # matmul group -> what its epilogue's sums read
+        written = {self.persist_leaf[name] for name in self.inplace.values()
+                   if name in self.persist_leaf}
+        for gid, G in self.groups.items():
+            m = G.main
+            if (m is None or g[m].op != "sum" or gid in self.operand_sums
+                    or m in self.sum_source):
+                continue
+            x = g[m].inputs[0]
+            xs = g[x].shape
+            if (g[x].dtype != "f32" or len(xs) < 2
+                    or tuple(sorted(g[m].attrs["axes"])) != tuple(range(len(xs) - 1))):
+                continue
+            mms, leaves, stack, seen = set(), set(), [(x, True)], set()
+            while stack:
+                n, ident = stack.pop()
+                if (n, ident) in seen:
+                    continue
+                seen.add((n, ident))
+                if self.has_storage(n):
+                    h = self.group_of.get(n)
+                    if h is not None and self.groups[h].main == n and g[n].op == "matmul":
+                        mms.add((n, ident is True))
+                    else:
+                        leaves.add(n)
+                    continue
+                for k, i in enumerate(g[n].inputs):
+                    stack.append((i, self._read_at(g[n], k, ident)))
+            if len(mms) != 1:
+                continue
+            (mm, ident), = mms
+            mg = self.group_of[mm]
+            if not ident or g[mm].shape != xs or leaves & written:
+                continue  # read elsewhere than at its own index; or a parameter written in
+                # place, whose readers _inplace ordered before its writer
+            cfg = group_config(self.limits, *matmul_dims(g, self, mm))
+            if cfg is None or cfg.splits > 1 or self.depends(mg, gid):
+                continue
+            ups = {self.group_of[c] for c in leaves if c in self.group_of}
+            if any(self.depends(u, mg) or u == gid for u in ups):
+                continue
+            reads = extra.get(mg, set()) | leaves
+            n_sums = sum(1 for v in self.output_sums.values() if v == mg) + 1
+            if (self.binding_estimate(self.groups[mg].outputs, {**self.loads(mg), **{c: True for c in reads}})
+                    + n_sums > limit):
+                continue
+            extra[mg] = reads
+            self.output_sums[gid] = mg
+            self.groups[mg].after |= ups
+            G.after.add(mg)
+
     # ------------------------------------------------------------ schedule
     def _schedule(self):
         """Groups in dependency order, ties by the node order of the earliest group that
@@ -565,4 +700,4 @@ class Fusion:
                 if s in self.mat and self.group_of[s] != gid:
                     need.add(s)
         need |= set(self.inplace)
-        return {n for n in need if n is not None and n in self.mat}
+        return {n for n in need if n is not None and n in self.mat and n not in self.assembled}

@@ -44,6 +44,17 @@ names the tile of each shape class (wide products, batches of small ones such as
 attention's, split-K) and the tile order (runs of tile rows, so that a vocabulary-wide
 product's B panels stay in L2).
 
+Sums taken on the way (codegen/fusion.py rules 6 and 7). A bias gradient is the row sum of
+the operand its weight gradient reads over the same rows (dY): the workgroups of the
+first tile row add up each B tile they stage (only they: summed by every workgroup, the
+products ran 3-4% slower on an H200) and write one partial per K chunk. Column sums of
+expressions of the output (layer norm's weight and bias gradients from the next Linear's
+input gradient) are added in the epilogue of an unsplit product: each thread over its
+rows, the workgroup over its threads in workgroup memory, one partial per tile row; their
+terms are evaluated before the epilogue's stores, so that their loads wait out no store
+(after them the products ran 25% slower). Either way the sum's own kernel adds the
+partials and runs its epilogue (the AdamW update of the bias, gamma or beta).
+
 On CPU adapters K is split as well whenever one invocation's K loop would run past
 wgsl.CPU_LOOP_ITERATIONS (lavapipe silently stops a shader's loops after 65535 iterations):
 `cpu_splits`, the same partial sums and second kernel, for both kernels.
@@ -749,6 +760,41 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
     L(f"let f0 = bt * {M * N}u + m0 * {N}u + n0;")
     if S > 1:
         L(f"let poff = sk * {nb * M * N}u + f0;")
+    osums = getattr(ctx, "output_sums", [])
+    if osums:
+        # sums over the rows of expressions of the output (fusion.output_sums): each thread
+        # adds its rows per column, the workgroup its WY threads per column, and the tile
+        # row's partial of each column goes to scratch[(bt * tiles_m + tm) * N + n]. Before
+        # the epilogue's stores: the loads of the sums' terms wait out no store (the GPU's
+        # compiler keeps a storage load after any earlier storage store)
+        assert S == 1, "output sums take an unsplit product"
+        kernel.decls.append(f"var<workgroup> Os: array<f32, {WY * BN}>;")
+        totals = []  # every sum's per-column totals first: all their loads, then stores
+        for j, (x, part) in enumerate(osums):
+            fn = ctx.sum_fn(kernel, x, f"osum{j}")
+            totals.append([])
+            for c, cj in enumerate(cols_b):
+                t = em.var("f32", "0.0f", prefix="ot")
+                for i, ri in enumerate(rows_a):
+                    conds = (([f"m0 + {ri}u < {M}u"] if need_m else [])
+                             + ([f"n0 + {cj}u < {N}u"] if need_n else []))
+                    add = f"{t} += {fn}(f0 + {ri * N + cj}u, {acc[i][c]});"
+                    L(f"if ({' && '.join(conds)}) {{ {add} }}" if conds else add)
+                totals[-1].append(t)
+        for (x, part), ts in zip(osums, totals):
+            Q = kernel.binding(part.buffer, "f32", write=True, what=part.what, nbytes=part.nbytes)
+            for t, cj in zip(ts, cols_b):
+                L(f"Os[ty * {BN}u + n0 - col0 + {cj}u] = {t};")
+            L("workgroupBarrier();")
+            with em.block(f"for (var c = lid; c < {BN}u; c += {NT}u)" if BN > NT else
+                          f"if (lid < {BN}u)"):
+                c = "c" if BN > NT else "lid"
+                L("var t = 0.0f;")
+                for y in range(WY):
+                    L(f"t += Os[{y * BN}u + {c}];")
+                at = f"(bt * {tiles_m}u + tm) * {N}u + col0 + {c}"
+                L(f"if (col0 + {c} < {N}u) {{ {Q}[{at}] = t; }}" if need_n else f"{Q}[{at}] = t;")
+            L("workgroupBarrier();")
     pre = S == 1 and cfg.epi_rows > 0 and _split_epilogue(kernel, epi)
     for i0 in range(0, TM, max(1, cfg.epi_rows) if pre else TM):
         rows = list(enumerate(rows_a))[i0:i0 + cfg.epi_rows] if pre else list(enumerate(rows_a))

@@ -83,6 +83,11 @@ class GroupCtx:
         # a matmul that writes them: (operand 0 / 1, the sum's scratch)
         self.operand_sum = next(((k, low.scratch[h][0]) for h, (mg, k) in
                                  fu.operand_sums.items() if mg == gid), None)
+        # sums of expressions of its output, and their partials' scratch (fusion.output_sums)
+        self.output_sums = [(fu.g[fu.groups[h].main].inputs[0], low.scratch[h][0])
+                            for h, mg in fu.output_sums.items() if mg == gid]
+        # its epilogue stores pieces of an assembled tensor (fusion._assemble)
+        self.writes_pieces = any(n in fu.assembled for n in G.outputs)
 
     def storage(self, n):
         return self._low.storage.get(n)
@@ -115,7 +120,7 @@ class GroupCtx:
             out.append((st, st.offset + off, dims, tuple(shape)))
         return out
 
-    def write_outputs(self, em: Emitter, flat: str, main_val: str | None) -> None:
+    def write_outputs(self, em: Emitter, flat: str, main_val: str | None, cols=None) -> None:
         """Evaluate every stored output of the group at flat index `flat`, then store them
         (all values first: an output written in place must not change under a later read)."""
         G = self.group
@@ -127,14 +132,76 @@ class GroupCtx:
             vals.append((self.storage(n), v))
         for st, v in vals:
             em.store(st, flat, v)
+        for n in G.outputs:  # pieces of an assembled tensor (fusion._assemble)
+            for z, chain in self._low.fu.assembled.get(n, ()):
+                v = main_val if n == G.main else em.value(n, Idx(self.g[n].shape, flat=flat))
+                self._store_piece(em, n, flat, v, z, chain, cols)
 
-    def epilogue_fn(self, kernel: Kernel) -> str:
-        """`fn epi(f: u32, v: T)`: the main result v at flat index f, and all fused outputs."""
+    def _store_piece(self, em: Emitter, n: int, flat: str, v: str, z: int, chain, cols) -> None:
+        """Store n's element at `flat` into z where the chain of views and the pad that
+        ends it put it, if this piece covers it (a slice keeps part of n). cols: (name, lo,
+        hi), the index variable `name` known to be in [lo, hi) (epilogue_fn)."""
+        g = self.g
+        dims, conds = list(em.unravel(flat, g[n].shape)), []
+        for node in chain:
+            ish = g[node.inputs[0]].shape
+            a = node.attrs.get("axis")
+            if node.op == "slice":
+                start, stop = node.attrs["start"], node.attrs["stop"]
+                lo, hi = cols[1:] if cols is not None and dims[a] == cols[0] else (0, ish[a])
+                if stop <= lo or start >= hi:
+                    return  # none of the caller's values is in this piece
+                conds += ([f"{dims[a]} >= {start}u"] if start > lo else []) + (
+                    [f"{dims[a]} < {stop}u"] if stop < hi else [])
+                if start:
+                    dims[a] = em.let(f"{dims[a]} - {start}u")
+            elif node.op == "transpose":
+                dims = [dims[p] for p in node.attrs["perm"]]
+            elif node.op == "reshape":
+                dims = em.unravel(em.ravel(dims, ish), node.shape)
+            else:  # the pad
+                before = node.attrs["before"]
+                if before:
+                    dims[a] = em.let(f"{dims[a]} + {before}u")
+        at = em.ravel(dims, g[z].shape)
+        if conds:
+            with em.block(f"if ({' && '.join(conds)})"):
+                em.store(self.storage(z), at, v)
+        else:
+            em.store(self.storage(z), at, v)
+
+    def epilogue_fn(self, kernel: Kernel, grid: tuple[int, ...] | None = None,
+                    cols: tuple[int, int] | None = None) -> str:
+        """`fn epi(f: u32, v: T)`: the main result v at flat index f, and all fused outputs.
+        With `grid` (a shape of the output's elements: an attention kernel's [batch, row,
+        column]) `fn epi(i0: u32, .., v: T)` takes the index in that shape, so that views
+        of it (a piece's store into an assembled tensor) regroup it instead of dividing;
+        `cols` = (lo, hi): the caller's last index is in [lo, hi) (one of attn_dkv's
+        products), so a piece's slice of the columns is decided here, not per value
+        (a function per range: epi_lo_hi)."""
+        name = "epi" if cols is None else f"epi_{cols[0]}_{cols[1]}"
+        if any(fn.startswith(f"fn {name}(") for fn in kernel.functions):
+            return name
         em = self.emitter(kernel)
-        self.write_outputs(em, "f", "v")
-        kernel.functions.append(f"fn epi(f: u32, v: {self.main_node.dtype}) {{\n"
+        if grid is None:
+            args, flat = "f: u32", "f"
+        else:
+            names = [f"i{k}" for k in range(len(grid))]
+            args, flat = "".join(f"{n}: u32, " for n in names)[:-2], em.ravel(names, grid)
+        self.write_outputs(em, flat, "v", None if cols is None else (f"i{len(grid) - 1}",) + cols)
+        kernel.functions.append(f"fn {name}({args}, v: {self.main_node.dtype}) {{\n"
                                 + "\n".join(em.lines) + "\n}\n")
-        return "epi"
+        return name
+
+    def sum_fn(self, kernel: Kernel, x: int, name: str) -> str:
+        """`fn name(f: u32, v: T) -> f32`: x at flat index f, where the group's main result
+        there is v (an output sum's term, fusion.output_sums)."""
+        em = self.emitter(kernel)
+        em.bound[self.group.main] = ("f", "v")
+        val = em.value(x, Idx(self.g[x].shape, flat="f"))
+        kernel.functions.append(f"fn {name}(f: u32, v: {self.main_node.dtype}) -> f32 {{\n"
+                                + "\n".join(em.lines) + f"\n  return {val};\n}}\n")
+        return name
 
     def dispatch(self, kernel: Kernel, lines, grid, wgs) -> dict:
         return {"wgsl": kernel.source(lines, workgroup_size=wgs),
@@ -236,21 +303,31 @@ class _Lowering:
                 st(n, new_buffer(4 * g[n].size, f"output {describe(g[n])}"))
                 continue
             first = pos[fu.group_of[n]]
+            if fu.group_of[n] in fu.assembled_groups:  # written by its pieces' kernels
+                first = min(pos[h] for h in fu.assembled_groups[fu.group_of[n]])
             lives.append(Live(("t", n), 4 * g[n].size, first, END if n in ends else last.get(n, first),
                               ("t", donors[n]) if n in donors else None))
         scratch_dtype = {}
         # a sum taken by a weight gradient's kernel (fusion.operand_sums): its K-chunk
         # partials, written by that matmul and read by the sum's pass 2
         self.operand_parts = {}  # sum group -> partials per output
+        writer = {}  # the matmul group writing them
         for gid, (mg, k) in fu.operand_sums.items():
             M, K, N, nb, shared_b = matmul_dims(g, fu, fu.groups[mg].main)
             self.operand_parts[gid] = group_config(limits, M, K, N, nb, shared_b).splits
+            writer[gid] = mg
+        for gid, mg in fu.output_sums.items():  # a partial per tile row of each product
+            mm = g[fu.groups[mg].main]
+            M, K, N, nb, shared_b = matmul_dims(g, fu, mm.id)
+            cfg = group_config(limits, M, K, N, nb, shared_b)
+            self.operand_parts[gid] = prod(mm.shape[:-2]) * -(-M // cfg.bm)
+            writer[gid] = mg
         for gid in fu.order:
             G = fu.groups[gid]
             if gid in self.operand_parts:
                 P = self.operand_parts[gid]
                 lives.append(Live(("s", (gid, 0)), 4 * P * g[G.main].size,
-                                  pos[fu.operand_sums[gid][0]], pos[gid]))
+                                  pos[writer[gid]], pos[gid]))
                 scratch_dtype[(gid, 0)] = "f32"
             elif G.main is not None:
                 for k, (nb, dt) in enumerate(_scratch_specs(fu, G.main, limits)):
@@ -375,6 +452,8 @@ def _scratch_specs(fu, main: int, limits) -> list[tuple[int, str]]:
 
 def _build_group(ctx: GroupCtx) -> list[dict]:
     m = ctx.main_node
+    if ctx.group.id in ctx._low.fu.assembled_groups:
+        return []  # its pieces' kernels write it (fusion._assemble)
     if m is None and ctx.group.anchors[0] in ctx._low.fu.piecewise:
         return build_concat_pieces(ctx)
     if m is None:
