@@ -40,7 +40,8 @@ Three more save kernels and memory traffic in a training step:
     gradient reads as an operand over the same rows, is summed by the weight gradient's
     kernel from the tiles it stages; the sum keeps only its second pass.
  7. Output sums (_output_sums). The row sums of an expression of a matmul's output at its
-    own index (layer norm's weight and bias gradients) are taken by the matmul's epilogue.
+    own index (layer norm's weight and bias gradients) are taken by the matmul's epilogue
+    (a split product's: its chunk sum's).
 """
 from __future__ import annotations
 
@@ -592,9 +593,9 @@ class Fusion:
         index (layer norm's weight and bias gradients, sum(dY * y) and sum(dY), where dY is
         the next Linear's input gradient): the matmul's epilogue evaluates the expression,
         adds it over each thread's rows, then over its workgroup's threads, into partials
-        per tile row (codegen/matmul.py), and the sum keeps only its second pass. Products
-        whose epilogue runs in a kernel of its own (split-K) keep their sums apart.
-        self.output_sums: sum group -> matmul group."""
+        per tile row (codegen/matmul.py; a split product's chunk sum, per block of rows),
+        and the sum keeps only its second pass. self.output_sums: sum group -> matmul
+        group."""
         g = self.g
         self.output_sums: dict[int, int] = {}
         if not matmul.OPERAND_SUMS:
@@ -636,7 +637,7 @@ class Fusion:
                 continue  # read elsewhere than at its own index; or a parameter written in
                 # place, whose readers _inplace ordered before its writer
             cfg = group_config(self.limits, *matmul_dims(g, self, mm))
-            if cfg is None or cfg.splits > 1 or self.depends(mg, gid):
+            if cfg is None or self.depends(mg, gid):
                 continue
             ups = {self.group_of[c] for c in leaves if c in self.group_of}
             if any(self.depends(u, mg) or u == gid for u in ups):

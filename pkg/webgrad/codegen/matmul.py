@@ -49,10 +49,11 @@ the operand its weight gradient reads over the same rows (dY): the workgroups of
 first tile row add up each B tile they stage (only they: summed by every workgroup, the
 products ran 3-4% slower on an H200) and write one partial per K chunk. Column sums of
 expressions of the output (layer norm's weight and bias gradients from the next Linear's
-input gradient) are added in the epilogue of an unsplit product: each thread over its
-rows, the workgroup over its threads in workgroup memory, one partial per tile row; their
-terms are evaluated before the epilogue's stores, so that their loads wait out no store
-(after them the products ran 25% slower). Either way the sum's own kernel adds the
+input gradient) are added in the epilogue: in an unsplit product each thread over its
+rows, the workgroup over its threads in workgroup memory, one partial per tile row; in a
+split one's chunk sum, each thread over a run of rows of one column, the workgroup over
+its runs. Their terms are evaluated before the epilogue's stores, so that their loads wait
+out no store (after them the products ran 25% slower). Either way the sum's own kernel adds the
 partials and runs its epilogue (the AdamW update of the bias, gamma or beta).
 
 On CPU adapters K is split as well whenever one invocation's K loop would run past
@@ -760,14 +761,13 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
     L(f"let f0 = bt * {M * N}u + m0 * {N}u + n0;")
     if S > 1:
         L(f"let poff = sk * {nb * M * N}u + f0;")
-    osums = getattr(ctx, "output_sums", [])
+    osums = getattr(ctx, "output_sums", []) if S == 1 else []  # (split: in the chunk sum)
     if osums:
         # sums over the rows of expressions of the output (fusion.output_sums): each thread
         # adds its rows per column, the workgroup its WY threads per column, and the tile
         # row's partial of each column goes to scratch[(bt * tiles_m + tm) * N + n]. Before
         # the epilogue's stores: the loads of the sums' terms wait out no store (the GPU's
         # compiler keeps a storage load after any earlier storage store)
-        assert S == 1, "output sums take an unsplit product"
         kernel.decls.append(f"var<workgroup> Os: array<f32, {WY * BN}>;")
         totals = []  # every sum's per-column totals first: all their loads, then stores
         for j, (x, part) in enumerate(osums):
@@ -873,14 +873,60 @@ def _split_epilogue(kernel, epi: str) -> bool:
     return True
 
 
+# a chunk sum that takes output sums: each thread walks SPLIT_SUM_ROWS rows of one column,
+# a workgroup SPLIT_SUM_GROUPS such row runs of 256 / SPLIT_SUM_GROUPS columns
+SPLIT_SUM_ROWS, SPLIT_SUM_GROUPS = 16, 4
+
+
+def split_sum_parts(total: int, N: int) -> int:
+    """Partials per output sum (fusion.output_sums) of a split product's chunk sum: one
+    per workgroup's block of rows of the [total / N, N] output."""
+    return -(-(total // N) // (SPLIT_SUM_ROWS * SPLIT_SUM_GROUPS))
+
+
 def _build_split_sum(ctx, node, S: int, total: int) -> dict:
     """Second kernel of a split-K matmul: C = the S partial sums added in chunk order
-    (deterministic), then the group's epilogue."""
+    (deterministic), then the group's epilogue. With output sums (fusion.output_sums) a
+    thread walks SPLIT_SUM_ROWS rows of one column, adding the sums' terms (each before
+    the row's epilogue stores, so that its load waits out none of them), and the
+    workgroup adds its row runs into one partial of each sum per block of rows (partials
+    per thread made the sums' second pass loop over 256 of them: slower than the first
+    pass they replace, on GPT-2's step on an H200)."""
     part = ctx.scratch[0]
     kernel = ctx.kernel(f"matmul {'x'.join(map(str, node.shape))} sum of {S} K chunks")
     P = kernel.binding(part.buffer, "f32", what=part.what, nbytes=part.nbytes)
     epi = ctx.epilogue_fn(kernel)
     em = ctx.emitter(kernel)
+    osums = getattr(ctx, "output_sums", [])
+    if osums:
+        N, R, RG = node.shape[-1], SPLIT_SUM_ROWS, SPLIT_SUM_GROUPS
+        W = 256 // RG  # columns per workgroup
+        rows, cb = total // N, -(-N // W)
+        grid = kernel.workgroup_index(em, cb * split_sum_parts(total, N), "w")
+        kernel.decls.append("var<workgroup> Os: array<f32, 256>;")
+        em.emit(f"let rb = w / {cb}u;")
+        em.emit(f"let c = (w % {cb}u) * {W}u + lid % {W}u;")
+        em.emit(f"let r0 = rb * {R * RG}u + (lid / {W}u) * {R}u;")
+        fns = [ctx.sum_fn(kernel, x, f"osum{j}") for j, (x, _) in enumerate(osums)]
+        ts = [em.var("f32", "0.0f", prefix="ot") for _ in osums]
+        with em.block(f"if (c < {N}u)" if N % W else ""):
+            with em.block(f"for (var r = r0; r < min(r0 + {R}u, {rows}u); r++)"):
+                em.emit(f"let f = r * {N}u + c;")
+                em.emit(f"var acc: f32 = {P}[f];")
+                for k in range(1, S):
+                    em.emit(f"acc += {P}[{k * total}u + f];")
+                for fn, t in zip(fns, ts):
+                    em.emit(f"{t} += {fn}(f, acc);")
+                em.emit(f"{epi}(f, acc);")
+        for (_, q), t in zip(osums, ts):
+            Q = kernel.binding(q.buffer, "f32", write=True, what=q.what, nbytes=q.nbytes)
+            em.emit(f"Os[lid] = {t};")
+            em.emit("workgroupBarrier();")
+            total_ = " + ".join(f"Os[{g * W}u + lid]" for g in range(RG))
+            cond = f"lid < {W}u" + (f" && c < {N}u" if N % W else "")
+            em.emit(f"if ({cond}) {{ {Q}[rb * {N}u + c] = {total_}; }}")
+            em.emit("workgroupBarrier();")
+        return ctx.dispatch(kernel, em.lines, grid, 256)
     grid = kernel.thread_index(em, total, "f")
     em.emit(f"var acc: f32 = {P}[f];")
     for k in range(1, S):

@@ -30,7 +30,8 @@ from .emit import Emitter, Idx, Storage
 from .fusion import Fusion
 from .index import build_scatter, scatter_scratch
 from .layout import build_concat_pieces, strided_view
-from .matmul import build_matmul, group_config, matmul_dims, matmul_scratch_bytes
+from .matmul import (build_matmul, group_config, matmul_dims, matmul_scratch_bytes,
+                     split_sum_parts)
 from .quant import QuantOperand
 from .remat import plan_fusion
 from .reduce import REDUCE_OPS, ROW_OPS, build_reduce, scratch_specs
@@ -320,7 +321,8 @@ class _Lowering:
             mm = g[fu.groups[mg].main]
             M, K, N, nb, shared_b = matmul_dims(g, fu, mm.id)
             cfg = group_config(limits, M, K, N, nb, shared_b)
-            self.operand_parts[gid] = prod(mm.shape[:-2]) * -(-M // cfg.bm)
+            self.operand_parts[gid] = (prod(mm.shape[:-2]) * -(-M // cfg.bm) if cfg.splits == 1
+                                       else split_sum_parts(mm.size, N))
             writer[gid] = mg
         for gid in fu.order:
             G = fu.groups[gid]
