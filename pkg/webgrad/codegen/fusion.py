@@ -643,7 +643,8 @@ class Fusion:
             if any(self.depends(u, mg) or u == gid for u in ups):
                 continue
             reads = extra.get(mg, set()) | leaves
-            n_sums = sum(1 for v in self.output_sums.values() if v == mg) + 1
+            n_sums = (sum(1 for v in self.output_sums.values() if v == mg) + 1
+                      + sum(1 for h, _ in self.operand_sums.values() if h == mg))
             if (self.binding_estimate(self.groups[mg].outputs, {**self.loads(mg), **{c: True for c in reads}})
                     + n_sums > limit):
                 continue
