@@ -478,7 +478,8 @@ class Fusion:
             pieces = []
             for t in terms:
                 pad = g[t]
-                if pad.op != "pad" or self.has_storage(t) or (pieces and pad.attrs["axis"] != pieces[0][2]):
+                if (pad.op != "pad" or self.has_storage(t)
+                        or (pieces and pad.attrs["axis"] != pieces[0][2])):
                     break
                 chain, n = [pad], pad.inputs[0]
                 while not self.has_storage(n) and g[n].op in ("slice", "transpose", "reshape"):
@@ -556,8 +557,8 @@ class Fusion:
             cfg = group_config(self.limits, M, K, N, nb, shared_b)
             if cfg is None or nb != 1:
                 continue
-            if cfg.splits == 1 and self.binding_estimate(
-                    G.outputs, self.loads(gid)) + 1 > self.limits.max_storage_buffers_per_shader_stage:
+            limit = self.limits.max_storage_buffers_per_shader_stage
+            if cfg.splits == 1 and self.binding_estimate(G.outputs, self.loads(gid)) + 1 > limit:
                 continue  # the partials' binding beside the epilogue's would be one too many
             if m in self.matmul_fold:
                 views = self.folded_views(self.matmul_fold[m])
@@ -645,8 +646,8 @@ class Fusion:
             reads = extra.get(mg, set()) | leaves
             n_sums = (sum(1 for v in self.output_sums.values() if v == mg) + 1
                       + sum(1 for h, _ in self.operand_sums.values() if h == mg))
-            if (self.binding_estimate(self.groups[mg].outputs, {**self.loads(mg), **{c: True for c in reads}})
-                    + n_sums > limit):
+            loads = {**self.loads(mg), **{c: True for c in reads}}
+            if self.binding_estimate(self.groups[mg].outputs, loads) + n_sums > limit:
                 continue
             extra[mg] = reads
             self.output_sums[gid] = mg

@@ -53,8 +53,8 @@ input gradient) are added in the epilogue: in an unsplit product each thread ove
 rows, the workgroup over its threads in workgroup memory, one partial per tile row; in a
 split one's chunk sum, each thread over a run of rows of one column, the workgroup over
 its runs. Their terms are evaluated before the epilogue's stores, so that their loads wait
-out no store (after them the products ran 25% slower). Either way the sum's own kernel adds the
-partials and runs its epilogue (the AdamW update of the bias, gamma or beta).
+out no store (after them the products ran 25% slower). Either way the sum's own kernel
+adds the partials and runs its epilogue (the AdamW update of the bias, gamma or beta).
 
 On CPU adapters K is split as well whenever one invocation's K loop would run past
 wgsl.CPU_LOOP_ITERATIONS (lavapipe silently stops a shader's loops after 65535 iterations):
@@ -95,8 +95,9 @@ SPLIT_LONG_CHUNK = 4096
 MAX_SPLITS = 16
 
 FORCE_CONFIG = None  # bench/matmul.py sets a Config here to compare tilings
-# a bias gradient (the row sums of a weight gradient's operand) is summed by the weight
-# gradient's kernel from its staged tiles (fusion.operand_sums); False: a reduction apart
+# bias gradients (the row sums of a weight gradient's operand) and layer norm's gradients
+# (row sums of expressions of a product's output) are summed by the products' kernels
+# (fusion.operand_sums, output_sums); False: by reductions of their own
 OPERAND_SUMS = True
 DIRECT_WG = 64             # threads per workgroup of the barrier-free kernel
 # C block per thread of the barrier-free kernel: 8 x 8 (16 loads per 64 FMAs). In headless
@@ -642,8 +643,8 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
         if r in side_reads:
             if not re.fullmatch(r"\w+", v):
                 v = em.let(v)
-            # only where they are written (a branch taken by whole workgroups): summed by
-            # every thread, the products ran 3-4% slower (H200; 0.7-1.7% so)
+            # only where they are written (a branch whole workgroups take): summed by every
+            # thread, the products ran 3-4% slower on an H200, this way 0.7-1.7%
             L(f"if ({other} == 0u) {{ s{r} += {v}; }}")
         shared_store(rd[8], rd[9], rd[10], rd[2], v, base)
 
