@@ -898,6 +898,11 @@ def _build_split_sum(ctx, node, S: int, total: int) -> dict:
     P = kernel.binding(part.buffer, "f32", what=part.what, nbytes=part.nbytes)
     epi = ctx.epilogue_fn(kernel)
     em = ctx.emitter(kernel)
+
+    def add_chunks():  # acc = value f's S partial sums, in chunk order
+        em.emit(f"var acc: f32 = {P}[f];")
+        for k in range(1, S):
+            em.emit(f"acc += {P}[{k * total}u + f];")
     osums = getattr(ctx, "output_sums", [])
     if osums:
         N, R, RG = node.shape[-1], SPLIT_SUM_ROWS, SPLIT_SUM_GROUPS
@@ -913,9 +918,7 @@ def _build_split_sum(ctx, node, S: int, total: int) -> dict:
         with em.block(f"if (c < {N}u)" if N % W else ""):
             with em.block(f"for (var r = r0; r < min(r0 + {R}u, {rows}u); r++)"):
                 em.emit(f"let f = r * {N}u + c;")
-                em.emit(f"var acc: f32 = {P}[f];")
-                for k in range(1, S):
-                    em.emit(f"acc += {P}[{k * total}u + f];")
+                add_chunks()
                 for fn, t in zip(fns, ts):
                     em.emit(f"{t} += {fn}(f, acc);")
                 em.emit(f"{epi}(f, acc);")
@@ -929,9 +932,7 @@ def _build_split_sum(ctx, node, S: int, total: int) -> dict:
             em.emit("workgroupBarrier();")
         return ctx.dispatch(kernel, em.lines, grid, 256)
     grid = kernel.thread_index(em, total, "f")
-    em.emit(f"var acc: f32 = {P}[f];")
-    for k in range(1, S):
-        em.emit(f"acc += {P}[{k * total}u + f];")
+    add_chunks()
     em.emit(f"{epi}(f, acc);")
     return ctx.dispatch(kernel, em.lines, grid, 256)
 
