@@ -596,6 +596,20 @@ def test_lost_device_without_recovery_says_what_to_do():
         c.step(feed(1))
 
 
+@pytest.mark.parametrize("numpy", [True, False])
+def test_index_extent_with_and_without_numpy(monkeypatch, numpy):
+    """arrays.extent (the index feeds' range check) through numpy's min and max, and through
+    Python's where numpy is absent (the browser): both give the values' own extremes."""
+    import random
+    import webgrad.arrays as arrays
+    if not numpy:
+        monkeypatch.setattr(arrays, "numpy_or_none", lambda: None)
+    rng = random.Random(3)
+    for vals in ([5], [-7, 3, 2**31 - 1, -2**31], [rng.randrange(-50, 4096) for _ in range(999)]):
+        h = wg.HostArray("i32", vals, shape=(len(vals),))
+        assert arrays.extent(h) == (min(vals), max(vals))
+
+
 def test_nan_scan_without_numpy(monkeypatch):
     """The browser's path (no numpy): sum() flags a NaN, a scan confirms it; inf and -inf
     together also sum to NaN, and must not be mistaken for one."""

@@ -289,6 +289,17 @@ def first_nan(h: array.array) -> int | None:
     return next((i for i, v in enumerate(h) if v != v), None)
 
 
+def extent(h: array.array) -> tuple[int, int]:
+    """(min, max) of non-empty i32 data: with numpy one vectorised pass over a zero-copy view,
+    without (the browser) Python's min() and max(), which took 1.8 ms a step for two [64, 256]
+    index feeds on the H200's host (bench/README.md)."""
+    np = numpy_or_none()
+    if np is not None:
+        v = np.frombuffer(h, dtype=np.int32)
+        return int(v.min()), int(v.max())
+    return min(h), max(h)
+
+
 def _refuse_nan(h: HostArray, shape, what: str) -> None:
     at = first_nan(h)
     if at is not None:

@@ -5,7 +5,7 @@ which take_along_last and cross_entropy_last use, scatter_add_rows rows) through
 only (reshape, transpose, broadcast_to, slice) must hold values in [0, n) for that
 operand's n. `index_checks(graph)` derives these bounds once, at compile time, from the
 graph; `check_index_feeds` tests a feed against them (one min/max pass over each checked
-input, in C through array.array) and raises FeedError naming the input, the value and its
+input: arrays.extent) and raises FeedError naming the input, the value and its
 position, the op with its bound and the user's line that built it. The check runs before
 anything is written, so a refused step changes nothing, on every backend alike.
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .arrays import FeedError
+from .arrays import FeedError, extent
 
 _VIEWS = ("reshape", "transpose", "broadcast_to", "slice")
 # op -> (operand position of the indices, the bound as a function of the node)
@@ -77,7 +77,7 @@ def check_index_feeds(feeds: dict, checks: dict[str, list[IndexBound]], method: 
         h = feeds[name]
         if not len(h):
             continue
-        lo, hi = min(h), max(h)
+        lo, hi = extent(h)
         b = bounds[0]  # the tightest bound
         if lo >= 0 and hi < b.n:
             continue
