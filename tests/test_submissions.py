@@ -78,3 +78,49 @@ def test_an_interrupt_while_submitting_leaves_the_step_whole(parts, monkeypatch)
     _assert_same_params(c, r)  # the whole step ran: parameters and moments updated
     monkeypatch.setattr(NativeHost, "_encode", staticmethod(encode))
     np.testing.assert_allclose(c.step(batch), r.step(batch), rtol=1e-3, atol=1e-6)
+
+
+def test_results_are_waited_for_by_polling_dawns_events(monkeypatch):
+    """SPIN_WAIT on wgpudawn: map_async, process_events until the map's promise leaves
+    "pending", then its sync_wait() (which no longer blocks); without wgpudawn, map_sync."""
+    import sys
+    import types
+    from webgrad.backends import webgpu_native as wn
+    calls = []
+
+    class Promise:
+        _state = "pending"
+
+        def sync_wait(self):
+            calls.append(("sync_wait", self._state))
+
+    promise = Promise()
+
+    def process_events():
+        calls.append("events")
+        if calls.count("events") == 3:
+            promise._state = "pending-fulfilled"
+
+    class Staging:
+        def map_async(self, mode):
+            calls.append(("map_async", mode))
+            return promise
+
+        def map_sync(self, mode):
+            calls.append(("map_sync", mode))
+
+    dawn = types.ModuleType("wgpudawn.backends.dawn")
+    dawn.process_events = process_events
+    monkeypatch.setitem(sys.modules, "wgpudawn.backends.dawn", dawn)
+    host = wn.NativeHost.__new__(wn.NativeHost)
+    host.lib = types.SimpleNamespace(__name__="wgpudawn", MapMode=types.SimpleNamespace(READ=1))
+    host._map_read(Staging())
+    assert calls == [("map_async", 1), "events", "events", "events",
+                     ("sync_wait", "pending-fulfilled")]
+    calls.clear()
+    monkeypatch.setattr(wn, "SPIN_WAIT", False)
+    host._map_read(Staging())
+    host.lib.__name__ = "wgpu"
+    monkeypatch.setattr(wn, "SPIN_WAIT", True)
+    host._map_read(Staging())
+    assert calls == [("map_sync", 1), ("map_sync", 1)]

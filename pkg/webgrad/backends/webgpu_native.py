@@ -56,9 +56,22 @@ PREFETCH = True
 # while Python encodes the rest and Dawn translates them: GPT-2's step (551 dispatches)
 # spent 2.5-3.9 ms encoding and submitting before its GPU work began. H200, Dawn,
 # 2026-12-01 (bench/README.md): 99.4 -> 96.7 ms/step at 8 x 512, 88.4 -> 86.2 at d 512
-# 64 x 256, with 16 or 64 first. An interrupt (Ctrl-C) is held until every part is
-# submitted, so a step runs whole or not at all (_interrupts_held).
-SUBMIT_FIRST = 32
+# 64 x 256, with 16 or 64 first. Later the same day (bench/step_span.py: GPU timestamps
+# at the step's first and last pass against the wall clock), 8 first: the GPU
+# starts 0.2 ms after the step does, against 0.4 with 32 (d 512 64 x 256: run() 76.38 ->
+# ~76.1 ms, GPU span 75.4-75.5 either way); with 2 first, the small 2 x 256 step's GPU
+# waited on the CPU between the early parts (span 6.95 -> 7.6 ms). An interrupt (Ctrl-C)
+# is held until every part is submitted, so a step runs whole or not at all
+# (_interrupts_held).
+SUBMIT_FIRST = 8
+# A step's results are waited for by polling Dawn's events (a core busy until the GPU is
+# done, as CUDA's default spin-wait), not by blocking in wgpuInstanceWaitAny, whose wake-up
+# came 0.2-0.3 ms after the work ended: a kernel of 1.7 ms (17 ms) plus its read back
+# took 1.92-1.99 (17.2-17.3) ms waited for, 1.74 (16.97) polled; H200, Dawn, 2026-12-01.
+# Steps (bench/step_span.py, 8 first): d 512 64 x 256 76.80 -> 76.49 ms, 2 x 256 7.55-7.64
+# -> 7.41-7.43, GPT-2 size 8 x 512 89.33-89.36 -> 88.98-89.15.
+# False, or a host without wgpudawn's process_events: map_sync.
+SPIN_WAIT = True
 
 
 def _pipeline_threads() -> int:
@@ -402,7 +415,7 @@ class NativeHost(GPUHost):
                     q.submit([cmd])
             out = []
             for s in stagings:
-                s.map_sync(lib.MapMode.READ)
+                self._map_read(s)
                 if self._dev.lost:  # a map on a lost device may "succeed" with no data
                     raise RuntimeError("device lost during the step")
                 out.append(_take_mapped(s))
@@ -464,6 +477,17 @@ class NativeHost(GPUHost):
             return out, "timestamp"
         except Exception as e:
             raise self._translate(e, "profiling a step") from None
+
+    def _map_read(self, staging) -> None:
+        """Map a staging buffer for reading, waiting for the GPU (SPIN_WAIT)."""
+        events = _process_events(self.lib) if SPIN_WAIT else None
+        if events is None:
+            staging.map_sync(self.lib.MapMode.READ)
+            return
+        promise = staging.map_async(self.lib.MapMode.READ)
+        while getattr(promise, "_state", None) == "pending":
+            events()
+        promise.sync_wait()
 
     @staticmethod
     def _encode(enc, commands, timestamps=None, keep=None) -> None:
@@ -573,6 +597,16 @@ def _interrupts_held(hold: bool):
         signal.signal(signal.SIGINT, before)
         if noted:
             signal.raise_signal(signal.SIGINT)
+
+
+def _process_events(lib):
+    """wgpudawn's process_events (delivers finished work's callbacks), or None."""
+    if lib.__name__ != "wgpudawn":
+        return None
+    try:
+        return importlib.import_module("wgpudawn.backends.dawn").process_events
+    except (ImportError, AttributeError):
+        return None
 
 
 def _take_mapped(staging, size: int | None = None):
