@@ -295,7 +295,7 @@ def extent(h: array.array) -> tuple[int, int]:
     index feeds on the H200's host (bench/README.md)."""
     np = numpy_or_none()
     if np is not None:
-        v = np.frombuffer(h, dtype=np.int32)
+        v = np.frombuffer(h, dtype=h.typecode)  # array.array typecodes are numpy dtypes
         return int(v.min()), int(v.max())
     return min(h), max(h)
 
