@@ -57,10 +57,11 @@ PREFETCH = True
 # spent 2.5-3.9 ms encoding and submitting before its GPU work began. H200, Dawn,
 # 2026-12-01 (bench/README.md): 99.4 -> 96.7 ms/step at 8 x 512, 88.4 -> 86.2 at d 512
 # 64 x 256, with 16 or 64 first. Later the same day (bench/step_span.py: GPU timestamps
-# at the step's first and last pass against the wall clock), 8 first: the GPU
-# starts 0.2 ms after the step does, against 0.4 with 32 (d 512 64 x 256: run() 76.38 ->
-# ~76.1 ms, GPU span 75.4-75.5 either way); with 2 first, the small 2 x 256 step's GPU
-# waited on the CPU between the early parts (span 6.95 -> 7.6 ms). An interrupt (Ctrl-C)
+# at the step's first and last pass against the wall clock), 8 first: the first part is
+# encoded 0.36-0.48 ms after the step starts, against 0.47-0.53 with 32 (d 512 64 x 256,
+# with SPIN_WAIT: 76.75 -> 76.49 ms a step, GPU span 75.7 either way; GPT-2 size 89.26 ->
+# 88.98-89.15); with 2 first, the small 2 x 256 step's GPU waited on the CPU between the
+# early parts (span 6.95 -> 7.6 ms). An interrupt (Ctrl-C)
 # is held until every part is submitted, so a step runs whole or not at all
 # (_interrupts_held).
 SUBMIT_FIRST = 8
