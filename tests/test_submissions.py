@@ -80,47 +80,80 @@ def test_an_interrupt_while_submitting_leaves_the_step_whole(parts, monkeypatch)
     np.testing.assert_allclose(c.step(batch), r.step(batch), rtol=1e-3, atol=1e-6)
 
 
-def test_results_are_waited_for_by_polling_dawns_events(monkeypatch):
-    """SPIN_WAIT on wgpudawn: map_async, process_events until the map's promise leaves
-    "pending", then its sync_wait() (which no longer blocks); without wgpudawn, map_sync."""
+def _fake_dawn(monkeypatch, process_events):
+    """A NativeHost whose library is "wgpudawn" with these process_events, and a log."""
     import sys
     import types
     from webgrad.backends import webgpu_native as wn
-    calls = []
-
-    class Promise:
-        _state = "pending"
-
-        def sync_wait(self):
-            calls.append(("sync_wait", self._state))
-
-    promise = Promise()
-
-    def process_events():
-        calls.append("events")
-        if calls.count("events") == 3:
-            promise._state = "pending-fulfilled"
-
-    class Staging:
-        def map_async(self, mode):
-            calls.append(("map_async", mode))
-            return promise
-
-        def map_sync(self, mode):
-            calls.append(("map_sync", mode))
-
     dawn = types.ModuleType("wgpudawn.backends.dawn")
     dawn.process_events = process_events
     monkeypatch.setitem(sys.modules, "wgpudawn.backends.dawn", dawn)
     host = wn.NativeHost.__new__(wn.NativeHost)
     host.lib = types.SimpleNamespace(__name__="wgpudawn", MapMode=types.SimpleNamespace(READ=1))
-    host._map_read(Staging())
+    return wn, host
+
+
+class _Promise:
+    def __init__(self, calls):
+        self.calls, self._state = calls, "pending"
+
+    def sync_wait(self):
+        self.calls.append(("sync_wait", self._state))
+
+
+class _Staging:
+    def __init__(self, calls, promise):
+        self.calls, self.promise = calls, promise
+
+    def map_async(self, mode, *at):
+        self.calls.append(("map_async", mode) + at)
+        return self.promise
+
+    def unmap(self):
+        self.calls.append("unmap")
+
+
+def test_results_are_waited_for_by_polling_dawns_events(monkeypatch):
+    """SPIN_WAIT on wgpudawn: map_async, process_events until the map's promise leaves
+    "pending", then its sync_wait() (which no longer blocks); with SPIN_WAIT off or
+    without wgpudawn, sync_wait() blocks at once."""
+    calls = []
+    promise = _Promise(calls)
+
+    def process_events():
+        calls.append("events")
+        if calls.count("events") == 3:
+            promise._state = "pending-fulfilled"
+    wn, host = _fake_dawn(monkeypatch, process_events)
+    host._map_read(_Staging(calls, promise))
     assert calls == [("map_async", 1), "events", "events", "events",
                      ("sync_wait", "pending-fulfilled")]
     calls.clear()
     monkeypatch.setattr(wn, "SPIN_WAIT", False)
-    host._map_read(Staging())
+    host._map_read(_Staging(calls, _Promise(calls)), 64)
     host.lib.__name__ = "wgpu"
     monkeypatch.setattr(wn, "SPIN_WAIT", True)
-    host._map_read(Staging())
-    assert calls == [("map_sync", 1), ("map_sync", 1)]
+    host._map_read(_Staging(calls, _Promise(calls)))
+    assert calls == [("map_async", 1, 0, 64), ("sync_wait", "pending"),
+                     ("map_async", 1), ("sync_wait", "pending")]
+
+
+def test_an_interrupt_while_the_results_are_read_leaves_the_next_step_working(monkeypatch):
+    """Ctrl-C while a step's results are read back (here: just before the mapped loss is
+    copied out) is held until the buffer is unmapped, then raised: the step ran whole, and
+    the next one runs (left mapped, the staging buffer failed every later step)."""
+    from webgrad.backends import webgpu_native as wn
+    c, r = models.compile_transformer("webgpu"), models.compile_transformer("reference")
+    batch = models.reversal_batch()
+    take = wn._take_mapped
+
+    def interrupted(staging, size=None):
+        signal.raise_signal(signal.SIGINT)
+        return take(staging, size)
+    monkeypatch.setattr(wn, "_take_mapped", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        c.step(batch)
+    r.step(batch)
+    monkeypatch.setattr(wn, "_take_mapped", take)
+    np.testing.assert_allclose(c.step(batch), r.step(batch), rtol=1e-3, atol=1e-6)
+    _assert_same_params(c, r)

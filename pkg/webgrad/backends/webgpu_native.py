@@ -71,7 +71,7 @@ SUBMIT_FIRST = 8
 # took 1.92-1.99 (17.2-17.3) ms waited for, 1.74 (16.97) polled; H200, Dawn, 2026-12-01.
 # Steps (bench/step_span.py, 8 first): d 512 64 x 256 76.80 -> 76.49 ms, 2 x 256 7.55-7.64
 # -> 7.41-7.43, GPT-2 size 8 x 512 89.33-89.36 -> 88.98-89.15.
-# False, or a host without wgpudawn's process_events: map_sync.
+# False, or a host without wgpudawn's process_events: blocking (NativeHost._map_read).
 SPIN_WAIT = True
 
 
@@ -415,11 +415,12 @@ class NativeHost(GPUHost):
                     self._inflight.append(cmd)
                     q.submit([cmd])
             out = []
-            for s in stagings:
-                self._map_read(s)
-                if self._dev.lost:  # a map on a lost device may "succeed" with no data
-                    raise RuntimeError("device lost during the step")
-                out.append(_take_mapped(s))
+            with _interrupts_held(True):  # the results are read whole (see _map_read)
+                for s in stagings:
+                    self._map_read(s)
+                    if self._dev.lost:  # a map on a lost device may "succeed" with no data
+                        raise RuntimeError("device lost during the step")
+                    out.append(_take_mapped(s))
             self._inflight = []
             return out
         except Exception as e:
@@ -479,14 +480,18 @@ class NativeHost(GPUHost):
         except Exception as e:
             raise self._translate(e, "profiling a step") from None
 
-    def _map_read(self, staging) -> None:
-        """Map a staging buffer for reading, waiting for the GPU (SPIN_WAIT)."""
+    def _map_read(self, staging, size: int | None = None) -> None:
+        """Map a staging buffer (its first `size` bytes, else all) for reading, waiting for
+        the GPU: by polling Dawn's events (SPIN_WAIT), else blocking. Callers hold Ctrl-C
+        (_interrupts_held) until the data is taken and the buffer unmapped: an interrupt
+        in between left it pending or mapped, and every later copy into it, so every
+        later step, failed ("used in submit while pending map", H200, Dawn); one that
+        lands inside the map's callback (Python code Dawn runs while waiting) is dropped
+        by cffi, and the map never completes."""
         events = _process_events(self.lib) if SPIN_WAIT else None
-        if events is None:
-            staging.map_sync(self.lib.MapMode.READ)
-            return
-        promise = staging.map_async(self.lib.MapMode.READ)
-        while getattr(promise, "_state", None) == "pending":
+        promise = (staging.map_async(self.lib.MapMode.READ) if size is None
+                   else staging.map_async(self.lib.MapMode.READ, 0, size))
+        while events is not None and getattr(promise, "_state", None) == "pending":
             events()
         promise.sync_wait()
 
@@ -524,10 +529,11 @@ class NativeHost(GPUHost):
             enc = self.device.create_command_encoder()
             enc.copy_buffer_to_buffer(p.buffers[buffer], 0, s, 0, size)
             self.device.queue.submit([enc.finish()])
-            s.map_sync(self.lib.MapMode.READ, 0, size)
-            if self._dev.lost:
-                raise RuntimeError("device lost during the read")
-            data = _take_mapped(s, size)
+            with _interrupts_held(True):  # read whole (see _map_read)
+                self._map_read(s, size)
+                if self._dev.lost:
+                    raise RuntimeError("device lost during the read")
+                data = _take_mapped(s, size)
             if self._dev.lost:
                 raise RuntimeError("device lost during the read")
             return data
@@ -581,7 +587,7 @@ def _interrupts_held(hold: bool):
     """Ctrl-C held for the block: Python's SIGINT handler is swapped for one that notes the
     signal, which is raised again once the block is done, so that a step split into several
     submissions is never left half submitted (parameters updated and optimizer moments
-    not). (Blocking the signal for this thread would not do: the process's other threads,
+    not), and a result read back never leaves its staging buffer mapped (_map_read). (Blocking the signal for this thread would not do: the process's other threads,
     the driver's and the pipeline pool's, would take it.) Only the main thread can."""
     if not hold or threading.current_thread() is not threading.main_thread():
         yield
