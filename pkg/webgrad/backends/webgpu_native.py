@@ -61,9 +61,8 @@ PREFETCH = True
 # encoded 0.36-0.48 ms after the step starts, against 0.47-0.53 with 32 (d 512 64 x 256,
 # with SPIN_WAIT: 76.75 -> 76.49 ms a step, GPU span 75.7 either way; GPT-2 size 89.26 ->
 # 88.98-89.15); with 2 first, the small 2 x 256 step's GPU waited on the CPU between the
-# early parts (span 6.95 -> 7.6 ms). An interrupt (Ctrl-C)
-# is held until every part is submitted, so a step runs whole or not at all
-# (_interrupts_held).
+# early parts (span 6.95 -> 7.6 ms). An interrupt (Ctrl-C) is held until every part is
+# submitted, so a step runs whole or not at all (_interrupts_held).
 SUBMIT_FIRST = 8
 # A step's results are waited for by polling Dawn's events (a core busy until the GPU is
 # done, as CUDA's default spin-wait), not by blocking in wgpuInstanceWaitAny, whose wake-up
@@ -585,10 +584,12 @@ def _submissions(commands: list, first: int) -> list[list]:
 @contextlib.contextmanager
 def _interrupts_held(hold: bool):
     """Ctrl-C held for the block: Python's SIGINT handler is swapped for one that notes the
-    signal, which is raised again once the block is done, so that a step split into several
-    submissions is never left half submitted (parameters updated and optimizer moments
-    not), and a result read back never leaves its staging buffer mapped (_map_read). (Blocking the signal for this thread would not do: the process's other threads,
-    the driver's and the pipeline pool's, would take it.) Only the main thread can."""
+    signal, which is raised again once the block is done, so that a step split into
+    several submissions is never left half submitted (parameters updated and optimizer
+    moments not), and a result read back never leaves its staging buffer mapped
+    (_map_read). (Blocking the signal for this thread would not do: the process's other
+    threads, the driver's and the pipeline pool's, would take it.) Only the main thread
+    can."""
     if not hold or threading.current_thread() is not threading.main_thread():
         yield
         return
