@@ -656,25 +656,18 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
     rows_a, cols_b = _offsets(TM, va, WY), _offsets(TN, vb, WX)
 
     def k_step(kk, tag, oa="", ob=""):   # one k of the tile: TM + TN shared reads, TM x TN FMAs
-        def at(ld):        # kk: a constant (unrolled) or the loop variable
-            return f"{kk * ld}u" if isinstance(kk, int) else f"{kk} * {ld}u"
-        if va:
-            for q in range(TM // 4):
-                L(f"let av{tag}_{q} = As[{oa}{at(LDA // 4)} + ty + {WY * q}u];")
-            a_of = lambda i: f"av{tag}_{i // 4}.{'xyzw'[i % 4]}"  # noqa: E731
-        else:
-            for i in range(TM):
-                L(f"let a{tag}_{i} = As[{oa}{at(LDA)} + ty * {TM}u + {i}u];")
-            a_of = lambda i: f"a{tag}_{i}"  # noqa: E731
-        if vb:
-            for q in range(TN // 4):
-                L(f"let bv{tag}_{q} = Bs[{ob}{at(LDB // 4)} + tx + {WX * q}u];")
-            b_of = lambda j: f"bv{tag}_{j // 4}.{'xyzw'[j % 4]}"  # noqa: E731
-        else:
-            for j in range(TN):
-                L(f"let b{tag}_{j} = Bs[{ob}{at(LDB)} + tx * {TN}u + {j}u];")
-            b_of = lambda j: f"b{tag}_{j}"  # noqa: E731
-        a_names, b_names = [a_of(i) for i in range(TM)], [b_of(j) for j in range(TN)]
+        def operand(name, arr, off, ld, t, T, W, vec):  # a thread's T values of this k
+            row = ld // 4 if vec else ld  # a k-row of the staged tile, in array elements
+            at = f"{kk * row}u" if isinstance(kk, int) else f"{kk} * {row}u"  # kk: constant or loop variable
+            if vec:
+                for q in range(T // 4):
+                    L(f"let {name}v{tag}_{q} = {arr}[{off}{at} + {t} + {W * q}u];")
+                return [f"{name}v{tag}_{i // 4}.{'xyzw'[i % 4]}" for i in range(T)]
+            for i in range(T):
+                L(f"let {name}{tag}_{i} = {arr}[{off}{at} + {t} * {T}u + {i}u];")
+            return [f"{name}{tag}_{i}" for i in range(T)]
+        a_names = operand("a", "As", oa, LDA, "ty", TM, WY, va)
+        b_names = operand("b", "Bs", ob, LDB, "tx", TN, WX, vb)
         for i in range(TM):
             for j in range(TN):
                 L(f"{acc[i][j]} = fma({a_names[i]}, {b_names[j]}, {acc[i][j]});")
