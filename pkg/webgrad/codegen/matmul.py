@@ -728,6 +728,18 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
                 L("workgroupBarrier();")
             k_tile()
             L("workgroupBarrier();")
+    def column_totals(B, terms, Q, at, guard):
+        """A thread per column c of B (looping where B > NT): Q[at(c)] = the sum of
+        terms(c), where guard(c) holds (None: everywhere); the sums' partials."""
+        with em.block(f"for (var c = lid; c < {B}u; c += {NT}u)" if B > NT else
+                      f"if (lid < {B}u)"):
+            c = "c" if B > NT else "lid"
+            L("var t = 0.0f;")
+            for term in terms(c):
+                L(f"t += {term};")
+            store = f"{Q}[{at(c)}] = t;"
+            L(f"if ({guard(c)}) {{ {store} }}" if guard else store)
+
     if side is not None:
         # the first tile row (B; column, A) of workgroups: each thread's staged sums go
         # where its loads went, and the tile's k are added per row of the operand into
@@ -740,15 +752,11 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
             for r in sorted(side_reads):
                 shared_store(arr, ld, vec, reads[r][2], f"s{r}")
             L("workgroupBarrier();")
-            with em.block(f"for (var c = lid; c < {BX}u; c += {NT}u)" if BX > NT else
-                          f"if (lid < {BX}u)"):
-                c = "c" if BX > NT else "lid"
-                L("var t = 0.0f;")
-                for kk in range(BK):
-                    q = f"{kk * ld}u + {c}"
-                    L(f"t += {arr}[({q}) >> 2u][{c} & 3u];" if vec else f"t += {arr}[{q}];")
-                at = f"{'sk * ' + str(X) + 'u + ' if S > 1 else ''}{x0} + {c}"
-                L(f"if ({x0} + {c} < {X}u) {{ {Q}[{at}] = t; }}" if X % BX else f"{Q}[{at}] = t;")
+            column_totals(
+                BX, lambda c: [f"{arr}[({kk * ld}u + {c}) >> 2u][{c} & 3u]" if vec
+                               else f"{arr}[{kk * ld}u + {c}]" for kk in range(BK)],
+                Q, lambda c: f"{'sk * ' + str(X) + 'u + ' if S > 1 else ''}{x0} + {c}",
+                (lambda c: f"{x0} + {c} < {X}u") if X % BX else None)
 
     L(f"let m0 = row0 + ty * {4 if va else TM}u;")
     L(f"let n0 = col0 + tx * {4 if vb else TN}u;")
@@ -780,14 +788,9 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
             for t, cj in zip(ts, cols_b):
                 L(f"Os[ty * {BN}u + n0 - col0 + {cj}u] = {t};")
             L("workgroupBarrier();")
-            with em.block(f"for (var c = lid; c < {BN}u; c += {NT}u)" if BN > NT else
-                          f"if (lid < {BN}u)"):
-                c = "c" if BN > NT else "lid"
-                L("var t = 0.0f;")
-                for y in range(WY):
-                    L(f"t += Os[{y * BN}u + {c}];")
-                at = f"(bt * {tiles_m}u + tm) * {N}u + col0 + {c}"
-                L(f"if (col0 + {c} < {N}u) {{ {Q}[{at}] = t; }}" if need_n else f"{Q}[{at}] = t;")
+            column_totals(BN, lambda c: [f"Os[{y * BN}u + {c}]" for y in range(WY)],
+                          Q, lambda c: f"(bt * {tiles_m}u + tm) * {N}u + col0 + {c}",
+                          (lambda c: f"col0 + {c} < {N}u") if need_n else None)
             L("workgroupBarrier();")
     pre = S == 1 and cfg.epi_rows > 0 and _split_epilogue(kernel, epi)
     for i0 in range(0, TM, max(1, cfg.epi_rows) if pre else TM):
