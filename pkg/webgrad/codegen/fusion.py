@@ -549,6 +549,7 @@ class Fusion:
         if not matmul.OPERAND_SUMS:
             return
         readers: dict[int, list[tuple[int, int]]] = {}  # stored x -> (matmul group, operand)
+        limit = self.limits.max_storage_buffers_per_shader_stage
         for gid, G in self.groups.items():
             m = G.main
             if m is None or (g[m].op != "matmul" and m not in self.matmul_fold):
@@ -557,7 +558,6 @@ class Fusion:
             cfg = group_config(self.limits, M, K, N, nb, shared_b)
             if cfg is None or nb != 1:
                 continue
-            limit = self.limits.max_storage_buffers_per_shader_stage
             if cfg.splits == 1 and self.binding_estimate(G.outputs, self.loads(gid)) + 1 > limit:
                 continue  # the partials' binding beside the epilogue's would be one too many
             if m in self.matmul_fold:
