@@ -127,6 +127,7 @@ def test_ddp_two_processes_equal_one_process_on_the_whole_batch(tmp_path):
              for r in range(2)]
     logs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    assert all(f"rank {r} done" in log for r, log in enumerate(logs)), "\n".join(logs)
 
     whole = ddp_worker.compile_for(ddp_worker.GLOBAL_B)
     single = whole.to_torch()
