@@ -338,6 +338,45 @@ def test_bad_betas_name_the_optimizer_and_line():
     assert "optim.Adam" in str(e.value) and f"{THIS}:{line_of('betas')}" in str(e.value)
 
 
+@pytest.mark.parametrize("name,marker,ours,theirs", [
+    ("lr", "lr", lambda: optim.Adam(lr=-0.1), lambda p: torch.optim.Adam(p, lr=-0.1)),  # at:lr
+    ("eps", "eps", lambda: optim.AdamW(eps=-1e-8), lambda p: torch.optim.AdamW(p, eps=-1e-8)),  # at:eps
+    ("weight_decay", "weight_decay", lambda: optim.Adam(weight_decay=-0.1),  # at:weight_decay
+     lambda p: torch.optim.Adam(p, weight_decay=-0.1)),
+    ("momentum", "momentum", lambda: optim.SGD(lr=0.1, momentum=-0.9),  # at:momentum
+     lambda p: torch.optim.SGD(p, lr=0.1, momentum=-0.9)),
+    ("nesterov", "nesterov", lambda: optim.SGD(lr=0.1, nesterov=True),  # at:nesterov
+     lambda p: torch.optim.SGD(p, lr=0.1, nesterov=True)),
+    ("weight_decay", "lion", lambda: optim.Lion(weight_decay=-1.0),  # at:lion
+     None),
+])
+def test_bad_hyperparameters_are_refused_as_torch_refuses_them(name, marker, ours, theirs):
+    """Each value torch.optim refuses is refused here too, naming the optimizer, the
+    hyper-parameter and the user's line (before: a negative lr trained backwards)."""
+    if theirs is not None:
+        with pytest.raises(ValueError):
+            theirs([torch.zeros(2, requires_grad=True)])
+    with pytest.raises(ValueError) as e:
+        ours()
+    msg = str(e.value)
+    assert "optim." in msg and name in msg and f"{THIS}:{line_of(marker)}" in msg, msg
+    # torch's accepted edge values stay accepted
+    optim.Adam(lr=0.0, eps=0.0, weight_decay=0.0)
+    optim.SGD(lr=0.1, momentum=0.9, nesterov=True)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: lr.cosine_decay(peak=-1.0, final=0.0, steps=10),
+    lambda: lr.linear_decay(peak=1.0, final=float("nan"), steps=10),
+    lambda: lr.warmup(peak=1.0, steps=5, after=-0.5),
+    lambda: lr.from_dict({"kind": "Constant", "lr": float("inf")}),
+    lambda: optim.SGD(lr=0.1, clip_norm=0.0),
+])
+def test_negative_or_non_finite_rates_are_refused(make):
+    with pytest.raises(ValueError, match="must be a finite number >= 0|clip_norm must be a number > 0"):
+        make()
+
+
 class Lin(Module):
     def __init__(self):
         super().__init__()

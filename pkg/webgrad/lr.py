@@ -19,6 +19,9 @@ class Schedule:
     def __post_init__(self):  # every dataclass below runs this on construction
         if "steps" in self.__dataclass_fields__:
             object.__setattr__(self, "steps", _steps(type(self).__name__, self.steps))
+        for name in ("lr", "peak", "final"):
+            if name in self.__dataclass_fields__:
+                _rate(type(self).__name__, name, getattr(self, name))
 
     def value(self, t: int) -> float: raise NotImplementedError
     def tensor(self, t): raise NotImplementedError
@@ -89,6 +92,12 @@ def _steps(kind: str, steps) -> int:
         raise ValueError(f"lr.{kind}: steps must be a positive whole number of updates, got "
                          f"{steps!r}" + at_user_line())
     return int(steps)
+
+
+def _rate(kind: str, name: str, v: float) -> None:
+    # torch.optim refuses a negative learning rate; NaN or inf would reach every parameter
+    if not (math.isfinite(v) and v >= 0):
+        raise ValueError(f"lr.{kind}: {name} must be a finite number >= 0, got {v!r}" + at_user_line())
 
 
 def constant(lr: float) -> Schedule: return Constant(float(lr))

@@ -65,9 +65,23 @@ class OptimizerContext:
         self.graph.writebacks[name] = value.id
 
 
+def _check_nonnegative(kind: str, **values) -> None:
+    """torch.optim's rule for eps, weight_decay, momentum, dampening: a number >= 0."""
+    for name, v in values.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
+            raise ValueError(f"optim.{kind}: {name} must be a finite number >= 0, got {v!r}"
+                             + at_user_line())
+
+
 class Optimizer:
     def __init__(self, lr=1e-3, *, clip_norm: float | None = None):
+        if isinstance(lr, (int, float)):
+            _check_nonnegative(type(self).__name__, lr=lr)
         self.lr = as_schedule(lr)
+        if clip_norm is not None and (isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float))
+                                      or not (math.isfinite(clip_norm) and clip_norm > 0)):
+            raise ValueError(f"optim.{type(self).__name__}: clip_norm must be a number > 0 (or None), "
+                             f"got {clip_norm!r}" + at_user_line())
         self.clip_norm = clip_norm
 
     def apply(self, ctx: OptimizerContext) -> None:
@@ -118,6 +132,7 @@ class Adam(Optimizer):
     def __init__(self, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, *, clip_norm=None):
         super().__init__(lr, clip_norm=clip_norm)
         self.betas = _check_betas(type(self).__name__, betas)
+        _check_nonnegative(type(self).__name__, eps=eps, weight_decay=weight_decay)
         self.eps, self.weight_decay = float(eps), float(weight_decay)
 
     def apply(self, ctx):
@@ -159,6 +174,11 @@ class SGD(Optimizer):
     def __init__(self, lr=1e-2, momentum=0.0, dampening=0.0, nesterov=False, weight_decay=0.0,
                  *, clip_norm=None):
         super().__init__(lr, clip_norm=clip_norm)
+        _check_nonnegative("SGD", momentum=momentum, dampening=dampening, weight_decay=weight_decay)
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("optim.SGD: nesterov=True needs momentum > 0 and dampening 0 (as "
+                             f"torch.optim.SGD), got momentum={momentum!r}, dampening={dampening!r}"
+                             + at_user_line())
         self.momentum, self.dampening, self.nesterov = float(momentum), float(dampening), nesterov
         self.weight_decay = float(weight_decay)
 
@@ -183,6 +203,7 @@ class Lion(Optimizer):
 
     def __init__(self, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, *, clip_norm=None):
         super().__init__(lr, clip_norm=clip_norm)
+        _check_nonnegative("Lion", weight_decay=weight_decay)
         self.betas, self.weight_decay = _check_betas("Lion", betas), float(weight_decay)
 
     def apply(self, ctx):
