@@ -116,6 +116,26 @@ def test_state_dict_errors_change_nothing():
                      target=torch.zeros(16, 4, dtype=torch.int32))
 
 
+def test_state_dict_of_nested_lists_and_load_state_dicts_own_words():
+    """Values that are not tensors (a state dict saved as JSON lists) are checked against the
+    parameter's shape; errors name load_state_dict and its keyword, not upload_params."""
+    c = models.compile_transformer("reference", seed=2)
+    m = models.compile_transformer("torch", seed=5).to_torch()
+    c.load_state_dict({k: v.tolist() for k, v in m.state_dict().items()})
+    got = c.download_params()
+    for k, v in m.state_dict().items():
+        np.testing.assert_array_equal(got[k], v.numpy(), err_msg=k)
+    before = c.download_params()
+    with pytest.raises(FeedError, match="load_state_dict\\(\\): missing 'head'.*strict=False"):
+        c.load_state_dict({k: v.tolist() for k, v in m.state_dict().items() if k != "head"})
+    with pytest.raises(FeedError, match="load_state_dict\\(\\): 'head': expects shape \\[32, 12\\]"):
+        c.load_state_dict({k: v.tolist() for k, v in m.state_dict().items()} | {"head": [[0.0] * 32] * 12})
+    with pytest.raises(FeedError, match="pass a dict name -> tensor"):
+        c.load_state_dict(list(m.state_dict().items()))
+    after = c.download_params()
+    assert all(np.array_equal(after[k], before[k]) for k in before)
+
+
 def test_ddp_two_processes_equal_one_process_on_the_whole_batch(tmp_path):
     if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available in this torch build")

@@ -217,21 +217,23 @@ class CompiledModule:
         async with self._lost("download_param_grads"):
             return {n: to_user(await self.backend.read(f"grad/{n}")) for n in self._specs}
 
-    async def upload_params_async(self, params: dict, *, partial: bool = False) -> None:
-        self._alive("upload_params")
+    async def upload_params_async(self, params: dict, *, partial: bool = False,
+                                  _method: str = "upload_params", _partial_kw: str = "partial=True") -> None:
+        method = _method     # load_state_dict names itself and its own keyword in the errors
+        self._alive(method)
         if not isinstance(params, dict):
-            raise FeedError(f"upload_params(): pass a dict name -> array, got {type(params).__name__}")
+            raise FeedError(f"{method}(): pass a dict name -> array, got {type(params).__name__}")
         unknown = sorted(set(params) - set(self._specs))
         if unknown:
-            raise FeedError(f"upload_params(): unknown parameter {', '.join(map(repr, unknown))}; "
+            raise FeedError(f"{method}(): unknown parameter {', '.join(map(repr, unknown))}; "
                             f"the parameters are {', '.join(self._specs)}")
         missing = [n for n in self._specs if n not in params]
         if missing and not partial:
-            raise FeedError(f"upload_params(): missing {', '.join(map(repr, missing))}; pass all "
-                            "parameters or partial=True")
-        hosts = {n: to_host(v, shape=self._specs[n].shape, dtype="f32", what=f"upload_params(): '{n}'")
+            raise FeedError(f"{method}(): missing {', '.join(map(repr, missing))}; pass all "
+                            f"parameters or {_partial_kw}")
+        hosts = {n: to_host(v, shape=self._specs[n].shape, dtype="f32", what=f"{method}(): '{n}'")
                  for n, v in params.items()}  # every check before any write
-        async with self._lost("upload_params"):
+        async with self._lost(method):
             for n, h in hosts.items():
                 self.backend.write(n, h)
         if self._guard is not None:

@@ -37,7 +37,9 @@ def _strip_prefix(sd: dict) -> dict:
 
 def from_torch_state_dict(state_dict: dict) -> dict[str, HostArray]:
     """A torch state dict (tensors on any device, any float dtype; a DDP "module." prefix is
-    dropped) -> {name: HostArray f32}, ready for c.upload_params."""
+    dropped) -> {name: HostArray f32}, ready for c.upload_params. Values that are not torch
+    tensors or numpy arrays (nested lists, array.array) are passed on as they are:
+    upload_params checks them against the parameter's shape."""
     out = {}
     for name, v in _strip_prefix(state_dict).items():
         if type(v).__module__.startswith("torch"):
@@ -45,14 +47,20 @@ def from_torch_state_dict(state_dict: dict) -> dict[str, HostArray]:
                 raise FeedError(f"from_torch_state_dict: {name!r} has dtype {v.dtype}; "
                                 "webgrad parameters are float32")
             v = v.detach().to("cpu").float().contiguous()
-        shape = tuple(getattr(v, "shape", ()))
-        out[name] = to_host(v, shape=shape, dtype="f32", what=f"from_torch_state_dict: {name!r}")
+        if not hasattr(v, "shape"):
+            out[name] = v
+            continue
+        out[name] = to_host(v, shape=tuple(v.shape), dtype="f32", what=f"from_torch_state_dict: {name!r}")
     return out
 
 
 async def load_state_dict_async(c, state_dict: dict, *, strict: bool = True) -> None:
     """c.load_state_dict: every name and shape checked before any write (upload_params)."""
-    await c.upload_params_async(from_torch_state_dict(state_dict), partial=not strict)
+    if not isinstance(state_dict, dict):
+        raise FeedError(f"load_state_dict(): pass a dict name -> tensor (module.state_dict()), "
+                        f"got {type(state_dict).__name__}")
+    await c.upload_params_async(from_torch_state_dict(state_dict), partial=not strict,
+                                _method="load_state_dict", _partial_kw="strict=False")
 
 
 async def to_torch_async(c, graph, output: str):
