@@ -207,6 +207,26 @@ def test_tensor_in_python_if():
         wg.compile_module(M, branchy, inputs={})
 
 
+@pytest.mark.parametrize("use,words", [
+    (lambda t: float(t), "float() cannot read it"),  # err:float
+    (lambda t: int(t), "int() cannot read it"),  # err:int
+    (lambda t: range(t), "Python index or size"),  # err:range
+    (lambda t: t[0], "not indexed with []"),  # err:getitem
+    (lambda t: [v for v in t], "cannot be iterated"),  # err:iter
+], ids=["float", "int", "range", "getitem", "iter"])
+def test_reading_a_traced_tensor_in_python_names_the_way_out(use, words, request):
+    """Python conversions of a traced Tensor say why there is no value and where; before,
+    float() and t[0] raised Python's bare TypeErrors."""
+    def fn(m, inp):
+        use(ops.sum_all(m.W))
+        return ops.sum_all(m.W)
+    with pytest.raises(TypeError) as e:
+        wg.compile_module(M, fn, inputs={})
+    msg = str(e.value)
+    marker = request.node.callspec.id
+    assert words in msg and f"{THIS}:{line_of(marker)}" in msg, msg
+
+
 # ---------------------------------------------------------------- configuration
 
 class BadInit(Module):
@@ -235,6 +255,12 @@ CONFIG_ERRORS = [
     ("factory_not_module", {"factory": lambda: 3}, TypeError, ["webgrad.Module", "int"]),
     ("loss_not_tensor", {"fn": lambda m, inp: 1.0}, TypeError, ["must return a webgrad Tensor", "float"]),
     ("bad_lr", {"optimizer": "sgd"}, TypeError, ["optim.Optimizer"]),
+    # input specs: sizes are whole numbers >= 1 (3.5 was truncated to 3, "f32" read as a shape)
+    ("fractional_input_size", {"inputs": {"x": [2, 3.5]}}, TypeError, ["'x'", "[2, 3.5]", "whole numbers"]),
+    ("zero_input_size", {"inputs": {"x": ([0, 3], "f32")}}, ValueError, ["'x'", "[0, 3]", "at least 1"]),
+    ("dtype_as_spec", {"inputs": {"x": "f32"}}, TypeError, ["'x'", "'f32'", "([B, 1], 'f32')"]),
+    ("spec_without_shape", {"inputs": {"x": {"dtype": "i32"}}}, ValueError, ["'x'", "no 'shape'"]),
+    ("inputs_not_a_dict", {"inputs": [([2], "f32")]}, TypeError, ["dict name -> spec", "list"]),
 ]
 
 

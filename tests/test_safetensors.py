@@ -126,6 +126,8 @@ def with_entry(name, **changes):
 MALFORMED = [
     (b"\x05\x00", "header length: the file has 2 bytes"),
     (struct.pack("<Q", 2**63) + b"{}", "header length: 9223372036854775808 bytes is over"),
+    (b"PK\x03\x04 a zip file", "bytes is over the 100000000-byte limit: not a safetensors file\\? "
+     "\\(it starts with b'PK\\\\x03\\\\x04 a z'\\)"),
     (struct.pack("<Q", 50) + b"{}", "header length: says 50 bytes of JSON but only 2 follow"),
     (struct.pack("<Q", 4) + b"[1] ", "header: the JSON header must start with '{'"),
     (struct.pack("<Q", 5) + b"{\"a\":", "header: invalid JSON"),

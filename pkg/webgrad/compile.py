@@ -48,9 +48,16 @@ _DEFAULT = object()
 
 def parse_inputs(inputs) -> dict[str, tuple[tuple[int, ...], str]]:
     """{"x": ([B, 1], "f32")}, {"x": {"shape": [B, 1], "dtype": "i32"}} or {"x": [B, 1]}."""
+    forms = "write inputs={'x': ([B, 1], 'f32')}, {'x': {'shape': [B, 1], 'dtype': 'i32'}} or {'x': [B, 1]}"
+    if inputs is not None and not isinstance(inputs, dict):
+        raise TypeError(f"inputs must be a dict name -> spec, got {type(inputs).__name__}; {forms}")
     out = {}
     for name, spec in (inputs or {}).items():
+        if not isinstance(name, str):
+            raise TypeError(f"input names are strings, got {name!r}")
         if isinstance(spec, dict):
+            if "shape" not in spec:
+                raise ValueError(f"input {name!r}: the spec {spec!r} has no 'shape'; {forms}")
             shape, dtype = spec["shape"], spec.get("dtype", "f32")
         elif isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[1], str):
             shape, dtype = spec
@@ -58,8 +65,24 @@ def parse_inputs(inputs) -> dict[str, tuple[tuple[int, ...], str]]:
             shape, dtype = spec, "f32"
         if dtype not in ("f32", "i32"):
             raise ValueError(f"input {name!r}: dtype must be 'f32' or 'i32', got {dtype!r}")
-        out[name] = (tuple(int(s) for s in shape), dtype)
+        out[name] = (_input_shape(name, shape, forms), dtype)
     return out
+
+
+def _input_shape(name: str, shape, forms: str) -> tuple[int, ...]:
+    """A list of whole numbers >= 1 (static shapes: a dimension is fixed at compile time)."""
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+        raise TypeError(f"input {name!r}: the shape must be a list of sizes, got {shape!r}; {forms}")
+    dims = []
+    for d in shape:
+        if isinstance(d, bool) or not (isinstance(d, int) or hasattr(d, "__index__")):
+            raise TypeError(f"input {name!r}: shape {list(shape)!r} has {d!r}; sizes are whole "
+                            f"numbers (int), fixed at compile time")
+        if d.__index__() < 1:
+            raise ValueError(f"input {name!r}: shape {list(shape)!r} has a size {d!r}; every "
+                             "size must be at least 1")
+        dims.append(d.__index__())
+    return tuple(dims)
 
 
 def _trace(graph: Graph, factory, fn, inputs, kind: str, seed: int):

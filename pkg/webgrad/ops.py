@@ -59,7 +59,7 @@ def _lift(x, like: Tensor | None = None) -> Tensor:
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         if hasattr(x, "item") and getattr(x, "ndim", None) == 0:  # numpy scalar
             return _lift(x.item(), like)
-        raise TypeError(f"expected a Tensor or a Python number, got {type(x).__name__}")
+        raise TypeError(f"expected a Tensor or a Python number, got {type(x).__name__}" + at_user_line())
     dtype = like.dtype if like is not None and (like.dtype == "f32" or isinstance(x, int)) else "f32"
     return constant(x, dtype=dtype)
 

@@ -95,7 +95,25 @@ class Tensor:
 
     def __bool__(self):
         raise TypeError("a traced Tensor has no value yet, so it cannot be used in `if`/`and`/"
-                        "`or`; use ops.where(cond, a, b) for data-dependent choices")
+                        "`or`; use ops.where(cond, a, b) for data-dependent choices" + at_user_line())
+
+    def _no_value(self, what: str):
+        raise TypeError(f"a traced Tensor has no value yet, so {what}; the compiled program's "
+                        "outputs have values (c.step, c.run, with_captures=True for "
+                        "intermediates)" + at_user_line())
+
+    def __float__(self): self._no_value("float() cannot read it")
+    def __int__(self): self._no_value("int() cannot read it")
+    def __index__(self): self._no_value("it cannot be used as a Python index or size")
+
+    def __getitem__(self, key):
+        raise TypeError(f"{self!r}[{key!r}]: Tensors are not indexed with []; use "
+                        "ops.slice(x, axis, start, stop), ops.gather_rows(table, idx) or "
+                        "ops.take_along_last(x, idx)" + at_user_line())
+
+    def __iter__(self):
+        raise TypeError(f"{self!r} cannot be iterated over in Python; use ops.slice or a "
+                        "reduction (ops.sum, ops.max) over an axis" + at_user_line())
 
     # Operators forward to webgrad.ops (imported lazily: ops imports this module).
     def __add__(self, o): return _ops().add(self, o)

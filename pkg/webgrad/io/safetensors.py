@@ -179,7 +179,8 @@ def parse_header(buf: memoryview, name: str = "<bytes>") -> tuple[int, dict, dic
               "(a little-endian u64 header length)")
     n = int.from_bytes(buf[:8], "little")
     if n > MAX_HEADER:
-        _fail(name, "header length", f"{n} bytes is over the {MAX_HEADER}-byte limit")
+        _fail(name, "header length", f"{n} bytes is over the {MAX_HEADER}-byte limit: not a "
+              f"safetensors file? (it starts with {bytes(buf[:8])!r})")
     if 8 + n > size:
         _fail(name, "header length", f"says {n} bytes of JSON but only {size - 8} follow "
               "(truncated file?)")
