@@ -195,6 +195,26 @@ def test_generate_is_deterministic_per_seed(tiny):
     assert greedy == seq
 
 
+def test_generate_stops_at_the_context_and_refuses_bad_counts_and_text(tiny):
+    """A prompt near n_ctx gets only the tokens that fit, each the argmax of the full forward;
+    a negative count and a str prompt are refused (before: -1 gave the prompt back, and a
+    str was read a character at a time)."""
+    ids = [k % TINY.vocab_size for k in range(TINY.n_ctx - 3)]
+    out = tiny.generate(ids, max_new_tokens=10, temperature=0)
+    assert len(out) == TINY.n_ctx and out[:len(ids)] == ids
+    seq = list(ids)
+    while len(seq) < TINY.n_ctx:
+        seq.append(int(np.argmax(np.asarray(tiny.forward(seq))[-1])))
+    assert out == seq
+    assert tiny.generate(ids, max_new_tokens=0) == ids
+    with pytest.raises(ValueError, match="max_new_tokens must be an int >= 0, got -1"):
+        tiny.generate(ids, max_new_tokens=-1)
+    with pytest.raises(ValueError, match="max_new_tokens must be an int >= 0, got 2.5"):
+        tiny.generate(ids, max_new_tokens=2.5)
+    with pytest.raises(ValueError, match="ids is text; pass token ids"):
+        tiny.generate("hello", max_new_tokens=2)
+
+
 def test_generate_agrees_across_backends():
     outs = {b: gpt2.GPT2.init_random(TINY, seed=4, backend=b).generate([5, 6], 12, seed=3, top_k=5)
             for b in ["reference", "torch"] + (["webgpu"] if _webgpu_ok() else [])}

@@ -585,6 +585,9 @@ class GPT2:
             ids = ids.tolist()
         if isinstance(ids, int):
             ids = [ids]
+        if isinstance(ids, str):
+            raise ValueError(f"{what}: ids is text; pass token ids (encode it first: "
+                             "webgrad.models.bpe.Tokenizer.from_files(encoder_json, vocab_bpe).encode(text))")
         ids = list(ids)
         if not ids and not empty_ok:
             raise ValueError(f"{what}: ids is empty")
@@ -654,7 +657,9 @@ class GPT2:
         from a random.Random(seed) stream: the same seed gives the same tokens everywhere."""
         ids = self._check_ids(ids, "generate")
         sampling.check_params(temperature, top_k, top_p)
-        n = min(int(max_new_tokens), self.cfg.n_ctx - len(ids))
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+            raise ValueError(f"generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+        n = min(max_new_tokens, self.cfg.n_ctx - len(ids))   # the context is the limit
         cache = self.new_cache()
         rng = sampling.rng(seed)
         greedy = temperature == 0
@@ -674,7 +679,8 @@ class GPT2:
 
     async def generate_async(self, ids, max_new_tokens=20, temperature=1.0, top_k=None,
                              top_p=None, seed=0, stop_at_eos=True) -> list[int]:
-        """ids followed by up to max_new_tokens sampled tokens."""
+        """ids followed by up to max_new_tokens sampled tokens: fewer where the context
+        (cfg.n_ctx) fills up first, or an end-of-text token comes (stop_at_eos)."""
         out = list(self._check_ids(ids, "generate"))
         async for tok in self.generate_stream_async(ids, max_new_tokens, temperature, top_k,
                                                     top_p, seed, stop_at_eos):
