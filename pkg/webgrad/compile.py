@@ -85,7 +85,9 @@ def _input_shape(name: str, shape, forms: str) -> tuple[int, ...]:
     return tuple(dims)
 
 
-def _trace(graph: Graph, factory, fn, inputs, kind: str, seed: int):
+def trace(graph: Graph, factory, fn, inputs, seed: int):
+    """Build the module in `graph`, bind the step counter and the inputs (parse_inputs'
+    form), and trace fn(module, feeds): (parameter specs, what fn returned)."""
     graph.seed = int(seed)
     with tracing(graph):
         module = factory()
@@ -93,7 +95,11 @@ def _trace(graph: Graph, factory, fn, inputs, kind: str, seed: int):
         bind("state", name="step", shape=(), dtype="f32")
         feeds = {name: bind("input", name=name, shape=shape, dtype=dtype)
                  for name, (shape, dtype) in inputs.items()}
-        out = fn(module, feeds)
+        return specs, fn(module, feeds)
+
+
+def _trace(graph: Graph, factory, fn, inputs, kind: str, seed: int):
+    specs, out = trace(graph, factory, fn, inputs, seed)
     if not isinstance(out, Tensor):
         raise TypeError(f"{kind}: the function must return a webgrad Tensor, got {type(out).__name__}")
     return specs, out

@@ -27,13 +27,12 @@ outputs. webgrad.models.gpt2 builds its forward, cached-step and surprisal progr
 from __future__ import annotations
 
 from .arrays import to_user
-from .compile import parse_inputs
+from .compile import parse_inputs, trace
 from .compiled import Program, run_blocking
 from .dce import cse, dce
 from .ir import Graph
-from .module import materialize
 from .primitives import bind
-from .tensor import Tensor, current_graph, tracing
+from .tensor import Tensor, current_graph
 
 
 def state(name: str, shape, dtype: str = "f32") -> Tensor:
@@ -87,14 +86,7 @@ def compile_program(backend, factory, fn, *, inputs, seed: int = 0) -> StatefulP
     be = get_backend(backend)
     ins = parse_inputs(inputs)
     g = Graph(training=False)
-    g.seed = int(seed)
-    with tracing(g):
-        module = factory()
-        specs = materialize(module)
-        bind("state", name="step", shape=(), dtype="f32")
-        feeds = {name: bind("input", name=name, shape=shape, dtype=dtype)
-                 for name, (shape, dtype) in ins.items()}
-        outs = fn(module, feeds)
+    specs, outs = trace(g, factory, fn, ins, seed)
     if not isinstance(outs, dict) or not all(isinstance(v, Tensor) for v in outs.values()):
         raise TypeError("compile_program: the function must return a dict name -> Tensor")
     for k, v in outs.items():
