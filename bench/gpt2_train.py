@@ -7,6 +7,7 @@
     python3 bench/gpt2_train.py --no-torch --profile 0  # webgrad alone, no kernel table
     python3 bench/gpt2_train.py --model module        # webgrad.models.gpt2.GPT2Module (tied head)
     python3 bench/gpt2_train.py --attention forced,unfused  # fused attention forced on, and off
+    python3 bench/gpt2_train.py --set webgrad.codegen.elementwise.TILED_TRANSPOSE=False  # a switch off
     python3 bench/gpt2_train.py --rows gpt2 --dump out/  # per-kernel dumps of both libraries:
                                                       # bench/step_breakdown.py out/ groups them
 
@@ -300,6 +301,21 @@ def _mb(b):
     return "-" if b is None else f"{b / 2**20:.0f} MiB"
 
 
+def set_attribute(item: str) -> None:
+    """--set MODULE.ATTR=VALUE: the attribute must exist (a typo fails, not a silent no-op)."""
+    import ast
+    import importlib
+    lhs, eq, rhs = item.partition("=")
+    mod, dot, attr = lhs.strip().rpartition(".")
+    if not (eq and dot):
+        raise SystemExit(f"--set {item}: write MODULE.ATTR=VALUE")
+    m = importlib.import_module(mod)
+    if not hasattr(m, attr):
+        raise SystemExit(f"--set {item}: {mod} has no attribute {attr!r}")
+    setattr(m, attr, ast.literal_eval(rhs.strip()))
+    print(f"set {mod}.{attr} = {getattr(m, attr)!r}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", default="small2,small64,gpt2", help=f"comma-separated: {', '.join(ROWS)}")
@@ -325,7 +341,12 @@ def main() -> None:
                     help="Dawn: turn off timestamp quantisation (toggles allow_unsafe_apis, "
                     "-timestamp_quantization, added to $WEBGRAD_DAWN_TOGGLES) so that short "
                     "kernels time right")
+    ap.add_argument("--set", action="append", default=[], metavar="MODULE.ATTR=VALUE",
+                    help="set a module attribute (a Python literal) before anything compiles, "
+                    "to time a codegen switch: --set webgrad.codegen.elementwise.TILED_TRANSPOSE=False")
     args = ap.parse_args()
+    for item in args.set:
+        set_attribute(item)
     modes = args.attention.split(",")
     bad = set(modes) - set(ATTENTION_MODES)
     if bad:

@@ -12,6 +12,8 @@ import pytest
 import webgrad as wg
 from webgrad import optim
 from webgrad.codegen import Limits, align_match, lower
+from webgrad.codegen import elementwise as ew
+from webgrad.codegen import fusion
 from webgrad.compile import build_train_graph, parse_inputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -67,16 +69,26 @@ def test_vocabulary_products_take_padded_columns(kind):
 
 
 @pytest.mark.webgpu
-@pytest.mark.parametrize("kind", ["untied", "tied"])
-def test_padded_training_steps_match_the_reference(kind, monkeypatch):
+@pytest.mark.parametrize("kind,tiled", [("untied", None), ("tied", None), ("tied", True)])
+def test_padded_training_steps_match_the_reference(kind, tiled, monkeypatch):
     """Three AdamW steps with the pass forced on WebGPU (lavapipe) against the reference
-    executor: the losses, every parameter and every gradient."""
+    executor: the losses, every parameter and every gradient. tiled: the GPU adapters'
+    tiled transposing copies (elementwise.py) forced, for the tied head's pad(wte^T) and
+    for its weight gradient, stored transposed for the token table's update (fusion's
+    _transposed_reads, its size threshold lowered to this small model)."""
     try:
         from webgrad.backends.webgpu import WebGPUBackend
         WebGPUBackend()
     except Exception as e:
         pytest.skip(f"no native WebGPU adapter: {e}")
     monkeypatch.setattr(align_match, "FORCE_ALIGN", (16, 16, 1))
+    monkeypatch.setattr(ew, "FORCE_TILED_TRANSPOSE", tiled)
+    monkeypatch.setattr(fusion, "TRANSPOSED_READ_MIN", 1)
+    if tiled:
+        factory, loss_fn, names = _model(kind, 37)
+        g = build_train_graph(factory, loss_fn, parse_inputs(_inputs(names)), optim.AdamW(lr=1e-3))[1]
+        kernels = _lowered(g, Limits(cpu=True), (16, 16, 1))[1]
+        assert kernels.count("transposing_copy") == 2, kernels
     V = 37
     factory, loss_fn, names = _model(kind, V)
     rng = np.random.default_rng(0)

@@ -21,7 +21,9 @@ one kernel). Numerics that WGSL leaves loose are pinned here:
 from __future__ import annotations
 
 from .emit import STORE_LINE, Emitter, Idx, rule
-from .wgsl import WG, f32_lit, lit
+from math import prod
+
+from .wgsl import WG, f32_lit, lit, wgsl_type
 
 # erf(x) for |x| < 0.75 is x * P(x^2); for 0.75 <= |x| < 4 it is 1 - exp(-x^2) Q(s), where
 # Q approximates erfc(x) exp(x^2) in s = (1/x - 0.79167) / 0.54167 in [-1, 1]; beyond 4,
@@ -335,9 +337,89 @@ def _arange_rule(em, node, idx):
 ELEMS, ELEMS_MIN = 4, 1 << 18
 
 
+# A copy through a transpose of the last two axes (the tied LM head's pad(wte^T), [768 x
+# 50304] from wte [50257 x 768]) read one float per 3 KB of the source per thread: 0.34 ms
+# for 2 x 154 MB on an H200, against 0.09 ms for the untied head's plain padded copy. On GPU
+# adapters such a group is evaluated a TT x TT tile per workgroup: read along the source's
+# rows (each warp one contiguous run), kept in workgroup memory (rows of TT + 1: both
+# phases conflict-free), then stored along the output's rows. fusion._transposed_reads
+# stores large transposes that elementwise ops read (the tied head's weight gradient, for
+# the token table's update) so that this kernel writes them. H200 through Dawn, 2026-12-01,
+# the GPT2Module step at 8 x 512 (bench/README.md): the two copies 0.187 ms together, the
+# token table's scatter kernel 0.82 -> 0.45 ms, the elementwise kernels 0.92 -> 0.59; the
+# step 89.1 / 88.9 -> 88.3 / 88.4 ms. CPU adapters keep the flat kernel (a barrier there is
+# a fiber switch per thread).
+TILED_TRANSPOSE = True
+FORCE_TILED_TRANSPOSE = None  # tests: True / False regardless of the adapter
+TT, TT_ROWS = 32, 8  # the tile's edge; threads per tile column (TT x TT_ROWS a workgroup)
+
+
+def tiled_transposes(limits) -> bool:
+    if FORCE_TILED_TRANSPOSE is not None:
+        return FORCE_TILED_TRANSPOSE
+    return TILED_TRANSPOSE and not limits.cpu
+
+
+def transposing_copy(ctx) -> bool:
+    """One stored output, computed from one stored tensor through pads and slices and a
+    transpose of its last two axes (and nothing else), both of those axes a tile long."""
+    if (not tiled_transposes(ctx.limits) or len(ctx.outs) != 1 or ctx.writes_pieces
+            or ctx.group.anchors != ctx.outs):
+        return False
+    g, n = ctx.g, ctx.outs[0]
+    shape = g[n].shape
+    if len(shape) < 2 or min(shape[-2:]) < TT:
+        return False
+    x, swapped = n, False
+    while x == n or x in ctx.compute or ctx.storage(x) is None:
+        node = g[x]
+        r = len(node.shape)
+        if node.op == "transpose" and tuple(node.attrs["perm"]) == (*range(r - 2), r - 1, r - 2):
+            swapped = not swapped
+        elif node.op not in ("pad", "slice"):
+            return False
+        x = node.inputs[0]
+    return swapped
+
+
+def build_transposing_copy(ctx) -> list:
+    """transposing_copy's tile kernel: workgroup w takes output rows r0.. r0 + TT and
+    columns c0.. c0 + TT of one matrix of the batch; lane (lx, ly) reads element (r0 + lx,
+    c0 + ly + TT_ROWS k) (lx along the source's contiguous axis) into tile[col][row], then
+    stores (r0 + ly + TT_ROWS k, c0 + lx). Edge tiles read clamped indices and store only
+    what exists."""
+    n = ctx.outs[0]
+    shape, dtype = ctx.g[n].shape, ctx.g[n].dtype
+    R, C = shape[-2:]
+    tr, tc = -(-R // TT), -(-C // TT)
+    kernel = ctx.kernel("transposing_copy")
+    kernel.decls.append(f"var<workgroup> tile: array<{wgsl_type(dtype)}, {TT * (TT + 1)}>;")
+    em = ctx.emitter(kernel)
+    grid = kernel.workgroup_index(em, prod(shape[:-2]) * tr * tc, "w")  # uniform: barrier ok
+    em.emit(f"let c0 = (w % {tc}u) * {TT}u;")
+    em.emit(f"let r0 = ((w / {tc}u) % {tr}u) * {TT}u;")
+    batch = em.unravel(em.let(f"w / {tr * tc}u"), shape[:-2]) if len(shape) > 2 else []
+    em.emit(f"let lx = lid % {TT}u;")
+    em.emit(f"let ly = lid / {TT}u;")
+    for k in range(TT // TT_ROWS):
+        r = em.let(f"min(r0 + lx, {R - 1}u)")
+        c = em.let(f"min(c0 + ly + {k * TT_ROWS}u, {C - 1}u)")
+        v = em.value(n, Idx(shape, dims=batch + [r, c]))
+        em.emit(f"tile[(ly + {k * TT_ROWS}u) * {TT + 1}u + lx] = {v};")
+    em.emit("workgroupBarrier();")
+    for k in range(TT // TT_ROWS):
+        r, c = em.let(f"r0 + ly + {k * TT_ROWS}u"), em.let("c0 + lx")
+        with em.block(f"if ({r} < {R}u && {c} < {C}u)"):
+            em.store(ctx.storage(n), em.ravel(batch + [r, c], shape),
+                     f"tile[lx * {TT + 1}u + ly + {k * TT_ROWS}u]")
+    return [ctx.dispatch(kernel, em.lines, grid, TT * TT_ROWS)]
+
+
 def build_elementwise(ctx) -> list:
     """Threads over the elements of the group's domain; every output stored at its flat
     index. ELEMS elements a thread once the domain has ELEMS_MIN."""
+    if transposing_copy(ctx):
+        return build_transposing_copy(ctx)
     kernel = ctx.kernel("elementwise")
     em = ctx.emitter(kernel)
     n, V = ctx.numel, ELEMS if ctx.numel >= max(ELEMS_MIN, 2 * ELEMS) else 1

@@ -14,7 +14,9 @@ outside it reads. The rules, in order:
     worth it: read by several kernels and costly (unless codegen/remat.py finds that this
     saves no memory worth having: GELU's tanh, kept for the backward beside its input), or
     read through a broadcast (it would be recomputed many times), or its kernel would bind
-    more buffers than the device allows.
+    more buffers than the device allows; on GPU adapters, a large transpose of a stored
+    tensor's last two axes that elementwise ops read (_transposed_reads: written by
+    elementwise.py's tiled transposing copy, then read along its rows).
  3. Merging. An anchor's kernel is merged into the kernel of a tensor it reads at the
     *same flat index* (same element count, read through elementwise ops and reshapes
     only): the reader's expression is evaluated by the producer's writer thread. So bias +
@@ -49,6 +51,7 @@ from dataclasses import dataclass, field
 from math import prod
 
 from .attention_match import ATTN_OPS
+from . import elementwise
 from .elementwise import ELEMENTWISE_OPS, const_fill
 from .emit import EXPR_RULES
 from .layout import canon_digits, merge_batch_into_k, strided_view
@@ -66,6 +69,7 @@ VIEW_OPS = {"transpose", "broadcast_to", "slice", "reshape"}
 ASSEMBLE = True  # tests: False computes a tensor _assemble would assemble in a kernel of its own
 _COSTLY = {"exp", "log", "tanh", "sigmoid", "erf", "pow", "sin", "cos", "sqrt", "rsqrt", "div"}
 _FREE = VIEW_OPS | {"const", "arange", "cast"}
+TRANSPOSED_READ_MIN = 1 << 20  # elements: _transposed_reads' threshold
 
 
 @dataclass
@@ -98,6 +102,7 @@ class Fusion:
         self._classify()
         self._fold_sums()
         self._matmul_operands()
+        self._transposed_reads()
         self._fold_matmul_sums()
         self._costs()
         for sid, x in list(self.matmul_fold.items()):  # its matmul got stored after all
@@ -174,6 +179,31 @@ class Fusion:
                         self.mat.add(x)
                         break
                     self.mat.add(y)         # an expression under the view: store it
+
+    def _transposed_reads(self):
+        """Rule 2, GPU adapters: a large transpose of the last two axes of a stored tensor
+        (through slices and pads) read by elementwise ops is stored, so that the tiled
+        transposing copy (elementwise.build_transposing_copy) writes it and its readers
+        read it along its rows. The tied LM head's weight gradient, [768, 50304] added to
+        the token table's [50257, 768] gradient in the scatter kernel's epilogue, was read
+        a float per 200 KB there."""
+        g = self.g
+        self.transposed: set[int] = set()  # stored so; nothing merges into their kernels
+        if not elementwise.tiled_transposes(self.limits):
+            return
+        for n in g.nodes:
+            r = len(n.shape)
+            if (n.op != "transpose" or n.size < TRANSPOSED_READ_MIN or self.has_storage(n.id)
+                    or tuple(n.attrs["perm"]) != (*range(r - 2), r - 1, r - 2)
+                    or not self.cons[n.id]
+                    or any(g[c].op not in ELEMENTWISE_OPS for c in self.cons[n.id])):
+                continue
+            x = n.inputs[0]
+            while not self.has_storage(x) and g[x].op in ("slice", "pad"):
+                x = g[x].inputs[0]
+            if self.has_storage(x):
+                self.mat.add(n.id)
+                self.transposed.add(n.id)
 
     def _fold_matmul_sums(self):
         """sum over all batch axes of a batched matmul (a weight gradient: sum_b x_b^T g_b)
@@ -417,7 +447,7 @@ class Fusion:
                 if not cands[h]:
                     continue
                 H = self.groups[h]
-                if any(a in self.piecewise for a in H.anchors):
+                if any(a in self.piecewise or a in self.transposed for a in H.anchors):
                     continue
                 if H.main is not None and self.g[H.main].op == "write_rows":
                     continue  # its in-place form visits only the new rows: no epilogue

@@ -1,0 +1,54 @@
+"""Copies through a transpose of the last two axes, tiled through workgroup memory on GPU
+adapters (codegen/elementwise.py, build_transposing_copy): the tied LM head's pad(wte^T).
+The kernel is forced onto lavapipe here and judged against torch through the oracle's
+whole compile path (forward and gradients; the gradient of pad(x^T) is the transpose of
+a slice, a transposing copy too): shapes that do not divide the 32 x 32 tile, a batch of
+matrices, a pad and a slice along either axis."""
+from __future__ import annotations
+
+import pytest
+
+import oracle
+from backends import WEBGPU
+from oracle import Record, f32
+from webgrad.codegen import Limits, lower
+from webgrad.codegen import elementwise as ew
+from webgrad.compile import build_train_graph, parse_inputs
+
+
+def _t_pad_last(x, after):
+    import torch
+    return torch.nn.functional.pad(x, (0, after))
+
+
+RECORDS = [
+    Record("transpose_copy/pad_tied_head", "lambda w: ops.pad(ops.swap_axes(w, 0, 1), 1, 0, 11)",
+           lambda w: _t_pad_last(w.T, 11), (f32(37, 70),)),
+    Record("transpose_copy/batched_odd", "lambda x: ops.pad(ops.swap_axes(x, 1, 2), 2, 0, 3)",
+           lambda x: _t_pad_last(x.transpose(1, 2), 3), (f32(3, 45, 33),)),
+    Record("transpose_copy/slice_then_pad_rows",
+           "lambda x: ops.pad(ops.swap_axes(ops.slice(x, 0, 2, 66), 0, 1), 0, 3, 1)",
+           lambda x: __import__('torch').nn.functional.pad(x[2:66].T, (0, 0, 3, 1)),
+           (f32(67, 40),)),
+]
+
+
+def _names(record, limits):
+    factory, loss_fn, inputs, _ = oracle.build_record(record)
+    g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
+    return lower(g, limits)[1]
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=[r.name for r in RECORDS])
+def test_transposing_copies_are_tiled_on_gpu_adapters_only(record):
+    gpu = _names(record, Limits(cpu=False))
+    assert any(n.startswith("transposing_copy") for n in gpu), gpu
+    cpu = _names(record, Limits(adapter="llvmpipe (LLVM 15.0.6, 256 bits) (CPU)", cpu=True))
+    assert not any(n.startswith("transposing_copy") for n in cpu), cpu
+
+
+@pytest.mark.parametrize("backend", [WEBGPU])
+@pytest.mark.parametrize("record", RECORDS, ids=[r.name for r in RECORDS])
+def test_tiled_transposing_copies_match_torch(record, backend, monkeypatch):
+    monkeypatch.setattr(ew, "FORCE_TILED_TRANSPOSE", True)
+    oracle.check(record, backend)
