@@ -13,6 +13,7 @@ from backends import WEBGPU
 from oracle import Record, f32
 from webgrad.codegen import Limits, lower
 from webgrad.codegen import elementwise as ew
+from webgrad.codegen import fusion
 from webgrad.compile import build_train_graph, parse_inputs
 
 
@@ -26,6 +27,10 @@ RECORDS = [
            lambda w: _t_pad_last(w.T, 11), (f32(37, 70),)),
     Record("transpose_copy/batched_odd", "lambda x: ops.pad(ops.swap_axes(x, 1, 2), 2, 0, 3)",
            lambda x: _t_pad_last(x.transpose(1, 2), 3), (f32(3, 45, 33),)),
+    # read by an elementwise op: stored by fusion._transposed_reads (its size threshold
+    # lowered below), then added along its rows
+    Record("transpose_copy/read_by_an_add", "lambda x, z: ops.swap_axes(x, 0, 1) * 2.0 + z",
+           lambda x, z: x.T * 2.0 + z, (f32(70, 37), f32(37, 70))),
     Record("transpose_copy/slice_then_pad_rows",
            "lambda x: ops.pad(ops.swap_axes(ops.slice(x, 0, 2, 66), 0, 1), 0, 3, 1)",
            lambda x: __import__('torch').nn.functional.pad(x[2:66].T, (0, 0, 3, 1)),
@@ -40,7 +45,8 @@ def _names(record, limits):
 
 
 @pytest.mark.parametrize("record", RECORDS, ids=[r.name for r in RECORDS])
-def test_transposing_copies_are_tiled_on_gpu_adapters_only(record):
+def test_transposing_copies_are_tiled_on_gpu_adapters_only(record, monkeypatch):
+    monkeypatch.setattr(fusion, "TRANSPOSED_READ_MIN", 1)
     gpu = _names(record, Limits(cpu=False))
     assert any(n.startswith("transposing_copy") for n in gpu), gpu
     cpu = _names(record, Limits(adapter="llvmpipe (LLVM 15.0.6, 256 bits) (CPU)", cpu=True))
@@ -51,4 +57,29 @@ def test_transposing_copies_are_tiled_on_gpu_adapters_only(record):
 @pytest.mark.parametrize("record", RECORDS, ids=[r.name for r in RECORDS])
 def test_tiled_transposing_copies_match_torch(record, backend, monkeypatch):
     monkeypatch.setattr(ew, "FORCE_TILED_TRANSPOSE", True)
+    monkeypatch.setattr(fusion, "TRANSPOSED_READ_MIN", 1)
     oracle.check(record, backend)
+
+
+def _stored_transposes(record, limits):
+    """The transposes fusion._transposed_reads stores in the record's training graph."""
+    factory, loss_fn, inputs, _ = oracle.build_record(record)
+    g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
+    return [g[n].shape for n in fusion.Fusion(g, limits).transposed]
+
+
+def test_only_tile_sized_transposes_read_elementwise_are_stored(monkeypatch):
+    """A transpose with an axis shorter than a tile stays an expression of its reader (the
+    flat kernel reads it as well as a copy would), as do a transpose read by a matmul (its
+    kernel takes strides), one below the size threshold, and any on a CPU adapter."""
+    monkeypatch.setattr(fusion, "TRANSPOSED_READ_MIN", 1)
+    gpu = Limits(cpu=False)
+    assert _stored_transposes(RECORDS[2], gpu) == [(37, 70)]
+    assert _stored_transposes(RECORDS[2], Limits(cpu=True)) == []
+    narrow = Record("narrow", "lambda x, z: ops.swap_axes(x, 0, 1) * 2.0 + z",
+                    lambda x, z: x.T * 2.0 + z, (f32(70, 4), f32(4, 70)))
+    product = Record("product", "lambda x, w: ops.matmul(ops.swap_axes(x, 0, 1), w)",
+                     lambda x, w: x.T @ w, (f32(70, 37), f32(70, 33)))
+    assert _stored_transposes(narrow, gpu) == [] and _stored_transposes(product, gpu) == []
+    monkeypatch.setattr(fusion, "TRANSPOSED_READ_MIN", 70 * 37 + 1)
+    assert _stored_transposes(RECORDS[2], gpu) == []

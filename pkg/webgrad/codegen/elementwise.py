@@ -20,9 +20,9 @@ one kernel). Numerics that WGSL leaves loose are pinned here:
 """
 from __future__ import annotations
 
-from .emit import STORE_LINE, Emitter, Idx, rule
 from math import prod
 
+from .emit import STORE_LINE, Emitter, Idx, rule
 from .wgsl import WG, f32_lit, lit, wgsl_type
 
 # erf(x) for |x| < 0.75 is x * P(x^2); for 0.75 <= |x| < 4 it is 1 - exp(-x^2) Q(s), where
@@ -360,6 +360,11 @@ def tiled_transposes(limits) -> bool:
     return TILED_TRANSPOSE and not limits.cpu
 
 
+def tileable(shape) -> bool:
+    """Both of the last two axes at least a tile long (else the flat kernel does as well)."""
+    return len(shape) >= 2 and min(shape[-2:]) >= TT
+
+
 def transposing_copy(ctx) -> bool:
     """One stored output, computed from one stored tensor through pads and slices and a
     transpose of its last two axes (and nothing else), both of those axes a tile long."""
@@ -367,8 +372,7 @@ def transposing_copy(ctx) -> bool:
             or ctx.group.anchors != ctx.outs):
         return False
     g, n = ctx.g, ctx.outs[0]
-    shape = g[n].shape
-    if len(shape) < 2 or min(shape[-2:]) < TT:
+    if not tileable(g[n].shape):
         return False
     x, swapped = n, False
     while x == n or x in ctx.compute or ctx.storage(x) is None:

@@ -194,6 +194,7 @@ class Fusion:
         for n in g.nodes:
             r = len(n.shape)
             if (n.op != "transpose" or n.size < TRANSPOSED_READ_MIN or self.has_storage(n.id)
+                    or not elementwise.tileable(n.shape)
                     or tuple(n.attrs["perm"]) != (*range(r - 2), r - 1, r - 2)
                     or not self.cons[n.id]
                     or any(g[c].op not in ELEMENTWISE_OPS for c in self.cons[n.id])):
