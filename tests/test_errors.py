@@ -253,6 +253,7 @@ CONFIG_ERRORS = [
     ("bad_input_dtype", {"inputs": {"x": ([2], "f64")}}, ValueError, ["'x'", "'f64'", "'f32' or 'i32'"]),
     ("optimizer_class", {"optimizer": optim.Adam}, TypeError, ["optim.Adam(lr=1e-3)"]),
     ("factory_not_module", {"factory": lambda: 3}, TypeError, ["webgrad.Module", "int"]),
+    ("factory_an_instance", {"factory": M()}, TypeError, ["class", "lambda: M(...)", "not a M instance"]),
     ("loss_not_tensor", {"fn": lambda m, inp: 1.0}, TypeError, ["must return a webgrad Tensor", "float"]),
     ("bad_lr", {"optimizer": "sgd"}, TypeError, ["optim.Optimizer"]),
     # input specs: sizes are whole numbers >= 1 (3.5 was truncated to 3, "f32" read as a shape)

@@ -38,7 +38,7 @@ from .compiled import CompiledForward, CompiledModule, Program
 from .dce import cse, dce
 from .grad import append_grad
 from .ir import Graph
-from .module import materialize
+from .module import Module, materialize
 from .optim import Adam, Optimizer, OptimizerContext, ParamSlot
 from .primitives import bind
 from .tensor import Tensor, tracing
@@ -88,6 +88,11 @@ def _input_shape(name: str, shape, forms: str) -> tuple[int, ...]:
 def trace(graph: Graph, factory, fn, inputs, seed: int):
     """Build the module in `graph`, bind the step counter and the inputs (parse_inputs'
     form), and trace fn(module, feeds): (parameter specs, what fn returned)."""
+    if isinstance(factory, Module):
+        name = type(factory).__name__
+        raise TypeError(f"pass the model's class or a function that builds it ({name} or "
+                        f"lambda: {name}(...)), not a {name} instance: its parameters are "
+                        "created while the step is traced")
     graph.seed = int(seed)
     with tracing(graph):
         module = factory()
