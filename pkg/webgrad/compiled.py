@@ -217,9 +217,12 @@ class CompiledModule:
         async with self._lost("download_param_grads"):
             return {n: to_user(await self.backend.read(f"grad/{n}")) for n in self._specs}
 
-    async def upload_params_async(self, params: dict, *, partial: bool = False,
-                                  _method: str = "upload_params", _partial_kw: str = "partial=True") -> None:
-        method = _method     # load_state_dict names itself and its own keyword in the errors
+    async def upload_params_async(self, params: dict, *, partial: bool = False) -> None:
+        await self._upload_params(params, partial, "upload_params", "partial=True")
+
+    async def _upload_params(self, params, partial: bool, method: str, partial_kw: str) -> None:
+        """upload_params, its errors naming `method` and its keyword for a partial upload
+        (load_state_dict: strict=False)."""
         self._alive(method)
         if not isinstance(params, dict):
             raise FeedError(f"{method}(): pass a dict name -> array, got {type(params).__name__}")
@@ -230,7 +233,7 @@ class CompiledModule:
         missing = [n for n in self._specs if n not in params]
         if missing and not partial:
             raise FeedError(f"{method}(): missing {', '.join(map(repr, missing))}; pass all "
-                            f"parameters or {_partial_kw}")
+                            f"parameters or {partial_kw}")
         hosts = {n: to_host(v, shape=self._specs[n].shape, dtype="f32", what=f"{method}(): '{n}'")
                  for n, v in params.items()}  # every check before any write
         async with self._lost(method):

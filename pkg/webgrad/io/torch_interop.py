@@ -59,8 +59,8 @@ async def load_state_dict_async(c, state_dict: dict, *, strict: bool = True) -> 
     if not isinstance(state_dict, dict):
         raise FeedError(f"load_state_dict(): pass a dict name -> tensor (module.state_dict()), "
                         f"got {type(state_dict).__name__}")
-    await c.upload_params_async(from_torch_state_dict(state_dict), partial=not strict,
-                                _method="load_state_dict", _partial_kw="strict=False")
+    await c._upload_params(from_torch_state_dict(state_dict), not strict, "load_state_dict",
+                           "strict=False")
 
 
 async def to_torch_async(c, graph, output: str):
