@@ -3,7 +3,8 @@ adapters (codegen/elementwise.py, build_transposing_copy): the tied LM head's pa
 The kernel is forced onto lavapipe here and judged against torch through the oracle's
 whole compile path (forward and gradients; the gradient of pad(x^T) is the transpose of
 a slice, a transposing copy too): shapes that do not divide the 32 x 32 tile, a batch of
-matrices, a pad and a slice along either axis."""
+matrices, a pad and a slice along either axis, and a transpose that an elementwise op reads,
+which fusion stores (fusion._transposed_reads) so that this kernel writes it."""
 from __future__ import annotations
 
 import pytest
@@ -17,23 +18,24 @@ from webgrad.codegen import fusion
 from webgrad.compile import build_train_graph, parse_inputs
 
 
-def _t_pad_last(x, after):
+def _t_pad(x, widths):
+    """torch's pad: widths (last axis before, after, next-to-last before, after)."""
     import torch
-    return torch.nn.functional.pad(x, (0, after))
+    return torch.nn.functional.pad(x, widths)
 
 
 RECORDS = [
     Record("transpose_copy/pad_tied_head", "lambda w: ops.pad(ops.swap_axes(w, 0, 1), 1, 0, 11)",
-           lambda w: _t_pad_last(w.T, 11), (f32(37, 70),)),
+           lambda w: _t_pad(w.T, (0, 11)), (f32(37, 70),)),
     Record("transpose_copy/batched_odd", "lambda x: ops.pad(ops.swap_axes(x, 1, 2), 2, 0, 3)",
-           lambda x: _t_pad_last(x.transpose(1, 2), 3), (f32(3, 45, 33),)),
+           lambda x: _t_pad(x.transpose(1, 2), (0, 3)), (f32(3, 45, 33),)),
     # read by an elementwise op: stored by fusion._transposed_reads (its size threshold
     # lowered below), then added along its rows
     Record("transpose_copy/read_by_an_add", "lambda x, z: ops.swap_axes(x, 0, 1) * 2.0 + z",
            lambda x, z: x.T * 2.0 + z, (f32(70, 37), f32(37, 70))),
     Record("transpose_copy/slice_then_pad_rows",
            "lambda x: ops.pad(ops.swap_axes(ops.slice(x, 0, 2, 66), 0, 1), 0, 3, 1)",
-           lambda x: __import__('torch').nn.functional.pad(x[2:66].T, (0, 0, 3, 1)),
+           lambda x: _t_pad(x[2:66].T, (0, 0, 3, 1)),
            (f32(67, 40),)),
 ]
 
