@@ -248,6 +248,8 @@ def _sum_w(m, inp):
 # name, compile_module kwargs (factory and fn default to M and _sum_w), exception, words
 CONFIG_ERRORS = [
     ("unknown_backend", {"backend": "cuda"}, ValueError, ["'cuda'", "reference", "torch", "webgpu"]),
+    ("device_on_a_backend_without_devices", {"backend": "webgpu:1"}, ValueError,
+     ["'webgpu:1'", "only 'torch' takes a device", "use 'webgpu'"]),
     ("bad_init_name", {"factory": BadInit}, ValueError, ["unknown init 'xavier'", "init.kaiming()"]),
     ("negative_dim_param", {"factory": BadShape}, ValueError, ["[4, -1]", "non-negative"]),
     ("bad_input_dtype", {"inputs": {"x": ([2], "f64")}}, ValueError, ["'x'", "'f64'", "'f32' or 'i32'"]),

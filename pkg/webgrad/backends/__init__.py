@@ -64,7 +64,10 @@ _auto_said = False
 def get_backend(spec) -> Backend:
     if isinstance(spec, Backend):
         return spec
-    name, _, device = str(spec).partition(":")
+    name, colon, device = str(spec).partition(":")
+    if colon and name != "torch":  # only torch takes a device ("torch:cuda:1")
+        raise ValueError(f"backend {spec!r}: only 'torch' takes a device after ':' "
+                         f"('torch:cuda'); use {name!r}")
     if name == "reference":
         from .reference import ReferenceBackend
         return ReferenceBackend()
