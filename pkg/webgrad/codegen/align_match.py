@@ -34,6 +34,7 @@ from math import prod
 
 from ..dce import dce
 from ..ir import Graph, Node
+from .layout import swaps_last_two
 from .matmul import adapter_tiling
 
 FORCE_ALIGN: tuple[int, int, int] | None = None  # tests: (A, MIN, ROWS) on any adapter
@@ -95,20 +96,15 @@ def align_products(g: Graph, limits) -> Graph:
         return add("slice", [x], shape[:-1] + (width,), out[x].dtype,
                    {"axis": ax, "start": 0, "stop": width}, loc)
 
-    def swaps_last2(node: Node) -> bool:
-        r = len(node.shape)
-        return node.op == "transpose" and tuple(node.attrs["perm"]) == (
-            *range(r - 2), r - 1, r - 2)
-
     def k_padded_b(b: int, width: int):
         """B [.., K, N] as the transpose of a padded [.., N, Kp] copy: B itself a transpose
         of a padded tensor (the untied head: W^T), or a tensor whose transpose is padded
         (the tied head: the token table). None when neither."""
         bn = g[b]
-        if swaps_last2(bn) and padded.get(bn.inputs[0]) == width:
+        if swaps_last_two(bn) and padded.get(bn.inputs[0]) == width:
             src = bn.inputs[0]
         else:
-            src = next((c for c in cons[b] if c in remap and swaps_last2(g[c])
+            src = next((c for c in cons[b] if c in remap and swaps_last_two(g[c])
                         and padded.get(c) == width), None)
         if src is None:
             return None

@@ -49,6 +49,7 @@ from math import prod
 
 from ..dce import dce
 from ..ir import Graph, Node
+from .layout import swaps_last_two
 
 ATTN_OPS = frozenset({"attn_lse", "attn_out", "attn_fwd", "attn_dq", "attn_dk", "attn_dv",
                       "attn_dkv"})
@@ -72,12 +73,6 @@ class Match:
     gv: int | None = None
     ga: int | None = None
     gb: int | None = None
-
-
-def _swaps_last_two(node) -> bool:
-    r = len(node.shape)
-    return (node.op == "transpose" and r >= 2
-            and tuple(node.attrs["perm"]) == tuple(range(r - 2)) + (r - 1, r - 2))
 
 
 class _Matcher:
@@ -346,12 +341,12 @@ class _Matcher:
     def backward(self, m: Match) -> None:
         """Fill m.g, m.gv, m.ga, m.gb where grad.py's nodes are found (else leave None)."""
         g = self.g
-        pt = self._one(m.p, _swaps_last_two)
+        pt = self._one(m.p, swaps_last_two)
         gv = self._one(pt, lambda n: n.op == "matmul" and n.inputs[0] == pt) if pt is not None else None
         if gv is None:
             return
         G = g[gv].inputs[1]
-        vt = self._one(m.v, lambda n: _swaps_last_two(n) and any(
+        vt = self._one(m.v, lambda n: swaps_last_two(n) and any(
             g[c].op == "matmul" and g[c].inputs == (G, n.id) for c in self.cons[n.id]))
         if vt is None:
             return
@@ -385,9 +380,9 @@ class _Matcher:
                 return
             cur = nxt
         gs = cur
-        bt = self._one(m.b, lambda n: _swaps_last_two(n) and any(
+        bt = self._one(m.b, lambda n: swaps_last_two(n) and any(
             g[c].op == "matmul" and g[c].inputs == (gs, n.id) for c in self.cons[n.id]))
-        at = self._one(m.a, lambda n: _swaps_last_two(n) and any(
+        at = self._one(m.a, lambda n: swaps_last_two(n) and any(
             g[c].op == "matmul" and g[c].inputs == (n.id, gs) for c in self.cons[n.id]))
         m.g, m.gv = G, gv
         if bt is not None:

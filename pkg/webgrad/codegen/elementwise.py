@@ -23,6 +23,7 @@ from __future__ import annotations
 from math import prod
 
 from .emit import STORE_LINE, Emitter, Idx, rule
+from .layout import swaps_last_two
 from .wgsl import WG, f32_lit, lit, wgsl_type
 
 # erf(x) for |x| < 0.75 is x * P(x^2); for 0.75 <= |x| < 4 it is 1 - exp(-x^2) Q(s), where
@@ -377,8 +378,7 @@ def transposing_copy(ctx) -> bool:
     x, swapped = n, False
     while x == n or x in ctx.compute or ctx.storage(x) is None:
         node = g[x]
-        r = len(node.shape)
-        if node.op == "transpose" and tuple(node.attrs["perm"]) == (*range(r - 2), r - 1, r - 2):
+        if swaps_last_two(node):
             swapped = not swapped
         elif node.op not in ("pad", "slice"):
             return False

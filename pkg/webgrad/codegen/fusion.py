@@ -54,7 +54,7 @@ from .attention_match import ATTN_OPS
 from . import elementwise
 from .elementwise import ELEMENTWISE_OPS, const_fill
 from .emit import EXPR_RULES
-from .layout import canon_digits, merge_batch_into_k, strided_view
+from .layout import canon_digits, merge_batch_into_k, strided_view, swaps_last_two
 from . import matmul
 from .matmul import group_config, matmul_dims
 from .quant import quant_base
@@ -192,11 +192,8 @@ class Fusion:
         if not elementwise.tiled_transposes(self.limits):
             return
         for n in g.nodes:
-            r = len(n.shape)
-            if (n.op != "transpose" or n.size < TRANSPOSED_READ_MIN or self.has_storage(n.id)
-                    or not elementwise.tileable(n.shape)
-                    or tuple(n.attrs["perm"]) != (*range(r - 2), r - 1, r - 2)
-                    or not self.cons[n.id]
+            if (not swaps_last_two(n) or n.size < TRANSPOSED_READ_MIN or self.has_storage(n.id)
+                    or not elementwise.tileable(n.shape) or not self.cons[n.id]
                     or any(g[c].op not in ELEMENTWISE_OPS for c in self.cons[n.id])):
                 continue
             x = n.inputs[0]

@@ -125,6 +125,13 @@ def build_concat_pieces(ctx) -> list:
 
 # ---------------------------------------------------------------- strided views
 
+def swaps_last_two(node) -> bool:
+    """Is node a transpose of its last two axes (W^T, k^T), the others in place?"""
+    r = len(node.shape)
+    return (node.op == "transpose" and r >= 2
+            and tuple(node.attrs["perm"]) == (*range(r - 2), r - 1, r - 2))
+
+
 def contiguous_strides(shape) -> list[int]:
     return [prod(shape[k + 1:]) for k in range(len(shape))]
 
