@@ -34,6 +34,8 @@ With check_finite or recovery, recovery.py keeps a host copy of a module's last 
 """
 from __future__ import annotations
 
+import operator
+
 from .compiled import CompiledForward, CompiledModule, Program
 from .dce import cse, dce
 from .grad import append_grad
@@ -75,13 +77,17 @@ def _input_shape(name: str, shape, forms: str) -> tuple[int, ...]:
         raise TypeError(f"input {name!r}: the shape must be a list of sizes, got {shape!r}; {forms}")
     dims = []
     for d in shape:
-        if isinstance(d, bool) or not (isinstance(d, int) or hasattr(d, "__index__")):
+        try:
+            size = None if isinstance(d, bool) else operator.index(d)  # numpy ints too
+        except TypeError:
+            size = None
+        if size is None:
             raise TypeError(f"input {name!r}: shape {list(shape)!r} has {d!r}; sizes are whole "
                             f"numbers (int), fixed at compile time")
-        if d.__index__() < 1:
+        if size < 1:
             raise ValueError(f"input {name!r}: shape {list(shape)!r} has a size {d!r}; every "
                              "size must be at least 1")
-        dims.append(d.__index__())
+        dims.append(size)
     return tuple(dims)
 
 
