@@ -24,6 +24,9 @@ TESTS = str(Path(__file__).resolve().parent)
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
+# the suite's time limit per test and its list of allowed skips (tests/suite_rules.py)
+pytest_plugins = ["suite_rules"]
+
 
 def _missing_browser_tools() -> str | None:
     if importlib.util.find_spec("playwright") is None:
@@ -59,3 +62,4 @@ def gpt2_vocab_files():
     if isinstance(got, str):
         pytest.skip(got)
     return got
+

@@ -88,7 +88,8 @@ def test_weights_download_and_load_back(page, browser_session, tmp_path):
     from safetensors.numpy import load_file
     s = browser_session
     if not s.run("'c' in globals() and not c._destroyed"):
-        pytest.skip("needs the model trained by the test before")
+        pytest.fail("no trained model in the worker: the test before this one trains it (run the "
+                    "file whole; if it ran, it left none)", pytrace=False)
     with page.expect_download() as info:
         page.click("#save")
     path = tmp_path / "weights.safetensors"
@@ -120,7 +121,8 @@ def test_kernel_panel_times_every_kernel_and_leaves_the_model(page, browser_sess
     byte for byte the one from before: the worker puts back what the profiled step trained."""
     s = browser_session
     if not s.run("'c' in globals() and not c._destroyed and c.last_feed is not None"):
-        pytest.skip("needs the model trained by the test before")
+        pytest.fail("no trained model in the worker: the test before this one trains it (run the "
+                    "file whole; if it ran, it left none)", pytrace=False)
     page.evaluate("document.querySelector('#kernels-panel').open = true")
     checkpoint = "import hashlib\nhashlib.sha256(bytes(c.save(optimizer=True))).hexdigest()"
     before = s.run(checkpoint)  # parameters, optimizer state and the step counter
