@@ -1,44 +1,27 @@
 """The runtime API of a compiled program: step, run, parameter up/download, reset.
 
 Every method is async-first (`step_async`, ...), because in the browser a GPU read-back
-is a Promise; the blocking forms drive the coroutine to completion: directly when the
-backend never suspends (reference, torch, native WebGPU), through `pyodide.ffi.run_sync`
-(JSPI) in the browser worker. Bad input is refused before anything runs, so a refused call
-leaves parameters and optimizer state exactly as they were.
+is a Promise; the blocking forms drive the coroutine to completion (blocking.run_blocking).
+Bad input is refused before anything runs, so a refused call leaves parameters and optimizer
+state exactly as they were.
 """
 from __future__ import annotations
 
 import itertools
-import sys
 import weakref
 from math import prod
 
 from .arrays import FeedError, HostArray, to_host, to_user
 from .backends.gpu_host import DeviceLostError
+from .blocking import run_blocking
 from .bounds import check_index_feeds, index_checks
 from .optim import STATE_PREFIX
 from .recovery import Guard
+from .trace import build_forward_graph, parse_inputs
 
 
 class DestroyedError(RuntimeError):
     """A method was called on a compiled module (or forward program) after destroy()."""
-
-
-def run_blocking(coro):
-    """Run a coroutine to completion from synchronous code."""
-    if sys.platform == "emscripten":
-        from pyodide.ffi import can_run_sync, run_sync
-        if can_run_sync():
-            return run_sync(coro)
-        coro.close()
-        raise RuntimeError("the blocking API needs JSPI (run the code with runPythonAsync in a "
-                           "browser that supports it); otherwise await the *_async methods")
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value
-    coro.close()
-    raise RuntimeError("this backend suspends on the GPU: await the *_async method instead")
 
 
 class Program:
@@ -336,7 +319,6 @@ class CompiledModule:
     def compile_forward(self, fwd_fn, *, inputs, training: bool = False) -> "CompiledForward":
         """A forward graph over the SAME parameters (and backend store) as this module.
         An inference graph: dropout is the identity unless training=True."""
-        from .compile import build_forward_graph, parse_inputs
         self._alive("compile_forward")
         ins = parse_inputs(inputs)
         specs, g = build_forward_graph(self._factory, fwd_fn, ins, self.seed, training)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from math import prod
 
 from ..arrays import HostArray, device_result
+from ..blocking import run_blocking
 from ..codegen import LOWERED_OPS, Limits, lower
 from . import Backend
 
@@ -105,7 +106,6 @@ class WebGPUBackend(Backend):
             (on_device if device else on_host).append(
                 (name, spec, shape, r))
         if on_device:
-            from ..compiled import run_blocking
             plan, writes = init_plan([(n, shape, r) for n, _, shape, r in on_device],
                                      self.limits, self._key)
             program = self.host.load(plan)

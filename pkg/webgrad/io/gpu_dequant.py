@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from math import prod
 
+from ..blocking import run_blocking
+
 # per-type WGSL: element e of the tensor (row-major over its numpy shape) from the blocks
 _BODY = {
     "F16": """
@@ -146,5 +148,4 @@ async def write_async(backend, name: str, tensor, *, transpose: bool = False) ->
 
 
 def write(backend, name: str, tensor, *, transpose: bool = False) -> None:
-    from ..compiled import run_blocking
     return run_blocking(write_async(backend, name, tensor, transpose=transpose))

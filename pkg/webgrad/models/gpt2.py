@@ -35,7 +35,7 @@ from math import prod
 
 from .. import init, ops
 from ..arrays import HostArray, to_host
-from ..compiled import run_blocking
+from ..blocking import run_blocking
 from ..module import Module
 from ..stateful import assign, compile_program, state
 from . import sampling
