@@ -64,6 +64,7 @@ def _timed(owner, attr, key, is_async=False):
     setattr(owner, attr, g)
 _timed(_C, "build_train_graph", "trace")
 _timed(_C, "build_forward_graph", "trace_forward")
+_timed(_CM, "build_forward_graph", "trace_forward")   # CompiledModule.compile_forward
 _timed(_W, "lower", "lower")
 _timed(_B.BrowserHost, "load", "load")
 _timed(_W.WebGPUBackend, "init_params", "init")

@@ -8,7 +8,7 @@ in IndexedDB) against the second time (the image from IndexedDB, uploaded), same
 serve.py's page runs in headless Chromium (WebGPU on SwiftShader); the files are written into
 models/ (served with an ETag) and removed afterwards: F32 and F16 safetensors (the safetensors
 library) and a Q8_0 GGUF (the gguf package), all of one random GPT-2. Each is loaded by URL
-through webgrad.io.modelcache.load_gpt2_async, twice, from an empty cache; the times are taken
+through webgrad.models.gpt2_cache.load_gpt2_async, twice, from an empty cache; the times are taken
 in the worker, with the phases of each load, and then once more to the first logits (a forward
 of one token: the program compiles, and the weights that a load left on the host reach the GPU).
 A warm-up load and forward of the same file comes first, so both measured loads find the
@@ -30,15 +30,16 @@ sys.path.insert(0, str(ROOT / "tests"))
 CODE = """
 import time
 from webgrad.io import modelcache
+from webgrad.models import gpt2_cache
 async def bench_load(url):
     out = []
-    m, _ = await modelcache.load_gpt2_async(url)    # warm-up: the compiler, the pipelines
+    m, _ = await gpt2_cache.load_gpt2_async(url)    # warm-up: the compiler, the pipelines
     await m.forward_async([1])
     m.backend.destroy()
     await modelcache.clear_async()
     for _ in range(2):
         t0 = time.perf_counter()
-        m, info = await modelcache.load_gpt2_async(url)
+        m, info = await gpt2_cache.load_gpt2_async(url)
         await m.forward_async([1])
         info["to_logits"] = time.perf_counter() - t0
         m.backend.destroy()

@@ -1,5 +1,6 @@
-"""webgrad.io.modelcache's GPU image, here in CPython (the IndexedDB half is tested in the
-browser, tests/browser/test_modelcache_page.py): an image restores to a model with the same logits
+"""GPT-2's GPU image for the model cache (webgrad.models.gpt2_cache), here in CPython (the
+IndexedDB half, webgrad.io.modelcache, is tested in the browser,
+tests/browser/test_modelcache_page.py): an image restores to a model with the same logits
 bit for bit, whatever the token table's split on either side; a GGUF model kept quantized (Q4_K,
 Q8_0; reference and WebGPU) images as its GPU words, which give back the file's blocks as the
 `gguf` package reads them, and restores, without transcoding, to the same quant specs, weight
@@ -17,7 +18,7 @@ import numpy as np
 import pytest
 
 from webgrad.io import modelcache
-from webgrad.models import gpt2
+from webgrad.models import gpt2, gpt2_cache
 from backends import WEBGPU
 
 CFG = gpt2.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_ctx=16, vocab_size=50)
@@ -31,7 +32,7 @@ def run(coro):
 
 
 def image(m):
-    meta, parts = run(modelcache.image_async(m))
+    meta, parts = run(gpt2_cache.image_async(m))
     return meta, b"".join(bytes(p) for p in parts)
 
 
@@ -40,7 +41,7 @@ def test_image_round_trip_is_exact():
     meta, data = image(m)
     assert meta["nbytes"] == len(data) == 4 * sum(np.prod(s) for s in gpt2.param_shapes(CFG).values())
     seen = []
-    back = modelcache.restore(meta, data, backend="reference", progress=lambda d, t: seen.append((d, t)))
+    back = gpt2_cache.restore(meta, data, backend="reference", progress=lambda d, t: seen.append((d, t)))
     assert back.cfg == CFG and seen[0] == (0, len(data)) and seen[-1] == (len(data), len(data))
     assert len(seen) == 1 + len(meta["tensors"])
     assert np.array_equal(np.asarray(back.forward(IDS)), np.asarray(m.forward(IDS)))
@@ -55,7 +56,7 @@ def test_split_token_table_images_as_one():
     m.load_state_dict(gpt2.GPT2.init_random(CFG, seed=5, backend="reference").state_dict())
     meta, data = image(m)
     assert "wte.weight" in {t["name"] for t in meta["tensors"]}
-    back = modelcache.restore(meta, data, backend="reference")
+    back = gpt2_cache.restore(meta, data, backend="reference")
     assert back.wte_chunks == 1
     want = m.state_dict()
     assert all(np.array_equal(np.asarray(v), np.asarray(want[k])) for k, v in back.state_dict().items())
@@ -123,7 +124,7 @@ def test_quantized_image_keeps_the_gpu_words(tmp_path, qt, backend, monkeypatch)
     def no_transcode(*a):
         raise AssertionError("restore transcoded blocks")
     monkeypatch.setattr(quant, "transcode", no_transcode)
-    back = modelcache.restore(meta, data, backend=backend)
+    back = gpt2_cache.restore(meta, data, backend=backend)
     monkeypatch.undo()
     assert back.quant_full == m.quant_full and back.quant == m.quant
     assert back.weight_bytes == m.weight_bytes
@@ -138,7 +139,7 @@ def test_quantized_split_token_table_images_as_one(tmp_path, monkeypatch):
     path, m = _quantized(tmp_path, "Q8_0", "reference")
     meta, data = image(m)
     monkeypatch.setattr(gpt2, "wte_chunks_for", lambda *a, **k: 3)
-    split = modelcache.restore(meta, data, backend="reference")
+    split = gpt2_cache.restore(meta, data, backend="reference")
     monkeypatch.undo()
     assert split.wte_chunks == 3 and sorted(n for n in split.quant if n.startswith("wte.")) == [
         "wte.0.weight", "wte.1.weight", "wte.2.weight"]
@@ -177,7 +178,7 @@ def test_damaged_images_are_refused_by_field():
     meta, data = image(m)
     for field, bad, blob in _damaged(meta, data):
         with pytest.raises(modelcache.ModelCacheError, match=rf"entry 'k1': .*{field}"):
-            modelcache.restore(bad, blob, backend="reference", what="'k1'")
+            gpt2_cache.restore(bad, blob, backend="reference", what="'k1'")
 
 
 def test_damaged_quantized_images_are_refused_by_field(tmp_path):
@@ -205,7 +206,7 @@ def test_damaged_quantized_images_are_refused_by_field(tmp_path):
         edit(bad)
         with pytest.raises(modelcache.ModelCacheError,
                            match=rf"entry 'k2': (tensors\['{name}'\])?{re.escape(field)}"):
-            modelcache.restore(bad, data, backend="reference", what="'k2'")
+            gpt2_cache.restore(bad, data, backend="reference", what="'k2'")
 
 
 def test_cache_outside_the_browser_says_where_it_lives():

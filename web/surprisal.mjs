@@ -5,7 +5,7 @@
 // scoring is scored right after it (the latest text wins).
 //
 // The model: a file picked from disk or a URL on the server, loaded through the browser's model
-// cache (webgrad.io.modelcache in the worker, modelcache.mjs here: the second load of the same
+// cache (webgrad.models.gpt2_cache over webgrad.io.modelcache in the worker, modelcache.mjs here: the second load of the same
 // file is an upload, without download or parse), an entry of that cache, or a small GPT-2
 // trained here on pydoc_data.topics (trained in chunks of steps the page asks for, so Stop
 // ends it after the current chunk; then kept in the cache too). Any of them downloads as
@@ -18,7 +18,7 @@ const PY = `
 import os
 import webgrad_worker
 from webgrad.models import gpt2
-from webgrad.io import modelcache
+from webgrad.models import gpt2_cache
 _surprisal = {}
 _train = {}
 
@@ -46,9 +46,9 @@ def _use(m, info, encoder=None, vocab=None):
 async def surprisal_load(source, encoder=None, vocab=None):
     """source: a URL, a File picked from disk, or {"key": k} of a cached model."""
     if isinstance(source, dict):
-        m, info = await modelcache.load_key_async(source["key"], progress=_loading)
+        m, info = await gpt2_cache.load_key_async(source["key"], progress=_loading)
     else:
-        m, info = await modelcache.load_gpt2_async(source, backend="webgpu", progress=_loading)
+        m, info = await gpt2_cache.load_gpt2_async(source, backend="webgpu", progress=_loading)
     return _use(m, info, encoder, vocab)
 
 def _piece(tok, i):
@@ -115,7 +115,7 @@ async def train_finish():
     m = gpt2.GPT2.from_compiled(c, cfg)      # the trained buffers themselves: no copy
     name = f"pydoc topics, {cfg.n_layer}x{cfg.n_embd}, ctx {cfg.n_ctx}, {t['step']} steps"
     try:
-        info = await modelcache.store_async(m, name=name, kind="trained", progress=_loading)
+        info = await gpt2_cache.store_async(m, name=name, kind="trained", progress=_loading)
     except Exception as e:    # a full disk: the model is used all the same
         info = {"key": None, "name": name, "kind": "trained", "cached": False, "seconds": 0.0,
                 "not_kept": str(e)}

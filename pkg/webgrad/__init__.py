@@ -3,7 +3,10 @@
 Declare a Module, write a loss function, and `compile_module` traces it into a static-shape
 IR, appends gradients and the optimizer to the same IR, and runs each training step as one
 compiled program on "reference" (numpy), "torch", or "webgpu". See compile.py for the
-pipeline, primitives.py for the op registry.
+pipeline, primitives.py for the op registry, docs/architecture.md for the layers (data and
+specs, file formats, the op language, modules and autodiff, tracing, lowering, executors, the
+runtime API, the driver, models): a module imports only its own layer and those below
+(tests/test_layers.py).
 """
 from . import init, lr, nn, ops, optim
 from .arrays import FeedError, HostArray

@@ -85,10 +85,11 @@ def _shape_of(value):
     return None
 
 
-def _flat_list(v, out):
+def flat_list(v, out):
+    """Append the leaves of nested lists/tuples `v` to `out`, row-major (init.literal too)."""
     if isinstance(v, (list, tuple)):
         for e in v:
-            _flat_list(e, out)
+            flat_list(e, out)
     else:
         out.append(v)
 
@@ -129,7 +130,7 @@ def to_host(value, *, shape, dtype: str, what: str, allow_nan: bool = False) -> 
         data = _flat_nested(value, got_shape)
         if data is None:  # ragged: the element-wise walk, then the count check reports it
             data = []
-            _flat_list(value, data)
+            flat_list(value, data)
         if dtype == "i32":
             _check_ints(data, want, what, got_shape)
     else:

@@ -2,7 +2,8 @@
 
 compile_module(factory, loss_fn, ...):
   1. module.materialize   the factory's Module tree becomes named `param` leaves
-  2. trace                loss_fn(module, inputs) appends the forward nodes (tensor.py, ops.py)
+  2. trace                loss_fn(module, inputs) appends the forward nodes (trace.py over
+                         tensor.py, ops.py)
   3. grad.append_grad     reverse-mode gradients of the loss w.r.t. every param
   4. optim                the optimizer's update is appended; new values become writebacks
   5. dce.cse / dce.dce    shared subexpressions merged, dead nodes dropped
@@ -34,100 +35,22 @@ With check_finite or recovery, recovery.py keeps a host copy of a module's last 
 """
 from __future__ import annotations
 
-import operator
-
 from .compiled import CompiledForward, CompiledModule, Program
 from .dce import cse, dce
 from .grad import append_grad
 from .ir import Graph
-from .module import Module, materialize
 from .optim import Adam, Optimizer, OptimizerContext, ParamSlot
-from .primitives import bind
 from .tensor import Tensor, tracing
+from .trace import build_forward_graph, parse_inputs, refuse_quantized, trace_tensor
 
 _DEFAULT = object()
-
-
-def parse_inputs(inputs) -> dict[str, tuple[tuple[int, ...], str]]:
-    """{"x": ([B, 1], "f32")}, {"x": {"shape": [B, 1], "dtype": "i32"}} or {"x": [B, 1]}."""
-    forms = "write inputs={'x': ([B, 1], 'f32')}, {'x': {'shape': [B, 1], 'dtype': 'i32'}} or {'x': [B, 1]}"
-    if inputs is not None and not isinstance(inputs, dict):
-        raise TypeError(f"inputs must be a dict name -> spec, got {type(inputs).__name__}; {forms}")
-    out = {}
-    for name, spec in (inputs or {}).items():
-        if not isinstance(name, str):
-            raise TypeError(f"input names are strings, got {name!r}")
-        if isinstance(spec, dict):
-            if "shape" not in spec:
-                raise ValueError(f"input {name!r}: the spec {spec!r} has no 'shape'; {forms}")
-            shape, dtype = spec["shape"], spec.get("dtype", "f32")
-        elif isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[1], str):
-            shape, dtype = spec
-        else:
-            shape, dtype = spec, "f32"
-        if dtype not in ("f32", "i32"):
-            raise ValueError(f"input {name!r}: dtype must be 'f32' or 'i32', got {dtype!r}")
-        out[name] = (_input_shape(name, shape, forms), dtype)
-    return out
-
-
-def _input_shape(name: str, shape, forms: str) -> tuple[int, ...]:
-    """A list of whole numbers >= 1 (static shapes: a dimension is fixed at compile time)."""
-    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
-        raise TypeError(f"input {name!r}: the shape must be a list of sizes, got {shape!r}; {forms}")
-    dims = []
-    for d in shape:
-        try:
-            size = None if isinstance(d, bool) else operator.index(d)  # numpy ints too
-        except TypeError:
-            size = None
-        if size is None:
-            raise TypeError(f"input {name!r}: shape {list(shape)!r} has {d!r}; sizes are whole "
-                            f"numbers (int), fixed at compile time")
-        if size < 1:
-            raise ValueError(f"input {name!r}: shape {list(shape)!r} has a size {d!r}; every "
-                             "size must be at least 1")
-        dims.append(size)
-    return tuple(dims)
-
-
-def trace(graph: Graph, factory, fn, inputs, seed: int):
-    """Build the module in `graph`, bind the step counter and the inputs (parse_inputs'
-    form), and trace fn(module, feeds): (parameter specs, what fn returned)."""
-    if isinstance(factory, Module):
-        name = type(factory).__name__
-        raise TypeError(f"pass the model's class or a function that builds it ({name} or "
-                        f"lambda: {name}(...)), not a {name} instance: its parameters are "
-                        "created while the step is traced")
-    graph.seed = int(seed)
-    with tracing(graph):
-        module = factory()
-        specs = materialize(module)
-        bind("state", name="step", shape=(), dtype="f32")
-        feeds = {name: bind("input", name=name, shape=shape, dtype=dtype)
-                 for name, (shape, dtype) in inputs.items()}
-        return specs, fn(module, feeds)
-
-
-def _trace(graph: Graph, factory, fn, inputs, kind: str, seed: int):
-    specs, out = trace(graph, factory, fn, inputs, seed)
-    if not isinstance(out, Tensor):
-        raise TypeError(f"{kind}: the function must return a webgrad Tensor, got {type(out).__name__}")
-    return specs, out
-
-
-def _refuse_quantized(specs, what: str, why: str) -> None:
-    q = [(n, s.quant.qtype) for n, s in specs.items() if getattr(s, "quant", None) is not None]
-    if q:
-        names = ", ".join(f"{n!r} ({t})" for n, t in q[:3]) + (" ..." if len(q) > 3 else "")
-        raise ValueError(f"{what}: parameters {names} are held quantized, {why}")
 
 
 def build_train_graph(factory, loss_fn, inputs, optimizer: Optimizer | None, *, keep_grads=True,
                       seed: int = 0):
     g = Graph()
-    specs, loss = _trace(g, factory, loss_fn, inputs, "compile_module", seed)
-    _refuse_quantized(specs, "compile_module", "and quantized weights are not trainable: "
+    specs, loss = trace_tensor(g, factory, loss_fn, inputs, "compile_module", seed)
+    refuse_quantized(specs, "compile_module", "and quantized weights are not trainable: "
                       "train f32 parameters (e.g. GGUFTensor.dequantize() values uploaded "
                       "into a model without quant specs)")
     if loss.shape != () or loss.dtype != "f32":
@@ -162,16 +85,6 @@ def _copy_updated_captures(g: Graph) -> None:
     for key, i in list(g.outputs.items()):
         if key.startswith("capture:") and g[i].op in ("param", "state") and g[i].attrs["name"] in written:
             g.outputs[key] = (Tensor(g, i) * 1.0).id
-
-
-def build_forward_graph(factory, fwd_fn, inputs, seed: int = 0, training: bool = False):
-    g = Graph(training=training)
-    specs, out = _trace(g, factory, fwd_fn, inputs, "compile_forward", seed)
-    _refuse_quantized(specs, "compile_forward", "which compile_forward's parameter API "
-                      "(upload_params, init) does not hold; run them with "
-                      "stateful.compile_program over weights written as blocks")
-    g.outputs["output"] = out.id
-    return specs, dce(cse(g))
 
 
 def compile_module(factory, loss_fn, *, inputs, optimizer=_DEFAULT, backend="reference",

@@ -1,44 +1,27 @@
 """The runtime API of a compiled program: step, run, parameter up/download, reset.
 
 Every method is async-first (`step_async`, ...), because in the browser a GPU read-back
-is a Promise; the blocking forms drive the coroutine to completion: directly when the
-backend never suspends (reference, torch, native WebGPU), through `pyodide.ffi.run_sync`
-(JSPI) in the browser worker. Bad input is refused before anything runs, so a refused call
-leaves parameters and optimizer state exactly as they were.
+is a Promise; the blocking forms drive the coroutine to completion (blocking.run_blocking).
+Bad input is refused before anything runs, so a refused call leaves parameters and optimizer
+state exactly as they were.
 """
 from __future__ import annotations
 
 import itertools
-import sys
 import weakref
 from math import prod
 
 from .arrays import FeedError, HostArray, to_host, to_user
 from .backends.gpu_host import DeviceLostError
+from .blocking import run_blocking
 from .bounds import check_index_feeds, index_checks
 from .optim import STATE_PREFIX
 from .recovery import Guard
+from .trace import build_forward_graph, parse_inputs
 
 
 class DestroyedError(RuntimeError):
     """A method was called on a compiled module (or forward program) after destroy()."""
-
-
-def run_blocking(coro):
-    """Run a coroutine to completion from synchronous code."""
-    if sys.platform == "emscripten":
-        from pyodide.ffi import can_run_sync, run_sync
-        if can_run_sync():
-            return run_sync(coro)
-        coro.close()
-        raise RuntimeError("the blocking API needs JSPI (run the code with runPythonAsync in a "
-                           "browser that supports it); otherwise await the *_async methods")
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value
-    coro.close()
-    raise RuntimeError("this backend suspends on the GPU: await the *_async method instead")
 
 
 class Program:
@@ -179,6 +162,25 @@ class CompiledModule:
         i = g.state.get(name, g.writebacks.get(name))
         return g[i].shape
 
+    def state_shapes(self, method: str) -> dict[str, tuple[int, ...]]:
+        """name -> shape of the training graph's optimizer buffers (sorted by name), then of
+        the step counter: what a checkpoint keeps beside the parameters (io/checkpoint.py).
+        Raises, naming `method`, when this module has no training graph."""
+        self._need_train(method)
+        names = sorted(n for n in self._state_names() if n.startswith(STATE_PREFIX)) + ["step"]
+        return {n: tuple(self._state_shape(n)) for n in names}
+
+    async def write_state_async(self, hosts: dict[str, HostArray], *, method: str) -> None:
+        """Write parameters and optimizer state already checked against this module (name ->
+        HostArray of the right shape: upload_params, checkpoint.load_async), then update
+        recovery's host copy. Errors name `method` (a lost device says what to do next)."""
+        self.check_alive(method)
+        async with self._lost(method):
+            for n, h in hosts.items():
+                self.backend.write(n, h)
+        if self._guard is not None:
+            self._guard.update(hosts)
+
     # -- the async API
     async def step_async(self, feed, *, with_captures: bool = False):
         self._need_train("step")
@@ -206,7 +208,7 @@ class CompiledModule:
         return await self._train.profile(feed, "profile")
 
     async def download_params_async(self) -> dict:
-        self._alive("download_params")
+        self.check_alive("download_params")
         async with self._lost("download_params"):
             return {n: to_user(await self.backend.read(n)) for n in self._specs}
 
@@ -223,7 +225,7 @@ class CompiledModule:
     async def _upload_params(self, params, partial: bool, method: str, partial_kw: str) -> None:
         """upload_params, its errors naming `method` and its keyword for a partial upload
         (load_state_dict: strict=False)."""
-        self._alive(method)
+        self.check_alive(method)
         if not isinstance(params, dict):
             raise FeedError(f"{method}(): pass a dict name -> array, got {type(params).__name__}")
         unknown = sorted(set(params) - set(self._specs))
@@ -236,21 +238,17 @@ class CompiledModule:
                             f"parameters or {partial_kw}")
         hosts = {n: to_host(v, shape=self._specs[n].shape, dtype="f32", what=f"{method}(): '{n}'")
                  for n, v in params.items()}  # every check before any write
-        async with self._lost(method):
-            for n, h in hosts.items():
-                self.backend.write(n, h)
-        if self._guard is not None:
-            self._guard.update(hosts)
+        await self.write_state_async(hosts, method=method)
 
     async def reset_async(self) -> None:
-        self._alive("reset")
+        self.check_alive("reset")
         async with self._lost("reset"):
             self._init_params()
             self._zero_state(optimizer_only=False)
             await self._recopy()
 
     async def reset_optimizer_state_async(self) -> None:
-        self._alive("reset_optimizer_state")
+        self.check_alive("reset_optimizer_state")
         async with self._lost("reset_optimizer_state"):
             self._zero_state(optimizer_only=True)
             await self._recopy()
@@ -264,7 +262,7 @@ class CompiledModule:
         run() graph, forward programs made by compile_forward) on a new device and write back
         the last completed step's parameters, optimizer state and step counter. Returns that
         step counter. Needs compile_module(..., recovery="memory" or a checkpoint path)."""
-        self._alive("recover")
+        self.check_alive("recover")
         if self._guard is None or not self._guard.recovery:
             raise RuntimeError("recover(): this module keeps no copy of its state; compile it "
                                "with recovery='memory' (or recovery='file.safetensors')")
@@ -292,12 +290,12 @@ class CompiledModule:
     # -- checkpoints: safetensors files of params (+ optimizer state, step); io/checkpoint.py
     async def save_async(self, dst=None, *, optimizer: bool = True):
         from .io import checkpoint
-        self._alive("save")
+        self.check_alive("save")
         return await checkpoint.save_async(self, dst, optimizer=optimizer)
 
     async def load_async(self, src, *, optimizer: bool | None = None) -> None:
         from .io import checkpoint
-        self._alive("load")
+        self.check_alive("load")
         await checkpoint.load_async(self, src, optimizer=optimizer)
         await self._recopy()  # recover() must not undo a load
 
@@ -336,8 +334,7 @@ class CompiledModule:
     def compile_forward(self, fwd_fn, *, inputs, training: bool = False) -> "CompiledForward":
         """A forward graph over the SAME parameters (and backend store) as this module.
         An inference graph: dropout is the identity unless training=True."""
-        from .compile import build_forward_graph, parse_inputs
-        self._alive("compile_forward")
+        self.check_alive("compile_forward")
         ins = parse_inputs(inputs)
         specs, g = build_forward_graph(self._factory, fwd_fn, ins, self.seed, training)
         if {n: s.shape for n, s in specs.items()} != self.param_shapes:
@@ -346,13 +343,14 @@ class CompiledModule:
         self._siblings.add(fwd)
         return fwd
 
-    def _alive(self, method: str) -> None:
+    def check_alive(self, method: str) -> None:
+        """Raise DestroyedError, naming `method`, after destroy()."""
         if self._destroyed:
             raise DestroyedError(f"{method}(): this compiled module was destroyed (destroy() "
                                  "released its programs and buffers); compile it again")
 
     def _need_train(self, method):
-        self._alive(method)
+        self.check_alive(method)
         if self._train is None:
             raise RuntimeError(f"{method}(): this module has no training graph (it was made by "
                                "compile_forward)")
@@ -393,7 +391,7 @@ class CompiledForward:
     output_shape = property(lambda self: self._prog.graph[self._prog.graph.outputs["output"]].shape)
 
     async def run_async(self, feed, *, with_captures: bool = False):
-        self._alive("run")
+        self.check_alive("run")
         async with self.owner._lost("run"):
             out, caps = await self._prog.execute(feed, "run", "output", with_captures)
         out = to_user(out)
@@ -428,7 +426,8 @@ class CompiledForward:
         if prog is not None and self._owns_owner:
             self.owner.destroy()
 
-    def _alive(self, method: str) -> None:
+    def check_alive(self, method: str) -> None:
+        """Raise DestroyedError, naming `method`, after this program's or its owner's destroy()."""
         if self._prog is None:
             raise DestroyedError(f"{method}(): this forward program was destroyed; compile it again")
-        self.owner._alive(method)
+        self.owner.check_alive(method)

@@ -27,7 +27,7 @@ import struct
 from dataclasses import dataclass
 from math import prod
 
-from .arrays import _flat_list
+from .arrays import flat_list
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def literal(values) -> Init:
     if hasattr(values, "tolist"):  # numpy, array.array, memoryview
         values = values.tolist()
     flat: list = []
-    _flat_list(values, flat)
+    flat_list(values, flat)
     return Init("literal", data=tuple(float(v) for v in flat))
 
 
@@ -90,7 +90,7 @@ IRWIN_HALL_STD = math.sqrt((2.0 ** 32 - 1) / 3)   # ... and their std
 
 
 def _hash(x: int) -> int:
-    """lowbias32 (primitives._lowbias32, rand_bits' hash) on a Python int, inlined: the
+    """lowbias32 (primitives.lowbias32, rand_bits' hash) on a Python int, inlined: the
     no-numpy path calls it twice per value."""
     x &= M32
     x ^= x >> 16

@@ -617,9 +617,10 @@ defprim("write_rows", "index", shape=_write_rows_shape, ref=_write_rows_ref, gra
 _M32 = 0xFFFFFFFF
 
 
-def _lowbias32(np, x):
-    # a 32-bit integer hash (two multiply-xorshift rounds); int64 lanes keep the low
-    # 32 bits exact on every executor, WGSL does the same in u32
+def lowbias32(np, x):
+    """rand_bits' 32-bit integer hash (two multiply-xorshift rounds) of a Python int
+    (np=None) or an int64 array of numpy or torch; the torch executor and init.py use it."""
+    # int64 lanes keep the low 32 bits exact on every executor, WGSL does the same in u32
     x = x & _M32
     x = x ^ (x >> 16)
     x = (x * 0x7FEB352D) & _M32
@@ -631,12 +632,12 @@ def _lowbias32(np, x):
 def rand_key(counter: int, seed: int) -> int:
     """H(seed + H(counter)), the per-step key of rand_bits, in Python ints: exact, where an
     int64 scalar product overflows (and warns). Every executor derives its key here."""
-    return _lowbias32(None, (seed + _lowbias32(None, int(counter) & _M32)) & _M32)
+    return lowbias32(None, (seed + lowbias32(None, int(counter) & _M32)) & _M32)
 
 
 def rand_bits(np, counter: int, seed: int, n: int):
     """The uniform generator's spec: u = (h >> 8) / 2^24 with h = H(i + H(seed + H(counter)))."""
-    return _lowbias32(np, np.arange(n, dtype=np.int64) + rand_key(counter, seed))
+    return lowbias32(np, np.arange(n, dtype=np.int64) + rand_key(counter, seed))
 
 
 def _rand_ref(np, a, counter):

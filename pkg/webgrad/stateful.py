@@ -27,12 +27,13 @@ outputs. webgrad.models.gpt2 builds its forward, cached-step and surprisal progr
 from __future__ import annotations
 
 from .arrays import to_user
-from .compile import parse_inputs, trace
-from .compiled import Program, run_blocking
+from .blocking import run_blocking
+from .compiled import Program
 from .dce import cse, dce
 from .ir import Graph
 from .primitives import bind
 from .tensor import Tensor, current_graph
+from .trace import parse_inputs, trace
 
 
 def state(name: str, shape, dtype: str = "f32") -> Tensor:

@@ -1,4 +1,5 @@
-"""The browser's model cache (web/modelcache.mjs + webgrad.io.modelcache) on the surprisal page
+"""The browser's model cache (web/modelcache.mjs + webgrad.io.modelcache, with GPT-2's images from
+webgrad.models.gpt2_cache) on the surprisal page
 in headless Chromium: a GPT-2 safetensors file fetched from serve.py and a GGUF (written by the
 `gguf` package, Q8_0) picked from disk each load twice. The first load downloads (or reads and
 hashes), parses and keeps the GPU image (the GGUF's Q8_0 weights as their words, the size they
@@ -16,8 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from webgrad.io import modelcache
-from webgrad.models import gpt2
+from webgrad.models import gpt2, gpt2_cache
 
 browser = pytest.mark.browser
 REPO = Path(__file__).resolve().parents[2]
@@ -145,22 +145,23 @@ def test_models_load_from_the_cache_the_second_time(browser_session, tmp_path, c
 
 @browser
 def test_python_api_in_the_worker(browser_session):
-    """webgrad.io.modelcache from Python in the worker: bytes in, a hit the second time,
-    stored trained models listed, removed and cleared; the image restores the same weights."""
+    """webgrad.io.modelcache and models.gpt2_cache from Python in the worker: bytes in, a hit
+    the second time, stored trained models listed, removed and cleared; the image restores the
+    same weights."""
     cfg = gpt2.GPT2Config(n_layer=1, n_head=2, n_embd=32, n_ctx=16, vocab_size=256)
     src = gpt2.GPT2.init_random(cfg, seed=23, backend="reference")
     s = browser_session
     s.run("""
 from webgrad.io import modelcache
-from webgrad.models import gpt2
+from webgrad.models import gpt2, gpt2_cache
 async def cache_api(blob):
     await modelcache.clear_async()
     seen = []
-    m1, a = await modelcache.load_gpt2_async(blob, name="api.safetensors", progress=seen.append)
-    m2, b = await modelcache.load_gpt2_async(blob, name="api.safetensors")
-    t = await modelcache.store_async(m2, name="copy", kind="trained")
+    m1, a = await gpt2_cache.load_gpt2_async(blob, name="api.safetensors", progress=seen.append)
+    m2, b = await gpt2_cache.load_gpt2_async(blob, name="api.safetensors")
+    t = await gpt2_cache.store_async(m2, name="copy", kind="trained")
     listed = await modelcache.list_async()
-    m3, c = await modelcache.load_key_async(t["key"])
+    m3, c = await gpt2_cache.load_key_async(t["key"])
     same = list(await m1.forward_async([1, 2, 3])) == list(await m3.forward_async([1, 2, 3]))
     # an entry this webgrad cannot restore (another image format) is dropped and replaced
     import js
@@ -170,8 +171,8 @@ async def cache_api(blob):
     rec["meta"]["format"] = 99
     await store.put(to_js(rec, dict_converter=js.Object.fromEntries),
                     to_js([await store.readData(b["key"])]))
-    m4, d = await modelcache.load_gpt2_async(blob, name="api.safetensors")
-    _, e = await modelcache.load_gpt2_async(blob, name="api.safetensors")
+    m4, d = await gpt2_cache.load_gpt2_async(blob, name="api.safetensors")
+    _, e = await gpt2_cache.load_gpt2_async(blob, name="api.safetensors")
     stale = [d["cached"], e["cached"], (await store.entry(b["key"])).meta.format]
     await modelcache.remove_async(b["key"])
     after = [e["name"] for e in await modelcache.list_async()]
@@ -185,6 +186,6 @@ async def cache_api(blob):
     assert got["a"]["cached"] is False and got["b"]["cached"] is True and got["c"]["cached"] is True
     assert got["a"]["key"] == got["b"]["key"] and got["phases"] == ["hash", "lookup", "parse", "store"]
     assert got["names"] == ["api.safetensors", "copy"] and got["after"] == ["copy"]
-    assert got["same"] and got["empty"] == [] and got["stale"] == [False, True, modelcache.FORMAT]
+    assert got["same"] and got["empty"] == [] and got["stale"] == [False, True, gpt2_cache.FORMAT]
     want = np.asarray(src.state_dict()["h.0.mlp.c_fc.weight"]).ravel()
     assert np.array_equal(np.asarray(got["w"], np.float32), want)

@@ -9,54 +9,14 @@ the requested outputs and then lands the graph's writebacks in the store.
   torch       the same walk with torch ops, on any torch device ("torch:cuda")
   webgpu      WGSL kernels and a buffer plan, on wgpu-py/Dawn or navigator.gpu
   auto        webgpu when an adapter exists, else reference (said once)
+
+The Backend base class (base.py) is what they share; get_backend(spec) picks one by name.
 """
 from __future__ import annotations
 
 import warnings
 
-
-class Backend:
-    name = "?"
-
-    def ensure(self, name: str, shape, dtype: str) -> bool:
-        """Create persistent buffer `name` if missing (zero-filled); True if created."""
-        raise NotImplementedError
-
-    def write(self, name: str, host) -> None:
-        raise NotImplementedError
-
-    async def read(self, name: str):
-        raise NotImplementedError
-
-    def prepare(self, graph):
-        raise NotImplementedError
-
-    def init_params(self, items, *, seed: int) -> None:
-        """Write the initial value of every (name, Init, shape) in `items` (init.py's
-        generator: the same bits on every backend). Here on the host, with numpy where it
-        imports; the WebGPU backend computes them on the device instead."""
-        from ..arrays import HostArray
-        from ..init import generate, values_numpy
-        try:
-            import numpy as np
-        except ImportError:
-            np = None
-        for name, spec, shape in items:
-            h = HostArray("f32", shape=shape)
-            if np is not None:
-                h.frombytes(values_numpy(np, spec, shape, seed=seed, name=name).tobytes())
-            else:
-                h.extend(generate(spec, shape, seed=seed, name=name))
-            self.write(name, h)
-
-    def destroy(self) -> None:
-        pass
-
-    def renewed(self) -> "Backend":
-        """A backend of the same kind on a working device, for recover() after a lost one.
-        CPU executors never lose theirs: they return themselves."""
-        return self
-
+from .base import Backend
 
 _auto_said = False
 
@@ -91,3 +51,6 @@ def get_backend(spec) -> Backend:
             return ReferenceBackend()
     raise ValueError(f"unknown backend {spec!r}: use 'reference', 'torch', 'torch:cuda', "
                      "'webgpu' or 'auto'")
+
+
+__all__ = ["Backend", "get_backend"]

@@ -7,7 +7,7 @@ Leaves that read nothing (constants, aranges) are built once, when a graph is pr
 from __future__ import annotations
 
 from ..arrays import HostArray
-from . import Backend
+from .base import Backend
 
 
 class Interpreter(Backend):

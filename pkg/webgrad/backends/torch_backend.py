@@ -17,7 +17,7 @@ import ctypes
 from math import prod
 
 from ..arrays import HostArray
-from ..primitives import _lowbias32, rand_key, window, window_rows
+from ..primitives import lowbias32, rand_key, window, window_rows
 from .interpreter import Interpreter
 
 try:
@@ -28,7 +28,8 @@ except ImportError:
                       "backend='reference' (numpy) or 'webgpu' instead") from None
 
 
-def _tdtype(dtype: str):
+def torch_dtype(dtype: str):
+    """The torch dtype of an IR dtype ("f32" or "i32"); io/torch_interop.py uses it too."""
     return torch.float32 if dtype == "f32" else torch.int32
 
 
@@ -53,7 +54,7 @@ def _where(a, c, x, y):
 
 
 def _cast(a, x):
-    return x.to(_tdtype(a["dtype"]))
+    return x.to(torch_dtype(a["dtype"]))
 
 
 # ---------------------------------------------------------------- leaves
@@ -61,12 +62,12 @@ def _cast(a, x):
 
 def _const(device):
     # called once per node, when the interpreter prepares a graph (not every step)
-    return lambda a: torch.tensor(a["value"], dtype=_tdtype(a["dtype"]),
+    return lambda a: torch.tensor(a["value"], dtype=torch_dtype(a["dtype"]),
                                   device=device).reshape(a["shape"])
 
 
 def _arange(device):
-    return lambda a: torch.arange(a["n"], dtype=_tdtype(a["dtype"]), device=device)
+    return lambda a: torch.arange(a["n"], dtype=torch_dtype(a["dtype"]), device=device)
 
 
 # ---------------------------------------------------------------- reductions
@@ -151,7 +152,7 @@ def _rand_uniform(a, counter):
     # exact, so the bits equal the numpy reference and the WGSL u32 kernels
     key = rand_key(int(counter.reshape(-1)[0].item()), a["seed"])
     n = prod(a["shape"])
-    h = _lowbias32(None, torch.arange(n, dtype=torch.int64, device=counter.device) + key)
+    h = lowbias32(None, torch.arange(n, dtype=torch.int64, device=counter.device) + key)
     return ((h >> 8).to(torch.float32) * (2.0 ** -24)).reshape(a["shape"])
 
 
@@ -189,8 +190,9 @@ def _fold2d(a, g):
     return out.reshape(N, C, H, W)
 
 
-def _impls(device) -> dict:
-    """op name -> fn(attrs, *tensors); leaves that create tensors get the device."""
+def torch_impls(device) -> dict:
+    """op name -> fn(attrs, *tensors); leaves that create tensors get the device. The torch
+    executor's rules, also the forward of io/torch_interop.py's torch.nn.Module."""
     return {
         "neg": lambda a, x: -x,
         "exp": lambda a, x: torch.exp(x),
@@ -249,7 +251,7 @@ def _impls(device) -> dict:
     }
 
 
-TORCH_IMPLS: dict = _impls("cpu")
+TORCH_IMPLS: dict = torch_impls("cpu")
 
 
 class TorchBackend(Interpreter):
@@ -263,20 +265,20 @@ class TorchBackend(Interpreter):
         except (RuntimeError, AssertionError) as e:
             raise ValueError(f"backend='torch:{device}': torch cannot use device "
                              f"{device!r} ({e})") from None
-        self.impls = TORCH_IMPLS if self.device.type == "cpu" else _impls(self.device)
+        self.impls = TORCH_IMPLS if self.device.type == "cpu" else torch_impls(self.device)
 
     def from_numpy(self, x):
         return torch.from_numpy(x).to(self.device)
 
     def from_host(self, h: HostArray):
-        dt = _tdtype(h.dtype)
+        dt = torch_dtype(h.dtype)
         if len(h) == 0:
             return torch.zeros(h.shape, dtype=dt, device=self.device)
         t = torch.frombuffer(bytearray(h), dtype=dt)  # a copy: the HostArray stays the caller's
         return t.reshape(h.shape).to(self.device)
 
     def to_host(self, x, dtype):
-        x = x.detach().to("cpu", _tdtype(dtype)).contiguous()
+        x = x.detach().to("cpu", torch_dtype(dtype)).contiguous()
         out = HostArray(dtype, shape=tuple(x.shape))
         if x.numel():
             # one memcpy of the contiguous CPU tensor (bytes(untyped_storage()) iterates
@@ -285,4 +287,4 @@ class TorchBackend(Interpreter):
         return out
 
     def zeros(self, shape, dtype):
-        return torch.zeros(tuple(shape), dtype=_tdtype(dtype), device=self.device)
+        return torch.zeros(tuple(shape), dtype=torch_dtype(dtype), device=self.device)

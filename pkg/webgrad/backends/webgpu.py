@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from math import prod
 
 from ..arrays import HostArray, device_result
+from ..blocking import run_blocking
 from ..codegen import LOWERED_OPS, Limits, lower
-from . import Backend
+from .base import Backend
 
 __all__ = ["WebGPUBackend", "WebGPUProgram", "LOWERED_OPS"]
 
@@ -47,6 +48,7 @@ class _Slot:
 
 class WebGPUBackend(Backend):
     name = "webgpu"
+    runs_plans = True
 
     def __init__(self, host=None):
         if host is None:
@@ -105,7 +107,6 @@ class WebGPUBackend(Backend):
             (on_device if device else on_host).append(
                 (name, spec, shape, r))
         if on_device:
-            from ..compiled import run_blocking
             plan, writes = init_plan([(n, shape, r) for n, _, shape, r in on_device],
                                      self.limits, self._key)
             program = self.host.load(plan)
@@ -123,6 +124,23 @@ class WebGPUBackend(Backend):
                 self.host.unload(program)
         if on_host:
             super().init_params([(n, spec, shape) for n, spec, shape, _ in on_host], seed=seed)
+
+    async def run_into_async(self, name: str, plan: dict, *, buffer: int, writes: dict) -> None:
+        """Write `writes` ({buffer: bytes}) and run a one-off `plan` (gpu_host.py's format)
+        whose buffer number `buffer` is persistent buffer `name`: a program that fills a
+        parameter on the device (io/gpu_dequant.py's decoders). The program stays loaded until
+        destroy(), which keeps the buffer alive until a compiled program holds it too."""
+        slot = self.store.get(name)
+        if slot is None:
+            raise KeyError(f"run_into_async: the backend has no persistent buffer {name!r}; "
+                           "compile a program that declares it first")
+        buffers = [dict(b) for b in plan["buffers"]]
+        buffers[buffer]["persistent"] = self._key(name)
+        program = self.host.load({**plan, "buffers": buffers})
+        self.programs.append(program)
+        if slot.home is None:
+            slot.home, slot.shadow = (program, buffer), None
+        await self.host.run(program, writes, [])
 
     def prepare(self, graph):
         # a host that can start compiling kernels while the rest is lowered gets each new one

@@ -19,6 +19,7 @@
   empty.py        zero-size tensors leave the graph before anything is planned
   fusion.py       storage decisions, kernel groups, merges, in-place writebacks, schedule
   program.py      the driver: pattern passes, buffer plan (../buffers.py), kernels, commands
+  cost.py         the cost model: each kernel's bytes and FLOPs (the profiler's static columns)
 LOWERED_OPS lists every IR op this back end lowers (tests/test_registry.py checks it
 against primitives.PRIMS).
 """

@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 from math import prod
 
 from ..buffers import END, Live, align, plan_pool
-from ..profile import group_cost
 from .align_match import align_products
 from .attention import ATTN_OPS, build_attention
 from .attention_match import rewrite_attention
 from .rowfuse import ROW_KERNEL_OPS, build_row_kernel
 from .rowfuse_match import rewrite_rows
 from .conv import build_fold
+from .cost import group_cost
 from .elementwise import build_elementwise
 from .empty import strip_empty
 from .emit import Emitter, Idx, Storage
@@ -57,7 +57,7 @@ class Lowered:
     kernel_count: int
     report: dict
     writers: dict          # persistent name -> index of the dispatch that writes it, or "copy"
-    kernels: list = None   # per command: name, ops, nodes, workgroups, bytes, flops (profile.py)
+    kernels: list = None   # per command: name, ops, nodes, workgroups, bytes, flops (cost.py)
     empty_outputs: dict = field(default_factory=dict)  # name -> (shape, dtype): zero-size
     # the pool's plan, for diagnostics (bench/memory_plan.py): buffers.Live per temporary
     # (keys ("t", node) and ("s", (group, k)) for scratch), its pool slot, the graph lowered

@@ -34,17 +34,11 @@ class CheckpointError(ValueError):
     """A checkpoint that does not fit the module it is loaded into."""
 
 
-def _state_names(c) -> list[str]:
-    """The optimizer buffers of c's training graph, then the step counter."""
-    return sorted(n for n in c._state_names() if n.startswith(STATE_PREFIX)) + ["step"]
-
-
 async def to_tensors(c, *, optimizer: bool = True) -> dict[str, HostArray]:
     """name -> HostArray of everything a checkpoint of c holds."""
     out = {n: await c.backend.read(n) for n in c.param_names}
     if optimizer:
-        c._need_train("save")
-        for n in _state_names(c):
+        for n in c.state_shapes("save"):
             out[n] = await c.backend.read(n)
     return out
 
@@ -79,8 +73,7 @@ def check_tensors(c, f: dict, file: str, *, optimizer: bool | None) -> dict[str,
               "saved with optimizer=False, or by another program)")
     expected = dict(params)
     if want_opt:
-        c._need_train("load")
-        expected.update({n: tuple(c._state_shape(n)) for n in _state_names(c)})
+        expected.update(c.state_shapes("load"))
     ignored = set() if want_opt else {k for k in f if k == "step" or k.startswith(STATE_PREFIX)}
     unknown = sorted(set(f) - set(expected) - ignored)
     if unknown:
@@ -110,11 +103,7 @@ def check_tensors(c, f: dict, file: str, *, optimizer: bool | None) -> dict[str,
 
 async def load_async(c, src, *, optimizer: bool | None = None) -> None:
     """Load a checkpoint (path, bytes or binary file) into c: all checks first, then writes."""
-    c._alive("load")
+    c.check_alive("load")
     f = st.load(src)                    # a broken file raises SafetensorsError, naming it
     hosts = check_tensors(c, f, f.name, optimizer=optimizer)
-    async with c._lost("load"):
-        for name, h in hosts.items():
-            c.backend.write(name, h)
-    if c._guard is not None:            # recovery's host copy follows, as after upload_params
-        c._guard.update(hosts)
+    await c.write_state_async(hosts, method="load")

@@ -43,7 +43,7 @@ import sys
 from math import prod
 
 from ..arrays import HostArray, numpy_or_none
-from .safetensors import _source  # the same path / bytes / file reading
+from .safetensors import read_source as _source  # the same path / bytes / file reading
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32

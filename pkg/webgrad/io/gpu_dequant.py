@@ -3,9 +3,9 @@
 Pure-Python dequantization costs about one Python float operation per value (a minute or
 more for GPT-2 124M in the browser worker; bench/gguf_dequant.py). On backend="webgpu" the
 raw blocks can instead be uploaded as they are (a Q4_K weight is 1/7 of its f32 bytes) and a
-one-dispatch WGSL kernel writes the f32 values into the parameter's persistent buffer, through
-the same plan protocol every compiled program uses (backends/gpu_host.py): a plan whose
-output buffer names the parameter's persistent key.
+one-dispatch WGSL kernel writes the f32 values into the parameter's persistent buffer: a plan
+in the format every compiled program uses (backends/gpu_host.py), which the backend runs into
+that buffer (WebGPUBackend.run_into_async; backends without `runs_plans` take the host path).
 
     from webgrad.io import gguf, gpu_dequant
     f = gguf.load(path)
@@ -23,6 +23,8 @@ registers (webgrad/quant.py, codegen/quant.py).
 from __future__ import annotations
 
 from math import prod
+
+from ..blocking import run_blocking
 
 # per-type WGSL: element e of the tensor (row-major over its numpy shape) from the blocks
 _BODY = {
@@ -115,7 +117,7 @@ async def write_async(backend, name: str, tensor, *, transpose: bool = False) ->
         raise ValueError(f"gpu_dequant.write: {tensor.name!r} {tensor.type_name}{list(shape)}"
                          f"{' transposed' if transpose else ''} does not fit parameter {name!r} "
                          f"{list(have)}")
-    if backend.name != "webgpu" or tensor.type_name not in SUPPORTED:
+    if not backend.runs_plans or tensor.type_name not in SUPPORTED:
         h = tensor.dequantize()
         if transpose:
             from .gguf import _transpose
@@ -130,21 +132,13 @@ async def write_async(backend, name: str, tensor, *, transpose: bool = False) ->
     ny = -(-groups // nx)
     plan = {
         "buffers": [{"size": max(len(raw), 4), "label": f"gguf blocks of {tensor.name}"},
-                    {"size": 4 * n, "label": name, "persistent": backend._key(name)}],
+                    {"size": 4 * n, "label": name}],
         "pipelines": [{"wgsl": _wgsl(tensor.type_name, n, rows, cols, transpose, nx)}],
         "commands": [{"op": "dispatch", "pipeline": 0, "bindings": [0, 1],
                       "workgroups": [nx, ny, 1]}],
     }
-    host = backend.host
-    program = host.load(plan)
-    # this program keeps the persistent buffer alive until a compiled program holds it too;
-    # the backend unloads it with the others (destroy)
-    backend.programs.append(program)
-    if slot.home is None:
-        slot.home, slot.shadow = (program, 1), None
-    await host.run(program, {0: raw}, [])
+    await backend.run_into_async(name, plan, buffer=1, writes={0: raw})
 
 
 def write(backend, name: str, tensor, *, transpose: bool = False) -> None:
-    from ..compiled import run_blocking
     return run_blocking(write_async(backend, name, tensor, transpose=transpose))

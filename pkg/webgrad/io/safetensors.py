@@ -151,7 +151,7 @@ class SafetensorsFile(dict):
 
 # ----------------------------------------------------------------------------- reading
 
-def _source(src, reader: str = "safetensors.load") -> tuple[memoryview, str]:
+def read_source(src, reader: str = "safetensors.load") -> tuple[memoryview, str]:
     """The whole file as a memoryview, and a name for errors (GGUF's reader uses it too)."""
     if isinstance(src, (bytes, bytearray, memoryview)):
         return memoryview(src).cast("B"), "<bytes>"
@@ -268,7 +268,7 @@ def parse_header(buf: memoryview, name: str = "<bytes>") -> tuple[int, dict, dic
 
 def load(src) -> SafetensorsFile:
     """Every tensor of a safetensors file (path, bytes-like or binary file), zero-copy."""
-    buf, name = _source(src)
+    buf, name = read_source(src)
     start, entries, metadata = parse_header(buf, name)
     tensors = {t: StoredTensor(dtype, shape, buf[start + b:start + e])
                for t, (dtype, shape, b, e) in entries.items()}

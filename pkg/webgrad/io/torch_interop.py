@@ -86,7 +86,7 @@ def _module_class():
     if _CLASS is not None:
         return _CLASS
     import torch
-    from ..backends.torch_backend import _impls, _tdtype
+    from ..backends.torch_backend import torch_dtype, torch_impls
 
     reserved = set(dir(torch.nn.Module()))
 
@@ -150,7 +150,7 @@ def _module_class():
                 if dtype == "i32" and v.dtype.is_floating_point:
                     raise FeedError(f"forward(): input {k!r} expects integer indices ({dtype}), "
                                     f"got {v.dtype}")
-                out[k] = v.to(device=device, dtype=_tdtype(dtype))
+                out[k] = v.to(device=device, dtype=torch_dtype(dtype))
             return out
 
         def _device(self):
@@ -165,7 +165,7 @@ def _module_class():
             device = self._device()
             impls = self._impls_by_device.get(device)
             if impls is None:
-                impls = self._impls_by_device[device] = _impls(device)
+                impls = self._impls_by_device[device] = torch_impls(device)
             params = dict(self.named_parameters())
             g = self._graph
             vals = [None] * len(g.nodes)
@@ -194,8 +194,8 @@ def _module_class():
 
 def _tensor(h: HostArray):
     import torch
-    from ..backends.torch_backend import _tdtype
-    t = torch.zeros(h.shape, dtype=_tdtype(h.dtype))
+    from ..backends.torch_backend import torch_dtype
+    t = torch.zeros(h.shape, dtype=torch_dtype(h.dtype))
     if len(h):
-        t.copy_(torch.frombuffer(bytearray(h), dtype=_tdtype(h.dtype)).reshape(h.shape))
+        t.copy_(torch.frombuffer(bytearray(h), dtype=torch_dtype(h.dtype)).reshape(h.shape))
     return t

@@ -1,2 +1,3 @@
 """Models built on webgrad: GPT-2 (`gpt2`: training, KV-cached decoding on the device,
-sampling, surprisal) and its byte-level BPE tokenizer (`bpe`)."""
+sampling, surprisal), its image for the browser's model cache (`gpt2_cache`) and its
+byte-level BPE tokenizer (`bpe`)."""

@@ -35,7 +35,7 @@ from math import prod
 
 from .. import init, ops
 from ..arrays import HostArray, to_host
-from ..compiled import run_blocking
+from ..blocking import run_blocking
 from ..module import Module
 from ..stateful import assign, compile_program, state
 from . import sampling
@@ -382,7 +382,7 @@ class GPT2:
     def init_random(cls, cfg: GPT2Config, seed: int = 0, backend="auto") -> "GPT2":
         """GPT-2's own init (N(0, 0.02), residual projections scaled, norms 1/0), from `seed`."""
         m = cls(cfg, backend)
-        m._write({n: HostArray("f32", init.generate(spec.init, spec.shape, seed=seed, name=n),
+        m.write_weights({n: HostArray("f32", init.generate(spec.init, spec.shape, seed=seed, name=n),
                                shape=spec.shape)
                   for n, spec in GPT2Module(cfg).named_specs()})
         return m
@@ -514,11 +514,13 @@ class GPT2:
             raise ValueError(f"GPT2.load_state_dict: this model holds {sorted(self.quant_full)[:3]} "
                              "quantized; f32 weights go into a model built without quant "
                              "(GPT2.from_hf_state_dict, or from_gguf(..., keep_quantized=False))")
-        self._write({n: to_host(_as_f32_array(sd[n]), shape=s, dtype="f32", what=f"GPT-2 weight '{n}'")
+        self.write_weights({n: to_host(_as_f32_array(sd[n]), shape=s, dtype="f32", what=f"GPT-2 weight '{n}'")
                      for n, s in shapes.items()})
 
-    def _write(self, hosts: dict) -> None:
-        """Write full-layout weights (one "wte.weight"), splitting the table into its blocks."""
+    def write_weights(self, hosts: dict) -> None:
+        """Write f32 weights in full layout (name -> HostArray of the declared shape, one
+        "wte.weight"), splitting the token table into its blocks; quantized ones take
+        write_blocks. Loaders (gpt2_cache.restore, GGUF) write through it."""
         held = sorted(set(hosts) & set(self.quant_full))
         if held:
             raise ValueError(f"GPT2: {held[:3]} are held quantized; write their blocks "
@@ -530,6 +532,8 @@ class GPT2:
                     self.backend.write(f"wte.{k}.weight", HostArray("f32", h[a * D:b * D], shape=(b - a, D)))
             else:
                 self.backend.write(n, h)
+
+    _write = write_weights   # io/gguf.py's gpt2_write_async still calls it (docs/architecture.md)
 
     async def save_safetensors_async(self, dst=None, metadata: dict | None = None):
         """Write the weights as a GPT-2 model.safetensors (transformers' names, lm_head tied so
