@@ -1,0 +1,46 @@
+"""GGUF's quant formats, each defined once: block layout, formulas and every decoder.
+
+llama.cpp stores weights in blocks (Q8_0: 32 int8s and an f16 scale; Q4_K: 256 nibbles with
+per-sub-block scales and mins; ...). webgrad reads them on the host (the file parser, the
+reference and torch executors) and keeps them quantized on the GPU, where WGSL decodes them
+in registers. Every one of those readers takes a type's layout and formulas from the type's
+own module here, so a format is written in one file:
+
+    format.py     QuantFormat (the pieces a format has) and GGML_TYPES (every ggml type id,
+                  name and block size, decodable or not)
+    q8_0.py q4_0.py q4_k.py q5_k.py q6_k.py   one format each: the block layout and the
+                  formula in its docstring, then its decoders
+    registry.py   FORMATS, the formats above by name; FLOATS, the float types
+    decode.py     dequantize(type_name, raw, n): any type's values on the host
+    words.py      the blocks as aligned u32 words on the GPU (transcode, raw_blocks,
+                  n_words), QuantSpec (a parameter held quantized) and the `dequantize`
+                  primitive's reference (dequantize_numpy)
+
+This is the data-and-specs layer: it imports nothing else of webgrad. Above it, io/gguf.py
+parses files (types and sizes from GGML_TYPES), io/gpu_dequant.py and codegen/quant.py wrap
+the formats' WGSL in kernels, primitives.py and the executors call dequantize_numpy.
+
+Adding a quant format (tests/test_quant_formats.py fails until each piece is there):
+  1. its row in format.GGML_TYPES exists already (every ggml type is listed);
+  2. a module qX.py with a docstring giving the file block's layout, the formula and the
+     GPU word layout, and FORMAT = QuantFormat(name, f16_at=..., python=, numpy=, wgsl=,
+     wgsl_group=, group=, has_min=): see QuantFormat for what each piece takes and returns;
+     the Python decoder is the spec: Python floats, rounded once to f32;
+  3. its module in registry.py's list;
+  4. a generator of valid blocks in tests/test_quant_formats.py's BLOCKS (random bytes with
+     small finite f16 scales), which runs every piece against gguf.quants.dequantize, and
+     through WebGPU (tests/test_gguf_gpu.py, tests/test_gguf_quant.py take FORMATS).
+Nothing else names a type: the parser, GPT-2 loading (GPT2.from_gguf keeps every format of
+FORMATS quantized), the matmul kernels and the model cache go by FORMATS.
+"""
+from __future__ import annotations
+
+from .decode import DEQUANTIZABLE, F16_WGSL, dequantize
+from .format import GGML_TYPES, TYPE_IDS, QuantFormat
+from .registry import FLOATS, FORMATS
+from .words import (QuantSpec, check, dequantize_numpy, dequantize_words, n_words, raw_blocks,
+                    transcode)
+
+__all__ = ["DEQUANTIZABLE", "F16_WGSL", "FLOATS", "FORMATS", "GGML_TYPES", "QuantFormat",
+           "QuantSpec", "TYPE_IDS", "check", "dequantize", "dequantize_numpy",
+           "dequantize_words", "n_words", "raw_blocks", "transcode"]
