@@ -128,7 +128,7 @@ def _dequantize(a, w):
     # the blocks are decoded by the spec's own formulas (quant.py) on the host; the
     # values are exact (f16 scales times small integers), so nothing is lost in the trip
     import numpy as np
-    from ..quant import dequantize_numpy
+    from ..quants import dequantize_numpy
     x = dequantize_numpy(np, a["qtype"], w.detach().to("cpu").numpy(), a["shape"])
     return torch.from_numpy(x).to(w.device)
 

@@ -5,8 +5,8 @@ GGUF's blocks transcoded or dequantized) and an upload. The *image* of a loaded 
 after all that: one tensor per parameter, in GPT2's names and layouts (one full "wte.weight":
 a device that splits the token table into row blocks does so on upload, so an image serves
 every device). A weight held as f32 is its f32 values; a weight held quantized (a GGUF's
-Q8_0/Q4_0/Q4_K, GPT2.quant_full) is its GPU words (quant.py's transcoded layout, the file's
-size), so a Q4_K model takes 1/7 of its f32 bytes in IndexedDB as on the GPU, and restoring it
+blocks of a type in webgrad.quants.FORMATS, GPT2.quant_full) is its GPU words
+(quants/words.py's layout, the file's size), so a Q4_K model takes 1/7 of its f32 bytes in IndexedDB as on the GPU, and restoring it
 writes the words as they are: no parse, no transcoding. Cached, an image turns the next load
 of the same file into an upload.
 
@@ -93,9 +93,9 @@ async def _f32(model, name):
 
 async def _words(model, name, q) -> bytes:
     """The GPU words of the whole quantized tensor `name`. A token table split into row blocks
-    holds each block in its own layout (Q8_0/Q4_0 put a block's scales after its quants), so
+    holds each block in its own layout (Q8_0/Q4_0/Q6_K put the blocks' scales after all their quants), so
     the blocks go back to GGUF's blocks, are joined and transcoded as one table."""
-    from ..quant import raw_blocks, transcode
+    from ..quants import raw_blocks, transcode
     if name in model.quant:
         return (await model.backend.read(name)).tobytes()
     raw = b""
@@ -114,7 +114,7 @@ def restore(meta: dict, data, backend="auto", *, progress=None, what: str = "<im
     has been checked."""
     from ..arrays import HostArray
     from ..models.gpt2 import GPT2, GPT2Config, param_shapes
-    from ..quant import raw_blocks
+    from ..quants import raw_blocks
 
     def fail(field, msg):
         raise ModelCacheError(f"model cache entry {what}: {field}: {msg}")
@@ -193,12 +193,12 @@ def restore(meta: dict, data, backend="auto", *, progress=None, what: str = "<im
 
 def _quant_spec(q, shape, field, fail):
     """The QuantSpec a tensor's meta describes, each field checked (fail names it)."""
-    from ..quant import QTYPES, QuantSpec
+    from ..quants import FORMATS, QuantSpec
     if not isinstance(q, dict):
         fail(field, f"expected {{qtype, shape, transposed}} for dtype 'words', got {q!r}")
     qtype, qshape, transposed = q.get("qtype"), q.get("shape"), q.get("transposed")
-    if qtype not in QTYPES:
-        fail(f"{field}.qtype", f"{qtype!r}; kept quantized are {', '.join(QTYPES)}")
+    if qtype not in FORMATS:
+        fail(f"{field}.qtype", f"{qtype!r}; kept quantized are {', '.join(FORMATS)}")
     if not isinstance(transposed, bool):
         fail(f"{field}.transposed", f"{transposed!r}; expected true or false")
     if not (isinstance(qshape, list) and qshape

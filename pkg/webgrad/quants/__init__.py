@@ -11,7 +11,8 @@ own module here, so a format is written in one file:
     q8_0.py q4_0.py q4_k.py q5_k.py q6_k.py   one format each: the block layout and the
                   formula in its docstring, then its decoders
     registry.py   FORMATS, the formats above by name; FLOATS, the float types
-    decode.py     dequantize(type_name, raw, n): any type's values on the host
+    decode.py     dequantize(type_name, raw, n): any type's values on the host (and
+                  F16's WGSL, for io/gpu_dequant.py)
     words.py      the blocks as aligned u32 words on the GPU (transcode, raw_blocks,
                   n_words), QuantSpec (a parameter held quantized) and the `dequantize`
                   primitive's reference (dequantize_numpy)
@@ -35,12 +36,12 @@ FORMATS quantized), the matmul kernels and the model cache go by FORMATS.
 """
 from __future__ import annotations
 
-from .decode import DEQUANTIZABLE, F16_WGSL, dequantize
+from .decode import DEQUANTIZABLE, dequantize, f16_wgsl
 from .format import GGML_TYPES, TYPE_IDS, QuantFormat
 from .registry import FLOATS, FORMATS
 from .words import (QuantSpec, check, dequantize_numpy, dequantize_words, n_words, raw_blocks,
                     transcode)
 
-__all__ = ["DEQUANTIZABLE", "F16_WGSL", "FLOATS", "FORMATS", "GGML_TYPES", "QuantFormat",
-           "QuantSpec", "TYPE_IDS", "check", "dequantize", "dequantize_numpy",
-           "dequantize_words", "n_words", "raw_blocks", "transcode"]
+__all__ = ["DEQUANTIZABLE", "FLOATS", "FORMATS", "GGML_TYPES", "QuantFormat", "QuantSpec",
+           "TYPE_IDS", "check", "dequantize", "dequantize_numpy", "dequantize_words",
+           "f16_wgsl", "n_words", "raw_blocks", "transcode"]

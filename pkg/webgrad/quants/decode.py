@@ -19,10 +19,13 @@ from .registry import FLOATS, FORMATS
 
 DEQUANTIZABLE = FLOATS + tuple(FORMATS)
 
-# F16 on the GPU, for io/gpu_dequant.py: element e of f16 values packed two per word
-F16_WGSL = """
-  let s = unpack2x16float(raw[e >> 1u]);
+
+def f16_wgsl(w: str, n: int) -> str:
+    """F16 on the GPU (io/gpu_dequant.py): element e of f16 values, two a word of `w`."""
+    return f"""
+  let s = unpack2x16float({w}[e >> 1u]);
   return select(s.x, s.y, (e & 1u) == 1u);"""
+
 
 _F16: list | None = None
 
@@ -100,4 +103,4 @@ def dequantize(type_name: str, raw, n: int, *, what: str = "tensor",
     return out
 
 
-__all__ = ["DEQUANTIZABLE", "F16_WGSL", "dequantize"]
+__all__ = ["DEQUANTIZABLE", "f16_wgsl", "dequantize"]
