@@ -122,7 +122,7 @@ def test_quantized_image_keeps_the_gpu_words(tmp_path, qt, backend, monkeypatch)
     # restored: the same specs and bytes, nothing transcoded again, the same logits bit for bit
     def no_transcode(*a):
         raise AssertionError("restore transcoded blocks")
-    monkeypatch.setattr(quant, "transcode", no_transcode)
+    monkeypatch.setattr(quants, "transcode", no_transcode)
     back = modelcache.restore(meta, data, backend=backend)
     monkeypatch.undo()
     assert back.quant_full == m.quant_full and back.quant == m.quant
