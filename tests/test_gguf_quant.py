@@ -152,12 +152,12 @@ def test_dequantize_shape_errors():
 
 # ---------------------------------------------------------------------------- GPT-2
 
-def quantized_gpt2(tmp_path, qt, *, n_embd, n_head, vocab=97, n_ctx=13, n_layer=2):
+def quantized_gpt2(tmp_path, qt, *, n_embd, n_head, vocab=97, n_ctx=13, n_layer=2, mix=None):
     """A llama.cpp gpt2 GGUF (gguf's names) whose 2-D tensors, the token and position
-    tables included, are all `qt`; 1-D ones F32. Returns (path, transformers-layout state
-    dict of the values gguf dequantizes)."""
+    tables included, are all `qt` (or mix[name] where mix names them); 1-D ones F32. Returns
+    (path, transformers-layout state dict of the values gguf dequantizes)."""
     rng = np.random.default_rng(int(qt) + n_embd)
-    D = n_embd
+    qt0, D = qt, n_embd
     shapes = {"token_embd.weight": (vocab, D), "position_embd.weight": (n_ctx, D),
               "output_norm.weight": (D,), "output_norm.bias": (D,)}
     for i in range(n_layer):
@@ -179,6 +179,7 @@ def quantized_gpt2(tmp_path, qt, *, n_embd, n_head, vocab=97, n_ctx=13, n_layer=
                 values[name] = v.astype(np.float32)
                 w.add_tensor(name, values[name])
                 continue
+            qt = (mix or {}).get(name, qt0)
             if qt not in (QT.Q8_0, QT.Q4_0):   # gguf has no k-quant quantizer: random blocks
                 q = small_blocks(qt, s[0] * s[1] // 256, rng).reshape(s[0], -1)
             else:
@@ -186,7 +187,7 @@ def quantized_gpt2(tmp_path, qt, *, n_embd, n_head, vocab=97, n_ctx=13, n_layer=
             values[name] = gguf.quants.dequantize(q, qt)
             w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qt)
 
-    path = write(tmp_path, build, arch="gpt2", name=f"{qt.name}.gguf")
+    path = write(tmp_path, build, arch="gpt2", name=f"{qt0.name}{'_mixed' if mix else ''}.gguf")
     hf = {"token_embd.weight": "wte.weight", "position_embd.weight": "wpe.weight",
           "output_norm.weight": "ln_f.weight", "output_norm.bias": "ln_f.bias"}
     blk = {"attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj",
@@ -245,6 +246,34 @@ def test_gpt2_quantized_logits_equal_host_dequantized(tmp_path, qt, backend):
     with pytest.raises(ValueError, match="holds .* quantized; f32 weights go into a model built "
                                          "without quant"):
         m.load_state_dict(sd)
+
+
+# the types of a llama.cpp Q4_K_M gpt2 file: Q4_K, with Q5_K for attn_qkv and Q6_K for
+# ffn_down of some layers (llama-quantize's "more bits" rule), here the token table too
+Q4_K_M = {"blk.0.attn_qkv.weight": QT.Q5_K, "blk.1.attn_qkv.weight": QT.Q5_K,
+          "blk.0.ffn_down.weight": QT.Q6_K, "token_embd.weight": QT.Q6_K}
+
+
+@pytest.mark.parametrize("backend", ["reference", WEBGPU])
+def test_gpt2_mixed_k_quants_stay_quantized(tmp_path, backend):
+    """A Q4_K_M-style file loads with every matrix held in its own type, and its logits
+    (full and one decode step) equal those of gguf's dequantized weights loaded as f32."""
+    from webgrad.models import gpt2
+    path, sd = quantized_gpt2(tmp_path, QT.Q4_K, n_embd=256, n_head=4, mix=Q4_K_M)
+    m = gpt2.GPT2.from_gguf(path, backend=backend)
+    assert m.quant["wte.weight"].qtype == "Q6_K" and m.quant["h.0.mlp.c_proj.weight"].qtype == "Q6_K"
+    assert m.quant["h.1.attn.c_attn.weight"].qtype == "Q5_K" and m.quant["h.1.mlp.c_fc.weight"].qtype == "Q4_K"
+    host = gpt2.GPT2.from_hf_state_dict(m.cfg, sd, backend=backend)
+    tol = 2e-6 if backend == "webgpu" else 2e-5
+    ids = [3, 1, 4, 1, 5, 9, 2, 6, 96, 0, 11]
+    want = np.asarray(host.forward(ids))
+    assert np.isfinite(want).all() and np.abs(want).max() > 0.1
+    np.testing.assert_allclose(np.asarray(m.forward(ids)), want, rtol=0, atol=tol * np.abs(want).max())
+    c1, c2 = m.new_cache(), host.new_cache()
+    m.logits_step(ids[:5], c1)
+    host.logits_step(ids[:5], c2)
+    a, b = np.asarray(m.logits_step([7], c1)), np.asarray(host.logits_step([7], c2))
+    np.testing.assert_allclose(a, b, rtol=0, atol=tol * np.abs(b).max())
 
 
 def test_gpt2_keep_quantized_false_and_split_table(tmp_path):

@@ -28,9 +28,10 @@ Adding a quant format (tests/test_quant_formats.py fails until each piece is the
      wgsl_group=, group=, has_min=): see QuantFormat for what each piece takes and returns;
      the Python decoder is the spec: Python floats, rounded once to f32;
   3. its module in registry.py's list;
-  4. a generator of valid blocks in tests/test_quant_formats.py's BLOCKS (random bytes with
-     small finite f16 scales), which runs every piece against gguf.quants.dequantize, and
-     through WebGPU (tests/test_gguf_gpu.py, tests/test_gguf_quant.py take FORMATS).
+  4. its f16 fields' offsets in tests/test_gguf.py's F16_FIELDS (random blocks with finite
+     scales), and its name out of tests/test_quant_formats.py's NOT_SUPPORTED: the tests
+     over FORMATS then run every piece against gguf.quants.dequantize, on the host and on
+     WebGPU (tests/test_gguf.py, tests/test_gguf_quant.py, tests/test_gguf_gpu.py).
 Nothing else names a type: the parser, GPT-2 loading (GPT2.from_gguf keeps every format of
 FORMATS quantized), the matmul kernels and the model cache go by FORMATS.
 """
