@@ -63,11 +63,17 @@ def group_scale_wgsl(w: str, words: int) -> str:
   return vec2<f32>(dm.x * f32(sc), dm.y * f32(mn));"""
 
 
-def python(raw: memoryview, nblocks: int, out) -> None:
+def k_heads(raw: memoryview, nblocks: int, size: int):
+    """(byte offset, d, dmin, scales, mins) of each super-block of `size` bytes that opens
+    with d, dmin and the 12 scale bytes (Q4_K, Q5_K)."""
     for b in range(nblocks):
-        o = 144 * b
+        o = size * b
         d, dmin = struct.unpack("<2e", raw[o:o + 4])
-        sc, mn = k_scales(raw[o + 4:o + 16])
+        yield (o, d, dmin, *k_scales(raw[o + 4:o + 16]))
+
+
+def python(raw: memoryview, nblocks: int, out) -> None:
+    for o, d, dmin, sc, mn in k_heads(raw, nblocks, 144):
         qs = raw[o + 16:o + 144]
         for g in range(4):
             chunk = qs[32 * g:32 * g + 32]
@@ -77,37 +83,53 @@ def python(raw: memoryview, nblocks: int, out) -> None:
             out.extend([hi_d * (q >> 4) - hi_m for q in chunk])
 
 
+def nibbles_numpy(np, qs):
+    """128 bytes a super-block -> its 8 sub-blocks of 32 nibbles, uint8 [nblocks, 8, 32]:
+    group g's 32 bytes give sub-block 2 g (low nibbles) and 2 g + 1 (high)."""
+    qs = qs.reshape(-1, 4, 32)
+    return np.stack([qs & 15, qs >> 4], axis=2).reshape(-1, 8, 32)
+
+
 def numpy(np, blocks):
     dl, ml = k_scales_numpy(np, blocks)
-    qs = blocks[:, 16:].reshape(-1, 4, 32)
-    q = np.stack([qs & 15, qs >> 4], axis=2).reshape(-1, 8, 32).astype(np.float32)   # sub-blocks
+    q = nibbles_numpy(np, blocks[:, 16:]).astype(np.float32)
     return (dl * q - ml).reshape(-1, 256)
 
 
-def wgsl(w: str, n: int) -> str:
+def element_wgsl(w: str, words: int, qs_at: int, high: str = "") -> str:
+    """WGSL: element e of super-blocks of `words` words whose 128 nibble bytes start at byte
+    qs_at, plus the bits `high` ORs into the quant (Q5_K's fifth; none for Q4_K)."""
     # element w: group g = w / 64 reads bytes 32 g + w % 32, low nibbles for the first 32
     # (sub-block 2 g), high for the next 32 (sub-block 2 g + 1)
     return f"""
-  let base = (e >> 8u) * 36u;
+  let base = (e >> 8u) * {words}u;
   let w = e & 255u;
   let g = w >> 6u;
   let hi = (w & 63u) >= 32u;
   let sub = 2u * g + select(0u, 1u, hi);
-  let k = 16u + 32u * g + (w & 31u);
+  let k = {qs_at}u + 32u * g + (w & 31u);
   let packed = ({w}[base + (k >> 2u)] >> ((k & 3u) << 3u)) & 255u;
-  let q = select(packed & 15u, packed >> 4u, hi);
+  let q = select(packed & 15u, packed >> 4u, hi){high};
   // bytes t, 4 + t and 8 + t of the 12 scale bytes (t = sub % 4): words 1, 2, 3{scale_min_wgsl(w)}
   return (dm.x * f32(sc)) * f32(q) - dm.y * f32(mn);"""
 
 
-def wgsl_group(w: str, n: int) -> tuple[str, str]:
-    quant = f"""
+def group_quant_wgsl(w: str, words: int, qs_at: int, high: str = "") -> str:
+    """WGSL: the quants of elements e..e+3 (one word of nibbles), plus `high` (as above)."""
+    return f"""
   let i = e & 255u;
-  let k = 16u + 32u * (i >> 6u) + (i & 31u);
-  let w = {w}[(e >> 8u) * 36u + (k >> 2u)];
-  let v = select(w & 0x0f0f0f0fu, (w >> 4u) & 0x0f0f0f0fu, (i & 63u) >= 32u);
+  let k = {qs_at}u + 32u * (i >> 6u) + (i & 31u);
+  let w = {w}[(e >> 8u) * {words}u + (k >> 2u)];
+  let v = select(w & 0x0f0f0f0fu, (w >> 4u) & 0x0f0f0f0fu, (i & 63u) >= 32u){high};
   return vec4<f32>(f32(v & 255u), f32((v >> 8u) & 255u), f32((v >> 16u) & 255u), f32(v >> 24u));"""
-    return group_scale_wgsl(w, 36), quant
+
+
+def wgsl(w: str, n: int) -> str:
+    return element_wgsl(w, 36, 16)
+
+
+def wgsl_group(w: str, n: int) -> tuple[str, str]:
+    return group_scale_wgsl(w, 36), group_quant_wgsl(w, 36, 16)
 
 
 FORMAT = QuantFormat("Q4_K", f16_at=None, python=python, numpy=numpy, wgsl=wgsl,

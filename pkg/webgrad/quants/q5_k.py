@@ -10,17 +10,13 @@
 """
 from __future__ import annotations
 
-import struct
-
 from .format import QuantFormat
-from .q4_k import group_scale_wgsl, k_scales, k_scales_numpy, scale_min_wgsl
+from .q4_k import (element_wgsl, group_quant_wgsl, group_scale_wgsl, k_heads, k_scales_numpy,
+                   nibbles_numpy)
 
 
 def python(raw: memoryview, nblocks: int, out) -> None:
-    for b in range(nblocks):
-        o = 176 * b
-        d, dmin = struct.unpack("<2e", raw[o:o + 4])
-        sc, mn = k_scales(raw[o + 4:o + 16])
+    for o, d, dmin, sc, mn in k_heads(raw, nblocks, 176):
         qh = raw[o + 16:o + 48]
         qs = raw[o + 48:o + 176]
         for sub in range(8):
@@ -34,39 +30,25 @@ def python(raw: memoryview, nblocks: int, out) -> None:
 def numpy(np, blocks):
     dl, ml = k_scales_numpy(np, blocks)
     qh = blocks[:, 16:48]
-    qs = blocks[:, 48:].reshape(-1, 4, 32)
-    low = np.stack([qs & 15, qs >> 4], axis=2).reshape(-1, 8, 32)              # sub-blocks
+    low = nibbles_numpy(np, blocks[:, 48:])
     high = (qh[:, None, :] >> np.arange(8, dtype=np.uint8)[None, :, None]) & 1   # bit sub of qh[l]
     q = (low | (high << 4)).astype(np.float32)
     return (dl * q - ml).reshape(-1, 256)
 
 
 def wgsl(w: str, n: int) -> str:
-    return f"""
-  let base = (e >> 8u) * 44u;
-  let i = e & 255u;
-  let sub = i >> 5u;
-  let l = i & 31u;
-  let k = 48u + 32u * (sub >> 1u) + l;
-  let packed = ({w}[base + (k >> 2u)] >> ((k & 3u) << 3u)) & 255u;
-  let kh = 16u + l;
-  let high = ({w}[base + (kh >> 2u)] >> ((kh & 3u) << 3u)) & 255u;
-  let q = select(packed & 15u, packed >> 4u, (sub & 1u) == 1u) | (((high >> sub) & 1u) << 4u);{scale_min_wgsl(w)}
-  return (dm.x * f32(sc)) * f32(q) - dm.y * f32(mn);"""
+    # Q4_K's decoder, the nibbles 32 bytes further on, and the fifth bit: bit sub of byte
+    # w % 32 of qh (words 4-11)
+    high = (f" | ((({w}[base + 4u + ((w & 31u) >> 2u)] >> (((w & 3u) << 3u) + sub)) & 1u)"
+            " << 4u)")
+    return element_wgsl(w, 44, 48, high)
 
 
 def wgsl_group(w: str, n: int) -> tuple[str, str]:
-    # four consecutive elements: one word of nibbles, one word of qh (bit sub of each byte)
-    quant = f"""
-  let base = (e >> 8u) * 44u;
-  let i = e & 255u;
-  let sub = i >> 5u;
-  let lw = {w}[base + 12u + 8u * (sub >> 1u) + ((i & 31u) >> 2u)];
-  let low = select(lw & 0x0f0f0f0fu, (lw >> 4u) & 0x0f0f0f0fu, (sub & 1u) == 1u);
-  let hw = {w}[base + 4u + ((i & 31u) >> 2u)];
-  let v = low | (((hw >> sub) & 0x01010101u) << 4u);
-  return vec4<f32>(f32(v & 255u), f32((v >> 8u) & 255u), f32((v >> 16u) & 255u), f32(v >> 24u));"""
-    return group_scale_wgsl(w, 44), quant
+    # four consecutive elements: bit sub (= i / 32) of each byte of one word of qh
+    high = (f" | ((({w}[(e >> 8u) * 44u + 4u + ((i & 31u) >> 2u)] >> (i >> 5u)) & 0x01010101u)"
+            " << 4u)")
+    return group_scale_wgsl(w, 44), group_quant_wgsl(w, 44, 48, high)
 
 
 FORMAT = QuantFormat("Q5_K", f16_at=None, python=python, numpy=numpy, wgsl=wgsl,
