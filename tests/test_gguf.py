@@ -1,5 +1,5 @@
 """webgrad.io.gguf against the `gguf` package: files written by its GGUFWriter (metadata of
-every value type, tensors in F32/F16/BF16/Q8_0/Q4_0 from its quantizers, the k-quants
+every value type, tensors in F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 from its quantizers, the k-quants
 (Q4_K, Q5_K, Q6_K) from random blocks, as gguf has no k-quant quantizer), dequantization bit-equal to gguf.quants.dequantize on
 both of our paths (numpy and pure Python), GPT-2 in llama.cpp's layout (names from gguf's own
 tensor map) back to transformers' state dict, and malformed files: every truncation of a
@@ -34,8 +34,11 @@ def write(tmp_path, build, arch="test", name="m.gguf"):
 
 # byte offsets of each quant format's f16 fields in a block (the rest of a block is any
 # bytes): random blocks for every format of webgrad.quants.FORMATS
-F16_FIELDS = {QT.Q8_0: (0,), QT.Q4_0: (0,), QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,)}
+F16_FIELDS = {QT.Q8_0: (0,), QT.Q4_0: (0,), QT.Q4_1: (0, 2), QT.Q5_0: (0,), QT.Q5_1: (0, 2),
+              QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,)}
 FORMATS = [QT[name] for name in quants.FORMATS]
+# the formats gguf's quantizer writes (the k-quants it only reads: random blocks for those)
+QUANTIZABLE = (QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1)
 
 
 def random_blocks(qtype, n_blocks, rng, scale=None):
@@ -111,7 +114,7 @@ def test_dequantize_equals_gguf(qtype, use_numpy):
         blobs = [raw]
     else:
         blobs = [random_blocks(qtype, 24, rng)]
-        if qtype in (QT.Q8_0, QT.Q4_0):                # gguf quantizes those, no k-quant
+        if qtype in QUANTIZABLE:
             x = (rng.standard_normal((6, 256)) * rng.choice([0.01, 1, 50], (6, 1))).astype(np.float32)
             blobs.append(gguf.quants.quantize(x, qtype))
     for raw in blobs:
@@ -129,7 +132,7 @@ def test_quantized_tensors_in_a_file(tmp_path):
 
     def build(w):
         for qt in FORMATS:
-            q = (gguf.quants.quantize(x, qt) if qt in (QT.Q8_0, QT.Q4_0) else
+            q = (gguf.quants.quantize(x, qt) if qt in QUANTIZABLE else
                  random_blocks(qt, 16, rng).reshape(8, -1))
             w.add_tensor(qt.name, q, raw_shape=q.shape, raw_dtype=qt)
 

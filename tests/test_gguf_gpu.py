@@ -21,7 +21,7 @@ try:
 except Exception as e:  # no wgpu, no adapter
     pytest.skip(f"no native WebGPU adapter: {e}", allow_module_level=True)
 
-from test_gguf import FORMATS, random_blocks, write  # noqa: E402
+from test_gguf import FORMATS, QUANTIZABLE, random_blocks, write  # noqa: E402
 
 ROWS, COLS = 6, 512
 
@@ -42,8 +42,8 @@ def tensors(tmp_path_factory):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((ROWS, COLS)).astype(np.float32)
     data = {"F16": (x.astype(np.float16), None)}
-    for qt in FORMATS:   # gguf quantizes Q8_0 and Q4_0; the k-quants are random blocks
-        data[qt.name] = (gguf.quants.quantize(x, qt) if qt in (QT.Q8_0, QT.Q4_0) else
+    for qt in FORMATS:   # what gguf cannot quantize (the k-quants): random blocks
+        data[qt.name] = (gguf.quants.quantize(x, qt) if qt in QUANTIZABLE else
                          random_blocks(qt, ROWS * COLS // 256, rng).reshape(ROWS, -1), qt)
 
     def build(w):

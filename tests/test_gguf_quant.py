@@ -24,13 +24,14 @@ from webgrad.io import gguf as wgg
 from webgrad.primitives import ShapeError
 from webgrad.stateful import compile_program
 
-from test_gguf import FORMATS, random_blocks, write
+from test_gguf import FORMATS, QUANTIZABLE, random_blocks, write
 from backends import WEBGPU, webgpu_available
 
 QTS = FORMATS    # every format of webgrad.quants.FORMATS
 
 # f16 scales of a usable weight size: x ~ scale * (largest quant * largest sub-block scale)
-SCALE = {QT.Q8_0: 0.05, QT.Q4_0: 0.05, QT.Q4_K: 2e-3, QT.Q5_K: 1e-3, QT.Q6_K: 2e-5}
+SCALE = {QT.Q8_0: 0.05, QT.Q4_0: 0.05, QT.Q4_1: 0.05, QT.Q5_0: 0.02, QT.Q5_1: 0.02,
+         QT.Q4_K: 2e-3, QT.Q5_K: 1e-3, QT.Q6_K: 2e-5}
 
 
 def small_blocks(qt, n_blocks, rng):
@@ -56,8 +57,8 @@ def test_layout_decodes_to_gguf(qt, n_blocks):
 
 
 # odd shapes: M = 3 rows of x, N rows of W that divide no tile, odd block counts
-SHAPES = {QT.Q8_0: (5, 96), QT.Q4_0: (7, 160), QT.Q4_K: (3, 512), QT.Q5_K: (5, 512),
-          QT.Q6_K: (7, 768)}
+SHAPES = {QT.Q8_0: (5, 96), QT.Q4_0: (7, 160), QT.Q4_1: (3, 96), QT.Q5_0: (5, 160),
+          QT.Q5_1: (7, 96), QT.Q4_K: (3, 512), QT.Q5_K: (5, 512), QT.Q6_K: (7, 768)}
 
 
 @pytest.mark.parametrize("backend", ["reference", "torch", WEBGPU])
@@ -180,7 +181,7 @@ def quantized_gpt2(tmp_path, qt, *, n_embd, n_head, vocab=97, n_ctx=13, n_layer=
                 w.add_tensor(name, values[name])
                 continue
             qt = (mix or {}).get(name, qt0)
-            if qt not in (QT.Q8_0, QT.Q4_0):   # gguf has no k-quant quantizer: random blocks
+            if qt not in QUANTIZABLE:   # gguf has no k-quant quantizer: random blocks
                 q = small_blocks(qt, s[0] * s[1] // 256, rng).reshape(s[0], -1)
             else:
                 q = gguf.quants.quantize((0.08 * rng.standard_normal(s)).astype(np.float32), qt)
@@ -203,6 +204,8 @@ def quantized_gpt2(tmp_path, qt, *, n_embd, n_head, vocab=97, n_ctx=13, n_layer=
 
 
 CONFIGS = {QT.Q8_0: dict(n_embd=96, n_head=3), QT.Q4_0: dict(n_embd=96, n_head=3),
+           QT.Q4_1: dict(n_embd=96, n_head=3), QT.Q5_0: dict(n_embd=96, n_head=3),
+           QT.Q5_1: dict(n_embd=96, n_head=3),
            QT.Q4_K: dict(n_embd=256, n_head=4), QT.Q5_K: dict(n_embd=256, n_head=4),
            QT.Q6_K: dict(n_embd=256, n_head=4)}
 

@@ -14,7 +14,7 @@ GPT-2 on reference, torch and WebGPU) and tests/test_gguf_gpu.py (gpu_dequant on
 from __future__ import annotations
 
 import ast
-import sys
+import importlib
 import tokenize
 from pathlib import Path
 
@@ -24,6 +24,7 @@ from gguf import GGMLQuantizationType as QT
 from webgrad import quants
 from webgrad.io import gguf as wgg, gpu_dequant
 
+import test_gguf_quant
 from test_gguf import F16_FIELDS
 
 PKG = Path(quants.__file__).resolve().parents[1]          # pkg/webgrad
@@ -31,8 +32,6 @@ PKG = Path(quants.__file__).resolve().parents[1]          # pkg/webgrad
 # ggml types the reader parses but webgrad does not decode: a file holding one loads, and
 # dequantizing such a tensor raises, naming the supported types
 NOT_SUPPORTED = {
-    **dict.fromkeys(["Q4_1", "Q5_0", "Q5_1"], "legacy formats llama.cpp writes only as "
-                    "fallbacks for rows that are not whole 256-value super-blocks"),
     **dict.fromkeys(["Q2_K", "Q3_K"], "k-quants of Q2_K/Q3_K_* files, not yet"),
     **dict.fromkeys(["Q8_1", "Q8_K"], "llama.cpp's intermediate formats for activations; "
                     "never stored in model files"),
@@ -60,7 +59,9 @@ def test_every_format_has_every_piece():
     problems = []
     for name, fmt in quants.FORMATS.items():
         where = f"webgrad/quants: {name}"
-        module = sys.modules[fmt.python.__module__]
+        module = importlib.import_module(f"webgrad.quants.{name.lower()}")
+        if module.FORMAT is not fmt:
+            problems.append(f"{where}: FORMATS holds another FORMAT than {module.__name__}'s")
         if name not in (module.__doc__ or ""):
             problems.append(f"{where}: module {module.__name__} has no docstring giving the "
                             "block layout, the formula and the word layout")
@@ -79,6 +80,9 @@ def test_every_format_has_every_piece():
         if QT[name] not in F16_FIELDS:
             problems.append(f"{where}: tests/test_gguf.py's F16_FIELDS has no entry (the "
                             "random blocks every format test draws)")
+        for table in ("SCALE", "SHAPES", "CONFIGS"):
+            if QT[name] not in getattr(test_gguf_quant, table):
+                problems.append(f"{where}: tests/test_gguf_quant.py's {table} has no entry")
         if name not in gpu_dequant.SUPPORTED:
             problems.append(f"{where}: io/gpu_dequant.py does not decode it")
         raw = bytes(range(256)) * (3 * fmt.nbytes // 256 + 1)

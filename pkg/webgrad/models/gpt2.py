@@ -427,8 +427,8 @@ class GPT2:
     def from_gguf(cls, path_or_bytes, backend="auto", *, keep_quantized: bool = True,
                   progress=None) -> "GPT2":
         """A llama.cpp gpt2 GGUF (io/gguf.py maps its names and metadata; F32/F16/BF16
-        weights and those of webgrad.quants.FORMATS, Q8_0/Q4_0/Q4_K/Q5_K/Q6_K; no
-        output.weight = tied to the token table).
+        weights and those of webgrad.quants.FORMATS, Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K, so
+        Q4_K_M and Q5_K_M files too; no output.weight = tied to the token table).
 
         keep_quantized (the default): matrices of those quant formats stay quantized on
         every backend, transcoded to webgrad.quants' aligned word layout (the same bytes as the file): on
