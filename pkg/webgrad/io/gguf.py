@@ -50,7 +50,6 @@ DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4
 MAX_NESTING = 8                      # arrays of arrays: GGUF writers produce at most 2 levels
 
-
 # metadata value type -> (name, struct code or None for string/array)
 _VALUE_TYPES = {0: ("UINT8", "B"), 1: ("INT8", "b"), 2: ("UINT16", "H"), 3: ("INT16", "h"),
                 4: ("UINT32", "I"), 5: ("INT32", "i"), 6: ("FLOAT32", "f"), 7: ("BOOL", "?"),

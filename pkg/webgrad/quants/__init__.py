@@ -20,7 +20,7 @@ own module here, so a format is written in one file:
                   n_words), QuantSpec (a parameter held quantized) and the `dequantize`
                   primitive's reference (dequantize_numpy)
 
-This is the data-and-specs layer: it imports nothing else of webgrad. Above it, io/gguf.py
+This is the data-and-specs layer: of webgrad it imports only arrays.py. Above it, io/gguf.py
 parses files (types and sizes from GGML_TYPES), io/gpu_dequant.py and codegen/quant.py wrap
 the formats' WGSL in kernels, primitives.py and the executors call dequantize_numpy.
 

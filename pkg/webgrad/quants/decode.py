@@ -14,6 +14,7 @@ import array
 import struct
 import sys
 
+from ..arrays import numpy_or_none
 from .format import GGML_TYPES, TYPE_IDS
 from .registry import FLOATS, FORMATS
 
@@ -39,14 +40,6 @@ def _f16_table() -> list:
                                   if sys.byteorder == "little" else
                                   struct.pack("<65536H", *range(65536))))
     return _F16
-
-
-def _numpy():
-    try:
-        import numpy
-        return numpy
-    except ImportError:
-        return None
 
 
 def _floats(type_name: str, raw: memoryview, n: int, np, out: array.array) -> None:
@@ -89,7 +82,7 @@ def dequantize(type_name: str, raw, n: int, *, what: str = "tensor",
         raise ValueError(f"dequantize {what}: {type_name} is not supported (supported: "
                          f"{', '.join(DEQUANTIZABLE)}); convert the file to one of those, or "
                          "add the format (webgrad/quants/__init__.py says how)")
-    np = _numpy() if use_numpy else None
+    np = numpy_or_none() if use_numpy else None
     out = array.array("f")
     if type_name in FLOATS:
         _floats(type_name, raw, n, np, out)
