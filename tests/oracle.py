@@ -793,7 +793,7 @@ rec("scatter_add_rows/repeats", "lambda v, i: ops.scatter_add_rows(v, i, 3)",
 
 
 def _t_dequantize_q8_0(x, w):
-    # webgrad.quant's Q8_0 layout written out independently: words 0-7 hold the 32 int8
+    # webgrad.quants' Q8_0 layout written out independently: words 0-7 hold the 32 int8
     # quants (4 a word, little-endian), word 8's low half the f16 scale
     u = w.to(torch.int64) & 0xFFFFFFFF
     q = torch.stack([(u[:8] >> (8 * k)) & 255 for k in range(4)], -1).reshape(32)

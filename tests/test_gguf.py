@@ -1,6 +1,6 @@
 """webgrad.io.gguf against the `gguf` package: files written by its GGUFWriter (metadata of
-every value type, tensors in F32/F16/BF16/Q8_0/Q4_0 from its quantizers, Q4_K from random
-blocks, as gguf has no Q4_K quantizer), dequantization bit-equal to gguf.quants.dequantize on
+every value type, tensors in F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 from its quantizers, the k-quants
+(Q4_K, Q5_K, Q6_K) from random blocks, as gguf has no k-quant quantizer), dequantization bit-equal to gguf.quants.dequantize on
 both of our paths (numpy and pure Python), GPT-2 in llama.cpp's layout (names from gguf's own
 tensor map) back to transformers' state dict, and malformed files: every truncation of a
 valid file, a table of faults, and a hypothesis fuzzer.
@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings, strategies as hst
 
 import gguf
 from gguf import GGMLQuantizationType as QT
+from webgrad import quants
 from webgrad.io import gguf as wgg
 
 RNG = np.random.default_rng(0)
@@ -31,13 +32,29 @@ def write(tmp_path, build, arch="test", name="m.gguf"):
     return path
 
 
-def random_blocks(qtype, n_blocks, rng):
-    """Random bytes for n_blocks of qtype, with every f16 scale finite (so no NaN/inf)."""
+# byte offsets of each quant format's f16 fields in a block (the rest of a block is any
+# bytes): random blocks for every format of webgrad.quants.FORMATS
+F16_FIELDS = {QT.Q8_0: (0,), QT.Q4_0: (0,), QT.Q4_1: (0, 2), QT.Q5_0: (0,), QT.Q5_1: (0, 2),
+              QT.Q4_K: (0, 2), QT.Q5_K: (0, 2), QT.Q6_K: (208,)}
+FORMATS = [QT[name] for name in quants.FORMATS]
+# the formats gguf's quantizer writes (the k-quants it only reads: random blocks for those)
+QUANTIZABLE = (QT.Q8_0, QT.Q4_0, QT.Q4_1, QT.Q5_0, QT.Q5_1)
+
+
+def random_blocks(qtype, n_blocks, rng, scale=None):
+    """Random bytes for n_blocks of qtype, with every f16 field finite (so no NaN/inf): of
+    magnitude `scale` (then a format with a min has d, dmin >= 0, as quantizers write them),
+    else of mixed magnitudes."""
     _, size = gguf.GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
-    n_scales = {QT.Q8_0: 1, QT.Q4_0: 1, QT.Q4_K: 2}[qtype]
-    scales = (rng.standard_normal((n_blocks, n_scales)) * rng.choice([1e-3, 1, 300], (n_blocks, 1)))
-    raw[:, :2 * n_scales] = scales.astype(np.float16).view(np.uint8).reshape(n_blocks, -1)
+    for at in F16_FIELDS[qtype]:
+        if scale is None:
+            f = rng.standard_normal(n_blocks) * rng.choice([1e-3, 1, 300], n_blocks)
+        else:
+            f = rng.uniform(-1, 1, n_blocks) * scale
+            if len(F16_FIELDS[qtype]) == 2:
+                f = np.abs(f)
+        raw[:, at:at + 2] = f.astype(np.float16).view(np.uint8).reshape(n_blocks, 2)
     return raw
 
 
@@ -45,7 +62,7 @@ def test_type_table_matches_gguf():
     for qt, (block, size) in gguf.GGML_QUANT_SIZES.items():
         if int(qt) in wgg.GGML_TYPES:
             assert wgg.GGML_TYPES[int(qt)] == (qt.name, block, size)
-    assert {"F32", "F16", "Q8_0", "Q4_0", "Q4_K"} <= set(wgg.TYPE_IDS)
+    assert {"F32", "F16", "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K"} <= set(wgg.DEQUANTIZABLE)
 
 
 def test_metadata_and_tensor_infos(tmp_path):
@@ -86,7 +103,7 @@ def test_metadata_and_tensor_infos(tmp_path):
 
 
 @pytest.mark.parametrize("use_numpy", [True, False], ids=["numpy", "pure"])
-@pytest.mark.parametrize("qtype", [QT.Q8_0, QT.Q4_0, QT.Q4_K, QT.F16, QT.BF16, QT.F32])
+@pytest.mark.parametrize("qtype", FORMATS + [QT.F16, QT.BF16, QT.F32], ids=lambda q: q.name)
 def test_dequantize_equals_gguf(qtype, use_numpy):
     rng = np.random.default_rng(int(qtype))
     block, size = gguf.GGML_QUANT_SIZES[qtype]
@@ -97,7 +114,7 @@ def test_dequantize_equals_gguf(qtype, use_numpy):
         blobs = [raw]
     else:
         blobs = [random_blocks(qtype, 24, rng)]
-        if qtype != QT.Q4_K:                           # gguf quantizes Q8_0 and Q4_0 only
+        if qtype in QUANTIZABLE:
             x = (rng.standard_normal((6, 256)) * rng.choice([0.01, 1, 50], (6, 1))).astype(np.float32)
             blobs.append(gguf.quants.quantize(x, qtype))
     for raw in blobs:
@@ -112,16 +129,15 @@ def test_dequantize_equals_gguf(qtype, use_numpy):
 def test_quantized_tensors_in_a_file(tmp_path):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((8, 512)).astype(np.float32)
-    q4k = random_blocks(QT.Q4_K, 16, rng)
 
     def build(w):
-        for qt in (QT.Q8_0, QT.Q4_0):
-            q = gguf.quants.quantize(x, qt)
+        for qt in FORMATS:
+            q = (gguf.quants.quantize(x, qt) if qt in QUANTIZABLE else
+                 random_blocks(qt, 16, rng).reshape(8, -1))
             w.add_tensor(qt.name, q, raw_shape=q.shape, raw_dtype=qt)
-        w.add_tensor("Q4_K", q4k.reshape(8, -1), raw_shape=(8, 2 * 144), raw_dtype=QT.Q4_K)
 
     f = wgg.load(write(tmp_path, build))
-    for qt in (QT.Q8_0, QT.Q4_0, QT.Q4_K):
+    for qt in FORMATS:
         t = f.tensors[qt.name]
         assert t.type_name == qt.name and t.shape == (8, 512)
         want = gguf.quants.dequantize(np.frombuffer(t.data, np.uint8).reshape(8, -1), qt)

@@ -1,4 +1,5 @@
-"""Quantized weights kept quantized (webgrad/quant.py, codegen/quant.py, GPT2.from_gguf).
+"""Quantized weights kept quantized (webgrad/quants, codegen/quant.py, GPT2.from_gguf),
+for every format of webgrad.quants.FORMATS.
 
 Judged against the gguf package: the GPU layout decodes to gguf.quants.dequantize's values
 bit for bit (numpy and pure-Python paths) and gives back the file's blocks; a program that
@@ -17,52 +18,47 @@ import pytest
 import gguf
 from gguf import GGMLQuantizationType as QT
 import webgrad as wg
-from webgrad import Module, ops, quant
+from webgrad import Module, ops, quants
 from webgrad.arrays import HostArray
 from webgrad.io import gguf as wgg
 from webgrad.primitives import ShapeError
 from webgrad.stateful import compile_program
 
-from test_gguf import write
+from test_gguf import FORMATS, QUANTIZABLE, random_blocks, write
 from backends import WEBGPU, webgpu_available
 
-QTS = [QT.Q8_0, QT.Q4_0, QT.Q4_K]
+QTS = FORMATS    # every format of webgrad.quants.FORMATS
 
-
+# f16 scales of a usable weight size: x ~ scale * (largest quant * largest sub-block scale)
+SCALE = {QT.Q8_0: 0.05, QT.Q4_0: 0.05, QT.Q4_1: 0.05, QT.Q5_0: 0.02, QT.Q5_1: 0.02,
+         QT.Q4_K: 2e-3, QT.Q5_K: 1e-3, QT.Q6_K: 2e-5}
 
 
 def small_blocks(qt, n_blocks, rng):
     """Random blocks with small finite scales (weights of a usable size)."""
-    _, size = gguf.GGML_QUANT_SIZES[qt]
-    raw = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
-    n_scales = 2 if qt == QT.Q4_K else 1
-    scales = rng.uniform(-1, 1, (n_blocks, n_scales)) * (2e-3 if qt == QT.Q4_K else 0.05)
-    if qt == QT.Q4_K:
-        scales = np.abs(scales)
-    raw[:, :2 * n_scales] = scales.astype(np.float16).view(np.uint8).reshape(n_blocks, -1)
-    return raw
+    return random_blocks(qt, n_blocks, rng, scale=SCALE[qt])
 
 
 @pytest.mark.parametrize("n_blocks", [1, 3, 8])
 @pytest.mark.parametrize("qt", QTS, ids=lambda q: q.name)
 def test_layout_decodes_to_gguf(qt, n_blocks):
-    from test_gguf import random_blocks
     rng = np.random.default_rng(n_blocks)
     block, size = gguf.GGML_QUANT_SIZES[qt]
     raw = random_blocks(qt, n_blocks, rng)
     n = n_blocks * block
-    words = quant.transcode(qt.name, raw.tobytes())
-    assert len(words) == 4 * quant.n_words(qt.name, n)
-    assert len(words) - raw.nbytes in ((0, 2) if qt != QT.Q4_K else (0,))  # at most 2 bytes of padding
-    assert quant.raw_blocks(qt.name, words, n) == raw.tobytes()
+    words = quants.transcode(qt.name, raw.tobytes())
+    assert len(words) == 4 * quants.n_words(qt.name, n)
+    assert len(words) - raw.nbytes in ((0, 2) if raw.shape[1] % 4 else (0,))  # at most 2 bytes of padding
+    assert quants.raw_blocks(qt.name, words, n) == raw.tobytes()
     want = gguf.quants.dequantize(raw, qt).astype(np.float32).reshape(-1)
     for use_numpy in (True, False):
-        got = np.frombuffer(quant.dequantize_host(qt.name, words, (n,), use_numpy=use_numpy), np.float32)
+        got = np.frombuffer(quants.dequantize_words(qt.name, words, (n,), use_numpy=use_numpy), np.float32)
         assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
 
 
 # odd shapes: M = 3 rows of x, N rows of W that divide no tile, odd block counts
-SHAPES = {QT.Q8_0: (5, 96), QT.Q4_0: (7, 160), QT.Q4_K: (3, 512)}
+SHAPES = {QT.Q8_0: (5, 96), QT.Q4_0: (7, 160), QT.Q4_1: (3, 96), QT.Q5_0: (5, 160),
+          QT.Q5_1: (7, 96), QT.Q4_K: (3, 512), QT.Q5_K: (5, 512), QT.Q6_K: (7, 768)}
 
 
 @pytest.mark.parametrize("backend", ["reference", "torch", WEBGPU])
@@ -73,8 +69,8 @@ def test_matmul_and_gather_read_the_blocks(qt, backend):
     N, K = SHAPES[qt]
     raw = small_blocks(qt, N * K // gguf.GGML_QUANT_SIZES[qt][0], rng)
     W = gguf.quants.dequantize(raw.reshape(N, -1), qt)
-    words = np.frombuffer(quant.transcode(qt.name, raw.tobytes()), np.int32)
-    spec = quant.QuantSpec(qt.name, (N, K), transposed=True)
+    words = np.frombuffer(quants.transcode(qt.name, raw.tobytes()), np.int32)
+    spec = quants.QuantSpec(qt.name, (N, K), transposed=True)
 
     class M(Module):
         def __init__(self):
@@ -117,7 +113,7 @@ def test_matmul_and_gather_read_the_blocks(qt, backend):
 
 
 def test_quantized_params_are_not_trainable():
-    spec = quant.QuantSpec("Q8_0", (4, 32), transposed=True)
+    spec = quants.QuantSpec("Q8_0", (4, 32), transposed=True)
 
     class M(Module):
         def __init__(self):
@@ -144,25 +140,25 @@ def test_dequantize_shape_errors():
         build(9, "Q8_0", (2, 32))
     with pytest.raises(ShapeError, match="rows must be whole blocks of 256 values; shape \\[1, 32\\]"):
         build(9, "Q4_K", (1, 32))
-    with pytest.raises(ShapeError, match="'Q5_K' is not kept quantized"):
-        build(9, "Q5_K", (1, 256))
+    with pytest.raises(ShapeError, match="'Q3_K' is not kept quantized"):
+        build(9, "Q3_K", (1, 256))
     with pytest.raises(ValueError, match="do not give the declared shape"):
         class M(Module):
             def __init__(self):
                 super().__init__()
                 self.w = self.param([32, 4])
-                self.w.quant = quant.QuantSpec("Q8_0", (32, 4 * 8))
+                self.w.quant = quants.QuantSpec("Q8_0", (32, 4 * 8))
         compile_program("reference", M, lambda m, f: {"y": m.w * 1.0}, inputs={})
 
 
 # ---------------------------------------------------------------------------- GPT-2
 
-def quantized_gpt2(tmp_path, qt, *, n_embd, n_head, vocab=97, n_ctx=13, n_layer=2):
+def quantized_gpt2(tmp_path, qt, *, n_embd, n_head, vocab=97, n_ctx=13, n_layer=2, mix=None):
     """A llama.cpp gpt2 GGUF (gguf's names) whose 2-D tensors, the token and position
-    tables included, are all `qt`; 1-D ones F32. Returns (path, transformers-layout state
-    dict of the values gguf dequantizes)."""
+    tables included, are all `qt` (or mix[name] where mix names them); 1-D ones F32. Returns
+    (path, transformers-layout state dict of the values gguf dequantizes)."""
     rng = np.random.default_rng(int(qt) + n_embd)
-    D = n_embd
+    qt0, D = qt, n_embd
     shapes = {"token_embd.weight": (vocab, D), "position_embd.weight": (n_ctx, D),
               "output_norm.weight": (D,), "output_norm.bias": (D,)}
     for i in range(n_layer):
@@ -184,14 +180,15 @@ def quantized_gpt2(tmp_path, qt, *, n_embd, n_head, vocab=97, n_ctx=13, n_layer=
                 values[name] = v.astype(np.float32)
                 w.add_tensor(name, values[name])
                 continue
-            if qt == QT.Q4_K:   # gguf cannot quantize Q4_K: random blocks of small scale
+            qt = (mix or {}).get(name, qt0)
+            if qt not in QUANTIZABLE:   # gguf has no k-quant quantizer: random blocks
                 q = small_blocks(qt, s[0] * s[1] // 256, rng).reshape(s[0], -1)
             else:
                 q = gguf.quants.quantize((0.08 * rng.standard_normal(s)).astype(np.float32), qt)
             values[name] = gguf.quants.dequantize(q, qt)
             w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=qt)
 
-    path = write(tmp_path, build, arch="gpt2", name=f"{qt.name}.gguf")
+    path = write(tmp_path, build, arch="gpt2", name=f"{qt0.name}{'_mixed' if mix else ''}.gguf")
     hf = {"token_embd.weight": "wte.weight", "position_embd.weight": "wpe.weight",
           "output_norm.weight": "ln_f.weight", "output_norm.bias": "ln_f.bias"}
     blk = {"attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj",
@@ -207,7 +204,10 @@ def quantized_gpt2(tmp_path, qt, *, n_embd, n_head, vocab=97, n_ctx=13, n_layer=
 
 
 CONFIGS = {QT.Q8_0: dict(n_embd=96, n_head=3), QT.Q4_0: dict(n_embd=96, n_head=3),
-           QT.Q4_K: dict(n_embd=256, n_head=4)}
+           QT.Q4_1: dict(n_embd=96, n_head=3), QT.Q5_0: dict(n_embd=96, n_head=3),
+           QT.Q5_1: dict(n_embd=96, n_head=3),
+           QT.Q4_K: dict(n_embd=256, n_head=4), QT.Q5_K: dict(n_embd=256, n_head=4),
+           QT.Q6_K: dict(n_embd=256, n_head=4)}
 
 
 @pytest.mark.parametrize("backend", ["reference", WEBGPU])
@@ -251,6 +251,34 @@ def test_gpt2_quantized_logits_equal_host_dequantized(tmp_path, qt, backend):
         m.load_state_dict(sd)
 
 
+# the types of a llama.cpp Q4_K_M gpt2 file: Q4_K, with Q5_K for attn_qkv and Q6_K for
+# ffn_down of some layers (llama-quantize's "more bits" rule), here the token table too
+Q4_K_M = {"blk.0.attn_qkv.weight": QT.Q5_K, "blk.1.attn_qkv.weight": QT.Q5_K,
+          "blk.0.ffn_down.weight": QT.Q6_K, "token_embd.weight": QT.Q6_K}
+
+
+@pytest.mark.parametrize("backend", ["reference", WEBGPU])
+def test_gpt2_mixed_k_quants_stay_quantized(tmp_path, backend):
+    """A Q4_K_M-style file loads with every matrix held in its own type, and its logits
+    (full and one decode step) equal those of gguf's dequantized weights loaded as f32."""
+    from webgrad.models import gpt2
+    path, sd = quantized_gpt2(tmp_path, QT.Q4_K, n_embd=256, n_head=4, mix=Q4_K_M)
+    m = gpt2.GPT2.from_gguf(path, backend=backend)
+    assert m.quant["wte.weight"].qtype == "Q6_K" and m.quant["h.0.mlp.c_proj.weight"].qtype == "Q6_K"
+    assert m.quant["h.1.attn.c_attn.weight"].qtype == "Q5_K" and m.quant["h.1.mlp.c_fc.weight"].qtype == "Q4_K"
+    host = gpt2.GPT2.from_hf_state_dict(m.cfg, sd, backend=backend)
+    tol = 2e-6 if backend == "webgpu" else 2e-5
+    ids = [3, 1, 4, 1, 5, 9, 2, 6, 96, 0, 11]
+    want = np.asarray(host.forward(ids))
+    assert np.isfinite(want).all() and np.abs(want).max() > 0.1
+    np.testing.assert_allclose(np.asarray(m.forward(ids)), want, rtol=0, atol=tol * np.abs(want).max())
+    c1, c2 = m.new_cache(), host.new_cache()
+    m.logits_step(ids[:5], c1)
+    host.logits_step(ids[:5], c2)
+    a, b = np.asarray(m.logits_step([7], c1)), np.asarray(host.logits_step([7], c2))
+    np.testing.assert_allclose(a, b, rtol=0, atol=tol * np.abs(b).max())
+
+
 def test_gpt2_keep_quantized_false_and_split_table(tmp_path):
     """keep_quantized=False: f32 parameters as before. A token table split by the binding
     limit is split as blocks (row ranges of whole blocks)."""
@@ -263,7 +291,7 @@ def test_gpt2_keep_quantized_false_and_split_table(tmp_path):
     np.testing.assert_allclose(np.asarray(m.forward(ids)), np.asarray(host.forward(ids)),
                                rtol=0, atol=1e-6)
     cfg = m.cfg
-    full = {"wte.weight": quant.QuantSpec("Q8_0", (cfg.vocab_size, cfg.n_embd))}
+    full = {"wte.weight": quants.QuantSpec("Q8_0", (cfg.vocab_size, cfg.n_embd))}
     split = gpt2.GPT2(cfg, "reference", wte_chunks=3, quant=full)
     assert sorted(n for n in split.quant if n.startswith("wte")) == ["wte.0.weight", "wte.1.weight",
                                                                      "wte.2.weight"]

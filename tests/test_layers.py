@@ -23,7 +23,7 @@ PKG = Path(__file__).resolve().parents[1] / "pkg" / "webgrad"
 # bottom-up; a module may import its own layer and those below. Names are relative to
 # webgrad ("" is the package itself); "x.*" is every module of package x.
 LAYERS = [
-    ("data and specs", ["ir", "arrays", "init", "quant", "blocking"]),
+    ("data and specs", ["ir", "arrays", "init", "quants", "quants.*", "blocking"]),
     ("file formats", ["io", "io.safetensors", "io.gguf", "io.gpu_dequant", "io.modelcache"]),
     ("the op language", ["tensor", "primitives", "ops"]),
     ("modules and autodiff", ["module", "nn", "grad", "optim", "lr"]),
@@ -40,16 +40,7 @@ KNOT = {"tensor", "ops", "primitives"}   # the op language: the one allowed cycl
 
 # (importer, imported, private name or None): known, temporarily allowed
 EXCEPTIONS = {
-    # quant.py's host dequantize calls io/gguf.py's; the quant-formats change moves the format
-    # definitions out of io/gguf.py (quant.py and io/gguf.py are edited only there for now)
-    ("quant", "io.gguf", None): "quant formats defined in the GGUF reader",
-    # gguf.gpt2_write_async: GPT-2's GGUF loading is filed in the format module (it drives
-    # io/gpu_dequant.py, which reads gguf back: a cycle); it moves to models/ after that change
-    ("io.gguf", "io.gpu_dequant", None): "GPT-2 loading in io/gguf.py",
-    # gguf's host transpose of a dequantized [out, in] matrix, private until io/gguf.py is
-    # edited (then a public helper of arrays.py)
-    ("io.gpu_dequant", "io.gguf", "_transpose"): "io/gguf.py's private transpose",
-    ("models.gpt2", "io.gguf", "_transpose"): "io/gguf.py's private transpose",
+    # none now; a line here names a known edge, why it is there and what removes it
 }
 
 

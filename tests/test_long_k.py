@@ -36,7 +36,7 @@ RECORDS = [
 
 
 def _t_q8_0_wt(x, w):
-    """x @ W^T for W [1, KQ] in webgrad's Q8_0 word layout (webgrad/quant.py), decoded
+    """x @ W^T for W [1, KQ] in webgrad's Q8_0 word layout (webgrad/quants/q8_0.py), decoded
     independently: words [8 b, 8 b + 8) hold block b's 32 int8 quants (4 a word,
     little-endian), word 8 nb + b / 2 its f16 scale in half b % 2."""
     import torch

@@ -102,7 +102,7 @@ def _quantized(tmp_path, qt_name, backend):
 @pytest.mark.parametrize("qt", ["Q4_K", "Q8_0"])
 def test_quantized_image_keeps_the_gpu_words(tmp_path, qt, backend, monkeypatch):
     import gguf
-    from webgrad import quant
+    from webgrad import quants
     path, m = _quantized(tmp_path, qt, backend)
     assert m.quant_full and m.wte_chunks == 1
     meta, data = image(m)
@@ -119,11 +119,12 @@ def test_quantized_image_keeps_the_gpu_words(tmp_path, qt, backend, monkeypatch)
             q = t["quant"]
             assert q["qtype"] == qt and tuple(q["shape"]) == m.quant_full[t["name"]].shape
             words = data[t["offset"]:t["offset"] + t["nbytes"]]
-            assert quant.raw_blocks(qt, words, int(np.prod(q["shape"]))) == blocks[names[t["name"]]]
+            assert quants.raw_blocks(qt, words, int(np.prod(q["shape"]))) == blocks[names[t["name"]]]
     # restored: the same specs and bytes, nothing transcoded again, the same logits bit for bit
     def no_transcode(*a):
         raise AssertionError("restore transcoded blocks")
-    monkeypatch.setattr(quant, "transcode", no_transcode)
+    monkeypatch.setattr(quants, "transcode", no_transcode)
+    monkeypatch.setattr(gpt2_cache, "transcode", no_transcode)   # imported by name there
     back = gpt2_cache.restore(meta, data, backend=backend)
     monkeypatch.undo()
     assert back.quant_full == m.quant_full and back.quant == m.quant
@@ -190,7 +191,7 @@ def test_damaged_quantized_images_are_refused_by_field(tmp_path):
         return next(t for t in m["tensors"] if t["name"] == name)
     cases = [
         ("format", lambda m: m.update(format=1)),          # written before quantized images
-        (".quant.qtype", lambda m: q(m)["quant"].update(qtype="Q6_K")),
+        (".quant.qtype", lambda m: q(m)["quant"].update(qtype="Q3_K")),
         (".quant.qtype", lambda m: q(m)["quant"].update(qtype=None)),
         (".quant.transposed", lambda m: q(m)["quant"].update(transposed="yes")),
         (".quant.transposed", lambda m: q(m)["quant"].update(transposed=not q(m)["quant"]["transposed"])),

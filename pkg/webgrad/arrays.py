@@ -326,6 +326,17 @@ def _from_js(v):
     return v.to_py()
 
 
+def transpose2d(h: HostArray) -> HostArray:
+    """An f32 [cols, rows] HostArray holding the 2-D f32 HostArray h [rows, cols] transposed
+    (GGUF's [out, in] matrices, dequantized on the host, into transformers' Conv1D [in, out])."""
+    rows, cols = h.shape
+    out = HostArray("f32", shape=(cols, rows))
+    out.frombytes(bytes(4 * rows * cols))
+    for r in range(rows):                    # row r of h is column r of the result
+        out[r::rows] = h[r * cols:(r + 1) * cols]
+    return out
+
+
 def numpy_or_none():
     try:
         import numpy

@@ -19,7 +19,7 @@ compile_module(factory, loss_fn, ...):
                           order; codegen/remat.py leaves unstored the expressions whose
                           buffer would save no memory (GELU's tanh, recomputed in the
                           backward); buffers.py packs the temporaries into a pool
-     6b. (webgpu)         quantized weights (quant.py: GGUF blocks, ops.dequantize) are never
+     6b. (webgpu)         quantized weights (quants/: GGUF blocks, ops.dequantize) are never
                           stored as f32: matmuls and gathers decode them in registers
                           (codegen/quant.py)
   7. init                 parameters get their initial values from one counter-based generator

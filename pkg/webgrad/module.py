@@ -6,7 +6,7 @@ names its params "blocks.0.W", ...). Declaring stores a `ParamSpec`; `materializ
 the tree in attribute order, names each spec by its attribute path, adds a `param` leaf to
 the graph being traced, and replaces the spec with that Tensor, so the user's forward
 function reads `m.W` as a Tensor. A spec held in two places (tied weights) is one parameter.
-A spec with `quant` set (a quant.QuantSpec; models/gpt2.py sets it for GGUF weights) is held
+A spec with `quant` set (a quants.QuantSpec; models/gpt2.py sets it for GGUF weights) is held
 quantized: its leaf is an i32 `param` of words, and the forward reads it through
 ops.dequantize (transposed when the spec says so), so model code is the same for full and
 quantized precision. Such parameters are inference-only (compile.py refuses to train them).
@@ -24,7 +24,7 @@ class ParamSpec:
     shape: tuple[int, ...]
     init: _init.Init
     decay: bool | None = None  # None: the init's default (see Init.decays)
-    quant: object = None       # a quant.QuantSpec: held as quantized blocks (inference only)
+    quant: object = None       # a quants.QuantSpec: held as quantized blocks (inference only)
 
     @property
     def decays(self) -> bool:

@@ -322,7 +322,8 @@ matmul_batched = matmul
 
 def dequantize(words, qtype: str, shape):
     """The f32 tensor of `shape` that quantized blocks encode: words is an i32 vector in
-    webgrad.quant's layout of GGUF's Q8_0 / Q4_0 / Q4_K blocks (blocks along the last axis).
+    webgrad.quants' word layout of GGUF's blocks of a type in quants.FORMATS (blocks along
+    the last axis).
     Not differentiable. On WebGPU it is read in registers by its consumers (a matmul's
     operand, an embedding's rows): the f32 values are never stored."""
     return bind("dequantize", words, qtype=str(qtype), shape=tuple(int(s) for s in shape))

@@ -484,10 +484,10 @@ defprim("matmul", "matmul", shape=_matmul_shape, ref=lambda np, a, x, y: np.matm
 
 
 def _dequantize_shape(ins, attrs):
-    from .quant import check, n_words
+    from .quants import check, n_words
     w, qtype, shape = ins[0], attrs["qtype"], tuple(attrs["shape"])
     if w.dtype != "i32" or len(w.shape) != 1:
-        raise ShapeError("the blocks must be an i32 vector of words (webgrad.quant's layout)")
+        raise ShapeError("the blocks must be an i32 vector of words (webgrad.quants' word layout)")
     try:
         check(qtype, shape, "dequantize")
     except ValueError as e:
@@ -499,12 +499,12 @@ def _dequantize_shape(ins, attrs):
 
 
 def _dequantize_ref(np, a, w):
-    from .quant import dequantize_numpy
+    from .quants import dequantize_numpy
     return dequantize_numpy(np, a["qtype"], w, a["shape"])
 
 
 defprim("dequantize", "quant", shape=_dequantize_shape, ref=_dequantize_ref, grad=None,
-        doc="quantized blocks -> f32 (quant.py): a primitive because on WebGPU its consumers "
+        doc="quantized blocks -> f32 (webgrad/quants): a primitive because on WebGPU its consumers "
             "decode the blocks in registers (codegen/quant.py), which no composition of "
             "bit ops on i32 would let a matmul do without storing the f32 weights")
 

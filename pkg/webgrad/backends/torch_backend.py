@@ -126,10 +126,10 @@ def _scatter_add_rows(a, g, i):
 
 
 def _dequantize(a, w):
-    # the blocks are decoded by the spec's own formulas (quant.py) on the host; the
+    # the blocks are decoded by the formats' own formulas (webgrad/quants) on the host; the
     # values are exact (f16 scales times small integers), so nothing is lost in the trip
     import numpy as np
-    from ..quant import dequantize_numpy
+    from ..quants import dequantize_numpy
     x = dequantize_numpy(np, a["qtype"], w.detach().to("cpu").numpy(), a["shape"])
     return torch.from_numpy(x).to(w.device)
 

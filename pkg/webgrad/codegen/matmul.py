@@ -441,9 +441,9 @@ def group_config(limits, M: int, K: int, N: int, nb: int,
 def cpu_splits(K: int) -> tuple[int, int]:
     """(chunks, K per chunk) so that no invocation loops over more than
     CPU_LOOP_ITERATIONS values of K (a chunk of K runs at most that many iterations in
-    either kernel: the tiled one K/BK steps of BK, the direct one K, or K/32 groups of 8
-    for a quantized W^T); chunks are multiples of 32, so quantized groups never straddle
-    two. (1, K): no split."""
+    either kernel: the tiled one K/BK steps of BK, the direct one K, or K/G groups of G/4
+    for a quantized W^T); chunks are multiples of 32, so quantized groups (of 32 or 16)
+    never straddle two. (1, K): no split."""
     if K <= CPU_LOOP_ITERATIONS:
         return 1, K
     S = -(-K // CPU_LOOP_ITERATIONS)
@@ -940,9 +940,12 @@ def _sum(terms: list[str]) -> str:
 
 def _grouped_quant(sb, offb, dimb, bsh, K) -> bool:
     """Is B a quantized W^T whose K runs along W's rows (stride 1) from group starts?"""
-    return (isinstance(sb, QuantOperand) and len(bsh) == 2 and K % 32 == 0 and offb % 32 == 0
+    if not isinstance(sb, QuantOperand):
+        return False
+    G = sb.group
+    return (len(bsh) == 2 and K % G == 0 and offb % G == 0
             and _canon_digits(dimb[-2]) == [(K, 1)]
-            and all(st % 32 == 0 for c, st in dimb[-1] if c > 1))
+            and all(st % G == 0 for c, st in dimb[-1] if c > 1))
 
 
 def _canon_digits(digits):
@@ -1011,15 +1014,16 @@ def _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh) -> list:
                 L(f"{acc[i][j]} = fma(xa{i}, yb{j}, {acc[i][j]});")
 
     if _grouped_quant(sb, offb, dimb, bsh, K):
-        # x @ W^T of a quantized W: K walks each row of W in groups of 32 values that share
-        # a scale (and a min), read once per group, and 4 at a time from one word; each
-        # value is the same f32 operations as the per-element decode
-        sfn, qfn, has_min = group_helpers(kernel, sb)
-        with em.block(f"for (var kq = {kbeg} / 32u; kq < {kend} / 32u; kq++)"):
+        # x @ W^T of a quantized W: K walks each row of W in groups of G values (32; Q6_K
+        # 16) that share a scale (and a min), read once per group, and 4 at a time from one
+        # word; each value is the same f32 operations as the per-element decode
+        sfn, qfn, has_min, G = group_helpers(kernel, sb)
+        sh = G.bit_length() - 1
+        with em.block(f"for (var kq = {kbeg} / {G}u; kq < {kend} / {G}u; kq++)"):
             for j in range(TN):
-                L(f"let s{j} = {sfn}(({cb[j]} >> 5u) + kq);")
-            with em.block("for (var kk = 0u; kk < 32u; kk += 4u)"):
-                L("let k0 = kq * 32u + kk;")
+                L(f"let s{j} = {sfn}(({cb[j]} >> {sh}u) + kq);")
+            with em.block(f"for (var kk = 0u; kk < {G}u; kk += 4u)"):
+                L(f"let k0 = kq * {G}u + kk;")
                 for j in range(TN):
                     L(f"let q{j} = {qfn}({cb[j]} + k0);")   # one word: 4 values of W's row
                 for t in range(4):

@@ -1,4 +1,4 @@
-"""GGUF (llama.cpp's weight format), read and dequantized in pure Python.
+"""GGUF (llama.cpp's weight format), read in pure Python.
 
 A GGUF v3 file (v2 has the same layout) is, little-endian:
     magic "GGUF", version u32, tensor count u64, metadata count u64,
@@ -17,17 +17,16 @@ API (consumers: GPT-2 loading, the tests, the browser page):
     t = f.tensors["blk.0.attn_qkv.weight"]
     t.type_name, t.shape          # "Q4_K"; shape in numpy/torch order (dims reversed)
     t.data                        # zero-copy memoryview of the raw blocks
-    t.dequantize()                # HostArray f32 with t.shape (F32/F16/BF16/Q8_0/Q4_0/Q4_K)
+    t.dequantize()                # HostArray f32 with t.shape (any type of
+                                  #  gguf.DEQUANTIZABLE: floats, webgrad.quants.FORMATS)
     gguf.dequantize(type_name, raw, n)  # array('f') of n values from raw blocks
     gguf.gpt2_state_dict(f)       # (hyper-parameters, state dict in transformers' GPT-2
                                   #  names and layouts) from llama.cpp's gpt2 tensors;
                                   #  webgrad.models.gpt2.GPT2.from_gguf is built on it
 
-Dequantization equals the `gguf` package's bit for bit (tests/test_gguf.py): the block
-formulas below, computed in Python floats and rounded once to f32, are exact, because every
-product and difference involved is a multiple of 2^-24 below 2^27 (f16 scales times small
-integers), which a double holds exactly. Where numpy imports, the same formulas run
-vectorized in float32 (each f32 operation is then exact or rounds once, as gguf's do).
+This module only parses: the block types' sizes (GGML_TYPES) and their decoding
+(dequantize) come from webgrad.quants, which defines each quant format once and is bit-equal
+to the `gguf` package's dequantization (tests/test_gguf.py, tests/test_quant_formats.py).
 
 Reading checks everything against the file before allocating: magic and version, counts
 against the bytes left (each entry takes at least a few bytes), string and array lengths,
@@ -39,31 +38,17 @@ from __future__ import annotations
 
 import array
 import struct
-import sys
 from math import prod
 
-from ..arrays import HostArray, numpy_or_none
+from .. import quants
+from ..arrays import HostArray, transpose2d
+from ..quants import DEQUANTIZABLE, GGML_TYPES, TYPE_IDS  # noqa: F401  (this module's API too)
 from .safetensors import read_source as _source  # the same path / bytes / file reading
 
 MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4
 MAX_NESTING = 8                      # arrays of arrays: GGUF writers produce at most 2 levels
-
-# ggml type id -> (name, elements per block, bytes per block)
-GGML_TYPES = {
-    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
-    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 40),
-    10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144),
-    13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292),
-    16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98),
-    19: ("IQ1_S", 256, 50), 20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110),
-    22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136), 24: ("I8", 1, 1), 25: ("I16", 1, 2),
-    26: ("I32", 1, 4), 27: ("I64", 1, 8), 28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56),
-    30: ("BF16", 1, 2), 34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17),
-}
-TYPE_IDS = {name: i for i, (name, _, _) in GGML_TYPES.items()}
-DEQUANTIZABLE = ("F32", "F16", "BF16", "F64", "Q8_0", "Q4_0", "Q4_K")
 
 # metadata value type -> (name, struct code or None for string/array)
 _VALUE_TYPES = {0: ("UINT8", "B"), 1: ("INT8", "b"), 2: ("UINT16", "H"), 3: ("INT16", "h"),
@@ -261,145 +246,14 @@ def load(src) -> GGUFFile:
 
 # ----------------------------------------------------------------------------- dequantizing
 
-def _f16(raw) -> float:
-    return struct.unpack("<e", raw)[0]
-
-
-_F16: list | None = None
-
-
-def _f16_table() -> list:
-    """Every f16 bit pattern's value (65536 floats, built once): struct's per-value 'e'
-    unpacking is several times slower than a list lookup."""
-    global _F16
-    if _F16 is None:
-        _F16 = list(struct.unpack("<65536e", array.array("H", range(65536)).tobytes()
-                                  if sys.byteorder == "little" else
-                                  struct.pack("<65536H", *range(65536))))
-    return _F16
-
-
-def _q8_0(raw: memoryview, nblocks: int, out: array.array) -> None:
-    # block: d (f16), q[32] (i8);  x = d * q
-    for b in range(nblocks):
-        o = 34 * b
-        d = _f16(raw[o:o + 2])
-        out.extend([d * q for q in struct.unpack("<32b", raw[o + 2:o + 34])])
-
-
-def _q4_0(raw: memoryview, nblocks: int, out: array.array) -> None:
-    # block: d (f16), qs[16] (u8); element j < 16 is the low nibble of qs[j], element 16 + j
-    # its high nibble;  x = d * (nibble - 8)
-    for b in range(nblocks):
-        o = 18 * b
-        d = _f16(raw[o:o + 2])
-        qs = raw[o + 2:o + 18]
-        out.extend([d * ((q & 15) - 8) for q in qs])
-        out.extend([d * ((q >> 4) - 8) for q in qs])
-
-
-def _k4_scales(s) -> tuple[list[int], list[int]]:
-    """Q4_K's 12 scale bytes -> 8 (scale, min) pairs of 6 bits: pairs 0-3 are the low 6 bits
-    of bytes 0-3 (scales) and 4-7 (mins); pairs 4-7 take their low 4 bits from the nibbles of
-    bytes 8-11 and their top 2 bits from the top bits of bytes 0-3 / 4-7."""
-    sc = [s[j] & 63 for j in range(4)] + [(s[j + 8] & 15) | ((s[j] >> 6) << 4) for j in range(4)]
-    mn = [s[j + 4] & 63 for j in range(4)] + [(s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4)
-                                              for j in range(4)]
-    return sc, mn
-
-
-def _q4_k(raw: memoryview, nblocks: int, out: array.array) -> None:
-    # super-block of 256: d, dmin (f16), 12 scale bytes, qs[128]; four groups of 64 elements,
-    # group g reads qs[32g:32g+32]: low nibbles are sub-block 2g, high nibbles sub-block 2g+1;
-    # x = (d * scale[sub]) * q - dmin * min[sub]
-    for b in range(nblocks):
-        o = 144 * b
-        d, dmin = struct.unpack("<2e", raw[o:o + 4])
-        sc, mn = _k4_scales(raw[o + 4:o + 16])
-        qs = raw[o + 16:o + 144]
-        for g in range(4):
-            chunk = qs[32 * g:32 * g + 32]
-            lo_d, lo_m = d * sc[2 * g], dmin * mn[2 * g]
-            hi_d, hi_m = d * sc[2 * g + 1], dmin * mn[2 * g + 1]
-            out.extend([lo_d * (q & 15) - lo_m for q in chunk])
-            out.extend([hi_d * (q >> 4) - hi_m for q in chunk])
-
-
-def _numpy_dequantize(np, type_name: str, raw, n: int):
-    """The same formulas, vectorized in float32."""
-    f32 = np.float32
-    if type_name == "Q8_0":
-        blocks = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 34)
-        d = blocks[:, :2].copy().view("<f2").astype(f32)
-        return (blocks[:, 2:].copy().view(np.int8).astype(f32) * d).reshape(-1)
-    if type_name == "Q4_0":
-        blocks = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 18)
-        d = blocks[:, :2].copy().view("<f2").astype(f32)
-        qs = blocks[:, 2:]
-        q = np.concatenate([qs & 15, qs >> 4], axis=1).astype(np.int8) - np.int8(8)
-        return (d * q.astype(f32)).reshape(-1)
-    if type_name == "Q4_K":
-        blocks = np.frombuffer(raw, dtype=np.uint8).reshape(-1, 144)
-        d = blocks[:, 0:2].copy().view("<f2").astype(f32)
-        dmin = blocks[:, 2:4].copy().view("<f2").astype(f32)
-        s = blocks[:, 4:16].astype(np.int32)
-        sc = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 15) | ((s[:, 0:4] >> 6) << 4)], axis=1)
-        mn = np.concatenate([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], axis=1)
-        qs = blocks[:, 16:].reshape(-1, 4, 32)
-        q = np.stack([qs & 15, qs >> 4], axis=2).reshape(-1, 8, 32).astype(f32)   # sub-blocks
-        dl = (d * sc.astype(f32))[:, :, None]
-        ml = (dmin * mn.astype(f32))[:, :, None]
-        return (dl * q - ml).reshape(-1)
-    return None
-
-
-def dequantize(type_name: str, raw, n: int, *, what: str = "tensor", use_numpy: bool = True) -> array.array:
-    """n f32 values (array('f')) from raw data of a ggml type."""
-    if type_name not in TYPE_IDS:
-        raise GGUFError(f"dequantize {what}: unknown ggml type {type_name!r}")
-    _, block, bsize = GGML_TYPES[TYPE_IDS[type_name]]
-    raw = memoryview(raw).cast("B")
-    if n % block or raw.nbytes != n // block * bsize:
-        raise GGUFError(f"dequantize {what}: {raw.nbytes} bytes is not {n} {type_name} values "
-                        f"({n // block * bsize} bytes in blocks of {block})")
-    out = array.array("f")
-    if type_name == "F32":
-        out.frombytes(raw)
-        if sys.byteorder != "little":
-            out.byteswap()
-        return out
-    if type_name == "BF16":
-        wide = bytearray(4 * n)                       # bf16 = the top half of an f32
-        wide[2::4] = raw[0::2]
-        wide[3::4] = raw[1::2]
-        out.frombytes(wide)
-        if sys.byteorder != "little":
-            out.byteswap()
-        return out
-    if type_name == "F16":
-        np = numpy_or_none() if use_numpy else None
-        if np is not None:
-            out.frombytes(np.frombuffer(raw, dtype="<f2").astype("<f4").tobytes())
-            return out
-        halves = array.array("H")
-        halves.frombytes(raw)
-        if sys.byteorder != "little":
-            halves.byteswap()
-        out.extend(map(_f16_table().__getitem__, halves))   # one C-level lookup per value
-        return out
-    if type_name == "F64":
-        out.extend(struct.unpack(f"<{n}d", raw))
-        return out
-    impl = {"Q8_0": _q8_0, "Q4_0": _q4_0, "Q4_K": _q4_k}.get(type_name)
-    if impl is None:
-        raise GGUFError(f"dequantize {what}: {type_name} is not supported (supported: "
-                        f"{', '.join(DEQUANTIZABLE)})")
-    np = numpy_or_none() if use_numpy else None
-    if np is not None:
-        out.frombytes(_numpy_dequantize(np, type_name, raw, n).astype("<f4").tobytes())
-        return out
-    impl(raw, n // block, out)
-    return out
+def dequantize(type_name: str, raw, n: int, *, what: str = "tensor",
+               use_numpy: bool = True) -> array.array:
+    """n f32 values (array('f')) from raw data of a ggml type (quants.dequantize, whose
+    errors come back as GGUFError)."""
+    try:
+        return quants.dequantize(type_name, raw, n, what=what, use_numpy=use_numpy)
+    except ValueError as e:
+        raise GGUFError(str(e)) from None
 
 
 # ----------------------------------------------------------------------------- GPT-2
@@ -412,15 +266,6 @@ _GPT2_GLOBAL = {"token_embd.weight": "wte.weight", "position_embd.weight": "wpe.
 _GPT2_BLOCK = {"attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj",
                "ffn_norm": "ln_2", "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
 _GPT2_CONV1D = {"attn_qkv", "attn_output", "ffn_up", "ffn_down"}
-
-
-def _transpose(h: HostArray) -> HostArray:
-    rows, cols = h.shape
-    out = HostArray("f32", shape=(cols, rows))
-    out.frombytes(bytes(4 * rows * cols))
-    for r in range(rows):                    # row r of h is column r of the result
-        out[r::rows] = h[r * cols:(r + 1) * cols]
-    return out
 
 
 def gpt2_tensors(f: GGUFFile) -> dict[str, tuple[GGUFTensor, bool]]:
@@ -491,7 +336,7 @@ def gpt2_state_dict(f: GGUFFile | object) -> tuple[dict, dict[str, HostArray]]:
     sd = {}
     for hf, (t, transposed) in gpt2_tensors(f).items():
         h = t.dequantize()
-        sd[hf] = _transpose(h) if transposed else h
+        sd[hf] = transpose2d(h) if transposed else h
     return cfg, sd
 
 

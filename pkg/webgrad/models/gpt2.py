@@ -135,7 +135,7 @@ class GPT2Module(Module):
         self.wpe = _Table(cfg.n_ctx, cfg.n_embd, 0.01)
         self.h = [_Block(cfg) for _ in range(cfg.n_layer)]
         self.ln_f = _LayerNorm(cfg.n_embd)
-        # quant: parameter name -> quant.QuantSpec: those weights are held as blocks and read
+        # quant: parameter name -> quants.QuantSpec: those weights are held as blocks and read
         # through ops.dequantize (module.py); the forward code is the same
         for name, spec in self.named_specs():
             if quant and name in quant:
@@ -155,7 +155,7 @@ def wte_split(cfg: GPT2Config, chunks: int) -> list[tuple[int, int]]:
 def wte_chunks_for(cfg: GPT2Config, backend, qtype: str | None = None) -> int:
     """How many row blocks the token table needs on `backend` (1 unless a binding limit bites);
     qtype: the table is held quantized (its blocks are what a binding holds)."""
-    from ..quant import n_words
+    from ..quants import n_words
     lim = getattr(getattr(backend, "limits", None), "max_storage_buffer_binding_size", None)
     if not lim:
         return 1
@@ -349,10 +349,10 @@ class GPT2:
                  quant: dict | None = None):
         """Zero weights on `backend`; wte_chunks (default: what the device's binding limit
         needs) splits the token table into row blocks. quant: {transformers name:
-        quant.QuantSpec} of weights held as quantized blocks (from_gguf fills it; write them
+        quants.QuantSpec} of weights held as quantized blocks (from_gguf fills it; write them
         with write_blocks)."""
         from ..backends import get_backend
-        from ..quant import QuantSpec
+        from ..quants import QuantSpec
         self.cfg = cfg
         self.backend = get_backend(backend)
         full = dict(quant or {})
@@ -426,11 +426,12 @@ class GPT2:
     @classmethod
     def from_gguf(cls, path_or_bytes, backend="auto", *, keep_quantized: bool = True,
                   progress=None) -> "GPT2":
-        """A llama.cpp gpt2 GGUF (io/gguf.py maps its names and metadata; F32/F16/BF16/Q8_0/
-        Q4_0/Q4_K weights; no output.weight = tied to the token table).
+        """A llama.cpp gpt2 GGUF (io/gguf.py maps its names and metadata; F32/F16/BF16
+        weights and those of webgrad.quants.FORMATS, Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K, so
+        Q4_K_M and Q5_K_M files too; no output.weight = tied to the token table).
 
-        keep_quantized (the default): Q8_0/Q4_0/Q4_K matrices stay quantized on every
-        backend, transcoded to quant.py's aligned layout (the same bytes as the file): on
+        keep_quantized (the default): matrices of those quant formats stay quantized on
+        every backend, transcoded to webgrad.quants' aligned word layout (the same bytes as the file): on
         WebGPU the matmuls and the embedding decode the blocks in registers, so the weights
         take their file size on the GPU (Q4_K: 1/7 of f32) and a decode step reads that
         many bytes; the CPU executors dequantize per run (the spec). The logits equal those
@@ -446,12 +447,12 @@ class GPT2:
     async def from_gguf_async(cls, path_or_bytes, backend="auto", *, keep_quantized: bool = True,
                               progress=None) -> "GPT2":
         from ..io import gguf
-        from ..quant import QTYPES, QuantSpec
+        from ..quants import FORMATS, QuantSpec
         f = gguf.load(path_or_bytes)
         quant = {}
         if keep_quantized:
             for hf, (t, transposed) in gguf.gpt2_tensors(f).items():
-                if hf != "lm_head.weight" and t.type_name in QTYPES and len(t.shape) == 2:
+                if hf != "lm_head.weight" and t.type_name in FORMATS and len(t.shape) == 2:
                     quant[hf] = QuantSpec(t.type_name, t.shape, transposed)
         m = cls(GPT2Config(**gguf.gpt2_config(f)), backend, quant=quant)
         await gguf.gpt2_write_async(m, f, progress=progress)   # on WebGPU: dequantized there
@@ -466,12 +467,12 @@ class GPT2:
         """Write GGUF blocks (bytes) of the whole tensor `name` (a transformers name in
         self.quant_full), transcoded to the GPU layout; a split token table row block by
         row block."""
-        from ..quant import QTYPES, transcode
+        from ..quants import FORMATS, transcode
         q = self.quant_full.get(name)
         if q is None:
             raise ValueError(f"GPT2.write_blocks: {name!r} is not held quantized")
         raw = memoryview(raw).cast("B")
-        block, size = QTYPES[q.qtype]
+        block, size = FORMATS[q.qtype].block, FORMATS[q.qtype].nbytes
         row = q.shape[-1] // block * size
         if raw.nbytes != row * prod(q.shape[:-1]):
             raise ValueError(f"GPT2.write_blocks: {raw.nbytes} bytes are not {q.qtype}"
@@ -568,10 +569,10 @@ class GPT2:
         q = self.quant.get(n)
         if q is None:
             return h
-        from ..io.gguf import _transpose
-        from ..quant import dequantize_host
-        x = HostArray("f32", dequantize_host(q.qtype, h.tobytes(), q.shape), shape=q.shape)
-        return _transpose(x) if q.transposed else x
+        from ..arrays import transpose2d
+        from ..quants import dequantize_words
+        x = HostArray("f32", dequantize_words(q.qtype, h.tobytes(), q.shape), shape=q.shape)
+        return transpose2d(x) if q.transposed else x
 
     def state_dict(self) -> dict:
         return run_blocking(self.state_dict_async())

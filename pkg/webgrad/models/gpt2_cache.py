@@ -5,8 +5,9 @@ GGUF's blocks transcoded or dequantized) and an upload. The *image* of a loaded 
 after all that: one tensor per parameter, in GPT2's names and layouts (one full "wte.weight":
 a device that splits the token table into row blocks does so on upload, so an image serves
 every device). A weight held as f32 is its f32 values; a weight held quantized (a GGUF's
-Q8_0/Q4_0/Q4_K, GPT2.quant_full) is its GPU words (quant.py's transcoded layout, the file's
-size), so a Q4_K model takes 1/7 of its f32 bytes in IndexedDB as on the GPU, and restoring it
+blocks of a type in webgrad.quants.FORMATS, GPT2.quant_full) is its GPU words
+(quants/words.py's layout, the file's size), so a Q4_K model takes 1/7 of its f32 bytes in
+IndexedDB as on the GPU, and restoring it
 writes the words as they are: no parse, no transcoding. Cached, an image turns the next load
 of the same file into an upload. The cache itself (IndexedDB records, lookups by URL, file or
 bytes, the phases' progress) is io/modelcache.py, which knows no model: GPT2_IMAGES tells it
@@ -41,7 +42,7 @@ from math import prod
 from ..arrays import HostArray
 from ..io import modelcache
 from ..io.modelcache import ImageFormat, ModelCacheError
-from ..quant import QTYPES, QuantSpec, raw_blocks, transcode
+from ..quants import FORMATS, QuantSpec, raw_blocks, transcode
 from .gpt2 import GPT2, GPT2Config, param_shapes
 
 FORMAT = 2     # 2: quantized weights as their GPU words (1 held every weight as f32)
@@ -81,7 +82,7 @@ async def _f32(model, name):
 
 async def _words(model, name, q) -> bytes:
     """The GPU words of the whole quantized tensor `name`. A token table split into row blocks
-    holds each block in its own layout (Q8_0/Q4_0 put a block's scales after its quants), so
+    holds each block in its own layout (Q8_0/Q4_0/Q6_K put the blocks' scales after all their quants), so
     the blocks go back to GGUF's blocks, are joined and transcoded as one table."""
     if name in model.quant:
         return (await model.backend.read(name)).tobytes()
@@ -180,8 +181,8 @@ def _quant_spec(q, shape, field, fail):
     if not isinstance(q, dict):
         fail(field, f"expected {{qtype, shape, transposed}} for dtype 'words', got {q!r}")
     qtype, qshape, transposed = q.get("qtype"), q.get("shape"), q.get("transposed")
-    if qtype not in QTYPES:
-        fail(f"{field}.qtype", f"{qtype!r}; kept quantized are {', '.join(QTYPES)}")
+    if qtype not in FORMATS:
+        fail(f"{field}.qtype", f"{qtype!r}; kept quantized are {', '.join(FORMATS)}")
     if not isinstance(transposed, bool):
         fail(f"{field}.transposed", f"{transposed!r}; expected true or false")
     if not (isinstance(qshape, list) and qshape
