@@ -5,8 +5,8 @@ Each row builds a tiny transformers model from a config that turns on what the f
 about (llama: llama3 rope scaling and all biases; mistral: a sliding window shorter than the
 text; qwen2: q/k/v bias and tied embeddings; qwen3: q/k norms, head_dim != hidden/heads, one
 K/V head), with random weights moved off their defaults (norm gains off 1, biases off 0), in
-eval mode and float32. Logits must agree within 1e-4 of the largest logit on the reference
-and torch backends; the KV cache must reproduce the full forward; greedy generate must equal
+eval mode and float32. Logits must agree within 1e-4 of the largest logit on the reference,
+torch and (where an adapter exists) WebGPU backends; the KV cache must reproduce the full forward; greedy generate must equal
 transformers' generate(do_sample=False); files written by save_pretrained (f32, bf16,
 sharded) and by save_safetensors must load to the same logits.
 """
@@ -23,6 +23,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+from backends import WEBGPU  # noqa: E402
 from webgrad.models import llama  # noqa: E402
 
 SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -138,7 +139,7 @@ def test_from_hf_refuses_what_it_cannot_compute(kind, patch, match):
 
 # ---------------------------------------------------------------- (b) the model
 
-@pytest.mark.parametrize("backend", ["reference", "torch"])
+@pytest.mark.parametrize("backend", ["reference", "torch", WEBGPU])
 @pytest.mark.parametrize("kind", KINDS)
 def test_logits_match_transformers(kind, backend, built):
     model, cfg, sd = built(kind)
@@ -179,10 +180,11 @@ def test_state_dict_errors_list_every_bad_name(built):
 
 # ---------------------------------------------------------------- (c) the cache, decoding
 
+@pytest.mark.parametrize("backend", ["reference", WEBGPU])
 @pytest.mark.parametrize("kind", KINDS)
-def test_cached_decoding_equals_the_full_forward(kind, built):
+def test_cached_decoding_equals_the_full_forward(kind, backend, built):
     _, cfg, sd = built(kind)
-    m = llama.Llama.from_hf_state_dict(cfg, sd, backend="reference")
+    m = llama.Llama.from_hf_state_dict(cfg, sd, backend=backend)
     full = np.asarray(m.forward(IDS))
     cache = m.new_cache()
     rows = [np.asarray(m.logits_step(IDS[:1], cache))]

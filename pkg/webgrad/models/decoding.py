@@ -8,11 +8,13 @@ the network differs, so a model subclasses CausalLM and provides:
 
   cfg                       with vocab_size, n_ctx (the cache length) and eos_ids
   _module()                 a fresh parameter Module (the programs' factory)
-  _hidden(m, ids)           ids [T] i32 -> final hidden states [T, D], full causal attention
-  _cached_hidden(m, ids, pos)   the same through the cache (pos [1] i32), writing K/V state
-  _head(m, h)               [(logits block [T, rows_k], first row)]: the LM head, in vocab
-                            blocks (GPT-2 splits a table too large for one WebGPU binding)
-  _head_blocks              how many blocks _head returns
+  _network                  a Network of the model module's three functions:
+      hidden(m, ids, cfg)            ids [T] i32 -> final hidden states [T, D], causal
+      cached_hidden(m, ids, pos, cfg)  the same through the cache (pos [1] i32), writing K/V
+      head(m, h)                     [(logits block [T, rows_k], first row)]: the LM head in
+                                     vocab blocks (GPT-2 splits a table too large for one
+                                     WebGPU binding)
+  _head_blocks              how many blocks head returns
   _text_hint                how to turn text into ids (for the error when text is passed)
 
 CausalLM then gives forward, new_cache, logits_step, logits_all_step, generate (greedy
@@ -25,6 +27,7 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass
+from typing import Callable, NamedTuple
 from math import prod
 
 from .. import ops
@@ -32,6 +35,12 @@ from ..arrays import HostArray
 from ..compiled import run_blocking
 from ..stateful import compile_program
 from . import sampling
+
+
+class Network(NamedTuple):
+    hidden: Callable
+    cached_hidden: Callable
+    head: Callable
 
 
 @dataclass
@@ -333,24 +342,26 @@ def _scores(blocks, targets):
 
 
 def _build_program(model: CausalLM, kind: str, T: int):
+    net, cfg = model._network, model.cfg
+
     def named(base, blocks):
         return {f"{base}.{k}": b for k, (b, _) in enumerate(blocks)}
 
     if kind == "full":
         def fn(m, f):
-            return named("logits", model._head(m, model._hidden(m, f["ids"])))
+            return named("logits", net.head(m, net.hidden(m, f["ids"], cfg)))
         inputs = {"ids": ([T], "i32")}
     elif kind == "surprisal":
         def fn(m, f):
-            return _scores(model._head(m, model._hidden(m, f["ids"])), f["targets"])
+            return _scores(net.head(m, net.hidden(m, f["ids"], cfg)), f["targets"])
         inputs = {"ids": ([T], "i32"), "targets": ([T], "i32")}
     elif kind == "score":   # surprisal through the cache (SurprisalTracker)
         def fn(m, f):
-            return _scores(model._head(m, model._cached_hidden(m, f["ids"], f["pos"])), f["targets"])
+            return _scores(net.head(m, net.cached_hidden(m, f["ids"], f["pos"], cfg)), f["targets"])
         inputs = {"ids": ([T], "i32"), "pos": ([1], "i32"), "targets": ([T], "i32")}
     elif kind == "step":
         def fn(m, f):
-            blocks = model._head(m, model._cached_hidden(m, f["ids"], f["pos"]))
+            blocks = net.head(m, net.cached_hidden(m, f["ids"], f["pos"], cfg))
             lasts = [(ops.reshape(ops.slice(b, 0, T - 1, T), (b.shape[-1],)), a) for b, a in blocks]
             top = head_stats(lasts)[2]
             return {**named("logits", blocks), **named("last", lasts), "next": top}
@@ -360,5 +371,5 @@ def _build_program(model: CausalLM, kind: str, T: int):
     return compile_program(model.backend, model._module, fn, inputs=inputs)
 
 
-__all__ = ["CausalLM", "Cache", "Surprisal", "SurprisalTracker", "head_stats", "cat_rows",
+__all__ = ["CausalLM", "Network", "Cache", "Surprisal", "SurprisalTracker", "head_stats", "cat_rows",
            "as_f32_array"]

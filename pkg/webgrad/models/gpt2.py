@@ -39,7 +39,7 @@ from ..arrays import HostArray, to_host
 from ..compiled import run_blocking
 from ..module import Module
 from ..stateful import assign, state
-from .decoding import (Cache, CausalLM, Surprisal, SurprisalTracker, as_f32_array,  # noqa: F401
+from .decoding import (Cache, CausalLM, Network, Surprisal, SurprisalTracker, as_f32_array,  # noqa: F401
                        cat_rows as _cat_rows, head_stats)
 
 try:  # the byte-level BPE tokenizer (bpe.py) may land after this module
@@ -538,17 +538,10 @@ class GPT2(CausalLM):
     def _head_blocks(self) -> int:
         return self.wte_chunks
 
+    _network = Network(hidden, cached_hidden, head)
+
     def _module(self) -> GPT2Module:
         return GPT2Module(self.cfg, self.wte_chunks, self.quant)
-
-    def _hidden(self, m, ids):
-        return hidden(m, ids, self.cfg)
-
-    def _cached_hidden(self, m, ids, pos):
-        return cached_hidden(m, ids, pos, self.cfg)
-
-    def _head(self, m, h):
-        return head(m, h)
 
 
 def _shape_of(tensors, name):

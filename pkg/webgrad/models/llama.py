@@ -27,12 +27,13 @@ attends over all n_ctx rows with the mask key <= position (static shapes, as gpt
 from __future__ import annotations
 
 import math
+from math import prod
 
 from .. import init, ops
 from ..compiled import run_blocking
 from ..module import Module
 from ..stateful import assign, state
-from .decoding import Cache, CausalLM, Surprisal, SurprisalTracker  # noqa: F401
+from .decoding import Cache, CausalLM, Network, Surprisal, SurprisalTracker  # noqa: F401
 from .llama_config import LlamaConfig
 from . import llama_weights as _weights
 
@@ -307,8 +308,7 @@ class Llama(CausalLM):
         """Write the weights as a model.safetensors (transformers' names; a tied lm_head not
         stored, as save_pretrained does) to `dst` (a path or binary file), or return the
         file's bytes. The config goes into the metadata, for from_safetensors."""
-        sd = {n: v for n, v in (await self.state_dict_async()).items()}
-        return _weights.write_safetensors(self.cfg, sd, dst, metadata)
+        return _weights.write_safetensors(self.cfg, await self.state_dict_async(), dst, metadata)
 
     def save_safetensors(self, dst=None, metadata=None):
         return run_blocking(self.save_safetensors_async(dst, metadata))
@@ -320,21 +320,13 @@ class Llama(CausalLM):
 
     @property
     def weight_bytes(self) -> int:
-        from math import prod
         return sum(4 * prod(s) for s in self.shapes.values())
 
     # -- the network, for decoding.CausalLM's programs
+    _network = Network(hidden, cached_hidden, head)
+
     def _module(self) -> LlamaModule:
         return LlamaModule(self.cfg)
-
-    def _hidden(self, m, ids):
-        return hidden(m, ids, self.cfg)
-
-    def _cached_hidden(self, m, ids, pos):
-        return cached_hidden(m, ids, pos, self.cfg)
-
-    def _head(self, m, h):
-        return head(m, h)
 
 
 __all__ = ["LlamaConfig", "LlamaModule", "Llama", "Cache", "Surprisal", "SurprisalTracker",
