@@ -284,3 +284,19 @@ def test_save_safetensors_round_trips(kind, built, tmp_path):
     m.save_pretrained(tmp_path / "hf")                      # transformers reads it back
     hf = getattr(transformers, KINDS[kind][1]).from_pretrained(tmp_path / "hf").eval()
     close(want, hf_logits(hf, IDS))
+
+
+@pytest.mark.parametrize("backend", [WEBGPU])
+def test_webgpu_fuses_the_grouped_attention(backend, built):
+    """GQA is written as queries [Hkv, rep, T, Dh] against K/V [Hkv, 1, S, Dh], which the
+    attention pass fuses (no [.., T, S] scores stored) in the full forward and the steps."""
+    _, cfg, sd = built("qwen3")                      # 4 query heads per K/V head
+    m = llama.Llama.from_hf_state_dict(cfg, sd, backend=backend)
+    m.forward(IDS)
+    c = m.new_cache()
+    m.logits_step(IDS[:3], c)
+    m.logits_step([1], c)
+    for key in (("full", len(IDS)), ("step", 3), ("step", 1)):
+        names = m._programs[key]._prog.exe.kernel_names
+        assert sum(n.startswith("attn") for n in names) == cfg.num_hidden_layers, names
+        assert not any(n.startswith("softmax") for n in names), names

@@ -17,7 +17,9 @@ A block, in ops (what llama_config.py's switches change, in brackets):
   rope: rotate-half over head_dim, angle = position * inv_freq in f32 as transformers
         computes it (inv_freq from rope_theta, llama3-scaled when configured)
   attn: GQA, each of num_key_value_heads K/V heads serves num_attention_heads / n_kv query
-        heads; scores scaled by 1/sqrt(head_dim), causal [and a sliding window]
+        heads; scores scaled by 1/sqrt(head_dim), causal [and a sliding window]. Queries
+        are [Hkv, rep, T, Dh] against K/V [Hkv, 1, S, Dh] (broadcast, never copied), a form
+        WebGPU's attention pass fuses (a sliding window shorter than n_ctx stays unfused)
   [qkv bias] Qwen2; [all four biases, mlp biases] llama's attention_bias / mlp_bias.
 
 The cache: per layer, K (after rope) and V are state buffers [n_ctx, n_kv * head_dim]
@@ -145,14 +147,6 @@ def _heads_first(x):
     return ops.transpose(x, (1, 0, 2))
 
 
-def _repeat_kv(x, rep: int):
-    """[Hkv, S, Dh] -> [Hkv * rep, S, Dh]: query head h reads K/V head h // rep."""
-    if rep == 1:
-        return x
-    Hkv, S, Dh = x.shape
-    return ops.reshape(ops.broadcast_to(ops.unsqueeze(x, 1), (Hkv, rep, S, Dh)), (Hkv * rep, S, Dh))
-
-
 def _qkv(layer, x, rot, cfg: LlamaConfig):
     """q [T, H, Dh], k [T, Hkv, Dh] (normed [Qwen3] and rotated), v [T, Hkv, Dh]."""
     a, T = layer.self_attn, x.shape[0]
@@ -167,13 +161,19 @@ def _qkv(layer, x, rot, cfg: LlamaConfig):
 
 
 def _attend(q, k, v, visible, cfg: LlamaConfig):
-    """q [T, H, Dh]; k, v [Hkv, S, Dh]; visible [T, S] (None: causal, S = T) -> [T, H * Dh]."""
-    rep = cfg.num_attention_heads // cfg.num_key_value_heads
-    k, v = _repeat_kv(k, rep), _repeat_kv(v, rep)
-    s = ops.matmul(_heads_first(q), ops.swap_axes(k, -1, -2)) * (1.0 / math.sqrt(cfg.head_dim))
+    """q [T, H, Dh]; k, v [Hkv, S, Dh]; visible [T, S] (None: causal, S = T) -> [T, H * Dh].
+    GQA without copying K/V per query head: queries as [Hkv, rep, T, Dh] (rep = H / Hkv
+    query heads share K/V head h // rep, as transformers' repeat_kv) against K/V as
+    [Hkv, 1, S, Dh], broadcast by the batched matmuls."""
+    T, H, Dh = q.shape
+    Hkv = k.shape[0]
+    rep = H // Hkv
+    qh = ops.reshape(_heads_first(q), (Hkv, rep, T, Dh))
+    k, v = ops.unsqueeze(k, 1), ops.unsqueeze(v, 1)
+    s = ops.matmul(qh, ops.swap_axes(k, -1, -2)) * (1.0 / math.sqrt(Dh))   # [Hkv, rep, T, S]
     s = ops.where_causal(s, -1e30) if visible is None else ops.where(visible, s, -1e30)
-    att = _heads_first(ops.matmul(ops.softmax_last(s), v))      # [T, H, Dh]
-    return ops.reshape(att, (q.shape[0], q.shape[1] * q.shape[2]))
+    att = ops.reshape(ops.matmul(ops.softmax_last(s), v), (H, T, Dh))
+    return ops.reshape(_heads_first(att), (T, H * Dh))
 
 
 def _finish(layer, x, att, cfg: LlamaConfig):
@@ -187,7 +187,7 @@ def _visible(qpos, S: int, cfg: LlamaConfig):
     """[T, S] mask of the keys each query sees: key <= query [and key > query - window]."""
     kpos = ops.reshape(ops.arange(S, dtype="f32"), (1, S))
     vis = ops.greater_equal(qpos, kpos)
-    if cfg.sliding_window is not None:
+    if cfg.sliding_window is not None and cfg.sliding_window < S:   # else nothing to hide
         vis = vis * ops.greater(kpos, qpos - float(cfg.sliding_window))
     return vis
 
