@@ -6,9 +6,9 @@ about (llama: llama3 rope scaling and all biases; mistral: a sliding window shor
 text; qwen2: q/k/v bias and tied embeddings; qwen3: q/k norms, head_dim != hidden/heads, one
 K/V head), with random weights moved off their defaults (norm gains off 1, biases off 0), in
 eval mode and float32. Logits must agree within 1e-4 of the largest logit on the reference,
-torch and (where an adapter exists) WebGPU backends; the KV cache must reproduce the full forward; greedy generate must equal
-transformers' generate(do_sample=False); files written by save_pretrained (f32, bf16,
-sharded) and by save_safetensors must load to the same logits.
+torch and (where an adapter exists) WebGPU backends; the KV cache must reproduce the full
+forward; greedy generate must equal transformers' generate(do_sample=False); files written by
+save_pretrained (f32, bf16, sharded) and by save_safetensors must load to the same logits.
 """
 from __future__ import annotations
 
@@ -176,6 +176,24 @@ def test_state_dict_errors_list_every_bad_name(built):
     no_head = {k: v for k, v in sd.items() if k != "lm_head.weight"}
     with pytest.raises(ValueError, match="is tie_word_embeddings true"):
         llama.Llama.from_hf_state_dict(cfg, no_head, backend="reference")
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])          # an own head, a tied one
+def test_tables_split_in_row_blocks_give_the_same_model(kind, built):
+    """WebGPU's binding limit may need the token table (and head) in row blocks."""
+    model, cfg, sd = built(kind)
+    whole = llama.Llama.from_hf_state_dict(cfg, sd, backend="reference")
+    split = llama.Llama(cfg, "reference", table_chunks=3)
+    split.load_state_dict(sd)
+    assert "model.embed_tokens.2.weight" in split.shapes
+    assert ("lm_head.2.weight" in split.shapes) == (kind == "llama")
+    np.testing.assert_allclose(split.forward(IDS), whole.forward(IDS), atol=1e-5, rtol=0)
+    assert split.generate(IDS[:4], max_new_tokens=6, temperature=0) == \
+        whole.generate(IDS[:4], max_new_tokens=6, temperature=0)
+    np.testing.assert_allclose(split.surprisal(IDS).bits, whole.surprisal(IDS).bits, atol=1e-5)
+    back = split.state_dict()
+    assert set(back) == set(whole.state_dict())
+    np.testing.assert_array_equal(back["model.embed_tokens.weight"], sd["model.embed_tokens.weight"])
 
 
 # ---------------------------------------------------------------- (c) the cache, decoding

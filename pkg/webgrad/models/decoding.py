@@ -103,6 +103,63 @@ def cat_rows(blocks) -> HostArray:
     return out
 
 
+# ---------------------------------------------------------------- tables in row blocks
+# WebGPU binds at most maxStorageBufferBindingSize (128 MiB by default) per tensor, less than
+# many token tables (GPT-2 124M: 154 MB; Qwen2.5-0.5B: 545 MB), so a model may hold a table
+# as row blocks, parameters "<name>.{k}.weight", and gather / project through every block.
+
+def row_split(rows: int, chunks: int) -> list[tuple[int, int]]:
+    """[(first row, end row)] of each block of a table of `rows` rows."""
+    step = -(-rows // chunks)
+    return [(a, min(a + step, rows)) for a in range(0, rows, step)]
+
+
+def chunks_for(rows: int, cols: int, backend, qtype: str | None = None) -> int:
+    """How many row blocks a [rows, cols] table needs on `backend` (1 unless a binding limit
+    bites); qtype: the table is held quantized (its blocks are what a binding holds)."""
+    from ..quant import n_words
+    lim = getattr(getattr(backend, "limits", None), "max_storage_buffer_binding_size", None)
+    if not lim:
+        return 1
+
+    def nbytes(n):
+        return 4 * (n_words(qtype, n * cols) if qtype else n * cols)
+    k = 1
+    while nbytes(-(-rows // k)) > lim:
+        k += 1
+    return k
+
+
+def table_parts(table) -> list:
+    """[(weight Tensor, first row)] of a table Module, or of a list of row-block Modules."""
+    if not isinstance(table, list):
+        return [(table.weight, 0)]
+    out, a = [], 0
+    for t in table:
+        out.append((t.weight, a))
+        a += t.weight.shape[0]
+    return out
+
+
+def embed_rows(parts, ids):
+    """Rows of ids across a table's blocks (a block adds its rows where ids fall in it)."""
+    if len(parts) == 1:
+        return ops.embedding(parts[0][0], ids)
+    x = None
+    for w, a in parts:
+        n = w.shape[0]
+        local = ids - a
+        inside = ops.greater_equal(local, 0) * ops.less(local, n)
+        rows = ops.embedding(w, ops.minimum(ops.maximum(local, 0), n - 1)) * ops.unsqueeze(inside, -1)
+        x = rows if x is None else x + rows
+    return x
+
+
+def head_blocks(parts, h):
+    """[(logits block [..., rows_k], first row)]: h @ W_k^T for each block W_k of the head."""
+    return [(ops.matmul(h, ops.swap_axes(w, 0, 1)), a) for w, a in parts]
+
+
 def as_f32_array(v):
     """A weight as the loaders take it: torch tensors -> numpy f32 (any dtype/device); a
     safetensors StoredTensor -> its f32 HostArray; anything else as to_host takes it."""
@@ -372,4 +429,4 @@ def _build_program(model: CausalLM, kind: str, T: int):
 
 
 __all__ = ["CausalLM", "Network", "Cache", "Surprisal", "SurprisalTracker", "head_stats", "cat_rows",
-           "as_f32_array"]
+           "as_f32_array", "row_split", "chunks_for", "table_parts", "embed_rows", "head_blocks"]

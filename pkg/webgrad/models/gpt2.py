@@ -40,7 +40,8 @@ from ..compiled import run_blocking
 from ..module import Module
 from ..stateful import assign, state
 from .decoding import (Cache, CausalLM, Network, Surprisal, SurprisalTracker, as_f32_array,  # noqa: F401
-                       cat_rows as _cat_rows, head_stats)
+                       cat_rows as _cat_rows, chunks_for, embed_rows, head_blocks, head_stats,
+                       row_split, table_parts)
 
 try:  # the byte-level BPE tokenizer (bpe.py) may land after this module
     from .bpe import Tokenizer
@@ -154,56 +155,22 @@ def param_shapes(cfg: GPT2Config, wte_chunks: int = 1) -> dict[str, tuple[int, .
 
 def wte_split(cfg: GPT2Config, chunks: int) -> list[tuple[int, int]]:
     """[(first row, end row)] of each block of the token table."""
-    step = -(-cfg.vocab_size // chunks)
-    return [(a, min(a + step, cfg.vocab_size)) for a in range(0, cfg.vocab_size, step)]
+    return row_split(cfg.vocab_size, chunks)
 
 
 def wte_chunks_for(cfg: GPT2Config, backend, qtype: str | None = None) -> int:
-    """How many row blocks the token table needs on `backend` (1 unless a binding limit bites);
-    qtype: the table is held quantized (its blocks are what a binding holds)."""
-    from ..quant import n_words
-    lim = getattr(getattr(backend, "limits", None), "max_storage_buffer_binding_size", None)
-    if not lim:
-        return 1
-
-    def nbytes(rows):
-        n = rows * cfg.n_embd
-        return 4 * (n_words(qtype, n) if qtype else n)
-    k = 1
-    while nbytes(-(-cfg.vocab_size // k)) > lim:
-        k += 1
-    return k
-
-
-def _tables(m):
-    """[(table Tensor, first row)] of the (possibly split) token table."""
-    if isinstance(m.wte, list):
-        out, a = [], 0
-        for t in m.wte:
-            out.append((t.weight, a))
-            a += t.weight.shape[0]
-        return out
-    return [(m.wte.weight, 0)]
+    """How many row blocks the token table needs on `backend` (decoding.chunks_for)."""
+    return chunks_for(cfg.vocab_size, cfg.n_embd, backend, qtype)
 
 
 def embed(m, ids):
-    """wte rows of ids, across the table's blocks (a block adds its rows where ids fall in it)."""
-    parts = _tables(m)
-    if len(parts) == 1:
-        return ops.embedding(parts[0][0], ids)
-    x = None
-    for w, a in parts:
-        n = w.shape[0]
-        local = ids - a
-        inside = ops.greater_equal(local, 0) * ops.less(local, n)
-        rows = ops.embedding(w, ops.minimum(ops.maximum(local, 0), n - 1)) * ops.unsqueeze(inside, -1)
-        x = rows if x is None else x + rows
-    return x
+    """wte rows of ids, across the table's blocks."""
+    return embed_rows(table_parts(m.wte), ids)
 
 
 def head(m, h):
     """[(logits block [..., rows_k], first row)]: the tied LM head, h @ wte^T, per table block."""
-    return [(ops.matmul(h, ops.swap_axes(w, 0, 1)), a) for w, a in _tables(m)]
+    return head_blocks(table_parts(m.wte), h)
 
 
 # ---------------------------------------------------------------- the forward, in ops

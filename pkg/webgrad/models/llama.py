@@ -32,10 +32,12 @@ import math
 from math import prod
 
 from .. import init, ops
+from ..arrays import HostArray
 from ..compiled import run_blocking
 from ..module import Module
 from ..stateful import assign, state
-from .decoding import Cache, CausalLM, Network, Surprisal, SurprisalTracker  # noqa: F401
+from .decoding import (Cache, CausalLM, Network, Surprisal, SurprisalTracker,  # noqa: F401
+                       chunks_for, embed_rows, head_blocks, row_split, table_parts)
 from .llama_config import LlamaConfig
 from . import llama_weights as _weights
 
@@ -93,26 +95,37 @@ class _Layer(Module):
         self.post_attention_layernorm = _RMSNorm(c.hidden_size)
 
 
+def _table(c: LlamaConfig, chunks: int):
+    if chunks == 1:
+        return _Table(c.vocab_size, c.hidden_size)
+    return [_Table(b - a, c.hidden_size) for a, b in row_split(c.vocab_size, chunks)]
+
+
 class _Body(Module):
-    def __init__(self, c: LlamaConfig):
+    def __init__(self, c: LlamaConfig, chunks: int):
         super().__init__()
-        self.embed_tokens = _Table(c.vocab_size, c.hidden_size)
+        self.embed_tokens = _table(c, chunks)
         self.layers = [_Layer(c) for _ in range(c.num_hidden_layers)]
         self.norm = _RMSNorm(c.hidden_size)
 
 
 class LlamaModule(Module):
-    """The parameters, named as transformers' *ForCausalLM state_dict ("model.", "lm_head.")."""
+    """The parameters, named as transformers' *ForCausalLM state_dict ("model.", "lm_head.").
+    table_chunks > 1 holds the token table and the LM head as row blocks
+    ("model.embed_tokens.{k}.weight", "lm_head.{k}.weight"; decoding.py says why)."""
 
-    def __init__(self, cfg: LlamaConfig):
+    def __init__(self, cfg: LlamaConfig, table_chunks: int = 1):
         super().__init__()
-        self.model = _Body(cfg)
+        self.model = _Body(cfg, table_chunks)
         if not cfg.tie_word_embeddings:
-            self.lm_head = _Table(cfg.vocab_size, cfg.hidden_size)
+            self.lm_head = _table(cfg, table_chunks)
 
 
-def param_shapes(cfg: LlamaConfig) -> dict[str, tuple[int, ...]]:
-    return {n: s.shape for n, s in LlamaModule(cfg).named_specs()}
+def param_shapes(cfg: LlamaConfig, table_chunks: int = 1) -> dict[str, tuple[int, ...]]:
+    return {n: s.shape for n, s in LlamaModule(cfg, table_chunks).named_specs()}
+
+
+_TABLES = ("model.embed_tokens.weight", "lm_head.weight")   # split when table_chunks > 1
 
 
 # ---------------------------------------------------------------- the forward, in ops
@@ -197,7 +210,7 @@ def hidden(m: LlamaModule, ids, cfg: LlamaConfig):
     T = ids.shape[0]
     if T > cfg.n_ctx:
         raise ValueError(f"llama: {T} positions exceed n_ctx={cfg.n_ctx} (LlamaConfig.from_hf(..., n_ctx=))")
-    x = ops.embedding(m.model.embed_tokens.weight, ids)
+    x = embed_rows(table_parts(m.model.embed_tokens), ids)
     qpos = ops.reshape(ops.arange(T, dtype="f32"), (T, 1))
     rot = _rotary(qpos, cfg)
     window = cfg.sliding_window is not None and cfg.sliding_window < T
@@ -213,7 +226,7 @@ def cached_hidden(m: LlamaModule, ids, pos, cfg: LlamaConfig):
     state and attends over the whole cache. -> [T, D] after the last RMSNorm."""
     T, S = ids.shape[0], cfg.n_ctx
     Hkv, Dh = cfg.num_key_value_heads, cfg.head_dim
-    x = ops.embedding(m.model.embed_tokens.weight, ids)
+    x = embed_rows(table_parts(m.model.embed_tokens), ids)
     qpos = ops.reshape(ops.cast(ops.arange(T) + pos, "f32"), (T, 1))
     rot = _rotary(qpos, cfg)
     visible = _visible(qpos, S, cfg)
@@ -229,9 +242,9 @@ def cached_hidden(m: LlamaModule, ids, pos, cfg: LlamaConfig):
 
 
 def head(m: LlamaModule, h):
-    """[(logits [T, vocab], 0)]: h @ W^T with W lm_head.weight or, tied, the token table."""
-    w = m.lm_head.weight if hasattr(m, "lm_head") else m.model.embed_tokens.weight
-    return [(ops.matmul(h, ops.swap_axes(w, 0, 1)), 0)]
+    """[(logits block [T, rows_k], first row)]: h @ W^T with W lm_head or, tied, the token
+    table, per row block."""
+    return head_blocks(table_parts(m.lm_head if hasattr(m, "lm_head") else m.model.embed_tokens), h)
 
 
 # ---------------------------------------------------------------- inference
@@ -244,15 +257,19 @@ class Llama(CausalLM):
     _text_hint = ("encode it with the model's tokenizer first, e.g. tokenizers.Tokenizer."
                   "from_file('tokenizer.json').encode(text).ids")
 
-    def __init__(self, cfg: LlamaConfig, backend="auto"):
-        """Zero weights on `backend` (write them with load_state_dict)."""
+    def __init__(self, cfg: LlamaConfig, backend="auto", *, table_chunks: int | None = None):
+        """Zero weights on `backend` (write them with load_state_dict); table_chunks
+        (default: what the device's binding limit needs) splits the token table and the LM
+        head into row blocks."""
         from ..backends import get_backend
         if not isinstance(cfg, LlamaConfig):
             raise TypeError(f"Llama: cfg must be a LlamaConfig (LlamaConfig.from_hf(config_dict)), "
                             f"got {type(cfg).__name__}")
         self.cfg = cfg
         self.backend = get_backend(backend)
-        self.shapes = param_shapes(cfg)
+        self.table_chunks = table_chunks or chunks_for(cfg.vocab_size, cfg.hidden_size, self.backend)
+        self.hf_shapes = param_shapes(cfg)                    # transformers' names
+        self.shapes = param_shapes(cfg, self.table_chunks)    # the backend's
         for n, s in self.shapes.items():
             self.backend.ensure(n, s, "f32")
         self._init_decoding()
@@ -262,8 +279,8 @@ class Llama(CausalLM):
     def init_random(cls, cfg: LlamaConfig, seed: int = 0, backend="auto") -> "Llama":
         """N(0, 0.02) matrices, unit norms, zero biases, from `seed` (for tests and demos)."""
         m = cls(cfg, backend)
-        m.backend.init_params([(n, spec.init, spec.shape) for n, spec in LlamaModule(cfg).named_specs()],
-                              seed=seed)
+        specs = LlamaModule(cfg, m.table_chunks).named_specs()
+        m.backend.init_params([(n, spec.init, spec.shape) for n, spec in specs], seed=seed)
         return m
 
     @classmethod
@@ -293,13 +310,28 @@ class Llama(CausalLM):
 
     def load_state_dict(self, state_dict) -> None:
         """Checks every tensor before writing any (a refused call changes nothing)."""
-        for n, h in _weights.check_state_dict(self.cfg, self.shapes, state_dict).items():
-            self.backend.write(n, h)
+        D = self.cfg.hidden_size
+        for n, h in _weights.check_state_dict(self.cfg, self.hf_shapes, state_dict).items():
+            if n in _TABLES and self.table_chunks > 1:
+                for k, (a, b) in enumerate(row_split(self.cfg.vocab_size, self.table_chunks)):
+                    block = HostArray("f32", h[a * D:b * D], shape=(b - a, D))
+                    self.backend.write(f"{n.removesuffix('.weight')}.{k}.weight", block)
+            else:
+                self.backend.write(n, h)
 
     async def state_dict_async(self) -> dict:
-        """The weights in transformers' names, as the user's array type (numpy when present)."""
+        """The weights in transformers' names (tables whole), as the user's array type."""
         from ..arrays import to_user
-        return {n: to_user(await self.backend.read(n)) for n in self.shapes}
+        out = {}
+        for n, s in self.hf_shapes.items():
+            if n in _TABLES and self.table_chunks > 1:
+                h = HostArray("f32", shape=s)
+                for k in range(self.table_chunks):   # blocks of rows: one after the other
+                    h.extend(await self.backend.read(f"{n.removesuffix('.weight')}.{k}.weight"))
+                out[n] = to_user(h)
+            else:
+                out[n] = to_user(await self.backend.read(n))
+        return out
 
     def state_dict(self) -> dict:
         return run_blocking(self.state_dict_async())
@@ -325,8 +357,12 @@ class Llama(CausalLM):
     # -- the network, for decoding.CausalLM's programs
     _network = Network(hidden, cached_hidden, head)
 
+    @property
+    def _head_blocks(self) -> int:
+        return self.table_chunks
+
     def _module(self) -> LlamaModule:
-        return LlamaModule(self.cfg)
+        return LlamaModule(self.cfg, self.table_chunks)
 
 
 __all__ = ["LlamaConfig", "LlamaModule", "Llama", "Cache", "Surprisal", "SurprisalTracker",
