@@ -260,23 +260,27 @@ def test_surprisal_is_the_log_softmax_in_bits(kind, built):
 
 # ---------------------------------------------------------------- (d) files
 
-@pytest.mark.parametrize("how", ["f32", "bf16", "sharded"])
+@pytest.mark.parametrize("how", ["f32", "bf16", "f16", "sharded"])
 def test_from_pretrained_reads_save_pretrained(how, built, tmp_path):
-    kind = {"f32": "llama", "bf16": "qwen3", "sharded": "qwen2"}[how]
+    kind = {"f32": "llama", "bf16": "qwen3", "f16": "mistral", "sharded": "qwen2"}[how]
     model, _, _ = built(kind)
-    if how == "bf16":                  # bf16-exact weights; the reference computes in f32
+    if how in ("bf16", "f16"):         # half-exact weights; the reference computes in f32
+        dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[how]
         model = hf_model(kind)         # (casting the model itself would round rope's inv_freq)
         with torch.no_grad():
             for p in model.parameters():
-                p.copy_(p.to(torch.bfloat16).float())
-        copy.deepcopy(model).to(torch.bfloat16).save_pretrained(tmp_path)
+                p.copy_(p.to(dtype).float())
+        copy.deepcopy(model).to(dtype).save_pretrained(tmp_path)
         from webgrad.io import safetensors as st
-        assert {t.dtype for t in st.load(tmp_path / "model.safetensors").values()} == {"BF16"}
+        assert {t.dtype for t in st.load(tmp_path / "model.safetensors").values()} == {how.upper()}
     else:
         model.save_pretrained(tmp_path, max_shard_size="40KB" if how == "sharded" else "5GB")
     files = sorted(p.name for p in tmp_path.iterdir())
     assert ("model.safetensors.index.json" in files) == (how == "sharded"), files
-    m = llama.Llama.from_pretrained(tmp_path, backend="reference")
+    heard = []
+    m = llama.Llama.from_pretrained(tmp_path, backend="reference",
+                                    progress=lambda done, total: heard.append((done, total)))
+    assert heard[-1][0] == heard[-1][1] and len(heard) == len(m.shapes)
     close(m.forward(IDS), hf_logits(model, IDS))
 
 

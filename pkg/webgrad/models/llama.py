@@ -298,9 +298,18 @@ class Llama(CausalLM):
         """A folder as transformers' save_pretrained writes it: config.json and
         model.safetensors, or model.safetensors.index.json and its shards (F32/F16/BF16).
         n_ctx: the cache length (default min(max_position_embeddings, 2048));
-        progress(done, total): tensor bytes read so far."""
-        cfg, sd = _weights.read_pretrained(path, n_ctx=n_ctx, progress=progress)
-        return cls.from_hf_state_dict(cfg, sd, backend)
+        progress(done, total): tensor bytes written so far. Names and shapes are checked
+        before any tensor is converted; then each is widened to f32 and written in turn."""
+        cfg, tensors = _weights.read_pretrained(path, n_ctx=n_ctx)
+        m = cls(cfg, backend)
+        values = _weights.check_state_dict(cfg, m.hf_shapes, tensors)
+        done, total = 0, sum(v.nbytes for v in values.values())
+        for n, v in values.items():
+            m._write(n, _weights.to_f32(n, v, m.hf_shapes[n]))
+            done += v.nbytes
+            if progress is not None:
+                progress(done, total)
+        return m
 
     @classmethod
     def from_safetensors(cls, path_or_bytes, cfg: LlamaConfig | None = None, backend="auto") -> "Llama":
@@ -309,15 +318,22 @@ class Llama(CausalLM):
         return cls.from_hf_state_dict(cfg, sd, backend)
 
     def load_state_dict(self, state_dict) -> None:
-        """Checks every tensor before writing any (a refused call changes nothing)."""
-        D = self.cfg.hidden_size
-        for n, h in _weights.check_state_dict(self.cfg, self.hf_shapes, state_dict).items():
-            if n in _TABLES and self.table_chunks > 1:
-                for k, (a, b) in enumerate(row_split(self.cfg.vocab_size, self.table_chunks)):
-                    block = HostArray("f32", h[a * D:b * D], shape=(b - a, D))
-                    self.backend.write(f"{n.removesuffix('.weight')}.{k}.weight", block)
-            else:
-                self.backend.write(n, h)
+        """Checks and converts every tensor before writing any (a refused call changes
+        nothing)."""
+        values = _weights.check_state_dict(self.cfg, self.hf_shapes, state_dict)
+        hosts = {n: _weights.to_f32(n, v, self.hf_shapes[n]) for n, v in values.items()}
+        for n, h in hosts.items():
+            self._write(n, h)
+
+    def _write(self, n: str, h: HostArray) -> None:
+        """Write one weight in transformers' layout, a table into its row blocks."""
+        if n in _TABLES and self.table_chunks > 1:
+            D = self.cfg.hidden_size
+            for k, (a, b) in enumerate(row_split(self.cfg.vocab_size, self.table_chunks)):
+                block = HostArray("f32", h[a * D:b * D], shape=(b - a, D))
+                self.backend.write(f"{n.removesuffix('.weight')}.{k}.weight", block)
+        else:
+            self.backend.write(n, h)
 
     async def state_dict_async(self) -> dict:
         """The weights in transformers' names (tables whole), as the user's array type."""

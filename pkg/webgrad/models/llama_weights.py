@@ -39,8 +39,8 @@ def _value_shape(v):
 
 
 def check_state_dict(cfg: LlamaConfig, shapes: dict, state_dict) -> dict:
-    """{parameter name: f32 HostArray} of a state dict that fits `shapes`, or a ValueError
-    listing what does not."""
+    """{parameter name: value} of a state dict whose names and shapes fit `shapes` (values
+    not yet converted: to_f32), or a ValueError listing what does not."""
     sd = {}
     for k, v in state_dict.items():
         sd[_normal(k)] = v
@@ -67,8 +67,12 @@ def check_state_dict(cfg: LlamaConfig, shapes: dict, state_dict) -> dict:
             hint = " (lm_head.weight given but the config ties it to model.embed_tokens.weight)"
         raise ValueError(f"Llama.from_hf_state_dict: the state dict does not fit the "
                          f"{cfg.model_type} config{hint}; " + "; ".join(p for p in parts if p))
-    return {n: to_host(as_f32_array(sd[n]), shape=s, dtype="f32", what=f"Llama weight {n!r}")
-            for n, s in shapes.items()}
+    return {n: sd[n] for n in shapes}
+
+
+def to_f32(name: str, value, shape):
+    """One weight as an f32 HostArray (F16/BF16 files and torch dtypes widened)."""
+    return to_host(as_f32_array(value), shape=shape, dtype="f32", what=f"Llama weight {name!r}")
 
 
 # ---------------------------------------------------------------- files
@@ -105,8 +109,9 @@ def _shard_files(folder: str) -> list[str]:
                             "save_pretrained it again, which writes safetensors)")
 
 
-def read_pretrained(folder, *, n_ctx=None, progress=None) -> tuple[LlamaConfig, dict]:
-    """(config, {name: f32 HostArray}) of a save_pretrained folder."""
+def read_pretrained(folder, *, n_ctx=None) -> tuple[LlamaConfig, dict]:
+    """(config, {name: safetensors StoredTensor}) of a save_pretrained folder (the values
+    stay in the files' dtypes until written, so one f32 tensor exists at a time)."""
     from ..io import safetensors as st
     folder = os.fspath(folder)
     cfg = _config_of(folder, n_ctx)
@@ -117,14 +122,7 @@ def read_pretrained(folder, *, n_ctx=None, progress=None) -> tuple[LlamaConfig, 
                 raise ValueError(f"Llama.from_pretrained: tensor {name!r} is in both "
                                  f"{origin[name]} and {path}")
             tensors[name], origin[name] = t, path
-    done, total = 0, sum(t.nbytes for t in tensors.values())
-    sd = {}
-    for name, t in tensors.items():
-        sd[name] = t.to_host()          # F16 / BF16 widened to f32
-        done += t.nbytes
-        if progress is not None:
-            progress(done, total)
-    return cfg, sd
+    return cfg, tensors
 
 
 def read_safetensors(path_or_bytes, cfg: LlamaConfig | None) -> tuple[LlamaConfig, dict]:
@@ -137,7 +135,7 @@ def read_safetensors(path_or_bytes, cfg: LlamaConfig | None) -> tuple[LlamaConfi
                              f"{META_KEY!r}); pass cfg=LlamaConfig.from_hf(config.json as a dict)")
         d = json.loads(recorded)
         cfg = LlamaConfig.from_hf(d, n_ctx=d.pop("webgrad_n_ctx", None))
-    return cfg, {n: t.to_host() for n, t in tensors.items()}
+    return cfg, dict(tensors)          # StoredTensors: converted by to_f32
 
 
 def write_safetensors(cfg: LlamaConfig, sd: dict, dst, metadata: dict | None):
