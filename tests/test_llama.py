@@ -275,12 +275,16 @@ def test_from_pretrained_reads_save_pretrained(how, built, tmp_path):
         assert {t.dtype for t in st.load(tmp_path / "model.safetensors").values()} == {how.upper()}
     else:
         model.save_pretrained(tmp_path, max_shard_size="40KB" if how == "sharded" else "5GB")
+        gen = json.loads((tmp_path / "generation_config.json").read_text())
+        (tmp_path / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": [5, 7]}))
     files = sorted(p.name for p in tmp_path.iterdir())
     assert ("model.safetensors.index.json" in files) == (how == "sharded"), files
     heard = []
     m = llama.Llama.from_pretrained(tmp_path, backend="reference",
                                     progress=lambda done, total: heard.append((done, total)))
     assert heard[-1][0] == heard[-1][1] and len(heard) == len(m.shapes)
+    if how in ("f32", "sharded"):
+        assert m.cfg.eos_ids == {5, 7}
     close(m.forward(IDS), hf_logits(model, IDS))
 
 

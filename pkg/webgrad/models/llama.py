@@ -8,7 +8,9 @@ the device, through the same programs and decode loop as GPT-2 (decoding.py).
 
 Parameters carry transformers' names and layouts ("model.layers.0.self_attn.q_proj.weight",
 linear weights [out, in], y = x @ W^T + b; "lm_head.weight" unless tie_word_embeddings),
-so a state dict moves in and out unchanged (llama_weights.py loads and saves them).
+so a state dict moves in and out unchanged (llama_weights.py loads and saves them). Where
+WebGPU's binding limit needs it, the token table and the head are held in row blocks
+(table_chunks; decoding.py), joined again in state_dict().
 
 A block, in ops (what llama_config.py's switches change, in brackets):
   h = x + o_proj(attn(rope(q_proj(n1)) [q_norm], rope(k_proj(n1)) [k_norm], v_proj(n1)))

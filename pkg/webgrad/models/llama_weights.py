@@ -78,15 +78,24 @@ def to_f32(name: str, value, shape):
 # ---------------------------------------------------------------- files
 
 def _config_of(folder: str, n_ctx) -> LlamaConfig:
+    """config.json, with generation_config.json's eos_token_id where it has one (what
+    transformers' generate stops at: instruct models list their end-of-turn token there)."""
     path = os.path.join(folder, "config.json")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Llama.from_pretrained: no config.json in {folder!r}; pass the "
                                 "folder transformers' save_pretrained wrote")
     with open(path, encoding="utf-8") as f:
-        try:
-            return LlamaConfig.from_hf(json.load(f), n_ctx=n_ctx)
-        except ValueError as e:
-            raise ValueError(f"{path}: {e}") from None
+        d = json.load(f)
+    gen = os.path.join(folder, "generation_config.json")
+    if os.path.isfile(gen):
+        with open(gen, encoding="utf-8") as f:
+            eos = json.load(f).get("eos_token_id")
+        if eos is not None:
+            d["eos_token_id"] = eos
+    try:
+        return LlamaConfig.from_hf(d, n_ctx=n_ctx)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
 def _shard_files(folder: str) -> list[str]:
