@@ -198,7 +198,7 @@ def test_tables_split_in_row_blocks_give_the_same_model(kind, built):
 
 # ---------------------------------------------------------------- (c) the cache, decoding
 
-@pytest.mark.parametrize("backend", ["reference", WEBGPU])
+@pytest.mark.parametrize("backend", ["reference", "torch", WEBGPU])
 @pytest.mark.parametrize("kind", KINDS)
 def test_cached_decoding_equals_the_full_forward(kind, backend, built):
     _, cfg, sd = built(kind)
