@@ -161,5 +161,7 @@ def write_pretrained(cfg: LlamaConfig, sd: dict, folder) -> None:
     folder = os.fspath(folder)
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
-        json.dump({**cfg.to_hf(), "torch_dtype": "float32"}, f, indent=2, default=str)
+        # the weights are f32 here, whatever dtype the source config named (5.x: "dtype")
+        json.dump({**cfg.to_hf(), "torch_dtype": "float32", "dtype": "float32"}, f, indent=2,
+                  default=str)
     st.save(sd, os.path.join(folder, _SINGLE), metadata={"format": "pt"})
