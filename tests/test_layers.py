@@ -34,6 +34,8 @@ LAYERS = [
                          "io.torch_interop"]),
     ("the driver", ["compile"]),
     ("models and the package", ["models", "models.*", "", "browser", "playground"]),
+    # models.*: bpe, sampling, decoding (CausalLM), gpt2, gpt2_cache, llama, llama_config,
+    # llama_weights
 ]
 
 KNOT = {"tensor", "ops", "primitives"}   # the op language: the one allowed cycle

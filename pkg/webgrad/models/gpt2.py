@@ -11,7 +11,9 @@ without the "transformer." prefix: "wte.weight", "h.0.attn.c_attn.weight", ...):
                          logits_step(ids, cache) decode with the key/value cache living in
                          persistent device buffers written in place (webgrad/stateful.py);
                          generate / generate_stream sample (sampling.py); surprisal scores
-                         text in bits. Every method has an awaitable *_async twin.
+                         text in bits. Every method has an awaitable *_async twin. The
+                         programs and the decode loop are decoding.py's (shared with
+                         llama.py); this module gives them GPT-2's network.
 
 Layout (transformers' Conv1D): a linear layer's weight is [in, out] and y = x @ W + b; the
 LM head is tied to wte (logits = h @ wte^T). GELU is the tanh form ("gelu_new").
@@ -29,16 +31,17 @@ from __future__ import annotations
 
 import json
 import math
-import operator
 from dataclasses import asdict, dataclass
 from math import prod
 
 from .. import init, ops
-from ..arrays import HostArray, to_host
+from ..arrays import HostArray, to_host, transpose2d
 from ..blocking import run_blocking
 from ..module import Module
-from ..stateful import assign, compile_program, state
-from . import sampling
+from ..stateful import assign, state
+from .decoding import (Cache, CausalLM, Network, Surprisal, SurprisalTracker, as_f32_array,  # noqa: F401
+                       cat_rows as _cat_rows, chunks_for, embed_rows, head_blocks, head_stats,
+                       row_split, table_parts)
 
 try:  # the byte-level BPE tokenizer (bpe.py) may land after this module
     from .bpe import Tokenizer
@@ -71,6 +74,10 @@ class GPT2Config:
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
+
+    @property
+    def eos_ids(self) -> frozenset:
+        return frozenset(() if self.eos_token_id is None else (self.eos_token_id,))
 
 
 # ---------------------------------------------------------------- the Module (parameters)
@@ -148,84 +155,22 @@ def param_shapes(cfg: GPT2Config, wte_chunks: int = 1) -> dict[str, tuple[int, .
 
 def wte_split(cfg: GPT2Config, chunks: int) -> list[tuple[int, int]]:
     """[(first row, end row)] of each block of the token table."""
-    step = -(-cfg.vocab_size // chunks)
-    return [(a, min(a + step, cfg.vocab_size)) for a in range(0, cfg.vocab_size, step)]
+    return row_split(cfg.vocab_size, chunks)
 
 
 def wte_chunks_for(cfg: GPT2Config, backend, qtype: str | None = None) -> int:
-    """How many row blocks the token table needs on `backend` (1 unless a binding limit bites);
-    qtype: the table is held quantized (its blocks are what a binding holds)."""
-    from ..quants import n_words
-    lim = getattr(getattr(backend, "limits", None), "max_storage_buffer_binding_size", None)
-    if not lim:
-        return 1
-
-    def nbytes(rows):
-        n = rows * cfg.n_embd
-        return 4 * (n_words(qtype, n) if qtype else n)
-    k = 1
-    while nbytes(-(-cfg.vocab_size // k)) > lim:
-        k += 1
-    return k
-
-
-def _tables(m):
-    """[(table Tensor, first row)] of the (possibly split) token table."""
-    if isinstance(m.wte, list):
-        out, a = [], 0
-        for t in m.wte:
-            out.append((t.weight, a))
-            a += t.weight.shape[0]
-        return out
-    return [(m.wte.weight, 0)]
+    """How many row blocks the token table needs on `backend` (decoding.chunks_for)."""
+    return chunks_for(cfg.vocab_size, cfg.n_embd, backend, qtype)
 
 
 def embed(m, ids):
-    """wte rows of ids, across the table's blocks (a block adds its rows where ids fall in it)."""
-    parts = _tables(m)
-    if len(parts) == 1:
-        return ops.embedding(parts[0][0], ids)
-    x = None
-    for w, a in parts:
-        n = w.shape[0]
-        local = ids - a
-        inside = ops.greater_equal(local, 0) * ops.less(local, n)
-        rows = ops.embedding(w, ops.minimum(ops.maximum(local, 0), n - 1)) * ops.unsqueeze(inside, -1)
-        x = rows if x is None else x + rows
-    return x
+    """wte rows of ids, across the table's blocks."""
+    return embed_rows(table_parts(m.wte), ids)
 
 
 def head(m, h):
     """[(logits block [..., rows_k], first row)]: the tied LM head, h @ wte^T, per table block."""
-    return [(ops.matmul(h, ops.swap_axes(w, 0, 1)), a) for w, a in _tables(m)]
-
-
-def head_stats(blocks, targets=None):
-    """From the head's blocks, without forming [..., vocab]: log-sum-exp, the max logit and its
-    token (first on ties), and the logit of `targets` when given."""
-    mx = top = None
-    for l, a in blocks:
-        v, i = ops.max_last(l), ops.argmax_last(l) + a
-        if mx is None:
-            mx, top = v, i
-        else:
-            better = ops.greater(v, mx)
-            mx, top = ops.maximum(mx, v), ops.where(better, i, top)
-    z = None
-    for l, a in blocks:
-        e = ops.sum_last(ops.exp(l - ops.unsqueeze(mx, -1)))
-        z = e if z is None else z + e
-    lse = mx + ops.log(z)
-    picked = None
-    if targets is not None:
-        for l, a in blocks:
-            n = l.shape[-1]
-            local = targets - a
-            inside = ops.greater_equal(local, 0) * ops.less(local, n)
-            p = ops.take_along_last(l, ops.unsqueeze(ops.minimum(ops.maximum(local, 0), n - 1), -1))
-            p = ops.reshape(p, inside.shape) * inside
-            picked = p if picked is None else picked + p
-    return lse, mx, top, picked
+    return head_blocks(table_parts(m.wte), h)
 
 
 # ---------------------------------------------------------------- the forward, in ops
@@ -320,29 +265,11 @@ def cached_hidden(m: GPT2Module, ids, pos, cfg: GPT2Config):
 
 # ---------------------------------------------------------------- inference
 
-@dataclass
-class Cache:
-    """A position in the model's device-resident KV cache (see the module header)."""
-    model: "GPT2"
-    generation: int
-    pos: int = 0
-
-    def __len__(self):
-        return self.pos
-
-
-@dataclass
-class Surprisal:
-    bits: list      # bits[i] = -log2 p(ids[i] | ids[:i]); bits[0] = 0
-    top: list       # top[i] = the model's argmax having seen ids[:i] (top[0] = -1)
-    top_p: list     # its probability (top_p[0] = 0)
-
-
 def _strip(name: str) -> str:
     return name[len("transformer."):] if name.startswith("transformer.") else name
 
 
-class GPT2:
+class GPT2(CausalLM):
     """GPT-2 inference on any backend; see the module header for the cache."""
 
     def __init__(self, cfg: GPT2Config, backend="auto", *, wte_chunks: int | None = None,
@@ -373,9 +300,7 @@ class GPT2:
                 raise ValueError(f"GPT2: {n!r} is {list(s)}; {q.qtype} blocks of shape "
                                  f"{list(q.shape)}{' transposed' if q.transposed else ''} do not fit")
             self.backend.ensure(n, (q.words,) if q else s, "i32" if q else "f32")
-        self._programs: dict = {}
-        self._generation = 0
-        self._live: Cache | None = None
+        self._init_decoding()
 
     # -- construction
     @classmethod
@@ -515,7 +440,7 @@ class GPT2:
             raise ValueError(f"GPT2.load_state_dict: this model holds {sorted(self.quant_full)[:3]} "
                              "quantized; f32 weights go into a model built without quant "
                              "(GPT2.from_hf_state_dict, or from_gguf(..., keep_quantized=False))")
-        self.write_weights({n: to_host(_as_f32_array(sd[n]), shape=s, dtype="f32", what=f"GPT-2 weight '{n}'")
+        self.write_weights({n: to_host(as_f32_array(sd[n]), shape=s, dtype="f32", what=f"GPT-2 weight '{n}'")
                      for n, s in shapes.items()})
 
     def write_weights(self, hosts: dict) -> None:
@@ -569,7 +494,6 @@ class GPT2:
         q = self.quant.get(n)
         if q is None:
             return h
-        from ..arrays import transpose2d
         from ..quants import dequantize_words
         x = HostArray("f32", dequantize_words(q.qtype, h.tobytes(), q.shape), shape=q.shape)
         return transpose2d(x) if q.transposed else x
@@ -577,279 +501,18 @@ class GPT2:
     def state_dict(self) -> dict:
         return run_blocking(self.state_dict_async())
 
-    # -- programs (compiled once per shape, on first use)
-    def _program(self, kind: str, T: int):
-        key = (kind, T)
-        p = self._programs.get(key)
-        if p is None:
-            p = self._programs[key] = _build_program(self, kind, T)
-        return p
+    # -- the network, for decoding.CausalLM's programs
+    _text_hint = ("encode it first: webgrad.models.bpe.Tokenizer.from_files(encoder_json, "
+                  "vocab_bpe).encode(text)")
 
-    def _check_ids(self, ids, what, *, empty_ok=False) -> list[int]:
-        if hasattr(ids, "tolist"):
-            ids = ids.tolist()
-        if isinstance(ids, int):
-            ids = [ids]
-        if isinstance(ids, str):
-            raise ValueError(f"{what}: ids is text; pass token ids (encode it first: "
-                             "webgrad.models.bpe.Tokenizer.from_files(encoder_json, vocab_bpe).encode(text))")
-        ids = list(ids)
-        if not ids and not empty_ok:
-            raise ValueError(f"{what}: ids is empty")
-        V = self.cfg.vocab_size
-        for k, t in enumerate(ids):
-            try:
-                ids[k] = t = operator.index(t)   # numpy / torch integers too; not floats
-            except TypeError:
-                raise ValueError(f"{what}: ids[{k}] = {t!r} is not an integer token id") from None
-            if isinstance(t, bool) or not 0 <= t < V:
-                raise ValueError(f"{what}: ids[{k}] = {t!r} is not a token id in [0, {V})")
-        if len(ids) > self.cfg.n_ctx:
-            raise ValueError(f"{what}: {len(ids)} ids exceed n_ctx={self.cfg.n_ctx}")
-        return ids
+    @property
+    def _head_blocks(self) -> int:
+        return self.wte_chunks
 
-    # -- the API
-    async def forward_async(self, ids):
-        """[len(ids), vocab] logits (full causal forward, no cache)."""
-        ids = self._check_ids(ids, "forward")
-        out = await self._program("full", len(ids)).run_raw_async({"ids": ids}, self._names("logits"))
-        return self._joined(out, "logits")
+    _network = Network(hidden, cached_hidden, head)
 
-    def _names(self, base):
-        return [f"{base}.{k}" for k in range(self.wte_chunks)]
-
-    def _joined(self, out, base):
-        """The vocab blocks of output `base` side by side, as the user's array type."""
-        from ..arrays import to_user
-        return to_user(_cat_rows([out[n] for n in self._names(base)]))
-
-    def new_cache(self) -> Cache:
-        """An empty cache; the previous cache of this model is retired."""
-        self._generation += 1
-        self._live = Cache(self, self._generation)
-        return self._live
-
-    def _check_cache(self, cache, n, what):
-        if not isinstance(cache, Cache) or cache.model is not self:
-            raise ValueError(f"{what}: pass a cache from this model's new_cache()")
-        if cache.generation != self._generation:
-            raise ValueError(f"{what}: this cache was retired by a later new_cache() (one cache "
-                             "lives on the device per model)")
-        if cache.pos + n > self.cfg.n_ctx:
-            raise ValueError(f"{what}: the cache holds {cache.pos} positions; {n} more exceed "
-                             f"n_ctx={self.cfg.n_ctx}")
-
-    async def _step(self, ids, cache, fetch, what):
-        ids = self._check_ids(ids, what)
-        self._check_cache(cache, len(ids), what)
-        prog = self._program("step", len(ids))
-        out = await prog.run_raw_async({"ids": ids, "pos": [cache.pos]}, fetch)
-        cache.pos += len(ids)
-        return out
-
-    async def logits_step_async(self, ids, cache):
-        """Append ids (one or many) to the cache; [vocab] logits of the last position."""
-        return self._joined(await self._step(ids, cache, self._names("last"), "logits_step"), "last")
-
-    async def logits_all_step_async(self, ids, cache):
-        """As logits_step, but [len(ids), vocab]: the logits at every appended position."""
-        return self._joined(await self._step(ids, cache, self._names("logits"), "logits_step"), "logits")
-
-    async def generate_stream_async(self, ids, max_new_tokens=20, temperature=1.0, top_k=None,
-                                    top_p=None, seed=0, stop_at_eos=True):
-        """Yield new tokens one by one. temperature 0 is greedy (argmax on the device: each step
-        reads back one i32); otherwise the step reads the last logits and sampling.py draws
-        from a random.Random(seed) stream: the same seed gives the same tokens everywhere."""
-        ids = self._check_ids(ids, "generate")
-        sampling.check_params(temperature, top_k, top_p)
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-            raise ValueError(f"generate: max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-        n = min(max_new_tokens, self.cfg.n_ctx - len(ids))   # the context is the limit
-        cache = self.new_cache()
-        rng = sampling.rng(seed)
-        greedy = temperature == 0
-        feed = ids
-        for _ in range(n):
-            out = await self._step(feed, cache, ["next"] if greedy else self._names("last"), "generate")
-            if greedy:
-                tok = int(out["next"][0])
-            else:
-                last = _cat_rows([out[n] for n in self._names("last")])
-                tok = sampling.sample(last, temperature=temperature, top_k=top_k,
-                                      top_p=top_p, rng=rng)
-            yield tok
-            if stop_at_eos and self.cfg.eos_token_id is not None and tok == self.cfg.eos_token_id:
-                return
-            feed = [tok]
-
-    async def generate_async(self, ids, max_new_tokens=20, temperature=1.0, top_k=None,
-                             top_p=None, seed=0, stop_at_eos=True) -> list[int]:
-        """ids followed by up to max_new_tokens sampled tokens: fewer where the context
-        (cfg.n_ctx) fills up first, or an end-of-text token comes (stop_at_eos)."""
-        out = list(self._check_ids(ids, "generate"))
-        async for tok in self.generate_stream_async(ids, max_new_tokens, temperature, top_k,
-                                                    top_p, seed, stop_at_eos):
-            out.append(tok)
-        return out
-
-    async def surprisal_async(self, ids) -> Surprisal:
-        """Per-token surprisal in bits, the model's top guess and its probability, computed on
-        the device (reads back 3 numbers per token, not the logits)."""
-        ids = self._check_ids(ids, "surprisal")
-        targets = ids[1:] + [0]
-        out = await self._program("surprisal", len(ids)).run_raw_async(
-            {"ids": ids, "targets": targets}, ["bits", "top", "top_p"])
-        bits = [0.0] + [float(b) for b in out["bits"][:-1]]
-        top = [-1] + [int(t) for t in out["top"][:-1]]
-        top_p = [0.0] + [float(p) for p in out["top_p"][:-1]]
-        return Surprisal(bits, top, top_p)
-
-    def surprisal_tracker(self) -> "SurprisalTracker":
-        """Surprisal of a text being edited: update(ids) recomputes from the first change only."""
-        return SurprisalTracker(self)
-
-    # -- blocking forms
-    def forward(self, ids): return run_blocking(self.forward_async(ids))
-    def logits_step(self, ids, cache): return run_blocking(self.logits_step_async(ids, cache))
-    def logits_all_step(self, ids, cache): return run_blocking(self.logits_all_step_async(ids, cache))
-    def surprisal(self, ids): return run_blocking(self.surprisal_async(ids))
-
-    def generate(self, ids, max_new_tokens=20, temperature=1.0, top_k=None, top_p=None, seed=0,
-                 stop_at_eos=True) -> list[int]:
-        return list(ids) + list(self.generate_stream(ids, max_new_tokens, temperature, top_k, top_p,
-                                                     seed, stop_at_eos))
-
-    def generate_stream(self, ids, max_new_tokens=20, temperature=1.0, top_k=None, top_p=None,
-                        seed=0, stop_at_eos=True):
-        agen = self.generate_stream_async(ids, max_new_tokens, temperature, top_k, top_p, seed,
-                                          stop_at_eos)
-        while True:
-            try:
-                yield run_blocking(agen.__anext__())
-            except StopAsyncIteration:
-                return
-
-
-class SurprisalTracker:
-    """The reactive page's engine: the surprisal of a token list that changes between calls.
-
-    update(ids) keeps what it computed for the longest common prefix with the previous ids and
-    recomputes from there through the KV cache: the cache is cut back to the first changed
-    position p (minus one: position p's bits come from the logits at p - 1), and the new
-    suffix is appended in one cached step that computes the bits, top token and its
-    probability on the device. Suffix lengths are padded to a power of two (rows past the
-    text land in cache rows that nothing attends to yet), so few programs get compiled.
-    `recomputed` says how many positions the last update ran. Uses the model's cache: a
-    new_cache() elsewhere makes the next update start over (correctly, from position 0).
-    """
-
-    def __init__(self, model: GPT2):
-        self.model, self.ids, self.cache = model, [], None
-        self.result = Surprisal([], [], [])
-        self.recomputed = 0
-
-    async def update_async(self, ids) -> Surprisal:
-        m = self.model
-        ids = m._check_ids(ids, "surprisal update", empty_ok=True)
-        live = self.cache is not None and self.cache.generation == m._generation
-        p = 0
-        if live:
-            while p < min(len(ids), len(self.ids)) and ids[p] == self.ids[p]:
-                p += 1
-        else:
-            self.cache, self.result = m.new_cache(), Surprisal([], [], [])
-        q = max(p - 1, 0)
-        keep = Surprisal(self.result.bits[:q + 1], self.result.top[:q + 1], self.result.top_p[:q + 1])
-        if p == len(ids):                    # nothing new: a cut at the end, or no change
-            n = len(ids)
-            self.result = Surprisal(keep.bits[:n], keep.top[:n], keep.top_p[:n])
-            self.cache.pos = min(self.cache.pos, n)
-            self.ids, self.recomputed = list(ids), 0
-            return self.result
-        feed = ids[q:]
-        T = 1
-        while T < len(feed):
-            T *= 2
-        T = min(T, m.cfg.n_ctx)
-        pad = T - len(feed)
-        self.cache.pos = q
-        out = await m._program("score", T).run_raw_async(
-            {"ids": feed + [0] * pad, "pos": [q], "targets": ids[q + 1:] + [0] * (pad + 1)},
-            ["bits", "top", "top_p"])
-        self.cache.pos = len(ids)
-        n_new = len(feed) - 1                # positions q+1 .. len-1, from rows 0 .. n_new-1
-        if p == 0:
-            keep = Surprisal([0.0], [-1], [0.0])
-        self.result = Surprisal(keep.bits[:q + 1] + [float(b) for b in out["bits"][:n_new]],
-                                keep.top[:q + 1] + [int(t) for t in out["top"][:n_new]],
-                                keep.top_p[:q + 1] + [float(v) for v in out["top_p"][:n_new]])
-        self.ids, self.recomputed = list(ids), len(feed)
-        return self.result
-
-    def update(self, ids) -> Surprisal:
-        return run_blocking(self.update_async(ids))
-
-
-def _build_program(model: GPT2, kind: str, T: int):
-    cfg, chunks = model.cfg, model.wte_chunks
-
-    def factory():
-        return GPT2Module(cfg, chunks, model.quant)
-
-    def named(base, blocks):
-        return {f"{base}.{k}": b for k, (b, _) in enumerate(blocks)}
-
-    if kind == "full":
-        def fn(m, f):
-            return named("logits", head(m, hidden(m, f["ids"], cfg)))
-        inputs = {"ids": ([T], "i32")}
-    elif kind == "surprisal":
-        def fn(m, f):
-            lse, mx, top, picked = head_stats(head(m, hidden(m, f["ids"], cfg)), f["targets"])
-            return {"bits": (lse - picked) * (1.0 / math.log(2.0)), "top": top,
-                    "top_p": ops.exp(mx - lse)}
-        inputs = {"ids": ([T], "i32"), "targets": ([T], "i32")}
-    elif kind == "score":   # surprisal through the cache (SurprisalTracker)
-        def fn(m, f):
-            lse, mx, top, picked = head_stats(head(m, cached_hidden(m, f["ids"], f["pos"], cfg)),
-                                              f["targets"])
-            return {"bits": (lse - picked) * (1.0 / math.log(2.0)), "top": top,
-                    "top_p": ops.exp(mx - lse)}
-        inputs = {"ids": ([T], "i32"), "pos": ([1], "i32"), "targets": ([T], "i32")}
-    elif kind == "step":
-        def fn(m, f):
-            h = cached_hidden(m, f["ids"], f["pos"], cfg)
-            blocks = head(m, h)
-            lasts = [(ops.reshape(ops.slice(b, 0, T - 1, T), (b.shape[-1],)), a) for b, a in blocks]
-            top = head_stats(lasts)[2]
-            return {**named("logits", blocks), **named("last", lasts), "next": top}
-        inputs = {"ids": ([T], "i32"), "pos": ([1], "i32")}
-    else:
-        raise AssertionError(kind)
-    return compile_program(model.backend, factory, fn, inputs=inputs)
-
-
-def _cat_rows(blocks) -> HostArray:
-    """HostArrays [..., n_k] side by side along the last axis (no numpy needed)."""
-    if len(blocks) == 1:
-        return blocks[0]
-    lead = blocks[0].shape[:-1]
-    rows = prod(lead)
-    widths = [b.shape[-1] for b in blocks]
-    out = HostArray("f32", shape=lead + (sum(widths),))
-    for r in range(rows):
-        for b, w in zip(blocks, widths):
-            out.extend(b[r * w:(r + 1) * w])
-    return out
-
-
-def _as_f32_array(v):
-    """torch tensors -> numpy (any dtype/device); anything else as to_host takes it."""
-    if type(v).__module__.startswith("torch"):
-        return v.detach().to("cpu").float().numpy()
-    if hasattr(v, "to_host") and hasattr(v, "dtype"):   # a safetensors StoredTensor
-        return v.to_host()
-    return v
+    def _module(self) -> GPT2Module:
+        return GPT2Module(self.cfg, self.wte_chunks, self.quant)
 
 
 def _shape_of(tensors, name):

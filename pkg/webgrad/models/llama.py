@@ -1,0 +1,387 @@
+"""Llama-family decoders (Llama 2/3, Mistral, Qwen2, Qwen3): inference with a KV cache on
+the device, through the same programs and decode loop as GPT-2 (decoding.py).
+
+    from webgrad.models import llama
+    cfg = llama.LlamaConfig.from_hf(json.load(open("config.json")))
+    m = llama.Llama.from_hf_state_dict(cfg, state_dict)    # or Llama.from_pretrained(folder)
+    m.forward(ids); m.generate(ids, max_new_tokens=20, temperature=0)
+
+Parameters carry transformers' names and layouts ("model.layers.0.self_attn.q_proj.weight",
+linear weights [out, in], y = x @ W^T + b; "lm_head.weight" unless tie_word_embeddings),
+so a state dict moves in and out unchanged (llama_weights.py loads and saves them). Where
+WebGPU's binding limit needs it, the token table and the head are held in row blocks
+(table_chunks; decoding.py), joined again in state_dict().
+
+A block, in ops (what llama_config.py's switches change, in brackets):
+  h = x + o_proj(attn(rope(q_proj(n1)) [q_norm], rope(k_proj(n1)) [k_norm], v_proj(n1)))
+  out = h + down_proj(silu(gate_proj(n2)) * up_proj(n2))       n1, n2 = RMSNorm of x, h
+  RMSNorm(x) = x * rsqrt(mean(x^2) + eps) * weight (over hidden_size, or head_dim for q/k)
+  rope: rotate-half over head_dim, angle = position * inv_freq in f32 as transformers
+        computes it (inv_freq from rope_theta, llama3-scaled when configured)
+  attn: GQA, each of num_key_value_heads K/V heads serves num_attention_heads / n_kv query
+        heads; scores scaled by 1/sqrt(head_dim), causal [and a sliding window]. Queries
+        are [Hkv, rep, T, Dh] against K/V [Hkv, 1, S, Dh] (broadcast, never copied), a form
+        WebGPU's attention pass fuses (a sliding window shorter than n_ctx stays unfused)
+  [qkv bias] Qwen2; [all four biases, mlp biases] llama's attention_bias / mlp_bias.
+
+The cache: per layer, K (after rope) and V are state buffers [n_ctx, n_kv * head_dim]
+("kv.{layer}.k"/".v"), written in place by ops.write_rows at the run-time position; a step
+attends over all n_ctx rows with the mask key <= position (static shapes, as gpt2.py).
+"""
+from __future__ import annotations
+
+import math
+from math import prod
+
+from .. import init, ops
+from ..arrays import HostArray
+from ..blocking import run_blocking
+from ..module import Module
+from ..stateful import assign, state
+from .decoding import (Cache, CausalLM, Network, Surprisal, SurprisalTracker,  # noqa: F401
+                       chunks_for, embed_rows, head_blocks, row_split, table_parts)
+from .llama_config import LlamaConfig
+from . import llama_weights as _weights
+
+
+# ---------------------------------------------------------------- the Module (parameters)
+
+class _Linear(Module):   # torch's nn.Linear: weight [out, in]
+    def __init__(self, d_in, d_out, bias: bool):
+        super().__init__()
+        self.weight = self.param([d_out, d_in], init=init.randn(0.02))
+        if bias:
+            self.bias = self.param([d_out], init="zeros")
+
+
+class _RMSNorm(Module):
+    def __init__(self, d):
+        super().__init__()
+        self.weight = self.param([d], init="ones")
+
+
+class _Table(Module):
+    def __init__(self, n, d):
+        super().__init__()
+        self.weight = self.param([n, d], init=init.randn(0.02))
+
+
+class _Attention(Module):
+    def __init__(self, c: LlamaConfig):
+        super().__init__()
+        D, Dh = c.hidden_size, c.head_dim
+        self.q_proj = _Linear(D, c.num_attention_heads * Dh, c.qkv_bias)
+        self.k_proj = _Linear(D, c.num_key_value_heads * Dh, c.qkv_bias)
+        self.v_proj = _Linear(D, c.num_key_value_heads * Dh, c.qkv_bias)
+        self.o_proj = _Linear(c.num_attention_heads * Dh, D, c.o_bias)
+        if c.qk_norm:
+            self.q_norm = _RMSNorm(Dh)
+            self.k_norm = _RMSNorm(Dh)
+
+
+class _MLP(Module):
+    def __init__(self, c: LlamaConfig):
+        super().__init__()
+        D, F = c.hidden_size, c.intermediate_size
+        self.gate_proj = _Linear(D, F, c.mlp_bias)
+        self.up_proj = _Linear(D, F, c.mlp_bias)
+        self.down_proj = _Linear(F, D, c.mlp_bias)
+
+
+class _Layer(Module):
+    def __init__(self, c: LlamaConfig):
+        super().__init__()
+        self.self_attn = _Attention(c)
+        self.mlp = _MLP(c)
+        self.input_layernorm = _RMSNorm(c.hidden_size)
+        self.post_attention_layernorm = _RMSNorm(c.hidden_size)
+
+
+def _table(c: LlamaConfig, chunks: int):
+    if chunks == 1:
+        return _Table(c.vocab_size, c.hidden_size)
+    return [_Table(b - a, c.hidden_size) for a, b in row_split(c.vocab_size, chunks)]
+
+
+class _Body(Module):
+    def __init__(self, c: LlamaConfig, chunks: int):
+        super().__init__()
+        self.embed_tokens = _table(c, chunks)
+        self.layers = [_Layer(c) for _ in range(c.num_hidden_layers)]
+        self.norm = _RMSNorm(c.hidden_size)
+
+
+class LlamaModule(Module):
+    """The parameters, named as transformers' *ForCausalLM state_dict ("model.", "lm_head.").
+    table_chunks > 1 holds the token table and the LM head as row blocks
+    ("model.embed_tokens.{k}.weight", "lm_head.{k}.weight"; decoding.py says why)."""
+
+    def __init__(self, cfg: LlamaConfig, table_chunks: int = 1):
+        super().__init__()
+        self.model = _Body(cfg, table_chunks)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = _table(cfg, table_chunks)
+
+
+def param_shapes(cfg: LlamaConfig, table_chunks: int = 1) -> dict[str, tuple[int, ...]]:
+    return {n: s.shape for n, s in LlamaModule(cfg, table_chunks).named_specs()}
+
+
+_TABLES = ("model.embed_tokens.weight", "lm_head.weight")   # split when table_chunks > 1
+
+
+# ---------------------------------------------------------------- the forward, in ops
+
+def _rms(p, x, eps):
+    return x * ops.rsqrt(ops.mean_last(x * x, keepdims=True) + eps) * p.weight
+
+
+def _lin(p, x):
+    y = ops.matmul(x, ops.swap_axes(p.weight, 0, 1))
+    b = getattr(p, "bias", None)
+    return y if b is None else y + b
+
+
+def _rotary(qpos, cfg: LlamaConfig):
+    """(cos, sin) [T, 1, head_dim] for f32 positions qpos [T, 1]."""
+    inv = ops.constant(cfg.inv_freq(), shape=(1, cfg.head_dim // 2))
+    ang = qpos * inv                                     # [T, Dh/2], f32 as transformers
+    ang = ops.unsqueeze(ops.concat([ang, ang], -1), 1)   # [T, 1, Dh]
+    return ops.cos(ang), ops.sin(ang)
+
+
+def _rope(x, cos, sin):
+    """x [T, H, Dh] rotated (rotate-half: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin))."""
+    half = x.shape[-1] // 2
+    x1, x2 = ops.slice_last_range(x, 0, half), ops.slice_last_range(x, half, 2 * half)
+    return x * cos + ops.concat([-x2, x1], -1) * sin
+
+
+def _heads_first(x):
+    """[T, H, Dh] -> [H, T, Dh]."""
+    return ops.transpose(x, (1, 0, 2))
+
+
+def _qkv(layer, x, rot, cfg: LlamaConfig):
+    """q [T, H, Dh], k [T, Hkv, Dh] (normed [Qwen3] and rotated), v [T, Hkv, Dh]."""
+    a, T = layer.self_attn, x.shape[0]
+    n = _rms(layer.input_layernorm, x, cfg.rms_norm_eps)
+    H, Hkv, Dh = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    q = ops.reshape(_lin(a.q_proj, n), (T, H, Dh))
+    k = ops.reshape(_lin(a.k_proj, n), (T, Hkv, Dh))
+    v = ops.reshape(_lin(a.v_proj, n), (T, Hkv, Dh))
+    if cfg.qk_norm:
+        q, k = _rms(a.q_norm, q, cfg.rms_norm_eps), _rms(a.k_norm, k, cfg.rms_norm_eps)
+    return _rope(q, *rot), _rope(k, *rot), v
+
+
+def _attend(q, k, v, visible, cfg: LlamaConfig):
+    """q [T, H, Dh]; k, v [Hkv, S, Dh]; visible [T, S] (None: causal, S = T) -> [T, H * Dh].
+    GQA without copying K/V per query head: queries as [Hkv, rep, T, Dh] (rep = H / Hkv
+    query heads share K/V head h // rep, as transformers' repeat_kv) against K/V as
+    [Hkv, 1, S, Dh], broadcast by the batched matmuls."""
+    T, H, Dh = q.shape
+    Hkv = k.shape[0]
+    rep = H // Hkv
+    qh = ops.reshape(_heads_first(q), (Hkv, rep, T, Dh))
+    k, v = ops.unsqueeze(k, 1), ops.unsqueeze(v, 1)
+    s = ops.matmul(qh, ops.swap_axes(k, -1, -2)) * (1.0 / math.sqrt(Dh))   # [Hkv, rep, T, S]
+    s = ops.where_causal(s, -1e30) if visible is None else ops.where(visible, s, -1e30)
+    att = ops.reshape(ops.matmul(ops.softmax_last(s), v), (H, T, Dh))
+    return ops.reshape(_heads_first(att), (T, H * Dh))
+
+
+def _finish(layer, x, att, cfg: LlamaConfig):
+    x = x + _lin(layer.self_attn.o_proj, att)
+    n = _rms(layer.post_attention_layernorm, x, cfg.rms_norm_eps)
+    m = layer.mlp
+    return x + _lin(m.down_proj, ops.silu(_lin(m.gate_proj, n)) * _lin(m.up_proj, n))
+
+
+def _visible(qpos, S: int, cfg: LlamaConfig):
+    """[T, S] mask of the keys each query sees: key <= query [and key > query - window]."""
+    kpos = ops.reshape(ops.arange(S, dtype="f32"), (1, S))
+    vis = ops.greater_equal(qpos, kpos)
+    if cfg.sliding_window is not None and cfg.sliding_window < S:   # else nothing to hide
+        vis = vis * ops.greater(kpos, qpos - float(cfg.sliding_window))
+    return vis
+
+
+def hidden(m: LlamaModule, ids, cfg: LlamaConfig):
+    """ids [T] i32 -> final hidden states [T, D] (after the last RMSNorm), causal attention."""
+    T = ids.shape[0]
+    if T > cfg.n_ctx:
+        raise ValueError(f"llama: {T} positions exceed n_ctx={cfg.n_ctx} (LlamaConfig.from_hf(..., n_ctx=))")
+    x = embed_rows(table_parts(m.model.embed_tokens), ids)
+    qpos = ops.reshape(ops.arange(T, dtype="f32"), (T, 1))
+    rot = _rotary(qpos, cfg)
+    window = cfg.sliding_window is not None and cfg.sliding_window < T
+    visible = _visible(qpos, T, cfg) if window else None
+    for layer in m.model.layers:
+        q, k, v = _qkv(layer, x, rot, cfg)
+        x = _finish(layer, x, _attend(q, _heads_first(k), _heads_first(v), visible, cfg), cfg)
+    return _rms(m.model.norm, x, cfg.rms_norm_eps)
+
+
+def cached_hidden(m: LlamaModule, ids, pos, cfg: LlamaConfig):
+    """ids [T] i32 at positions pos.. (pos [1] i32): writes their K/V rows into the cache
+    state and attends over the whole cache. -> [T, D] after the last RMSNorm."""
+    T, S = ids.shape[0], cfg.n_ctx
+    Hkv, Dh = cfg.num_key_value_heads, cfg.head_dim
+    x = embed_rows(table_parts(m.model.embed_tokens), ids)
+    qpos = ops.reshape(ops.cast(ops.arange(T) + pos, "f32"), (T, 1))
+    rot = _rotary(qpos, cfg)
+    visible = _visible(qpos, S, cfg)
+    for li, layer in enumerate(m.model.layers):
+        q, k, v = _qkv(layer, x, rot, cfg)
+        kv = []
+        for name, new in ((f"kv.{li}.k", k), (f"kv.{li}.v", v)):
+            full = ops.write_rows(state(name, (S, Hkv * Dh)), ops.reshape(new, (T, Hkv * Dh)), pos)
+            assign(name, full)
+            kv.append(_heads_first(ops.reshape(full, (S, Hkv, Dh))))   # [Hkv, S, Dh]
+        x = _finish(layer, x, _attend(q, kv[0], kv[1], visible, cfg), cfg)
+    return _rms(m.model.norm, x, cfg.rms_norm_eps)
+
+
+def head(m: LlamaModule, h):
+    """[(logits block [T, rows_k], first row)]: h @ W^T with W lm_head or, tied, the token
+    table, per row block."""
+    return head_blocks(table_parts(m.lm_head if hasattr(m, "lm_head") else m.model.embed_tokens), h)
+
+
+# ---------------------------------------------------------------- inference
+
+class Llama(CausalLM):
+    """Llama-family inference on any backend: forward, new_cache / logits_step /
+    logits_all_step, generate / generate_stream, surprisal (decoding.CausalLM), each with an
+    *_async twin; weights in and out in transformers' names (llama_weights.py)."""
+
+    _text_hint = ("encode it with the model's tokenizer first, e.g. tokenizers.Tokenizer."
+                  "from_file('tokenizer.json').encode(text).ids")
+
+    def __init__(self, cfg: LlamaConfig, backend="auto", *, table_chunks: int | None = None):
+        """Zero weights on `backend` (write them with load_state_dict); table_chunks
+        (default: what the device's binding limit needs) splits the token table and the LM
+        head into row blocks."""
+        from ..backends import get_backend
+        if not isinstance(cfg, LlamaConfig):
+            raise TypeError(f"Llama: cfg must be a LlamaConfig (LlamaConfig.from_hf(config_dict)), "
+                            f"got {type(cfg).__name__}")
+        self.cfg = cfg
+        self.backend = get_backend(backend)
+        self.table_chunks = table_chunks or chunks_for(cfg.vocab_size, cfg.hidden_size, self.backend)
+        self.hf_shapes = param_shapes(cfg)                    # transformers' names
+        self.shapes = param_shapes(cfg, self.table_chunks)    # the backend's
+        for n, s in self.shapes.items():
+            self.backend.ensure(n, s, "f32")
+        self._init_decoding()
+
+    # -- construction and weights
+    @classmethod
+    def init_random(cls, cfg: LlamaConfig, seed: int = 0, backend="auto") -> "Llama":
+        """N(0, 0.02) matrices, unit norms, zero biases, from `seed` (for tests and demos)."""
+        m = cls(cfg, backend)
+        specs = LlamaModule(cfg, m.table_chunks).named_specs()
+        m.backend.init_params([(n, spec.init, spec.shape) for n, spec in specs], seed=seed)
+        return m
+
+    @classmethod
+    def from_hf_state_dict(cls, cfg: LlamaConfig, state_dict, backend="auto") -> "Llama":
+        """Weights named and laid out as transformers' LlamaForCausalLM (MistralForCausalLM,
+        Qwen2ForCausalLM, Qwen3ForCausalLM).state_dict(); values as numpy arrays, torch
+        tensors, array.array or memoryviews. Missing, unexpected or mis-shaped names are
+        listed in the error, before anything is written."""
+        m = cls(cfg, backend)
+        m.load_state_dict(state_dict)
+        return m
+
+    @classmethod
+    def from_pretrained(cls, path, backend="auto", *, n_ctx: int | None = None, progress=None) -> "Llama":
+        """A folder as transformers' save_pretrained writes it: config.json and
+        model.safetensors, or model.safetensors.index.json and its shards (F32/F16/BF16).
+        n_ctx: the cache length (default min(max_position_embeddings, 2048));
+        progress(done, total): tensor bytes written so far. Names and shapes are checked
+        before any tensor is converted; then each is widened to f32 and written in turn."""
+        cfg, tensors = _weights.read_pretrained(path, n_ctx=n_ctx)
+        m = cls(cfg, backend)
+        values = _weights.check_state_dict(cfg, m.hf_shapes, tensors)
+        done, total = 0, sum(v.nbytes for v in values.values())
+        for n, v in values.items():
+            m._write(n, _weights.to_f32(n, v, m.hf_shapes[n]))
+            done += v.nbytes
+            if progress is not None:
+                progress(done, total)
+        return m
+
+    @classmethod
+    def from_safetensors(cls, path_or_bytes, cfg: LlamaConfig | None = None, backend="auto") -> "Llama":
+        """One .safetensors file; without cfg, the config save_safetensors recorded in it."""
+        cfg, sd = _weights.read_safetensors(path_or_bytes, cfg)
+        return cls.from_hf_state_dict(cfg, sd, backend)
+
+    def load_state_dict(self, state_dict) -> None:
+        """Checks and converts every tensor before writing any (a refused call changes
+        nothing)."""
+        values = _weights.check_state_dict(self.cfg, self.hf_shapes, state_dict)
+        hosts = {n: _weights.to_f32(n, v, self.hf_shapes[n]) for n, v in values.items()}
+        for n, h in hosts.items():
+            self._write(n, h)
+
+    def _write(self, n: str, h: HostArray) -> None:
+        """Write one weight in transformers' layout, a table into its row blocks."""
+        if n in _TABLES and self.table_chunks > 1:
+            D = self.cfg.hidden_size
+            for k, (a, b) in enumerate(row_split(self.cfg.vocab_size, self.table_chunks)):
+                block = HostArray("f32", h[a * D:b * D], shape=(b - a, D))
+                self.backend.write(f"{n.removesuffix('.weight')}.{k}.weight", block)
+        else:
+            self.backend.write(n, h)
+
+    async def state_dict_async(self) -> dict:
+        """The weights in transformers' names (tables whole), as the user's array type."""
+        from ..arrays import to_user
+        out = {}
+        for n, s in self.hf_shapes.items():
+            if n in _TABLES and self.table_chunks > 1:
+                h = HostArray("f32", shape=s)
+                for k in range(self.table_chunks):   # blocks of rows: one after the other
+                    h.extend(await self.backend.read(f"{n.removesuffix('.weight')}.{k}.weight"))
+                out[n] = to_user(h)
+            else:
+                out[n] = to_user(await self.backend.read(n))
+        return out
+
+    def state_dict(self) -> dict:
+        return run_blocking(self.state_dict_async())
+
+    async def save_safetensors_async(self, dst=None, metadata: dict | None = None):
+        """Write the weights as a model.safetensors (transformers' names; a tied lm_head not
+        stored, as save_pretrained does) to `dst` (a path or binary file), or return the
+        file's bytes. The config goes into the metadata, for from_safetensors."""
+        return _weights.write_safetensors(self.cfg, await self.state_dict_async(), dst, metadata)
+
+    def save_safetensors(self, dst=None, metadata=None):
+        return run_blocking(self.save_safetensors_async(dst, metadata))
+
+    def save_pretrained(self, folder) -> None:
+        """config.json and model.safetensors in `folder`: what from_pretrained and
+        transformers' from_pretrained read."""
+        _weights.write_pretrained(self.cfg, self.state_dict(), folder)
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(4 * prod(s) for s in self.shapes.values())
+
+    # -- the network, for decoding.CausalLM's programs
+    _network = Network(hidden, cached_hidden, head)
+
+    @property
+    def _head_blocks(self) -> int:
+        return self.table_chunks
+
+    def _module(self) -> LlamaModule:
+        return LlamaModule(self.cfg, self.table_chunks)
+
+
+__all__ = ["LlamaConfig", "LlamaModule", "Llama", "Cache", "Surprisal", "SurprisalTracker",
+           "hidden", "cached_hidden", "head", "param_shapes"]

@@ -1,0 +1,328 @@
+"""Llama-family models (webgrad.models.llama) against transformers, one table over the four
+model types.
+
+Each row builds a tiny transformers model from a config that turns on what the family is
+about (llama: llama3 rope scaling and all biases; mistral: a sliding window shorter than the
+text; qwen2: q/k/v bias and tied embeddings; qwen3: q/k norms, head_dim != hidden/heads, one
+K/V head), with random weights moved off their defaults (norm gains off 1, biases off 0), in
+eval mode and float32. Logits must agree within 1e-4 of the largest logit on the reference,
+torch and (where an adapter exists) WebGPU backends; the KV cache must reproduce the full
+forward; greedy generate must equal transformers' generate(do_sample=False); files written by
+save_pretrained (f32, bf16, sharded) and by save_safetensors must load to the same logits.
+"""
+from __future__ import annotations
+
+import array
+import copy
+import json
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from backends import WEBGPU  # noqa: E402
+from webgrad.models import llama  # noqa: E402
+
+SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+             intermediate_size=96, vocab_size=100, max_position_embeddings=48)
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 16}
+
+# model_type: (config class, model class, config overrides, what LlamaConfig must read)
+KINDS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM",
+              dict(rope_theta=500000.0, rope_scaling=LLAMA3, attention_bias=True, mlp_bias=True),
+              dict(qkv_bias=True, o_bias=True, mlp_bias=True, rope_theta=500000.0)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=5, head_dim=16),
+                dict(sliding_window=5, qkv_bias=False)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True, rope_theta=1e6),
+              dict(qkv_bias=True, o_bias=False, tie_word_embeddings=True)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=24, num_key_value_heads=1),
+              dict(qk_norm=True, head_dim=24, num_key_value_heads=1)),
+}
+IDS = [3, 17, 5, 99, 0, 42, 7, 8, 61, 11, 2, 30]
+
+
+def hf_config(kind):
+    cname, _, over, _ = KINDS[kind]
+    return getattr(transformers, cname)(**{**SMALL, **over})
+
+
+def hf_model(kind, seed=0):
+    torch.manual_seed(seed)
+    model = getattr(transformers, KINDS[kind][1])(hf_config(kind)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + torch.randn_like(p) * 0.2)
+            elif name.endswith("bias"):
+                p.copy_(torch.randn_like(p) * 0.1)
+            else:
+                p.copy_(torch.randn_like(p) * 0.08)
+    return model
+
+
+@pytest.fixture(scope="module")
+def built():
+    cache = {}
+
+    def get(kind):
+        if kind not in cache:
+            m = hf_model(kind)
+            cfg = llama.LlamaConfig.from_hf(m.config.to_dict())
+            cache[kind] = m, cfg, {k: v.numpy() for k, v in m.state_dict().items()}
+        return cache[kind]
+    return get
+
+
+def hf_logits(model, ids):
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0].float().numpy()
+
+
+def close(got, want, tol=1e-4):
+    err = np.abs(np.asarray(got) - want).max() / np.abs(want).max()
+    assert err <= tol, f"max error {err:.2e} of the largest logit"
+
+
+# ---------------------------------------------------------------- (a) the config
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_from_hf_reads_each_family(kind, built):
+    _, cfg, _ = built(kind)
+    assert cfg.model_type == kind and cfg.vocab_size == 100 and cfg.num_hidden_layers == 2
+    for field, want in KINDS[kind][3].items():
+        assert getattr(cfg, field) == want, field
+    assert cfg.n_ctx == 48                           # min(max_position_embeddings, 2048)
+    assert llama.LlamaConfig.from_hf(cfg.to_hf(), n_ctx=cfg.n_ctx) == cfg
+
+
+def test_rope_fields_of_transformers_4_and_5_agree_and_llama3_matches():
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    hc = hf_config("llama")
+    v5 = hc.to_dict()
+    assert "rope_parameters" in v5
+    v4 = {k: v for k, v in v5.items() if k != "rope_parameters"}
+    v4.update(rope_theta=500000.0, rope_scaling={**LLAMA3, "rope_type": None, "type": "llama3"})
+    del v4["rope_scaling"]["rope_type"]
+    a, b = llama.LlamaConfig.from_hf(v5), llama.LlamaConfig.from_hf(v4)
+    assert a == b and a.rope_scaling["factor"] == 8.0
+    want, _ = ROPE_INIT_FUNCTIONS["llama3"](hc, None)
+    np.testing.assert_allclose(a.inv_freq(), want.numpy(), rtol=1e-6)
+
+
+REFUSED = [
+    ("llama", {"model_type": "gemma"}, "model_type 'gemma' is not supported; supported: llama"),
+    ("llama", {"hidden_act": "gelu"}, "field 'hidden_act' = 'gelu' is not supported; supported: 'silu'"),
+    ("llama", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}},
+     "rope_type 'yarn'; supported: default, llama3"),
+    ("llama", {"rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4, "factor": 8.0}},
+     "lacks 'low_freq_factor'"),
+    ("llama", {"partial_rotary_factor": 0.5}, "'partial_rotary_factor' = 0.5 is not supported"),
+    ("llama", {"quantization_config": {"quant_method": "gptq"}}, "'quantization_config'"),
+    ("qwen2", {"use_sliding_window": True}, "field 'use_sliding_window' = True is not supported"),
+    ("qwen3", {"layer_types": ["sliding_attention", "full_attention"]}, "field 'layer_types'"),
+    ("llama", {"num_key_value_heads": 3}, "not a multiple of num_key_value_heads 3"),
+    ("llama", {"hidden_size": None}, "field 'hidden_size' is None"),
+]
+
+
+@pytest.mark.parametrize("kind,patch,match", REFUSED)
+def test_from_hf_refuses_what_it_cannot_compute(kind, patch, match):
+    d = {**hf_config(kind).to_dict(), **patch}
+    with pytest.raises(ValueError, match=match.replace("(", r"\(").replace("[", r"\[")):
+        llama.LlamaConfig.from_hf(d)
+
+
+# ---------------------------------------------------------------- (b) the model
+
+@pytest.mark.parametrize("backend", ["reference", "torch", WEBGPU])
+@pytest.mark.parametrize("kind", KINDS)
+def test_logits_match_transformers(kind, backend, built):
+    model, cfg, sd = built(kind)
+    m = llama.Llama.from_hf_state_dict(cfg, sd, backend=backend)
+    close(m.forward(IDS), hf_logits(model, IDS))
+
+
+def test_state_dict_values_of_every_kind_and_the_tied_head(built):
+    model, cfg, _ = built("qwen2")
+    raw = model.state_dict()
+    assert "lm_head.weight" in raw                  # listed though tied: ignored
+    sd = {}
+    for k, (name, v) in enumerate(raw.items()):
+        a = v.numpy()
+        sd[name] = (v, array.array("f", a.reshape(-1).tolist()), memoryview(np.ascontiguousarray(a)),
+                    a.astype(np.float16).astype(np.float32))[k % 4]
+    m = llama.Llama.from_hf_state_dict(cfg, sd, backend="reference")
+    close(m.forward(IDS), hf_logits(model, IDS), tol=2e-3)   # a quarter rounded through f16
+
+
+def test_state_dict_errors_list_every_bad_name(built):
+    _, cfg, sd = built("llama")
+    bad = dict(sd)
+    del bad["model.layers.1.mlp.up_proj.weight"], bad["model.norm.weight"]
+    bad["model.layers.0.self_attn.rotary.weight"] = np.zeros(3, np.float32)
+    bad["model.layers.0.self_attn.k_proj.weight"] = sd["model.layers.0.self_attn.k_proj.weight"].T
+    with pytest.raises(ValueError) as e:
+        llama.Llama.from_hf_state_dict(cfg, bad, backend="reference")
+    msg = str(e.value)
+    for part in ("missing: model.layers.1.mlp.up_proj.weight, model.norm.weight",
+                 "unexpected: model.layers.0.self_attn.rotary.weight",
+                 "mis-shaped: model.layers.0.self_attn.k_proj.weight is [64, 32], expected [32, 64]"):
+        assert part in msg, msg
+    no_head = {k: v for k, v in sd.items() if k != "lm_head.weight"}
+    with pytest.raises(ValueError, match="is tie_word_embeddings true"):
+        llama.Llama.from_hf_state_dict(cfg, no_head, backend="reference")
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])          # an own head, a tied one
+def test_tables_split_in_row_blocks_give_the_same_model(kind, built):
+    """WebGPU's binding limit may need the token table (and head) in row blocks."""
+    model, cfg, sd = built(kind)
+    whole = llama.Llama.from_hf_state_dict(cfg, sd, backend="reference")
+    split = llama.Llama(cfg, "reference", table_chunks=3)
+    split.load_state_dict(sd)
+    assert "model.embed_tokens.2.weight" in split.shapes
+    assert ("lm_head.2.weight" in split.shapes) == (kind == "llama")
+    np.testing.assert_allclose(split.forward(IDS), whole.forward(IDS), atol=1e-5, rtol=0)
+    assert split.generate(IDS[:4], max_new_tokens=6, temperature=0) == \
+        whole.generate(IDS[:4], max_new_tokens=6, temperature=0)
+    np.testing.assert_allclose(split.surprisal(IDS).bits, whole.surprisal(IDS).bits, atol=1e-5)
+    back = split.state_dict()
+    assert set(back) == set(whole.state_dict())
+    np.testing.assert_array_equal(back["model.embed_tokens.weight"], sd["model.embed_tokens.weight"])
+
+
+# ---------------------------------------------------------------- (c) the cache, decoding
+
+@pytest.mark.parametrize("backend", ["reference", "torch", WEBGPU])
+@pytest.mark.parametrize("kind", KINDS)
+def test_cached_decoding_equals_the_full_forward(kind, backend, built):
+    _, cfg, sd = built(kind)
+    m = llama.Llama.from_hf_state_dict(cfg, sd, backend=backend)
+    full = np.asarray(m.forward(IDS))
+    cache = m.new_cache()
+    rows = [np.asarray(m.logits_step(IDS[:1], cache))]
+    rows += list(np.asarray(m.logits_all_step(IDS[1:6], cache)))      # a chunk onto a cache
+    rows += [np.asarray(m.logits_step([t], cache)) for t in IDS[6:]]
+    assert len(cache) == len(IDS)
+    close(np.stack(rows), full)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_greedy_generate_equals_transformers(kind, built):
+    model, cfg, sd = built(kind)
+    m = llama.Llama.from_hf_state_dict(cfg, sd, backend="reference")
+    prompt = IDS[:5]
+    with torch.no_grad():
+        want = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, 5, dtype=torch.long),
+                              max_new_tokens=12, do_sample=False)[0].tolist()
+    got = m.generate(prompt, max_new_tokens=12, temperature=0)
+    assert got == want
+    assert list(m.generate_stream(prompt, max_new_tokens=12, temperature=0)) == want[5:]
+
+
+def test_sampling_is_seeded_and_stops_at_eos_and_context(built):
+    _, cfg, sd = built("qwen3")
+    m = llama.Llama.from_hf_state_dict(cfg, sd, backend="reference")
+    a = m.generate(IDS[:3], max_new_tokens=6, temperature=0.9, top_k=20, top_p=0.9, seed=4)
+    assert a == m.generate(IDS[:3], max_new_tokens=6, temperature=0.9, top_k=20, top_p=0.9, seed=4)
+    assert a[3:] == list(m.generate_stream(IDS[:3], max_new_tokens=6, temperature=0.9, top_k=20,
+                                           top_p=0.9, seed=4))
+    assert len(m.generate(IDS[:3], max_new_tokens=100, temperature=0)) == cfg.n_ctx
+    first = m.generate(IDS[:3], max_new_tokens=1, temperature=0)[-1]
+    import dataclasses
+    stop = llama.Llama.from_hf_state_dict(dataclasses.replace(cfg, eos_token_id=[first, 1]), sd,
+                                          backend="reference")
+    assert stop.generate(IDS[:3], max_new_tokens=5, temperature=0) == IDS[:3] + [first]
+    with pytest.raises(ValueError, match="ids is text; pass token ids"):
+        m.generate("hello")
+    with pytest.raises(ValueError, match="exceed n_ctx=48"):
+        m.forward(list(range(49)))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_surprisal_is_the_log_softmax_in_bits(kind, built):
+    model, cfg, sd = built(kind)
+    m = llama.Llama.from_hf_state_dict(cfg, sd, backend="reference")
+    logp = torch.log_softmax(torch.tensor(hf_logits(model, IDS)), -1)
+    s = m.surprisal(IDS)
+    assert s.bits[0] == 0 and s.top[0] == -1
+    for i in range(1, len(IDS)):
+        assert abs(s.bits[i] + logp[i - 1, IDS[i]].item() / math.log(2)) < 1e-4
+        assert s.top[i] == int(logp[i - 1].argmax())
+    tracker = m.surprisal_tracker()
+    np.testing.assert_allclose(tracker.update(IDS).bits, s.bits, atol=1e-4)
+
+
+# ---------------------------------------------------------------- (d) files
+
+@pytest.mark.parametrize("how", ["f32", "bf16", "f16", "sharded"])
+def test_from_pretrained_reads_save_pretrained(how, built, tmp_path):
+    kind = {"f32": "llama", "bf16": "qwen3", "f16": "mistral", "sharded": "qwen2"}[how]
+    model, _, _ = built(kind)
+    if how in ("bf16", "f16"):         # half-exact weights; the reference computes in f32
+        dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[how]
+        model = hf_model(kind)         # (casting the model itself would round rope's inv_freq)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.to(dtype).float())
+        copy.deepcopy(model).to(dtype).save_pretrained(tmp_path)
+        from webgrad.io import safetensors as st
+        assert {t.dtype for t in st.load(tmp_path / "model.safetensors").values()} == {how.upper()}
+    else:
+        model.save_pretrained(tmp_path, max_shard_size="40KB" if how == "sharded" else "5GB")
+        gen = json.loads((tmp_path / "generation_config.json").read_text())
+        (tmp_path / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": [5, 7]}))
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert ("model.safetensors.index.json" in files) == (how == "sharded"), files
+    heard = []
+    m = llama.Llama.from_pretrained(tmp_path, backend="reference",
+                                    progress=lambda done, total: heard.append((done, total)))
+    assert heard[-1][0] == heard[-1][1] and len(heard) == len(m.shapes)
+    if how in ("f32", "sharded"):
+        assert m.cfg.eos_ids == {5, 7}
+    close(m.forward(IDS), hf_logits(model, IDS))
+
+
+def test_from_pretrained_names_what_is_missing(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        llama.Llama.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps(hf_config("llama").to_dict()))
+    with pytest.raises(FileNotFoundError, match="neither model.safetensors nor"):
+        llama.Llama.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_save_safetensors_round_trips(kind, built, tmp_path):
+    model, cfg, sd = built(kind)
+    m = llama.Llama.from_hf_state_dict(cfg, sd, backend="reference")
+    want = np.asarray(m.forward(IDS))
+    path = tmp_path / "model.safetensors"
+    m.save_safetensors(path)
+    back = llama.Llama.from_safetensors(path, backend="reference")
+    assert back.cfg == cfg
+    np.testing.assert_array_equal(np.asarray(back.forward(IDS)), want)
+    assert llama.Llama.from_safetensors(m.save_safetensors(), backend="reference").cfg == cfg
+    m.save_pretrained(tmp_path / "hf")                      # transformers reads it back
+    hf = getattr(transformers, KINDS[kind][1]).from_pretrained(tmp_path / "hf").eval()
+    close(want, hf_logits(hf, IDS))
+
+
+@pytest.mark.parametrize("backend", [WEBGPU])
+def test_webgpu_fuses_the_grouped_attention(backend, built):
+    """GQA is written as queries [Hkv, rep, T, Dh] against K/V [Hkv, 1, S, Dh], which the
+    attention pass fuses (no [.., T, S] scores stored) in the full forward and the steps."""
+    _, cfg, sd = built("qwen3")                      # 4 query heads per K/V head
+    m = llama.Llama.from_hf_state_dict(cfg, sd, backend=backend)
+    m.forward(IDS)
+    c = m.new_cache()
+    m.logits_step(IDS[:3], c)
+    m.logits_step([1], c)
+    for key in (("full", len(IDS)), ("step", 3), ("step", 1)):
+        names = m._programs[key]._prog.exe.kernel_names
+        assert sum(n.startswith("attn") for n in names) == cfg.num_hidden_layers, names
+        assert not any(n.startswith("softmax") for n in names), names
