@@ -16,3 +16,14 @@ def webgpu_available() -> bool:
 
 WEBGPU = pytest.param("webgpu", marks=[pytest.mark.webgpu, pytest.mark.skipif(
     not webgpu_available(), reason="no native WebGPU adapter")])
+
+
+def native_adapter_is_cpu() -> bool:
+    """Whether this machine's native adapter is a CPU one (lavapipe): a test form forced to
+    what such an adapter runs by default repeats the default case and is left out."""
+    try:
+        from webgrad.backends.webgpu import is_cpu_adapter
+        from webgrad.backends.webgpu_native import NativeHost
+        return is_cpu_adapter(str(NativeHost().info))
+    except Exception:
+        return False

@@ -122,6 +122,8 @@ def make_inputs(record: Record) -> list[list]:
             "grid": lambda: rng.randrange(-4, 5) * 0.5,
             "coarse": lambda: float(rng.randrange(-1, 2)),
             "zeros": lambda: 0.0,
+            "zero_or_positive": lambda: rng.choice((0.0, rng.uniform(0.5, 2.0))),
+            "exponent": lambda: rng.choice((0.0, 1.0, 1.5, 2.0, 3.0)),
             "large": lambda: rng.choice((-1.0, 1.0)) * 10.0 ** rng.uniform(3.0, 12.0),
         }[a.kind]
         out.append(_round_f32(draw() for _ in range(n)))
@@ -536,6 +538,11 @@ rec("pow/tensor_int_exponents", "lambda x, y: ops.pow(x, ops.round(y * 3.0))",  
     atol=1e-4)
 rec("pow/tensor_zero_base", "lambda x, y: ops.pow(x, y)",  # 0^y: 0, 1 or inf; no dy at 0
     lambda x, y: torch.pow(x, y), f32(8, kind="zeros"), f32(8, kind="grid"), check_grads=False)
+# the gradient's guards at a zero base, against torch: no dx where y = 0 (0 * 0^-1 would be
+# NaN), no dy where x = 0 and y >= 0 (0^y log 0 would be NaN); exponents whose gradients are
+# finite at 0, and bases 0 or positive
+rec("pow/zero_base_grads", "lambda x, y: ops.pow(x, y)", lambda x, y: torch.pow(x, y),
+    f32(4, 5, kind="zero_or_positive"), f32(4, 5, kind="exponent"))
 rec("pow/reflected", "lambda x: 2.0 ** x", lambda x: 2.0 ** x, f32(2, 3))
 rec("pow/special", "lambda x: ops.pow(x, x * 0.5)", lambda x: torch.pow(x, x * 0.5),
     f32(10, kind="special"), check_grads=False)

@@ -4,11 +4,22 @@ scripts/test.sh, and so CI, turns them on with WEBGRAD_STRICT=1:
 - no test takes more than WEBGRAD_TEST_LIMIT_S seconds (default 60), set-up, call and
   tear-down together: a slow case fails the run, named with its time;
 - no test skips but for a reason in ALLOWED_SKIPS: a missing lavapipe, Chromium or library
-  turns about half the suite into skips, and a green run must not hide that.
+  turns about half the suite into skips, and a green run must not hide that;
+- on a CPU adapter (lavapipe), no test outside the `slow` marker compiles a kernel of more
+  than KERNEL_CAP characters of WGSL. llvmpipe compiles a kernel at its first dispatch, in
+  time that grows faster than the square of its length (an attention kernel of 210 K
+  characters took 26 s with an empty shader cache, one of 420 K 155 s), and a machine
+  whose Mesa cache is warm hides that: this rule holds on any machine.
+
+Cases marked `slow` are left out unless `--run-slow` is given; `--slow-shard K/N` runs the
+K-th of N slices of them (CI runs one slice per landing, .ci/run).
 """
 from __future__ import annotations
 
 import os
+import sys
+
+import pytest
 
 # Skip reasons a run may have (a substring of the reason, and why it is allowed)
 ALLOWED_SKIPS = {
@@ -20,8 +31,67 @@ ALLOWED_SKIPS = {
     "needs CUDA": "runs on a machine with an NVIDIA GPU (bench/, the device)",
 }
 
+KERNEL_CAP = 100_000  # characters of one kernel's WGSL (see the module docstring)
+
 _durations: dict[str, float] = {}
 _skips: dict[str, str] = {}
+_big_kernels: dict[str, int] = {}  # test -> the longest kernel it compiled, over KERNEL_CAP
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("webgrad")
+    group.addoption("--run-slow", action="store_true",
+                    help="also run the cases marked slow (kernels no adapter picks by default)")
+    group.addoption("--slow-shard", default=None, metavar="K/N",
+                    help="run only the K-th (0-based) of N slices of the slow cases")
+
+
+def pytest_collection_modifyitems(config, items):
+    shard = config.getoption("--slow-shard")
+    if shard:
+        try:
+            k, n = (int(v) for v in shard.split("/"))
+            assert 0 <= k < n
+        except (ValueError, AssertionError):
+            raise pytest.UsageError(f"--slow-shard {shard!r}: give K/N with 0 <= K < N, e.g. 0/4")
+        keep = [it for it in items if it.get_closest_marker("slow")][k::n]
+    elif config.getoption("--run-slow"):
+        return
+    else:
+        keep = [it for it in items if not it.get_closest_marker("slow")]
+    kept = {id(it) for it in keep}
+    drop = [it for it in items if id(it) not in kept]
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def _native_pipelines():
+    """The WGSL texts the process's shared native device has compiled, and whether it is a
+    CPU adapter (None: no native device made yet)."""
+    native = sys.modules.get("webgrad.backends.webgpu_native")
+    dev = getattr(native, "_shared", None) if native else None
+    if dev is None:
+        return None, False
+    info = dev.info.lower()
+    return set(dev.pipelines), any(w in info for w in ("llvmpipe", "lavapipe", "swiftshader", "cpu"))
+
+
+@pytest.fixture(autouse=True)
+def _kernel_sizes(request):
+    before, _ = _native_pipelines()
+    yield
+    after, cpu = _native_pipelines()
+    if after is None or not cpu or request.node.get_closest_marker("slow"):
+        return
+    new = [len(w) for w in after - (before or set())]
+    longest = max(new, default=0)
+    log = os.environ.get("WEBGRAD_KERNEL_LOG")  # a file: one line per test, for the suite's budget
+    if log and new:
+        with open(log, "a") as f:
+            f.write(f"{request.node.nodeid}\t{len(new)}\t{sum(new)}\t{longest}\n")
+    if longest > KERNEL_CAP:
+        _big_kernels[request.node.nodeid] = longest
 
 
 def pytest_runtest_logreport(report):
@@ -47,6 +117,11 @@ def _broken_rules() -> list[str]:
         lines.append(f"{len(bad)} test(s) skipped for a reason not in conftest.ALLOWED_SKIPS "
                      "(install what they need: ./scripts/install.sh; or document the reason):")
         lines += [f"  {n}: {r}" for n, r in sorted(bad.items())]
+    if _big_kernels:
+        lines.append(f"{len(_big_kernels)} test(s) outside the `slow` marker compiled a kernel of "
+                     f"more than {KERNEL_CAP} characters on a CPU adapter (minutes with a cold "
+                     "shader cache): shrink the shapes, or mark them slow")
+        lines += [f"  {n}: {c} characters" for n, c in sorted(_big_kernels.items())]
     return lines
 
 

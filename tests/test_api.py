@@ -357,7 +357,14 @@ def test_async_twins_equal_blocking():
     np.testing.assert_array_equal(asy.download_params()["gain"], new["gain"])
     _asyncio_run(asy.reset_async())
     assert_params_equal(asy.download_params(), compile_net(seed=3).download_params())
+    # the optimizer's state after steps, then reset: the next step updates the parameters as
+    # a fresh module's first step does (Adam's moments and step count back to zero)
+    asy.step(data[0])
+    fresh = compile_net(seed=3)
+    _asyncio_run(asy.upload_params_async(fresh.download_params()))
     _asyncio_run(asy.reset_optimizer_state_async())
+    assert asy.step(data[1]) == fresh.step(data[1])
+    assert_params_equal(asy.download_params(), fresh.download_params())
 
 
 # ---------------------------------------------------------------- input formats

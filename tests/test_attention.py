@@ -18,6 +18,7 @@ import pytest
 
 import models
 import oracle
+from backends import native_adapter_is_cpu
 from webgrad import Module, init, ops, optim
 from webgrad.codegen import Limits, lower
 from webgrad.codegen.attention_match import ATTN_OPS, find_matches, rewrite_attention
@@ -289,18 +290,35 @@ ROWS_FORMS = ["attention", "attention/qkv_slices_T70_D32", "attention/cache_bloc
               "attention/cross_shared_kv_Dv12", "attention/cache_position"]
 SMALL_SHARED = ["attention/qkv_slices_T70_D32", "attention/tiled_T70_D80",
                 "attention/tiled_cache_T5_S70", "attention/cache_position"]
-FORMS = ([(n, "tiled") for n in ATTN_NAMES] + [(n, "tiled 16 KiB") for n in SMALL_SHARED]
-         + [(n, f) for n in ROWS_FORMS for f in ("rows unrolled", "rows loops")])
+# The H200's prefetching kernels are about twice as long: those over 100 K characters of
+# WGSL (D 33 and up with several blocks) take minutes to compile on a cold lavapipe and run
+# in the slow slices (tests/suite_rules.py); the rest of the records cover the prefetches of
+# every op, a D loop past PREFETCH_D_MAX (div_scale_D128) and several streamed blocks.
+BIG_PREFETCHED = {"attention/qkv_slices_T70_D32", "attention/additive_mask_T33_D64",
+                  "attention/tiled_T70_D80", "attention/tiled_odd_T37_D33_Dv7",
+                  "attention/tiled_T128_D64", "attention/tiled_T150_D64"}
+ROWS_SHAPES = ("rows unrolled",) if native_adapter_is_cpu() else ("rows unrolled", "rows loops")
+
+
+def _form(name, form):
+    slow = form == "tiled prefetch" and name in BIG_PREFETCHED
+    return pytest.param(name, form, id=f"{name}-{form}", marks=[pytest.mark.slow] if slow else [])
+
+
+FORMS = ([_form(n, "tiled") for n in ATTN_NAMES] + [_form(n, "tiled prefetch") for n in ATTN_NAMES]
+         + [_form(n, "tiled 16 KiB") for n in SMALL_SHARED]
+         + [_form(n, f) for n in ROWS_FORMS for f in ROWS_SHAPES])
 
 
 @pytest.mark.webgpu
-@pytest.mark.parametrize("name, form", FORMS, ids=[f"{n}-{f}" for n, f in FORMS])
+@pytest.mark.parametrize("name, form", FORMS)
 def test_records_in_every_code_shape(name, form, monkeypatch):
     """Every attention record through the tiled kernels (GPUs' code, attention_tiled.py),
-    also with 16 KiB of workgroup memory (32-row blocks) for those with several blocks, and
-    some through the row kernels in both of their shapes (head dim unrolled into registers,
-    or a loop on CPU adapters): forward (inference and training) and gradients against
-    torch on the native adapter. (Each record also runs in the adapter's own code shape in
+    with and without the H200's prefetches, also with 16 KiB of workgroup memory (32-row
+    blocks) for those with several blocks, and some through the row kernels in both of their
+    shapes (head dim unrolled into registers, or a loop: a CPU adapter's default, left out
+    where the adapter is one): forward (inference and training) and gradients against torch
+    on the native adapter. (Each record also runs in the adapter's own code shape in
     test_webgpu.py.)"""
     import webgrad.codegen.attention_tiled as at
     try:
@@ -309,7 +327,7 @@ def test_records_in_every_code_shape(name, form, monkeypatch):
     except Exception as e:
         pytest.skip(f"no native WebGPU adapter: {e}")
     monkeypatch.setattr(at, "FORCE_TILED", form.startswith("tiled"))
-    monkeypatch.setattr(at, "FORCE_PREFETCH", True)  # the H200's code (PREFETCH_ADAPTERS)
+    monkeypatch.setattr(at, "FORCE_PREFETCH", form == "tiled prefetch")
     be.limits.cpu = form == "rows loops"
     if form == "tiled 16 KiB":
         be.limits.max_compute_workgroup_storage_size = 16384
@@ -318,7 +336,10 @@ def test_records_in_every_code_shape(name, form, monkeypatch):
 
 # block shapes other than the default (bench/attention.py --variants measures them): 8 rows
 # or 8 columns per thread, and the code options off; those that fit lavapipe's 32 KiB
-# (blocks or None: choose_blocks', options, thread grid (WY, WX) or None: the default)
+# (blocks or None: choose_blocks', options, thread grid (WY, WX) or None: the default).
+# No adapter picks these, so each runs by default on three records whose kernels stay
+# short (odd head dims, a runtime cache offset, no mask over a ragged S), and on the other
+# five in the slow slices; without the prefetches (test_records_in_every_code_shape has them).
 BLOCK_FORMS = {"128x32": ((128, 32, 16, 8), {}, None), "32x128": ((32, 128, 8, 4), {}, None),
                "64x64 options off": ((64, 64, 32, 16), {"heavy_first": False, "red_in_as": False,
                                                         "ws_vec": False, "exact": False,
@@ -326,15 +347,17 @@ BLOCK_FORMS = {"128x32": ((128, 32, 16, 8), {}, None), "32x128": ((32, 128, 8, 4
                                                         "prefetch_x": frozenset()}, None),
                "8 x 16 threads": (None, {}, (8, 16)), "16 x 8 threads": (None, {}, (16, 8)),
                "8 x 8 threads, 32x64": ((32, 64, 16, 8), {}, (8, 8))}
-BLOCK_RECORDS = ["attention/tiled_T128_D64", "attention/tiled_T150_D64", "attention/tiled_T70_D80",
-                 "attention/qkv_linear_T37_D16",
-                 "attention/tiled_odd_T37_D33_Dv7", "attention/tiled_cache_T5_S70",
-                 "attention/cache_position", "attention/tiled_nomask_T20_S75_Dv5"]
+BLOCK_RECORDS = ["attention/tiled_odd_T37_D33_Dv7", "attention/cache_position",
+                 "attention/tiled_nomask_T20_S75_Dv5"]
+BLOCK_RECORDS_SLOW = ["attention/tiled_T128_D64", "attention/tiled_T150_D64",
+                      "attention/tiled_T70_D80", "attention/qkv_linear_T37_D16",
+                      "attention/tiled_cache_T5_S70"]
+BLOCK_CASES = [pytest.param(n, f, id=f"{n}-{f}", marks=[pytest.mark.slow] if n in BLOCK_RECORDS_SLOW else [])
+               for n in BLOCK_RECORDS + BLOCK_RECORDS_SLOW for f in BLOCK_FORMS]
 
 
 @pytest.mark.webgpu
-@pytest.mark.parametrize("form", list(BLOCK_FORMS))
-@pytest.mark.parametrize("name", BLOCK_RECORDS)
+@pytest.mark.parametrize("name, form", BLOCK_CASES)
 def test_records_in_other_block_shapes(name, form, monkeypatch):
     """The tiled kernels with the block shapes, code options and thread grids forced (every
     op): forward and gradients against torch on the native adapter."""
@@ -351,7 +374,7 @@ def test_records_in_other_block_shapes(name, form, monkeypatch):
     if threads is not None:
         monkeypatch.setattr(at, "FORCE_THREADS", {op: threads for op in ATTN_OPS})
     monkeypatch.setattr(at, "OPTS", {**at.OPTS, **opts})
-    monkeypatch.setattr(at, "FORCE_PREFETCH", True)  # as on an H200, unless opts empty them
+    monkeypatch.setattr(at, "FORCE_PREFETCH", False)
     oracle.check(oracle.BY_NAME[name], be)
 
 

@@ -65,16 +65,17 @@ def test_addition_data_is_right():
 @needs_webgpu
 def test_transformer_addition_runs_on_webgpu(events):
     ex = load("transformer_addition")
-    runs = {}
+    runs, accuracy = {}, {}
     for backend in ("webgpu", "torch"):
         c = ex.build(backend, steps=50)
         runs[backend] = ex.train(c, steps=2, log=lambda *_: None, eval_every=0)["losses"]
+        ev = ex.Evaluator(c, ex.split()[1][:8])
+        accuracy[backend] = ev.accuracy()
         if backend == "webgpu":
-            ev = ex.Evaluator(c, ex.split()[1][:8])
-            assert 0.0 <= ev.accuracy() <= 1.0
             fig = ev.attention(47, 38)
         c.destroy()
     _same_losses(runs["webgpu"], runs["torch"])
+    assert accuracy["webgpu"] == accuracy["torch"], accuracy  # the same answers, digit by digit
     assert fig["kind"] == "heatmaps" and len(fig["maps"]) == ex.LAYERS * ex.HEADS
     for m in fig["maps"]:  # causal attention: rows are distributions over keys <= query
         for i, row in enumerate(m["rows"]):
@@ -123,11 +124,20 @@ def test_digits_convnet_runs_on_webgpu(events):
 @needs_webgpu
 def test_mlp_sin_reports_curve(events):
     ex = load("mlp_sin")
+    import torch
     c = ex.compile_mlp("webgpu")
     losses = ex.fit(c, max_steps=3, target=0.0, log=None, draw_every=2)
+    p = {k: torch.tensor(v, dtype=torch.float64) for k, v in c.download_params().items()}
     c.destroy()
+    t = ex.compile_mlp("torch")
+    _same_losses(losses, ex.fit(t, max_steps=3, target=0.0, log=None))
     figs = [e["figure"] for e in events if "figure" in e]
-    assert len(losses) == 3 and len(figs) == 2  # steps 0 and 2 (the last)
+    assert len(figs) == 2  # steps 0 and 2 (the last)
     assert figs[0]["kind"] == "lines" and len(figs[0]["x"]) == ex.GRID
-    sin = figs[0]["series"][0]
-    assert all(abs(y - math.sin(x)) < 1e-6 for x, y in zip(figs[0]["x"], sin["y"]))
+    sin, mlp = figs[-1]["series"][:2]
+    assert all(abs(y - math.sin(x)) < 1e-6 for x, y in zip(figs[-1]["x"], sin["y"]))
+    # the drawn fit is the trained MLP's forward over the grid, computed here by torch
+    x = torch.tensor(figs[-1]["x"], dtype=torch.float64)[:, None]
+    h = torch.relu(torch.relu(x @ p["l1.W"] + p["l1.b"]) @ p["l2.W"] + p["l2.b"])
+    want = (h @ p["l3.W"] + p["l3.b"])[:, 0].tolist()
+    assert max(abs(a - b) for a, b in zip(mlp["y"], want)) < 1e-5, (mlp["y"][:4], want[:4])

@@ -53,3 +53,56 @@ def test_without_strict_the_rules_only_watch(pytester, monkeypatch):
     monkeypatch.delenv("WEBGRAD_STRICT", raising=False)
     pytester.makepyfile(test_small=SUITE + "def test_gpu():\n    pytest.skip('no adapter')\n")
     assert pytester.runpytest_subprocess("-p", "suite_rules", "-q").ret == 0
+
+
+SLOW = """
+import pytest
+@pytest.mark.slow
+@pytest.mark.parametrize("i", range(5))
+def test_big(i):
+    pass
+def test_small():
+    pass
+"""
+
+
+@pytest.mark.parametrize("args, ran", [((), 1), (("--run-slow",), 6), (("--slow-shard", "1/2"), 2),
+                                       (("--slow-shard", "0/2"), 3)])
+def test_slow_cases_run_on_request_or_by_slice(pytester, args, ran):
+    pytester.makeini("[pytest]\nmarkers =\n    slow: slow\n")
+    pytester.makepyfile(test_small=SLOW)
+    res = pytester.runpytest_subprocess("-p", "suite_rules", "-q", *args)
+    res.assert_outcomes(passed=ran)
+
+
+FAKE_DEVICE = """
+import sys, types
+native = types.ModuleType("webgrad.backends.webgpu_native")
+native._shared = types.SimpleNamespace(info="llvmpipe (LLVM 15.0.6, 256 bits) [wgpu]", pipelines={})
+sys.modules[native.__name__] = native
+"""
+BIG_KERNEL = """
+import sys, pytest
+def _compile(n):
+    sys.modules["webgrad.backends.webgpu_native"]._shared.pipelines["x" * n] = object()
+def test_small_kernel():
+    _compile(1000)
+def test_big_kernel():
+    _compile(150_000)
+@pytest.mark.slow
+def test_big_but_slow():
+    _compile(200_000)
+"""
+
+
+def test_a_big_kernel_on_a_cpu_adapter_fails_the_run_unless_slow(pytester, monkeypatch):
+    """The rule reads what the shared native device compiled during each test (a stand-in
+    device here, so the case needs no adapter)."""
+    monkeypatch.setenv("WEBGRAD_STRICT", "1")
+    pytester.makeini("[pytest]\nmarkers =\n    slow: slow\n")
+    pytester.makeconftest(FAKE_DEVICE)
+    pytester.makepyfile(test_small=BIG_KERNEL)
+    res = pytester.runpytest_subprocess("-p", "suite_rules", "-q", "--run-slow")
+    assert res.ret == 1
+    res.stdout.fnmatch_lines(["*1 test(s) outside the `slow` marker compiled a kernel*",
+                              "*test_small.py::test_big_kernel: 150000 characters"])
