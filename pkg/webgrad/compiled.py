@@ -140,6 +140,10 @@ class CompiledModule:
     @property
     def param_shapes(self) -> dict[str, tuple[int, ...]]: return {n: s.shape for n, s in self._specs.items()}
     @property
+    def trainable_names(self) -> list[str]:
+        """The parameters a step updates (the others are frozen: trainable=False)."""
+        return [n for n, s in self._specs.items() if getattr(s, "trainable", True)]
+    @property
     def ir(self): return self._train.graph
     @property
     def kernel_count(self) -> int: return self._train.kernel_count
@@ -215,7 +219,7 @@ class CompiledModule:
         if not any(k.startswith("grad/") for k in self._train.graph.writebacks):
             raise RuntimeError("this module was compiled with keep_grads=False")
         async with self._lost("download_param_grads"):
-            return {n: to_user(await self.backend.read(f"grad/{n}")) for n in self._specs}
+            return {n: to_user(await self.backend.read(f"grad/{n}")) for n in self.trainable_names}
 
     async def upload_params_async(self, params: dict, *, partial: bool = False) -> None:
         await self._upload_params(params, partial, "upload_params", "partial=True")

@@ -25,6 +25,7 @@ class ParamSpec:
     init: _init.Init
     decay: bool | None = None  # None: the init's default (see Init.decays)
     quant: object = None       # a quant.QuantSpec: held as quantized blocks (inference only)
+    trainable: bool = True     # False: frozen (no gradient, optimizer state or update)
 
     @property
     def decays(self) -> bool:
@@ -35,13 +36,22 @@ class Module:
     def __init__(self):
         pass
 
-    def param(self, shape, init=None, *, decay: bool | None = None) -> ParamSpec:
+    def param(self, shape, init=None, *, decay: bool | None = None,
+              trainable: bool = True) -> ParamSpec:
         """Declare a parameter. init: "randn" (default, std 0.02), "zeros", "ones", "kaiming",
-        or an init.* value; decay overrides whether AdamW/Lion weight decay applies."""
+        or an init.* value; decay overrides whether AdamW/Lion weight decay applies;
+        trainable=False freezes it (compile_module gives it no gradient or optimizer state)."""
         shape = tuple(int(s) for s in ([shape] if isinstance(shape, int) else shape))
         if any(s < 0 for s in shape):
             raise ValueError(f"param shape {list(shape)} must have non-negative dims")
-        return ParamSpec(shape, _init.as_init(init), decay)
+        return ParamSpec(shape, _init.as_init(init), decay, trainable=bool(trainable))
+
+    def freeze(self, keep=None) -> "Module":
+        """Mark every parameter frozen (trainable=False), except those whose name `keep(name)`
+        is true for; returns self, so a factory can be `lambda: Model().freeze()`."""
+        for name, spec in self.named_specs():
+            spec.trainable = bool(keep is not None and keep(name))
+        return self
 
     def named_specs(self, prefix: str = "") -> list[tuple[str, ParamSpec]]:
         """Each parameter once, under the first path that reaches it (tied weights: one)."""
