@@ -299,6 +299,45 @@ def test_gpt2_lora_equals_peft_with_fan_in_fan_out(tmp_path):
     assert rel(mine, theirs) <= 1e-5
 
 
+# ---------------------------------------------------------------- QLoRA: a quantized base
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_qlora_steps_on_a_quantized_base_equal_peft_on_its_dequantized_weights(base, qtype):
+    gguf = pytest.importorskip("gguf")
+    hf, cfg, sd = base
+    qt = getattr(gguf.GGMLQuantizationType, qtype)
+    # every base matrix whose rows are whole blocks of 32 (down_proj's 48 are not: f32)
+    held = [n for n, v in sd.items() if v.ndim == 2 and v.shape[1] % 32 == 0
+            and "embed" not in n and "lm_head" not in n]
+    blocks = {n: gguf.quants.quantize(sd[n], qt) for n in held}
+    lo = lora.LoRA(lambda: llama.LlamaModule(cfg), r=4, lora_alpha=8, target_modules=TARGETS,
+                   base_quant={n: qtype for n in held})
+    ad = random_adapters(lo, 13)
+    c = lora_compiled(lo, {**sd, **blocks}, "reference", adapters=ad,
+                      optimizer=optim.AdamW(lr=1e-2))
+    assert all(c.backend.store[n].dtype == np.int32 for n in held)   # held as words
+    dq = copy.deepcopy(hf)                        # the oracle: the decoded weights, in f32
+    with torch.no_grad():
+        for n, p in dq.named_parameters():
+            if n in blocks:
+                p.copy_(torch.tensor(gguf.quants.dequantize(blocks[n], qt)))
+    pm = peft_from(dq, lo, ad).train()
+    opt = torch.optim.AdamW([p for p in pm.parameters() if p.requires_grad], lr=1e-2)
+    for k in range(3):
+        seq = sequences(40 + k, cfg.vocab_size)
+        got = c.step(feed(seq))
+        opt.zero_grad()
+        want = hf_loss(pm, seq)
+        want.backward()
+        opt.step()
+        assert abs(got - want.item()) <= 1e-5 * abs(want.item()), (k, got, want.item())
+    merged = lo.merged_state_dict(c)              # f32: decoded base + adapters
+    theirs = pm.merge_and_unload().state_dict()
+    assert all(rel(merged[n], theirs[n].numpy()) <= 1e-5 for n in sd)
+    with pytest.raises(ValueError, match="pass its GGUF blocks"):
+        lo.load_base(c, sd)                       # f32 values for a quantized weight
+
+
 # ---------------------------------------------------------------- refusals
 
 @pytest.mark.parametrize("kw,match", [

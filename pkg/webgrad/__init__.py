@@ -5,7 +5,7 @@ IR, appends gradients and the optimizer to the same IR, and runs each training s
 compiled program on "reference" (numpy), "torch", or "webgpu". See compile.py for the
 pipeline, primitives.py for the op registry.
 """
-from . import init, lr, nn, ops, optim
+from . import init, lora, lr, nn, ops, optim
 from .arrays import FeedError, HostArray
 from .compile import compile_forward, compile_module
 from .backends.gpu_host import DeviceLostError
@@ -20,7 +20,7 @@ from .tensor import Tensor
 
 __version__ = "0.1.0"
 
-__all__ = ["Module", "Tensor", "ops", "nn", "lr", "init", "optim", "capture", "compile_module",
+__all__ = ["Module", "Tensor", "ops", "nn", "lr", "init", "optim", "lora", "capture", "compile_module",
            "compile_forward", "CompiledModule", "CompiledForward", "Graph", "Node", "HostArray",
            "FeedError", "ShapeError", "DestroyedError", "DeviceLostError", "NonFiniteError",
            "from_torch_state_dict", "__version__"]

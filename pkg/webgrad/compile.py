@@ -32,6 +32,8 @@ times every kernel of a step (profile.py: ops covered, bytes, FLOPs, GPU time).
 Programs with several outputs and persistent state written in place (a KV cache) are traced
 the same way by stateful.compile_program, over the parameters of any program on that backend.
 With check_finite or recovery, recovery.py keeps a host copy of a module's last good state.
+LoRA (lora.py) is a model factory: adapters on chosen linear layers, the rest frozen (step 3
+skips them), the frozen base optionally held quantized (QLoRA).
 """
 from __future__ import annotations
 
@@ -172,9 +174,6 @@ def _copy_updated_captures(g: Graph) -> None:
 def build_forward_graph(factory, fwd_fn, inputs, seed: int = 0, training: bool = False):
     g = Graph(training=training)
     specs, out = _trace(g, factory, fwd_fn, inputs, "compile_forward", seed)
-    _refuse_quantized(specs, "compile_forward", "which compile_forward's parameter API "
-                      "(upload_params, init) does not hold; run them with "
-                      "stateful.compile_program over weights written as blocks")
     g.outputs["output"] = out.id
     return specs, dce(cse(g))
 

@@ -116,6 +116,13 @@ class Program:
 _serials = itertools.count()
 
 
+def held(spec) -> tuple[tuple[int, ...], str]:
+    """(shape, dtype) of a parameter as the backend holds it: f32 values, or the i32 words of
+    its blocks when it is held quantized (quant.py; written as words, read back as words)."""
+    q = getattr(spec, "quant", None)
+    return ((q.words,), "i32") if q is not None else (tuple(spec.shape), "f32")
+
+
 class CompiledModule:
     """A compiled training step (from compile_module) and the parameters it owns."""
 
@@ -130,7 +137,7 @@ class CompiledModule:
         self._guard = (Guard(self, check_finite=check_finite, recovery=recovery)
                        if check_finite or recovery is not None else None)
         for name, spec in specs.items():
-            backend.ensure(name, spec.shape, "f32")
+            backend.ensure(name, *held(spec))
         self.backend.ensure("step", (), "f32")
         self._init_params()
 
@@ -160,8 +167,9 @@ class CompiledModule:
 
     # -- state
     def _init_params(self):
-        self.backend.init_params([(n, s.init, s.shape) for n, s in self._specs.items()],
-                                 seed=self.seed)
+        # a parameter held quantized (a frozen base: QLoRA) has no init; its blocks are written
+        self.backend.init_params([(n, s.init, s.shape) for n, s in self._specs.items()
+                                  if getattr(s, "quant", None) is None], seed=self.seed)
 
     def _zero_state(self, optimizer_only: bool):
         for name in list(self._state_names()):
@@ -238,7 +246,8 @@ class CompiledModule:
         if missing and not partial:
             raise FeedError(f"{method}(): missing {', '.join(map(repr, missing))}; pass all "
                             f"parameters or {partial_kw}")
-        hosts = {n: to_host(v, shape=self._specs[n].shape, dtype="f32", what=f"{method}(): '{n}'")
+        hosts = {n: to_host(v, shape=held(self._specs[n])[0], dtype=held(self._specs[n])[1],
+                            what=f"{method}(): '{n}'")
                  for n, v in params.items()}  # every check before any write
         async with self._lost(method):
             for n, h in hosts.items():
@@ -280,7 +289,7 @@ class CompiledModule:
             pass
         self.backend = new
         for name, spec in self._specs.items():
-            new.ensure(name, spec.shape, "f32")
+            new.ensure(name, *held(spec))
         new.ensure("step", (), "f32")
         for attr in ("_train", "_forward"):
             p = getattr(self, attr)

@@ -14,8 +14,10 @@ loaded in PEFT's format, merged into the base on request.
 Why this shape: a LoRA object is an ordinary model factory (compile_module calls it), so
 training goes through the ordinary path; the base parameters are declared frozen
 (module.py's trainable=False), so the compiled step holds gradients and optimizer state for
-the adapters only. A frozen base may be held quantized (QLoRA: a quant.QuantSpec on its
-ParamSpec); the forward reads it through ops.dequantize as any quantized weight.
+the adapters only. A frozen base may be held quantized (QLoRA: LoRA(..., base_quant={name:
+"Q8_0" | "Q4_0" | "Q4_K"}) puts a quant.QuantSpec on those ParamSpecs, and load_base takes
+their GGUF blocks as bytes); the forward reads them through ops.dequantize as any quantized
+weight, so the f32 base is never stored on WebGPU.
 
 A target is a linear-layer Module: a 2-D `weight` and a class attribute `fan_in_fan_out`
 (False: torch's nn.Linear, weight [out, in], y = x W^T; True: transformers' Conv1D, weight
@@ -42,6 +44,7 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 
 from . import init, ops
+from .arrays import HostArray
 from .compiled import run_blocking
 from .module import Module
 
@@ -188,6 +191,25 @@ def apply(module: Module, config: LoraConfig) -> dict[str, Module]:
     return chosen
 
 
+def _quant_specs(module: Module, base_quant: dict) -> dict:
+    """{name: quant.QuantSpec} of base weights to hold quantized (QLoRA), checked here."""
+    from .quant import QuantSpec
+    specs = dict(module.named_specs())
+    out = {}
+    for n, q in base_quant.items():
+        s = specs.get(n)
+        if s is None or s.trainable:
+            raise ValueError(f"LoRA: base_quant names {n!r}, which is not a frozen base "
+                             f"parameter; e.g. {next(iter(specs))!r}")
+        if isinstance(q, str):
+            q = QuantSpec(q, s.shape)   # raises when the rows are not whole blocks
+        if q.declared_shape != s.shape:
+            raise ValueError(f"LoRA: base_quant {n!r}: {q.qtype}{list(q.shape)} does not give "
+                             f"its shape {list(s.shape)}")
+        out[n] = q
+    return out
+
+
 def adapted(p, x, y):
     """y plus the LoRA path of layer p when it holds adapters (else y unchanged):
     y + scale * dropout(x) @ A^T @ B^T (dropout only in training graphs)."""
@@ -210,7 +232,8 @@ class LoRA:
     chosen layers hold adapters and whose other parameters are frozen. The factory is built
     once here, so a bad config is refused at this line."""
 
-    def __init__(self, factory, config: LoraConfig | None = None, **kw):
+    def __init__(self, factory, config: LoraConfig | None = None, *, base_quant: dict | None = None,
+                 **kw):
         if isinstance(factory, Module):
             raise TypeError(f"LoRA: pass the model's factory (lambda: {type(factory).__name__}"
                             "(...)), not a Module instance")
@@ -219,8 +242,10 @@ class LoRA:
         elif kw:
             raise TypeError("LoRA: pass a LoraConfig or its fields as keywords, not both")
         self.factory, self.config = factory, config
+        self.base_quant = dict(base_quant or {})
         m = factory()
         layers = apply(m, config)
+        self.quant = _quant_specs(m, self.base_quant)
         self.prefix = getattr(m, "hf_prefix", "")
         self.layers = {n: (p.fan_in_fan_out, tuple(p.weight.shape)) for n, p in layers.items()}
         self.adapter_names = [n for n, _ in m.named_specs() if ".lora_" in n]
@@ -229,6 +254,9 @@ class LoRA:
     def __call__(self) -> Module:
         m = self.factory()
         apply(m, self.config)
+        specs = dict(m.named_specs())
+        for n, q in self.quant.items():
+            specs[n].quant = q
         return m
 
     @classmethod
@@ -249,14 +277,31 @@ class LoRA:
     # -- weights in and out
     def load_base(self, c, state_dict: dict) -> None:
         """Write the frozen base weights (the model's or transformers' names: the Module's
-        hf_prefix is removed). Every base parameter must be given; nothing else."""
+        hf_prefix is removed). Every base parameter must be given; nothing else. A weight
+        held quantized (base_quant) is given as its GGUF blocks (bytes, or a uint8 array as
+        gguf.quants.quantize returns) of the weight in its declared layout (rows = blocks)."""
+        from .quant import transcode
         sd = {k.removeprefix(self.prefix): v for k, v in state_dict.items()}
         missing = [n for n in self.base_names if n not in sd]
         unknown = sorted(set(sd) - set(self.base_names))
         if missing or unknown:
             raise ValueError(f"LoRA.load_base: missing {missing[:5]} / unknown {unknown[:5]}; "
                              f"pass the base model's state dict (drop tied or buffer entries)")
-        c.load_state_dict(sd, strict=False)
+        for n, q in self.quant.items():
+            try:
+                if str(getattr(sd[n], "dtype", "uint8")) not in ("uint8", "torch.uint8"):
+                    raise TypeError(f"dtype {sd[n].dtype}")
+                raw = sd[n] if isinstance(sd[n], bytes) else memoryview(sd[n]).cast("B")
+                words = transcode(q.qtype, raw)
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"LoRA.load_base: {n!r} is held {q.qtype}; pass its GGUF blocks "
+                                 f"(bytes), not {type(sd[n]).__name__} ({e})") from None
+            if len(words) != 4 * q.words:
+                raise ValueError(f"LoRA.load_base: {n!r}: {len(raw)} bytes are not {q.qtype}"
+                                 f"{list(q.shape)}")
+            sd[n] = HostArray("i32", shape=(q.words,))
+            sd[n].frombytes(words)
+        c.upload_params(sd, partial=True)
 
     async def adapter_state_dict_async(self, c) -> dict:
         """{PEFT name: array} of the adapters (what adapter_model.safetensors holds)."""
@@ -306,12 +351,19 @@ class LoRA:
         own parameter names and without adapters: what PEFT's merge_and_unload gives, for the
         plain model (e.g. Llama.from_hf_state_dict). Computed by a program on c's backend."""
         targets = list(self.layers)
+        quantized = [n for n in self.quant if n.removesuffix(".weight") not in self.layers]
 
         def merged(m, _):
             by_name = linear_layers(m)
             for n in targets:
                 p = by_name[n]
-                ops.capture(n, p.weight + delta(p))
+                ops.capture(f"{n}.weight", p.weight + delta(p))
+            for n in quantized:      # other weights held quantized: their f32 values
+                layer = by_name.get(n.removesuffix(".weight"))
+                if layer is None:
+                    raise ValueError(f"merged_state_dict: {n!r} is held quantized but is not "
+                                     "a linear layer's weight; merge on an f32 base")
+                ops.capture(n, layer.weight)
             return ops.constant(0.0)
 
         fwd = c.compile_forward(merged, inputs={})
@@ -320,8 +372,7 @@ class LoRA:
         finally:
             fwd.destroy()
         out = run_blocking(self._host_base(c))
-        for n in targets:
-            out[f"{n}.weight"] = caps[n]
+        out.update(caps)
         return out
 
     async def _host_base(self, c):
