@@ -25,6 +25,8 @@ peft = pytest.importorskip("peft")
 import webgrad as wg  # noqa: E402
 from webgrad import lora, ops, optim  # noqa: E402
 from webgrad.models import gpt2, llama  # noqa: E402
+from test_gpt2 import hf_model as hf_gpt2  # noqa: E402
+from test_llama import hf_model as hf_llama  # noqa: E402  (llama3 rope, every bias)
 
 B, T = 2, 8
 INPUTS = {"tokens": ([B, T], "i32"), "targets": ([B, T], "i32")}
@@ -32,33 +34,7 @@ TARGETS = ["q_proj", "v_proj", "down_proj"]
 BACKENDS = ["reference", "torch"]
 
 
-def perturbed(model, seed):
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name or ".ln_" in name:
-                p.copy_(1 + torch.randn_like(p) * 0.2)
-            elif name.endswith("bias"):
-                p.copy_(torch.randn_like(p) * 0.1)
-            else:
-                p.copy_(torch.randn_like(p) * 0.08)
-    return model
-
-
-def hf_llama(seed=0):
-    hc = transformers.LlamaConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                  num_key_value_heads=2, intermediate_size=48, vocab_size=64,
-                                  max_position_embeddings=32, attention_bias=True)
-    torch.manual_seed(seed)
-    return perturbed(transformers.LlamaForCausalLM(hc).eval(), seed)
-
-
-def hf_gpt2(seed=0):
-    hc = transformers.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=16, vocab_size=50,
-                                 activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0,
-                                 attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
-    torch.manual_seed(seed)
-    return perturbed(transformers.GPT2LMHeadModel(hc).eval(), seed)
+GCFG = gpt2.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_ctx=16, vocab_size=50)
 
 
 def sequences(seed, vocab):
@@ -95,7 +71,7 @@ def rel(a, b):
 
 @pytest.fixture(scope="module")
 def base():
-    hf = hf_llama()
+    hf = hf_llama("llama")
     return hf, llama.LlamaConfig.from_hf(hf.config.to_dict()), sd_numpy(hf)
 
 
@@ -114,6 +90,19 @@ def lora_compiled(lo, sd, backend, *, optimizer=None, adapters=None):
     if adapters is not None:
         c.upload_params(adapters, partial=True)
     return c
+
+
+def steps_equal_peft(c, pm, vocab, seed, n, **adamw):
+    """n steps of c and of PEFT model pm under torch's AdamW give the same losses."""
+    opt = torch.optim.AdamW([p for p in pm.parameters() if p.requires_grad], **adamw)
+    for k in range(n):
+        seq = sequences(seed + k, vocab)
+        got = c.step(feed(seq))
+        opt.zero_grad()
+        want = hf_loss(pm, seq)
+        want.backward()
+        opt.step()
+        assert abs(got - want.item()) <= 1e-5 * abs(want.item()), (k, got, want.item())
 
 
 def peft_from(hf, lo, adapters, **kw):
@@ -157,17 +146,8 @@ def test_lora_adamw_steps_equal_peft(base, backend):
     c = lora_compiled(lo, sd, backend, adapters=ad,
                       optimizer=optim.AdamW(lr=1e-2, weight_decay=0.05))
     pm = peft_from(hf, lo, ad).train()
-    params = [p for p in pm.parameters() if p.requires_grad]
-    assert len(params) == len(lo.adapter_names) == 2 * 3 * cfg.num_hidden_layers
-    opt = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.05)
-    for k in range(4):
-        seq = sequences(10 + k, cfg.vocab_size)
-        got = c.step(feed(seq))
-        opt.zero_grad()
-        want = hf_loss(pm, seq)
-        want.backward()
-        opt.step()
-        assert abs(got - want.item()) <= 1e-5 * abs(want.item()), (k, got, want.item())
+    assert sum(p.requires_grad for p in pm.parameters()) == len(lo.adapter_names) == 12
+    steps_equal_peft(c, pm, cfg.vocab_size, 10, 4, lr=1e-2, weight_decay=0.05)
     trained = lo.adapter_state_dict(c)
     peft_sd = peft.get_peft_model_state_dict(pm)
     for n, v in trained.items():
@@ -269,8 +249,8 @@ def test_merged_base_equals_the_adapter_model_and_merge_and_unload(base):
 # ---------------------------------------------------------------- GPT-2: the same code
 
 def test_gpt2_lora_equals_peft_with_fan_in_fan_out(tmp_path):
-    hf = hf_gpt2()
-    gcfg = gpt2.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_ctx=16, vocab_size=50)
+    gcfg = GCFG
+    hf = hf_gpt2(gcfg, 0)
     sd = {k.removeprefix("transformer."): v for k, v in sd_numpy(hf).items()
           if k != "lm_head.weight" and not k.endswith(".attn.bias")}
     lo = lora.LoRA(lambda: gpt2.GPT2Module(gcfg), r=4, lora_alpha=8, target_modules=["c_attn", "c_proj"])
@@ -279,15 +259,7 @@ def test_gpt2_lora_equals_peft_with_fan_in_fan_out(tmp_path):
     ad = random_adapters(lo, 9)
     c = lora_compiled(lo, sd, "reference", adapters=ad, optimizer=optim.AdamW(lr=1e-2))
     pm = peft_from(hf, lo, ad, fan_in_fan_out=True).train()
-    opt = torch.optim.AdamW([p for p in pm.parameters() if p.requires_grad], lr=1e-2)
-    for k in range(3):
-        seq = sequences(20 + k, gcfg.vocab_size)
-        got = c.step(feed(seq))
-        opt.zero_grad()
-        want = hf_loss(pm, seq)
-        want.backward()
-        opt.step()
-        assert abs(got - want.item()) <= 1e-5 * abs(want.item()), (k, got, want.item())
+    steps_equal_peft(c, pm, gcfg.vocab_size, 20, 3, lr=1e-2)
     lo.save_pretrained(c, tmp_path)
     assert json.loads((tmp_path / lora.ADAPTER_CONFIG).read_text())["fan_in_fan_out"] is True
     reloaded = peft.PeftModel.from_pretrained(copy.deepcopy(hf), str(tmp_path)).eval()
@@ -306,9 +278,8 @@ def test_qlora_steps_on_a_quantized_base_equal_peft_on_its_dequantized_weights(b
     gguf = pytest.importorskip("gguf")
     hf, cfg, sd = base
     qt = getattr(gguf.GGMLQuantizationType, qtype)
-    # every base matrix whose rows are whole blocks of 32 (down_proj's 48 are not: f32)
-    held = [n for n, v in sd.items() if v.ndim == 2 and v.shape[1] % 32 == 0
-            and "embed" not in n and "lm_head" not in n]
+    # every linear layer's matrix (rows of 64 and 96: whole blocks of 32), tables stay f32
+    held = [n for n, v in sd.items() if v.ndim == 2 and "embed" not in n and "lm_head" not in n]
     blocks = {n: gguf.quants.quantize(sd[n], qt) for n in held}
     lo = lora.LoRA(lambda: llama.LlamaModule(cfg), r=4, lora_alpha=8, target_modules=TARGETS,
                    base_quant={n: qtype for n in held})
@@ -322,15 +293,7 @@ def test_qlora_steps_on_a_quantized_base_equal_peft_on_its_dequantized_weights(b
             if n in blocks:
                 p.copy_(torch.tensor(gguf.quants.dequantize(blocks[n], qt)))
     pm = peft_from(dq, lo, ad).train()
-    opt = torch.optim.AdamW([p for p in pm.parameters() if p.requires_grad], lr=1e-2)
-    for k in range(3):
-        seq = sequences(40 + k, cfg.vocab_size)
-        got = c.step(feed(seq))
-        opt.zero_grad()
-        want = hf_loss(pm, seq)
-        want.backward()
-        opt.step()
-        assert abs(got - want.item()) <= 1e-5 * abs(want.item()), (k, got, want.item())
+    steps_equal_peft(c, pm, cfg.vocab_size, 40, 3, lr=1e-2)
     merged = lo.merged_state_dict(c)              # f32: decoded base + adapters
     theirs = pm.merge_and_unload().state_dict()
     assert all(rel(merged[n], theirs[n].numpy()) <= 1e-5 for n in sd)
