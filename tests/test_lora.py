@@ -25,6 +25,7 @@ peft = pytest.importorskip("peft")
 import webgrad as wg  # noqa: E402
 from webgrad import lora, ops, optim  # noqa: E402
 from webgrad.models import gpt2, llama  # noqa: E402
+from backends import WEBGPU  # noqa: E402
 from test_gpt2 import hf_model as hf_gpt2  # noqa: E402
 from test_llama import hf_model as hf_llama  # noqa: E402  (llama3 rope, every bias)
 
@@ -138,7 +139,7 @@ def test_llama_module_loss_and_gradients_equal_transformers(base, backend):
 
 # ---------------------------------------------------------------- LoRA against PEFT
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", BACKENDS + [WEBGPU])
 def test_lora_adamw_steps_equal_peft(base, backend):
     hf, cfg, sd = base
     lo = lora.LoRA(lambda: llama.LlamaModule(cfg), r=4, lora_alpha=8, target_modules=TARGETS)
