@@ -300,6 +300,10 @@ def test_qlora_steps_on_a_quantized_base_equal_peft_on_its_dequantized_weights(b
     assert all(rel(merged[n], theirs[n].numpy()) <= 1e-5 for n in sd)
     with pytest.raises(ValueError, match="pass its GGUF blocks"):
         lo.load_base(c, sd)                       # f32 values for a quantized weight
+    c2 = wg.compile_module(lo, llama.lm_loss, inputs=INPUTS, optimizer=optim.AdamW(lr=1e-2))
+    c2.load(c.save())                             # a checkpoint holds the blocks as words
+    f = feed(sequences(50, cfg.vocab_size))
+    assert c2.step(f) == c.step(f)
 
 
 # ---------------------------------------------------------------- refusals
