@@ -120,6 +120,8 @@ class LoraConfig:
             raise ValueError(f"{where}: no target_modules")
         own = {f.name for f in fields(cls)} - {"extra"}
         kw = {k: d[k] for k in own if k in d and d[k] is not None}
+        if kw.get("init_lora_weights") is False:   # B drawn at random: the file's values count
+            kw["init_lora_weights"] = True
         if isinstance(kw.get("target_modules"), (list, tuple)):
             kw["target_modules"] = sorted(kw["target_modules"])  # PEFT saves a set's order
         return cls(**kw, extra={k: v for k, v in d.items() if k not in own})
