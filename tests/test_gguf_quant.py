@@ -112,7 +112,7 @@ def test_matmul_and_gather_read_the_blocks(qt, backend):
             assert mm and all(("dqs_" in w) == bool(direct) and "dq_" in w for w in mm)
 
 
-def test_quantized_params_are_not_trainable():
+def test_quantized_params_are_not_trainable_but_run_forward():
     spec = quants.QuantSpec("Q8_0", (4, 32), transposed=True)
 
     class M(Module):
@@ -126,8 +126,15 @@ def test_quantized_params_are_not_trainable():
                                          "quantized, and quantized weights are not trainable"):
         wg.compile_module(M, lambda m, f: ops.sum_all(f["x"] @ m.w + m.b),
                           inputs={"x": [2, 32]}, backend="reference")
-    with pytest.raises(ValueError, match="compile_forward: parameters 'w' \\(Q8_0\\)"):
-        wg.compile_forward(M, lambda m, f: f["x"] @ m.w, inputs={"x": [2, 32]})
+    # a forward program holds them: written (and read back) as the words of their blocks
+    W = (0.1 * np.random.default_rng(0).standard_normal((4, 32))).astype(np.float32)
+    raw = gguf.quants.quantize(W, QT.Q8_0)
+    words = np.frombuffer(quants.transcode("Q8_0", raw.tobytes()), dtype="<i4")
+    fwd = wg.compile_forward(M, lambda m, f: f["x"] @ m.w, inputs={"x": [2, 32]})
+    fwd.upload_params({"w": words, "b": np.zeros(4, np.float32)})
+    x = np.ones((2, 32), np.float32)
+    np.testing.assert_allclose(fwd.run({"x": x}), x @ gguf.quants.dequantize(raw, QT.Q8_0).T,
+                               rtol=1e-6)
 
 
 def test_dequantize_shape_errors():

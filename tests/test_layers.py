@@ -26,7 +26,7 @@ LAYERS = [
     ("data and specs", ["ir", "arrays", "init", "quants", "quants.*", "blocking"]),
     ("file formats", ["io", "io.safetensors", "io.gguf", "io.gpu_dequant", "io.modelcache"]),
     ("the op language", ["tensor", "primitives", "ops"]),
-    ("modules and autodiff", ["module", "nn", "grad", "optim", "lr"]),
+    ("modules and autodiff", ["module", "nn", "lora", "grad", "optim", "lr"]),
     ("tracing", ["trace", "dce"]),
     ("lowering", ["codegen", "codegen.*", "buffers"]),
     ("executors", ["backends", "backends.*", "profile"]),

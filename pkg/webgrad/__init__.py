@@ -8,7 +8,7 @@ specs, file formats, the op language, modules and autodiff, tracing, lowering, e
 runtime API, the driver, models): a module imports only its own layer and those below
 (tests/test_layers.py).
 """
-from . import init, lr, nn, ops, optim
+from . import init, lora, lr, nn, ops, optim
 from .arrays import FeedError, HostArray
 from .compile import compile_forward, compile_module
 from .backends.gpu_host import DeviceLostError
@@ -23,7 +23,7 @@ from .tensor import Tensor
 
 __version__ = "0.1.0"
 
-__all__ = ["Module", "Tensor", "ops", "nn", "lr", "init", "optim", "capture", "compile_module",
+__all__ = ["Module", "Tensor", "ops", "nn", "lr", "init", "optim", "lora", "capture", "compile_module",
            "compile_forward", "CompiledModule", "CompiledForward", "Graph", "Node", "HostArray",
            "FeedError", "ShapeError", "DestroyedError", "DeviceLostError", "NonFiniteError",
            "from_torch_state_dict", "__version__"]

@@ -4,7 +4,8 @@ compile_module(factory, loss_fn, ...):
   1. module.materialize   the factory's Module tree becomes named `param` leaves
   2. trace                loss_fn(module, inputs) appends the forward nodes (trace.py over
                          tensor.py, ops.py)
-  3. grad.append_grad     reverse-mode gradients of the loss w.r.t. every param
+  3. grad.append_grad     reverse-mode gradients of the loss w.r.t. every trainable param
+                          (a frozen one, trainable=False, gets no gradient: module.py)
   4. optim                the optimizer's update is appended; new values become writebacks
   5. dce.cse / dce.dce    shared subexpressions merged, dead nodes dropped
   6. backend.prepare      reference/torch interpret the IR; webgpu plans buffers, emits WGSL
@@ -32,6 +33,8 @@ times every kernel of a step (profile.py: ops covered, bytes, FLOPs, GPU time).
 Programs with several outputs and persistent state written in place (a KV cache) are traced
 the same way by stateful.compile_program, over the parameters of any program on that backend.
 With check_finite or recovery, recovery.py keeps a host copy of a module's last good state.
+LoRA (lora.py) is a model factory: adapters on chosen linear layers, the rest frozen (step 3
+skips them), the frozen base optionally held quantized (QLoRA).
 """
 from __future__ import annotations
 
@@ -50,9 +53,11 @@ def build_train_graph(factory, loss_fn, inputs, optimizer: Optimizer | None, *, 
                       seed: int = 0):
     g = Graph()
     specs, loss = trace_tensor(g, factory, loss_fn, inputs, "compile_module", seed)
-    refuse_quantized(specs, "compile_module", "and quantized weights are not trainable: "
-                      "train f32 parameters (e.g. GGUFTensor.dequantize() values uploaded "
-                      "into a model without quant specs)")
+    trainable = {n: s for n, s in specs.items() if s.trainable}
+    refuse_quantized(trainable, "compile_module", "and quantized weights are not trainable: "
+                     "freeze them (Module.param(..., trainable=False), Module.freeze(); "
+                     "LoRA does) or train f32 parameters (e.g. GGUFTensor.dequantize() "
+                     "values uploaded into a model without quant specs)")
     if loss.shape != () or loss.dtype != "f32":
         where = f" (built at {loss.node.loc})" if loss.node.loc else ""
         raise ValueError(f"compile_module: the loss must be a rank-0 f32 Tensor (a scalar), got "
@@ -62,11 +67,13 @@ def build_train_graph(factory, loss_fn, inputs, optimizer: Optimizer | None, *, 
     # run() evaluates this same trace (dropout included), so its loss is the one step() sees
     forward = dce(Graph(list(g.nodes), dict(g.inputs), dict(g.params), dict(g.state), dict(g.outputs),
                         seed=g.seed))
-    grads = append_grad(g, loss.id, [g.params[n] for n in specs])
+    # frozen parameters are read but not differentiated: the backward still flows through
+    # them to what they multiply, but no gradient (nor optimizer state) of theirs is formed
+    grads = append_grad(g, loss.id, [g.params[n] for n in trainable])
     with tracing(g):
         step = Tensor(g, g.state["step"])
         slots = [ParamSlot(n, Tensor(g, g.params[n]), grads[g.params[n]], s.decays)
-                 for n, s in specs.items()]
+                 for n, s in trainable.items()]
         if keep_grads:
             for s in slots:
                 g.writebacks[f"grad/{s.name}"] = s.grad.id

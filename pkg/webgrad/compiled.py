@@ -113,7 +113,7 @@ class CompiledModule:
         self._guard = (Guard(self, check_finite=check_finite, recovery=recovery)
                        if check_finite or recovery is not None else None)
         for name, spec in specs.items():
-            backend.ensure(name, spec.shape, "f32")
+            backend.ensure(name, *spec.held)
         self.backend.ensure("step", (), "f32")
         self._init_params()
 
@@ -122,6 +122,10 @@ class CompiledModule:
     def param_names(self) -> list[str]: return list(self._specs)
     @property
     def param_shapes(self) -> dict[str, tuple[int, ...]]: return {n: s.shape for n, s in self._specs.items()}
+    @property
+    def trainable_names(self) -> list[str]:
+        """The parameters a step updates (the others are frozen: trainable=False)."""
+        return [n for n, s in self._specs.items() if getattr(s, "trainable", True)]
     @property
     def ir(self): return self._train.graph
     @property
@@ -139,8 +143,9 @@ class CompiledModule:
 
     # -- state
     def _init_params(self):
-        self.backend.init_params([(n, s.init, s.shape) for n, s in self._specs.items()],
-                                 seed=self.seed)
+        # a parameter held quantized (a frozen base: QLoRA) has no init; its blocks are written
+        self.backend.init_params([(n, s.init, s.shape) for n, s in self._specs.items()
+                                  if getattr(s, "quant", None) is None], seed=self.seed)
 
     def _zero_state(self, optimizer_only: bool):
         for name in list(self._state_names()):
@@ -161,6 +166,12 @@ class CompiledModule:
             return ()
         i = g.state.get(name, g.writebacks.get(name))
         return g[i].shape
+
+    @property
+    def held_params(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """name -> (shape, dtype) of each parameter as the backend holds it (ParamSpec.held:
+        a quantized one as its i32 words): what a checkpoint stores."""
+        return {n: s.held for n, s in self._specs.items()}
 
     def state_shapes(self, method: str) -> dict[str, tuple[int, ...]]:
         """name -> shape of the training graph's optimizer buffers (sorted by name), then of
@@ -217,7 +228,7 @@ class CompiledModule:
         if not any(k.startswith("grad/") for k in self._train.graph.writebacks):
             raise RuntimeError("this module was compiled with keep_grads=False")
         async with self._lost("download_param_grads"):
-            return {n: to_user(await self.backend.read(f"grad/{n}")) for n in self._specs}
+            return {n: to_user(await self.backend.read(f"grad/{n}")) for n in self.trainable_names}
 
     async def upload_params_async(self, params: dict, *, partial: bool = False) -> None:
         await self._upload_params(params, partial, "upload_params", "partial=True")
@@ -236,7 +247,8 @@ class CompiledModule:
         if missing and not partial:
             raise FeedError(f"{method}(): missing {', '.join(map(repr, missing))}; pass all "
                             f"parameters or {partial_kw}")
-        hosts = {n: to_host(v, shape=self._specs[n].shape, dtype="f32", what=f"{method}(): '{n}'")
+        hosts = {n: to_host(v, shape=self._specs[n].held[0], dtype=self._specs[n].held[1],
+                            what=f"{method}(): '{n}'")
                  for n, v in params.items()}  # every check before any write
         await self.write_state_async(hosts, method=method)
 
@@ -274,7 +286,7 @@ class CompiledModule:
             pass
         self.backend = new
         for name, spec in self._specs.items():
-            new.ensure(name, spec.shape, "f32")
+            new.ensure(name, *spec.held)
         new.ensure("step", (), "f32")
         for attr in ("_train", "_forward"):
             p = getattr(self, attr)

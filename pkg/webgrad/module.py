@@ -25,23 +25,41 @@ class ParamSpec:
     init: _init.Init
     decay: bool | None = None  # None: the init's default (see Init.decays)
     quant: object = None       # a quants.QuantSpec: held as quantized blocks (inference only)
+    trainable: bool = True     # False: frozen (no gradient, optimizer state or update)
 
     @property
     def decays(self) -> bool:
         return self.init.decays if self.decay is None else self.decay
+
+    @property
+    def held(self) -> tuple[tuple[int, ...], str]:
+        """(shape, dtype) of the parameter as a backend holds it: f32 values, or the i32
+        words of its blocks when it is held quantized (quants/words.py; written and read
+        back as words)."""
+        q = self.quant
+        return ((q.words,), "i32") if q is not None else (tuple(self.shape), "f32")
 
 
 class Module:
     def __init__(self):
         pass
 
-    def param(self, shape, init=None, *, decay: bool | None = None) -> ParamSpec:
+    def param(self, shape, init=None, *, decay: bool | None = None,
+              trainable: bool = True) -> ParamSpec:
         """Declare a parameter. init: "randn" (default, std 0.02), "zeros", "ones", "kaiming",
-        or an init.* value; decay overrides whether AdamW/Lion weight decay applies."""
+        or an init.* value; decay overrides whether AdamW/Lion weight decay applies;
+        trainable=False freezes it (compile_module gives it no gradient or optimizer state)."""
         shape = tuple(int(s) for s in ([shape] if isinstance(shape, int) else shape))
         if any(s < 0 for s in shape):
             raise ValueError(f"param shape {list(shape)} must have non-negative dims")
-        return ParamSpec(shape, _init.as_init(init), decay)
+        return ParamSpec(shape, _init.as_init(init), decay, trainable=bool(trainable))
+
+    def freeze(self, keep=None) -> "Module":
+        """Mark every parameter frozen (trainable=False), except those whose name `keep(name)`
+        is true for; returns self, so a factory can be `lambda: Model().freeze()`."""
+        for name, spec in self.named_specs():
+            spec.trainable = bool(keep is not None and keep(name))
+        return self
 
     def named_specs(self, prefix: str = "") -> list[tuple[str, ParamSpec]]:
         """Each parameter once, under the first path that reaches it (tied weights: one)."""

@@ -102,8 +102,5 @@ def build_forward_graph(factory, fwd_fn, inputs, seed: int = 0, training: bool =
     deduplicated and dead code dropped: what compile_forward compiles."""
     g = Graph(training=training)
     specs, out = trace_tensor(g, factory, fwd_fn, inputs, "compile_forward", seed)
-    refuse_quantized(specs, "compile_forward", "which compile_forward's parameter API "
-                      "(upload_params, init) does not hold; run them with "
-                      "stateful.compile_program over weights written as blocks")
     g.outputs["output"] = out.id
     return specs, dce(cse(g))

@@ -65,7 +65,8 @@ def check_tensors(c, f: dict, file: str, *, optimizer: bool | None) -> dict[str,
 
     optimizer=None loads the optimizer state and step when the file has them (any opt/ name
     or "step"), True requires them, False ignores them."""
-    params = c.param_shapes
+    stored = c.held_params   # quantized: i32 words
+    params = {n: shape for n, (shape, _) in stored.items()}
     has_opt = "step" in f or any(k.startswith(STATE_PREFIX) for k in f)
     want_opt = has_opt if optimizer is None else optimizer
     if want_opt and not has_opt:
@@ -92,7 +93,11 @@ def check_tensors(c, f: dict, file: str, *, optimizer: bool | None) -> dict[str,
         t = f[name]
         if tuple(t.shape) != tuple(shape) and not (prod(t.shape) == 1 and prod(shape) == 1):
             _fail(file, f"tensor {name!r} has shape {list(t.shape)}, the module's is {list(shape)}")
-        if t.dtype not in ("F32", "F16", "BF16", "F64"):
+        if name in stored and stored[name][1] == "i32":
+            if t.dtype != "I32":
+                _fail(file, f"tensor {name!r} has dtype {t.dtype}; the module holds it "
+                      "quantized, as I32 words of its blocks (save() writes them)")
+        elif t.dtype not in ("F32", "F16", "BF16", "F64"):
             _fail(file, f"tensor {name!r} has dtype {t.dtype}; parameters and optimizer state "
                   "are floats (F32, or F16/BF16/F64 converted)")
         h = t.to_host()

@@ -160,6 +160,14 @@ def head_blocks(parts, h):
     return [(ops.matmul(h, ops.swap_axes(w, 0, 1)), a) for w, a in parts]
 
 
+def next_token_loss(blocks, targets):
+    """Mean cross entropy (nats) of the head's blocks [..., T, rows_k] against targets
+    [..., T] i32: the training loss of every model here (lm_loss)."""
+    logits = blocks[0][0] if len(blocks) == 1 else ops.concat([b for b, _ in blocks], -1)
+    logp = ops.log_softmax_last(logits)
+    return -ops.mean_all(ops.take_along_last(logp, ops.unsqueeze(targets, -1)))
+
+
 def as_f32_array(v):
     """A weight as the loaders take it: torch tensors -> numpy f32 (any dtype/device); a
     safetensors StoredTensor -> its f32 HostArray; anything else as to_host takes it."""

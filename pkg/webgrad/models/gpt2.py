@@ -34,14 +34,14 @@ import math
 from dataclasses import asdict, dataclass
 from math import prod
 
-from .. import init, ops
+from .. import init, lora, ops
 from ..arrays import HostArray, to_host, transpose2d
 from ..blocking import run_blocking
 from ..module import Module
 from ..stateful import assign, state
 from .decoding import (Cache, CausalLM, Network, Surprisal, SurprisalTracker, as_f32_array,  # noqa: F401
                        cat_rows as _cat_rows, chunks_for, embed_rows, head_blocks, head_stats,
-                       row_split, table_parts)
+                       next_token_loss, row_split, table_parts)
 
 try:  # the byte-level BPE tokenizer (bpe.py) may land after this module
     from .bpe import Tokenizer
@@ -83,6 +83,8 @@ class GPT2Config:
 # ---------------------------------------------------------------- the Module (parameters)
 
 class _Linear(Module):   # transformers' Conv1D: weight [in, out]
+    fan_in_fan_out = True   # the layout, as PEFT names it (webgrad.lora reads it)
+
     def __init__(self, d_in, d_out, std=0.02):
         super().__init__()
         self.weight = self.param([d_in, d_out], init=init.randn(std))
@@ -135,6 +137,7 @@ class GPT2Module(Module):
     def __init__(self, cfg: GPT2Config, wte_chunks: int = 1, quant: dict | None = None):
         super().__init__()
         self.cfg = cfg
+        self.hf_prefix = "transformer."   # GPT2LMHeadModel's names (webgrad.lora's files)
         if wte_chunks == 1:
             self.wte = _Table(cfg.vocab_size, cfg.n_embd, 0.02)
         else:
@@ -180,7 +183,7 @@ def _ln(p, x, eps):
 
 
 def _lin(p, x):
-    return ops.matmul(x, p.weight) + p.bias
+    return lora.adapted(p, x, ops.matmul(x, p.weight) + p.bias)
 
 
 def _heads(x, n_head):
@@ -235,9 +238,7 @@ def logits_of(m, h):
 
 def lm_loss(m: GPT2Module, inputs):
     """Mean next-token cross entropy (nats); inputs tokens, targets [B, T] i32."""
-    logits = logits_of(m, hidden(m, inputs["tokens"], m.cfg))
-    logp = ops.log_softmax_last(logits)
-    return -ops.mean_all(ops.take_along_last(logp, ops.unsqueeze(inputs["targets"], -1)))
+    return next_token_loss(head(m, hidden(m, inputs["tokens"], m.cfg)), inputs["targets"])
 
 
 def cached_hidden(m: GPT2Module, ids, pos, cfg: GPT2Config):

@@ -1,10 +1,14 @@
-"""Llama-family decoders (Llama 2/3, Mistral, Qwen2, Qwen3): inference with a KV cache on
-the device, through the same programs and decode loop as GPT-2 (decoding.py).
+"""Llama-family decoders (Llama 2/3, Mistral, Qwen2, Qwen3): training through the ordinary
+path (LlamaModule + lm_loss in compile_module; LoRA adapters by webgrad.lora) and inference
+with a KV cache on the device, through the same programs and decode loop as GPT-2
+(decoding.py).
 
     from webgrad.models import llama
     cfg = llama.LlamaConfig.from_hf(json.load(open("config.json")))
     m = llama.Llama.from_hf_state_dict(cfg, state_dict)    # or Llama.from_pretrained(folder)
     m.forward(ids); m.generate(ids, max_new_tokens=20, temperature=0)
+    c = wg.compile_module(lambda: llama.LlamaModule(cfg), llama.lm_loss,
+                          inputs={"tokens": ([B, T], "i32"), "targets": ([B, T], "i32")})
 
 Parameters carry transformers' names and layouts ("model.layers.0.self_attn.q_proj.weight",
 linear weights [out, in], y = x @ W^T + b; "lm_head.weight" unless tie_word_embeddings),
@@ -33,13 +37,14 @@ from __future__ import annotations
 import math
 from math import prod
 
-from .. import init, ops
+from .. import init, lora, ops
 from ..arrays import HostArray
 from ..blocking import run_blocking
 from ..module import Module
 from ..stateful import assign, state
 from .decoding import (Cache, CausalLM, Network, Surprisal, SurprisalTracker,  # noqa: F401
-                       chunks_for, embed_rows, head_blocks, row_split, table_parts)
+                       chunks_for, embed_rows, head_blocks, next_token_loss, row_split,
+                       table_parts)
 from .llama_config import LlamaConfig
 from . import llama_weights as _weights
 
@@ -47,6 +52,8 @@ from . import llama_weights as _weights
 # ---------------------------------------------------------------- the Module (parameters)
 
 class _Linear(Module):   # torch's nn.Linear: weight [out, in]
+    fan_in_fan_out = False   # the layout, as PEFT names it (webgrad.lora reads it)
+
     def __init__(self, d_in, d_out, bias: bool):
         super().__init__()
         self.weight = self.param([d_out, d_in], init=init.randn(0.02))
@@ -118,6 +125,7 @@ class LlamaModule(Module):
 
     def __init__(self, cfg: LlamaConfig, table_chunks: int = 1):
         super().__init__()
+        self.cfg = cfg
         self.model = _Body(cfg, table_chunks)
         if not cfg.tie_word_embeddings:
             self.lm_head = _table(cfg, table_chunks)
@@ -139,7 +147,7 @@ def _rms(p, x, eps):
 def _lin(p, x):
     y = ops.matmul(x, ops.swap_axes(p.weight, 0, 1))
     b = getattr(p, "bias", None)
-    return y if b is None else y + b
+    return lora.adapted(p, x, y if b is None else y + b)
 
 
 def _rotary(qpos, cfg: LlamaConfig):
@@ -151,44 +159,46 @@ def _rotary(qpos, cfg: LlamaConfig):
 
 
 def _rope(x, cos, sin):
-    """x [T, H, Dh] rotated (rotate-half: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin))."""
+    """x [..., T, H, Dh] rotated (rotate-half: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin))."""
     half = x.shape[-1] // 2
     x1, x2 = ops.slice_last_range(x, 0, half), ops.slice_last_range(x, half, 2 * half)
     return x * cos + ops.concat([-x2, x1], -1) * sin
 
 
 def _heads_first(x):
-    """[T, H, Dh] -> [H, T, Dh]."""
-    return ops.transpose(x, (1, 0, 2))
+    """[..., T, H, Dh] -> [..., H, T, Dh]."""
+    return ops.swap_axes(x, -3, -2)
 
 
 def _qkv(layer, x, rot, cfg: LlamaConfig):
-    """q [T, H, Dh], k [T, Hkv, Dh] (normed [Qwen3] and rotated), v [T, Hkv, Dh]."""
-    a, T = layer.self_attn, x.shape[0]
+    """x [..., T, D] -> q [..., T, H, Dh], k [..., T, Hkv, Dh] (normed [Qwen3] and rotated),
+    v [..., T, Hkv, Dh]."""
+    a, lead = layer.self_attn, x.shape[:-1]
     n = _rms(layer.input_layernorm, x, cfg.rms_norm_eps)
     H, Hkv, Dh = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-    q = ops.reshape(_lin(a.q_proj, n), (T, H, Dh))
-    k = ops.reshape(_lin(a.k_proj, n), (T, Hkv, Dh))
-    v = ops.reshape(_lin(a.v_proj, n), (T, Hkv, Dh))
+    q = ops.reshape(_lin(a.q_proj, n), (*lead, H, Dh))
+    k = ops.reshape(_lin(a.k_proj, n), (*lead, Hkv, Dh))
+    v = ops.reshape(_lin(a.v_proj, n), (*lead, Hkv, Dh))
     if cfg.qk_norm:
         q, k = _rms(a.q_norm, q, cfg.rms_norm_eps), _rms(a.k_norm, k, cfg.rms_norm_eps)
     return _rope(q, *rot), _rope(k, *rot), v
 
 
 def _attend(q, k, v, visible, cfg: LlamaConfig):
-    """q [T, H, Dh]; k, v [Hkv, S, Dh]; visible [T, S] (None: causal, S = T) -> [T, H * Dh].
-    GQA without copying K/V per query head: queries as [Hkv, rep, T, Dh] (rep = H / Hkv
-    query heads share K/V head h // rep, as transformers' repeat_kv) against K/V as
-    [Hkv, 1, S, Dh], broadcast by the batched matmuls."""
-    T, H, Dh = q.shape
-    Hkv = k.shape[0]
+    """q [..., T, H, Dh]; k, v [..., Hkv, S, Dh]; visible [T, S] (None: causal, S = T) ->
+    [..., T, H * Dh] (the leading axes: a training batch). GQA without copying K/V per query
+    head: queries as [..., Hkv, rep, T, Dh] (rep = H / Hkv query heads share K/V head
+    h // rep, as transformers' repeat_kv) against K/V as [..., Hkv, 1, S, Dh], broadcast by
+    the batched matmuls."""
+    *lead, T, H, Dh = q.shape
+    Hkv = k.shape[-3]
     rep = H // Hkv
-    qh = ops.reshape(_heads_first(q), (Hkv, rep, T, Dh))
-    k, v = ops.unsqueeze(k, 1), ops.unsqueeze(v, 1)
-    s = ops.matmul(qh, ops.swap_axes(k, -1, -2)) * (1.0 / math.sqrt(Dh))   # [Hkv, rep, T, S]
+    qh = ops.reshape(_heads_first(q), (*lead, Hkv, rep, T, Dh))
+    k, v = ops.unsqueeze(k, -3), ops.unsqueeze(v, -3)
+    s = ops.matmul(qh, ops.swap_axes(k, -1, -2)) * (1.0 / math.sqrt(Dh))   # [..., Hkv, rep, T, S]
     s = ops.where_causal(s, -1e30) if visible is None else ops.where(visible, s, -1e30)
-    att = ops.reshape(ops.matmul(ops.softmax_last(s), v), (H, T, Dh))
-    return ops.reshape(_heads_first(att), (T, H * Dh))
+    att = ops.reshape(ops.matmul(ops.softmax_last(s), v), (*lead, H, T, Dh))
+    return ops.reshape(_heads_first(att), (*lead, T, H * Dh))
 
 
 def _finish(layer, x, att, cfg: LlamaConfig):
@@ -208,8 +218,9 @@ def _visible(qpos, S: int, cfg: LlamaConfig):
 
 
 def hidden(m: LlamaModule, ids, cfg: LlamaConfig):
-    """ids [T] i32 -> final hidden states [T, D] (after the last RMSNorm), causal attention."""
-    T = ids.shape[0]
+    """ids [..., T] i32 -> final hidden states [..., T, D] (after the last RMSNorm), causal
+    attention."""
+    T = ids.shape[-1]
     if T > cfg.n_ctx:
         raise ValueError(f"llama: {T} positions exceed n_ctx={cfg.n_ctx} (LlamaConfig.from_hf(..., n_ctx=))")
     x = embed_rows(table_parts(m.model.embed_tokens), ids)
@@ -247,6 +258,12 @@ def head(m: LlamaModule, h):
     """[(logits block [T, rows_k], first row)]: h @ W^T with W lm_head or, tied, the token
     table, per row block."""
     return head_blocks(table_parts(m.lm_head if hasattr(m, "lm_head") else m.model.embed_tokens), h)
+
+
+def lm_loss(m: LlamaModule, inputs):
+    """Mean next-token cross entropy (nats); inputs tokens, targets [B, T] i32 (targets[t]
+    is the token after tokens[t]: transformers' labels, already shifted)."""
+    return next_token_loss(head(m, hidden(m, inputs["tokens"], m.cfg)), inputs["targets"])
 
 
 # ---------------------------------------------------------------- inference
@@ -384,4 +401,4 @@ class Llama(CausalLM):
 
 
 __all__ = ["LlamaConfig", "LlamaModule", "Llama", "Cache", "Surprisal", "SurprisalTracker",
-           "hidden", "cached_hidden", "head", "param_shapes"]
+           "hidden", "cached_hidden", "head", "lm_loss", "param_shapes"]

@@ -1,0 +1,376 @@
+"""LoRA (webgrad.lora) and Llama training (llama.LlamaModule + lm_loss) against transformers and
+PEFT + torch.
+
+The oracle is a tiny transformers model with random weights moved off their defaults, in f32:
+the full fine-tune loss and gradients must equal LlamaForCausalLM's; a LoRA run started from the
+same base and adapter weights (B set nonzero: PEFT starts it at zero, which would hide B's
+maths) must give PEFT + torch.optim.AdamW's losses step for step; the files save_pretrained
+writes must load into PeftModel.from_pretrained with equal logits and PEFT's files into
+webgrad; a merged base must give the adapter model's logits and merge_and_unload's. GPT-2
+(transformers' Conv1D layout: PEFT's fan_in_fan_out) goes through the same code. Frozen
+parameters: only the adapters have gradients and optimizer state in the compiled program.
+"""
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+import webgrad as wg  # noqa: E402
+from webgrad import lora, ops, optim  # noqa: E402
+from webgrad.models import gpt2, llama  # noqa: E402
+from backends import WEBGPU  # noqa: E402
+from test_gpt2 import hf_model as hf_gpt2  # noqa: E402
+from test_llama import hf_model as hf_llama  # noqa: E402  (llama3 rope, every bias)
+
+B, T = 2, 8
+INPUTS = {"tokens": ([B, T], "i32"), "targets": ([B, T], "i32")}
+TARGETS = ["q_proj", "v_proj", "down_proj"]
+BACKENDS = ["reference", "torch"]
+
+
+GCFG = gpt2.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_ctx=16, vocab_size=50)
+
+
+def sequences(seed, vocab):
+    """[B, T + 1] tokens: webgrad's tokens/targets are its two shifted views."""
+    return np.random.default_rng(seed).integers(0, vocab, size=(B, T + 1)).astype(np.int32)
+
+
+def feed(seq):
+    return {"tokens": seq[:, :T], "targets": seq[:, 1:]}
+
+
+def hf_loss(model, seq):
+    """transformers' loss on T + 1 tokens: the mean over the T predicted ones (it shifts)."""
+    s = torch.tensor(seq, dtype=torch.long)
+    return model(input_ids=s, labels=s).loss
+
+
+def sd_numpy(model):
+    return {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+
+
+def llama_logits(m, f):
+    return llama.head(m, llama.hidden(m, f["tokens"], m.cfg))[0][0]
+
+
+def gpt2_logits(m, f):
+    return gpt2.logits_of(m, gpt2.hidden(m, f["tokens"], m.cfg))
+
+
+def rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+@pytest.fixture(scope="module")
+def base():
+    hf = hf_llama("llama")
+    return hf, llama.LlamaConfig.from_hf(hf.config.to_dict()), sd_numpy(hf)
+
+
+def random_adapters(lo, seed):
+    """Adapter values (webgrad names) with B nonzero."""
+    rng = np.random.default_rng(seed)
+    c = lo()
+    return {n: (rng.standard_normal(s.shape) * 0.1).astype(np.float32) for n, s in c.named_specs()
+            if n in lo.adapter_names}
+
+
+def lora_compiled(lo, sd, backend, *, optimizer=None, adapters=None):
+    c = wg.compile_module(lo, llama.lm_loss if "model.norm.weight" in lo.base_names else gpt2.lm_loss,
+                          inputs=INPUTS, optimizer=optimizer, backend=backend)
+    lo.load_base(c, sd)
+    if adapters is not None:
+        c.upload_params(adapters, partial=True)
+    return c
+
+
+def steps_equal_peft(c, pm, vocab, seed, n, **adamw):
+    """n steps of c and of PEFT model pm under torch's AdamW give the same losses."""
+    opt = torch.optim.AdamW([p for p in pm.parameters() if p.requires_grad], **adamw)
+    for k in range(n):
+        seq = sequences(seed + k, vocab)
+        got = c.step(feed(seq))
+        opt.zero_grad()
+        want = hf_loss(pm, seq)
+        want.backward()
+        opt.step()
+        assert abs(got - want.item()) <= 1e-5 * abs(want.item()), (k, got, want.item())
+
+
+def peft_from(hf, lo, adapters, **kw):
+    """A PEFT model over a copy of hf with webgrad's adapter values."""
+    cfg = peft.LoraConfig(r=lo.config.r, lora_alpha=lo.config.lora_alpha, lora_dropout=0.0,
+                          target_modules=lo.config.target_modules, **kw)
+    pm = peft.get_peft_model(copy.deepcopy(hf), cfg)
+    sd = {lo.peft_name(n): torch.tensor(v) for n, v in adapters.items()}
+    res = peft.set_peft_model_state_dict(pm, sd)
+    assert not res.unexpected_keys
+    return pm
+
+
+# ---------------------------------------------------------------- full fine-tuning
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_llama_module_loss_and_gradients_equal_transformers(base, backend):
+    hf, cfg, sd = base
+    c = wg.compile_module(lambda: llama.LlamaModule(cfg), llama.lm_loss, inputs=INPUTS,
+                          optimizer=None, backend=backend)
+    assert set(c.param_names) == set(sd)          # transformers' names
+    c.load_state_dict(sd)
+    seq = sequences(1, cfg.vocab_size)
+    loss = c.step(feed(seq))
+    model = copy.deepcopy(hf).train()
+    want = hf_loss(model, seq)
+    want.backward()
+    assert abs(loss - want.item()) <= 1e-5 * abs(want.item())
+    grads = c.download_param_grads()
+    for n, p in model.named_parameters():
+        assert rel(grads[n], p.grad.numpy()) <= 1e-4, n
+
+
+# ---------------------------------------------------------------- LoRA against PEFT
+
+@pytest.mark.parametrize("backend", BACKENDS + [WEBGPU])
+def test_lora_adamw_steps_equal_peft(base, backend):
+    hf, cfg, sd = base
+    lo = lora.LoRA(lambda: llama.LlamaModule(cfg), r=4, lora_alpha=8, target_modules=TARGETS)
+    ad = random_adapters(lo, 2)
+    c = lora_compiled(lo, sd, backend, adapters=ad,
+                      optimizer=optim.AdamW(lr=1e-2, weight_decay=0.05))
+    pm = peft_from(hf, lo, ad).train()
+    assert sum(p.requires_grad for p in pm.parameters()) == len(lo.adapter_names) == 12
+    steps_equal_peft(c, pm, cfg.vocab_size, 10, 4, lr=1e-2, weight_decay=0.05)
+    trained = lo.adapter_state_dict(c)
+    peft_sd = peft.get_peft_model_state_dict(pm)
+    for n, v in trained.items():
+        assert rel(v, peft_sd[n].detach().numpy()) <= 1e-4, n
+    # the base did not move
+    after = c.download_params()
+    assert all(np.array_equal(after[n], sd[n]) for n in lo.base_names)
+
+
+def test_only_the_adapters_have_gradients_and_optimizer_state(base):
+    _, cfg, sd = base
+    lo = lora.LoRA(lambda: llama.LlamaModule(cfg), r=2, lora_alpha=4, target_modules=["q_proj"])
+    c = wg.compile_module(lo, llama.lm_loss, inputs=INPUTS, optimizer=optim.AdamW(lr=1e-3))
+    assert sorted(c.trainable_names) == sorted(lo.adapter_names)
+    assert lo.adapter_names == [f"model.layers.{i}.self_attn.q_proj.lora_{x}.weight"
+                                for i in range(cfg.num_hidden_layers) for x in "AB"]
+    assert set(c.param_shapes) == set(lo.base_names) | set(lo.adapter_names)   # all held
+    state = set(c.ir.state) | set(c.ir.writebacks)
+    grads = {n for n in state if n.startswith("grad/")}
+    moments = {n for n in state if n.startswith("opt/")}
+    assert grads == {f"grad/{n}" for n in lo.adapter_names}
+    assert moments == {f"opt/adam.{m}.{n}" for n in lo.adapter_names for m in "mv"}
+    assert not set(c.ir.writebacks) & set(lo.base_names)   # the base is never written
+    held = {n for n in c.backend.store if n.startswith(("grad/", "opt/"))}   # buffers allocated
+    assert held == grads | moments
+    assert set(c.download_param_grads()) == set(lo.adapter_names)
+
+
+def test_dropout_applies_in_training_and_not_at_eval(base):
+    hf, cfg, sd = base
+    lo0 = lora.LoRA(lambda: llama.LlamaModule(cfg), r=4, lora_alpha=8, target_modules=TARGETS)
+    lo5 = lora.LoRA(lambda: llama.LlamaModule(cfg), r=4, lora_alpha=8, target_modules=TARGETS,
+                    lora_dropout=0.5)
+    ad = random_adapters(lo0, 3)
+    f = feed(sequences(4, cfg.vocab_size))
+    c0 = lora_compiled(lo0, sd, "reference", adapters=ad)
+    c5 = lora_compiled(lo5, sd, "reference", adapters=ad)
+    plain = c0.run(f)
+    assert abs(c5.run(f) - plain) > 1e-4            # training graph: dropout on x's LoRA path
+    ev = c5.compile_forward(llama.lm_loss, inputs=INPUTS)   # inference: dropout is identity
+    assert float(np.asarray(ev.run(f))) == pytest.approx(plain, rel=1e-6)
+
+
+# ---------------------------------------------------------------- files and merging
+
+def test_saved_adapter_loads_into_peft_and_peft_saved_loads_back(base, tmp_path):
+    hf, cfg, sd = base
+    factory = lambda: llama.LlamaModule(cfg)    # noqa: E731
+    lo = lora.LoRA(factory, r=4, lora_alpha=16, target_modules=TARGETS, use_rslora=True)
+    ad = random_adapters(lo, 5)
+    c = lora_compiled(lo, sd, "reference", adapters=ad)
+    lo.save_pretrained(c, tmp_path / "wg")
+    from safetensors.numpy import load_file
+    names = set(load_file(str(tmp_path / "wg" / lora.ADAPTER_WEIGHTS)))
+    assert "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" in names
+    assert names == {lo.peft_name(n) for n in lo.adapter_names}
+    ids = sequences(6, cfg.vocab_size)[:, :T]
+    fwd = c.compile_forward(llama_logits, inputs={"tokens": ([B, T], "i32")})
+    mine = np.asarray(fwd.run({"tokens": ids}))
+    pm = peft.PeftModel.from_pretrained(copy.deepcopy(hf), str(tmp_path / "wg")).eval()
+    with torch.no_grad():
+        theirs = pm(torch.tensor(ids, dtype=torch.long)).logits.numpy()
+    assert rel(mine, theirs) <= 1e-5
+
+    # PEFT's own file back into webgrad: change its adapters, save, load
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if "lora_" in n:
+                p.add_(torch.randn_like(p) * 0.05)
+        theirs = pm(torch.tensor(ids, dtype=torch.long)).logits.numpy()
+    pm.save_pretrained(str(tmp_path / "peft"))
+    lo2 = lora.LoRA.from_pretrained(factory, tmp_path / "peft")
+    assert lo2.config.use_rslora and lo2.config.lora_alpha == 16
+    c2 = lora_compiled(lo2, sd, "reference")
+    lo2.load_adapter(c2, tmp_path / "peft")
+    got = np.asarray(c2.compile_forward(llama_logits, inputs={"tokens": ([B, T], "i32")}).run({"tokens": ids}))
+    assert rel(got, theirs) <= 1e-5
+
+
+def test_merged_base_equals_the_adapter_model_and_merge_and_unload(base):
+    hf, cfg, sd = base
+    lo = lora.LoRA(lambda: llama.LlamaModule(cfg), r=4, lora_alpha=8, target_modules="all-linear")
+    ad = random_adapters(lo, 7)
+    c = lora_compiled(lo, sd, "reference", adapters=ad)
+    ids = sequences(8, cfg.vocab_size)[0, :T]
+    unmerged = np.asarray(c.compile_forward(llama_logits, inputs={"tokens": ([T], "i32")}).run({"tokens": ids}))
+    merged = lo.merged_state_dict(c)
+    assert set(merged) == set(sd)
+    mine = llama.Llama.from_hf_state_dict(cfg, merged, backend="reference").forward(list(ids))
+    assert rel(mine, unmerged) <= 1e-5
+    pm = peft_from(hf, lo, ad).merge_and_unload().eval()
+    with torch.no_grad():
+        theirs = pm(torch.tensor([ids], dtype=torch.long)).logits[0].numpy()
+    assert rel(mine, theirs) <= 1e-5
+    for n, v in pm.state_dict().items():
+        assert rel(merged[n], v.numpy()) <= 1e-6, n
+
+
+# ---------------------------------------------------------------- GPT-2: the same code
+
+def test_gpt2_lora_equals_peft_with_fan_in_fan_out(tmp_path):
+    gcfg = GCFG
+    hf = hf_gpt2(gcfg, 0)
+    sd = {k.removeprefix("transformer."): v for k, v in sd_numpy(hf).items()
+          if k != "lm_head.weight" and not k.endswith(".attn.bias")}
+    lo = lora.LoRA(lambda: gpt2.GPT2Module(gcfg), r=4, lora_alpha=8, target_modules=["c_attn", "c_proj"])
+    assert len(lo.layers) == 3 * gcfg.n_layer            # c_attn, attn.c_proj, mlp.c_proj
+    assert all(f for f, _ in lo.layers.values())         # Conv1D's layout
+    ad = random_adapters(lo, 9)
+    c = lora_compiled(lo, sd, "reference", adapters=ad, optimizer=optim.AdamW(lr=1e-2))
+    pm = peft_from(hf, lo, ad, fan_in_fan_out=True).train()
+    steps_equal_peft(c, pm, gcfg.vocab_size, 20, 3, lr=1e-2)
+    lo.save_pretrained(c, tmp_path)
+    assert json.loads((tmp_path / lora.ADAPTER_CONFIG).read_text())["fan_in_fan_out"] is True
+    reloaded = peft.PeftModel.from_pretrained(copy.deepcopy(hf), str(tmp_path)).eval()
+    merged = lo.merged_state_dict(c)
+    ids = sequences(30, gcfg.vocab_size)[0, :T]
+    mine = gpt2.GPT2.from_hf_state_dict(gcfg, merged, backend="reference").forward(list(ids))
+    with torch.no_grad():
+        theirs = reloaded(torch.tensor([ids], dtype=torch.long)).logits[0].numpy()
+    assert rel(mine, theirs) <= 1e-5
+
+
+# ---------------------------------------------------------------- QLoRA: a quantized base
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_qlora_steps_on_a_quantized_base_equal_peft_on_its_dequantized_weights(base, qtype):
+    gguf = pytest.importorskip("gguf")
+    hf, cfg, sd = base
+    qt = getattr(gguf.GGMLQuantizationType, qtype)
+    # every linear layer's matrix (rows of 64 and 96: whole blocks of 32), tables stay f32
+    held = [n for n, v in sd.items() if v.ndim == 2 and "embed" not in n and "lm_head" not in n]
+    blocks = {n: gguf.quants.quantize(sd[n], qt) for n in held}
+    lo = lora.LoRA(lambda: llama.LlamaModule(cfg), r=4, lora_alpha=8, target_modules=TARGETS,
+                   base_quant={n: qtype for n in held})
+    ad = random_adapters(lo, 13)
+    c = lora_compiled(lo, {**sd, **blocks}, "reference", adapters=ad,
+                      optimizer=optim.AdamW(lr=1e-2))
+    assert all(c.backend.store[n].dtype == np.int32 for n in held)   # held as words
+    dq = copy.deepcopy(hf)                        # the oracle: the decoded weights, in f32
+    with torch.no_grad():
+        for n, p in dq.named_parameters():
+            if n in blocks:
+                p.copy_(torch.tensor(gguf.quants.dequantize(blocks[n], qt)))
+    pm = peft_from(dq, lo, ad).train()
+    steps_equal_peft(c, pm, cfg.vocab_size, 40, 3, lr=1e-2)
+    merged = lo.merged_state_dict(c)              # f32: decoded base + adapters
+    theirs = pm.merge_and_unload().state_dict()
+    assert all(rel(merged[n], theirs[n].numpy()) <= 1e-5 for n in sd)
+    with pytest.raises(ValueError, match="pass its GGUF blocks"):
+        lo.load_base(c, sd)                       # f32 values for a quantized weight
+    c2 = wg.compile_module(lo, llama.lm_loss, inputs=INPUTS, optimizer=optim.AdamW(lr=1e-2))
+    c2.load(c.save())                             # a checkpoint holds the blocks as words
+    f = feed(sequences(50, cfg.vocab_size))
+    assert c2.step(f) == c.step(f)
+
+
+# ---------------------------------------------------------------- refusals
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(target_modules=["q_proj", "qproj"]), r"\['qproj'\] match no linear layer.*down_proj, "
+                                               r"gate_proj, k_proj, o_proj, q_proj, up_proj, v_proj"),
+    (dict(target_modules=["lm_head"]), "match no linear layer"),
+    (dict(target_modules=[]), "target_modules must name layers"),
+    (dict(target_modules=["q_proj"], r=0), r"r \(the rank\) must be a whole number >= 1"),
+    (dict(target_modules=["q_proj"], r=2.5), "r .* whole number"),
+    (dict(target_modules=["q_proj"], lora_alpha=0), "lora_alpha must be a number > 0"),
+    (dict(target_modules=["q_proj"], lora_dropout=1.0), r"lora_dropout must be a probability in \[0, 1\)"),
+    (dict(target_modules=["q_proj"], init_lora_weights="pissa"), "init_lora_weights"),
+])
+def test_bad_configs_are_refused(base, kw, match):
+    _, cfg, _ = base
+    with pytest.raises(ValueError, match=match):
+        lora.LoRA(lambda: llama.LlamaModule(cfg), **kw)
+
+
+def test_refused_loads_change_nothing_and_unsupported_files_are_named(base, tmp_path):
+    _, cfg, sd = base
+    lo = lora.LoRA(lambda: llama.LlamaModule(cfg), r=2, lora_alpha=4, target_modules=["q_proj"])
+    ad = random_adapters(lo, 11)
+    c = lora_compiled(lo, sd, "reference", adapters=ad)
+    before = c.download_params()
+    other = lora.LoRA(lambda: llama.LlamaModule(cfg), r=2, lora_alpha=4, target_modules=["v_proj"])
+    bad = {other.peft_name(n): v for n, v in random_adapters(other, 12).items()}
+    with pytest.raises(ValueError, match="does not fit this model's target_modules"):
+        lo.load_adapter(c, bad)
+    with pytest.raises(ValueError, match="missing .*model.norm.weight"):
+        lo.load_base(c, {k: v for k, v in sd.items() if k != "model.norm.weight"})
+    after = c.download_params()
+    assert all(np.array_equal(before[n], after[n]) for n in before)
+    d = lora.LoraConfig(r=2, target_modules=["q_proj"]).to_peft_dict(fan_in_fan_out=False)
+    (tmp_path / lora.ADAPTER_CONFIG).write_text(json.dumps({**d, "use_dora": True}))
+    with pytest.raises(ValueError, match="use_dora=True is not supported"):
+        lora.LoRA.from_pretrained(lambda: llama.LlamaModule(cfg), tmp_path)
+
+
+# ---------------------------------------------------------------- frozen parameters
+
+class _Two(wg.Module):
+    def __init__(self, frozen=True):
+        super().__init__()
+        self.a = self.param([3], init=wg.init.literal([1.0, 2.0, 3.0]), trainable=not frozen)
+        self.b = self.param([3], init=wg.init.literal([0.5, -1.0, 2.0]))
+
+
+def _two_loss(m, f):
+    return ops.sum_all(m.a * m.b * f["x"])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_frozen_parameters_get_no_gradient_state_or_update(backend):
+    c = wg.compile_module(_Two, _two_loss, inputs={"x": [3]}, optimizer=optim.Adam(lr=0.1),
+                          backend=backend)
+    c.step({"x": [1.0, 1.0, 1.0]})
+    p = c.download_params()
+    assert list(np.asarray(p["a"])) == [1.0, 2.0, 3.0]          # frozen: unchanged
+    assert not np.allclose(np.asarray(p["b"]), [0.5, -1.0, 2.0])  # trained
+    assert c.trainable_names == ["b"]
+    assert set(c.download_param_grads()) == {"b"}
+    np.testing.assert_allclose(c.download_param_grads()["b"], [1.0, 2.0, 3.0])
+    assert not any("a" == n.split(".")[-1] or n == "grad/a" for n in c.ir.writebacks)
+    # Module.freeze: the same, from outside the class
+    c2 = wg.compile_module(lambda: _Two(frozen=False).freeze(keep=lambda n: n == "b"), _two_loss,
+                           inputs={"x": [3]}, backend=backend)
+    assert c2.trainable_names == ["b"]
