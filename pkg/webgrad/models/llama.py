@@ -4,11 +4,14 @@ the device, through the same programs and decode loop as GPT-2 (decoding.py).
     from webgrad.models import llama
     cfg = llama.LlamaConfig.from_hf(json.load(open("config.json")))
     m = llama.Llama.from_hf_state_dict(cfg, state_dict)    # or Llama.from_pretrained(folder)
+    m = llama.Llama.from_gguf("model-Q4_K_M.gguf")        # llama.cpp's llama/qwen2/qwen3 files
     m.forward(ids); m.generate(ids, max_new_tokens=20, temperature=0)
 
 Parameters carry transformers' names and layouts ("model.layers.0.self_attn.q_proj.weight",
 linear weights [out, in], y = x @ W^T + b; "lm_head.weight" unless tie_word_embeddings),
-so a state dict moves in and out unchanged (llama_weights.py loads and saves them). Where
+so a state dict moves in and out unchanged (llama_weights.py loads and saves them;
+llama_gguf.py maps llama.cpp's names, and a GGUF file's quantized matrices stay quantized:
+quants.QuantSpec on the parameter, read through ops.dequantize, module.py). Where
 WebGPU's binding limit needs it, the token table and the head are held in row blocks
 (table_chunks; decoding.py), joined again in state_dict().
 
