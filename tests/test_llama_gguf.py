@@ -33,6 +33,7 @@ from gguf import GGMLQuantizationType as QT  # noqa: E402
 
 from backends import WEBGPU  # noqa: E402
 from test_gguf import random_blocks, write  # noqa: E402
+from test_llama import perturbed  # noqa: E402
 from webgrad.io import gguf as wgg  # noqa: E402
 from webgrad.models import llama  # noqa: E402
 
@@ -64,16 +65,7 @@ def hf_model(kind, size=SMALL, seed=0, **over):
     cname, mname, _, fields = KINDS[kind]
     cfg = getattr(transformers, cname)(**{**size, **fields, **over})
     torch.manual_seed(seed)
-    model = getattr(transformers, mname)(cfg).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1 + torch.randn_like(p) * 0.2)
-            elif name.endswith("bias"):
-                p.copy_(torch.randn_like(p) * 0.1)
-            else:
-                p.copy_(torch.randn_like(p) * 0.08)
-    return model
+    return perturbed(getattr(transformers, mname)(cfg).eval())
 
 
 def head_dim(hp):
@@ -219,12 +211,13 @@ def test_f32_file_gives_transformers_logits(tmp_path, kind, backend):
     close(m.logits_step(IDS[7:], cache), want[-1])
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3"])
-def test_f16_file(tmp_path, kind):
+@pytest.mark.parametrize("kind,qt", [("llama", QT.F16), ("qwen3", QT.F16), ("llama", QT.BF16)],
+                         ids=lambda v: getattr(v, "name", v))
+def test_f16_and_bf16_files(tmp_path, kind, qt):
     model = hf_model(kind)
-    path, sd = llama_cpp_gguf(tmp_path, model, kind, qtype=QT.F16)
+    path, sd = llama_cpp_gguf(tmp_path, model, kind, qtype=qt)
     m = llama.Llama.from_gguf(path, backend="reference")
-    assert wgg.load(path).tensors["blk.0.attn_q.weight"].type_name == "F16"
+    assert wgg.load(path).tensors["blk.0.attn_q.weight"].type_name == qt.name and not m.quant
     close(m.forward(IDS), hf_logits(model, IDS, sd))
 
 
@@ -302,7 +295,11 @@ def test_keep_quantized_false_and_split_tables(tmp_path):
     model = hf_model("llama", WIDE)
     path, sd = llama_cpp_gguf(tmp_path, model, "llama", qtype=QT.Q4_K, mix=q4_k_m(2))
     want = hf_logits(model, IDS, sd)
-    f32 = llama.Llama.from_gguf(path, backend="reference", keep_quantized=False)
+    heard = []
+    f32 = llama.Llama.from_gguf(path, backend="reference", keep_quantized=False,
+                                progress=lambda done, total: heard.append((done, total)))
+    total = sum(t.data.nbytes for n, t in wgg.load(path).tensors.items() if n != "rope_freqs.weight")
+    assert heard[-1] == (total, total) and len(heard) == len(sd)
     assert not f32.quant and f32.weight_bytes == 4 * sum(v.size for v in sd.values())
     close(f32.forward(IDS), want)
     m = llama.Llama.from_gguf(path, backend="reference")
@@ -333,6 +330,7 @@ def test_webgpu_reads_the_blocks(tmp_path, backend):
     close(m.forward(ids), hf_logits(model, ids, sd))
     exe = m._program("full", len(ids))._prog.exe
     feeds = set(exe.lowered.feeds.values())
+    assert len(exe.plan["buffers"]) > len(m.quant)
     smallest = 4 * min(math.prod(s) for s in m.hf_shapes.values() if len(s) == 2)
     assert all(b["size"] < smallest for k, b in enumerate(exe.plan["buffers"]) if k not in feeds)
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from ..io.gguf import GGUFError, GGUFTensor
 from .llama_config import DEFAULT_N_CTX, LlamaConfig
+from .llama_weights import misfit
 
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}   # GGUF -> model_type
 PERMUTED = ("llama",)          # architectures whose attn_q / attn_k rows llama.cpp reorders
@@ -152,14 +153,9 @@ def tensors(f, cfg: LlamaConfig, shapes: dict) -> dict:
     misshaped = [f"{g} is {list(f.tensors[g].shape)}, expected {list(shapes[hf])}"
                  for g, hf in want.items() if g in f.tensors and f.tensors[g].shape != shapes[hf]]
     if missing or unexpected or misshaped:
-        def few(xs):
-            return ", ".join(xs[:8]) + (f" and {len(xs) - 8} more" if len(xs) > 8 else "")
-        parts = [f"missing: {few(missing)}" if missing else "",
-                 f"unexpected: {few(unexpected)}" if unexpected else "",
-                 f"mis-shaped: {few(misshaped)}" if misshaped else ""]
         _fail(f, f"the tensors do not fit llama.cpp's {arch} layout for {cfg.num_hidden_layers} "
               f"blocks, hidden size {cfg.hidden_size}, {cfg.num_attention_heads} heads "
-              f"({cfg.num_key_value_heads} K/V) of {cfg.head_dim}; " + "; ".join(p for p in parts if p))
+              f"({cfg.num_key_value_heads} K/V) of {cfg.head_dim}; " + misfit(missing, unexpected, misshaped))
     out = {}
     for g, hf in want.items():
         t = f.tensors[g]
