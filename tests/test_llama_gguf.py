@@ -140,6 +140,9 @@ def llama_cpp_gguf(tmp_path, model, kind, *, qtype=None, mix=None, name="m.gguf"
         w.add_eos_token_id(2)
         if rp.get("rope_type") == "llama3":
             w.add_tensor("rope_freqs.weight", rope_factors(hp))
+        if rp.get("rope_type") == "linear":
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(rp["factor"])
         for k, v in sd.items():
             base, _, suffix = k.rpartition(".")
             gname = f"{name_map.get_name(base)}.{suffix}"
@@ -219,6 +222,17 @@ def test_f16_and_bf16_files(tmp_path, kind, qt):
     m = llama.Llama.from_gguf(path, backend="reference")
     assert wgg.load(path).tensors["blk.0.attn_q.weight"].type_name == qt.name and not m.quant
     close(m.forward(IDS), hf_logits(model, IDS, sd))
+
+
+def test_linear_rope_scaling(tmp_path):
+    model = hf_model("llama_tied", rope_scaling={"rope_type": "linear", "factor": 4.0})
+    path, _ = llama_cpp_gguf(tmp_path, model, "llama_tied")
+    assert wgg.load(path).metadata["llama.rope.scaling.type"] == "linear"
+    m = llama.Llama.from_gguf(path, backend="reference")
+    assert m.cfg.rope_freq_factors == (4.0,) * 8
+    want = hf_logits(model, IDS)
+    assert np.abs(want - hf_logits(hf_model("llama_tied"), IDS)).max() > 1e-3   # it matters
+    close(m.forward(IDS), want)
 
 
 def test_llama3_rope_freqs_equal_transformers():

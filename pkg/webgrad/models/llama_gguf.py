@@ -94,22 +94,21 @@ def config(f, *, n_ctx: int | None = None) -> LlamaConfig:
     if len(emb.shape) != 2 or emb.shape[1] != D:
         _fail(f, f"tensor 'token_embd.weight' has shape {list(emb.shape)}; "
               f"[vocab, {D}] expected ('{arch}.embedding_length' is {D})")
-    max_pos = key("context_length")
-    first = tensors.get
+    max_pos, ffn, layers = key("context_length"), key("feed_forward_length"), key("block_count")
+    eps = float(key("attention.layer_norm_rms_epsilon", kind=float))
     theta = float(key("rope.freq_base", 10000.0, float))
+    factors = _freq_factors(f, arch, head_dim)
     try:
         return LlamaConfig(
             model_type=ARCHITECTURES[arch], vocab_size=emb.shape[0], hidden_size=D,
-            intermediate_size=key("feed_forward_length"), num_hidden_layers=key("block_count"),
+            intermediate_size=ffn, num_hidden_layers=layers,
             num_attention_heads=H, num_key_value_heads=kv, head_dim=head_dim,
-            rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", kind=float)),
-            rope_theta=theta, rope_freq_factors=_freq_factors(f, arch, head_dim),
+            rms_norm_eps=eps, rope_theta=theta, rope_freq_factors=factors,
             max_position_embeddings=max_pos, n_ctx=int(n_ctx or min(max_pos, DEFAULT_N_CTX)),
             tie_word_embeddings="output.weight" not in tensors,
-            qkv_bias=first("blk.0.attn_q.bias") is not None,
-            o_bias=first("blk.0.attn_output.bias") is not None,
-            mlp_bias=first("blk.0.ffn_up.bias") is not None,
-            qk_norm=arch == "qwen3" or first("blk.0.attn_q_norm.weight") is not None,
+            qkv_bias="blk.0.attn_q.bias" in tensors, o_bias="blk.0.attn_output.bias" in tensors,
+            mlp_bias="blk.0.ffn_up.bias" in tensors,
+            qk_norm=arch == "qwen3" or "blk.0.attn_q_norm.weight" in tensors,
             bos_token_id=md.get("tokenizer.ggml.bos_token_id"),
             eos_token_id=md.get("tokenizer.ggml.eos_token_id"))
     except ValueError as e:
