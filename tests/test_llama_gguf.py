@@ -299,7 +299,8 @@ def test_q4_k_m_mix(tmp_path, backend):
     types = {n: q.qtype for n, q in m.quant.items()}
     assert types["model.layers.0.mlp.down_proj.weight"] == types["lm_head.weight"] == "Q6_K"
     assert types["model.embed_tokens.weight"] == "Q6_K"
-    assert types["model.layers.1.self_attn.q_proj.weight"] == types["model.layers.1.mlp.up_proj.weight"] == "Q4_K"
+    layer1 = "model.layers.1."
+    assert types[layer1 + "self_attn.q_proj.weight"] == types[layer1 + "mlp.up_proj.weight"] == "Q4_K"
     close(m.forward(IDS), hf_logits(model, IDS, sd))
 
 
