@@ -160,6 +160,8 @@ def llama_cpp_gguf(tmp_path, model, kind, *, qtype=None, mix=None, name="m.gguf"
             else:
                 if qt in KSCALE:     # gguf has no k-quant quantizer: random blocks
                     q = random_blocks(qt, v.size // 256, rng, scale=KSCALE[qt]).reshape(v.shape[0], -1)
+                elif qt == QT.Q3_K:  # a type webgrad does not decode (the errors test)
+                    q = np.zeros((v.shape[0], v.shape[1] // 256 * 110), np.uint8)
                 else:
                     q = gguf.quants.quantize(v, qt)
                 w.add_tensor(gname, q, raw_shape=q.shape, raw_dtype=qt)
@@ -398,6 +400,11 @@ def test_errors(tmp_path):
     with pytest.raises(wgg.GGUFError, match=r"tensor 'token_embd.weight' has shape \[100, 32\]; "
                                             r"\[vocab, 64\] expected"):
         load(rewrite("f.gguf", extra={"token_embd.weight": np.zeros((100, 32), np.float32)}))
+    q3, _ = llama_cpp_gguf(tmp_path, hf_model("llama", WIDE), "llama",
+                           mix={"blk.0.ffn_up.weight": QT.Q3_K}, name="h.gguf")
+    with pytest.raises(wgg.GGUFError, match=r"tensors blk.0.ffn_up.weight \(Q3_K\) are of a type "
+                                            "webgrad cannot decode; supported: F32, F16, BF16"):
+        load(q3)
     with pytest.raises(wgg.GGUFError, match="'llama.rope.scaling.type' is 'yarn'; supported"):
         g = rewrite("g.gguf", extra={})
         f2 = wgg.load(g)

@@ -30,6 +30,7 @@ and qwen3 use the rotate-half form in llama.cpp too, and are stored unpermuted.
 from __future__ import annotations
 
 from ..io.gguf import GGUFError, GGUFTensor
+from ..quants import DEQUANTIZABLE
 from .llama_config import DEFAULT_N_CTX, LlamaConfig
 from .llama_weights import misfit
 
@@ -151,6 +152,11 @@ def tensors(f, cfg: LlamaConfig, shapes: dict) -> dict:
     unexpected = sorted(have - set(want))
     misshaped = [f"{g} is {list(f.tensors[g].shape)}, expected {list(shapes[hf])}"
                  for g, hf in want.items() if g in f.tensors and f.tensors[g].shape != shapes[hf]]
+    untyped = [f"{g} ({f.tensors[g].type_name})" for g in want
+               if g in f.tensors and f.tensors[g].type_name not in DEQUANTIZABLE]
+    if untyped:
+        _fail(f, f"tensors {', '.join(untyped[:8])} are of a type webgrad cannot decode; supported: "
+              f"{', '.join(DEQUANTIZABLE)} (re-quantize the file with llama-quantize, e.g. to Q4_K_M)")
     if missing or unexpected or misshaped:
         _fail(f, f"the tensors do not fit llama.cpp's {arch} layout for {cfg.num_hidden_layers} "
               f"blocks, hidden size {cfg.hidden_size}, {cfg.num_attention_heads} heads "
