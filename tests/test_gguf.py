@@ -1,7 +1,7 @@
 """webgrad.io.gguf against the `gguf` package: files written by its GGUFWriter (metadata of
 every value type, tensors in F32/F16/BF16/Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 from its quantizers, the k-quants
 (Q4_K, Q5_K, Q6_K) from random blocks, as gguf has no k-quant quantizer), dequantization bit-equal to gguf.quants.dequantize on
-both of our paths (numpy and pure Python), GPT-2 in llama.cpp's layout (names from gguf's own
+both of our paths (numpy and pure Python), GPT-2 in llama.cpp's layout (models/gpt2_gguf.py; names from gguf's own
 tensor map) back to transformers' state dict, and malformed files: every truncation of a
 valid file, a table of faults, and a hypothesis fuzzer.
 """
@@ -17,6 +17,7 @@ import gguf
 from gguf import GGMLQuantizationType as QT
 from webgrad import quants
 from webgrad.io import gguf as wgg
+from webgrad.models.gpt2_gguf import state_dict as gpt2_state_dict
 
 RNG = np.random.default_rng(0)
 
@@ -205,7 +206,7 @@ def test_gpt2_state_dict_round_trip(tmp_path, with_output):
     import torch
     cfg, model = hf_gpt2()
     path, _ = gpt2_gguf(tmp_path, model, cfg, with_output=with_output)
-    hp, sd = wgg.gpt2_state_dict(path)
+    hp, sd = gpt2_state_dict(path)
     assert hp == {"n_layer": 2, "n_head": 4, "n_embd": 64, "n_ctx": 16, "vocab_size": 96,
                   "layer_norm_epsilon": pytest.approx(1e-5), "eos_token_id": None}
     want = {k: v for k, v in model.transformer.state_dict().items()
@@ -227,7 +228,7 @@ def test_gpt2_state_dict_round_trip(tmp_path, with_output):
 def test_gpt2_quantized_weights(tmp_path):
     cfg, model = hf_gpt2()
     path, stored = gpt2_gguf(tmp_path, model, cfg, with_output=False, qtype=QT.Q8_0)
-    _, sd = wgg.gpt2_state_dict(path)
+    _, sd = gpt2_state_dict(path)
     w = np.asarray(sd["h.1.mlp.c_fc.weight"].tolist(), np.float32)
     assert np.array_equal(w, stored["blk.1.ffn_up.weight"].T)   # dequantized gguf's way, [in, out]
     assert wgg.load(path).tensors["blk.1.ffn_up.weight"].type_name == "Q8_0"
@@ -256,7 +257,7 @@ def test_gpt2_from_gguf_logits(tmp_path, qtype):
             base, _, suffix = ("transformer." + k).rpartition(".")
             v = stored[f"{name_map.get_name(base)}.{suffix}"]
             sd[k] = v.T if k.endswith((".c_attn.weight", ".c_proj.weight", ".c_fc.weight")) else v
-        host = gpt2.GPT2.from_hf_state_dict(gpt2.GPT2Config(**wgg.gpt2_state_dict(path)[0]), sd,
+        host = gpt2.GPT2.from_hf_state_dict(gpt2.GPT2Config(**gpt2_state_dict(path)[0]), sd,
                                             backend="reference")
         want = np.asarray(host.forward(ids))
         assert not np.allclose(want, model(torch.tensor([ids])).logits[0].detach().numpy(),
@@ -290,11 +291,11 @@ def test_gpt2_errors(tmp_path):
     path = write(tmp_path, lambda w: w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32)),
                  arch="llama")
     with pytest.raises(wgg.GGUFError, match="'general.architecture': expected 'gpt2', got 'llama'"):
-        wgg.gpt2_state_dict(path)
+        gpt2_state_dict(path)
     path = write(tmp_path, lambda w: w.add_tensor("blk.0.attn_q.weight", np.zeros((4, 32), np.float32)),
                  arch="gpt2", name="b.gguf")
     with pytest.raises(wgg.GGUFError, match="metadata 'gpt2.block_count' is missing"):
-        wgg.gpt2_state_dict(path)
+        gpt2_state_dict(path)
 
 
 # ---------------------------------------------------------------------------- malformed files

@@ -53,7 +53,11 @@ def hf_config(kind):
 
 def hf_model(kind, seed=0):
     torch.manual_seed(seed)
-    model = getattr(transformers, KINDS[kind][1])(hf_config(kind)).eval()
+    return perturbed(getattr(transformers, KINDS[kind][1])(hf_config(kind)).eval())
+
+
+def perturbed(model):
+    """model with random weights off their defaults (norm gains off 1, biases off 0)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:

@@ -9,7 +9,8 @@ A GGUF v3 file (v2 has the same layout) is, little-endian:
     padding to `general.alignment` (default 32), then the data section; each tensor's offset
     is relative to it and a multiple of the alignment.
 
-API (consumers: GPT-2 loading, the tests, the browser page):
+API (consumers: the models' GGUF loaders, models/gpt2_gguf.py and models/llama_gguf.py,
+which map llama.cpp's names and metadata to a model; the tests; the browser page):
 
     from webgrad.io import gguf
     f = gguf.load(src)            # path, bytes-like or binary file -> GGUFFile
@@ -20,9 +21,6 @@ API (consumers: GPT-2 loading, the tests, the browser page):
     t.dequantize()                # HostArray f32 with t.shape (any type of
                                   #  gguf.DEQUANTIZABLE: floats, webgrad.quants.FORMATS)
     gguf.dequantize(type_name, raw, n)  # array('f') of n values from raw blocks
-    gguf.gpt2_state_dict(f)       # (hyper-parameters, state dict in transformers' GPT-2
-                                  #  names and layouts) from llama.cpp's gpt2 tensors;
-                                  #  webgrad.models.gpt2.GPT2.from_gguf is built on it
 
 This module only parses: the block types' sizes (GGML_TYPES) and their decoding
 (dequantize) come from webgrad.quants, which defines each quant format once and is bit-equal
@@ -41,7 +39,7 @@ import struct
 from math import prod
 
 from .. import quants
-from ..arrays import HostArray, transpose2d
+from ..arrays import HostArray
 from ..quants import DEQUANTIZABLE, GGML_TYPES, TYPE_IDS  # noqa: F401  (this module's API too)
 from .safetensors import read_source as _source  # the same path / bytes / file reading
 
@@ -254,114 +252,3 @@ def dequantize(type_name: str, raw, n: int, *, what: str = "tensor",
         return quants.dequantize(type_name, raw, n, what=what, use_numpy=use_numpy)
     except ValueError as e:
         raise GGUFError(str(e)) from None
-
-
-# ----------------------------------------------------------------------------- GPT-2
-
-# llama.cpp's gpt2 names -> transformers' GPT2LMHeadModel names (without "transformer.");
-# the four Conv1D weights are stored [out, in] in GGUF (numpy order), [in, out] in transformers
-_GPT2_GLOBAL = {"token_embd.weight": "wte.weight", "position_embd.weight": "wpe.weight",
-                "output_norm.weight": "ln_f.weight", "output_norm.bias": "ln_f.bias",
-                "output.weight": "lm_head.weight"}
-_GPT2_BLOCK = {"attn_norm": "ln_1", "attn_qkv": "attn.c_attn", "attn_output": "attn.c_proj",
-               "ffn_norm": "ln_2", "ffn_up": "mlp.c_fc", "ffn_down": "mlp.c_proj"}
-_GPT2_CONV1D = {"attn_qkv", "attn_output", "ffn_up", "ffn_down"}
-
-
-def gpt2_tensors(f: GGUFFile) -> dict[str, tuple[GGUFTensor, bool]]:
-    """transformers name -> (GGUF tensor, whether it is stored transposed), validated: every
-    name in llama.cpp's gpt2 layout, token and position tables present."""
-    out = {}
-    for name, t in f.tensors.items():
-        parts = name.split(".")
-        if name in _GPT2_GLOBAL:
-            out[_GPT2_GLOBAL[name]] = (t, False)
-        elif (len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit()
-              and parts[2] in _GPT2_BLOCK and parts[3] in ("weight", "bias")):
-            out[f"h.{int(parts[1])}.{_GPT2_BLOCK[parts[2]]}.{parts[3]}"] = (
-                t, parts[2] in _GPT2_CONV1D and parts[3] == "weight")
-        else:
-            raise GGUFError(f"GGUF file {f.name}: tensor {name!r} is not part of llama.cpp's gpt2 "
-                            "layout")
-    for need in ("wte.weight", "wpe.weight"):
-        if need not in out:
-            raise GGUFError(f"GGUF file {f.name}: tensor "
-                            f"{[k for k, v in _GPT2_GLOBAL.items() if v == need][0]!r} is missing")
-    wte = out["wte.weight"][0]
-    if len(wte.shape) != 2:
-        raise GGUFError(f"GGUF file {f.name}: tensor 'token_embd.weight' has shape "
-                        f"{list(wte.shape)}; it should be [vocab, n_embd]")
-    head = out.get("lm_head.weight")
-    if head is not None and head[0].shape != wte.shape:
-        raise GGUFError(f"GGUF file {f.name}: tensor 'output.weight' has shape "
-                        f"{list(head[0].shape)}, token_embd.weight {list(wte.shape)}")
-    return out
-
-
-def gpt2_config(f: GGUFFile) -> dict:
-    """GPT2Config's fields from the gpt2.* metadata (vocab_size from the token table)."""
-    md = f.metadata
-    arch = md.get("general.architecture")
-    if arch != "gpt2":
-        raise GGUFError(f"GGUF file {f.name}: metadata 'general.architecture': expected 'gpt2', "
-                        f"got {arch!r}")
-
-    def key(k):
-        if f"gpt2.{k}" not in md:
-            raise GGUFError(f"GGUF file {f.name}: metadata 'gpt2.{k}' is missing")
-        return md[f"gpt2.{k}"]
-
-    cfg = {"n_layer": int(key("block_count")), "n_head": int(key("attention.head_count")),
-           "n_embd": int(key("embedding_length")), "n_ctx": int(key("context_length"))}
-    vocab, n_embd = gpt2_tensors(f)["wte.weight"][0].shape
-    if cfg["n_embd"] != n_embd:
-        raise GGUFError(f"GGUF file {f.name}: metadata 'gpt2.embedding_length' is "
-                        f"{cfg['n_embd']} but token_embd.weight has {n_embd} columns")
-    cfg.update(vocab_size=vocab,
-               layer_norm_epsilon=float(md.get("gpt2.attention.layer_norm_epsilon", 1e-5)),
-               eos_token_id=md.get("tokenizer.ggml.eos_token_id"))
-    return cfg
-
-
-def gpt2_state_dict(f: GGUFFile | object) -> tuple[dict, dict[str, HostArray]]:
-    """(hyper-parameters, state dict) of a llama.cpp gpt2 GGUF, in transformers' GPT-2 names
-    and layouts, dequantized to f32 on the host. Hyper-parameters: GPT2Config's fields
-    (gpt2_config). A missing output.weight means the head is tied to token_embd.weight
-    (GPT-2's own tying); a present one comes back as "lm_head.weight", as in transformers'
-    state dict (llama.cpp's converter writes the tied table twice, and llama-quantize may then
-    give the two copies different types)."""
-    if not isinstance(f, GGUFFile):
-        f = load(f)
-    cfg = gpt2_config(f)
-    sd = {}
-    for hf, (t, transposed) in gpt2_tensors(f).items():
-        h = t.dequantize()
-        sd[hf] = transpose2d(h) if transposed else h
-    return cfg, sd
-
-
-async def gpt2_write_async(model, f: GGUFFile, *, progress=None) -> None:
-    """Write a gpt2 GGUF's weights into a webgrad.models.gpt2.GPT2 built from gpt2_config(f):
-    weights the model holds quantized (GPT2.quant_full) get their blocks (write_blocks);
-    others on WebGPU are uploaded as they are and dequantized by a kernel
-    (io/gpu_dequant.py); a token table the device splits into chunks, and other backends,
-    take the host path. The tied head (output.weight) is not a GPT2 parameter.
-    progress(done, total), if given, hears the tensor bytes written so far."""
-    from . import gpu_dequant
-    tensors = gpt2_tensors(f)
-    missing = sorted(set(model.shapes) - set(tensors) - {n for n in model.shapes if n.startswith("wte.")})
-    if missing:
-        raise GGUFError(f"GGUF file {f.name}: missing {', '.join(missing[:5])} for {model.cfg}")
-    done, total = 0, sum(t.data.nbytes for hf, (t, _) in tensors.items() if hf != "lm_head.weight")
-    for hf, (t, transposed) in tensors.items():
-        if hf == "lm_head.weight":
-            continue
-        if hf in getattr(model, "quant_full", {}):   # kept quantized: the blocks themselves
-            model.write_blocks(hf, t.data)
-        elif hf == "wte.weight" and "wte.weight" not in model.shapes:     # split table
-            model._write({hf: t.dequantize()})
-        else:
-            await gpu_dequant.write_async(model.backend, hf, t, transpose=transposed)
-        done += t.data.nbytes
-        if progress is not None:
-            progress(done, total)

@@ -168,6 +168,68 @@ def next_token_loss(blocks, targets):
     return -ops.mean_all(ops.take_along_last(logp, ops.unsqueeze(targets, -1)))
 
 
+# ---------------------------------------------------------------- weights held quantized
+# A model built from a GGUF file may hold matrices as their quant blocks (quants.QuantSpec on
+# the parameter; module.py reads them through ops.dequantize). Loaders name them by the whole
+# tensor ({full name: QuantSpec}); a table in row blocks holds one spec per block.
+
+def block_names(name: str, chunks: int) -> list[str]:
+    """Parameter names of a table's row blocks: "x.weight" -> ["x.0.weight", ...]."""
+    return [f"{name.removesuffix('.weight')}.{k}.weight" for k in range(chunks)]
+
+
+def quant_params(full: dict, tables, rows: int, chunks: int) -> dict:
+    """{parameter name: QuantSpec} of {full tensor name: QuantSpec}: the tables (names in
+    `tables`, `rows` rows each) split into `chunks` row blocks of whole block rows."""
+    from ..quants import QuantSpec
+    out = {}
+    for n, q in full.items():
+        if n in tables and chunks > 1:
+            for pn, (a, b) in zip(block_names(n, chunks), row_split(rows, chunks)):
+                out[pn] = QuantSpec(q.qtype, (b - a, q.shape[-1]))
+        else:
+            out[n] = q
+    return out
+
+
+def write_quant_blocks(model, name: str, raw, split) -> None:
+    """Write GGUF blocks (bytes) of the whole tensor `name` (in model.quant_full), transcoded
+    to the GPU's word layout (model.quant: the parameters' specs); a table held in row blocks
+    block by block, split: their row ranges (row_split)."""
+    from ..quants import FORMATS, transcode
+    q = model.quant_full.get(name)
+    what = f"{type(model).__name__}.write_blocks"
+    if q is None:
+        raise ValueError(f"{what}: {name!r} is not held quantized")
+    raw = memoryview(raw).cast("B")
+    fmt = FORMATS[q.qtype]
+    row = q.shape[-1] // fmt.block * fmt.nbytes
+    if raw.nbytes != row * prod(q.shape[:-1]):
+        raise ValueError(f"{what}: {raw.nbytes} bytes are not {q.qtype}{list(q.shape)} "
+                         f"({row * prod(q.shape[:-1])} bytes)")
+    if name in model.quant:
+        parts = [(name, raw)]
+    else:
+        parts = [(pn, raw[a * row:b * row]) for pn, (a, b) in
+                 zip(block_names(name, len(split)), split)]
+    for n, r in parts:
+        words = HostArray("i32", shape=(model.quant[n].words,))
+        words.frombytes(transcode(q.qtype, r))   # little-endian words, as the GPU reads
+        model.backend.write(n, words)
+
+
+async def read_f32(backend, name: str, q=None) -> HostArray:
+    """Parameter `name`'s values as f32 in its declared layout; q: its QuantSpec when held
+    quantized (decoded on the host)."""
+    h = await backend.read(name)
+    if q is None:
+        return h
+    from ..arrays import transpose2d
+    from ..quants import dequantize_words
+    x = HostArray("f32", dequantize_words(q.qtype, h.tobytes(), q.shape), shape=q.shape)
+    return transpose2d(x) if q.transposed else x
+
+
 def as_f32_array(v):
     """A weight as the loaders take it: torch tensors -> numpy f32 (any dtype/device); a
     safetensors StoredTensor -> its f32 HostArray; anything else as to_host takes it."""
@@ -437,4 +499,5 @@ def _build_program(model: CausalLM, kind: str, T: int):
 
 
 __all__ = ["CausalLM", "Network", "Cache", "Surprisal", "SurprisalTracker", "head_stats", "cat_rows",
-           "as_f32_array", "row_split", "chunks_for", "table_parts", "embed_rows", "head_blocks"]
+           "as_f32_array", "row_split", "chunks_for", "table_parts", "embed_rows", "head_blocks",
+           "block_names", "quant_params", "write_quant_blocks", "read_f32"]

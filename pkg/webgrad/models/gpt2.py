@@ -35,13 +35,14 @@ from dataclasses import asdict, dataclass
 from math import prod
 
 from .. import init, lora, ops
-from ..arrays import HostArray, to_host, transpose2d
+from ..arrays import HostArray, to_host
 from ..blocking import run_blocking
 from ..module import Module
 from ..stateful import assign, state
 from .decoding import (Cache, CausalLM, Network, Surprisal, SurprisalTracker, as_f32_array,  # noqa: F401
                        cat_rows as _cat_rows, chunks_for, embed_rows, head_blocks, head_stats,
-                       next_token_loss, row_split, table_parts)
+                       next_token_loss, quant_params, read_f32, row_split, table_parts,
+                       write_quant_blocks)
 
 try:  # the byte-level BPE tokenizer (bpe.py) may land after this module
     from .bpe import Tokenizer
@@ -280,7 +281,6 @@ class GPT2(CausalLM):
         quants.QuantSpec} of weights held as quantized blocks (from_gguf fills it; write them
         with write_blocks)."""
         from ..backends import get_backend
-        from ..quants import QuantSpec
         self.cfg = cfg
         self.backend = get_backend(backend)
         full = dict(quant or {})
@@ -291,10 +291,7 @@ class GPT2(CausalLM):
         self.wte_chunks = wte_chunks or wte_chunks_for(cfg, self.backend, table and table.qtype)
         self.shapes = param_shapes(cfg, self.wte_chunks)
         self.quant_full = full              # transformers names, whole tensors
-        self.quant = {n: q for n, q in full.items() if n in self.shapes}   # parameter names
-        if table is not None and self.wte_chunks > 1:
-            for k, (a, b) in enumerate(wte_split(cfg, self.wte_chunks)):
-                self.quant[f"wte.{k}.weight"] = QuantSpec(table.qtype, (b - a, cfg.n_embd))
+        self.quant = quant_params(full, ("wte.weight",), cfg.vocab_size, self.wte_chunks)
         for n, s in self.shapes.items():
             q = self.quant.get(n)
             if q is not None and q.declared_shape != s:
@@ -352,7 +349,7 @@ class GPT2(CausalLM):
     @classmethod
     def from_gguf(cls, path_or_bytes, backend="auto", *, keep_quantized: bool = True,
                   progress=None) -> "GPT2":
-        """A llama.cpp gpt2 GGUF (io/gguf.py maps its names and metadata; F32/F16/BF16
+        """A llama.cpp gpt2 GGUF (gpt2_gguf.py maps its names and metadata; F32/F16/BF16
         weights and those of webgrad.quants.FORMATS, Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K, so
         Q4_K_M and Q5_K_M files too; no output.weight = tied to the token table).
 
@@ -374,14 +371,15 @@ class GPT2(CausalLM):
                               progress=None) -> "GPT2":
         from ..io import gguf
         from ..quants import FORMATS, QuantSpec
+        from . import gpt2_gguf
         f = gguf.load(path_or_bytes)
         quant = {}
         if keep_quantized:
-            for hf, (t, transposed) in gguf.gpt2_tensors(f).items():
+            for hf, (t, transposed) in gpt2_gguf.tensors(f).items():
                 if hf != "lm_head.weight" and t.type_name in FORMATS and len(t.shape) == 2:
                     quant[hf] = QuantSpec(t.type_name, t.shape, transposed)
-        m = cls(GPT2Config(**gguf.gpt2_config(f)), backend, quant=quant)
-        await gguf.gpt2_write_async(m, f, progress=progress)   # on WebGPU: dequantized there
+        m = cls(GPT2Config(**gpt2_gguf.config(f)), backend, quant=quant)
+        await gpt2_gguf.write_async(m, f, progress=progress)   # on WebGPU: dequantized there
         return m
 
     @property
@@ -393,23 +391,7 @@ class GPT2(CausalLM):
         """Write GGUF blocks (bytes) of the whole tensor `name` (a transformers name in
         self.quant_full), transcoded to the GPU layout; a split token table row block by
         row block."""
-        from ..quants import FORMATS, transcode
-        q = self.quant_full.get(name)
-        if q is None:
-            raise ValueError(f"GPT2.write_blocks: {name!r} is not held quantized")
-        raw = memoryview(raw).cast("B")
-        block, size = FORMATS[q.qtype].block, FORMATS[q.qtype].nbytes
-        row = q.shape[-1] // block * size
-        if raw.nbytes != row * prod(q.shape[:-1]):
-            raise ValueError(f"GPT2.write_blocks: {raw.nbytes} bytes are not {q.qtype}"
-                             f"{list(q.shape)} ({row * prod(q.shape[:-1])} bytes)")
-        parts = ([(name, raw)] if name in self.quant else
-                 [(f"wte.{k}.weight", raw[a * row:b * row])
-                  for k, (a, b) in enumerate(wte_split(self.cfg, self.wte_chunks))])
-        for n, r in parts:
-            words = HostArray("i32", shape=(self.quant[n].words,))
-            words.frombytes(transcode(q.qtype, r))   # little-endian words, as the GPU reads
-            self.backend.write(n, words)
+        write_quant_blocks(self, name, raw, wte_split(self.cfg, self.wte_chunks))
 
     @classmethod
     def from_compiled(cls, compiled, cfg: GPT2Config) -> "GPT2":
@@ -460,8 +442,6 @@ class GPT2(CausalLM):
             else:
                 self.backend.write(n, h)
 
-    _write = write_weights   # io/gguf.py's gpt2_write_async still calls it (docs/architecture.md)
-
     async def save_safetensors_async(self, dst=None, metadata: dict | None = None):
         """Write the weights as a GPT-2 model.safetensors (transformers' names, lm_head tied so
         not stored) to `dst` (a path or binary file), or return the file's bytes."""
@@ -491,13 +471,7 @@ class GPT2(CausalLM):
 
     async def _read_f32(self, n: str) -> HostArray:
         """Parameter n's values, f32 in its declared layout (quantized ones decoded on the host)."""
-        h = await self.backend.read(n)
-        q = self.quant.get(n)
-        if q is None:
-            return h
-        from ..quants import dequantize_words
-        x = HostArray("f32", dequantize_words(q.qtype, h.tobytes(), q.shape), shape=q.shape)
-        return transpose2d(x) if q.transposed else x
+        return await read_f32(self.backend, n, self.quant.get(n))
 
     def state_dict(self) -> dict:
         return run_blocking(self.state_dict_async())

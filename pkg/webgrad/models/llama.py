@@ -6,13 +6,16 @@ with a KV cache on the device, through the same programs and decode loop as GPT-
     from webgrad.models import llama
     cfg = llama.LlamaConfig.from_hf(json.load(open("config.json")))
     m = llama.Llama.from_hf_state_dict(cfg, state_dict)    # or Llama.from_pretrained(folder)
+    m = llama.Llama.from_gguf("model-Q4_K_M.gguf")        # llama.cpp's llama/qwen2/qwen3 files
     m.forward(ids); m.generate(ids, max_new_tokens=20, temperature=0)
     c = wg.compile_module(lambda: llama.LlamaModule(cfg), llama.lm_loss,
                           inputs={"tokens": ([B, T], "i32"), "targets": ([B, T], "i32")})
 
 Parameters carry transformers' names and layouts ("model.layers.0.self_attn.q_proj.weight",
 linear weights [out, in], y = x @ W^T + b; "lm_head.weight" unless tie_word_embeddings),
-so a state dict moves in and out unchanged (llama_weights.py loads and saves them). Where
+so a state dict moves in and out unchanged (llama_weights.py loads and saves them;
+llama_gguf.py maps llama.cpp's names, and a GGUF file's quantized matrices stay quantized:
+quants.QuantSpec on the parameter, read through ops.dequantize, module.py). Where
 WebGPU's binding limit needs it, the token table and the head are held in row blocks
 (table_chunks; decoding.py), joined again in state_dict().
 
@@ -43,8 +46,8 @@ from ..blocking import run_blocking
 from ..module import Module
 from ..stateful import assign, state
 from .decoding import (Cache, CausalLM, Network, Surprisal, SurprisalTracker,  # noqa: F401
-                       chunks_for, embed_rows, head_blocks, next_token_loss, row_split,
-                       table_parts)
+                       block_names, chunks_for, embed_rows, head_blocks, next_token_loss,
+                       quant_params, read_f32, row_split, table_parts, write_quant_blocks)
 from .llama_config import LlamaConfig
 from . import llama_weights as _weights
 
@@ -123,12 +126,17 @@ class LlamaModule(Module):
     table_chunks > 1 holds the token table and the LM head as row blocks
     ("model.embed_tokens.{k}.weight", "lm_head.{k}.weight"; decoding.py says why)."""
 
-    def __init__(self, cfg: LlamaConfig, table_chunks: int = 1):
+    def __init__(self, cfg: LlamaConfig, table_chunks: int = 1, quant: dict | None = None):
         super().__init__()
         self.cfg = cfg
         self.model = _Body(cfg, table_chunks)
         if not cfg.tie_word_embeddings:
             self.lm_head = _table(cfg, table_chunks)
+        # quant: parameter name -> quants.QuantSpec: those weights are held as blocks and read
+        # through ops.dequantize (module.py); the forward code is the same
+        for name, spec in self.named_specs():
+            if quant and name in quant:
+                spec.quant = quant[name]
 
 
 def param_shapes(cfg: LlamaConfig, table_chunks: int = 1) -> dict[str, tuple[int, ...]]:
@@ -276,21 +284,36 @@ class Llama(CausalLM):
     _text_hint = ("encode it with the model's tokenizer first, e.g. tokenizers.Tokenizer."
                   "from_file('tokenizer.json').encode(text).ids")
 
-    def __init__(self, cfg: LlamaConfig, backend="auto", *, table_chunks: int | None = None):
+    def __init__(self, cfg: LlamaConfig, backend="auto", *, table_chunks: int | None = None,
+                 quant: dict | None = None):
         """Zero weights on `backend` (write them with load_state_dict); table_chunks
         (default: what the device's binding limit needs) splits the token table and the LM
-        head into row blocks."""
+        head into row blocks. quant: {transformers name: quants.QuantSpec} of weights held
+        as quantized blocks (from_gguf fills it; write them with write_blocks)."""
         from ..backends import get_backend
         if not isinstance(cfg, LlamaConfig):
             raise TypeError(f"Llama: cfg must be a LlamaConfig (LlamaConfig.from_hf(config_dict)), "
                             f"got {type(cfg).__name__}")
         self.cfg = cfg
         self.backend = get_backend(backend)
-        self.table_chunks = table_chunks or chunks_for(cfg.vocab_size, cfg.hidden_size, self.backend)
         self.hf_shapes = param_shapes(cfg)                    # transformers' names
+        full = dict(quant or {})
+        unknown = sorted(set(full) - set(self.hf_shapes))
+        if unknown:
+            raise ValueError(f"Llama: quant names {unknown[:5]} are not parameters of this "
+                             f"{cfg.model_type} config")
+        qtypes = [full[n].qtype if n in full else None for n in _TABLES if n in self.hf_shapes]
+        self.table_chunks = table_chunks or max(
+            chunks_for(cfg.vocab_size, cfg.hidden_size, self.backend, q) for q in qtypes)
         self.shapes = param_shapes(cfg, self.table_chunks)    # the backend's
+        self.quant_full = full                                # transformers names, whole tensors
+        self.quant = quant_params(full, _TABLES, cfg.vocab_size, self.table_chunks)
         for n, s in self.shapes.items():
-            self.backend.ensure(n, s, "f32")
+            q = self.quant.get(n)
+            if q is not None and q.declared_shape != s:
+                raise ValueError(f"Llama: {n!r} is {list(s)}; {q.qtype} blocks of shape "
+                                 f"{list(q.shape)} do not fit")
+            self.backend.ensure(n, (q.words,) if q else s, "i32" if q else "f32")
         self._init_decoding()
 
     # -- construction and weights
@@ -324,10 +347,43 @@ class Llama(CausalLM):
         values = _weights.check_state_dict(cfg, m.hf_shapes, tensors)
         done, total = 0, sum(v.nbytes for v in values.values())
         for n, v in values.items():
-            m._write(n, _weights.to_f32(n, v, m.hf_shapes[n]))
+            m.write_weight(n, _weights.to_f32(n, v, m.hf_shapes[n]))
             done += v.nbytes
             if progress is not None:
                 progress(done, total)
+        return m
+
+    @classmethod
+    def from_gguf(cls, path_or_bytes, backend="auto", *, keep_quantized: bool = True,
+                  n_ctx: int | None = None, progress=None) -> "Llama":
+        """A GGUF file as llama.cpp writes it, of architecture llama, qwen2 or qwen3
+        (llama_gguf.py reads the config from its metadata, maps llama.cpp's tensor names and
+        undoes the llama architecture's q/k row permutation). Weights F32/F16/BF16 or of
+        webgrad.quants.FORMATS (Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K), so Q4_K_M and Q5_K_M
+        files too; no output.weight = the head tied to token_embd.weight.
+
+        keep_quantized (the default): matrices of those quant formats stay quantized on every
+        backend (the file's bytes in webgrad.quants' word layout): on WebGPU the matmuls and
+        the embedding decode the blocks in registers; the CPU executors dequantize per run.
+        The logits equal those of the same weights dequantized to f32. keep_quantized=False
+        dequantizes at load into f32 parameters. n_ctx: the cache length (default
+        min(context_length, 2048)); progress(done, total): tensor bytes written so far."""
+        return run_blocking(cls.from_gguf_async(path_or_bytes, backend, keep_quantized=keep_quantized,
+                                                n_ctx=n_ctx, progress=progress))
+
+    @classmethod
+    async def from_gguf_async(cls, path_or_bytes, backend="auto", *, keep_quantized: bool = True,
+                              n_ctx: int | None = None, progress=None) -> "Llama":
+        from ..io import gguf
+        from ..quants import FORMATS, QuantSpec
+        from . import llama_gguf
+        f = gguf.load(path_or_bytes)
+        cfg = llama_gguf.config(f, n_ctx=n_ctx)
+        tensors = llama_gguf.tensors(f, cfg, param_shapes(cfg))
+        quant = {hf: QuantSpec(t.type_name, t.shape) for hf, t in tensors.items()
+                 if keep_quantized and t.type_name in FORMATS and len(t.shape) == 2}
+        m = cls(cfg, backend, quant=quant)
+        await llama_gguf.write_async(m, tensors, progress=progress)
         return m
 
     @classmethod
@@ -339,20 +395,33 @@ class Llama(CausalLM):
     def load_state_dict(self, state_dict) -> None:
         """Checks and converts every tensor before writing any (a refused call changes
         nothing)."""
+        if self.quant_full:
+            raise ValueError(f"Llama.load_state_dict: this model holds {sorted(self.quant_full)[:3]} "
+                             "quantized; f32 weights go into a model built without quant "
+                             "(Llama.from_hf_state_dict, or from_gguf(..., keep_quantized=False))")
         values = _weights.check_state_dict(self.cfg, self.hf_shapes, state_dict)
         hosts = {n: _weights.to_f32(n, v, self.hf_shapes[n]) for n, v in values.items()}
         for n, h in hosts.items():
-            self._write(n, h)
+            self.write_weight(n, h)
 
-    def _write(self, n: str, h: HostArray) -> None:
-        """Write one weight in transformers' layout, a table into its row blocks."""
+    def write_weight(self, n: str, h: HostArray) -> None:
+        """Write one f32 weight in transformers' name and layout, a table into its row
+        blocks (loaders write through it; weights held quantized take write_blocks)."""
+        if n in self.quant_full:
+            raise ValueError(f"Llama: {n!r} is held quantized; write its blocks (write_blocks)")
         if n in _TABLES and self.table_chunks > 1:
             D = self.cfg.hidden_size
-            for k, (a, b) in enumerate(row_split(self.cfg.vocab_size, self.table_chunks)):
-                block = HostArray("f32", h[a * D:b * D], shape=(b - a, D))
-                self.backend.write(f"{n.removesuffix('.weight')}.{k}.weight", block)
+            for pn, (a, b) in zip(block_names(n, self.table_chunks),
+                                  row_split(self.cfg.vocab_size, self.table_chunks)):
+                self.backend.write(pn, HostArray("f32", h[a * D:b * D], shape=(b - a, D)))
         else:
             self.backend.write(n, h)
+
+    def write_blocks(self, name: str, raw) -> None:
+        """Write GGUF blocks (bytes) of the whole tensor `name` (a transformers name in
+        self.quant_full), transcoded to the GPU layout; a split table row block by row
+        block."""
+        write_quant_blocks(self, name, raw, row_split(self.cfg.vocab_size, self.table_chunks))
 
     async def state_dict_async(self) -> dict:
         """The weights in transformers' names (tables whole), as the user's array type."""
@@ -361,11 +430,11 @@ class Llama(CausalLM):
         for n, s in self.hf_shapes.items():
             if n in _TABLES and self.table_chunks > 1:
                 h = HostArray("f32", shape=s)
-                for k in range(self.table_chunks):   # blocks of rows: one after the other
-                    h.extend(await self.backend.read(f"{n.removesuffix('.weight')}.{k}.weight"))
+                for pn in block_names(n, self.table_chunks):   # blocks of rows, in order
+                    h.extend(await read_f32(self.backend, pn, self.quant.get(pn)))
                 out[n] = to_user(h)
             else:
-                out[n] = to_user(await self.backend.read(n))
+                out[n] = to_user(await read_f32(self.backend, n, self.quant.get(n)))
         return out
 
     def state_dict(self) -> dict:
@@ -387,7 +456,8 @@ class Llama(CausalLM):
 
     @property
     def weight_bytes(self) -> int:
-        return sum(4 * prod(s) for s in self.shapes.values())
+        """Bytes of the weights as held by the backend (quantized ones as their blocks)."""
+        return sum(4 * prod(self.backend.store[n].shape) for n in self.shapes)
 
     # -- the network, for decoding.CausalLM's programs
     _network = Network(hidden, cached_hidden, head)
@@ -397,7 +467,7 @@ class Llama(CausalLM):
         return self.table_chunks
 
     def _module(self) -> LlamaModule:
-        return LlamaModule(self.cfg, self.table_chunks)
+        return LlamaModule(self.cfg, self.table_chunks, self.quant)
 
 
 __all__ = ["LlamaConfig", "LlamaModule", "Llama", "Cache", "Surprisal", "SurprisalTracker",

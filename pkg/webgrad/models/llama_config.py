@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 ROPE_TYPES = ("default", "llama3")
 DEFAULT_N_CTX = 2048
+FREQ_FACTORS_KEY = "webgrad_rope_freq_factors"   # config.json: rope_freq_factors (from GGUF)
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class LlamaConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     rope_scaling: dict | None = None   # {"rope_type": "llama3", "factor", ...} or None
+    rope_freq_factors: tuple | None = None   # llama.cpp's rope_freqs: inv_freq[k] / factors[k]
     max_position_embeddings: int = 2048
     n_ctx: int = DEFAULT_N_CTX
     tie_word_embeddings: bool = False
@@ -69,6 +71,11 @@ class LlamaConfig:
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
         if self.rope_scaling is not None:
             _check_llama3(self.rope_scaling)
+        if self.rope_freq_factors is not None:
+            object.__setattr__(self, "rope_freq_factors", tuple(float(f) for f in self.rope_freq_factors))
+            if len(self.rope_freq_factors) != self.head_dim // 2:
+                raise ValueError(f"LlamaConfig: rope_freq_factors has {len(self.rope_freq_factors)} "
+                                 f"entries; head_dim {self.head_dim} needs {self.head_dim // 2}")
 
     @property
     def eos_ids(self) -> frozenset:
@@ -77,9 +84,13 @@ class LlamaConfig:
 
     def inv_freq(self) -> list[float]:
         """The rotary inverse frequencies [head_dim / 2], with llama3 scaling applied
-        (transformers' _compute_llama3_parameters; computed in double, used in f32)."""
+        (transformers' _compute_llama3_parameters; computed in double, used in f32), or
+        divided by rope_freq_factors (what a GGUF file's rope_freqs tensor gives: llama.cpp's
+        converter writes llama3 scaling that way, and linear scaling is one factor for all)."""
         d = self.head_dim
         inv = [1.0 / self.rope_theta ** (2 * k / d) for k in range(d // 2)]
+        if self.rope_freq_factors is not None:
+            inv = [f / s for f, s in zip(inv, self.rope_freq_factors)]
         r = self.rope_scaling
         if r is None:
             return inv
@@ -129,12 +140,14 @@ class LlamaConfig:
         window = c.get("sliding_window") if mt == "mistral" else None
         bias = bool(c.get("attention_bias", False))
         known = set(cls.__dataclass_fields__) | {"rope_parameters", "hidden_act", "layer_types",
-                                                 "use_sliding_window", "attention_bias"}
+                                                 "use_sliding_window", "attention_bias",
+                                                 FREQ_FACTORS_KEY}
         return cls(model_type=mt, vocab_size=c["vocab_size"], hidden_size=c["hidden_size"],
                    intermediate_size=c["intermediate_size"], num_hidden_layers=c["num_hidden_layers"],
                    num_attention_heads=H, num_key_value_heads=kv, head_dim=head_dim,
                    rms_norm_eps=float(c.get("rms_norm_eps", 1e-6)), rope_theta=theta,
-                   rope_scaling=scaling, max_position_embeddings=max_pos,
+                   rope_scaling=scaling, rope_freq_factors=c.get(FREQ_FACTORS_KEY),
+                   max_position_embeddings=max_pos,
                    n_ctx=int(n_ctx or min(max_pos, DEFAULT_N_CTX)),
                    tie_word_embeddings=bool(c.get("tie_word_embeddings", False)),
                    qkv_bias=True if mt == "qwen2" else bias and mt != "mistral",
@@ -162,6 +175,8 @@ class LlamaConfig:
              "bos_token_id": self.bos_token_id,
              "eos_token_id": list(self.eos_token_id) if isinstance(self.eos_token_id, tuple)
              else self.eos_token_id}
+        if self.rope_freq_factors is not None:   # read back by from_hf (not by transformers)
+            d[FREQ_FACTORS_KEY] = list(self.rope_freq_factors)
         if self.model_type in ("llama", "qwen3"):
             d["attention_bias"] = self.o_bias
         if self.model_type == "llama":

@@ -55,19 +55,25 @@ def check_state_dict(cfg: LlamaConfig, shapes: dict, state_dict) -> dict:
             if got != s and not (len(got) <= 1 and prod(got) == prod(s)):
                 misshaped.append(f"{n} is {list(got)}, expected {list(s)}")
     if missing or unexpected or misshaped:
-        def few(xs):
-            return ", ".join(xs[:8]) + (f" and {len(xs) - 8} more" if len(xs) > 8 else "")
-        parts = [f"missing: {few(missing)}" if missing else "",
-                 f"unexpected: {few(unexpected)}" if unexpected else "",
-                 f"mis-shaped: {few(misshaped)}" if misshaped else ""]
         hint = ""
         if "lm_head.weight" in missing:
             hint = " (no lm_head.weight: is tie_word_embeddings true in config.json?)"
         elif "lm_head.weight" in unexpected:
             hint = " (lm_head.weight given but the config ties it to model.embed_tokens.weight)"
         raise ValueError(f"Llama.from_hf_state_dict: the state dict does not fit the "
-                         f"{cfg.model_type} config{hint}; " + "; ".join(p for p in parts if p))
+                         f"{cfg.model_type} config{hint}; " + misfit(missing, unexpected, misshaped))
     return {n: sd[n] for n in shapes}
+
+
+def misfit(missing: list, unexpected: list, misshaped: list) -> str:
+    """"missing: a, b; unexpected: c; mis-shaped: d is [..], expected [..]" (the first 8 of
+    each), for the loaders' errors."""
+    def few(xs):
+        return ", ".join(xs[:8]) + (f" and {len(xs) - 8} more" if len(xs) > 8 else "")
+    parts = [f"missing: {few(missing)}" if missing else "",
+             f"unexpected: {few(unexpected)}" if unexpected else "",
+             f"mis-shaped: {few(misshaped)}" if misshaped else ""]
+    return "; ".join(p for p in parts if p)
 
 
 def to_f32(name: str, value, shape):
