@@ -11,8 +11,13 @@ export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
 # documented there, fails the run; -rs prints every skip's reason; a test that hangs is
 # stopped after 300 s with every thread's stack (pytest-timeout)
 export WEBGRAD_STRICT=1
+# a worker per core (pytest-xdist; WEBGRAD_TEST_WORKERS=1: none): lavapipe compiles a kernel
+# on one thread, so two workers keep two cores busy; the browser tests stay on one worker
+workers="${WEBGRAD_TEST_WORKERS:-$(nproc)}"
+par=()
+[ "$workers" -gt 1 ] && par=(-n "$workers" --dist loadgroup)
 set +e
-"$PY" -m pytest -q -rs --timeout=300 --timeout-method=thread "$@"
+"$PY" -m pytest -q -rs --timeout=300 --timeout-method=thread "${par[@]}" "$@"
 rc=$?
 set -e
 # pytest exits 5 when it collected nothing (a filter that matched no test, a broken

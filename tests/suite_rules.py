@@ -13,6 +13,10 @@ scripts/test.sh, and so CI, turns them on with WEBGRAD_STRICT=1:
 
 Cases marked `slow` are left out unless `--run-slow` is given; `--slow-shard K/N` runs the
 K-th of N slices of them (CI runs one slice per landing, .ci/run).
+
+With pytest-xdist (scripts/test.sh runs a worker per core), the browser tests stay together
+on one worker, in file order: they share one Chromium and one Pyodide boot, and some build on
+the test before them (the playground's trained model).
 """
 from __future__ import annotations
 
@@ -46,7 +50,11 @@ def pytest_addoption(parser):
                     help="run only the K-th (0-based) of N slices of the slow cases")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the groups
 def pytest_collection_modifyitems(config, items):
+    for it in items:
+        if it.get_closest_marker("browser") or "/browser/" in it.nodeid:
+            it.add_marker(pytest.mark.xdist_group("browser"))
     shard = config.getoption("--slow-shard")
     if shard:
         try:
@@ -90,12 +98,15 @@ def _kernel_sizes(request):
     if log and new:
         with open(log, "a") as f:
             f.write(f"{request.node.nodeid}\t{len(new)}\t{sum(new)}\t{longest}\n")
-    if longest > KERNEL_CAP:
-        _big_kernels[request.node.nodeid] = longest
+    if longest > KERNEL_CAP:  # read back by pytest_runtest_logreport (with xdist, on the controller)
+        request.node.user_properties.append(("longest_cpu_kernel", longest))
 
 
 def pytest_runtest_logreport(report):
     _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+    for key, value in report.user_properties:  # set on the worker that ran the test
+        if key == "longest_cpu_kernel":
+            _big_kernels[report.nodeid] = value
     if report.skipped:
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         _skips[report.nodeid] = reason.removeprefix("Skipped: ")

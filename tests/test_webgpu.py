@@ -925,14 +925,10 @@ _TINT_JS = """async (shaders) => {
 }"""
 
 
-@pytest.mark.browser
-@pytest.mark.browser
-def test_every_kernel_compiles_in_chromium(browser_session):
-    """naga (wgpu-native, these tests) and Tint (Chrome's compiler, the browser worker) do
-    not accept the same WGSL (e.g. Tint refuses a constant that evaluates to inf). Lower the
-    oracle table and both models for WebGPU's default limits (8 storage buffers, 16 KiB of
-    workgroup memory), with either matmul kernel, and compile every distinct kernel in
-    headless Chromium."""
+@pytest.fixture(scope="module")
+def every_kernel():
+    """Every distinct kernel of the oracle table and both models, lowered for WebGPU's
+    default limits (8 storage buffers, 16 KiB of workgroup memory) with either matmul kernel."""
     from webgrad.codegen import Limits, lower
     from webgrad.compile import build_train_graph, parse_inputs
     graphs = []
@@ -953,14 +949,27 @@ def test_every_kernel_compiles_in_chromium(browser_session):
                     shaders.setdefault(p["wgsl"], None)
         finally:
             mm.FORCE_DIRECT = None
-    shaders = list(shaders)
+    return list(shaders)
+
+
+# SwiftShader compiles each pipeline in Chrome's GPU process: about a thousand kernels take
+# minutes, so they go in slices, each a test well inside the suite's per-test limit
+TINT_SLICES = 12
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("part", range(TINT_SLICES))
+def test_every_kernel_compiles_in_chromium(browser_session, every_kernel, part):
+    """naga (wgpu-native, these tests) and Tint (Chrome's compiler, the browser worker) do
+    not accept the same WGSL (e.g. Tint refuses a constant that evaluates to inf): every
+    kernel of `every_kernel` (this test's slice of them) compiles in headless Chromium."""
+    shaders = every_kernel[part::TINT_SLICES]
     page = browser_session.browser.new_page()  # the session's Chromium; a page of its own
     try:
         page.route("https://webgrad.test/**",  # a secure context, with no server
                    lambda route: route.fulfill(body="<html></html>", content_type="text/html"))
         page.goto("https://webgrad.test/")
-        if not page.evaluate("() => !!navigator.gpu"):
-            pytest.skip("this Chromium has no WebGPU")
+        assert page.evaluate("() => !!navigator.gpu"), "this Chromium has no WebGPU"
         bad = page.evaluate(_TINT_JS, shaders)
     finally:
         page.close()
