@@ -5,6 +5,7 @@ the device, through the same programs and decode loop as GPT-2 (decoding.py).
     cfg = llama.LlamaConfig.from_hf(json.load(open("config.json")))
     m = llama.Llama.from_hf_state_dict(cfg, state_dict)    # or Llama.from_pretrained(folder)
     m.forward(ids); m.generate(ids, max_new_tokens=20, temperature=0)
+    tok = llama.Tokenizer.from_pretrained(folder)           # tokenizer.json (tokenizer.py)
 
 Parameters carry transformers' names and layouts ("model.layers.0.self_attn.q_proj.weight",
 linear weights [out, in], y = x @ W^T + b; "lm_head.weight" unless tie_word_embeddings),
@@ -41,6 +42,7 @@ from ..stateful import assign, state
 from .decoding import (Cache, CausalLM, Network, Surprisal, SurprisalTracker,  # noqa: F401
                        chunks_for, embed_rows, head_blocks, row_split, table_parts)
 from .llama_config import LlamaConfig
+from .tokenizer import Tokenizer  # noqa: F401  (tokenizer.json / GGUF tokenizers)
 from . import llama_weights as _weights
 
 
