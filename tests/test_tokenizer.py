@@ -54,7 +54,18 @@ def lossless(name: str, text: str) -> bool:
     return True
 
 
+def nfc_differs(theirs, text) -> bool:
+    """Whether tokenizers' NFC differs from Python's: its normalization tables are older
+    than Python 3.11's Unicode 14 and do not reorder combining marks added since (13 pairs
+    of adjacent code points in all of Unicode, e.g. U+0898 U+0899). Those texts are compared
+    after Python's NFC, which both leave as it is."""
+    return (theirs.normalizer is not None
+            and theirs.normalizer.normalize_str(text) != unicodedata.normalize("NFC", text))
+
+
 def check(ours, theirs, text, name):
+    if name == "qwen3" and nfc_differs(theirs, text):
+        text = unicodedata.normalize("NFC", text)
     for special in (True, False):
         want = theirs.encode(text, add_special_tokens=special).ids
         got = ours.encode(text, add_special_tokens=special)
@@ -112,6 +123,8 @@ def test_every_unicode_block(folders, name):
     for i in range(0, len(cps), 64):
         text = "".join(chr(c) + (rng.choice(fillers) if rng.random() < 0.3 else "")
                        for c in cps[i:i + 64])
+        if name == "qwen3" and nfc_differs(theirs, text):
+            text = unicodedata.normalize("NFC", text)
         want = theirs.encode(text).ids
         assert ours.encode(text) == want, f"{name}: block at U+{cps[i]:04X}"
 
@@ -196,11 +209,15 @@ def _pretrained(folders, name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_from_pretrained_matches_auto_tokenizer(folders, name):
+    """transformers 5 rebuilds Llama 2's pipeline (a Metaspace pre-tokenizer instead of the
+    file's Prepend normalizer), so it drops the "▁" SentencePiece prepends to a segment that
+    starts with a space (" <s> x", " Hi"); webgrad keeps the file's (tokenizers') ids, and
+    the texts here avoid that case."""
     transformers = pytest.importorskip("transformers")
     theirs = _auto(transformers, folders[name])
     ours = _pretrained(folders, name)
     assert (ours.bos_token, ours.eos_token) == (theirs.bos_token, theirs.eos_token)
-    for text in ("Hello world", "<|im_start|>user\nHi", " <s> x"):
+    for text in ("Hello world", "<|im_start|>user\nHi", "<s>x</s>", "a  b\n\nc"):
         assert ours.encode(text) == theirs.encode(text), (name, text)
 
 
