@@ -13,7 +13,7 @@ every piece goes through BPE once); the ids are checked equal to the library's f
 """
 from __future__ import annotations
 
-import random
+import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -28,22 +28,18 @@ import tokenizers  # noqa: E402
 
 from gpt2_files import gpt2_vocab_files  # noqa: E402
 from lenml_files import tokenizer_folders  # noqa: E402
+from text_samples import long_word  # noqa: E402
 from webgrad.models import bpe, llama  # noqa: E402
 
 MB = 1 << 20
 
 
 def texts() -> dict[str, str]:
-    from pydoc_data.topics import topics
-    prose = "\n\n".join(topics[k] for k in sorted(topics))
-    english = (prose * (MB // len(prose.encode()) + 1)).encode()[:MB].decode("utf-8", "ignore")
-    rng = random.Random(0)
-    foreign = ["Привет", "мир", "你好", "世界", "こんにちは", "안녕", "مرحبا", "שלום", "naïve",
-               "café", "Ⅻ", "½", "٣٤٥", "😀", "👍🏽", "１２３", "ß", "İstanbul"]
-    mixed = " ".join(rng.choice(foreign) if rng.random() < 0.1 else w for w in english.split(" "))
-    letters = "".join(c for c in prose if c.isascii() and c.isalpha())
-    return {"english": english, "multilingual": mixed.encode()[:MB].decode("utf-8", "ignore"),
-            "one word": (letters * (MB // len(letters) + 1))[:MB]}
+    """bench/bpe.py's English and multilingual MB, and the 1 MB word."""
+    spec = importlib.util.spec_from_file_location("bench_bpe", ROOT / "bench" / "bpe.py")
+    bench_bpe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_bpe)
+    return {**bench_bpe.texts(), "one word": long_word(MB)}
 
 
 def timed(fn):

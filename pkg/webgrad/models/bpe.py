@@ -39,7 +39,7 @@ import json
 import os
 import re
 import sys
-from heapq import heapify, heappop, heappush
+from heapq import heappop, heappush
 from itertools import compress, repeat
 from operator import lshift, not_, or_
 
@@ -152,16 +152,11 @@ class Merges:
         n = len(ids)
         nxt, prv = list(range(1, n + 1)), list(range(-1, n - 1))
         get, info = self.rank.get, self.info
-        buckets: dict[int, list[int]] = {}
+        buckets = _Buckets()
         for i, r in enumerate(map(get, map(or_, map(lshift, ids[:-1], repeat(_SHIFT)), ids[1:]))):
             if r is not None:
-                bucket = buckets.get(r)
-                if bucket is None:
-                    buckets[r] = [i]
-                else:
-                    bucket.append(i)
-        ranks = list(buckets)
-        heapify(ranks)
+                buckets[r].append(i)
+        ranks = buckets.ranks
         while ranks:
             r = heappop(ranks)
             todo = buckets.pop(r)
@@ -179,29 +174,32 @@ class Merges:
                     prv[k] = pos
                     r2 = get(new << _SHIFT | ids[k])
                     if r2 is not None:
-                        bucket = buckets.get(r2)
-                        if bucket is None:
-                            buckets[r2] = [pos]
-                            heappush(ranks, r2)
-                        else:
-                            bucket.append(pos)
+                        buckets[r2].append(pos)
                         lower = r2 < r
                 p = prv[pos]
                 if p >= 0:
                     r2 = get(ids[p] << _SHIFT | new)
                     if r2 is not None:
-                        bucket = buckets.get(r2)
-                        if bucket is None:
-                            buckets[r2] = [p]
-                            heappush(ranks, r2)
-                        else:
-                            bucket.append(p)
+                        buckets[r2].append(p)
                         lower = lower or r2 < r
                 if lower and x + 1 < len(todo):
                     buckets[r] = todo[x + 1:]  # no rank-r pair arises while rank r merges
                     heappush(ranks, r)
                     break
         return [i for i in ids if i >= 0]
+
+
+class _Buckets(dict):
+    """rank -> positions waiting to merge; `ranks`, a heap of the ranks present."""
+
+    def __init__(self):
+        super().__init__()
+        self.ranks: list[int] = []
+
+    def __missing__(self, r: int) -> list[int]:
+        heappush(self.ranks, r)
+        bucket = self[r] = []
+        return bucket
 
 
 def bytes_to_unicode() -> dict[int, str]:
