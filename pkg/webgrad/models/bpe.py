@@ -123,10 +123,11 @@ class Merges:
 
     def __init__(self, triples: list[tuple[int, int, int]], *, junctions=None):
         # a pair listed twice keeps its last rank, as tokenizers' merge map does
-        self.rank = {a << _SHIFT | b: r for r, (a, b, _) in enumerate(triples)}
         self.info = list(triples)
-        self.junctions = (None if junctions is None else
-                          frozenset(a << _SHIFT | b for a, b in junctions))
+        self.rank = {a << _SHIFT | b: r for r, (a, b, _) in enumerate(self.info)}
+        # (None, x): a symbol that does not exist, so no merge joins there
+        self.junctions = (None if junctions is None else frozenset(
+            a << _SHIFT | b for a, b in junctions if a is not None and b is not None))
 
     def apply(self, ids: list[int]) -> list[int]:
         """The ids after every merge (`ids`, the initial symbols, is consumed)."""

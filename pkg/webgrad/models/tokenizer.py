@@ -411,50 +411,43 @@ class Tokenizer:
         self._norm_re = alternation(self._norm_added)
 
     def _build_merges(self, merges: list):
-        f, vocab = self._fields, self.vocab
-        pairs = []
-        for r, m in enumerate(merges):
-            if isinstance(m, str):
-                parts = m.split(" ")
-            elif isinstance(m, list):
-                parts = m
-            else:
-                parts = None
-            if not parts or len(parts) != 2 or not all(isinstance(p, str) for p in parts):
-                f.fail(f"model.merges[{r}]", f"should be two symbols, got {m!r}")
-            pairs.append(parts)
-        triples = []
-        for r, (a, b) in enumerate(pairs):
-            ids = vocab.get(a), vocab.get(b), vocab.get(a + b)
-            if None in ids:
-                f.fail(f"model.merges[{r}]", f"{a!r} + {b!r}: "
-                       f"{[a, b, a + b][ids.index(None)]!r} is not in model.vocab")
-            triples.append(ids)
+        vocab = self.vocab
+        try:                                   # the fast path; errors are found below
+            pairs = [m.split(" ") if m.__class__ is str else m for m in merges]
+            if set(map(len, pairs)) - {2}:
+                raise ValueError
+            triples = [(vocab[a], vocab[b], vocab[a + b]) for a, b in pairs]
+        except (ValueError, KeyError, TypeError, AttributeError):
+            self._merge_error(merges)
         if self.byte_level:
             self._byte_ids = [vocab.get(_BYTE_CHARS[b]) for b in range(256)]
             self._spell_table = {b: ord(c) for b, c in _BYTE_CHARS.items()}
+            symbol = {c: self._byte_ids[b] for b, c in _BYTE_CHARS.items()}
         else:
             self._byte_ids = [vocab.get(f"<0x{b:02X}>") for b in range(256)]
+            symbol = {s: i for s, i in vocab.items() if len(s) == 1}
         # A merge joins the last initial symbol of a to the first of b; a long piece is cut
-        # wherever its neighbours are no such pair (bpe.Merges). Unknown (None) when a merge
-        # part is a byte-fallback token, whose spelling is not its characters.
-        junctions = []
-        for a, b in pairs:
-            if _BYTE_TOKEN.fullmatch(a) or _BYTE_TOKEN.fullmatch(b):
-                junctions = None
-                break
-            ja, jb = self._symbol(a[-1]), self._symbol(b[0])
-            if ja is not None and jb is not None:    # else the merge never applies
-                junctions.append((ja, jb))
+        # wherever its neighbours are no such pair (bpe.Merges). A character with no symbol
+        # never merges; a merge of byte-fallback tokens (spelled "<0x..>", not as their
+        # characters) leaves the junctions unknown.
+        junctions = [(symbol.get(a[-1]), symbol.get(b[0])) for a, b in pairs]
+        if not self.byte_level and any(_BYTE_TOKEN.fullmatch(a) or _BYTE_TOKEN.fullmatch(b)
+                                       for a, b in pairs if a[0] == "<" or b[0] == "<"):
+            junctions = None
         self.merges = Merges(triples, junctions=junctions)
 
-    def _symbol(self, ch: str) -> int | None:
-        """The initial symbol id of one character of a vocabulary entry (None: there is none,
-        so no merge with it can ever apply)."""
-        if self.byte_level:
-            b = _BYTE_OF.get(ch)
-            return None if b is None else self._byte_ids[b]
-        return self.vocab.get(ch)
+    def _merge_error(self, merges: list):
+        """Raises for the first entry of model.merges that is not two symbols of the vocabulary."""
+        f, vocab = self._fields, self.vocab
+        for r, m in enumerate(merges):
+            p = m.split(" ") if isinstance(m, str) else m
+            if not (isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) and x for x in p)):
+                f.fail(f"model.merges[{r}]", f"should be two symbols, got {m!r}")
+            missing = [s for s in (p[0], p[1], p[0] + p[1]) if s not in vocab]
+            if missing:
+                f.fail(f"model.merges[{r}]", f"{p[0]!r} + {p[1]!r}: {missing[0]!r} is not in "
+                                             "model.vocab")
+        f.fail("model.merges", "should be a list of two-symbol merges")
 
     # ---------------------------------------------------------------- encode
 
