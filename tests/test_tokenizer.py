@@ -335,3 +335,17 @@ def test_errors(folders, tmp_path):
         ours.decode([1, 10_000_000])
     with pytest.raises(TypeError, match="text must be str"):
         ours.encode(b"bytes")
+
+
+def test_gguf_without_a_vocabulary(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    path = tmp_path / "weights_only.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match=r"GGUF file '.*weights_only.gguf': metadata tokenizer.ggml.model is missing"):
+        llama.Tokenizer.from_gguf(path)
+    with pytest.raises(ValueError, match=r"tokenizer.json: cannot read it"):
+        llama.Tokenizer.from_pretrained(tmp_path)

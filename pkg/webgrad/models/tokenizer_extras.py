@@ -110,7 +110,7 @@ _NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
 def from_gguf(cls, src):
     from ..io import gguf
     f = src if isinstance(src, gguf.GGUFFile) else gguf.load(src)
-    md, name = f.metadata, getattr(f, "name", "GGUF")
+    md, name = f.metadata, f"GGUF file {f.name}"     # as gguf.py's own errors name it
 
     def need(key, kind):
         v = md.get(key)
