@@ -223,6 +223,7 @@ def test_from_pretrained_matches_auto_tokenizer(folders, name):
     theirs = _auto(transformers, folders[name])
     ours = _pretrained(folders, name)
     assert (ours.bos_token, ours.eos_token) == (theirs.bos_token, theirs.eos_token)
+    assert (ours.bos_token_id, ours.eos_token_id) == (theirs.bos_token_id, theirs.eos_token_id)
     for text in ("Hello world", "<|im_start|>user\nHi", "<s>x</s>", "a  b\n\nc"):
         assert ours.encode(text) == theirs.encode(text), (name, text)
 
@@ -315,6 +316,9 @@ def test_errors(folders, tmp_path):
         llama.Tokenizer.from_file(bad)
     bad.write_bytes(b"\xff\xfe{}")
     with pytest.raises(ValueError, match="not UTF-8"):
+        llama.Tokenizer.from_file(bad)
+    bad.write_text(json.dumps({"version": "1.0"}))
+    with pytest.raises(ValueError, match=r"tokenizer.json: model: missing"):
         llama.Tokenizer.from_file(bad)
     bad.write_text(json.dumps({"model": {"type": "Unigram", "vocab": []}}))
     with pytest.raises(ValueError, match=r"tokenizer.json: model.type: 'Unigram' is not supported"):

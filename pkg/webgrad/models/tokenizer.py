@@ -84,14 +84,14 @@ class _Fields:
     def get(self, d, key: str, field: str, kind=None, default=...):
         if not isinstance(d, dict):
             self.fail(field, f"should be an object, got {type(d).__name__}")
+        where = f"{field}.{key}" if field else key
         if key not in d or (d[key] is None and default is not ...):
             if default is ...:
-                self.fail(f"{field}.{key}", "missing")
+                self.fail(where, "missing")
             return default
         v = d[key]
         if kind is not None and not isinstance(v, kind):
-            self.fail(f"{field}.{key}", f"should be {getattr(kind, '__name__', kind)}, "
-                                        f"got {type(v).__name__}")
+            self.fail(where, f"should be {getattr(kind, '__name__', kind)}, got {type(v).__name__}")
         return v
 
 
@@ -454,6 +454,14 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return max(self.id_to_token) + 1
+
+    @property
+    def bos_token_id(self) -> int | None:
+        return None if self.bos_token is None else self.vocab.get(self.bos_token)
+
+    @property
+    def eos_token_id(self) -> int | None:
+        return None if self.eos_token is None else self.vocab.get(self.eos_token)
 
     def token_to_id(self, token: str) -> int | None:
         return self.vocab.get(token)
