@@ -157,6 +157,37 @@ def test_long_word_is_fast(folders, name):
     assert seconds < 1.0, f"{name}: a 1 MB word took {seconds:.2f} s of CPU"
 
 
+_BYTES = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}
+
+
+def _split(pattern):
+    return {"type": "Split", "pattern": pattern, "behavior": "Isolated", "invert": False}
+
+
+PRE_TOKENIZERS = {      # other pre-tokenizers of published files, on Llama 3's vocabulary
+    "gaps": [_split({"Regex": "\\p{N}+"})],       # pieces between the matches too
+    "string": [_split({"String": " "})],
+    "digits": [{"type": "Digits", "individual_digits": True}],
+    "cased": [_split({"Regex": (        # DeepSeek-style: \p{Lu}, \p{M}, ...
+        "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+"
+        "|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")})],
+}
+
+
+@pytest.mark.parametrize("variant", [*PRE_TOKENIZERS, "gpt2"])
+def test_pre_tokenizer_variants(folders, variant):
+    spec = json.loads((folders["llama3"] / "tokenizer.json").read_text(encoding="utf-8"))
+    if variant == "gpt2":
+        spec["pre_tokenizer"] = {**_BYTES, "add_prefix_space": True, "use_regex": True}
+    else:
+        spec["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": PRE_TOKENIZERS[variant] + [_BYTES]}
+    ours = llama.Tokenizer.from_file(spec)
+    theirs = tokenizers.Tokenizer.from_str(json.dumps(spec))
+    for text in CASES + ["HTTPServer getURL ÉcoleNormale ١٢٣x", "a1b22c333 \u0301é\u0301x"]:
+        want = theirs.encode(text).ids
+        assert ours.encode(text) == want, (variant, text)
+
+
 @pytest.mark.parametrize("scheme", ("always", "first", "never"))
 @pytest.mark.parametrize("split", (False, True))
 def test_metaspace(folders, scheme, split):

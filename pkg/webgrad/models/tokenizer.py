@@ -167,7 +167,8 @@ def _pre_tokenizer(spec, f: _Fields, field: str, steps: list):
         return False
     if kind == "Digits":
         one = f.get(spec, "individual_digits", field, bool, False)
-        steps.append(("split", re.compile(r"[0-9]" if one else r"[0-9]+")))  # ASCII only
+        # Rust's char::is_numeric: every N* character
+        steps.append(("split", pretokenize.translate(r"\p{N}" if one else r"\p{N}+", field=field)))
         return False
     f.unsupported(f"{field}.type", kind)
 
