@@ -252,8 +252,9 @@ def main():
     ref = hf_model(cfg_d, device)
     sd = {k: v.detach().to("cpu").numpy() for k, v in ref.state_dict().items()}
     cfg = llama.LlamaConfig.from_hf(ref.config.to_dict(), n_ctx=n_ctx)
+    names = llama.param_shapes(cfg)   # transformers' state dict lists the tied head too
     print(f"transformers model built on {device} in {time.perf_counter() - t0:.1f} s; "
-          f"{sum(v.size for v in sd.values()) / 1e6:.0f}M values in its state dict")
+          f"{sum(v.size for k, v in sd.items() if k in names) / 1e6:.0f}M parameters")
     if not args.no_torch:
         for dtype in ("fp32", "bf16"):
             if dtype == "bf16":
@@ -275,7 +276,6 @@ def main():
     for qt in types:
         t0 = time.perf_counter()
         if qt == "F32":
-            names = llama.param_shapes(cfg)
             m = llama.Llama.from_hf_state_dict(cfg, {k: v for k, v in sd.items() if k in names},
                                                backend=backend)
             note = ""
