@@ -1,0 +1,342 @@
+#!/usr/bin/env python3
+"""Prefill and decode tokens/s of a Llama-3.2-1B-shaped model (random weights): webgrad on
+WebGPU (Dawn), F32 and Q4_K_M kept quantized on the GPU, against transformers' generate()
+in fp32 and bf16 on the same GPU, in the same run. Issue 24 ("Speed, in bench/"): the
+target is webgrad >= 2x transformers bf16 at decoding.
+
+    source .device/env.sh; python3 bench/llama_decode.py     # 1B shape, on the GPU machine
+    python3 bench/llama_decode.py --small                     # tiny config; CPU executors
+                                                              # (torch) where no GPU is
+
+The model: hidden 2048, 16 layers, 32 heads (8 K/V heads, head_dim 64), intermediate 8192,
+vocab 128256, rope_theta 500000 with llama3 rope scaling, embeddings tied to the head, as
+Llama-3.2-1B's config.json. transformers builds it with its own random init (fp32);
+webgrad's F32 model loads that state dict (from_hf_state_dict), so both sides hold the
+same weights and their greedy tokens can be compared. The bf16 peer is the same module cast
+to bfloat16. Q4_K_M: a GGUF file written here with the gguf package in llama.cpp's names
+and llama-quantize's Q4_K_M type mix (Q6_K for the tied token table and, in llama.cpp's
+"more bits" layers, for attn_v and ffn_down; Q4_K for every other matrix), its k-quant
+blocks random bytes with f16 scales of usable size (gguf has no k-quant quantizer), loaded
+by Llama.from_gguf: the weights stay as their blocks on the GPU and the matmuls decode them
+in registers. Its tokens are not comparable (other weights); its speed is.
+
+Measured, each side warmed up once and then the best of --reps runs:
+  decode:  --new tokens (128) generated greedily after a --prompt-token prompt (8);
+           tokens/s = new / time of the whole generate call (prefill of the prompt
+           included, as bench/gpt2_decode.py counts it);
+  prefill: one --prefill-token prompt (512) and one new token; tokens/s = prefill / time.
+transformers: generate(do_sample=False, use_cache=True, min_new_tokens = max_new_tokens)
+with its default dynamic cache and attention (sdpa), TF32 off, synchronized before the
+clock stops. webgrad: Llama.generate(temperature=0): one queue submission per token, the
+argmax read back (4 bytes), K/V written in place in a cache of n_ctx rows (the largest
+prompt + new of the run) that each step attends over.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "pkg"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+# Llama-3.2-1B's config.json (the fields that shape the compute)
+LLAMA_1B = dict(model_type="llama", hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
+                num_key_value_heads=8, head_dim=64, intermediate_size=8192, vocab_size=128256,
+                rope_theta=500000.0, rope_scaling=LLAMA3_SCALING, tie_word_embeddings=True,
+                max_position_embeddings=131072, rms_norm_eps=1e-5, hidden_act="silu",
+                bos_token_id=None, eos_token_id=None, pad_token_id=None)
+# hidden and intermediate sizes of whole k-quant blocks (256 values)
+SMALL = dict(LLAMA_1B, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, head_dim=64, intermediate_size=512, vocab_size=1000)
+
+
+def time_best(fn, reps):
+    best, out = float("inf"), None
+    for _ in range(reps):
+        t = time.perf_counter()
+        out = fn()
+        best = min(best, time.perf_counter() - t)
+    return best, out
+
+
+def shared_prefix(a, b) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def hf_config(d):
+    import transformers
+    return transformers.LlamaConfig(**{k: v for k, v in d.items() if k != "model_type"})
+
+
+def hf_model(d, device):
+    """transformers' LlamaForCausalLM with its random init, fp32, built on `device`."""
+    import torch
+    import transformers
+    torch.manual_seed(0)
+    with torch.device(device):
+        return transformers.LlamaForCausalLM(hf_config(d)).eval()
+
+
+def hf_runner(model, device, prompt, n):
+    import torch
+
+    def run():
+        ids = torch.tensor([prompt], device=device)
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                 use_cache=True, pad_token_id=0, attention_mask=torch.ones_like(ids))
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return out[0, len(prompt):].tolist()
+    return run
+
+
+def wg_runner(m, prompt, n):
+    def run():
+        return m.generate(prompt, max_new_tokens=n, temperature=0, stop_at_eos=False)[len(prompt):]
+    return run
+
+
+# ---------------------------------------------------------------- the Q4_K_M file
+
+def more_bits(i: int, n: int) -> bool:
+    """llama.cpp's use_more_bits (llama-quant.cpp): the layers whose attn_v and ffn_down a
+    Q4_K_M file holds as Q6_K."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def q4_k_m_type(gname: str, n_layer: int) -> str:
+    if gname == "token_embd.weight" or gname == "output.weight":
+        return "Q6_K"
+    if gname.startswith("blk.") and (".attn_v." in gname or ".ffn_down." in gname):
+        return "Q6_K" if more_bits(int(gname.split(".")[1]), n_layer) else "Q4_K"
+    return "Q4_K"
+
+
+def rope_factors(cfg_d) -> "np.ndarray":
+    """convert_hf_to_gguf.py's llama3 rope_freqs tensor: a divisor per frequency."""
+    import math
+    import numpy as np
+    r, dim = cfg_d["rope_scaling"], cfg_d["head_dim"]
+    freqs = 1.0 / (cfg_d["rope_theta"] ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    old = r["original_max_position_embeddings"]
+    lo_wl, hi_wl = old / r["low_freq_factor"], old / r["high_freq_factor"]
+    out = []
+    for f in freqs.tolist():
+        wl = 2 * math.pi / f
+        if wl < hi_wl:
+            out.append(1.0)
+        elif wl > lo_wl:
+            out.append(r["factor"])
+        else:
+            s = (old / wl - r["low_freq_factor"]) / (r["high_freq_factor"] - r["low_freq_factor"])
+            out.append(1 / ((1 - s) / r["factor"] + s))
+    return np.asarray(out, np.float32)
+
+
+# k-quant block bytes and the byte offsets of their f16 scale fields; magnitudes giving
+# weights of a few hundredths (as tests/test_llama_gguf.py's random blocks)
+KQUANT = {"Q4_K": (144, (0, 2), 2e-4), "Q6_K": (210, (208,), 1e-5)}
+
+
+def random_kblocks(qtype: str, n_blocks: int, rng):
+    import numpy as np
+    size, fields, scale = KQUANT[qtype]
+    raw = rng.integers(0, 256, size=(n_blocks, size), dtype=np.uint8)
+    for at in fields:
+        f = rng.uniform(-1, 1, n_blocks) * scale
+        if len(fields) == 2:   # d, dmin >= 0, as quantizers write them
+            f = np.abs(f)
+        raw[:, at:at + 2] = f.astype(np.float16).view(np.uint8).reshape(n_blocks, 2)
+    return raw
+
+
+def write_q4_k_m(path, cfg_d, n_ctx: int, seed: int = 0) -> dict:
+    """A random Q4_K_M GGUF of the config in llama.cpp's llama layout; -> {type: count}."""
+    import numpy as np
+    import gguf
+    from webgrad.models import llama, llama_gguf
+    rng = np.random.default_rng(seed)
+    cfg = llama.LlamaConfig.from_hf(cfg_d, n_ctx=n_ctx)
+    L = cfg.num_hidden_layers
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(cfg_d["max_position_embeddings"])
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_block_count(L)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_layer_norm_rms_eps(cfg_d["rms_norm_eps"])
+    w.add_rope_freq_base(cfg_d["rope_theta"])
+    w.add_rope_dimension_count(cfg.head_dim)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_token_list([f"<t{i}>" for i in range(cfg.vocab_size)])
+    w.add_tensor("rope_freqs.weight", rope_factors(cfg_d))
+    counts = {}
+    for hf, shape in llama.param_shapes(cfg).items():
+        g = llama_gguf.gguf_name(hf)
+        if len(shape) == 1:   # norms stay F32, as llama.cpp keeps them
+            w.add_tensor(g, np.ones(shape, np.float32))
+            continue
+        qt = q4_k_m_type(g, L)
+        counts[qt] = counts.get(qt, 0) + 1
+        rows, cols = shape
+        raw = random_kblocks(qt, rows * cols // 256, rng).reshape(rows, -1)
+        w.add_tensor(g, raw, raw_shape=raw.shape, raw_dtype=gguf.GGMLQuantizationType[qt])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return counts
+
+
+# ---------------------------------------------------------------- the run
+
+def kernels_per_step(m):
+    try:
+        return m._program("step", 1).kernel_count
+    except Exception:   # a CPU executor keeps no kernel count
+        return None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--small", action="store_true", help="tiny config (hidden 256, 2 layers, vocab 1000)")
+    ap.add_argument("--backend", default=None,
+                    help="webgrad backend (default webgpu; with --small, torch where torch has no CUDA)")
+    ap.add_argument("--prompt", type=int, default=8, help="prompt tokens before decoding")
+    ap.add_argument("--new", type=int, default=None, help="tokens to decode (128; 16 small)")
+    ap.add_argument("--prefill", type=int, default=None, help="prefill prompt tokens (512; 64 small)")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--types", default="F32,Q4_K_M", help="webgrad weight types to run")
+    ap.add_argument("--no-torch", action="store_true", help="webgrad only")
+    args = ap.parse_args()
+    import torch
+    from webgrad.models import llama
+    cuda = torch.cuda.is_available()
+    device = "cuda" if cuda else "cpu"
+    backend = args.backend or ("webgpu" if cuda or not args.small else "torch")
+    if backend == "webgpu":
+        from matmul import pick_lib
+        lib = pick_lib()
+    else:
+        lib = None
+    if not cuda:   # a CPU smoke test: torch's thread pool spins badly on a shared machine
+        torch.set_num_threads(1)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    cfg_d = SMALL if args.small else LLAMA_1B
+    n = args.new or (16 if args.small else 128)
+    P = args.prefill or (64 if args.small else 512)
+    V = cfg_d["vocab_size"]
+    prompt = [(7 * i + 3) % V for i in range(args.prompt)]
+    long_prompt = [(13 * i + 5) % V for i in range(P)]
+    n_ctx = max(P + 1, args.prompt + n)
+    types = [t for t in args.types.split(",") if t]
+    rows, ref_toks = [], None   # rows: (name, decode tok/s, prefill tok/s, tokens agree, note)
+
+    t0 = time.perf_counter()
+    ref = hf_model(cfg_d, device)
+    sd = {k: v.detach().to("cpu").numpy() for k, v in ref.state_dict().items()}
+    cfg = llama.LlamaConfig.from_hf(ref.config.to_dict(), n_ctx=n_ctx)
+    names = llama.param_shapes(cfg)   # transformers' state dict lists the tied head too
+    print(f"transformers model built on {device} in {time.perf_counter() - t0:.1f} s; "
+          f"{sum(v.size for k, v in sd.items() if k in names) / 1e6:.0f}M parameters")
+    if not args.no_torch:
+        for dtype in ("fp32", "bf16"):
+            if dtype == "bf16":
+                ref = ref.to(torch.bfloat16)
+            dec, prf = hf_runner(ref, device, prompt, n), hf_runner(ref, device, long_prompt, 1)
+            dec(), prf()   # warm-up
+            t_dec, toks = time_best(dec, args.reps)
+            t_prf, _ = time_best(prf, args.reps)
+            if dtype == "fp32":
+                ref_toks = toks
+            rows.append((f"transformers {dtype}", n / t_dec, P / t_prf,
+                         shared_prefix(ref_toks, toks), ""))
+            print(f"  {rows[-1][0]}: decode {rows[-1][1]:.1f} tok/s, prefill {rows[-1][2]:.1f} tok/s", flush=True)
+    del ref
+    if cuda:
+        torch.cuda.empty_cache()
+
+    info, kernels = None, {}
+    for qt in types:
+        t0 = time.perf_counter()
+        if qt == "F32":
+            m = llama.Llama.from_hf_state_dict(cfg, {k: v for k, v in sd.items() if k in names},
+                                               backend=backend)
+            note = ""
+        elif qt == "Q4_K_M":
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, "llama-q4_k_m.gguf")
+                counts = write_q4_k_m(path, cfg_d, n_ctx)
+                t_write = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                m = llama.Llama.from_gguf(path, backend=backend, n_ctx=n_ctx)
+            note = f"{', '.join(f'{c} {t}' for t, c in sorted(counts.items()))} matrices; file written in {t_write:.1f} s"
+        else:
+            raise SystemExit(f"--types: {qt!r} is not F32 or Q4_K_M")
+        t_load = time.perf_counter() - t0
+        dec, prf = wg_runner(m, prompt, n), wg_runner(m, long_prompt, 1)
+        t0 = time.perf_counter()
+        dec(), prf()   # warm-up: compiles the step programs (T = 1, prompt, prefill)
+        t_warm = time.perf_counter() - t0
+        t_dec, toks = time_best(dec, args.reps)
+        t_prf, _ = time_best(prf, args.reps)
+        agree = shared_prefix(ref_toks, toks) if (ref_toks and qt == "F32") else None
+        mb = m.weight_bytes / 1e6
+        rows.append((f"webgrad {qt}", n / t_dec, P / t_prf, agree,
+                     f"weights {mb:.0f} MB on the GPU, load {t_load:.1f} s, warm-up {t_warm:.1f} s"
+                     + (f"; {note}" if note else "")))
+        kernels[qt] = kernels_per_step(m)
+        info = getattr(getattr(m.backend, "host", None), "info", backend)
+        print(f"  {rows[-1][0]}: decode {rows[-1][1]:.1f} tok/s, prefill {rows[-1][2]:.1f} tok/s; {rows[-1][4]}", flush=True)
+        del m
+    del sd
+
+    dev_name = torch.cuda.get_device_name() if cuda else "CPU"
+    print()
+    print(f"config: {'small' if args.small else 'Llama-3.2-1B shape'}: hidden {cfg.hidden_size}, "
+          f"{cfg.num_hidden_layers} layers, {cfg.num_attention_heads} heads / {cfg.num_key_value_heads} "
+          f"K/V, intermediate {cfg.intermediate_size}, vocab {cfg.vocab_size}, tied; n_ctx {n_ctx}")
+    print(f"decode: prompt {len(prompt)} tokens, {n} new, greedy; prefill: {P} tokens + 1; best of {args.reps}")
+    print(f"webgrad: backend {backend}" + (f" ({info}, WEBGRAD_WGPU_LIB={lib})" if lib else "")
+          + (f"; kernels per decode step: {kernels}" if any(kernels.values()) else ""))
+    print(f"torch:   {torch.__version__} on {dev_name}, transformers generate() with its cache, TF32 off")
+    peers = {r[0]: r for r in rows if r[0].startswith("transformers")}
+    bf = peers.get("transformers bf16")
+    fp = peers.get("transformers fp32")
+    print()
+    print("| run | decode tokens/s | prefill tokens/s | decode x bf16 | decode x fp32 | "
+          "prefill x bf16 | prefill x fp32 | tokens = fp32's |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, d, p, agree, _ in rows:
+        rx = lambda peer, i, v: f"{v / peer[i]:.2f}" if peer else "-"   # noqa: E731
+        ag = "-" if agree is None else f"{agree}/{n}"
+        print(f"| {name} | {d:.1f} | {p:.1f} | {rx(bf, 1, d)} | {rx(fp, 1, d)} | "
+              f"{rx(bf, 2, p)} | {rx(fp, 2, p)} | {ag} |")
+    for name, _, _, _, note in rows:
+        if note:
+            print(f"{name}: {note}")
+    if bf:
+        for name, d, *_ in rows:
+            if name.startswith("webgrad"):
+                ok = "meets" if d >= 2 * bf[1] else "misses"
+                print(f"target (decode >= 2x transformers bf16): {name} {d / bf[1]:.2f}x, {ok} it")
+
+
+if __name__ == "__main__":
+    main()
