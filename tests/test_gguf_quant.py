@@ -224,7 +224,9 @@ def test_gpt2_quantized_logits_equal_host_dequantized(tmp_path, qt, backend):
     path, sd = quantized_gpt2(tmp_path, qt, **CONFIGS[qt])
     m = gpt2.GPT2.from_gguf(path, backend=backend)            # keep_quantized=True: the default
     cfg = m.cfg
-    host = gpt2.GPT2.from_hf_state_dict(cfg, sd, backend=backend)
+    # the f32 model of the same weights on the numpy executor: the reference, and on a cold
+    # lavapipe half the kernels to compile
+    host = gpt2.GPT2.from_hf_state_dict(cfg, sd, backend="reference")
     assert set(m.quant) == {n for n in gpt2.param_shapes(cfg) if n.endswith("weight")
                             and len(gpt2.param_shapes(cfg)[n]) == 2}
     blocks = sum(t.data.nbytes for t in wgg.load(path).tensors.values() if t.type_name == qt.name)
@@ -233,17 +235,19 @@ def test_gpt2_quantized_logits_equal_host_dequantized(tmp_path, qt, backend):
     onedim = 4 * sum(np.asarray(v).size for v in sd.values() if np.asarray(v).ndim == 1)
     assert blocks <= m.weight_bytes - onedim <= blocks + 2 * len(m.quant)
     assert host.weight_bytes == f32_bytes and m.weight_bytes < f32_bytes / 3
-    # WebGPU: the same kernels sum the same exact products (observed bit-equal on lavapipe);
-    # numpy: a transposed weight takes another BLAS path, whose summation order differs
-    tol = 2e-6 if backend == "webgpu" else 2e-5
+    # against numpy's f32 sums in another order (a transposed weight takes another BLAS path;
+    # WebGPU's kernels sum in theirs): random k-quant blocks make weights up to ~1e6, so the
+    # logits' rounding reaches ~3e-5 of the largest
+    tol = 1e-4 if backend == "webgpu" else 2e-5
     ids = [3, 1, 4, 1, 5, 9, 2, 6, 96, 0, 11]
     got, want = np.asarray(m.forward(ids)), np.asarray(host.forward(ids))
     assert np.isfinite(want).all() and np.abs(want).max() > 0.1
     np.testing.assert_allclose(got, want, rtol=0, atol=tol * np.abs(want).max())
     c1, c2 = m.new_cache(), host.new_cache()
-    a = np.asarray(m.logits_step(ids[:5], c1))
-    b = np.asarray(host.logits_step(ids[:5], c2))
-    np.testing.assert_allclose(a, b, rtol=0, atol=tol * np.abs(b).max())
+    for t in ids[:5]:   # token by token: one decode program (a chunk's is another to compile)
+        a = np.asarray(m.logits_step([t], c1))
+        b = np.asarray(host.logits_step([t], c2))
+        np.testing.assert_allclose(a, b, rtol=0, atol=tol * np.abs(b).max())
     a = np.asarray(m.logits_step([7], c1))                     # one decode step
     b = np.asarray(host.logits_step([7], c2))
     np.testing.assert_allclose(a, b, rtol=0, atol=tol * np.abs(b).max())
