@@ -41,7 +41,7 @@ import struct
 from math import prod
 
 from .. import quants
-from ..arrays import HostArray, transpose2d
+from ..arrays import FeedError, HostArray, numpy_or_none, refuse_nonfinite, transpose2d
 from ..quants import DEQUANTIZABLE, GGML_TYPES, TYPE_IDS  # noqa: F401  (this module's API too)
 from .safetensors import read_source as _source  # the same path / bytes / file reading
 
@@ -173,7 +173,7 @@ class _Cursor:
 
 def load(src) -> GGUFFile:
     """Parse a GGUF file (path, bytes-like or binary file); tensor data stays zero-copy."""
-    buf, name = _source(src, "gguf.load")
+    buf, name = _source(src, "gguf.load", GGUFError)
     cur = _Cursor(buf, name)
     magic = bytes(cur.take(4, "magic"))
     if magic != MAGIC:
@@ -299,28 +299,78 @@ def gpt2_tensors(f: GGUFFile) -> dict[str, tuple[GGUFTensor, bool]]:
 
 
 def gpt2_config(f: GGUFFile) -> dict:
-    """GPT2Config's fields from the gpt2.* metadata (vocab_size from the token table)."""
+    """GPT2Config's fields from the gpt2.* metadata (vocab_size from the token table), each
+    checked (type, range) and checked against the tensors in the file before anything is
+    built from it: a header cannot ask for more layers, positions or columns than the file
+    holds."""
     md = f.metadata
     arch = md.get("general.architecture")
     if arch != "gpt2":
         raise GGUFError(f"GGUF file {f.name}: metadata 'general.architecture': expected 'gpt2', "
                         f"got {arch!r}")
 
-    def key(k):
-        if f"gpt2.{k}" not in md:
-            raise GGUFError(f"GGUF file {f.name}: metadata 'gpt2.{k}' is missing")
-        return md[f"gpt2.{k}"]
+    def fail(k, msg):
+        raise GGUFError(f"GGUF file {f.name}: metadata {k!r}: {msg}")
 
-    cfg = {"n_layer": int(key("block_count")), "n_head": int(key("attention.head_count")),
-           "n_embd": int(key("embedding_length")), "n_ctx": int(key("context_length"))}
-    vocab, n_embd = gpt2_tensors(f)["wte.weight"][0].shape
+    def key(k):
+        k = f"gpt2.{k}"
+        if k not in md:
+            fail(k, "is missing")
+        v = md[k]
+        if type(v) is not int or v < 1:
+            fail(k, f"must be a whole number >= 1 (a GGUF integer type), got {v!r}")
+        return v
+
+    tensors = gpt2_tensors(f)
+    cfg = {"n_layer": key("block_count"), "n_head": key("attention.head_count"),
+           "n_embd": key("embedding_length"), "n_ctx": key("context_length")}
+    vocab, n_embd = tensors["wte.weight"][0].shape
     if cfg["n_embd"] != n_embd:
-        raise GGUFError(f"GGUF file {f.name}: metadata 'gpt2.embedding_length' is "
-                        f"{cfg['n_embd']} but token_embd.weight has {n_embd} columns")
-    cfg.update(vocab_size=vocab,
-               layer_norm_epsilon=float(md.get("gpt2.attention.layer_norm_epsilon", 1e-5)),
-               eos_token_id=md.get("tokenizer.ggml.eos_token_id"))
+        fail("gpt2.embedding_length", f"is {cfg['n_embd']} but token_embd.weight has {n_embd} "
+             "columns")
+    if n_embd % cfg["n_head"]:
+        fail("gpt2.attention.head_count", f"{cfg['n_head']} does not divide embedding_length "
+             f"{n_embd}")
+    wpe = tensors["wpe.weight"][0].shape
+    if tuple(wpe) != (cfg["n_ctx"], n_embd):
+        fail("gpt2.context_length", f"is {cfg['n_ctx']} but position_embd.weight has shape "
+             f"{list(wpe)}; they must agree ([context_length, embedding_length])")
+    blocks = {int(n.split(".")[1]) for n in tensors if n.startswith("h.")}
+    if blocks != set(range(cfg["n_layer"])):
+        fail("gpt2.block_count", f"is {cfg['n_layer']} but the file holds blocks "
+             f"{_ranges(sorted(blocks))}; they must be blk.0 .. blk.{cfg['n_layer'] - 1}")
+    eps = md.get("gpt2.attention.layer_norm_epsilon", 1e-5)
+    if type(eps) not in (int, float) or not 0 < eps < 1:
+        fail("gpt2.attention.layer_norm_epsilon", f"must be a number in (0, 1), got {eps!r}")
+    eos = md.get("tokenizer.ggml.eos_token_id")
+    if eos is not None and (type(eos) is not int or not 0 <= eos < vocab):
+        fail("tokenizer.ggml.eos_token_id", f"must be a token id in [0, {vocab}), got {eos!r}")
+    cfg.update(vocab_size=vocab, layer_norm_epsilon=float(eps), eos_token_id=eos)
     return cfg
+
+
+def _ranges(ids: list[int]) -> str:
+    if not ids:
+        return "none"
+    return f"{ids[0]}..{ids[-1]} ({len(ids)} of them)" if len(ids) > 3 else str(ids)
+
+
+def check_values(f: GGUFFile, *, allow_nonfinite: bool = False) -> None:
+    """Refuse (GGUFError naming the file and tensor) a NaN or inf in any tensor's values, by
+    arrays.refuse_nonfinite, the check every path in shares. Float tensors are checked
+    value by value; quantized blocks by their decoded values where numpy imports (a NaN or
+    inf scale), and not at all without numpy (the browser: decoding on the host there is
+    what the GPU path avoids)."""
+    if allow_nonfinite:
+        return
+    np = numpy_or_none()
+    for name, t in f.tensors.items():
+        if t.type_name not in quants.FLOATS and np is None:
+            continue
+        try:
+            refuse_nonfinite(t.dequantize(), t.shape, f"GGUF file {f.name}: tensor {name!r}")
+        except FeedError as e:
+            raise GGUFError(str(e)) from None
 
 
 def gpt2_state_dict(f: GGUFFile | object) -> tuple[dict, dict[str, HostArray]]:
