@@ -310,7 +310,7 @@ def gpt2_config(f: GGUFFile) -> dict:
                         f"got {arch!r}")
 
     def fail(k, msg):
-        raise GGUFError(f"GGUF file {f.name}: metadata {k!r}: {msg}")
+        raise GGUFError(f"GGUF file {f.name}: metadata {k!r} {msg}")
 
     def key(k):
         k = f"gpt2.{k}"
@@ -321,15 +321,15 @@ def gpt2_config(f: GGUFFile) -> dict:
             fail(k, f"must be a whole number >= 1 (a GGUF integer type), got {v!r}")
         return v
 
-    tensors = gpt2_tensors(f)
     cfg = {"n_layer": key("block_count"), "n_head": key("attention.head_count"),
            "n_embd": key("embedding_length"), "n_ctx": key("context_length")}
+    tensors = gpt2_tensors(f)
     vocab, n_embd = tensors["wte.weight"][0].shape
     if cfg["n_embd"] != n_embd:
         fail("gpt2.embedding_length", f"is {cfg['n_embd']} but token_embd.weight has {n_embd} "
              "columns")
     if n_embd % cfg["n_head"]:
-        fail("gpt2.attention.head_count", f"{cfg['n_head']} does not divide embedding_length "
+        fail("gpt2.attention.head_count", f"is {cfg['n_head']}, which does not divide embedding_length "
              f"{n_embd}")
     wpe = tensors["wpe.weight"][0].shape
     if tuple(wpe) != (cfg["n_ctx"], n_embd):
