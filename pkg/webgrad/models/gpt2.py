@@ -551,29 +551,37 @@ class GPT2(CausalLM):
 
 
 def _recorded_config(recorded: str, file: str) -> GPT2Config:
-    """The GPT2Config save_safetensors wrote into a file's metadata, checked."""
+    """The GPT2Config save_safetensors wrote into a file's metadata, checked (SafetensorsError
+    naming the file and the key)."""
+    from ..io.safetensors import SafetensorsError
     where = f"safetensors file {file}: metadata {_META_KEY!r}"
     try:
         fields = json.loads(recorded)
     except ValueError as e:
-        raise ValueError(f"{where}: not JSON ({e}); pass cfg= or rewrite the file with "
+        raise SafetensorsError(f"{where}: not JSON ({e}); pass cfg= or rewrite the file with "
                          "GPT2.save_safetensors") from None
     known = set(GPT2Config.__dataclass_fields__)
     if not isinstance(fields, dict) or set(fields) - known:
         extra = sorted(set(fields) - known) if isinstance(fields, dict) else type(fields).__name__
-        raise ValueError(f"{where}: must be an object of GPT2Config's fields "
+        raise SafetensorsError(f"{where}: must be an object of GPT2Config's fields "
                          f"({', '.join(sorted(known))}), got {extra}; pass cfg=")
     try:
         return GPT2Config(**fields)
     except ValueError as e:
-        raise ValueError(f"{where}: {e}; pass cfg=") from None
+        raise SafetensorsError(f"{where}: {e}; pass cfg=") from None
 
 
 def _shape_of(tensors, name):
+    """The 2-D shape of tensor `name` of a safetensors file (SafetensorsError otherwise)."""
+    from ..io.safetensors import SafetensorsError
     for k, t in tensors.items():
         if _strip(k) == name:
-            return tuple(getattr(t, "shape", None) or t[1])
-    raise ValueError(f"from_safetensors: no tensor {name!r}: not a GPT-2 checkpoint")
+            if len(t.shape) != 2:
+                raise SafetensorsError(f"safetensors file {tensors.name}: tensor {k!r} has shape "
+                                       f"{list(t.shape)}; a GPT-2 {name} is 2-D")
+            return tuple(t.shape)
+    raise SafetensorsError(f"safetensors file {tensors.name}: no tensor {name!r}: not a GPT-2 "
+                           "checkpoint")
 
 
 __all__ = ["GPT2Config", "GPT2Module", "GPT2", "Cache", "Surprisal", "lm_loss", "hidden",
