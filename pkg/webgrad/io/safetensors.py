@@ -108,9 +108,9 @@ class StoredTensor:
             else:
                 np = numpy_or_none()
                 if np is not None:
-                    with np.errstate(over="ignore"):   # F64 past f32's range: inf,
-                        out.frombytes(self.numpy().astype(np.float32).tobytes())  # refused by
-                    return out                                 # arrays.to_host by name
+                    # F64 past f32's range becomes inf, refused by name in arrays.to_host
+                    with np.errstate(over="ignore"):
+                        out.frombytes(self.numpy().astype(np.float32).tobytes())
                     return out
                 out.extend(struct.unpack(f"<{n}{DTYPES[self.dtype][1]}", self.data))
                 return out

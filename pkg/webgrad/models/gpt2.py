@@ -408,6 +408,7 @@ class GPT2(CausalLM):
         from ..quants import FORMATS, QuantSpec
         f = gguf.load(path_or_bytes)
         cfg = GPT2Config(**gguf.gpt2_config(f))      # checked against the file's tensors
+        _check_gguf_shapes(f, cfg)
         gguf.check_values(f, allow_nonfinite=allow_nonfinite)
         quant = {}
         if keep_quantized:
@@ -548,6 +549,24 @@ class GPT2(CausalLM):
 
     def _module(self) -> GPT2Module:
         return GPT2Module(self.cfg, self.wte_chunks, self.quant)
+
+
+def _check_gguf_shapes(f, cfg: GPT2Config) -> None:
+    """Every tensor of a gpt2 GGUF has the shape cfg gives it (GGUFError naming the tensor),
+    and none is missing, before a model is built from the file."""
+    from ..io import gguf
+    shapes = param_shapes(cfg)
+    tensors = gguf.gpt2_tensors(f)
+    for hf, (t, transposed) in tensors.items():
+        want = shapes["wte.weight" if hf == "lm_head.weight" else hf]
+        got = tuple(reversed(t.shape)) if transposed else tuple(t.shape)
+        if got != tuple(want):
+            raise gguf.GGUFError(f"GGUF file {f.name}: tensor {t.name!r} has shape "
+                                 f"{list(t.shape)}; the metadata's config ({cfg}) needs "
+                                 f"{list(reversed(want)) if transposed else list(want)}")
+    missing = sorted(set(shapes) - set(tensors))
+    if missing:
+        raise gguf.GGUFError(f"GGUF file {f.name}: missing {', '.join(missing[:5])} for {cfg}")
 
 
 def _recorded_config(recorded: str, file: str) -> GPT2Config:
