@@ -6,7 +6,7 @@ header against the tensors in the file before building anything from it and boun
 a header can ask for; malformed metadata and inputs get a webgrad error naming the input,
 the file and the field, not a bare TypeError/KeyError/ZeroDivisionError; a refused call
 changes nothing (parameters, optimizer state and step byte for byte). Device-free: the
-reference and torch executors. docs/reliability.md section 8 lists what each test holds.
+reference and torch executors. docs/reliability.md section 6 lists what each test holds.
 """
 from __future__ import annotations
 
