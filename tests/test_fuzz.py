@@ -18,6 +18,7 @@ from dataclasses import asdict
 
 import numpy as np
 import pytest
+import gguf  # noqa: F401  (imported here, not inside the first timed example)
 import safetensors.numpy
 import torch
 from hypothesis import HealthCheck, event, given, settings, strategies as hst
@@ -30,7 +31,8 @@ from webgrad.models import gpt2
 import tiny_files as tf
 from test_reliability import compile_net, feed, state_of
 
-pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's casts of the mutants
+pytestmark = [pytest.mark.filterwarnings("ignore::RuntimeWarning"),   # numpy's casts of mutants
+              pytest.mark.timeout(120)]        # a hard bound per test, beside each case's deadline
 WEBGRAD_ERRORS = (FeedError, st.SafetensorsError, wgg.GGUFError, checkpoint.CheckpointError)
 FUZZ = settings(max_examples=100, deadline=3000, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
