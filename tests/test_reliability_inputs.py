@@ -165,6 +165,7 @@ GGUF_META = [  # metadata override, the field and words of the error
     ({"gpt2.block_count": ("UINT32", 0)}, "gpt2.block_count", "whole number >= 1 .*, got 0"),
     ({"gpt2.block_count": ("FLOAT32", 1.7)}, "gpt2.block_count", "got 1.70"),
     ({"gpt2.block_count": ("UINT64", 10**7)}, "gpt2.block_count", "is 10000000 but the file holds blocks \\[0, 1\\]"),
+    ({"gpt2.block_count": ("UINT64", 2**63)}, "gpt2.block_count", "is 9223372036854775808 but"),
     ({"gpt2.block_count": ("UINT32", 1)}, "gpt2.block_count", "is 1 but the file holds"),
     ({"gpt2.block_count": None}, "gpt2.block_count", "is missing"),
     ({"gpt2.context_length": ("UINT64", 2**31)}, "gpt2.context_length", "is 2147483648 but position_embd.weight has shape \\[8, 32\\]"),
@@ -204,6 +205,7 @@ def test_gguf_nonfinite_weights_are_refused(tmp_path, q8):
 SAFETENSORS_CONFIG = [  # recorded config JSON, words of the error
     ("{not json", "metadata 'webgrad.gpt2_config': not JSON"),
     (json.dumps({**asdict(tf.CFG), "n_layer": 10**6}), "n_layer=1000000 but the file holds 2 layers"),
+    (json.dumps({**asdict(tf.CFG), "n_layer": 2**63}), "n_layer=9223372036854775808 but the file"),
     (json.dumps({**asdict(tf.CFG), "vocab_size": 10**12}), "needs 'wte.weight' of shape \\[1000000000000, 32\\]"),
     (json.dumps({**asdict(tf.CFG), "n_ctx": 2**31}), "needs 'wpe.weight' of shape \\[2147483648, 32\\]"),
     (json.dumps({**asdict(tf.CFG), "n_head": 0}), "n_head must be a whole number >= 1, got 0"),

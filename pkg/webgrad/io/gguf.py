@@ -336,7 +336,8 @@ def gpt2_config(f: GGUFFile) -> dict:
         fail("gpt2.context_length", f"is {cfg['n_ctx']} but position_embd.weight has shape "
              f"{list(wpe)}; they must agree ([context_length, embedding_length])")
     blocks = {int(n.split(".")[1]) for n in tensors if n.startswith("h.")}
-    if blocks != set(range(cfg["n_layer"])):
+    # the count first: set(range(2**63)) would be the very allocation this check prevents
+    if len(blocks) != cfg["n_layer"] or blocks != set(range(cfg["n_layer"])):
         fail("gpt2.block_count", f"is {cfg['n_layer']} but the file holds blocks "
              f"{_ranges(sorted(blocks))}; they must be blk.0 .. blk.{cfg['n_layer'] - 1}")
     eps = md.get("gpt2.attention.layer_norm_epsilon", 1e-5)

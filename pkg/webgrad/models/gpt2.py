@@ -356,7 +356,7 @@ class GPT2(CausalLM):
         # the config against the tensors in the file, before anything is built from it (the
         # layer count first: param_shapes walks every layer)
         layers = {k.split(".")[1] for k in sd if k.startswith("h.")}
-        if layers != {str(i) for i in range(cfg.n_layer)}:
+        if len(layers) != cfg.n_layer or layers != {str(i) for i in range(cfg.n_layer)}:
             raise st.SafetensorsError(
                 f"safetensors file {tensors.name}: the config says n_layer={cfg.n_layer} but "
                 f"the file holds {len(layers)} layers (h.0 ...); pass the right cfg= or fix "
