@@ -416,12 +416,22 @@ class Handler(SimpleHTTPRequestHandler):
             super().log_message(format, *args)
 
 
+IDLE_TIMEOUT = 30.0  # seconds a connection may sit without sending before it is closed
+
+
 def make_server(host: str = "127.0.0.1", port: int = 8000, root: Path | str = ROOT, *,
-                quiet: bool = True) -> ThreadingHTTPServer:
+                quiet: bool = True, idle_timeout: float = IDLE_TIMEOUT) -> ThreadingHTTPServer:
     """A ThreadingHTTPServer for the app (port 0 picks a free port: see ``server_address``).
 
-    It does not provision; call ``provision(root)`` first. Run it with ``serve_forever()``.
+    Each connection gets a handler thread; a socket timeout of ``idle_timeout`` seconds on
+    it closes a connection that sends nothing (or half a request) for that long, so idle
+    keep-alive or abandoned connections cannot pin threads for good
+    (tests/test_serve_idle.py). It does not provision; call ``provision(root)`` first. Run
+    it with ``serve_forever()``.
     """
+    if not (isinstance(idle_timeout, (int, float)) and 0 < idle_timeout < float("inf")):
+        raise ValueError(f"make_server: idle_timeout must be a number of seconds > 0, got "
+                         f"{idle_timeout!r}")
     paths = layout(root)
     mounts = [("/assets/pyodide/", paths["pyodide"]), ("/worker/", paths["worker"]),
               ("/lab/", paths["assets"] / "lab" / "site"),
@@ -429,11 +439,14 @@ def make_server(host: str = "127.0.0.1", port: int = 8000, root: Path | str = RO
     handler = type("WebgradHandler", (Handler,), {
         "mounts": sorted(((p, f.resolve()) for p, f in mounts), key=lambda m: -len(m[0])),
         "quiet": quiet,
+        "timeout": float(idle_timeout),   # StreamRequestHandler.setup: settimeout on the socket
     })
-    server_class = ThreadingHTTPServer
+    # a listen backlog of 128, not socketserver's 5: a page opening many connections at once
+    # (or 60 in tests/test_serve_idle.py) waited seconds on SYN retries
+    attrs = {"request_queue_size": 128}
     if _family(host, port) == socket.AF_INET6:
-        server_class = type("ThreadingHTTPServer6", (ThreadingHTTPServer,),
-                            {"address_family": socket.AF_INET6})
+        attrs["address_family"] = socket.AF_INET6
+    server_class = type("WebgradHTTPServer", (ThreadingHTTPServer,), attrs)
     return server_class((host, port), partial(handler, directory=str(paths["web"])))
 
 
@@ -485,6 +498,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="serve web/assets as it is, without fetching or rebuilding anything")
     parser.add_argument("--provision-only", action="store_true",
                         help="fetch and build the browser assets, then exit (used by the tests)")
+    parser.add_argument("--idle-timeout", type=float, default=IDLE_TIMEOUT,
+                        help=f"close a connection idle this many seconds (default {IDLE_TIMEOUT:g})")
     parser.add_argument("--no-lab", action="store_true",
                         help="do not build the JupyterLite notebook site served at /lab/")
     args = parser.parse_args(argv)
@@ -502,7 +517,8 @@ def main(argv: list[str] | None = None) -> int:
             provision_lab(ROOT)
         return 0
     try:
-        server = make_server(args.host, args.port, ROOT, quiet=False)
+        server = make_server(args.host, args.port, ROOT, quiet=False,
+                             idle_timeout=args.idle_timeout)
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
             print(f"serve.py: port {args.port} on {args.host} is already in use (another "

@@ -649,14 +649,16 @@ def test_index_extent_with_and_without_numpy(monkeypatch, numpy):
         assert arrays.extent(h) == (min(vals), max(vals))
 
 
-def test_nan_scan_without_numpy(monkeypatch):
-    """The browser's path (no numpy): sum() flags a NaN, a scan confirms it; inf and -inf
-    together also sum to NaN, and must not be mistaken for one."""
+def test_nonfinite_scan_without_numpy(monkeypatch):
+    """The browser's path (no numpy): a non-finite float64 sum() flags a NaN or inf, a scan
+    finds it; inf and -inf together sum to NaN and are found at their own position."""
     import webgrad.arrays as arrays
     monkeypatch.setattr(arrays, "numpy_or_none", lambda: None)
-    h = wg.HostArray("f32", [1.0, float("inf"), float("-inf"), 2.0], shape=(4,))
-    assert arrays.first_nan(h) is None
-    h[3] = float("nan")
-    assert arrays.first_nan(h) == 3
+    h = wg.HostArray("f32", [1.0, 3e38, 3e38, 2.0], shape=(4,))
+    assert arrays.first_nonfinite(h) is None            # the float64 sum does not overflow
+    h[2] = float("-inf")
+    assert arrays.first_nonfinite(h) == 2
+    h[1] = float("inf")
+    assert arrays.first_nonfinite(h) == 1
     with pytest.raises(FeedError, match=r"input 'x': NaN at index \[1, 2\] \(flat position 6\)"):
         arrays.to_host(NAN_X.tolist(), shape=(2, 4), dtype="f32", what="step(): input 'x'")

@@ -103,8 +103,11 @@ def test_state_dict_errors_change_nothing():
         c.load_state_dict(sd | {"extra": torch.zeros(1)})
     with pytest.raises(FeedError, match="missing 'head'"):
         c.load_state_dict({k: v for k, v in sd.items() if k != "head"})
-    with pytest.raises(FeedError, match="'head' has dtype torch.int64"):
+    with pytest.raises(FeedError, match=r"'head': expects f32\[32, 12\], got dtype int64"):
         c.load_state_dict(sd | {"head": torch.zeros(32, 12, dtype=torch.int64)})
+    with pytest.raises(FeedError, match=r"'head': NaN at index \[0, 1\]"):
+        c.load_state_dict(sd | {"head": torch.zeros(32, 12).index_fill_(1, torch.tensor([1]),
+                                                                        float("nan"))})
     after = c.download_params()
     assert all(np.array_equal(after[k], before[k]) for k in before)
     # DDP's "module." prefix and other float dtypes are accepted; partial with strict=False

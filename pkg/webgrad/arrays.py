@@ -9,6 +9,7 @@ with a `.shape`. Out: numpy.ndarray where numpy imports, else the HostArray itse
 from __future__ import annotations
 
 import array
+import math
 import sys
 from itertools import chain
 from math import prod
@@ -102,15 +103,19 @@ _FORMAT_NAMES = {"b": "int8", "B": "uint8", "h": "int16", "H": "uint16", "i": "i
                  "n": "ssize_t", "N": "size_t", "e": "f16", "f": "f32", "d": "f64"}  # i32/f32: our names
 
 
-def to_host(value, *, shape, dtype: str, what: str, allow_nan: bool = False) -> HostArray:
+def to_host(value, *, shape, dtype: str, what: str, allow_nonfinite: bool = False) -> HostArray:
     """Convert and check one value; `what` names it in errors ("step(): input 'x'").
 
     Values are converted, never reinterpreted: a float64 buffer fed as f32 is rounded value by
     value, an int16 or int64 buffer fed as i32 is widened or range-checked. The raw-bytes form
     (bytes, bytearray, a memoryview of format 'B') is the one exception: it IS the f32/i32 data.
-    Refused, naming the input and the position: NaN in f32 data unless allow_nan (a NaN fed to
-    a training step poisons parameters and optimizer state for good), integers outside i32, integer *buffers* for f32 (an index array
-    uploaded as weights is a mistake; Python lists of ints are fine), non-numbers in lists.
+    Refused, naming the input and the position: NaN and +-inf in f32 data unless
+    allow_nonfinite (a NaN or inf fed to a training step poisons parameters and optimizer
+    state for good), which also catches a finite float64 too large for f32 (inf after the
+    cast); integers outside i32, integer *buffers* for f32 (an index array uploaded as weights
+    is a mistake; Python lists of ints are fine), bools, non-numbers in lists, torch meta
+    tensors. This is the one value check of every path that brings values in: feeds,
+    upload_params, load_state_dict, checkpoints, safetensors, GGUF and torch tensors.
     """
     shape = tuple(shape)
     want = f"{dtype}{list(shape)}"
@@ -133,6 +138,10 @@ def to_host(value, *, shape, dtype: str, what: str, allow_nan: bool = False) -> 
             flat_list(value, data)
         if dtype == "i32":
             _check_ints(data, want, what, got_shape)
+        elif any(type(v) is bool for v in data):
+            at = next(i for i, v in enumerate(data) if type(v) is bool)
+            raise FeedError(f"{what}: expects numbers ({want}), got the bool {data[at]!r} at "
+                            f"{_position(at, got_shape)}; write 1.0/0.0 if a number is meant")
     else:
         raise FeedError(f"{what}: cannot read a {type(value).__name__}; pass a numpy array, "
                         "array.array, memoryview, nested list or JS typed array")
@@ -150,14 +159,14 @@ def to_host(value, *, shape, dtype: str, what: str, allow_nan: bool = False) -> 
                             f"{data[at]!r} at {_position(at, got_shape)}") from None
     if len(out) != prod(shape):
         raise FeedError(f"{what}: expects {prod(shape)} values for {want}, got {len(out)}")
-    if dtype == "f32" and not allow_nan:
-        _refuse_nan(out, shape, what)
+    if dtype == "f32" and not allow_nonfinite:
+        refuse_nonfinite(out, shape, what)
     return out
 
 
 def _from_numpy(value, dtype, want, what):
     if hasattr(value, "detach"):
-        value = value.detach().cpu().numpy()
+        value = _torch_to_numpy(value, want, what)
     kind = value.dtype.kind
     if dtype == "i32":
         if kind not in "iu":
@@ -173,7 +182,25 @@ def _from_numpy(value, dtype, want, what):
     if kind != "f":
         raise FeedError(f"{what}: expects {want}, got dtype {value.dtype}; convert it first "
                         "(.astype(numpy.float32)) if these are really values, not indices")
-    return tuple(value.shape), value.astype("float32").tobytes()
+    import numpy
+    with numpy.errstate(over="ignore"):       # an overflow to inf is refused by name below
+        return tuple(value.shape), value.astype("float32").tobytes()
+
+
+def _torch_to_numpy(t, want, what):
+    """A torch tensor's values as numpy: floats numpy lacks (bfloat16, float8) widen to f32
+    first, as load_state_dict always did; a meta tensor holds no values."""
+    if t.device.type == "meta":
+        raise FeedError(f"{what}: a torch meta tensor {tuple(t.shape)} holds no values ({want}); "
+                        "materialise it first (load its weights, or .to_empty(device='cpu') "
+                        "and initialise it)")
+    t = t.detach().cpu()
+    if t.dtype.is_complex:
+        raise FeedError(f"{what}: expects {want}, got the complex dtype {t.dtype}; pass "
+                        ".real or .abs()")
+    if t.dtype.is_floating_point and t.dtype.itemsize < 4:
+        t = t.float()                      # bf16, f16, float8: every value exact in f32
+    return t.numpy()
 
 
 def _np_position(value, mask) -> str:
@@ -274,20 +301,20 @@ def _position(flat_index: int, shape) -> str:
     return f"index {list(reversed(idx))}"
 
 
-def first_nan(h: array.array) -> int | None:
-    """The flat position of the first NaN in f32 data, or None.
+def first_nonfinite(h: array.array) -> int | None:
+    """The flat position of the first NaN, inf or -inf in f32 data, or None.
 
-    Cheap on the common path: with numpy, one vectorised isnan over a zero-copy view; without
-    (the browser), one C-level sum() (NaN propagates through it; inf - inf can also make NaN,
-    so a NaN sum is confirmed by a scan, which only a bad feed pays)."""
+    Cheap on the common path: with numpy, one vectorised isfinite over a zero-copy view;
+    without (the browser), one C-level sum() in float64 (a NaN or inf makes it non-finite,
+    and f32 values cannot overflow a float64 sum of fewer than 10^270 of them), confirmed by
+    a scan, which only a bad value pays."""
     np = numpy_or_none()
     if np is not None:
-        hits = np.flatnonzero(np.isnan(np.frombuffer(h, dtype=np.float32)))
+        hits = np.flatnonzero(~np.isfinite(np.frombuffer(h, dtype=np.float32)))
         return int(hits[0]) if hits.size else None
-    s = sum(h)
-    if s == s:
+    if math.isfinite(sum(h)):
         return None
-    return next((i for i, v in enumerate(h) if v != v), None)
+    return next((i for i, v in enumerate(h) if not math.isfinite(v)), None)
 
 
 def extent(h: array.array) -> tuple[int, int]:
@@ -301,12 +328,19 @@ def extent(h: array.array) -> tuple[int, int]:
     return min(h), max(h)
 
 
-def _refuse_nan(h: HostArray, shape, what: str) -> None:
-    at = first_nan(h)
-    if at is not None:
-        raise FeedError(f"{what}: NaN at {_position(at, shape)} (flat position {at}); a NaN "
-                        "would spread into the parameters and optimizer state, so nothing ran. "
-                        "Clean the data (e.g. numpy.nan_to_num) or mask it out")
+def refuse_nonfinite(h: array.array, shape, what: str) -> None:
+    """FeedError naming `what` and the position of the first NaN/inf of f32 data `h`."""
+    at = first_nonfinite(h)
+    if at is None:
+        return
+    v = h[at]
+    kind = "NaN" if v != v else repr(v)
+    why = ("" if v != v else " (an inf, or a finite value beyond f32's range, +-3.4e38, "
+           "cast to f32)")
+    raise FeedError(f"{what}: {kind} at {_position(at, shape)} (flat position {at}){why}; a "
+                    "non-finite value would spread into the parameters and optimizer state, so "
+                    "nothing ran. Clean the data (e.g. numpy.nan_to_num), mask it out, or pass "
+                    "allow_nonfinite=True if it is meant")
 
 
 def _is_numpy_like(v) -> bool:

@@ -41,6 +41,7 @@ from __future__ import annotations
 from .compiled import CompiledForward, CompiledModule, Program
 from .dce import cse, dce
 from .grad import append_grad
+from .init import check_seed
 from .ir import Graph
 from .optim import Adam, Optimizer, OptimizerContext, ParamSlot
 from .tensor import Tensor, tracing
@@ -109,6 +110,7 @@ def compile_module(factory, loss_fn, *, inputs, optimizer=_DEFAULT, backend="ref
     if optimizer is not None and not isinstance(optimizer, Optimizer):
         raise TypeError(f"optimizer must be an optim.Optimizer (e.g. optim.Adam(lr=1e-3)) or None, "
                         f"got {optimizer!r}")
+    seed = check_seed(seed, "compile_module")
     ins = parse_inputs(inputs)
     specs, train, forward = build_train_graph(factory, loss_fn, ins, optimizer, keep_grads=keep_grads,
                                                 seed=seed)
@@ -123,6 +125,7 @@ def compile_forward(factory, fwd_fn, *, inputs, backend="reference", seed: int =
     """A forward-only program with its own parameters (initialised from the factory).
     An inference graph: dropout is the identity unless training=True."""
     from .backends import get_backend
+    seed = check_seed(seed, "compile_forward")
     ins = parse_inputs(inputs)
     specs, g = build_forward_graph(factory, fwd_fn, ins, seed, training)
     be = get_backend(backend)

@@ -51,7 +51,7 @@ class Program:
         """The same graph prepared on another backend (recover(): a new device)."""
         return Program(backend, self.graph, self.inputs, lazy=self.lazy and self._exe is None)
 
-    def check_feed(self, feed, method: str) -> dict[str, HostArray]:
+    def check_feed(self, feed, method: str, allow_nonfinite: bool = False) -> dict[str, HostArray]:
         if not isinstance(feed, dict):
             raise FeedError(f"{method}(): pass the inputs as a dict name -> array, got {type(feed).__name__}")
         if feed.keys() != self.inputs.keys():  # the message is built only for a bad feed
@@ -63,10 +63,11 @@ class Program:
             missing = sorted(set(self.inputs) - set(feed))
             raise FeedError(f"{method}(): missing input {', '.join(map(repr, missing))}; this program "
                             f"takes {declared}")
-        # NaN is refused where it would land in the persistent state (a training step); a
-        # forward run computes with it (NaN out, as torch gives) and keeps nothing
+        # NaN and inf are refused where they would land in the persistent state (a training
+        # step, unless allow_nonfinite); a forward run computes with them (NaN out, as torch
+        # gives) and keeps nothing
         hosts = {k: to_host(feed[k], shape=s, dtype=d, what=f"{method}(): input '{k}'",
-                            allow_nan=method != "step")
+                            allow_nonfinite=allow_nonfinite or method == "run")
                  for k, (s, d) in self.inputs.items()}
         check_index_feeds(hosts, self.index_checks, method)
         return hosts
@@ -88,8 +89,9 @@ class Program:
                                       f"{self.backend.name!r} has none (use backend='webgpu')")
         return await prof(self.check_feed(feed, method))
 
-    async def execute(self, feed, method, main: str, with_captures: bool):
-        feeds = self.check_feed(feed, method)
+    async def execute(self, feed, method, main: str, with_captures: bool,
+                      allow_nonfinite: bool = False):
+        feeds = self.check_feed(feed, method, allow_nonfinite)
         fetch = [main] + (self.captures() if with_captures else [])
         out = await self.exe.run(feeds, fetch)
         caps = {k[len("capture:"):]: to_user(v) for k, v in out.items() if k.startswith("capture:")}
@@ -193,12 +195,16 @@ class CompiledModule:
             self._guard.update(hosts)
 
     # -- the async API
-    async def step_async(self, feed, *, with_captures: bool = False):
+    async def step_async(self, feed, *, with_captures: bool = False,
+                         allow_nonfinite: bool = False):
+        """One training step. A NaN or inf in an f32 feed is refused (FeedError, nothing
+        changed) unless allow_nonfinite=True (a -inf mask the loss handles)."""
         self._need_train("step")
         async with self._lost("step"):
             if self._guard is not None:
                 await self._guard.ensure_copy()
-            loss, caps = await self._train.execute(feed, "step", "loss", with_captures)
+            loss, caps = await self._train.execute(feed, "step", "loss", with_captures,
+                                                   allow_nonfinite)
             self.last_feed = feed  # what the playground's kernel timing profiles
             loss = float(loss[0])
             if self._guard is not None:
@@ -230,10 +236,15 @@ class CompiledModule:
         async with self._lost("download_param_grads"):
             return {n: to_user(await self.backend.read(f"grad/{n}")) for n in self.trainable_names}
 
-    async def upload_params_async(self, params: dict, *, partial: bool = False) -> None:
-        await self._upload_params(params, partial, "upload_params", "partial=True")
+    async def upload_params_async(self, params: dict, *, partial: bool = False,
+                                  allow_nonfinite: bool = False) -> None:
+        """Write parameters (name -> array); every entry is checked (arrays.to_host: shape,
+        dtype, NaN/inf unless allow_nonfinite=True) before any is written."""
+        await self._upload_params(params, partial, "upload_params", "partial=True",
+                                  allow_nonfinite)
 
-    async def _upload_params(self, params, partial: bool, method: str, partial_kw: str) -> None:
+    async def _upload_params(self, params, partial: bool, method: str, partial_kw: str,
+                             allow_nonfinite: bool = False) -> None:
         """upload_params, its errors naming `method` and its keyword for a partial upload
         (load_state_dict: strict=False)."""
         self.check_alive(method)
@@ -248,7 +259,7 @@ class CompiledModule:
             raise FeedError(f"{method}(): missing {', '.join(map(repr, missing))}; pass all "
                             f"parameters or {partial_kw}")
         hosts = {n: to_host(v, shape=self._specs[n].held[0], dtype=self._specs[n].held[1],
-                            what=f"{method}(): '{n}'")
+                            what=f"{method}(): '{n}'", allow_nonfinite=allow_nonfinite)
                  for n, v in params.items()}  # every check before any write
         await self.write_state_async(hosts, method=method)
 
@@ -305,10 +316,12 @@ class CompiledModule:
         self.check_alive("save")
         return await checkpoint.save_async(self, dst, optimizer=optimizer)
 
-    async def load_async(self, src, *, optimizer: bool | None = None) -> None:
+    async def load_async(self, src, *, optimizer: bool | None = None,
+                         allow_nonfinite: bool = False) -> None:
         from .io import checkpoint
         self.check_alive("load")
-        await checkpoint.load_async(self, src, optimizer=optimizer)
+        await checkpoint.load_async(self, src, optimizer=optimizer,
+                                    allow_nonfinite=allow_nonfinite)
         await self._recopy()  # recover() must not undo a load
 
     # -- PyTorch: the loss graph as a torch.nn.Module, state dicts back; io/torch_interop.py
@@ -317,21 +330,23 @@ class CompiledModule:
         self._need_train("to_torch")
         return await torch_interop.to_torch_async(self, self._forward.graph, "loss")
 
-    async def load_state_dict_async(self, state_dict, *, strict: bool = True) -> None:
+    async def load_state_dict_async(self, state_dict, *, strict: bool = True,
+                                    allow_nonfinite: bool = False) -> None:
         from .io import torch_interop
-        await torch_interop.load_state_dict_async(self, state_dict, strict=strict)
+        await torch_interop.load_state_dict_async(self, state_dict, strict=strict,
+                                                  allow_nonfinite=allow_nonfinite)
 
     # -- blocking forms
     def to_torch(self): return run_blocking(self.to_torch_async())
-    def load_state_dict(self, state_dict, *, strict=True): return run_blocking(self.load_state_dict_async(state_dict, strict=strict))
+    def load_state_dict(self, state_dict, *, strict=True, allow_nonfinite=False): return run_blocking(self.load_state_dict_async(state_dict, strict=strict, allow_nonfinite=allow_nonfinite))
     def save(self, dst=None, *, optimizer=True): return run_blocking(self.save_async(dst, optimizer=optimizer))
-    def load(self, src, *, optimizer=None): return run_blocking(self.load_async(src, optimizer=optimizer))
-    def step(self, feed, *, with_captures=False): return run_blocking(self.step_async(feed, with_captures=with_captures))
+    def load(self, src, *, optimizer=None, allow_nonfinite=False): return run_blocking(self.load_async(src, optimizer=optimizer, allow_nonfinite=allow_nonfinite))
+    def step(self, feed, *, with_captures=False, allow_nonfinite=False): return run_blocking(self.step_async(feed, with_captures=with_captures, allow_nonfinite=allow_nonfinite))
     def run(self, feed, *, with_captures=False): return run_blocking(self.run_async(feed, with_captures=with_captures))
     def download_params(self): return run_blocking(self.download_params_async())
     def profile(self, feed): return run_blocking(self.profile_async(feed))
     def download_param_grads(self): return run_blocking(self.download_param_grads_async())
-    def upload_params(self, params, *, partial=False): return run_blocking(self.upload_params_async(params, partial=partial))
+    def upload_params(self, params, *, partial=False, allow_nonfinite=False): return run_blocking(self.upload_params_async(params, partial=partial, allow_nonfinite=allow_nonfinite))
     def reset(self): return run_blocking(self.reset_async())
     def reset_optimizer_state(self): return run_blocking(self.reset_optimizer_state_async())
     def recover(self) -> int: return run_blocking(self.recover_async())

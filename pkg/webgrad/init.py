@@ -81,7 +81,17 @@ def fan_in(shape) -> int:
     """[d_in, d_out] weights (x @ W) have fan-in d_in; conv weights [O, C, kh, kw] C*kh*kw."""
     if len(shape) <= 1:
         return max(prod(shape), 1)
-    return shape[0] if len(shape) == 2 else prod(shape[1:])
+    # a zero-size weight ([0, n], [O, 0, k, k]) has no values to draw: any std will do
+    return max(shape[0] if len(shape) == 2 else prod(shape[1:]), 1)
+
+
+def check_seed(seed, where: str) -> int:
+    """A seed is a whole number (a Python or numpy integer, not a bool, float or str): 1.9
+    would otherwise be taken as 1 and "abc" fail deep inside the generator."""
+    if isinstance(seed, bool) or not hasattr(seed, "__index__"):
+        raise TypeError(f"{where}: seed must be an int (e.g. seed=0), got {type(seed).__name__} "
+                        f"{seed!r}")
+    return seed.__index__()
 
 
 M32 = 0xFFFFFFFF

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 
-from .arrays import HostArray, first_nan
+from .arrays import HostArray, first_nonfinite
 
 
 class NonFiniteError(FloatingPointError):
@@ -120,22 +120,9 @@ def _first_nonfinite(loss: float, state: dict[str, HostArray]) -> str | None:
         h = state[name]
         if h.dtype != "f32":
             continue
-        at = first_nan(h)
-        if at is None:
-            at = _first_inf(h)
+        at = first_nonfinite(h)
         if at is not None:
             what = (f"the gradient of '{name[5:]}'" if name.startswith("grad/")
                     else f"'{name}' after the update")
             return f"{what} holds {h[at]} at flat position {at} (shape {list(h.shape)})"
     return None
-
-
-def _first_inf(h: HostArray) -> int | None:
-    from .arrays import numpy_or_none
-    np = numpy_or_none()
-    if np is not None:
-        hits = np.flatnonzero(np.isinf(np.frombuffer(h, dtype=np.float32)))
-        return int(hits[0]) if hits.size else None
-    if max(h, default=0.0) != float("inf") and min(h, default=0.0) != float("-inf"):
-        return None
-    return next(i for i, v in enumerate(h) if v in (float("inf"), float("-inf")))

@@ -18,14 +18,16 @@ seed also keys the dropout masks; the file's metadata records it), then
 the same feeds, gives the same losses bit for bit (tests/test_checkpoint.py, per backend).
 
 Loading checks the whole file against the module before writing anything: an unknown or
-missing parameter, a wrong shape or a non-float dtype raises CheckpointError naming the
-file and the tensor, and the module keeps its parameters, optimizer state and step.
+missing parameter, a wrong shape, a non-float dtype, a NaN/inf value (unless
+allow_nonfinite=True; arrays.to_host, the check every path in shares) or a step counter that
+is not a whole number >= 0 raises CheckpointError naming the file and the tensor, and the
+module keeps its parameters, optimizer state and step.
 """
 from __future__ import annotations
 
 from math import prod
 
-from ..arrays import HostArray
+from ..arrays import FeedError, HostArray, to_host
 from ..optim import STATE_PREFIX
 from . import safetensors as st
 
@@ -60,7 +62,8 @@ def _fail(file, msg):
     raise CheckpointError(f"load(): checkpoint {file}: {msg}")
 
 
-def check_tensors(c, f: dict, file: str, *, optimizer: bool | None) -> dict[str, HostArray]:
+def check_tensors(c, f: dict, file: str, *, optimizer: bool | None,
+                  allow_nonfinite: bool = False) -> dict[str, HostArray]:
     """Validate a name -> StoredTensor mapping against c; the HostArrays to write.
 
     optimizer=None loads the optimizer state and step when the file has them (any opt/ name
@@ -100,15 +103,24 @@ def check_tensors(c, f: dict, file: str, *, optimizer: bool | None) -> dict[str,
         elif t.dtype not in ("F32", "F16", "BF16", "F64"):
             _fail(file, f"tensor {name!r} has dtype {t.dtype}; parameters and optimizer state "
                   "are floats (F32, or F16/BF16/F64 converted)")
-        h = t.to_host()
+        try:   # the one value check of every path in (arrays.to_host): NaN, inf, overflow
+            dtype = stored[name][1] if name in stored else "f32"   # quantized: its i32 words
+            h = to_host(t, shape=tuple(t.shape), dtype=dtype, what=f"tensor {name!r}",
+                        allow_nonfinite=allow_nonfinite)
+        except FeedError as e:
+            _fail(file, str(e))
         h.shape = tuple(shape)
         hosts[name] = h
+    step = hosts.get("step")
+    if step is not None and not (step[0] >= 0 and step[0] == int(step[0])):
+        _fail(file, f"tensor 'step' is {step[0]}; the step counter is a whole number >= 0")
     return hosts
 
 
-async def load_async(c, src, *, optimizer: bool | None = None) -> None:
+async def load_async(c, src, *, optimizer: bool | None = None,
+                     allow_nonfinite: bool = False) -> None:
     """Load a checkpoint (path, bytes or binary file) into c: all checks first, then writes."""
     c.check_alive("load")
     f = st.load(src)                    # a broken file raises SafetensorsError, naming it
-    hosts = check_tensors(c, f, f.name, optimizer=optimizer)
+    hosts = check_tensors(c, f, f.name, optimizer=optimizer, allow_nonfinite=allow_nonfinite)
     await c.write_state_async(hosts, method="load")

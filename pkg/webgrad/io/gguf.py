@@ -39,7 +39,7 @@ import struct
 from math import prod
 
 from .. import quants
-from ..arrays import HostArray
+from ..arrays import FeedError, HostArray, numpy_or_none, refuse_nonfinite
 from ..quants import DEQUANTIZABLE, GGML_TYPES, TYPE_IDS  # noqa: F401  (this module's API too)
 from .safetensors import read_source as _source  # the same path / bytes / file reading
 
@@ -171,7 +171,7 @@ class _Cursor:
 
 def load(src) -> GGUFFile:
     """Parse a GGUF file (path, bytes-like or binary file); tensor data stays zero-copy."""
-    buf, name = _source(src, "gguf.load")
+    buf, name = _source(src, "gguf.load", GGUFError)
     cur = _Cursor(buf, name)
     magic = bytes(cur.take(4, "magic"))
     if magic != MAGIC:
@@ -252,3 +252,21 @@ def dequantize(type_name: str, raw, n: int, *, what: str = "tensor",
         return quants.dequantize(type_name, raw, n, what=what, use_numpy=use_numpy)
     except ValueError as e:
         raise GGUFError(str(e)) from None
+
+
+def check_values(f: GGUFFile, *, allow_nonfinite: bool = False) -> None:
+    """Refuse (GGUFError naming the file and tensor) a NaN or inf in any tensor's values, by
+    arrays.refuse_nonfinite, the check every path in shares. Float tensors are checked
+    value by value; quantized blocks by their decoded values where numpy imports (a NaN or
+    inf scale), and not at all without numpy (the browser: decoding on the host there is
+    what the GPU path avoids)."""
+    if allow_nonfinite:
+        return
+    np = numpy_or_none()
+    for name, t in f.tensors.items():
+        if t.type_name not in quants.FLOATS and np is None:
+            continue
+        try:
+            refuse_nonfinite(t.dequantize(), t.shape, f"GGUF file {f.name}: tensor {name!r}")
+        except FeedError as e:
+            raise GGUFError(str(e)) from None

@@ -41,6 +41,12 @@ from math import prod
 from ..arrays import HostArray, numpy_or_none
 
 MAX_HEADER = 100_000_000          # the safetensors library refuses larger headers too
+# Bounds on the work a header can ask for (the library's largest header, 1.4 M zero-size
+# tensors, took 22-31 s and 1.5 GB to parse): tensors per file (a whole Llama 405B is
+# ~1,100; a sharded MoE's shard a few thousand), counted in the raw bytes before parsing,
+# and each dimension (the library's usize).
+MAX_TENSORS = 100_000
+MAX_DIM = 2 ** 63 - 1
 
 # dtype -> (bytes per element, struct code for little-endian decoding or None), in the
 # library's own dtype order, which its writer sorts by (last first) before names
@@ -102,7 +108,9 @@ class StoredTensor:
             else:
                 np = numpy_or_none()
                 if np is not None:
-                    out.frombytes(self.numpy().astype(np.float32).tobytes())
+                    # F64 past f32's range becomes inf, refused by name in arrays.to_host
+                    with np.errstate(over="ignore"):
+                        out.frombytes(self.numpy().astype(np.float32).tobytes())
                     return out
                 out.extend(struct.unpack(f"<{n}{DTYPES[self.dtype][1]}", self.data))
                 return out
@@ -130,11 +138,19 @@ class StoredTensor:
         name = _NUMPY.get(self.dtype)
         if name is None:
             raise SafetensorsError(f"StoredTensor.numpy: numpy has no {self.dtype}; read .data")
-        return np.frombuffer(self.data, dtype=np.dtype(name).newbyteorder("<")).reshape(self.shape)
+        a = np.frombuffer(self.data, dtype=np.dtype(name).newbyteorder("<")).reshape(self.shape)
+        a.flags.writeable = False       # a view of the file's buffer: copy it to write
+        return a
 
     def __array__(self, dtype=None, copy=None):
+        """np.asarray(t): a read-only view of the file's bytes; np.array(t) (copy=True): a
+        copy of its own, never a view that writes through into the file's buffer."""
         a = self.numpy()
-        return a if dtype is None else a.astype(dtype)
+        if dtype is not None and a.dtype != dtype:
+            return a.astype(dtype)
+        if copy:
+            return a.copy()
+        return a
 
     def tolist(self):
         return self.to_host().tolist()
@@ -151,8 +167,9 @@ class SafetensorsFile(dict):
 
 # ----------------------------------------------------------------------------- reading
 
-def read_source(src, reader: str = "safetensors.load") -> tuple[memoryview, str]:
-    """The whole file as a memoryview, and a name for errors (GGUF's reader uses it too)."""
+def read_source(src, reader: str = "safetensors.load", error=None) -> tuple[memoryview, str]:
+    """The whole file as a memoryview, and a name for errors (GGUF's reader uses it too,
+    with its own `error` class)."""
     if isinstance(src, (bytes, bytearray, memoryview)):
         return memoryview(src).cast("B"), "<bytes>"
     if isinstance(src, (str, os.PathLike)):
@@ -161,7 +178,12 @@ def read_source(src, reader: str = "safetensors.load") -> tuple[memoryview, str]
             return memoryview(f.read()), repr(path)
     if hasattr(src, "read"):
         name = getattr(src, "name", None)
-        return memoryview(src.read()), repr(name) if isinstance(name, str) else "<file>"
+        name = repr(name) if isinstance(name, str) else "<file>"
+        data = src.read()
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise (error or SafetensorsError)(f"{reader}: file {name} gave {type(data).__name__}, not bytes: "
+                            "open it in binary mode (open(path, 'rb'))")
+        return memoryview(data).cast("B"), name
     raise TypeError(f"{reader}: src must be a path, bytes or a binary file, "
                     f"got {type(src).__name__}")
 
@@ -187,6 +209,9 @@ def parse_header(buf: memoryview, name: str = "<bytes>") -> tuple[int, dict, dic
     raw = bytes(buf[8:8 + n])
     if not raw.startswith(b"{"):
         _fail(name, "header", "the JSON header must start with '{'")
+    if raw.count(b'"data_offsets"') > MAX_TENSORS:     # one C-level scan, before json.loads
+        _fail(name, "header", f"names more than {MAX_TENSORS} tensors ({raw.count(b'data_offsets')}"
+              " 'data_offsets' keys); split the file into shards")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -228,11 +253,13 @@ def parse_header(buf: memoryview, name: str = "<bytes>") -> tuple[int, dict, dic
             _fail(name, where, f"needs exactly dtype, shape, data_offsets "
                   f"(missing {sorted(missing)}, unexpected {sorted(extra)})")
         dtype = info["dtype"]
-        if dtype not in DTYPES:
+        if not isinstance(dtype, str) or dtype not in DTYPES:
             _fail(name, f"{where}.dtype", f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
         shape = info["shape"]
-        if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
-            _fail(name, f"{where}.shape", f"must be a list of non-negative integers, got {shape!r}")
+        if not (isinstance(shape, list) and all(type(d) is int and 0 <= d <= MAX_DIM
+                                                for d in shape)):
+            _fail(name, f"{where}.shape", f"must be a list of integers in [0, 2**63), got "
+                  f"{shape!r:.200}")
         offs = info["data_offsets"]
         if not (isinstance(offs, list) and len(offs) == 2
                 and all(type(o) is int and o >= 0 for o in offs)):

@@ -35,32 +35,32 @@ def _strip_prefix(sd: dict) -> dict:
     return dict(sd)
 
 
-def from_torch_state_dict(state_dict: dict) -> dict[str, HostArray]:
-    """A torch state dict (tensors on any device, any float dtype; a DDP "module." prefix is
-    dropped) -> {name: HostArray f32}, ready for c.upload_params. Values that are not torch
-    tensors or numpy arrays (nested lists, array.array) are passed on as they are:
-    upload_params checks them against the parameter's shape."""
+def from_torch_state_dict(state_dict: dict, *, allow_nonfinite: bool = False
+                          ) -> dict[str, HostArray]:
+    """A torch state dict (tensors on any device, any float dtype, bf16 included; a DDP
+    "module." prefix is dropped) -> {name: HostArray f32}, ready for c.upload_params.
+    Every value goes through arrays.to_host (dtype, NaN/inf unless allow_nonfinite); values
+    without a shape (nested lists, array.array) are passed on as they are: upload_params
+    checks them against the parameter's shape."""
     out = {}
     for name, v in _strip_prefix(state_dict).items():
-        if type(v).__module__.startswith("torch"):
-            if not v.dtype.is_floating_point:
-                raise FeedError(f"from_torch_state_dict: {name!r} has dtype {v.dtype}; "
-                                "webgrad parameters are float32")
-            v = v.detach().to("cpu").float().contiguous()
         if not hasattr(v, "shape"):
             out[name] = v
             continue
-        out[name] = to_host(v, shape=tuple(v.shape), dtype="f32", what=f"from_torch_state_dict: {name!r}")
+        out[name] = to_host(v, shape=tuple(v.shape), dtype="f32",
+                            what=f"from_torch_state_dict: {name!r}",
+                            allow_nonfinite=allow_nonfinite)
     return out
 
 
-async def load_state_dict_async(c, state_dict: dict, *, strict: bool = True) -> None:
+async def load_state_dict_async(c, state_dict: dict, *, strict: bool = True,
+                                allow_nonfinite: bool = False) -> None:
     """c.load_state_dict: every name and shape checked before any write (upload_params)."""
     if not isinstance(state_dict, dict):
         raise FeedError(f"load_state_dict(): pass a dict name -> tensor (module.state_dict()), "
                         f"got {type(state_dict).__name__}")
-    await c._upload_params(from_torch_state_dict(state_dict), not strict, "load_state_dict",
-                           "strict=False")
+    await c._upload_params(from_torch_state_dict(state_dict, allow_nonfinite=allow_nonfinite),
+                           not strict, "load_state_dict", "strict=False", allow_nonfinite)
 
 
 async def to_torch_async(c, graph, output: str):

@@ -69,6 +69,18 @@ class GPT2Config:
         return cls(12, 12, 768, 1024, 50257, 1e-5, 50256)
 
     def __post_init__(self):
+        for k in ("n_layer", "n_head", "n_embd", "n_ctx", "vocab_size"):
+            v = getattr(self, k)
+            if type(v) is not int or v < 1:
+                raise ValueError(f"GPT2Config: {k} must be a whole number >= 1, got {v!r}")
+        eps = self.layer_norm_epsilon
+        if type(eps) not in (int, float) or not 0 < eps < 1:
+            raise ValueError(f"GPT2Config: layer_norm_epsilon must be a number in (0, 1), "
+                             f"got {eps!r}")
+        eos = self.eos_token_id
+        if eos is not None and (type(eos) is not int or not 0 <= eos < self.vocab_size):
+            raise ValueError(f"GPT2Config: eos_token_id must be None or a token id in "
+                             f"[0, {self.vocab_size}), got {eos!r}")
         if self.n_embd % self.n_head:
             raise ValueError(f"GPT2Config: n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
 
@@ -330,25 +342,44 @@ class GPT2(CausalLM):
         tensors = st.load(path_or_bytes)
         sd = {_strip(name): t for name, t in tensors.items()
               if not _strip(name).endswith((".attn.bias", ".attn.masked_bias"))}
-        done, total = 0, sum(t.nbytes for t in sd.values())
-        for n, t in sd.items():
-            sd[n] = t.to_host()   # f32 HostArrays (F16/BF16 widened)
-            done += t.nbytes
-            if progress is not None:
-                progress(done, total)
         recorded = getattr(tensors, "metadata", {}).get(_META_KEY)
         if cfg is None and recorded:
-            cfg = GPT2Config(**json.loads(recorded))
+            cfg = _recorded_config(recorded, tensors.name)
         if cfg is None:
             V, D = _shape_of(tensors, "wte.weight")
             n_ctx = _shape_of(tensors, "wpe.weight")[0]
-            layers = {int(k.split(".")[1]) for k in sd if k.startswith("h.")}
+            layers = {int(k.split(".")[1]) for k in sd if k.startswith("h.") and
+                      k.split(".")[1].isdigit()}
             cfg = GPT2Config(len(layers), max(1, D // 64), D, n_ctx, V)
+        # the config against the tensors in the file, before anything is built from it (the
+        # layer count first: param_shapes walks every layer)
+        layers = {k.split(".")[1] for k in sd if k.startswith("h.")}
+        if len(layers) != cfg.n_layer or layers != {str(i) for i in range(cfg.n_layer)}:
+            raise st.SafetensorsError(
+                f"safetensors file {tensors.name}: the config says n_layer={cfg.n_layer} but "
+                f"the file holds {len(layers)} layers (h.0 ...); pass the right cfg= or fix "
+                f"metadata {_META_KEY!r}")
+        shapes = param_shapes(cfg)
+        bad = sorted(n for n in shapes if n in sd and tuple(sd[n].shape) != shapes[n])
+        missing = sorted(set(shapes) - set(sd))
+        if bad or missing:
+            n = (bad or missing)[0]
+            got = f"shape {list(sd[n].shape)}" if n in sd else "no such tensor"
+            raise st.SafetensorsError(
+                f"safetensors file {tensors.name}: the config {cfg} needs {n!r} of shape "
+                f"{list(shapes[n])}, the file has {got} ({len(bad)} wrong shapes, "
+                f"{len(missing)} missing); pass the right cfg= or fix metadata {_META_KEY!r}")
+        done, total = 0, sum(t.nbytes for t in sd.values())
+        for n, t in sd.items():
+            sd[n] = t.to_host()   # f32 HostArrays (F16/BF16 widened); checked by load_state_dict
+            done += t.nbytes
+            if progress is not None:
+                progress(done, total)
         return cls.from_hf_state_dict(cfg, sd, backend)
 
     @classmethod
     def from_gguf(cls, path_or_bytes, backend="auto", *, keep_quantized: bool = True,
-                  progress=None) -> "GPT2":
+                  progress=None, allow_nonfinite: bool = False) -> "GPT2":
         """A llama.cpp gpt2 GGUF (gpt2_gguf.py maps its names and metadata; F32/F16/BF16
         weights and those of webgrad.quants.FORMATS, Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K, so
         Q4_K_M and Q5_K_M files too; no output.weight = tied to the token table).
@@ -362,23 +393,28 @@ class GPT2(CausalLM):
         product is summed as in the f32 model). keep_quantized=False dequantizes at load
         (on WebGPU by a kernel, io/gpu_dequant.py) into f32 parameters: 4 bytes a weight,
         and trainable once copied into a compiled module.
-        progress(done, total): tensor bytes written so far."""
+        progress(done, total): tensor bytes written so far. A NaN or inf weight (or block
+        scale) is refused (GGUFError) unless allow_nonfinite=True."""
         return run_blocking(cls.from_gguf_async(path_or_bytes, backend,
-                                                keep_quantized=keep_quantized, progress=progress))
+                                                keep_quantized=keep_quantized, progress=progress,
+                                                allow_nonfinite=allow_nonfinite))
 
     @classmethod
     async def from_gguf_async(cls, path_or_bytes, backend="auto", *, keep_quantized: bool = True,
-                              progress=None) -> "GPT2":
+                              progress=None, allow_nonfinite: bool = False) -> "GPT2":
         from ..io import gguf
         from ..quants import FORMATS, QuantSpec
         from . import gpt2_gguf
         f = gguf.load(path_or_bytes)
+        cfg = GPT2Config(**gpt2_gguf.config(f))      # checked against the file's tensors
+        _check_gguf_shapes(f, cfg)
+        gguf.check_values(f, allow_nonfinite=allow_nonfinite)
         quant = {}
         if keep_quantized:
             for hf, (t, transposed) in gpt2_gguf.tensors(f).items():
                 if hf != "lm_head.weight" and t.type_name in FORMATS and len(t.shape) == 2:
                     quant[hf] = QuantSpec(t.type_name, t.shape, transposed)
-        m = cls(GPT2Config(**gpt2_gguf.config(f)), backend, quant=quant)
+        m = cls(cfg, backend, quant=quant)
         await gpt2_gguf.write_async(m, f, progress=progress)   # on WebGPU: dequantized there
         return m
 
@@ -490,11 +526,57 @@ class GPT2(CausalLM):
         return GPT2Module(self.cfg, self.wte_chunks, self.quant)
 
 
+def _check_gguf_shapes(f, cfg: GPT2Config) -> None:
+    """Every tensor of a gpt2 GGUF has the shape cfg gives it (GGUFError naming the tensor),
+    and none is missing, before a model is built from the file."""
+    from ..io import gguf
+    from .gpt2_gguf import tensors as gguf_tensors
+    shapes = param_shapes(cfg)
+    tensors = gguf_tensors(f)
+    for hf, (t, transposed) in tensors.items():
+        want = shapes["wte.weight" if hf == "lm_head.weight" else hf]
+        got = tuple(reversed(t.shape)) if transposed else tuple(t.shape)
+        if got != tuple(want):
+            raise gguf.GGUFError(f"GGUF file {f.name}: tensor {t.name!r} has shape "
+                                 f"{list(t.shape)}; the metadata's config ({cfg}) needs "
+                                 f"{list(reversed(want)) if transposed else list(want)}")
+    missing = sorted(set(shapes) - set(tensors))
+    if missing:
+        raise gguf.GGUFError(f"GGUF file {f.name}: missing {', '.join(missing[:5])} for {cfg}")
+
+
+def _recorded_config(recorded: str, file: str) -> GPT2Config:
+    """The GPT2Config save_safetensors wrote into a file's metadata, checked (SafetensorsError
+    naming the file and the key)."""
+    from ..io.safetensors import SafetensorsError
+    where = f"safetensors file {file}: metadata {_META_KEY!r}"
+    try:
+        fields = json.loads(recorded)
+    except ValueError as e:
+        raise SafetensorsError(f"{where}: not JSON ({e}); pass cfg= or rewrite the file with "
+                         "GPT2.save_safetensors") from None
+    known = set(GPT2Config.__dataclass_fields__)
+    if not isinstance(fields, dict) or set(fields) - known:
+        extra = sorted(set(fields) - known) if isinstance(fields, dict) else type(fields).__name__
+        raise SafetensorsError(f"{where}: must be an object of GPT2Config's fields "
+                         f"({', '.join(sorted(known))}), got {extra}; pass cfg=")
+    try:
+        return GPT2Config(**fields)
+    except ValueError as e:
+        raise SafetensorsError(f"{where}: {e}; pass cfg=") from None
+
+
 def _shape_of(tensors, name):
+    """The 2-D shape of tensor `name` of a safetensors file (SafetensorsError otherwise)."""
+    from ..io.safetensors import SafetensorsError
     for k, t in tensors.items():
         if _strip(k) == name:
-            return tuple(getattr(t, "shape", None) or t[1])
-    raise ValueError(f"from_safetensors: no tensor {name!r}: not a GPT-2 checkpoint")
+            if len(t.shape) != 2:
+                raise SafetensorsError(f"safetensors file {tensors.name}: tensor {k!r} has shape "
+                                       f"{list(t.shape)}; a GPT-2 {name} is 2-D")
+            return tuple(t.shape)
+    raise SafetensorsError(f"safetensors file {tensors.name}: no tensor {name!r}: not a GPT-2 "
+                           "checkpoint")
 
 
 __all__ = ["GPT2Config", "GPT2Module", "GPT2", "Cache", "Surprisal", "lm_loss", "hidden",

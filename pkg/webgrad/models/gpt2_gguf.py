@@ -58,7 +58,10 @@ def tensors(f: GGUFFile) -> dict[str, tuple[GGUFTensor, bool]]:
 
 
 def config(f: GGUFFile) -> dict:
-    """GPT2Config's fields from the gpt2.* metadata (vocab_size from the token table)."""
+    """GPT2Config's fields from the gpt2.* metadata (vocab_size from the token table), each
+    checked (type, range) and checked against the tensors in the file before anything is
+    built from it: a header cannot ask for more layers, positions or columns than the file
+    holds."""
     md = f.metadata
     arch = md.get("general.architecture")
     if arch != "gpt2":
@@ -66,21 +69,51 @@ def config(f: GGUFFile) -> dict:
                         f"got {arch!r}" + (" (Llama-family files: webgrad.models.llama.Llama."
                                            "from_gguf)" if arch in ("llama", "qwen2", "qwen3") else ""))
 
-    def key(k):
-        if f"gpt2.{k}" not in md:
-            raise GGUFError(f"GGUF file {f.name}: metadata 'gpt2.{k}' is missing")
-        return md[f"gpt2.{k}"]
+    def fail(k, msg):
+        raise GGUFError(f"GGUF file {f.name}: metadata {k!r} {msg}")
 
-    cfg = {"n_layer": int(key("block_count")), "n_head": int(key("attention.head_count")),
-           "n_embd": int(key("embedding_length")), "n_ctx": int(key("context_length"))}
-    vocab, n_embd = tensors(f)["wte.weight"][0].shape
+    def key(k):
+        k = f"gpt2.{k}"
+        if k not in md:
+            fail(k, "is missing")
+        v = md[k]
+        if type(v) is not int or v < 1:
+            fail(k, f"must be a whole number >= 1 (a GGUF integer type), got {v!r}")
+        return v
+
+    cfg = {"n_layer": key("block_count"), "n_head": key("attention.head_count"),
+           "n_embd": key("embedding_length"), "n_ctx": key("context_length")}
+    tensors_ = tensors(f)
+    vocab, n_embd = tensors_["wte.weight"][0].shape
     if cfg["n_embd"] != n_embd:
-        raise GGUFError(f"GGUF file {f.name}: metadata 'gpt2.embedding_length' is "
-                        f"{cfg['n_embd']} but token_embd.weight has {n_embd} columns")
-    cfg.update(vocab_size=vocab,
-               layer_norm_epsilon=float(md.get("gpt2.attention.layer_norm_epsilon", 1e-5)),
-               eos_token_id=md.get("tokenizer.ggml.eos_token_id"))
+        fail("gpt2.embedding_length", f"is {cfg['n_embd']} but token_embd.weight has {n_embd} "
+             "columns")
+    if n_embd % cfg["n_head"]:
+        fail("gpt2.attention.head_count", f"is {cfg['n_head']}, which does not divide embedding_length "
+             f"{n_embd}")
+    wpe = tensors_["wpe.weight"][0].shape
+    if tuple(wpe) != (cfg["n_ctx"], n_embd):
+        fail("gpt2.context_length", f"is {cfg['n_ctx']} but position_embd.weight has shape "
+             f"{list(wpe)}; they must agree ([context_length, embedding_length])")
+    blocks = {int(n.split(".")[1]) for n in tensors_ if n.startswith("h.")}
+    # the count first: set(range(2**63)) would be the very allocation this check prevents
+    if len(blocks) != cfg["n_layer"] or blocks != set(range(cfg["n_layer"])):
+        fail("gpt2.block_count", f"is {cfg['n_layer']} but the file holds blocks "
+             f"{_ranges(sorted(blocks))}; they must be blk.0 .. blk.{cfg['n_layer'] - 1}")
+    eps = md.get("gpt2.attention.layer_norm_epsilon", 1e-5)
+    if type(eps) not in (int, float) or not 0 < eps < 1:
+        fail("gpt2.attention.layer_norm_epsilon", f"must be a number in (0, 1), got {eps!r}")
+    eos = md.get("tokenizer.ggml.eos_token_id")
+    if eos is not None and (type(eos) is not int or not 0 <= eos < vocab):
+        fail("tokenizer.ggml.eos_token_id", f"must be a token id in [0, {vocab}), got {eos!r}")
+    cfg.update(vocab_size=vocab, layer_norm_epsilon=float(eps), eos_token_id=eos)
     return cfg
+
+
+def _ranges(ids: list[int]) -> str:
+    if not ids:
+        return "none"
+    return f"{ids[0]}..{ids[-1]} ({len(ids)} of them)" if len(ids) > 3 else str(ids)
 
 
 def state_dict(f: GGUFFile | object) -> tuple[dict, dict[str, HostArray]]:

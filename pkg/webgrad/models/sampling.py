@@ -15,18 +15,20 @@ import heapq
 import math
 import random
 
+from ..init import check_seed
+
 
 def check_params(temperature, top_k, top_p) -> None:
     if not (isinstance(temperature, (int, float)) and temperature >= 0 and math.isfinite(temperature)):
         raise ValueError(f"generate: temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
-    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise ValueError(f"generate: top_k must be None or an int >= 1, got {top_k!r}")
     if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
         raise ValueError(f"generate: top_p must be None or in (0, 1], got {top_p!r}")
 
 
 def rng(seed) -> random.Random:
-    return random.Random(f"webgrad.sampling:{int(seed)}")
+    return random.Random(f"webgrad.sampling:{check_seed(seed, 'generate')}")
 
 
 def kept_distribution(logits, *, temperature=1.0, top_k=None, top_p=None) -> list[tuple[int, float]]:
