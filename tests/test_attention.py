@@ -75,6 +75,12 @@ SPELLINGS = [
         ops.less_equal(ops.reshape(ops.cast(ops.arange(6), "f32"), (1, 6)),
                        ops.reshape(ops.cast(ops.arange(6), "f32"), (6, 1))),
         q @ kT(k), -1e30)) @ v, QKV, 1.0, 0),
+    ("hand-written cols < rows + 1 (strict)", lambda q, k, v: ops.softmax_last(ops.where(
+        ops.less(ops.reshape(ops.arange(6, "f32"), (1, 6)), ops.reshape(ops.arange(6, "f32"), (6, 1)) + 1.0),
+        q @ kT(k), -1e9)) @ v, QKV, 1.0, 0),
+    ("strict, a cache offset of 2.5 (j <= i + 2)", lambda q, k, v: ops.softmax_last(ops.where(
+        ops.less(ops.reshape(ops.arange(7, "f32"), (1, 7)), ops.reshape(ops.arange(3, "f32"), (3, 1)) + 2.5),
+        q @ kT(k), -1e9)) @ v, {"q": (1, 3, 8), "k": (1, 7, 8), "v": (1, 7, 5)}, 1.0, 2),
     ("a triangle table", lambda q, k, v: ops.softmax_last(ops.where(
         ops.constant([[float(j <= i) for j in range(6)] for i in range(6)]), q @ kT(k), -1e9)) @ v,
      QKV, 1.0, 0),
@@ -103,6 +109,9 @@ def test_spellings_are_matched_forward_and_backward(case):
 NOT_ATTENTION = [
     ("keeps the future (j >= i)", lambda q, k, v: ops.softmax_last(ops.where(
         ops.less_equal(ops.reshape(ops.arange(6, "f32"), (6, 1)), ops.reshape(ops.arange(6, "f32"), (1, 6))),
+        q @ kT(k), -1e9)) @ v),
+    ("strictly below the diagonal (j < i: query 0 keeps no key)", lambda q, k, v: ops.softmax_last(ops.where(
+        ops.less(ops.reshape(ops.arange(6, "f32"), (1, 6)), ops.reshape(ops.arange(6, "f32"), (6, 1))),
         q @ kT(k), -1e9)) @ v),
     ("a band, not a triangle", lambda q, k, v: ops.softmax_last(ops.where(
         ops.constant([[float(i - 2 <= j <= i) for j in range(6)] for i in range(6)]), q @ kT(k), -1e9)) @ v),

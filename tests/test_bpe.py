@@ -137,3 +137,13 @@ def test_long_word_is_fast(pair):
     got, seconds = best_cpu_seconds(encode)
     assert got == theirs.backend_tokenizer.encode(word, add_special_tokens=False).ids
     assert seconds < 1.0, f"a 1 MB word took {seconds:.2f} s of CPU"
+
+
+def test_decode_of_partial_characters(pair):
+    """Ids that cut a character (one token of an emoji, a streamed prefix) decode to
+    transformers' U+FFFD; check() only decodes whole encodings."""
+    ours, theirs = pair
+    ids = theirs.encode("你好 🤖 ☃ naïve 😀👍🏽")
+    for a in range(len(ids)):
+        for b in range(a + 1, min(a + 3, len(ids)) + 1):
+            assert ours.decode(ids[a:b]) == theirs.decode(ids[a:b]), ids[a:b]

@@ -384,3 +384,66 @@ def test_gguf_without_a_vocabulary(tmp_path):
         llama.Tokenizer.from_gguf(path)
     with pytest.raises(ValueError, match=r"tokenizer.json: cannot read it"):
         llama.Tokenizer.from_pretrained(tmp_path)
+
+
+def _toy(symbols: list[str], merges: list[str]):
+    """(ours, theirs) for a small BPE built with tokenizers (no pre-tokenizer): each case
+    below needs a merge table no published vocabulary is known to contain."""
+    from tokenizers import models
+    theirs = tokenizers.Tokenizer(models.BPE(vocab={s: i for i, s in enumerate(symbols)},
+                                             merges=[tuple(m.split(" ")) for m in merges]))
+    return llama.Tokenizer(json.loads(theirs.to_str()), name="toy"), theirs
+
+
+TOY_BPES = [
+    # merging "a b" makes "c ab" (rank 0) on its left, whose result makes "cab a" (rank 1)
+    # with the next "a": both go before the second "a b" (rank 2), as tokenizers' queue does
+    ("left neighbour first", ["a", "b", "c", "ab", "cab", "caba"], ["c ab", "cab a", "a b"],
+     ["cabab", "ccabab", "cababab", "abcabab"]),
+    # the same on the right: "ab a" (rank 0) goes before the next "a b"
+    ("right neighbour first", ["a", "b", "ab", "aba"], ["ab a", "a b"], ["abab", "ababab", "babab"]),
+    # equal ranks merge leftmost first: "aaa" is "aa a", not "a aa"
+    ("leftmost among equals", ["a", "aa", "aaaa"], ["a a", "aa aa"], ["aaa", "aaaaa", "aaaaaaa"]),
+]
+
+
+@pytest.mark.parametrize("case", TOY_BPES, ids=[c[0] for c in TOY_BPES])
+def test_merge_order_follows_tokenizers(case):
+    """The merge loop's order where it matters (bpe.Merges: a bucket per rank, a heap of the
+    ranks, a merge that makes a lower-ranked pair hands the turn to it)."""
+    _, symbols, merges, texts = case
+    ours, theirs = _toy(symbols, merges)
+    for text in texts:
+        assert ours.encode(text) == theirs.encode(text).ids, text
+
+
+def test_added_tokens_match_the_longest_first(folders):
+    """Overlapping added tokens (special and normalized ones): tokenizers takes the longest
+    at each position; Llama 3's own added tokens overlap nowhere."""
+    theirs = tokenizers.Tokenizer.from_file(str(folders["llama3"] / "tokenizer.json"))
+    theirs.add_special_tokens(["<|ab|>", "<|ab|><|cd|>", "<|cd|>"])
+    theirs.add_tokens(["foo", "foobar"])
+    ours = llama.Tokenizer(json.loads(theirs.to_str()), name="llama3 + added")
+    for text in ("x<|ab|><|cd|>y <|ab|> <|cd|><|ab|>", "foobar foo foob", "<|ab|><|cd|>foobar"):
+        want = theirs.encode(text).ids
+        assert ours.encode(text) == want, text
+        assert ours.decode(want) == theirs.decode(want, skip_special_tokens=False)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_decode_of_partial_characters(folders, name):
+    """Ids that cut a character (a streamed prefix, one token of an emoji): decode gives
+    tokenizers' U+FFFD, which check() never sees (it decodes whole encodings). Llama 2's
+    ByteFallback turns a run of <0xXX> that is not UTF-8 into one U+FFFD per byte token,
+    where Python's "replace" would give one per bad sequence and keep the valid bytes."""
+    ours, theirs = pair(folders, name)
+    ids = theirs.encode("你好 🤖 ☃ naïve 😀👍🏽", add_special_tokens=False).ids
+    for a in range(len(ids)):
+        for b in range(a + 1, min(a + 4, len(ids)) + 1):
+            want = theirs.decode(ids[a:b], skip_special_tokens=False)
+            assert ours.decode(ids[a:b]) == want, (name, ids[a:b])
+    if name == "llama2":
+        for run in (["<0xE4>", "<0xBD>"], ["<0xE4>", "<0xBD>", "<0x41>"], ["<0xF0>", "<0x9F>", "<0x98>"],
+                    ["<0xFF>", "<0xE4>", "<0xBD>", "<0xA0>"]):
+            run_ids = [theirs.token_to_id(t) for t in run]
+            assert ours.decode(run_ids) == theirs.decode(run_ids), run
