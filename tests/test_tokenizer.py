@@ -8,7 +8,7 @@ tokens or not) with tokenizers', table-driven; hypothesis draws random Unicode t
 tokenizer; a sweep over every assigned code point checks the translated \\p{..} classes whole.
 GGUF vocabularies are written with the `gguf` package the way llama.cpp's converter writes
 them and must tokenize like the tokenizer.json they came from; chat templates must render as
-transformers renders them. Speed is measured in bench/tokenizers.py; the one timed test here
+transformers renders them. Speed is measured in bench/tokenizer_speed.py; the one timed test here
 is the 1 MB word without spaces (issue 29), which used to take quadratic time.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Texts the tokenizer tests and bench/tokenizers.py share: Python's own docs as prose, and
+"""Texts the tokenizer tests and bench/tokenizer_speed.py share: Python's own docs as prose, and
 issue 29's worst case, one long word without spaces (the prose's letters run together)."""
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 """MB per second of webgrad's pure-Python tokenizers against the `tokenizers` library (Rust),
 in the same run, on the same texts.
 
-    python3 bench/tokenizers.py        # needs the npm tokenizer files: scripts/install.sh
+    python3 bench/tokenizer_speed.py        # needs the npm tokenizer files: scripts/install.sh
 
 Tokenizers: Llama 3 and Qwen3 (byte-level BPE, regex pre-tokenizer), Llama 2 (SentencePiece
 BPE, the whole text one piece, cut at the junctions no merge crosses), GPT-2 (bpe.py).
