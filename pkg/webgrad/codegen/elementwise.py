@@ -350,15 +350,16 @@ ELEMS, ELEMS_MIN = 4, 1 << 18
 # token table's scatter kernel 0.82 -> 0.45 ms, the elementwise kernels 0.92 -> 0.59; the
 # step 89.1 / 88.9 -> 88.3 / 88.4 ms. CPU adapters keep the flat kernel (a barrier there is
 # a fiber switch per thread).
-TILED_TRANSPOSE = True
-FORCE_TILED_TRANSPOSE = None  # tests: True / False regardless of the adapter
+# (KernelOptions.tiled_transpose; KernelOptions.force_tiled_transpose, tests: True / False
+# regardless of the adapter)
 TT, TT_ROWS = 32, 8  # the tile's edge; threads per tile column (TT x TT_ROWS a workgroup)
 
 
 def tiled_transposes(limits) -> bool:
-    if FORCE_TILED_TRANSPOSE is not None:
-        return FORCE_TILED_TRANSPOSE
-    return TILED_TRANSPOSE and not limits.cpu
+    opts = limits.options
+    if opts.force_tiled_transpose is not None:
+        return opts.force_tiled_transpose
+    return opts.tiled_transpose and not limits.cpu
 
 
 def tileable(shape) -> bool:

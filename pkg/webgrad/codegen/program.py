@@ -446,7 +446,7 @@ def _scratch_specs(fu, main: int, limits) -> list[tuple[int, str]]:
         nb = matmul_scratch_bytes(g, fu, main, limits)
         return [(nb, "f32")] if nb else []
     if node.op in REDUCE_OPS:
-        return scratch_specs(g, node, fu.sum_source.get(main))
+        return scratch_specs(g, node, fu.sum_source.get(main), limits.options)
     if node.op == "scatter_add_rows":
         return scatter_scratch(g, node)
     return []
