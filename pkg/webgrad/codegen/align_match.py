@@ -42,7 +42,7 @@ def _align(limits) -> tuple[int, int, int] | None:
     forced = limits.options.force_align  # KernelOptions (tests): (A, MIN, ROWS) on any adapter
     if forced is not None:
         return forced
-    return adapter_tiling(str(getattr(limits, "adapter", "") or "")).get("align")
+    return adapter_tiling(str(getattr(limits, "adapter", "") or ""), limits.options).get("align")
 
 
 def _quantized(g: Graph, n: int) -> bool:

@@ -208,7 +208,7 @@ ADAPTER_TILINGS = (
     # 2026-11-30 (evening, bench/README.md "epilogues"): the wide tile issues its epilogue's
     # loads a row at a time (epi_rows 1): GELU's backward twin 0.579 -> 0.548 ms in the
     # step; two rows spilled the AdamW-fused head weight gradient (7.95 -> 10.1 ms; hence
-    # EPI_MAX_LOADS). Tried and not kept: the output tile staged through workgroup memory so
+    # KernelOptions.epi_max_loads). Tried and not kept: the output tile staged through workgroup memory so
     # that each warp stores whole 128-byte lines (every product slower: [4096 x 768] @ [768
     # x 3072] 0.473 -> 0.508 ms, with GELU 0.537 -> 0.554, the vocabulary's 8.1 -> 10.8),
     # and vec4 loads of the vocabulary's unaligned rows as two aligned vec4s shifted by
@@ -266,7 +266,10 @@ ADAPTER_TILINGS = (
 )
 
 
-def adapter_tiling(adapter: str) -> dict:
+def adapter_tiling(adapter: str, options: KernelOptions = DEFAULT) -> dict:
+    """The ADAPTER_TILINGS row of `adapter` ({}: none); KernelOptions.tiling_row replaces it."""
+    if options.tiling_row is not None:
+        return options.tiling_row
     text = adapter.lower()
     for words, row in ADAPTER_TILINGS:
         if any(w in text for w in words):
@@ -295,13 +298,14 @@ def choose_config(M: int, N: int, K: int, nb: int, shared_limit: int = 16384,
     """The tiling of an [nb x] [M, K] @ [K, N] product on `adapter` (Limits.adapter)."""
     if options.force_config is not None:
         return options.force_config
-    cfg = _choose_config(M, N, K, nb, adapter)
-    if adapter_tiling(adapter).get("double"):
+    cfg = _choose_config(M, N, K, nb, adapter, options)
+    if adapter_tiling(adapter, options).get("double"):
         cfg = replace(cfg, double=True)
     return cfg
 
 
-def _choose_config(M: int, N: int, K: int, nb: int, adapter: str) -> Config:
+def _choose_config(M: int, N: int, K: int, nb: int, adapter: str,
+                   options: KernelOptions = DEFAULT) -> Config:
     def t(d):
         return 8 if d >= 128 else 4 if d >= 64 else 2 if d >= 32 else 1
     tm, tn = t(M), t(N)
@@ -309,7 +313,7 @@ def _choose_config(M: int, N: int, K: int, nb: int, adapter: str) -> Config:
 
     def tiles(tm, tn):
         return -(-M // (16 * tm)) * -(-N // (16 * tn)) * nb
-    row = adapter_tiling(adapter)
+    row = adapter_tiling(adapter, options)
     slots = row.get("slots", 0)
     if K >= SPLIT_MIN_K and slots:
         # a long K over too few output tiles for whole waves (a weight gradient: K = B*T;
@@ -812,7 +816,8 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
     return out
 
 
-EPI_MAX_LOADS = 2  # epilogues loading more values per output keep their loads in place
+# KernelOptions.epi_max_loads (2): epilogues loading more values per output keep their loads
+# in place
 _LET = re.compile(r"^\s*let (\w+) = (.*);$")
 _LOAD = re.compile(r"^(b\d+)\[.*\]$")
 _STREAMED = re.compile(r"^\s*let \w+ = b\d+\[(\d+u \+ )?f\];$")  # a load at the output's index
@@ -828,7 +833,7 @@ def _split_epilogue(kernel, epi: str) -> bool:
     memory latency per value. Only where a load streams a tensor of the output's size
     (read at f): a broadcast bias alone is a cache hit, and prefetching it measured slower
     (the GPT-2 MLP's GELU forward, 0.546 -> 0.554 ms). False (nothing changed): no such
-    load, or more than EPI_MAX_LOADS loads."""
+    load, or more than KernelOptions.epi_max_loads loads."""
     at = next(k for k, fn in enumerate(kernel.functions) if fn.startswith(f"fn {epi}(f: u32, v: "))
     head, *body = kernel.functions[at].rstrip().rstrip("}").rstrip().split("\n")
     dep, loads, pure = {"v"}, [], []
@@ -847,7 +852,7 @@ def _split_epilogue(kernel, epi: str) -> bool:
         if lm:
             elem = kernel.bindings[int(lm.group(1)[1:])].elem
             loads.append((name, elem))
-    if len(loads) > EPI_MAX_LOADS or not any(_STREAMED.match(ln) for ln in pure):
+    if len(loads) > kernel.limits.options.epi_max_loads or not any(_STREAMED.match(ln) for ln in pure):
         return False  # nothing streamed from memory at f: a broadcast bias stays in cache
     need = {n for n, _ in loads}  # epi_ld keeps the lines the loads' indices come from
     keep = []

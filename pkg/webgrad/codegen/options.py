@@ -65,6 +65,11 @@ class KernelOptions:
     # bias / layer-norm gradients summed by the products' kernels (fusion.operand_sums,
     # output_sums); False: by reductions of their own
     operand_sums: bool = True
+    # epilogues loading more values per output than this keep their loads in place
+    # (matmul._split_epilogue)
+    epi_max_loads: int = 2
+    # an ADAPTER_TILINGS row (a dict) used in place of the adapter's own (tests)
+    tiling_row: dict | None = None
 
     # ---- attention_tiled.py
     # True / False: the tiled / row attention kernels on any adapter; None: GPUs tiled
@@ -132,7 +137,7 @@ OLD_NAMES = {
     "wgsl.SUBGROUPS": "subgroups", "wgsl.SUBGROUP_DEFAULT": "subgroup_default",
     "matmul.FORCE_CONFIG": "force_config", "matmul.FORCE_DIRECT": "force_direct",
     "matmul.SMALL_BLOCK_ADAPTERS": "small_block_adapters", "matmul.SMALL_BLOCK": "small_block",
-    "matmul.K_LOOP": "k_loop", "matmul.K_UNROLL": "k_unroll", "matmul.OPERAND_SUMS": "operand_sums",
+    "matmul.EPI_MAX_LOADS": "epi_max_loads", "matmul.K_LOOP": "k_loop", "matmul.K_UNROLL": "k_unroll", "matmul.OPERAND_SUMS": "operand_sums",
     "attention_tiled.FORCE_TILED": "attn_tiled", "attention_tiled.FORCE_BLOCKS": "attn_blocks",
     "attention_tiled.FORCE_THREADS": "attn_threads", "attention_tiled.THREADS": "attn_threads",
     "attention_tiled.FORCE_PREFETCH": "attn_prefetch",
