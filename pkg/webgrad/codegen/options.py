@@ -101,6 +101,10 @@ class KernelOptions:
     transposed_read_min: int = 1 << 20
 
     # ---- elementwise.py
+    # elements per thread of a large elementwise kernel, and the domain size from which
+    # threads take that many (smaller kernels: one a thread)
+    elems: int = 4
+    elems_min: int = 1 << 18
     # copies through a last-two-axes transpose tiled through workgroup memory on GPUs
     tiled_transpose: bool = True
     # True / False: the tiled transposing copy regardless of the adapter
@@ -145,6 +149,7 @@ OLD_NAMES = {
     "reduce.COL_SPLIT_MIN_R": "col_split_min_r", "reduce.COLUMN_TILED": "column_tiled",
     "reduce.ROWS_TILED": "rows_tiled", "reduce.ROW_ELEMS": "row_elems",
     "fusion.ASSEMBLE": "assemble", "fusion.TRANSPOSED_READ_MIN": "transposed_read_min",
+    "elementwise.ELEMS": "elems", "elementwise.ELEMS_MIN": "elems_min",
     "elementwise.TILED_TRANSPOSE": "tiled_transpose",
     "elementwise.FORCE_TILED_TRANSPOSE": "force_tiled_transpose",
     "index.SCAN_TILED": "scan_tiled", "align_match.FORCE_ALIGN": "force_align",
