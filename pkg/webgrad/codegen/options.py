@@ -71,7 +71,10 @@ class KernelOptions:
     # an ADAPTER_TILINGS row (a dict) used in place of the adapter's own (tests)
     tiling_row: dict | None = None
 
-    # ---- attention_tiled.py
+    # ---- attention_match.py, attention_tiled.py
+    # False: no attention is fused (the plain matmuls and row softmax); True: every matched
+    # attention, training steps too; None: attention_match._fuse_training's policy
+    fuse_attention: bool | None = None
     # True / False: the tiled / row attention kernels on any adapter; None: GPUs tiled
     attn_tiled: bool | None = None
     # {op: (BR, BC, DK, XK)} in place of choose_blocks (bench/attention.py)
