@@ -233,23 +233,23 @@ def run_webgrad(record: Record, backend="reference", *, compile_module=None,
                                           kernel_options=kernel_options))
 
 
-async def run_webgrad_by_name(name: str, backend="webgpu") -> dict:
+async def run_webgrad_by_name(name: str, backend="webgpu", kernel_options=None) -> dict:
     """Entry point for a browser worker: look the record up and run it (async)."""
-    return await run_webgrad_async(BY_NAME[name], backend)
+    return await run_webgrad_async(BY_NAME[name], backend, kernel_options=kernel_options)
 
 
-async def run_records_collect(names, backend="webgpu") -> dict:
+async def run_records_collect(names, backend="webgpu", kernel_options=None) -> dict:
     """Entry point for a browser worker running several records in one round trip: name ->
     {"ok": True, "got": run_webgrad's result} or {"ok": False, "error": the traceback}.
     A record that raises does not stop the others; its traceback (the innermost frames, where
     webgrad failed) crosses back as text, and `check_collected` on the host fails with it
-    under the record's name. Settings a test forces (kernel forms, tilings) are set by the
-    caller around this call."""
+    under the record's name. kernel_options: the codegen.KernelOptions a test forces (kernel
+    forms, tilings) for every record."""
     import traceback
     results = {}
     for name in names:
         try:
-            results[name] = {"ok": True, "got": await run_webgrad_by_name(name, backend)}
+            results[name] = {"ok": True, "got": await run_webgrad_by_name(name, backend, kernel_options)}
         except Exception:
             results[name] = {"ok": False, "error": traceback.format_exc(limit=-4)}
     return results

@@ -94,8 +94,11 @@ class KernelOptions:
     column_tiled: bool | None = None
     # True / False: several trailing rows per workgroup (_wg_rows) on / off; None: not on CPUs
     rows_tiled: bool | None = None
-    # elements per thread held in registers by the row ops (None: no register rows)
+    # about this many elements of a row per thread of a row kernel's workgroup (None: WG)
     row_elems: int | None = 8
+    # True / False: row kernels loop over a row in one thread / a workgroup per row, on any
+    # adapter; None: one thread on CPU adapters (rows up to reduce.CPU_ROW_MAX)
+    row_per_thread: bool | None = None
 
     # ---- fusion.py
     # False: a tensor _assemble would assemble from pieces is computed by a kernel of its own

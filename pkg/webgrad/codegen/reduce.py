@@ -567,7 +567,11 @@ def _row_op(ctx, node, s, strat):
 
 def row_per_thread(ctx, D: int) -> bool:
     """Whether a row kernel over rows of D loops in one thread per row rather than a
-    workgroup per row: on CPU adapters, for rows up to CPU_ROW_MAX (the header)."""
+    workgroup per row: on CPU adapters, for rows up to CPU_ROW_MAX (the header).
+    KernelOptions.row_per_thread (tests) forces either form."""
+    forced = ctx.limits.options.row_per_thread
+    if forced is not None:
+        return forced
     return ctx.limits.cpu and D <= CPU_ROW_MAX
 
 
