@@ -174,4 +174,17 @@ def field_for(name: str) -> str:
     raise KeyError(f"{name!r} is no KernelOptions field (fields: {', '.join(sorted(names))})")
 
 
-__all__ = ["KernelOptions", "DEFAULT", "ATTN_OPTS", "field_for", "OLD_NAMES"]
+def with_setting(options: KernelOptions, item: str) -> KernelOptions:
+    """`options` with one "NAME=VALUE" applied (the benches' --set): NAME a field or an old
+    module attribute (field_for), VALUE a Python literal."""
+    import ast
+    name, eq, value = item.partition("=")
+    if not eq:
+        raise ValueError(f"{item!r}: write NAME=VALUE (a KernelOptions field and a Python literal)")
+    v = ast.literal_eval(value.strip())
+    if isinstance(v, (set, list)) and field_for(name.strip()) == "subgroup_default":
+        v = frozenset(v)
+    return replace(options, **{field_for(name.strip()): v})
+
+
+__all__ = ["KernelOptions", "DEFAULT", "ATTN_OPTS", "field_for", "OLD_NAMES", "with_setting"]
