@@ -1,6 +1,6 @@
 """Which form codegen's workgroup reductions take (codegen/wgsl.py, workgroup_reduce): subgroup
 operations where the device was requested with 'subgroups' (Limits.subgroups, or the
-SUBGROUPS switch), else the shared-memory tree. lavapipe, the native adapter here, offers no
+KernelOptions.subgroups option), else the shared-memory tree. lavapipe, the native adapter here, offers no
 'subgroups' (its WGSL compiler takes no `enable subgroups;`): the backend keeps the tree there,
 and the records with long rows and workgroup sums still agree with torch. The subgroup form
 runs against torch in headless Chromium (tests/browser/test_subgroups_browser.py)."""

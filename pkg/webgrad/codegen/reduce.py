@@ -5,7 +5,7 @@ Strategies, by the shape of the reduction (R elements reduced into each of O out
   wg        reduced axes trailing and R >= 64: a workgroup per output; its threads stride
             over the row, then a shared-memory tree combines them (wgsl.workgroup_reduce,
             whose subgroup form measured no faster here on an H200: taken only when
-            wgsl.SUBGROUPS forces it). Row ops do their passes (max, sum of exp / mean,
+            KernelOptions.subgroups forces it). Row ops do their passes (max, sum of exp / mean,
             variance, write) inside the same workgroup. Sums and maxima of rows up to
             ROWS_MAX_R long take several rows per workgroup instead (`_wg_rows`: about 4
             elements per thread, a tree per row), except on CPU adapters.
