@@ -107,7 +107,7 @@ def test_matmul_and_gather_read_the_blocks(qt, backend):
             assert all(b["size"] < 4 * N * K for k, b in enumerate(plan["buffers"]) if k not in feeds)
             mm = [pl["wgsl"] for pl in plan["pipelines"] if " K=" in pl["wgsl"].split("\n")[0]]
             # the barrier-free kernel reads a scale per group of 32 and 4 values per word
-            assert mm and all(("dqs_" in w) == bool(direct) and "dq_" in w for w in mm)
+            assert mm and all(("dqs_" in w) == bool(opts.force_direct) and "dq_" in w for w in mm)
 
 
 def test_quantized_params_are_not_trainable_but_run_forward():
