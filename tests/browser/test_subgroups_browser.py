@@ -87,7 +87,8 @@ res
                                x.grad, rtol=1e-4, atol=1e-6)
 
 
-# the worker's forced forms: every reduction in subgroup form, the workgroup row kernels
+# the worker's forced forms (as _lowered_texts' in CPython): every reduction in subgroup form,
+# the workgroup row kernels
 FORCED = "KernelOptions(subgroups=True, row_per_thread=False)"
 
 
@@ -95,11 +96,11 @@ def _lowered_texts(record_name: str) -> list[tuple[str, str]]:
     """(kernel name, WGSL) of a record's gradient step as the worker lowers it below (CPU
     adapter with subgroups, the workgroup row kernels forced): the same code, in CPython."""
     import oracle
-    from webgrad.codegen import KernelOptions, Limits, lower  # noqa: F401 (FORCED names it)
+    from webgrad.codegen import KernelOptions, Limits, lower
     from webgrad.compile import build_train_graph, parse_inputs
     factory, loss_fn, inputs, _ = oracle.build_record(oracle.BY_NAME[record_name])
     g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
-    low, names = lower(g, Limits(cpu=True, subgroups=True, options=eval(FORCED)))
+    low, names = lower(g, Limits(cpu=True, subgroups=True, options=KernelOptions(subgroups=True, row_per_thread=False)))
     cmds = [c for c in low.plan["commands"] if c["op"] == "dispatch"]
     return [(n, low.plan["pipelines"][c["pipeline"]]["wgsl"]) for n, c in zip(names, cmds)]
 

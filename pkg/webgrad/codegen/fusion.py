@@ -55,7 +55,6 @@ from . import elementwise
 from .elementwise import ELEMENTWISE_OPS, const_fill
 from .emit import EXPR_RULES
 from .layout import canon_digits, merge_batch_into_k, strided_view, swaps_last_two
-from . import matmul
 from .matmul import group_config, matmul_dims
 from .quant import quant_base
 from .reduce import REDUCE_OPS, ROW_OPS, ReduceShape, scratch_specs
