@@ -41,6 +41,7 @@ installed, else wgpu (wgpu-native), as bench/matmul.py picks it.
 """
 from __future__ import annotations
 
+# codegen switches travel as webgrad.codegen.KernelOptions (--set, attention_options below)
 import argparse
 import math
 import statistics
