@@ -2,13 +2,10 @@
 
 Prints one line per program: a sha256 over every pipeline's WGSL and the plan's commands and
 buffers (webgrad.codegen.lower's plan, backends/gpu_host.py's format), then the kernel count
-(and with --times the seconds the lowering took: under 3 s each on 2 cores, 8 s in all,
-GPT-2 124M's step included). A change that should not alter generated code (issue 23: kernel
-options carried by the compile instead of module switches) must leave every line's hash as
-it was: run it before and after and compare (scripts/wgsl_hashes.txt holds the
-recorded output). The plan names the user's source line of each tensor (bench/gpt2_train.py's
-model, tests/models.py, tests/oracle.py): an edit that moves those lines changes the hashes
-without changing any kernel.
+(--times: and the seconds, under 3 s each on 2 cores, GPT-2 124M too). An edit that should not
+alter generated code (issue 23) leaves every hash as in scripts/wgsl_hashes.txt. The plan names
+each tensor's source line (in this script, bench/gpt2_train.py, tests/models.py): moving those
+lines changes the hashes without changing a kernel (keep this header 14 lines long).
 
     python scripts/wgsl_hashes.py                 # every program
     python scripts/wgsl_hashes.py --only mlp,tf   # names containing any of these
