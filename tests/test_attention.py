@@ -218,16 +218,11 @@ def test_transformer_kernel_count():
     """The test transformer (tests/models.py, 2 layers): its attention (score matmul, softmax,
     P @ V; 5 backward kernels) becomes attn_fwd and the row term, attn_dq, attn_dkv per
     layer on a GPU (attn_lse + attn_out and attn_dq, attn_dk, attn_dv on a CPU adapter)."""
-    import webgrad.codegen.program as program
+    from webgrad.codegen import KernelOptions
     g = build_train_graph(models.Transformer, models.transformer_loss,
                           parse_inputs(models.TF_INPUTS), optim.Adam(lr=0.01))[1]
     fused = lower(g, Limits())[1]
-    saved = program.rewrite_attention
-    program.rewrite_attention = lambda graph, limits: graph
-    try:
-        plain = lower(g, Limits())[1]
-    finally:
-        program.rewrite_attention = saved
+    plain = lower(g, Limits(options=KernelOptions(fuse_attention=False)))[1]
     print(f"transformer step: {len(plain)} kernels unfused, {len(fused)} with fused attention")
     # per layer: 3-4 forward kernels become 2, 6 backward kernels become 4
     assert len(plain) - len(fused) >= 3 * models.N_LAYERS, (len(plain), len(fused))

@@ -75,6 +75,8 @@ class KernelOptions:
     # False: no attention is fused (the plain matmuls and row softmax); True: every matched
     # attention, training steps too; None: attention_match._fuse_training's policy
     fuse_attention: bool | None = None
+    # ---- rowfuse_match.py: False keeps cross entropy and layer norm's backward as traced
+    fuse_rows: bool = True
     # True / False: the tiled / row attention kernels on any adapter; None: GPUs tiled
     attn_tiled: bool | None = None
     # {op: (BR, BC, DK, XK)} in place of choose_blocks (bench/attention.py)
