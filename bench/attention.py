@@ -21,7 +21,7 @@ the same loss and autograd with CUDA events (the wall clock on the CPU). The fus
 unfused losses are checked against torch before timing.
 
 --variants compares the tiled kernels' block shapes and code options (VARIANTS:
-attention_tiled.FORCE_BLOCKS and OPTS) side by side: per shape and variant, the median over
+KernelOptions.attn_blocks and attn_opts, codegen/options.py) side by side: per shape and variant, the median over
 --profiles profiled steps of each attention kernel's GPU time, their total and TFLOP/s
 (the causal half's FLOPs: 4 BHT^2D/2 forward, 10 backward with the recomputed scores),
 next to torch's whole step. Set WEBGRAD_DAWN_TOGGLES=allow_unsafe_apis,-timestamp_quantization
@@ -60,23 +60,15 @@ def webgrad_step(shape, fused: bool, reps: int, warmup: int, seed: int = 0, tile
                  profile: bool = False):
     import numpy as np
     import webgrad as wg
-    import webgrad.codegen.attention_match as am
-    import webgrad.codegen.attention_tiled as at
-    import webgrad.codegen.program as program
+    from webgrad.codegen import KernelOptions
     B, H, T, D = shape
 
     M, loss = attention_model(shape)
 
-    saved = program.rewrite_attention, am._fuse_training, at.FORCE_TILED
-    if not fused:
-        program.rewrite_attention = lambda g, limits: g
-    else:  # fused whatever the adapter's policy (attention_match._fuse_training) says
-        am._fuse_training = lambda score_bytes, limits: True
-        at.FORCE_TILED = tiled
-    try:
-        c = wg.compile_module(M, loss, inputs={"w": [B, H, T, D]}, optimizer=None, backend="webgpu")
-    finally:
-        program.rewrite_attention, am._fuse_training, at.FORCE_TILED = saved
+    # fused whatever the adapter's policy (attention_match._fuse_training) says, or not at all
+    opts = KernelOptions(fuse_attention=True, attn_tiled=tiled) if fused else KernelOptions(fuse_attention=False)
+    c = wg.compile_module(M, loss, inputs={"w": [B, H, T, D]}, optimizer=None, backend="webgpu",
+                          kernel_options=opts)
     rng = np.random.default_rng(seed)
     vals = {n: rng.standard_normal((B, H, T, D)).astype(np.float32) for n in "qkv"}
     w = rng.standard_normal((B, H, T, D)).astype(np.float32)
@@ -133,22 +125,19 @@ def variant_times(shape, name, profiles: int):
     import numpy as np
     import webgrad as wg
     import webgrad.codegen.attention_match as am
-    import webgrad.codegen.attention_tiled as at
+    from webgrad.codegen import KernelOptions
     B, H, T, D = shape
-    blocks, opts, *threads = VARIANTS[name]
+    blocks, code, *threads = VARIANTS[name]
 
     M, loss = attention_model(shape)
 
-    saved = am._fuse_training, at.FORCE_TILED, at.FORCE_BLOCKS, at.OPTS, at.FORCE_THREADS
-    am._fuse_training = lambda score_bytes, limits: True
-    at.FORCE_TILED = True
-    at.FORCE_BLOCKS = None if blocks is None else {op: blocks for op in am.ATTN_OPS}
-    at.OPTS = {**at.OPTS, **opts}
-    at.FORCE_THREADS = {op: threads[0] for op in am.ATTN_OPS} if threads else None
-    try:
-        c = wg.compile_module(M, loss, inputs={"w": [B, H, T, D]}, optimizer=None, backend="webgpu")
-    finally:
-        am._fuse_training, at.FORCE_TILED, at.FORCE_BLOCKS, at.OPTS, at.FORCE_THREADS = saved
+    kernel_options = KernelOptions(
+        fuse_attention=True, attn_tiled=True,
+        attn_blocks=None if blocks is None else {op: blocks for op in am.ATTN_OPS},
+        attn_threads={op: threads[0] for op in am.ATTN_OPS} if threads else None,
+    ).with_attn_opts(**code)
+    c = wg.compile_module(M, loss, inputs={"w": [B, H, T, D]}, optimizer=None, backend="webgpu",
+                          kernel_options=kernel_options)
     rng = np.random.default_rng(0)
     c.upload_params({n: rng.standard_normal((B, H, T, D)).astype(np.float32) for n in "qkv"})
     feed = {"w": rng.standard_normal((B, H, T, D)).astype(np.float32)}

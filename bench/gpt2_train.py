@@ -7,7 +7,7 @@
     python3 bench/gpt2_train.py --no-torch --profile 0  # webgrad alone, no kernel table
     python3 bench/gpt2_train.py --model module        # webgrad.models.gpt2.GPT2Module (tied head)
     python3 bench/gpt2_train.py --attention forced,unfused  # fused attention forced on, and off
-    python3 bench/gpt2_train.py --set webgrad.codegen.elementwise.TILED_TRANSPOSE=False  # a switch off
+    python3 bench/gpt2_train.py --set tiled_transpose=False  # a kernel option (codegen/options.py) off
     python3 bench/gpt2_train.py --rows gpt2 --dump out/  # per-kernel dumps of both libraries:
                                                       # bench/step_breakdown.py out/ groups them
 
@@ -41,8 +41,8 @@ installed, else wgpu (wgpu-native), as bench/matmul.py picks it.
 """
 from __future__ import annotations
 
+# codegen switches travel as webgrad.codegen.KernelOptions (--set, attention_options below)
 import argparse
-import contextlib
 import math
 import statistics
 import sys
@@ -181,26 +181,19 @@ def module_model(d, layers, heads, vocab, context):
 ATTENTION_MODES = ("fused", "forced", "unfused", "rows")
 
 
-@contextlib.contextmanager
-def attention_mode(mode: str):
-    """Compile under one --attention mode (see main's help), then restore the defaults."""
-    import webgrad.codegen.attention_match as am
-    import webgrad.codegen.attention_tiled as at
-    import webgrad.codegen.program as program
-    saved = program.rewrite_attention, am._fuse_training, at.FORCE_TILED
+def attention_options(mode: str, options):
+    """The KernelOptions of one --attention mode (see main's help) over `options`."""
+    from dataclasses import replace
     if mode == "unfused":  # the graph as traced: matmuls and a row softmax
-        program.rewrite_attention = lambda graph, limits=None: graph
-    if mode in ("forced", "rows"):
-        am._fuse_training = lambda score_bytes, limits: True
+        return replace(options, fuse_attention=False)
+    if mode == "forced":
+        return replace(options, fuse_attention=True)
     if mode == "rows":
-        at.FORCE_TILED = False
-    try:
-        yield
-    finally:
-        program.rewrite_attention, am._fuse_training, at.FORCE_TILED = saved
+        return replace(options, fuse_attention=True, attn_tiled=False)
+    return options
 
 
-def run_webgrad(row, args, np):
+def run_webgrad(row, args, np, kernel_options=None):
     import webgrad as wg
     from webgrad import optim
     d, layers, heads, vocab, context, B, T = ROWS[row]
@@ -211,7 +204,7 @@ def run_webgrad(row, args, np):
     t0 = time.perf_counter()
     c = wg.compile_module(factory, loss_fn, backend=args.backend,
                           inputs={names[0]: ([B, T], "i32"), names[1]: ([B, T], "i32")},
-                          optimizer=optim.AdamW(lr=LR, weight_decay=WD))
+                          optimizer=optim.AdamW(lr=LR, weight_decay=WD), kernel_options=kernel_options)
     t_compile = time.perf_counter() - t0
     feeds = [dict(zip(names, batch(np, vocab, B, T, s))) for s in range(4)]
     t0 = time.perf_counter()
@@ -301,19 +294,31 @@ def _mb(b):
     return "-" if b is None else f"{b / 2**20:.0f} MiB"
 
 
-def set_attribute(item: str) -> None:
-    """--set MODULE.ATTR=VALUE: the attribute must exist (a typo fails, not a silent no-op)."""
+def apply_setting(item: str, options):
+    """--set NAME=VALUE: a KernelOptions field (codegen/options.py; the old module attribute
+    of one, webgrad.codegen.elementwise.TILED_TRANSPOSE, means its field) gives new options;
+    another MODULE.ATTR (a runtime setting: webgrad.backends.webgpu_native.PIPELINE_THREADS)
+    is set on its module and must exist (a typo fails, not a silent no-op)."""
     import ast
     import importlib
+    from webgrad.codegen.options import field_for, with_setting
     lhs, eq, rhs = item.partition("=")
+    try:
+        field_for(lhs.strip())
+        out = with_setting(options, item)
+        print(f"kernel option {field_for(lhs.strip())} = {getattr(out, field_for(lhs.strip()))!r}")
+        return out
+    except KeyError:
+        pass
     mod, dot, attr = lhs.strip().rpartition(".")
     if not (eq and dot):
-        raise SystemExit(f"--set {item}: write MODULE.ATTR=VALUE")
+        raise SystemExit(f"--set {item}: write FIELD=VALUE (a KernelOptions field) or MODULE.ATTR=VALUE")
     m = importlib.import_module(mod)
     if not hasattr(m, attr):
         raise SystemExit(f"--set {item}: {mod} has no attribute {attr!r}")
     setattr(m, attr, ast.literal_eval(rhs.strip()))
     print(f"set {mod}.{attr} = {getattr(m, attr)!r}")
+    return options
 
 
 def main() -> None:
@@ -341,12 +346,16 @@ def main() -> None:
                     help="Dawn: turn off timestamp quantisation (toggles allow_unsafe_apis, "
                     "-timestamp_quantization, added to $WEBGRAD_DAWN_TOGGLES) so that short "
                     "kernels time right")
-    ap.add_argument("--set", action="append", default=[], metavar="MODULE.ATTR=VALUE",
-                    help="set a module attribute (a Python literal) before anything compiles, "
-                    "to time a codegen switch: --set webgrad.codegen.elementwise.TILED_TRANSPOSE=False")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a kernel option (codegen/options.py's KernelOptions field, a Python "
+                    "literal) to time a codegen switch: --set tiled_transpose=False (the old "
+                    "spelling webgrad.codegen.elementwise.TILED_TRANSPOSE=False means the same); "
+                    "or a runtime MODULE.ATTR: --set webgrad.backends.webgpu_native.PREFETCH=False")
     args = ap.parse_args()
+    from webgrad.codegen import KernelOptions
+    args.kernel_options = KernelOptions()
     for item in args.set:
-        set_attribute(item)
+        args.kernel_options = apply_setting(item, args.kernel_options)
     modes = args.attention.split(",")
     bad = set(modes) - set(ATTENTION_MODES)
     if bad:
@@ -381,8 +390,7 @@ def main() -> None:
         d, layers, heads, vocab, context, B, T = ROWS[row]
         ws = {}
         for mode in modes:
-            with attention_mode(mode):
-                ws[mode] = run_webgrad(row, args, np)
+            ws[mode] = run_webgrad(row, args, np, attention_options(mode, args.kernel_options))
             ws[mode]["c"].destroy()
         t = run_torch(row, args, np, torch) if torch is not None else None
         w = ws[modes[0]]

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from contextlib import contextmanager
 from dataclasses import replace
 import sys
 import time
@@ -156,41 +155,30 @@ def epilogue_want(kind, A, B, bias, pre):
     return y * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * GELU_C * (1 + 3 * 0.044715 * x * x))
 
 
-@contextmanager
-def table_variant(fields: dict | None):
-    """codegen/matmul.py's ADAPTER_TILINGS with `fields` set on every tile of every row
-    (None: as it is), for as long as the block runs."""
+def table_variant(adapter: str, fields: dict | None):
+    """KernelOptions whose tiling_row is the adapter's row of codegen/matmul.py's
+    ADAPTER_TILINGS with `fields` set on every tile (None: the row as it is)."""
+    from webgrad.codegen import KernelOptions
     from webgrad.codegen import matmul as mm
-    saved = mm.ADAPTER_TILINGS
+    row = mm.adapter_tiling(adapter)
     if fields:
-        mm.ADAPTER_TILINGS = tuple(
-            (words, {k: replace(v, **fields) if isinstance(v, mm.Config) else v
-                     for k, v in row.items()}) for words, row in saved)
-    try:
-        yield
-    finally:
-        mm.ADAPTER_TILINGS = saved
+        row = {k: replace(v, **fields) if isinstance(v, mm.Config) else v for k, v in row.items()}
+    return KernelOptions(tiling_row=row)
 
 
 def build(host, shape, config):
-    if isinstance(config, dict):
-        with table_variant(config):
-            return build(host, shape, None)
-    from webgrad.codegen import Limits, lower
-    from webgrad.codegen import matmul as mm
+    from webgrad.codegen import KernelOptions, Limits, lower
     from webgrad.ir import Graph
     _, batch, m, k, n, flags = shape
     if any(f in EPILOGUES for f in flags.split(":")):
         if "ta" in flags.split(":") or "tb" in flags.split(":"):
             sys.exit(f"{shape[0]}: the epilogue shapes take no :ta / :tb")
         g = epilogue_graph(batch, m, k, n, flags)
-        mm.FORCE_CONFIG = config
         limits = Limits.from_host(host.limits)
         limits.adapter = host.info
-        try:
-            low, names = lower(g, limits)
-        finally:
-            mm.FORCE_CONFIG = None
+        limits.options = (table_variant(host.info, config) if isinstance(config, dict)
+                          else KernelOptions(force_config=config))
+        low, names = lower(g, limits)
         return low, next(nm for nm in names if nm.startswith("matmul") and " K=" in nm)
     g = Graph()
 
@@ -204,13 +192,11 @@ def build(host, shape, config):
     a = operand("a", m, k, "ta" in flags)
     b = operand("b", k, n, "tb" in flags)
     g.outputs["out"] = g.add("matmul", [a, b], batch + (m, n), "f32")
-    mm.FORCE_CONFIG = config
     limits = Limits.from_host(host.limits)
     limits.adapter = host.info  # the adapter's row of matmul.ADAPTER_TILINGS, as the backend does
-    try:
-        low, names = lower(g, limits)
-    finally:
-        mm.FORCE_CONFIG = None
+    limits.options = (table_variant(host.info, config) if isinstance(config, dict)  # the tiling
+                      else KernelOptions(force_config=config))                    # compared
+    low, names = lower(g, limits)
     return low, names[0]
 
 

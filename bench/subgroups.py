@@ -5,14 +5,14 @@
 
 webgrad's row kernels (layer norm and its backward, softmax, log-softmax, the one-pass
 logsumexp of cross entropy: codegen/reduce.py, codegen/rowfuse.py) give a row to a workgroup
-(of about a thread per 8 elements, at most 256: reduce.ROW_ELEMS); each thread strides over
+(of about a thread per 8 elements, at most 256: KernelOptions.row_elems); each thread strides over
 the row, then the workgroup combines the threads' partials. The tree form adds (or maxes)
 them in shared memory: log2(threads) steps, a barrier each. The subgroup form
 (codegen/wgsl.py, workgroup_reduce, emitted where the device has 'subgroups'): each
 subgroup reduces in registers, one lane per subgroup writes its total (every other lane
 the identity: no slot assumes how invocations form subgroups), one barrier, and each lane
 folds every n-th slot before one more subgroup operation. This bench
-lowers each case both ways (codegen.wgsl.SUBGROUPS False / True) in one process, plus
+lowers each case both ways (KernelOptions(subgroups=False / True)) in one process, plus
 "dense": the tree text rewritten so that subgroup k writes slot k, which assumes subgroups
 are runs of local_invocation_index (true on the GPUs at hand, promised by no API: what the
 robust form's extra reads cost). It checks the forms agree and times each (wall clock
@@ -83,7 +83,9 @@ def dense_rewrite(wgsl: str, wgs: int = 256) -> str | None:
 
 
 def build(limits, op, rows, d, subgroups: bool):
-    from webgrad.codegen import lower, wgsl
+    from dataclasses import replace
+
+    from webgrad.codegen import KernelOptions, lower
     from webgrad.ir import Graph
     g = Graph()
     ins = [g.add("input", [], (rows, d), "f32", {"name": n, "shape": (rows, d), "dtype": "f32"})
@@ -91,13 +93,7 @@ def build(limits, op, rows, d, subgroups: bool):
     attrs = {"eps": 1e-5} if op in ("layer_norm_last", "layer_norm_grad") else {}
     shape = (rows,) if op == "logsumexp_last" else (rows, d)
     g.outputs["out"] = g.add(op, ins, shape, "f32", attrs)
-    saved = wgsl.SUBGROUPS
-    wgsl.SUBGROUPS = subgroups
-    try:
-        low, names = lower(g, limits)
-    finally:
-        wgsl.SUBGROUPS = saved
-    return low, names
+    return lower(g, replace(limits, options=KernelOptions(subgroups=subgroups)))
 
 
 def main() -> None:

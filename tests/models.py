@@ -61,9 +61,9 @@ def mlp_loss(m: MLP, inp):
 MLP_INPUTS = {"x": ([MLP_B, 1], "f32"), "y": ([MLP_B, 1], "f32")}
 
 
-def compile_mlp(backend: str = "reference", seed: int = 0):
+def compile_mlp(backend: str = "reference", seed: int = 0, **kw):  # kw: compile_module's
     return wg.compile_module(MLP, mlp_loss, inputs=MLP_INPUTS, optimizer=optim.Adam(lr=0.005),
-                             backend=backend, seed=seed)
+                             backend=backend, seed=seed, **kw)
 
 
 def sin_batch(rng: random.Random, b: int = MLP_B) -> dict:

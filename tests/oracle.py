@@ -192,17 +192,22 @@ def build_record(record: Record):
     return factory, loss_fn, inputs, feed
 
 
-def compile_record(record: Record, backend="reference", *, compile_module=None, seed: int = 0):
-    """(CompiledModule with optimizer=None, feed) for a record."""
+def compile_record(record: Record, backend="reference", *, compile_module=None, seed: int = 0,
+                   kernel_options=None):
+    """(CompiledModule with optimizer=None, feed) for a record. kernel_options: the
+    codegen.KernelOptions its kernels are generated with (None: the defaults)."""
     factory, loss_fn, inputs, feed = build_record(record)
+    kw = {} if kernel_options is None else {"kernel_options": kernel_options}
     c = (compile_module or wg.compile_module)(factory, loss_fn, inputs=inputs, optimizer=None,
-                                              backend=backend, seed=seed)
+                                              backend=backend, seed=seed, **kw)
     return c, feed
 
 
-async def run_webgrad_async(record: Record, backend="reference", *, compile_module=None) -> dict:
+async def run_webgrad_async(record: Record, backend="reference", *, compile_module=None,
+                            kernel_options=None) -> dict:
     """Run a record through webgrad; returns plain data (lists), so it can cross from Pyodide."""
-    c, feed = compile_record(record, backend, compile_module=compile_module)
+    c, feed = compile_record(record, backend, compile_module=compile_module,
+                             kernel_options=kernel_options)
     try:
         loss_run, caps_run = await c.run_async(feed, with_captures=True)
         loss, caps = await c.step_async(feed, with_captures=True)
@@ -222,27 +227,29 @@ async def run_webgrad_async(record: Record, backend="reference", *, compile_modu
         c.destroy()
 
 
-def run_webgrad(record: Record, backend="reference", *, compile_module=None) -> dict:
-    return run_blocking(run_webgrad_async(record, backend, compile_module=compile_module))
+def run_webgrad(record: Record, backend="reference", *, compile_module=None,
+                kernel_options=None) -> dict:
+    return run_blocking(run_webgrad_async(record, backend, compile_module=compile_module,
+                                          kernel_options=kernel_options))
 
 
-async def run_webgrad_by_name(name: str, backend="webgpu") -> dict:
+async def run_webgrad_by_name(name: str, backend="webgpu", kernel_options=None) -> dict:
     """Entry point for a browser worker: look the record up and run it (async)."""
-    return await run_webgrad_async(BY_NAME[name], backend)
+    return await run_webgrad_async(BY_NAME[name], backend, kernel_options=kernel_options)
 
 
-async def run_records_collect(names, backend="webgpu") -> dict:
+async def run_records_collect(names, backend="webgpu", kernel_options=None) -> dict:
     """Entry point for a browser worker running several records in one round trip: name ->
     {"ok": True, "got": run_webgrad's result} or {"ok": False, "error": the traceback}.
     A record that raises does not stop the others; its traceback (the innermost frames, where
     webgrad failed) crosses back as text, and `check_collected` on the host fails with it
-    under the record's name. Settings a test forces (kernel forms, tilings) are set by the
-    caller around this call."""
+    under the record's name. kernel_options: the codegen.KernelOptions a test forces (kernel
+    forms, tilings) for every record."""
     import traceback
     results = {}
     for name in names:
         try:
-            results[name] = {"ok": True, "got": await run_webgrad_by_name(name, backend)}
+            results[name] = {"ok": True, "got": await run_webgrad_by_name(name, backend, kernel_options)}
         except Exception:
             results[name] = {"ok": False, "error": traceback.format_exc(limit=-4)}
     return results
@@ -370,9 +377,10 @@ def check_collected(results: dict, names, backend: str) -> None:
         check_result(BY_NAME[name], result["got"], backend)
 
 
-def check(record: Record, backend: str) -> None:
-    """Run `record` through the full compile path on `backend` and compare with torch."""
-    check_result(record, run_webgrad(record, backend), backend)
+def check(record: Record, backend: str, kernel_options=None) -> None:
+    """Run `record` through the full compile path on `backend` (its kernels generated with
+    `kernel_options`, a codegen.KernelOptions, where given) and compare with torch."""
+    check_result(record, run_webgrad(record, backend, kernel_options=kernel_options), backend)
 
 
 # ---------------------------------------------------------------- statistical checks

@@ -11,9 +11,9 @@ import pytest
 
 import webgrad as wg
 from webgrad import optim
-from webgrad.codegen import Limits, align_match, lower
-from webgrad.codegen import elementwise as ew
-from webgrad.codegen import fusion
+from dataclasses import replace
+
+from webgrad.codegen import KernelOptions, Limits, lower
 from webgrad.compile import build_train_graph, parse_inputs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -33,14 +33,10 @@ def _inputs(names):
     return {n: ([B, T], "i32") for n in names}
 
 
-def _lowered(g, limits, force):
-    """lower(g, limits) with align_match.FORCE_ALIGN = force (None: the adapter's row)."""
-    saved = align_match.FORCE_ALIGN
-    align_match.FORCE_ALIGN = force
-    try:
-        return lower(g, limits)
-    finally:
-        align_match.FORCE_ALIGN = saved
+def _lowered(g, limits, force, options: KernelOptions = KernelOptions()):
+    """lower(g, limits) with the padding rule `force` (KernelOptions.force_align; None: the
+    adapter's row) in these options."""
+    return lower(g, replace(limits, options=replace(options, force_align=force)))
 
 
 def _names(kind, vocab, force):
@@ -70,7 +66,7 @@ def test_vocabulary_products_take_padded_columns(kind):
 
 @pytest.mark.webgpu
 @pytest.mark.parametrize("kind,tiled", [("untied", None), ("tied", None), ("tied", True)])
-def test_padded_training_steps_match_the_reference(kind, tiled, monkeypatch):
+def test_padded_training_steps_match_the_reference(kind, tiled):
     """Three AdamW steps with the pass forced on WebGPU (lavapipe) against the reference
     executor: the losses, every parameter and every gradient. tiled: the GPU adapters'
     tiled transposing copies (elementwise.py) forced, for the tied head's pad(wte^T) and
@@ -81,13 +77,11 @@ def test_padded_training_steps_match_the_reference(kind, tiled, monkeypatch):
         WebGPUBackend()
     except Exception as e:
         pytest.skip(f"no native WebGPU adapter: {e}")
-    monkeypatch.setattr(align_match, "FORCE_ALIGN", (16, 16, 1))
-    monkeypatch.setattr(ew, "FORCE_TILED_TRANSPOSE", tiled)
-    monkeypatch.setattr(fusion, "TRANSPOSED_READ_MIN", 1)
+    opts = KernelOptions(force_align=(16, 16, 1), force_tiled_transpose=tiled, transposed_read_min=1)
     if tiled:
         factory, loss_fn, names = _model(kind, 37)
         g = build_train_graph(factory, loss_fn, parse_inputs(_inputs(names)), optim.AdamW(lr=1e-3))[1]
-        kernels = _lowered(g, Limits(cpu=True), (16, 16, 1))[1]
+        kernels = _lowered(g, Limits(cpu=True), (16, 16, 1), opts)[1]
         assert kernels.count("transposing_copy") == 2, kernels
     V = 37
     factory, loss_fn, names = _model(kind, V)
@@ -96,7 +90,7 @@ def test_padded_training_steps_match_the_reference(kind, tiled, monkeypatch):
     got = {}
     for backend in ("reference", "webgpu"):
         c = wg.compile_module(factory, loss_fn, backend=backend, inputs=_inputs(names),
-                              optimizer=optim.AdamW(lr=1e-2, weight_decay=0.01))
+                              optimizer=optim.AdamW(lr=1e-2, weight_decay=0.01), kernel_options=opts)
         got[backend] = ([c.step(f) for f in feeds], c.download_params(), c.download_param_grads())
     (l_ref, p_ref, g_ref), (l_gpu, p_gpu, g_gpu) = got["reference"], got["webgpu"]
     np.testing.assert_allclose(l_gpu, l_ref, rtol=1e-5)
@@ -105,7 +99,7 @@ def test_padded_training_steps_match_the_reference(kind, tiled, monkeypatch):
         np.testing.assert_allclose(g_gpu[name], g_ref[name], rtol=1e-3, atol=1e-4, err_msg=name)
 
 
-def test_quantized_weights_are_not_padded(monkeypatch):
+def test_quantized_weights_are_not_padded():
     """A product whose B is read through dequantize (quantized weights, decoded in
     registers) keeps its width: a padded copy would store the weights as f32."""
     from webgrad import Module, ops
@@ -119,8 +113,8 @@ def test_quantized_weights_are_not_padded(monkeypatch):
             return ops.matmul(i["x"], ops.swap_axes(w, 0, 1))
         g = build_forward_graph(Module, fwd, parse_inputs(
             {"x": ((4, 32), "f32"), "w": ((words,), "i32"), "v": ((37 * 32,), "f32")}))[1]
-        monkeypatch.setattr(align_match, "FORCE_ALIGN", (16, 16, 1))
-        ops_after = [n.op for n in align_products(g, Limits(cpu=False)).nodes]
+        limits = Limits(cpu=False, options=KernelOptions(force_align=(16, 16, 1)))
+        ops_after = [n.op for n in align_products(g, limits).nodes]
         assert ("pad" in ops_after) is not quantized, ops_after
 
 

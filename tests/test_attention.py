@@ -209,16 +209,15 @@ def test_attention_records_are_fused(record):
 
 
 @pytest.mark.parametrize("cpu", [False, True], ids=["gpu", "cpu"])
-def test_qkv_gradient_is_written_in_place(cpu, monkeypatch):
+def test_qkv_gradient_is_written_in_place(cpu):
     """The QKV Linear's output gradient (dQ, dK, dV padded into [B, T, 3C] and added) is
     written by the attention backward kernels into its buffer: no kernel adds the pads
     (fusion._assemble), and the pieces get no buffer."""
-    from webgrad.codegen import fusion
+    from webgrad.codegen import KernelOptions
     factory, loss_fn, inputs, _ = oracle.build_record(oracle.BY_NAME["attention/qkv_linear_T37_D16"])
     g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
     low, names = lower(g, Limits(cpu=cpu))
-    monkeypatch.setattr(fusion, "ASSEMBLE", False)
-    low2, names2 = lower(g, Limits(cpu=cpu))
+    low2, names2 = lower(g, Limits(cpu=cpu, options=KernelOptions(assemble=False)))
     assert len(names2) == len(names) + 1, (names, names2)
     # dQ and dKV (a CPU adapter's dQ, dK, dV) are temporaries no more
     assert low2.report["temporaries"] - low.report["temporaries"] == (3 if cpu else 2)
@@ -228,16 +227,11 @@ def test_transformer_kernel_count():
     """The test transformer (tests/models.py, 2 layers): its attention (score matmul, softmax,
     P @ V; 5 backward kernels) becomes attn_fwd and the row term, attn_dq, attn_dkv per
     layer on a GPU (attn_lse + attn_out and attn_dq, attn_dk, attn_dv on a CPU adapter)."""
-    import webgrad.codegen.program as program
+    from webgrad.codegen import KernelOptions
     g = build_train_graph(models.Transformer, models.transformer_loss,
                           parse_inputs(models.TF_INPUTS), optim.Adam(lr=0.01))[1]
     fused = lower(g, Limits())[1]
-    saved = program.rewrite_attention
-    program.rewrite_attention = lambda graph, limits: graph
-    try:
-        plain = lower(g, Limits())[1]
-    finally:
-        program.rewrite_attention = saved
+    plain = lower(g, Limits(options=KernelOptions(fuse_attention=False)))[1]
     print(f"transformer step: {len(plain)} kernels unfused, {len(fused)} with fused attention")
     # per layer: 3-4 forward kernels become 2, 6 backward kernels become 4
     assert len(plain) - len(fused) >= 3 * models.N_LAYERS, (len(plain), len(fused))
@@ -322,7 +316,7 @@ FORMS = ([_form(n, "tiled") for n in ATTN_NAMES] + [_form(n, "tiled prefetch") f
 
 @pytest.mark.webgpu
 @pytest.mark.parametrize("name, form", FORMS)
-def test_records_in_every_code_shape(name, form, monkeypatch):
+def test_records_in_every_code_shape(name, form):
     """Every attention record through the tiled kernels (GPUs' code, attention_tiled.py),
     with and without the H200's prefetches, also with 16 KiB of workgroup memory (32-row
     blocks) for those with several blocks, and some through the row kernels in both of their
@@ -330,18 +324,17 @@ def test_records_in_every_code_shape(name, form, monkeypatch):
     where the adapter is one): forward (inference and training) and gradients against torch
     on the native adapter. (Each record also runs in the adapter's own code shape in
     test_webgpu.py.)"""
-    import webgrad.codegen.attention_tiled as at
+    from webgrad.codegen import KernelOptions
     try:
         from webgrad.backends.webgpu import WebGPUBackend
         be = WebGPUBackend()
     except Exception as e:
         pytest.skip(f"no native WebGPU adapter: {e}")
-    monkeypatch.setattr(at, "FORCE_TILED", form.startswith("tiled"))
-    monkeypatch.setattr(at, "FORCE_PREFETCH", form == "tiled prefetch")
+    opts = KernelOptions(attn_tiled=form.startswith("tiled"), attn_prefetch=form == "tiled prefetch")
     be.limits.cpu = form == "rows loops"
     if form == "tiled 16 KiB":
         be.limits.max_compute_workgroup_storage_size = 16384
-    oracle.check(oracle.BY_NAME[name], be)
+    oracle.check(oracle.BY_NAME[name], be, opts)
 
 
 # block shapes other than the default (bench/attention.py --variants measures them): 8 rows
@@ -368,30 +361,27 @@ BLOCK_CASES = [pytest.param(n, f, id=f"{n}-{f}", marks=[pytest.mark.slow] if n i
 
 @pytest.mark.webgpu
 @pytest.mark.parametrize("name, form", BLOCK_CASES)
-def test_records_in_other_block_shapes(name, form, monkeypatch):
+def test_records_in_other_block_shapes(name, form):
     """The tiled kernels with the block shapes, code options and thread grids forced (every
     op): forward and gradients against torch on the native adapter."""
-    import webgrad.codegen.attention_tiled as at
+    from webgrad.codegen import KernelOptions
     try:
         from webgrad.backends.webgpu import WebGPUBackend
         be = WebGPUBackend()
     except Exception as e:
         pytest.skip(f"no native WebGPU adapter: {e}")
-    blocks, opts, threads = BLOCK_FORMS[form]
-    monkeypatch.setattr(at, "FORCE_TILED", True)
-    if blocks is not None:
-        monkeypatch.setattr(at, "FORCE_BLOCKS", {op: blocks for op in ATTN_OPS})
-    if threads is not None:
-        monkeypatch.setattr(at, "FORCE_THREADS", {op: threads for op in ATTN_OPS})
-    monkeypatch.setattr(at, "OPTS", {**at.OPTS, **opts})
-    monkeypatch.setattr(at, "FORCE_PREFETCH", False)
-    oracle.check(oracle.BY_NAME[name], be)
+    blocks, code, threads = BLOCK_FORMS[form]
+    opts = KernelOptions(
+        attn_tiled=True, attn_prefetch=False,
+        attn_blocks=None if blocks is None else {op: blocks for op in ATTN_OPS},
+        attn_threads=None if threads is None else {op: threads for op in ATTN_OPS},
+    ).with_attn_opts(**code)
+    oracle.check(oracle.BY_NAME[name], be, opts)
 
 
 def test_prefetches_follow_the_adapter():
     """The tiled kernels' prefetches only where they were measured (an H200): SwiftShader lost
     its device creating them, and the WGSL of the same kernel is about twice as long."""
-    import webgrad.codegen.attention_tiled as at
     from webgrad.codegen import Limits, lower
     from webgrad.compile import build_train_graph, parse_inputs
     record = oracle.BY_NAME["attention/tiled_odd_T37_D33_Dv7"]
@@ -457,13 +447,11 @@ def test_training_attention_is_fused_on_every_adapter():
 
 
 @pytest.mark.webgpu
-def test_long_attention_matches_torch(monkeypatch):
+def test_long_attention_matches_torch():
     """T 1024 (GPT-2's context), a head of 64, forward and the three gradients on the
     native adapter against torch autograd in float64 (scaled_dot_product_attention);
     fused whatever the adapter's training policy says."""
     torch = pytest.importorskip("torch")
-    import webgrad.codegen.attention_match as am
-    monkeypatch.setattr(am, "_fuse_training", lambda score_bytes, limits: True)
     try:
         from webgrad.backends.webgpu_native import NativeHost
         NativeHost()
@@ -472,7 +460,9 @@ def test_long_attention_matches_torch(monkeypatch):
     import webgrad as wg
     shape = (1, 1, 1024, 64)
     M, loss = _sdpa_module(shape)
-    c = wg.compile_module(M, loss, inputs={"w": list(shape)}, optimizer=None, backend="webgpu")
+    from webgrad.codegen import KernelOptions
+    c = wg.compile_module(M, loss, inputs={"w": list(shape)}, optimizer=None, backend="webgpu",
+                          kernel_options=KernelOptions(fuse_attention=True))
     assert sum(n.startswith("attn_") for n in c._train.exe.kernel_names) in (3, 5)
     rng = np.random.default_rng(0)
     vals = {n: rng.standard_normal(shape).astype(np.float32) for n in ("q", "k", "v")}

@@ -64,7 +64,7 @@ SHAPES = {QT.Q8_0: (5, 96), QT.Q4_0: (7, 160), QT.Q4_1: (3, 96), QT.Q5_0: (5, 16
 @pytest.mark.parametrize("backend", ["reference", "torch", WEBGPU])
 @pytest.mark.parametrize("qt", QTS, ids=lambda q: q.name)
 def test_matmul_and_gather_read_the_blocks(qt, backend):
-    from webgrad.codegen import matmul
+    from webgrad.codegen import KernelOptions, matmul
     rng = np.random.default_rng(int(qt))
     N, K = SHAPES[qt]
     raw = small_blocks(qt, N * K // gguf.GGML_QUANT_SIZES[qt][0], rng)
@@ -88,14 +88,12 @@ def test_matmul_and_gather_read_the_blocks(qt, backend):
     # and the H200's wide tile with vec4 loads (x read as vec4, the blocks decoded per element)
     kernels = ("direct", "tiled", "split", "vec4") if backend == "webgpu" else (None,)
     for kind in kernels:
-        direct = kind == "direct" if kind else None
-        matmul.FORCE_DIRECT = direct
-        matmul.FORCE_CONFIG = {"split": matmul.Config(2, 2, 16, splits=2),
-                               "vec4": matmul.Config(8, 16, 8, wx=8, wy=16, vload=True)}.get(kind)
-        try:
-            p = compile_program(backend, M, fn, inputs={"x": ([3, K], "f32"), "i": ([2], "i32")})
-        finally:
-            matmul.FORCE_DIRECT = matmul.FORCE_CONFIG = None
+        opts = KernelOptions(
+            force_direct=kind == "direct" if kind else None,
+            force_config={"split": matmul.Config(2, 2, 16, splits=2),
+                          "vec4": matmul.Config(8, 16, 8, wx=8, wy=16, vload=True)}.get(kind))
+        p = compile_program(backend, M, fn, inputs={"x": ([3, K], "f32"), "i": ([2], "i32")},
+                            kernel_options=opts)
         if kind == "split":
             assert any("split 2" in k for k in p._prog.exe.kernel_names)
         if kind == "vec4":
@@ -109,7 +107,7 @@ def test_matmul_and_gather_read_the_blocks(qt, backend):
             assert all(b["size"] < 4 * N * K for k, b in enumerate(plan["buffers"]) if k not in feeds)
             mm = [pl["wgsl"] for pl in plan["pipelines"] if " K=" in pl["wgsl"].split("\n")[0]]
             # the barrier-free kernel reads a scale per group of 32 and 4 values per word
-            assert mm and all(("dqs_" in w) == bool(direct) and "dq_" in w for w in mm)
+            assert mm and all(("dqs_" in w) == bool(opts.force_direct) and "dq_" in w for w in mm)
 
 
 def test_quantized_params_are_not_trainable_but_run_forward():
@@ -316,17 +314,15 @@ def test_gpt2_keep_quantized_false_and_split_table(tmp_path):
 def test_gpt2_quantized_on_the_tiled_kernel(tmp_path):
     """GPUs take the tiled matmul (lavapipe the barrier-free one): forced here, the whole
     model's logits still equal the host-dequantized model's on the same kernel."""
-    from webgrad.codegen import matmul
+    from webgrad.backends.webgpu import WebGPUBackend
+    from webgrad.codegen import KernelOptions
     from webgrad.models import gpt2
     path, sd = quantized_gpt2(tmp_path, QT.Q8_0, n_embd=96, n_head=3)
-    matmul.FORCE_DIRECT = False
-    try:
-        m = gpt2.GPT2.from_gguf(path, backend="webgpu")
-        host = gpt2.GPT2.from_hf_state_dict(m.cfg, sd, backend="webgpu")
-        ids = [3, 1, 4, 1, 5, 9, 2]
-        got, want = np.asarray(m.forward(ids)), np.asarray(host.forward(ids))
-        names = [k for k in m._program("full", len(ids))._prog.exe.kernel_names if "matmul" in k]
-        assert names and all(" tile " in k for k in names)
-    finally:
-        matmul.FORCE_DIRECT = None
+    tiled = KernelOptions(force_direct=False)
+    m = gpt2.GPT2.from_gguf(path, backend=WebGPUBackend(options=tiled))
+    host = gpt2.GPT2.from_hf_state_dict(m.cfg, sd, backend=WebGPUBackend(options=tiled))
+    ids = [3, 1, 4, 1, 5, 9, 2]
+    got, want = np.asarray(m.forward(ids)), np.asarray(host.forward(ids))
+    names = [k for k in m._program("full", len(ids))._prog.exe.kernel_names if "matmul" in k]
+    assert names and all(" tile " in k for k in names)
     np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * np.abs(want).max())

@@ -18,7 +18,7 @@ import pytest
 import oracle
 from backends import WEBGPU
 from oracle import Record, f32
-from webgrad.codegen import Limits, lower
+from webgrad.codegen import KernelOptions, Limits, lower
 from webgrad.codegen import matmul as mm
 from webgrad.codegen.wgsl import CPU_LOOP_ITERATIONS
 from webgrad.compile import build_train_graph, parse_inputs
@@ -86,8 +86,7 @@ def test_long_k_matches_torch(record, backend):
 
 
 @pytest.mark.parametrize("backend", [WEBGPU])
-def test_long_k_tiled_kernel_on_a_cpu_adapter(backend, monkeypatch):
+def test_long_k_tiled_kernel_on_a_cpu_adapter(backend):
     """The tiled kernel forced onto the CPU adapter (as tests/test_webgpu.py does for the
     GPU tilings) gets the same K chunks."""
-    monkeypatch.setattr(mm, "FORCE_DIRECT", False)
-    oracle.check(RECORDS[0], backend)
+    oracle.check(RECORDS[0], backend, KernelOptions(force_direct=False))

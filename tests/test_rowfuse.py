@@ -58,19 +58,14 @@ def test_log_softmax_output_is_left_alone():
 
 def test_transformer_kernel_count():
     """tests/models.py's transformer step, kernels per step with each pass on or off."""
-    import webgrad.codegen.program as program
+    from webgrad.codegen import KernelOptions
     g = build_train_graph(models.Transformer, models.transformer_loss,
                           parse_inputs(models.TF_INPUTS), optim.Adam(lr=0.01))[1]
-    saved = program.rewrite_attention, program.rewrite_rows
     counts = {}
-    try:
-        for attn in (False, True):
-            for rows in (False, True):
-                program.rewrite_attention = saved[0] if attn else (lambda graph, limits: graph)
-                program.rewrite_rows = saved[1] if rows else (lambda graph: graph)
-                counts[(attn, rows)] = len(lower(g, Limits())[1])
-    finally:
-        program.rewrite_attention, program.rewrite_rows = saved
+    for attn in (False, True):
+        for rows in (False, True):
+            opts = KernelOptions(fuse_attention=None if attn else False, fuse_rows=rows)
+            counts[(attn, rows)] = len(lower(g, Limits(options=opts))[1])
     print(f"transformer step kernels: plain {counts[(False, False)]}, attention "
           f"{counts[(True, False)]}, rows {counts[(False, True)]}, both {counts[(True, True)]}")
     # per layer norm (5): 4 row sums + the elementwise rest -> 1; cross entropy: -1

@@ -35,8 +35,9 @@ def line_of(marker: str) -> int:
     return hits[0]
 
 
-def forward(fn, inputs, backend):
-    return wg.compile_forward(Module, lambda m, i: fn(**i), inputs=inputs, backend=backend)
+def forward(fn, inputs, backend, options=None):
+    return wg.compile_forward(Module, lambda m, i: fn(**i), inputs=inputs, backend=backend,
+                              kernel_options=options)
 
 
 # ---------------------------------------------------------------- fed indices out of range
@@ -259,22 +260,21 @@ def test_scatter_add_rows_at_a_50k_vocabulary(backend):
 @pytest.mark.webgpu
 @pytest.mark.skipif(not _webgpu_available(), reason="no native WebGPU adapter")
 @pytest.mark.parametrize("tiled", [True, False])
-def test_scatter_add_rows_scans_on_webgpu(tiled, monkeypatch):
+def test_scatter_add_rows_scans_on_webgpu(tiled):
     """Both forms of scatter_add_rows' scan of the row counts (codegen/index.py): tiles in
     shared memory (GPUs; 50000 rows are 25 tiles of 2048, carried from tile to tile) and a
     chunk of rows per thread (CPU adapters, lavapipe's default), forced either way."""
-    from webgrad.codegen import index
-    monkeypatch.setattr(index, "SCAN_TILED", tiled)
-    _check_scatter_50k("webgpu")
+    from webgrad.codegen import KernelOptions
+    _check_scatter_50k("webgpu", KernelOptions(scan_tiled=tiled))
 
 
-def _check_scatter_50k(backend):
+def _check_scatter_50k(backend, options=None):
     V, D, N = 50000, 8, 4096
     rng = np.random.default_rng(4)
     idx = np.minimum(rng.zipf(1.3, N) - 1, V - 1).astype(np.int32)
     vals = rng.standard_normal((N, D)).astype(np.float32)
     f = forward(lambda v, i: ops.scatter_add_rows(v, i, V), {"v": ([N, D], "f32"), "i": ([N], "i32")},
-                backend)
+                backend, options)
     got = np.asarray(f.run({"v": vals, "i": idx}))
     want = np.zeros((V, D))
     np.add.at(want, idx, vals.astype(np.float64))

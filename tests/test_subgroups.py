@@ -1,6 +1,6 @@
 """Which form codegen's workgroup reductions take (codegen/wgsl.py, workgroup_reduce): subgroup
 operations where the device was requested with 'subgroups' (Limits.subgroups, or the
-SUBGROUPS switch), else the shared-memory tree. lavapipe, the native adapter here, offers no
+KernelOptions.subgroups option), else the shared-memory tree. lavapipe, the native adapter here, offers no
 'subgroups' (its WGSL compiler takes no `enable subgroups;`): the backend keeps the tree there,
 and the records with long rows and workgroup sums still agree with torch. The subgroup form
 runs against torch in headless Chromium (tests/browser/test_subgroups_browser.py)."""
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 import oracle
-from webgrad.codegen import Limits, lower, wgsl
+from webgrad.codegen import KernelOptions, Limits, lower
 from webgrad.compile import build_train_graph, parse_inputs
 
 # row kernels, the one-pass logsumexp, layer norm's backward, one- and two-pass sums
@@ -30,15 +30,14 @@ def _reducing(kernels):
 
 
 @pytest.mark.parametrize("name", RECORDS)
-def test_subgroup_form_only_where_the_device_has_them(name, monkeypatch):
+def test_subgroup_form_only_where_the_device_has_them(name):
     """Limits() (no 'subgroups'): every reduction is a tree. Limits(subgroups=True): the
-    one-pass logsumexp takes subgroups (wgsl.SUBGROUP_DEFAULT, measured faster on an H200),
-    the other reductions keep the tree; SUBGROUPS = True puts every one in subgroup form,
-    with fewer barriers than its tree."""
+    one-pass logsumexp takes subgroups (KernelOptions.subgroup_default, measured faster on an
+    H200), the other reductions keep the tree; KernelOptions(subgroups=True) puts every one in
+    subgroup form, with fewer barriers than its tree."""
     tree = _reducing(_kernels(name, Limits()))
     default = _reducing(_kernels(name, Limits(subgroups=True)))
-    monkeypatch.setattr(wgsl, "SUBGROUPS", True)
-    forced = _reducing(_kernels(name, Limits(subgroups=True)))
+    forced = _reducing(_kernels(name, Limits(subgroups=True, options=KernelOptions(subgroups=True))))
     assert tree and [n for n, _ in tree] == [n for n, _ in default] == [n for n, _ in forced]
     for (n, t), (_, d), (_, s) in zip(tree, default, forced):
         assert "subgroup" not in t and "enable subgroups;" not in t, n
@@ -49,13 +48,21 @@ def test_subgroup_form_only_where_the_device_has_them(name, monkeypatch):
         assert s.count("workgroupBarrier") < t.count("workgroupBarrier"), n
 
 
-def test_the_switch_forces_either_form(monkeypatch):
+def test_the_option_forces_either_form():
     name = "nn.cross_entropy_last/vocab_50257"
+    on, off = KernelOptions(subgroups=True), KernelOptions(subgroups=False)
     assert any("enable subgroups;" in w for _, w in _kernels(name, Limits(subgroups=True)))
-    monkeypatch.setattr(wgsl, "SUBGROUPS", False)
-    assert not any("subgroup" in w for _, w in _kernels(name, Limits(subgroups=True)))
-    monkeypatch.setattr(wgsl, "SUBGROUPS", True)
-    assert any("enable subgroups;" in w for _, w in _kernels(name, Limits()))
+    assert not any("subgroup" in w for _, w in _kernels(name, Limits(subgroups=True, options=off)))
+    assert any("enable subgroups;" in w for _, w in _kernels(name, Limits(options=on)))
+
+
+def test_same_graph_options_and_adapter_give_the_same_wgsl():
+    """Lowering depends on nothing but the graph, the limits and their options: options
+    for one lowering leave the next one with the defaults as it was."""
+    name = "nn.cross_entropy_last/vocab_50257"
+    before = _kernels(name, Limits(subgroups=True))
+    _kernels(name, Limits(subgroups=True, options=KernelOptions(subgroups=False, rows_tiled=True)))
+    assert _kernels(name, Limits(subgroups=True)) == before
 
 
 @pytest.mark.webgpu

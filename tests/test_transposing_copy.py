@@ -12,8 +12,7 @@ import pytest
 import oracle
 from backends import WEBGPU
 from oracle import Record, f32
-from webgrad.codegen import Limits, lower
-from webgrad.codegen import elementwise as ew
+from webgrad.codegen import KernelOptions, Limits, lower
 from webgrad.codegen import fusion
 from webgrad.compile import build_train_graph, parse_inputs
 
@@ -47,20 +46,18 @@ def _names(record, limits):
 
 
 @pytest.mark.parametrize("record", RECORDS, ids=[r.name for r in RECORDS])
-def test_transposing_copies_are_tiled_on_gpu_adapters_only(record, monkeypatch):
-    monkeypatch.setattr(fusion, "TRANSPOSED_READ_MIN", 1)
-    gpu = _names(record, Limits(cpu=False))
+def test_transposing_copies_are_tiled_on_gpu_adapters_only(record):
+    opts = KernelOptions(transposed_read_min=1)
+    gpu = _names(record, Limits(cpu=False, options=opts))
     assert any(n.startswith("transposing_copy") for n in gpu), gpu
-    cpu = _names(record, Limits(adapter="llvmpipe (LLVM 15.0.6, 256 bits) (CPU)", cpu=True))
+    cpu = _names(record, Limits(adapter="llvmpipe (LLVM 15.0.6, 256 bits) (CPU)", cpu=True, options=opts))
     assert not any(n.startswith("transposing_copy") for n in cpu), cpu
 
 
 @pytest.mark.parametrize("backend", [WEBGPU])
 @pytest.mark.parametrize("record", RECORDS, ids=[r.name for r in RECORDS])
-def test_tiled_transposing_copies_match_torch(record, backend, monkeypatch):
-    monkeypatch.setattr(ew, "FORCE_TILED_TRANSPOSE", True)
-    monkeypatch.setattr(fusion, "TRANSPOSED_READ_MIN", 1)
-    oracle.check(record, backend)
+def test_tiled_transposing_copies_match_torch(record, backend):
+    oracle.check(record, backend, KernelOptions(force_tiled_transpose=True, transposed_read_min=1))
 
 
 def _stored_transposes(record, limits):
@@ -70,18 +67,18 @@ def _stored_transposes(record, limits):
     return [g[n].shape for n in fusion.Fusion(g, limits).transposed]
 
 
-def test_only_tile_sized_transposes_read_elementwise_are_stored(monkeypatch):
+def test_only_tile_sized_transposes_read_elementwise_are_stored():
     """A transpose with an axis shorter than a tile stays an expression of its reader (the
     flat kernel reads it as well as a copy would), as do a transpose read by a matmul (its
     kernel takes strides), one below the size threshold, and any on a CPU adapter."""
-    monkeypatch.setattr(fusion, "TRANSPOSED_READ_MIN", 1)
-    gpu = Limits(cpu=False)
+    opts = KernelOptions(transposed_read_min=1)
+    gpu = Limits(cpu=False, options=opts)
     assert _stored_transposes(RECORDS[2], gpu) == [(37, 70)]
-    assert _stored_transposes(RECORDS[2], Limits(cpu=True)) == []
+    assert _stored_transposes(RECORDS[2], Limits(cpu=True, options=opts)) == []
     narrow = Record("narrow", "lambda x, z: ops.swap_axes(x, 0, 1) * 2.0 + z",
                     lambda x, z: x.T * 2.0 + z, (f32(70, 4), f32(4, 70)))
     product = Record("product", "lambda x, w: ops.matmul(ops.swap_axes(x, 0, 1), w)",
                      lambda x, w: x.T @ w, (f32(70, 37), f32(70, 33)))
     assert _stored_transposes(narrow, gpu) == [] and _stored_transposes(product, gpu) == []
-    monkeypatch.setattr(fusion, "TRANSPOSED_READ_MIN", 70 * 37 + 1)
+    gpu = Limits(cpu=False, options=KernelOptions(transposed_read_min=70 * 37 + 1))
     assert _stored_transposes(RECORDS[2], gpu) == []

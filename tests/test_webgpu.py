@@ -35,14 +35,16 @@ except Exception as e:  # no wgpu, no adapter: nothing here can run
 from webgrad.backends.gpu_host import DeviceLostError  # noqa: E402
 from webgrad.backends.webgpu import LOWERED_OPS, WebGPUBackend, is_cpu_adapter  # noqa: E402
 from webgrad.buffers import END, Live, plan_pool  # noqa: E402
-from webgrad.codegen import LimitError  # noqa: E402
+from webgrad.codegen import KernelOptions, LimitError  # noqa: E402
 from webgrad.codegen import matmul as mm  # noqa: E402
 from webgrad.primitives import PRIMS, rand_bits  # noqa: E402
 
 
-def forward(fn, inputs, backend="webgpu"):
-    """A forward program with no parameters: fn(feeds) over the declared inputs."""
-    return wg.compile_forward(Module, lambda m, i: fn(**i), inputs=inputs, backend=backend)
+def forward(fn, inputs, backend="webgpu", options=None):
+    """A forward program with no parameters: fn(feeds) over the declared inputs (its kernels
+    generated with `options`, a KernelOptions, where given)."""
+    return wg.compile_forward(Module, lambda m, i: fn(**i), inputs=inputs, backend=backend,
+                              kernel_options=options)
 
 
 def exe(c):
@@ -58,25 +60,21 @@ def test_oracle(record):
     oracle.check(record, "webgpu")
 
 
-def _lowered_kernel_names(record, col_split_min_r=None) -> list[str]:
+def _lowered_kernel_names(record, options: KernelOptions = KernelOptions()) -> list[str]:
     from webgrad.codegen import Limits, lower
-    from webgrad.codegen import reduce as rd
     from webgrad.compile import build_train_graph, parse_inputs
     factory, loss_fn, inputs, _ = oracle.build_record(record)
-    saved = rd.COL_SPLIT_MIN_R
-    rd.COL_SPLIT_MIN_R = col_split_min_r or saved
-    try:
-        return lower(build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1],
-                     Limits())[1]
-    finally:
-        rd.COL_SPLIT_MIN_R = saved
+    return lower(build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1],
+                 Limits(options=options))[1]
 
 
 # records whose step (forward and gradients) has a matmul kernel: run under both kernels
 MATMUL_RECORDS = [r for r in oracle.RECORDS
                   if any(n.startswith("matmul") for n in _lowered_kernel_names(r))]
-MATMUL_KERNELS = {"direct": True, "tiled": False,  # codegen/matmul.py's FORCE_DIRECT
-                  "direct_small": True}  # ... with SwiftShader's small blocks on every adapter
+# KernelOptions forcing codegen/matmul.py's kernels: barrier-free, tiled, and barrier-free
+# with SwiftShader's small blocks on every adapter ("" is in every description)
+MATMUL_KERNELS = {"direct": KernelOptions(force_direct=True), "tiled": KernelOptions(force_direct=False),
+                  "direct_small": KernelOptions(force_direct=True, small_block_adapters=("",))}
 if native_adapter_is_cpu():  # its default is the direct kernel: test_oracle runs that form
     del MATMUL_KERNELS["direct"]
 # split-K forced on every matmul: 3 K chunks (empty ones where K is short), 32 x 32 tiles
@@ -85,31 +83,29 @@ SPLIT_CONFIG = mm.Config(2, 2, 16, splits=3)
 
 @pytest.mark.parametrize("kernel", list(MATMUL_KERNELS))
 @pytest.mark.parametrize("record", MATMUL_RECORDS, ids=[r.name for r in MATMUL_RECORDS])
-def test_oracle_under_both_matmul_kernels(record, kernel, monkeypatch):
+def test_oracle_under_both_matmul_kernels(record, kernel):
     """The oracle records with a matmul (forward or gradient), through the barrier-free and
     the tiled kernel alike: which one runs by default depends on the adapter and the size."""
-    monkeypatch.setattr(mm, "FORCE_DIRECT", MATMUL_KERNELS[kernel])
-    if kernel == "direct_small":
-        monkeypatch.setattr(mm, "SMALL_BLOCK_ADAPTERS", ("",))  # "" is in every description
-    names = [n for n in _lowered_kernel_names(record) if n.startswith("matmul")]
+    opts = MATMUL_KERNELS[kernel]
+    names = [n for n in _lowered_kernel_names(record, opts) if n.startswith("matmul")]
     assert names and all((" direct " in n) == kernel.startswith("direct") for n in names), names
     if kernel == "direct_small":  # "matmul AxBxC K=k direct TMxTN": small products, small blocks
         for n in names:
             words = n.split()
             size = math.prod(int(d) for d in words[1].split("x"))
             tm, tn = (int(d) for d in words[-1].split("x"))
-            assert (tm <= mm.SMALL_BLOCK[0] and tn <= mm.SMALL_BLOCK[1]) or size > mm.DIRECT_SMALL, n
-    oracle.check(record, "webgpu")
+            assert (tm <= opts.small_block[0] and tn <= opts.small_block[1]) or size > mm.DIRECT_SMALL, n
+    oracle.check(record, "webgpu", opts)
 
 
 @pytest.mark.parametrize("record", MATMUL_RECORDS, ids=[r.name for r in MATMUL_RECORDS])
-def test_oracle_under_split_k(record, monkeypatch):
+def test_oracle_under_split_k(record):
     """The same records with every matmul split into K chunks (partial sums in scratch, a
     second kernel adds them and runs the epilogue)."""
-    monkeypatch.setattr(mm, "FORCE_CONFIG", SPLIT_CONFIG)
-    names = [n for n in _lowered_kernel_names(record) if n.startswith("matmul")]
+    opts = KernelOptions(force_config=SPLIT_CONFIG)
+    names = [n for n in _lowered_kernel_names(record, opts) if n.startswith("matmul")]
     assert any(" split 3" in n for n in names) and any("sum of 3 K chunks" in n for n in names)
-    oracle.check(record, "webgpu")
+    oracle.check(record, "webgpu", opts)
 
 
 DB_RECORDS = [r for r in MATMUL_RECORDS if r.name.startswith("matmul")]
@@ -119,11 +115,10 @@ DB_RECORDS = [r for r in MATMUL_RECORDS if r.name.startswith("matmul")]
                                     mm.Config(4, 4, 16, vec=False, splits=3, double=True)],
                          ids=["double", "double_split_scalar"])
 @pytest.mark.parametrize("record", DB_RECORDS, ids=[r.name for r in DB_RECORDS])
-def test_oracle_under_double_buffering(record, config, monkeypatch):
+def test_oracle_under_double_buffering(record, config):
     """The matmul records through the double-buffered kernel (one barrier per K step),
     alone and with split-K and scalar shared-memory reads."""
-    monkeypatch.setattr(mm, "FORCE_CONFIG", config)
-    oracle.check(record, "webgpu")
+    oracle.check(record, "webgpu", KernelOptions(force_config=config))
 
 
 # the H200 row's tilings (codegen/matmul.py ADAPTER_TILINGS) and smaller tiles of the same
@@ -160,9 +155,8 @@ H200_CASES = [(r, cfg) for cfg in H200_CONFIGS for r in DB_RECORDS
 
 @pytest.mark.parametrize("record,config", H200_CASES,
                          ids=[f"{r.name}-{cfg}" for r, cfg in H200_CASES])
-def test_oracle_under_h200_tilings(record, config, monkeypatch):
-    monkeypatch.setattr(mm, "FORCE_CONFIG", H200_CONFIGS[config])
-    oracle.check(record, "webgpu")
+def test_oracle_under_h200_tilings(record, config):
+    oracle.check(record, "webgpu", KernelOptions(force_config=H200_CONFIGS[config]))
 
 
 EPI_CONFIGS = {"rows1": mm.Config(4, 4, 8, wx=4, wy=4, vload=True, epi_rows=1),
@@ -171,58 +165,56 @@ EPI_CONFIGS = {"rows1": mm.Config(4, 4, 8, wx=4, wy=4, vload=True, epi_rows=1),
 
 @pytest.mark.parametrize("config", list(EPI_CONFIGS))
 @pytest.mark.parametrize("name", ["matmul/gelu_mlp_odd", "matmul/aligned_epilogue"])
-def test_epilogue_loads_issued_first(name, config, monkeypatch):
+def test_epilogue_loads_issued_first(name, config):
     """Config.epi_rows: the epilogue's loads (bias, GELU's pre-activation, an operand) of
     several outputs issued before their stores (matmul._split_epilogue), on shapes no tile
-    divides, against torch; an epilogue with more loads than EPI_MAX_LOADS keeps them."""
-    monkeypatch.setattr(mm, "FORCE_CONFIG", EPI_CONFIGS[config])
+    divides, against torch; an epilogue with more loads than epi_max_loads keeps them."""
+    opts = KernelOptions(force_config=EPI_CONFIGS[config])
     from webgrad.codegen import Limits, lower
     from webgrad.compile import build_train_graph, parse_inputs
     factory, loss_fn, inputs, _ = oracle.build_record(oracle.BY_NAME[name])
     g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
-    wgsl = [p["wgsl"] for p in lower(g, Limits())[0].plan["pipelines"] if " K=" in p["wgsl"]]
+    wgsl = [p["wgsl"] for p in lower(g, Limits(options=opts))[0].plan["pipelines"] if " K=" in p["wgsl"]]
     assert any("fn epi_ld(" in w for w in wgsl)
-    oracle.check(oracle.BY_NAME[name], "webgpu")
-    monkeypatch.setattr(mm, "EPI_MAX_LOADS", 0)
-    wgsl = [p["wgsl"] for p in lower(g, Limits())[0].plan["pipelines"] if " K=" in p["wgsl"]]
+    oracle.check(oracle.BY_NAME[name], "webgpu", opts)
+    opts = mm.replace(opts, epi_max_loads=0)
+    wgsl = [p["wgsl"] for p in lower(g, Limits(options=opts))[0].plan["pipelines"] if " K=" in p["wgsl"]]
     assert not any("fn epi_ld(" in w for w in wgsl)
 
 
 @pytest.mark.parametrize("name", ["matmul/tiles_odd", "matmul/odd_long_k"])
-def test_k_loop_in_wgsl(name, monkeypatch):
-    """The tiled kernel's K step as a WGSL loop (mm.K_LOOP) rather than unrolled."""
-    monkeypatch.setattr(mm, "FORCE_CONFIG", mm.Config(4, 4, 8, wx=4, wy=4, vload=True))
-    monkeypatch.setattr(mm, "K_LOOP", 1)
+def test_k_loop_in_wgsl(name):
+    """The tiled kernel's K step as a WGSL loop (KernelOptions.k_loop) rather than unrolled."""
+    opts = KernelOptions(force_config=mm.Config(4, 4, 8, wx=4, wy=4, vload=True), k_loop=1)
     from webgrad.codegen import Limits, lower
     from webgrad.compile import build_train_graph, parse_inputs
     factory, loss_fn, inputs, _ = oracle.build_record(oracle.BY_NAME[name])
     g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
-    wgsl = [p["wgsl"] for p in lower(g, Limits())[0].plan["pipelines"] if " K=" in p["wgsl"]]
+    wgsl = [p["wgsl"] for p in lower(g, Limits(options=opts))[0].plan["pipelines"] if " K=" in p["wgsl"]]
     assert wgsl and all("for (var kk = 0u; kk < 8u; kk++)" in w for w in wgsl)
-    oracle.check(oracle.BY_NAME[name], "webgpu")
+    oracle.check(oracle.BY_NAME[name], "webgpu", opts)
 
 
 @pytest.mark.parametrize("name", ["matmul/tiles_odd", "matmul/odd_long_k"])
-def test_k_loop_partly_unrolled(name, monkeypatch):
-    """The tiled kernel's K step as a WGSL loop over pairs of k (mm.K_UNROLL)."""
-    monkeypatch.setattr(mm, "FORCE_CONFIG", mm.Config(4, 4, 8, wx=4, wy=4, vload=True))
-    monkeypatch.setattr(mm, "K_UNROLL", (1, 2))
+def test_k_loop_partly_unrolled(name):
+    """The tiled kernel's K step as a WGSL loop over pairs of k (KernelOptions.k_unroll)."""
+    opts = KernelOptions(force_config=mm.Config(4, 4, 8, wx=4, wy=4, vload=True), k_unroll=(1, 2))
     from webgrad.codegen import Limits, lower
     from webgrad.compile import build_train_graph, parse_inputs
     factory, loss_fn, inputs, _ = oracle.build_record(oracle.BY_NAME[name])
     g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
-    wgsl = [p["wgsl"] for p in lower(g, Limits())[0].plan["pipelines"] if " K=" in p["wgsl"]]
+    wgsl = [p["wgsl"] for p in lower(g, Limits(options=opts))[0].plan["pipelines"] if " K=" in p["wgsl"]]
     assert wgsl and all("for (var kb = 0u; kb < 8u; kb += 2u)" in w for w in wgsl)
-    oracle.check(oracle.BY_NAME[name], "webgpu")
+    oracle.check(oracle.BY_NAME[name], "webgpu", opts)
 
 
-def test_vec4_loads_where_the_layout_allows(monkeypatch):
+def test_vec4_loads_where_the_layout_allows():
     """vec4 global loads need a stride-1 axis whose size is a multiple of 4 and 4-aligned
     other strides; an epilogue that reads an operand's buffer (a binding has one element
     type) gets scalar loads."""
     from webgrad.codegen import Limits, lower
     from webgrad.ir import Graph
-    monkeypatch.setattr(mm, "FORCE_CONFIG", H200_CONFIGS["batched"])
+    opts = KernelOptions(force_config=H200_CONFIGS["batched"])
 
     def bindings(m, k, n, plus_a=False):
         g = Graph()
@@ -232,7 +224,7 @@ def test_vec4_loads_where_the_layout_allows(monkeypatch):
         if plus_a:
             out = g.add("add", [out, a], (m, n), "f32")
         g.outputs["out"] = out
-        low, names = lower(g, Limits())
+        low, names = lower(g, Limits(options=opts))
         wgsl = low.plan["pipelines"][0]["wgsl"]
         return [ln.split(": ")[-1] for ln in wgsl.splitlines() if "var<storage" in ln][:2]
     assert bindings(64, 32, 48) == ["array<vec4<f32>>;"] * 2
@@ -242,7 +234,7 @@ def test_vec4_loads_where_the_layout_allows(monkeypatch):
 
 
 @pytest.mark.parametrize("classes", ["wide_group", "as_listed"])
-def test_transformer_training_under_h200_classes(classes, monkeypatch):
+def test_transformer_training_under_h200_classes(classes):
     """The test transformer's step (merge_heads views, folded weight gradients, fused
     epilogues, attention's batched products) under the H200 row's shape classes, on this
     adapter: "as_listed" is the row itself (its Linears over [16, 8, d] are [128 x d]
@@ -256,9 +248,8 @@ def test_transformer_training_under_h200_classes(classes, monkeypatch):
     if classes == "wide_group":
         row.update(slots=1, group=2, wide=mm.replace(row["wide"], tm=4, tn=4, wx=4, wy=4))
         del row["batched"]
-    monkeypatch.setattr(mm, "adapter_tiling", lambda adapter: row)
-    monkeypatch.setattr(mm, "FORCE_DIRECT", False)
-    c, r = models.compile_transformer("webgpu"), models.compile_transformer("reference")
+    opts = KernelOptions(tiling_row=row, force_direct=False)
+    c, r = models.compile_transformer("webgpu", kernel_options=opts), models.compile_transformer("reference")
     names = [n for n in exe(c).kernel_names if n.startswith("matmul")]
     assert all(" tile 16x16x" in n for n in names) if classes == "wide_group" else \
         all(" tile 32x" in n for n in names), names
@@ -330,7 +321,7 @@ def test_h200_batch_against_one_weight_is_one_product():
         assert names and all(tile in n for n in names), (bshape, names)
 
 
-def test_h200_step_takes_sums_in_its_products(monkeypatch):
+def test_h200_step_takes_sums_in_its_products():
     """The GPT bench's step lowered for an H200 (64 x 256, d 128, 2 layers): every bias
     gradient is summed by its weight gradient's kernel and every layer norm's weight and
     bias gradients by the epilogue of the next Linear's input gradient (unsplit there), so
@@ -338,7 +329,7 @@ def test_h200_step_takes_sums_in_its_products(monkeypatch):
     backward writes it). With those rules off, the step has those kernels back."""
     import sys
     from pathlib import Path
-    from webgrad.codegen import fusion, lower
+    from webgrad.codegen import lower
     from webgrad.codegen.wgsl import Limits
     from webgrad.compile import build_train_graph, parse_inputs
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
@@ -353,9 +344,7 @@ def test_h200_step_takes_sums_in_its_products(monkeypatch):
     assert not any(n.startswith("sum (pass 1)") for n in names), names
     # per layer 4 biases and 2 layer norms' 2 parameters, and the final layer norm's 2
     assert sum(n.startswith("sum (pass 2)") for n in names) == 2 * 8 + 2, names
-    monkeypatch.setattr(mm, "OPERAND_SUMS", False)
-    monkeypatch.setattr(fusion, "ASSEMBLE", False)
-    plain = lower(graph, limits)[1]
+    plain = lower(graph, mm.replace(limits, options=KernelOptions(operand_sums=False, assemble=False)))[1]
     assert sum(n.startswith("sum (pass 1)") for n in plain) == 2 * 8 + 2, plain
     assert len(plain) == len(names) + 2 * 8 + 2 + 2, (len(plain), len(names))
 
@@ -392,21 +381,21 @@ def _mlp_batches():
 
 @pytest.mark.parametrize("kernel", list(MATMUL_KERNELS))
 @pytest.mark.parametrize("model", ["mlp", "transformer"])
-def test_training_matches_reference(model, kernel, monkeypatch):
+def test_training_matches_reference(model, kernel):
     """50 Adam steps on WebGPU equal the reference executor's within f32 noise: each step's
     loss within 1e-3 relative, final params within 2e-2 relative + 1e-3 (Adam divides by
     sqrt(v), which amplifies f32 rounding of near-zero gradients over 50 steps). Under
     either matmul kernel (barrier-free on CPU adapters, tiled on GPUs)."""
-    monkeypatch.setattr(mm, "FORCE_DIRECT", MATMUL_KERNELS[kernel])
+    opts = MATMUL_KERNELS[kernel]
     if model == "mlp":
         # seed 1: from seed 0's initial values two relu units of l2 reach the boundary for
         # a few samples by step 35, where Adam turns the f32 rounding differences of their
         # tiny gradients (WGSL sums in another order than numpy) into full-size steps and
         # l2.W's columns 7 and 41 drift 2e-2 apart; the check is for kernels, not that chaos
-        make, batches = (lambda be: models.compile_mlp(be, seed=1)), _mlp_batches()
+        make, batches = (lambda be, **kw: models.compile_mlp(be, seed=1, **kw)), _mlp_batches()
     else:
         make, batches = models.compile_transformer, [models.reversal_batch(0)] * 50
-    c, r = make("webgpu"), make("reference")
+    c, r = make("webgpu", kernel_options=opts), make("reference")
     for k, b in enumerate(batches):
         lw, lr_ = c.step(b), r.step(b)
         assert abs(lw - lr_) <= 1e-3 * abs(lr_) + 1e-6, f"step {k}: webgpu {lw} vs reference {lr_}"
@@ -573,10 +562,10 @@ def test_long_reductions(case):
     _check_reduction(case)
 
 
-def _check_reduction(case):
+def _check_reduction(case, options=None):
     name, fn, shape, ref = case
     x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
-    got = forward(fn, {"x": shape}).run({"x": x})
+    got = forward(fn, {"x": shape}, options=options).run({"x": x})
     want = ref(x.astype(np.float64))
     scale = np.abs(ref(np.abs(x.astype(np.float64)))).sum() * 1e-6
     assert np.all(np.abs(got - want) <= scale + 1e-5 * (1 + np.abs(want))), \
@@ -598,12 +587,10 @@ COL_SUMS = [
 
 @pytest.mark.parametrize("tiled", [True, False], ids=["tiled", "per_thread"])
 @pytest.mark.parametrize("case", COL_SUMS, ids=[c[0] for c in COL_SUMS])
-def test_column_sums(case, tiled, monkeypatch):
+def test_column_sums(case, tiled):
     """col_split's two pass-1 kernels (the tiled one GPUs run, the per-thread loop CPU
     adapters run) against numpy in float64; same bound as test_long_reductions."""
-    from webgrad.codegen import reduce as rd
-    monkeypatch.setattr(rd, "COLUMN_TILED", tiled)
-    _check_reduction(case)
+    _check_reduction(case, KernelOptions(column_tiled=tiled))
 
 
 # short trailing rows, several per workgroup (codegen/reduce.py, _wg_rows): row counts
@@ -624,26 +611,24 @@ ROW_REDUCTIONS = [
 
 @pytest.mark.parametrize("tiled", [True, False], ids=["rows_per_wg", "wg_per_row"])
 @pytest.mark.parametrize("case", ROW_REDUCTIONS, ids=[c[0] for c in ROW_REDUCTIONS])
-def test_short_row_reductions(case, tiled, monkeypatch):
+def test_short_row_reductions(case, tiled):
     """_wg_rows (GPUs) and the workgroup per row (CPU adapters), forced either way on this
     adapter, against numpy in float64; the lowered kernel is the one forced."""
     from webgrad.codegen import Limits, lower
-    from webgrad.codegen import reduce as rd
     from webgrad.compile import build_forward_graph
-    monkeypatch.setattr(rd, "ROWS_TILED", tiled)
+    opts = KernelOptions(rows_tiled=tiled)
     name, fn, shape, _ = case
     g = build_forward_graph(Module, lambda _, i: fn(i["x"]), {"x": (tuple(shape), "f32")})[1]
-    wgsl = [p["wgsl"] for p in lower(g, Limits(cpu=True))[0].plan["pipelines"]]
+    wgsl = [p["wgsl"] for p in lower(g, Limits(cpu=True, options=opts))[0].plan["pipelines"]]
     assert any("let lane = " in w for w in wgsl) == tiled, name
-    _check_reduction(case)
+    _check_reduction(case, opts)
 
 
-def test_short_row_reduction_propagates_nan(monkeypatch):
-    from webgrad.codegen import reduce as rd
-    monkeypatch.setattr(rd, "ROWS_TILED", True)
+def test_short_row_reduction_propagates_nan():
     x = np.random.default_rng(2).standard_normal((11, 96)).astype(np.float32)
     x[3, 50] = np.nan
-    got = forward(lambda x: ops.max(x, -1), {"x": [11, 96]}).run({"x": x})
+    got = forward(lambda x: ops.max(x, -1), {"x": [11, 96]},
+                  options=KernelOptions(rows_tiled=True)).run({"x": x})
     assert np.isnan(got[3]) and not np.isnan(np.delete(got, 3)).any()
     np.testing.assert_array_equal(np.delete(got, 3), np.delete(x.max(-1), 3))
 
@@ -661,29 +646,26 @@ ROWS_RECORDS = [r for r in oracle.RECORDS if any("let lane = " in w for w in _lo
 
 
 @pytest.mark.parametrize("record", ROWS_RECORDS, ids=[r.name for r in ROWS_RECORDS])
-def test_oracle_under_rows_per_workgroup(record, monkeypatch):
+def test_oracle_under_rows_per_workgroup(record):
     """The records whose short-row sums and maxima take _wg_rows on a GPU (i32 sums,
     attention's backward row sums, maxima over the last axis), with it forced on this
     adapter, against torch."""
-    from webgrad.codegen import reduce as rd
-    monkeypatch.setattr(rd, "ROWS_TILED", True)
-    oracle.check(record, "webgpu")
+    oracle.check(record, "webgpu", KernelOptions(rows_tiled=True))
 
 
 SUM_RECORDS = [r for r in oracle.RECORDS
-               if any(n.startswith("sum (pass 1)") for n in _lowered_kernel_names(r, 1))]
+               if any(n.startswith("sum (pass 1)")
+                      for n in _lowered_kernel_names(r, KernelOptions(col_split_min_r=1)))]
 
 
 @pytest.mark.parametrize("record", SUM_RECORDS, ids=[r.name for r in SUM_RECORDS])
-def test_oracle_under_column_split(record, monkeypatch):
+def test_oracle_under_column_split(record):
     """The records whose step sums over leading axes (bias gradients, the batch of a
     broadcast, sums in the forward pass), every such sum through col_split's tiled kernel (even short
     ones), its producers and consumers fused as usual."""
-    from webgrad.codegen import reduce as rd
-    monkeypatch.setattr(rd, "COL_SPLIT_MIN_R", 1)
-    monkeypatch.setattr(rd, "COLUMN_TILED", True)
-    assert any(n.startswith("sum (pass 1)") for n in _lowered_kernel_names(record))
-    oracle.check(record, "webgpu")
+    opts = KernelOptions(col_split_min_r=1, column_tiled=True)
+    assert any(n.startswith("sum (pass 1)") for n in _lowered_kernel_names(record, opts))
+    oracle.check(record, "webgpu", opts)
 
 
 # ---------------------------------------------------------------- (e) limits
@@ -700,14 +682,12 @@ def test_oversized_tensor_is_refused_naming_it():
         forward(lambda a, b: ops.sum_all(a @ b), {"a": [33, 1], "b": [1, 33]}, backend=be)
 
 
-def test_dispatch_over_65535_workgroups(monkeypatch):
+def test_dispatch_over_65535_workgroups():
     """An elementwise kernel over 65536 * 256 + 37 elements, one a thread, needs 65537
     workgroups of 256: the grid is split in two dimensions and every element is still
     computed once."""
-    from webgrad.codegen import elementwise
-    monkeypatch.setattr(elementwise, "ELEMS", 1)
     n = 65536 * 256 + 37
-    f = forward(lambda x: x * 0.5 + 1.0, {"x": [n]})
+    f = forward(lambda x: x * 0.5 + 1.0, {"x": [n]}, options=KernelOptions(elems=1))
     (cmd,) = [c for c in exe(f).plan["commands"] if c["op"] == "dispatch"]
     x, y, z = cmd["workgroups"]
     assert max(x, y, z) <= 65535 and x * y * z >= 65537 and y > 1
@@ -716,20 +696,19 @@ def test_dispatch_over_65535_workgroups(monkeypatch):
 
 
 @pytest.mark.parametrize("m, k", [(37, 3), (257, 129), (5, 1)])
-def test_elementwise_several_elements_a_thread(monkeypatch, m, k):
-    """A large elementwise kernel gives each thread ELEMS elements t, t + T, ... with every
-    load before any store; where the last ones run past the end their index is clamped
-    and their stores guarded. Forced on small odd sizes (ELEMS_MIN 0) through a transpose
+def test_elementwise_several_elements_a_thread(m, k):
+    """A large elementwise kernel gives each thread KernelOptions.elems elements t, t + T, ...
+    with every load before any store; where the last ones run past the end their index is
+    clamped and their stores guarded. Forced on small odd sizes (elems_min 0) through a transpose
     and a broadcast, against numpy: 111 elements (T = 28: the 4th element exists for 27
-    threads of 28), 33153, and 5 (fewer than 2 x ELEMS: one a thread)."""
-    from webgrad.codegen import elementwise
-    monkeypatch.setattr(elementwise, "ELEMS_MIN", 0)
+    threads of 28), 33153, and 5 (fewer than 2 x elems: one a thread)."""
+    opts = KernelOptions(elems_min=0)
     f = forward(lambda x, y, b: ops.tanh(x + ops.swap_axes(y, 0, 1)) * b - 1.0,
-                {"x": [m, k], "y": [k, m], "b": [k]})
+                {"x": [m, k], "y": [k, m], "b": [k]}, options=opts)
     (cmd,) = [c for c in exe(f).plan["commands"] if c["op"] == "dispatch"]
     wgsl = exe(f).plan["pipelines"][cmd["pipeline"]]
     wgsl = wgsl if isinstance(wgsl, str) else wgsl["wgsl"]
-    V = elementwise.ELEMS if m * k >= 2 * elementwise.ELEMS else 1
+    V = opts.elems if m * k >= 2 * opts.elems else 1
     assert len(re.findall(r"let i\d+ = ", wgsl)) == (V if V > 1 else 0), wgsl
     rng = np.random.default_rng(m)
     x, y, b = (rng.standard_normal(s).astype(np.float32) for s in ((m, k), (k, m), (k,)))
@@ -941,14 +920,10 @@ def every_kernel():
                                     parse_inputs(models.TF_INPUTS), optim.Adam(lr=0.01))[1])
     shaders = {}
     for force in (True, False):  # both matmul kernels (barrier-free, tiled)
-        mm.FORCE_DIRECT = force
-        try:
-            for g in graphs:
-                low, _ = lower(g, Limits())
-                for p in low.plan["pipelines"]:
-                    shaders.setdefault(p["wgsl"], None)
-        finally:
-            mm.FORCE_DIRECT = None
+        for g in graphs:
+            low, _ = lower(g, Limits(options=KernelOptions(force_direct=force)))
+            for p in low.plan["pipelines"]:
+                shaders.setdefault(p["wgsl"], None)
     return list(shaders)
 
 

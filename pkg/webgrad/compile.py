@@ -97,13 +97,14 @@ def _copy_updated_captures(g: Graph) -> None:
 
 def compile_module(factory, loss_fn, *, inputs, optimizer=_DEFAULT, backend="reference",
                    seed: int = 0, keep_grads: bool = True, check_finite: bool = False,
-                   recovery=None) -> CompiledModule:
+                   recovery=None, kernel_options=None) -> CompiledModule:
     """Trace, differentiate, append the optimizer and compile a whole training step.
     optimizer: an optim.* instance (default Adam(lr=1e-3)); None computes gradients only.
     check_finite: refuse (NonFiniteError, state untouched) a step whose loss or gradients are
     not finite. recovery: "memory" or a checkpoint path keeps the last completed step's state
     so that recover() can continue after a lost device. Both read the whole state back after
-    each step (recovery.py says what that costs)."""
+    each step (recovery.py says what that costs). kernel_options: a codegen.KernelOptions
+    for the generated kernels (None: the backend's; only kernel-generating backends read it)."""
     from .backends import get_backend
     if optimizer is _DEFAULT:
         optimizer = Adam()
@@ -115,13 +116,14 @@ def compile_module(factory, loss_fn, *, inputs, optimizer=_DEFAULT, backend="ref
     specs, train, forward = build_train_graph(factory, loss_fn, ins, optimizer, keep_grads=keep_grads,
                                                 seed=seed)
     be = get_backend(backend)
-    return CompiledModule(be, factory, specs, Program(be, train, ins),
-                          Program(be, forward, ins, lazy=True),  # prepared by the first run()
+    return CompiledModule(be, factory, specs, Program(be, train, ins, options=kernel_options),
+                          # prepared by the first run()
+                          Program(be, forward, ins, lazy=True, options=kernel_options),
                           seed=seed, check_finite=check_finite, recovery=recovery)
 
 
 def compile_forward(factory, fwd_fn, *, inputs, backend="reference", seed: int = 0,
-                    training: bool = False) -> CompiledForward:
+                    training: bool = False, kernel_options=None) -> CompiledForward:
     """A forward-only program with its own parameters (initialised from the factory).
     An inference graph: dropout is the identity unless training=True."""
     from .backends import get_backend
@@ -130,4 +132,4 @@ def compile_forward(factory, fwd_fn, *, inputs, backend="reference", seed: int =
     specs, g = build_forward_graph(factory, fwd_fn, ins, seed, training)
     be = get_backend(backend)
     owner = CompiledModule(be, factory, specs, None, None, seed=seed)
-    return CompiledForward(owner, Program(be, g, ins), owns_owner=True)
+    return CompiledForward(owner, Program(be, g, ins, options=kernel_options), owns_owner=True)

@@ -27,8 +27,9 @@ class DestroyedError(RuntimeError):
 class Program:
     """One graph prepared on one backend, with its feed contract."""
 
-    def __init__(self, backend, graph, inputs, *, lazy: bool = False):
-        self.backend, self.graph, self.inputs = backend, graph, inputs
+    def __init__(self, backend, graph, inputs, *, lazy: bool = False, options=None):
+        """options: the codegen.KernelOptions the graph is lowered with (None: the backend's)."""
+        self.backend, self.graph, self.inputs, self.options = backend, graph, inputs, options
         for n in graph.nodes:
             if n.op in ("param", "state"):
                 backend.ensure(n.attrs["name"], n.shape, n.dtype)
@@ -38,18 +39,25 @@ class Program:
         # run: on a CPU rasterizer its pipelines alone took a second to create; GPT-2 124M's
         # are 12 of its 77 distinct pipelines, bench/README.md's compile_time section)
         self.lazy = lazy
-        self._exe = None if lazy else backend.prepare(graph)
+        self._exe = None if lazy else self._prepare()
         self.index_checks = index_checks(graph)  # fed indices: range-checked per step
 
     @property
     def exe(self):
         if self._exe is None:
-            self._exe = self.backend.prepare(self.graph)
+            self._exe = self._prepare()
         return self._exe
+
+    def _prepare(self):
+        # a backend of the user's own may take no options (Backend.prepare(graph))
+        if self.options is None:
+            return self.backend.prepare(self.graph)
+        return self.backend.prepare(self.graph, self.options)
 
     def reload(self, backend) -> "Program":
         """The same graph prepared on another backend (recover(): a new device)."""
-        return Program(backend, self.graph, self.inputs, lazy=self.lazy and self._exe is None)
+        return Program(backend, self.graph, self.inputs, lazy=self.lazy and self._exe is None,
+                       options=self.options)
 
     def check_feed(self, feed, method: str, allow_nonfinite: bool = False) -> dict[str, HostArray]:
         if not isinstance(feed, dict):
@@ -366,7 +374,8 @@ class CompiledModule:
         specs, g = build_forward_graph(self._factory, fwd_fn, ins, self.seed, training)
         if {n: s.shape for n, s in specs.items()} != self.param_shapes:
             raise ValueError("compile_forward: the factory built a model with different parameters")
-        fwd = CompiledForward(self, Program(self.backend, g, ins))
+        fwd = CompiledForward(self, Program(self.backend, g, ins,
+                                            options=getattr(self._train, "options", None)))
         self._siblings.add(fwd)
         return fwd
 

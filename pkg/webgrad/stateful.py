@@ -80,7 +80,8 @@ class StatefulProgram:
         return run_blocking(self.run_async(feed, fetch))
 
 
-def compile_program(backend, factory, fn, *, inputs, seed: int = 0) -> StatefulProgram:
+def compile_program(backend, factory, fn, *, inputs, seed: int = 0,
+                    kernel_options=None) -> StatefulProgram:
     """Trace fn(module, feeds) -> {output name: Tensor} into an inference graph over the
     factory's parameters in `backend`'s store (created from their inits if missing)."""
     from .backends import get_backend
@@ -92,7 +93,7 @@ def compile_program(backend, factory, fn, *, inputs, seed: int = 0) -> StatefulP
         raise TypeError("compile_program: the function must return a dict name -> Tensor")
     for k, v in outs.items():
         g.outputs[k] = v.id
-    return StatefulProgram(Program(be, dce(cse(g)), ins), specs)
+    return StatefulProgram(Program(be, dce(cse(g)), ins, options=kernel_options), specs)
 
 
 __all__ = ["state", "assign", "compile_program", "StatefulProgram"]

@@ -480,17 +480,13 @@ def test_tiled_attention_in_browser(s):
     ship_module(s, "oracle", (REPO / "tests" / "oracle.py").read_text())
     out = s.run(f"""
 import oracle
-import webgrad.codegen.attention_tiled as at
-from webgrad.codegen import Limits, lower
+from webgrad.codegen import KernelOptions, Limits, lower
 from webgrad.compile import build_train_graph, parse_inputs
-at.FORCE_TILED = True
-try:
-    factory, loss_fn, inputs, _ = oracle.build_record(oracle.BY_NAME[{TILED_IN_BROWSER[0]!r}])
-    g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
-    kernels = [n for n in lower(g, Limits(cpu=True))[1] if n.startswith("attn_")]
-    results = await oracle.run_records_collect({TILED_IN_BROWSER!r}, "webgpu")
-finally:
-    at.FORCE_TILED = None
+opts = KernelOptions(attn_tiled=True)
+factory, loss_fn, inputs, _ = oracle.build_record(oracle.BY_NAME[{TILED_IN_BROWSER[0]!r}])
+g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
+kernels = [n for n in lower(g, Limits(cpu=True, options=opts))[1] if n.startswith("attn_")]
+results = await oracle.run_records_collect({TILED_IN_BROWSER!r}, "webgpu", opts)
 {{"kernels": kernels, "results": results}}
 """, timeout=600)
     assert out["kernels"] and all(" tiled " in n for n in out["kernels"]), out["kernels"]
@@ -512,20 +508,15 @@ def test_gpu_column_sums_and_logsumexp_in_browser(s):
     ship_module(s, "oracle", (REPO / "tests" / "oracle.py").read_text())
     out = s.run(f"""
 import oracle
-from webgrad.codegen import Limits, lower, reduce as rd, rowfuse
+from webgrad.codegen import KernelOptions, Limits, lower
 from webgrad.compile import build_train_graph, parse_inputs
-saved = rd.COLUMN_TILED, rd.COL_SPLIT_MIN_R, rd.row_per_thread, rowfuse.row_per_thread
-rd.COLUMN_TILED, rd.COL_SPLIT_MIN_R = True, 1
-rd.row_per_thread = rowfuse.row_per_thread = lambda ctx, D: False
+opts = KernelOptions(column_tiled=True, col_split_min_r=1, row_per_thread=False)
 kernels = []
-try:
-    for name in ("nn.Linear", "nn.cross_entropy_last"):
-        factory, loss_fn, inputs, _ = oracle.build_record(oracle.BY_NAME[name])
-        g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
-        kernels += lower(g, Limits(cpu=True))[1]
-    results = await oracle.run_records_collect({GPU_ROW_RECORDS!r}, "webgpu")
-finally:
-    rd.COLUMN_TILED, rd.COL_SPLIT_MIN_R, rd.row_per_thread, rowfuse.row_per_thread = saved
+for name in ("nn.Linear", "nn.cross_entropy_last"):
+    factory, loss_fn, inputs, _ = oracle.build_record(oracle.BY_NAME[name])
+    g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
+    kernels += lower(g, Limits(cpu=True, options=opts))[1]
+results = await oracle.run_records_collect({GPU_ROW_RECORDS!r}, "webgpu", opts)
 {{"kernels": kernels, "results": results}}
 """, timeout=600)
     assert "sum (pass 1)" in out["kernels"], out["kernels"]
@@ -541,14 +532,11 @@ def test_matmul_records_under_gpu_tilings_in_browser(s):
     ship_module(s, "oracle", (REPO / "tests" / "oracle.py").read_text())
     got = s.run(f"""
 import oracle
-from webgrad.codegen import matmul as mm
+from webgrad.codegen import KernelOptions, matmul as mm
 results = {{}}
 for tag, cfg in {H200_TILINGS!r}.items():
-    mm.FORCE_CONFIG = eval(cfg)
-    try:
-        results[tag] = await oracle.run_records_collect({H200_RECORDS!r}, "webgpu")
-    finally:
-        mm.FORCE_CONFIG = None
+    opts = KernelOptions(force_config=eval(cfg))
+    results[tag] = await oracle.run_records_collect({H200_RECORDS!r}, "webgpu", opts)
 results
 """, timeout=600)
     assert sorted(got) == sorted(H200_TILINGS), sorted(got)

@@ -1,7 +1,7 @@
 """Subgroup reductions (codegen/wgsl.py, workgroup_reduce; rowfuse.py's one-pass logsumexp)
 in headless Chromium, whose SwiftShader adapter has the 'subgroups' feature (subgroups of 4):
 the worker's device is requested with it, the cross entropy's logsumexp takes the subgroup form
-there by default (wgsl.SUBGROUP_DEFAULT), and with the form forced on (wgsl.SUBGROUPS) every
+there by default (KernelOptions.subgroup_default), and with the form forced on (KernelOptions.subgroups) every
 workgroup row kernel (softmax, log-softmax, layer norm and its backward, logsumexp) and the
 workgroup sums agree with torch, on rows that are not multiples of the workgroup or of the
 subgroup (6, 33, 300, 700, 1000, 5003, 20011, 50257). Tint compiles these kernels here;
@@ -34,7 +34,7 @@ def test_worker_device_has_subgroups_and_cross_entropy_uses_them(s):
     """The shared device is requested with 'subgroups' where the adapter has it, the
     backend's Limits say so, and by default the cross entropy of a 5000-word vocabulary (a
     row beyond the per-thread loops of CPU adapters) gets its one-pass logsumexp in subgroup
-    form (wgsl.SUBGROUP_DEFAULT) while the other reductions keep the tree; the loss and the
+    form (KernelOptions.subgroup_default) while the other reductions keep the tree; the loss and the
     logits' gradient agree with torch."""
     import array
     import random
@@ -87,41 +87,35 @@ res
                                x.grad, rtol=1e-4, atol=1e-6)
 
 
+# the worker's forced forms (as _lowered_texts' in CPython): every reduction in subgroup form,
+# the workgroup row kernels
+FORCED = "KernelOptions(subgroups=True, row_per_thread=False)"
+
+
 def _lowered_texts(record_name: str) -> list[tuple[str, str]]:
     """(kernel name, WGSL) of a record's gradient step as the worker lowers it below (CPU
     adapter with subgroups, the workgroup row kernels forced): the same code, in CPython."""
     import oracle
-    from webgrad.codegen import Limits, lower
+    from webgrad.codegen import KernelOptions, Limits, lower
     from webgrad.compile import build_train_graph, parse_inputs
     factory, loss_fn, inputs, _ = oracle.build_record(oracle.BY_NAME[record_name])
     g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
-    low, names = lower(g, Limits(cpu=True, subgroups=True))
+    low, names = lower(g, Limits(cpu=True, subgroups=True, options=KernelOptions(subgroups=True, row_per_thread=False)))
     cmds = [c for c in low.plan["commands"] if c["op"] == "dispatch"]
     return [(n, low.plan["pipelines"][c["pipeline"]]["wgsl"]) for n, c in zip(names, cmds)]
 
 
 @browser
 @needs_webgpu_backend
-def test_row_kernels_and_sums_with_subgroups_forced_in_browser(s, monkeypatch):
+def test_row_kernels_and_sums_with_subgroups_forced_in_browser(s):
     import oracle
-    from webgrad.codegen import reduce as rd, rowfuse, wgsl
-    monkeypatch.setattr(rd, "row_per_thread", lambda ctx, D: False)
-    monkeypatch.setattr(rowfuse, "row_per_thread", lambda ctx, D: False)
-    monkeypatch.setattr(wgsl, "SUBGROUPS", True)
     for name in SUBGROUP_RECORDS:  # every record runs at least one kernel in subgroup form
         texts = _lowered_texts(name)
         assert any("enable subgroups;" in w for _, w in texts), (name, [n for n, _ in texts])
     out = s.run(f"""
 import oracle
-from webgrad.codegen import reduce as rd, rowfuse, wgsl
-saved = wgsl.SUBGROUPS, rd.row_per_thread, rowfuse.row_per_thread
-wgsl.SUBGROUPS = True
-rd.row_per_thread = rowfuse.row_per_thread = lambda ctx, D: False
-try:
-    results = await oracle.run_records_collect({SUBGROUP_RECORDS!r}, "webgpu")
-finally:
-    wgsl.SUBGROUPS, rd.row_per_thread, rowfuse.row_per_thread = saved
-results
+from webgrad.codegen import KernelOptions
+await oracle.run_records_collect({SUBGROUP_RECORDS!r}, "webgpu", {FORCED})
 """, timeout=600)
     oracle.check_collected(out, SUBGROUP_RECORDS, "webgpu (browser, subgroup reductions)")
 
@@ -157,19 +151,13 @@ def test_special_rows_with_subgroups_against_torch(s, op, D):
     got = s.run(f"""
 import array
 from webgrad.backends.webgpu_browser import BrowserHost
-from webgrad.codegen import Limits, lower, reduce as rd, rowfuse, wgsl
+from webgrad.codegen import KernelOptions, Limits, lower
 from webgrad.ir import Graph
 host = BrowserHost()
 g = Graph()
 xi = g.add("input", [], (6, {D}), "f32", {{"name": "x", "shape": (6, {D}), "dtype": "f32"}})
 g.outputs["out"] = g.add({op!r}, [xi], {out_shape!r}, "f32", {attrs!r})
-saved = rd.row_per_thread, rowfuse.row_per_thread, wgsl.SUBGROUPS
-rd.row_per_thread = rowfuse.row_per_thread = lambda ctx, D: False
-wgsl.SUBGROUPS = True
-try:
-    low, names = lower(g, Limits(cpu=True, subgroups=True))
-finally:
-    rd.row_per_thread, rowfuse.row_per_thread, wgsl.SUBGROUPS = saved
+low, names = lower(g, Limits(cpu=True, subgroups=True, options={FORCED}))
 wgsl = low.plan["pipelines"][0]["wgsl"]
 assert "enable subgroups;" in wgsl and "workgroupBarrier" in wgsl, names
 prog = host.load(low.plan)

@@ -21,7 +21,8 @@ from .base import Backend
 _auto_said = False
 
 
-def get_backend(spec) -> Backend:
+def get_backend(spec, *, options=None) -> Backend:
+    """options: the codegen.KernelOptions of a new WebGPU backend (webgpu, auto)."""
     if isinstance(spec, Backend):
         return spec
     name, colon, device = str(spec).partition(":")
@@ -36,12 +37,12 @@ def get_backend(spec) -> Backend:
         return TorchBackend(device or "cpu")
     if name == "webgpu":
         from .webgpu import WebGPUBackend
-        return WebGPUBackend()
+        return WebGPUBackend(options=options)
     if name == "auto":
         global _auto_said
         try:
             from .webgpu import WebGPUBackend
-            return WebGPUBackend()
+            return WebGPUBackend(options=options)
         except Exception as e:  # no adapter, no wgpu: fall back, but say so once
             if not _auto_said:
                 warnings.warn(f"webgrad: no WebGPU adapter ({e}); backend='auto' uses 'reference'",

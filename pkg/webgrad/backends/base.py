@@ -24,7 +24,9 @@ class Backend:
     async def read(self, name: str):
         raise NotImplementedError
 
-    def prepare(self, graph):
+    def prepare(self, graph, options=None):
+        """An executable of `graph`. options: the codegen.KernelOptions of a backend that
+        generates kernels (None: the backend's own); executors that generate none ignore it."""
         raise NotImplementedError
 
     def init_params(self, items, *, seed: int) -> None:

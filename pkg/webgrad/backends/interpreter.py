@@ -52,7 +52,7 @@ class Interpreter(Backend):
         x = self.store[name]
         return self.to_host(x, "i32" if "int" in str(x.dtype) else "f32")
 
-    def prepare(self, graph):
+    def prepare(self, graph, options=None):  # options: no kernels here to generate
         missing = sorted({n.op for n in graph.nodes} - set(self.impls) - set(_READ_LEAVES))
         if missing:
             raise NotImplementedError(f"backend {self.name!r} has no implementation of {missing}")

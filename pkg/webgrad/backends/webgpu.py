@@ -15,12 +15,13 @@ host is the only thing that differs (hosts.default_host()).
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import prod
 
 from ..arrays import HostArray, device_result
 from ..blocking import run_blocking
 from ..codegen import LOWERED_OPS, Limits, lower
+from ..codegen.options import DEFAULT as DEFAULT_OPTIONS
 from .base import Backend
 
 __all__ = ["WebGPUBackend", "WebGPUProgram", "LOWERED_OPS"]
@@ -50,7 +51,9 @@ class WebGPUBackend(Backend):
     name = "webgpu"
     runs_plans = True
 
-    def __init__(self, host=None):
+    def __init__(self, host=None, *, options=None):
+        """options: the codegen.KernelOptions every program of this backend is lowered with
+        (None: the defaults); a compile can pass its own (compile_module's kernel_options)."""
         if host is None:
             from .hosts import default_host
             host = default_host()  # raises when there is no adapter: backend="auto" falls back
@@ -59,6 +62,7 @@ class WebGPUBackend(Backend):
         self.limits.cpu = is_cpu_adapter(str(getattr(host, "info", "")))
         self.limits.adapter = str(getattr(host, "info", ""))
         self.limits.subgroups = "subgroups" in (getattr(host, "features", None) or ())
+        self.limits.options = options or DEFAULT_OPTIONS
         self.uid = next(_uids)
         self.store: dict[str, _Slot] = {}
         self.programs: list[int] = []
@@ -142,9 +146,10 @@ class WebGPUBackend(Backend):
             slot.home, slot.shadow = (program, buffer), None
         await self.host.run(program, writes, [])
 
-    def prepare(self, graph):
+    def prepare(self, graph, options=None):
+        limits = self.limits if options is None else replace(self.limits, options=options)
         # a host that can start compiling kernels while the rest is lowered gets each new one
-        lowered, names = lower(graph, self.limits, self._key,
+        lowered, names = lower(graph, limits, self._key,
                                on_pipeline=getattr(self.host, "prefetch", None))
         program = self.host.load(lowered.plan)
         self.programs.append(program)

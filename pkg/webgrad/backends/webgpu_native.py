@@ -45,6 +45,9 @@ _WANTED_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size",
 # for codegen's workgroup reductions (wgsl.workgroup_reduce; Dawn names it, wgpu-native's
 # lavapipe offers naga's 'subgroup' instead and so keeps the shared-memory trees)
 _WANTED_FEATURES = ("timestamp-query", "subgroups")
+# The settings below are the host's runtime: how a plan is compiled, submitted and waited for.
+# None of them changes the generated WGSL or the plan (those are codegen.KernelOptions, carried
+# by the compile), so they stay module settings that the benches set.
 DAWN_TOGGLES: tuple[str, ...] = ()
 # Threads creating pipelines at once (None: one per CPU core, at most 16); 0 or 1 issues them
 # all with create_compute_pipeline_async instead and waits (Dawn's two worker threads).

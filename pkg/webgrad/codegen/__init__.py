@@ -1,5 +1,6 @@
 """WGSL code generation: from a Graph to a WebGPU Plan (backends/gpu_host.py).
 
+  options.py      KernelOptions: every switch that changes the WGSL, carried on Limits
   wgsl.py         the builder: bindings, limits, workgroup sizing, dispatch splitting, literals
   emit.py         expressions: any fusable node's value at an index, as WGSL text
   elementwise.py  elementwise formulas (erf, pow, ...) and the fused elementwise kernel
@@ -28,9 +29,10 @@ from __future__ import annotations
 from . import conv, elementwise, index, layout, quant, random, rowfuse  # noqa: F401  (register expression rules)
 from .emit import EXPR_RULES
 from .fusion import KERNEL_OPS, LEAF_OPS, FusionError
+from .options import KernelOptions
 from .program import Lowered, lower
 from .wgsl import LimitError, Limits
 
 LOWERED_OPS: frozenset[str] = frozenset(set(EXPR_RULES) | KERNEL_OPS | LEAF_OPS)
 
-__all__ = ["LOWERED_OPS", "lower", "Lowered", "Limits", "LimitError", "FusionError"]
+__all__ = ["LOWERED_OPS", "lower", "Lowered", "Limits", "LimitError", "FusionError", "KernelOptions"]

@@ -37,13 +37,12 @@ from ..ir import Graph, Node
 from .layout import swaps_last_two
 from .matmul import adapter_tiling
 
-FORCE_ALIGN: tuple[int, int, int] | None = None  # tests: (A, MIN, ROWS) on any adapter
-
 
 def _align(limits) -> tuple[int, int, int] | None:
-    if FORCE_ALIGN is not None:
-        return FORCE_ALIGN
-    return adapter_tiling(str(getattr(limits, "adapter", "") or "")).get("align")
+    forced = limits.options.force_align  # KernelOptions (tests): (A, MIN, ROWS) on any adapter
+    if forced is not None:
+        return forced
+    return adapter_tiling(str(getattr(limits, "adapter", "") or ""), limits.options).get("align")
 
 
 def _quantized(g: Graph, n: int) -> bool:
@@ -144,4 +143,4 @@ def align_products(g: Graph, limits) -> Graph:
     return dce(out)
 
 
-__all__ = ["FORCE_ALIGN", "align_products"]
+__all__ = ["align_products"]

@@ -521,20 +521,25 @@ def _fuse_training(score_bytes: int, limits) -> bool:
     there (GPT-2 8 x 512: 124.0 ms against 124.2; 64 x 256: the same GPU time) while its
     peak memory fell by the stored scores and probabilities (9226 -> 7151 MiB, 0.92x
     torch's; bench/README.md, gpt2_train.py --attention forced,unfused), so every adapter
-    fuses. Kept as the one place a future adapter class would opt out (the benches patch
-    it to compare)."""
+    fuses. Kept as the one place a future adapter class would opt out
+    (KernelOptions.fuse_attention overrides it: the benches compare with it)."""
     return True
 
 
 def rewrite_attention(g: Graph, limits=None) -> Graph:
-    """The graph with every matched attention fused (the same graph when none is)."""
+    """The graph with every matched attention fused (the same graph when none is).
+    KernelOptions.fuse_attention: False fuses none, True every match (training steps too,
+    whatever _fuse_training says), None follows the policy."""
+    fuse = None if limits is None else limits.options.fuse_attention
+    if fuse is False:
+        return g
     matches = find_matches(g, limits)
     if limits is not None:
         # attn_dq/attn_dk bind A, B, V, G, lse, Drow and their output
         budget = limits.max_storage_buffers_per_shader_stage
         matches = [m for m in matches
                    if budget >= (7 if m.g is not None else 5) + (m.dyn is not None)
-                   and (m.g is None or _fuse_training(4 * g[m.s].size, limits))]
+                   and (m.g is None or fuse or _fuse_training(4 * g[m.s].size, limits))]
     from .attention_tiled import use_tiled
     merge = limits is not None and use_tiled(limits)
     while matches:

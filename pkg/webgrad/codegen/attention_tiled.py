@@ -30,7 +30,7 @@ each thread owning a TR x TC block of the tile (TR = BR / 16: rows ty*TR + a up 
 thread, read as one vec{TR}; 8 are two vec4s 64 rows apart, likewise columns). W goes to
 workgroup memory transposed (Ws: a thread's adjacent rows of one column are one vector,
 stored as one), then out += W @ X with X staged XK rows at a time (Xs; where the loads
-are issued ahead, the whole block at once in As's and Bs's words, OPTS["x_whole"]), each thread
+are issued ahead, the whole block at once in As's and Bs's words, the "x_whole" option), each thread
 owning TR rows x EP/16 output columns (4 adjacent ones per 64, vec4 reads, where the
 width pads to whole 64s; else tx + 16 e). Global loads are issued ahead of their use:
 the next D chunk's before the current chunk's products, and a block's X rows before its
@@ -55,7 +55,7 @@ read clamped addresses and are zeroed or masked; head dims that are not multiple
 maxComputeWorkgroupStorageSize (WebGPU's default 16 KiB: 32-row blocks; 32 KiB or more:
 64, with 32-wide D chunks where they fit: the H200 through Dawn offers 48 KiB; there the
 query kernels over rows of 1024 or more take 128-row blocks, LONG_BLOCKS). Bounds tests
-are emitted only where a block does not divide its extent. OPTS switches each of these
+are emitted only where a block does not divide its extent. KernelOptions.attn_opts switches each of these
 choices so that bench/attention.py --variants can measure it against its absence.
 """
 from __future__ import annotations
@@ -63,92 +63,69 @@ from __future__ import annotations
 from math import prod
 
 from .emit import Idx
+from .options import DEFAULT, KernelOptions
 from .wgsl import f32_lit, pow2ceil, thread_xy
 
 # The workgroup: WY x WX threads (WY along the own rows, WX along the streamed ones and the
-# output columns); THREADS per op, else (16, 16). FORCE_THREADS: bench/attention.py, tests.
+# output columns); KernelOptions.attn_threads per op (bench/attention.py, tests), else (16, 16).
 # Fewer threads with more of the tile each were 1.3-4x slower on an H200 at 64 x 64 blocks
 # (8 x 16, 16 x 8, 8 x 8 threads; attn_dkv 0.32 -> 0.98-2.1 ms at 8 x 12 x 512 x 64: a
 # thread then also holds twice or four times the prefetched X rows; bench/README.md).
-THREADS: dict[str, tuple[int, int]] = {}
-FORCE_THREADS = None
-
-
-def _threads(op) -> tuple[int, int]:
-    if FORCE_THREADS is not None and op in FORCE_THREADS:
-        return FORCE_THREADS[op]
-    return THREADS.get(op, (16, 16))
-
-
-FORCE_TILED = None  # tests: True / False forces the tiled / row kernels on any adapter
+def _threads(op, opts: KernelOptions = DEFAULT) -> tuple[int, int]:
+    forced = opts.attn_threads
+    if forced is not None and op in forced:
+        return forced[op]
+    return (16, 16)
 
 
 def use_tiled(limits) -> bool:
     """GPUs get the tiled kernels; CPU adapters (lavapipe, SwiftShader: Limits.cpu) keep
     attention.py's barrier-free row kernels (a barrier there costs a fiber switch per
-    thread, as for codegen/matmul.py's direct kernel)."""
-    if FORCE_TILED is not None:
-        return FORCE_TILED
+    thread, as for codegen/matmul.py's direct kernel). KernelOptions.attn_tiled (tests):
+    True / False forces the tiled / row kernels on any adapter."""
+    if limits.options.attn_tiled is not None:
+        return limits.options.attn_tiled
     return not limits.cpu
 
 
 PAD = 4  # extra words per shared row: keeps vec4 alignment, staggers the banks
 
 
-def _red_in_as(op, BR, DK, WX=16) -> bool:
+def _red_in_as(op, BR, DK, WX=16, opts: KernelOptions = DEFAULT) -> bool:
     """The online softmax's row reductions (WX words per own row) reuse As: it is free
     between a block's score product and the next block's staging, and after the loop."""
-    return (OPTS["red_in_as"] and op in ("attn_out", "attn_fwd")
+    return (opts.attn_opt("red_in_as") and op in ("attn_out", "attn_fwd")
             and DK * (BR + PAD) >= WX * BR)
 
 
-def _shared_bytes(op, BR, BC, DK, XK, EP, WX=16) -> int:
+def _shared_bytes(op, BR, BC, DK, XK, EP, WX=16, opts: KernelOptions = DEFAULT) -> int:
     n = DK * (BR + PAD) + DK * (BC + PAD)
     if op != "attn_lse":
         n += BC * (BR + PAD) + XK * EP
     if op == "attn_lse":
         n += 2 * WX * BR
-    elif op in ("attn_out", "attn_fwd") and not _red_in_as(op, BR, DK, WX):
+    elif op in ("attn_out", "attn_fwd") and not _red_in_as(op, BR, DK, WX, opts):
         n += WX * BR  # the online softmax's row maxima (and the final row sums)
     return 4 * n
 
 
-FORCE_BLOCKS = None  # bench/attention.py: {op: (BR, BC, DK, XK)} in place of choose_blocks
-# Code options, each measured against its absence (bench/attention.py --variants):
-OPTS = {
-    "heavy_first": True,  # causal: the row blocks with most streamed blocks get the lowest ids
-    "red_in_as": True,    # the online softmax's row reductions in As, read as vec4
-    "ws_vec": True,       # W stored to Ws as one vector per column, not TR scalars
-    "exact": True,        # no clamps / zero selects where the block sizes divide the extents
-    # a block's X rows staged whole, in the words of As and Bs (free once the scores are
-    # made): one barrier pair per output product instead of one per XK rows (with
-    # prefetch_x, whose registers hold the whole block already)
-    "x_whole": True,
-    # threads as 4 x 8 patches of 32 consecutive ids (a warp on NVIDIA GPUs), not rows of WX:
-    # a warp's reads of a k then cover 4 row vectors and 8 column vectors (one 128-byte
-    # wavefront each) where 2 rows of 16 threads read 2 and 16 (codegen/matmul.py measured
-    # 8-9% on its 8 x 8 tile)
-    "warp_tiles": True,
-    # ops whose next D chunk's global loads are issued before the current chunk's products
-    "prefetch_d": frozenset({"attn_fwd", "attn_out", "attn_dq", "attn_dkv", "attn_dk", "attn_dv"}),
-    # ops whose X rows (v, g, q or k) are loaded at the block's start, before the scores
-    "prefetch_x": frozenset({"attn_fwd", "attn_out", "attn_dq", "attn_dkv", "attn_dk", "attn_dv"}),
-}
+# KernelOptions.attn_blocks (bench/attention.py): {op: (BR, BC, DK, XK)} in place of
+# choose_blocks. The code options, each measured against its absence (bench/attention.py
+# --variants), are KernelOptions.attn_opts (options.ATTN_OPTS says what each one changes).
 PREFETCH_D_MAX = 4  # D chunks unrolled (and prefetched) at most; more: a loop
 # Adapters whose kernels issue the prefetches: those they were measured on (bench/README.md).
 # They double the kernels' WGSL (attn_fwd of the T 37, D 33 record: 15 -> 31 KB), and
 # SwiftShader, which creates a pipeline with LLVM inside Chrome's GPU process, lost its device
 # creating them in headless Chromium (tests/browser/test_gpu_host.py, test_webgpu.py's Tint
-# check); other GPUs' compilers are unmeasured. FORCE_PREFETCH: tests, True / False on any.
-PREFETCH_ADAPTERS = ("h200", "h100")
-FORCE_PREFETCH = None
-
-
-def _prefetches(op: str, kind: str, adapter: str) -> bool:
+# check); other GPUs' compilers are unmeasured. Those adapters are
+# KernelOptions.prefetch_adapters (h200, h100); KernelOptions.attn_prefetch (tests): True /
+# False on any.
+def _prefetches(op: str, kind: str, limits) -> bool:
     """Whether `op`'s kernel issues the `kind` prefetch ("prefetch_d", "prefetch_x")."""
-    on = (FORCE_PREFETCH if FORCE_PREFETCH is not None
-          else any(w in adapter.lower() for w in PREFETCH_ADAPTERS))
-    return on and op in OPTS[kind]
+    opts, adapter = limits.options, str(limits.adapter)
+    on = (opts.attn_prefetch if opts.attn_prefetch is not None
+          else any(w in adapter.lower() for w in opts.prefetch_adapters))
+    return on and op in opts.attn_opt(kind)
 
 
 BLOCK_SIZES = ((64, 64),)  # (BR, BC) tried first, where they fit (then 32 x 32, 16 x 16)
@@ -160,12 +137,12 @@ LONG_BLOCKS = {"attn_fwd": (128, 64), "attn_dq": (128, 64)}
 LONG_MIN = 1024  # own and streamed rows at least this many
 
 
-def choose_blocks(op, own_n, str_n, E, limit):
+def choose_blocks(op, own_n, str_n, E, limit, opts: KernelOptions = DEFAULT):
     """(BR, BC, DK, XK): own rows per workgroup, streamed rows per step, the D chunk of the
     score products, the X rows per step of the output product; the largest that fit."""
-    if FORCE_BLOCKS is not None and op in FORCE_BLOCKS:
-        return FORCE_BLOCKS[op]
-    WX = _threads(op)[1]
+    if opts.attn_blocks is not None and op in opts.attn_blocks:
+        return opts.attn_blocks[op]
+    WX = _threads(op, opts)[1]
     EP = _padded(E, WX)
     cands = []
     first = ((LONG_BLOCKS[op],) if op in LONG_BLOCKS and min(own_n, str_n) >= LONG_MIN else ())
@@ -177,7 +154,7 @@ def choose_blocks(op, own_n, str_n, E, limit):
     for BR, BC in cands:
         for DK in (32, 16, 8):
             for XK in (16, 8, 4):
-                if _shared_bytes(op, BR, BC, DK, XK, EP, WX) <= limit:
+                if _shared_bytes(op, BR, BC, DK, XK, EP, WX, opts) <= limit:
                     return BR, BC, DK, XK
     raise AssertionError(f"{op}: no tile fits {limit} bytes of workgroup memory")
 
@@ -238,8 +215,9 @@ def build_tiled(ctx) -> list[dict]:
     Eo = sum(w for w, _, _ in prods) + (op == "attn_fwd")  # the output's row width
     E = max((w for w, _, _ in prods), default=0)
     NR, NC = (S, T) if per_key else (T, S)  # own rows, streamed rows
-    BR, BC, DK, XK = choose_blocks(op, NR, NC, E, ctx.limits.max_compute_workgroup_storage_size)
-    WY, WX = _threads(op)
+    opts = ctx.limits.options
+    BR, BC, DK, XK = choose_blocks(op, NR, NC, E, ctx.limits.max_compute_workgroup_storage_size, opts)
+    WY, WX = _threads(op, opts)
     NT = WY * WX
     TR, TC = BR // WY, BC // WX  # a thread's rows and columns of the W tile
     # ... in vectors of WR (WC) adjacent ones, groups of WY WR (WX WC) apart (rl, cl)
@@ -249,10 +227,10 @@ def build_tiled(ctx) -> list[dict]:
     XV = 4 if all(_padded(w, WX) % (4 * WX) == 0 for w, _, _ in prods) else 1
     LDA, LDB, LDW = BR + PAD, BC + PAD, BR + PAD
     nblk = -(-NR // BR)
-    # X staged whole in As's and Bs's words (OPTS["x_whole"]): one array of one vector type
+    # X staged whole in As's and Bs's words (the "x_whole" option): one array of one vector type
     # holds As, then Bs; the online softmax's row reductions then go to `red`, since X is
     # stored into As right after them
-    xw = (OPTS["x_whole"] and op != "attn_lse" and _prefetches(op, "prefetch_x", ctx.limits.adapter)
+    xw = (opts.attn_opt("x_whole") and op != "attn_lse" and _prefetches(op, "prefetch_x", ctx.limits)
           and WR == WC == XV and BC * EP <= DK * (LDA + LDB)
           and 4 * (DK * (LDA + LDB) + BC * LDW + (WX * BR if online else 0))
           <= ctx.limits.max_compute_workgroup_storage_size)
@@ -272,7 +250,7 @@ def build_tiled(ctx) -> list[dict]:
     if op == "attn_lse":
         kernel.decls.append(f"var<workgroup> red_m: array<f32, {WX * BR}>;")
         kernel.decls.append(f"var<workgroup> red_l: array<f32, {WX * BR}>;")
-    red_in_as = _red_in_as(op, BR, DK, WX) and not xw
+    red_in_as = _red_in_as(op, BR, DK, WX, opts) and not xw
     if online and not red_in_as:
         kernel.decls.append(f"var<workgroup> red: array<f32, {WX * BR}>;")
     # the epilogue takes (batch element, row, column): a store through views (the QKV
@@ -283,7 +261,7 @@ def build_tiled(ctx) -> list[dict]:
     em = ctx.emitter(kernel)
     L = em.emit
     grid = kernel.workgroup_index(em, nb * nblk, "w")  # workgroup-uniform: barriers legal
-    if off is not None and OPTS["heavy_first"] and nblk > 1:
+    if off is not None and opts.attn_opt("heavy_first") and nblk > 1:
         # causal: block-major order, the blocks with the most streamed rows first (a query
         # kernel's last blocks, a key kernel's first) so that the short ones fill the tail
         L(f"let bo = w % {nb}u;")
@@ -291,7 +269,7 @@ def build_tiled(ctx) -> list[dict]:
     else:
         L(f"let blk = w % {nblk}u;")
         L(f"let bo = w / {nblk}u;")
-    for line in thread_xy(WX, WY, OPTS["warp_tiles"]):
+    for line in thread_xy(WX, WY, opts.attn_opt("warp_tiles")):
         L(line)
     L(f"let r0 = blk * {BR}u;")
     bdims = em.unravel("bo", batch) if batch else []
@@ -343,8 +321,8 @@ def build_tiled(ctx) -> list[dict]:
         Returns [(condition or None, word, value)] for put: the loads are `let`s in the
         current scope, so they can be issued well before the stores (prefetch)."""
         n = nrows * nk
-        rows_exact = rows_exact and OPTS["exact"]
-        k_exact = k_exact and OPTS["exact"]
+        rows_exact = rows_exact and opts.attn_opt("exact")
+        k_exact = k_exact and opts.attn_opt("exact")
         items = []
         for t in range(-(-n // NT)):
             e = f"lid + {t * NT}u" if t else "lid"
@@ -398,7 +376,7 @@ def build_tiled(ctx) -> list[dict]:
                           f"{_comp(ys[b // WC], WC, b % WC)}, {accs[a][b]});")
 
         nch = -(-width // DK)
-        if _prefetches(op, "prefetch_d", ctx.limits.adapter) and nch <= PREFETCH_D_MAX:
+        if _prefetches(op, "prefetch_d", ctx.limits) and nch <= PREFETCH_D_MAX:
             cur = tiles("0u")
             for ci in range(nch):
                 put("As", WR, cur[0])
@@ -494,7 +472,7 @@ def build_tiled(ctx) -> list[dict]:
                          NC, "0u", width, X_loads[k], x_exact, _padded(width, WX) == width)
         # X rows past a causal block's last kept one are real rows times W = 0, or zeros
         x_pre = ([[x_rows(k, f"{x0}u") for x0 in range(0, BC, XK)] for k in range(len(prods))]
-                 if _prefetches(op, "prefetch_x", ctx.limits.adapter) else None)
+                 if _prefetches(op, "prefetch_x", ctx.limits) else None)
         s = [[em.var("f32", "0.0f", "s") for _ in range(TC)] for _ in range(TR)]
         dot_tiles(s, D, own_load, str_load)
         dp = None
@@ -557,7 +535,7 @@ def build_tiled(ctx) -> list[dict]:
             wk = w if k == 0 else w2
             acc = accs[k]
             TE = _padded(width, WX) // WX
-            if OPTS["ws_vec"]:  # a thread's rows are WR adjacent words per vector
+            if opts.attn_opt("ws_vec"):  # a thread's rows are WR adjacent words per vector
                 for b in range(TC):
                     for h in range(TR // WR):
                         vals = [wk[h * WR + i][b] for i in range(WR)]
@@ -653,4 +631,4 @@ def build_tiled(ctx) -> list[dict]:
     return [ctx.dispatch(kernel, em.lines, grid, NT)]
 
 
-__all__ = ["build_tiled", "use_tiled", "choose_blocks", "FORCE_TILED", "FORCE_BLOCKS"]
+__all__ = ["build_tiled", "use_tiled", "choose_blocks"]

@@ -328,14 +328,14 @@ def _arange_rule(em, node, idx):
 
 # ---------------------------------------------------------------- the fused kernel
 
-# Elements per thread of a large elementwise kernel (ELEMS_MIN elements or more): thread t
+# Elements per thread of a large elementwise kernel (KernelOptions.elems, 4, once the domain has
+# KernelOptions.elems_min, 1 << 18, elements or more): thread t
 # of T takes t, t + T, t + 2T, ... (each load still coalesced across a warp), and loads all
 # of them before it stores any (a GPU's compiler keeps a load after a store to a buffer that
 # may alias it, so one element after another would wait out a memory latency each). H200
 # through Dawn, 2026-12-01 (bench/README.md): the GPT-2 step's cross-entropy backward 0.707
 # -> 0.420 ms (2.3 -> 3.9 TB/s), its elementwise kernels 1.24 -> 0.82 ms in all; 8 a thread
 # no better.
-ELEMS, ELEMS_MIN = 4, 1 << 18
 
 
 # A copy through a transpose of the last two axes (the tied LM head's pad(wte^T), [768 x
@@ -350,15 +350,16 @@ ELEMS, ELEMS_MIN = 4, 1 << 18
 # token table's scatter kernel 0.82 -> 0.45 ms, the elementwise kernels 0.92 -> 0.59; the
 # step 89.1 / 88.9 -> 88.3 / 88.4 ms. CPU adapters keep the flat kernel (a barrier there is
 # a fiber switch per thread).
-TILED_TRANSPOSE = True
-FORCE_TILED_TRANSPOSE = None  # tests: True / False regardless of the adapter
+# (KernelOptions.tiled_transpose; KernelOptions.force_tiled_transpose, tests: True / False
+# regardless of the adapter)
 TT, TT_ROWS = 32, 8  # the tile's edge; threads per tile column (TT x TT_ROWS a workgroup)
 
 
 def tiled_transposes(limits) -> bool:
-    if FORCE_TILED_TRANSPOSE is not None:
-        return FORCE_TILED_TRANSPOSE
-    return TILED_TRANSPOSE and not limits.cpu
+    opts = limits.options
+    if opts.force_tiled_transpose is not None:
+        return opts.force_tiled_transpose
+    return opts.tiled_transpose and not limits.cpu
 
 
 def tileable(shape) -> bool:
@@ -421,12 +422,13 @@ def build_transposing_copy(ctx) -> list:
 
 def build_elementwise(ctx) -> list:
     """Threads over the elements of the group's domain; every output stored at its flat
-    index. ELEMS elements a thread once the domain has ELEMS_MIN."""
+    index. KernelOptions.elems elements a thread once the domain has elems_min."""
     if transposing_copy(ctx):
         return build_transposing_copy(ctx)
     kernel = ctx.kernel("elementwise")
     em = ctx.emitter(kernel)
-    n, V = ctx.numel, ELEMS if ctx.numel >= max(ELEMS_MIN, 2 * ELEMS) else 1
+    E, E_MIN = ctx.limits.options.elems, ctx.limits.options.elems_min
+    n, V = ctx.numel, E if ctx.numel >= max(E_MIN, 2 * E) else 1
     if V == 1:
         grid = kernel.thread_index(em, n, "i")
         ctx.write_outputs(em, "i", None)

@@ -55,7 +55,6 @@ from . import elementwise
 from .elementwise import ELEMENTWISE_OPS, const_fill
 from .emit import EXPR_RULES
 from .layout import canon_digits, merge_batch_into_k, strided_view, swaps_last_two
-from . import matmul
 from .matmul import group_config, matmul_dims
 from .quant import quant_base
 from .reduce import REDUCE_OPS, ROW_OPS, ReduceShape, scratch_specs
@@ -66,10 +65,8 @@ KERNEL_OPS = ({"matmul", "scatter_add_rows", "fold2d", "write_rows"} | REDUCE_OP
               | ATTN_OPS | ROW_KERNEL_OPS)
 LEAF_OPS = {"input", "param", "state"}
 VIEW_OPS = {"transpose", "broadcast_to", "slice", "reshape"}
-ASSEMBLE = True  # tests: False computes a tensor _assemble would assemble in a kernel of its own
 _COSTLY = {"exp", "log", "tanh", "sigmoid", "erf", "pow", "sin", "cos", "sqrt", "rsqrt", "div"}
 _FREE = VIEW_OPS | {"const", "arange", "cast"}
-TRANSPOSED_READ_MIN = 1 << 20  # elements: _transposed_reads' threshold
 
 
 @dataclass
@@ -192,7 +189,8 @@ class Fusion:
         if not elementwise.tiled_transposes(self.limits):
             return
         for n in g.nodes:
-            if (not swaps_last_two(n) or n.size < TRANSPOSED_READ_MIN or self.has_storage(n.id)
+            if (not swaps_last_two(n) or n.size < self.limits.options.transposed_read_min
+                    or self.has_storage(n.id)
                     or not elementwise.tileable(n.shape) or not self.cons[n.id]
                     or any(g[c].op not in ELEMENTWISE_OPS for c in self.cons[n.id])):
                 continue
@@ -421,7 +419,7 @@ class Fusion:
         if node.op == "scatter_add_rows":
             return 1
         if node.op in REDUCE_OPS:
-            return 1 if scratch_specs(self.g, node, self.sum_source.get(main)) else 0
+            return 1 if scratch_specs(self.g, node, self.sum_source.get(main), self.limits.options) else 0
         return 0
 
     def _merge(self):
@@ -483,7 +481,7 @@ class Fusion:
         g = self.g
         self.assembled: dict[int, list[tuple[int, list]]] = {}
         self.assembled_groups: dict[int, set[int]] = {}
-        if not ASSEMBLE:
+        if not self.limits.options.assemble:  # KernelOptions: tests compute it in a kernel of its own
             return
         roots = set(g.outputs.values()) | set(g.writebacks.values())
         readers: dict[int, set[int]] = {}
@@ -574,7 +572,7 @@ class Fusion:
         sum ordered after the matmul."""
         g = self.g
         self.operand_sums: dict[int, tuple[int, int]] = {}
-        if not matmul.OPERAND_SUMS:
+        if not self.limits.options.operand_sums:
             return
         readers: dict[int, list[tuple[int, int]]] = {}  # stored x -> (matmul group, operand)
         limit = self.limits.max_storage_buffers_per_shader_stage
@@ -627,7 +625,7 @@ class Fusion:
         group."""
         g = self.g
         self.output_sums: dict[int, int] = {}
-        if not matmul.OPERAND_SUMS:
+        if not self.limits.options.operand_sums:
             return
         limit = self.limits.max_storage_buffers_per_shader_stage
         extra: dict[int, set] = {}  # matmul group -> what its epilogue's sums read

@@ -93,7 +93,8 @@ def build_scatter(ctx) -> list:
         em.emit(f"atomicAdd(&{c}[u32({t})], 1u);")
     out.append(ctx.dispatch(k, em.lines, grid, WG))
     # 3: exclusive scan of the counts into row starts, one workgroup; counts reset
-    tiled = SCAN_TILED if SCAN_TILED is not None else not ctx.limits.cpu
+    forced = ctx.limits.options.scan_tiled  # KernelOptions (tests): True / False on any adapter
+    tiled = forced if forced is not None else not ctx.limits.cpu
     if tiled:
         out.append(_scan_tiled(ctx, V, counts, starts))
     else:
@@ -170,7 +171,6 @@ def _scan_chunks(ctx, V, counts, starts) -> dict:
 
 
 SCAN_E = 8          # counts a thread scans per tile of the tiled scan (tiles of SCAN_E x wgs)
-SCAN_TILED = None   # tests: True/False forces the tiled / chunked scan (default: GPUs tiled)
 
 
 def _scan_tiled(ctx, V, counts, starts) -> dict:

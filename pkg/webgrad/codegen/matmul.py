@@ -66,7 +66,7 @@ vec4 read moves four, and operand traffic is what limits this kernel; no matmul 
 was measured. Row reductions were (bench/subgroups.py, H200, 2026-11-30): codegen emits
 them for the one-pass logsumexp's (max, sum) pairs (1.38 -> 1.01 ms over [4096, 50257]);
 single-value row reductions keep the shared-memory tree, whose subgroup form measured 1.0x
-over [4096, 50257] and slower over rows of 512-768 (codegen/wgsl.py, SUBGROUP_DEFAULT;
+over [4096, 50257] and slower over rows of 512-768 (KernelOptions.subgroup_default;
 bench/README.md). Also measured there: Dawn's
 robustness (index clamping) costs this kernel 0-2% (`disable_robustness`), and vec4 stores
 of 4 adjacent outputs in the epilogue were slower than scalar ones (0.969 against 0.888 ms
@@ -81,6 +81,7 @@ from math import prod
 from .emit import STORE_LINE
 from .layout import digits_addr
 from .quant import QuantOperand, group_helpers, operand_reader
+from .options import DEFAULT, KernelOptions
 from .wgsl import CPU_LOOP_ITERATIONS, BindingTypeClash, thread_xy
 
 
@@ -94,11 +95,10 @@ SPLIT_MIN_CHUNK = 512  # ... and never into K chunks shorter than this
 SPLIT_LONG_CHUNK = 4096
 MAX_SPLITS = 16
 
-FORCE_CONFIG = None  # bench/matmul.py sets a Config here to compare tilings
-# bias gradients (the row sums of a weight gradient's operand) and layer norm's gradients
-# (row sums of expressions of a product's output) are summed by the products' kernels
-# (fusion.operand_sums, output_sums); False: by reductions of their own
-OPERAND_SUMS = True
+# KernelOptions.force_config (bench/matmul.py) replaces choose_config to compare tilings.
+# KernelOptions.operand_sums: bias gradients (the row sums of a weight gradient's operand)
+# and layer norm's gradients (row sums of expressions of a product's output) are summed by
+# the products' kernels (fusion.operand_sums, output_sums); False: by reductions of their own
 DIRECT_WG = 64             # threads per workgroup of the barrier-free kernel
 # C block per thread of the barrier-free kernel: 8 x 8 (16 loads per 64 FMAs). In headless
 # Chromium (SwiftShader) the addition transformer's step took ~15% less than with 8 x 4,
@@ -110,20 +110,18 @@ DIRECT_TM, DIRECT_TN = 8, 8
 # 6.0-7.7 s to create with 8 x 8 blocks and 1.2-2.7 s with 4 x 4, whose step ran as fast
 # (13.5-14.2 against 16.4-18.9 ms/step; bench/README.md, cold_start.py). Products of at most
 # DIRECT_SMALL elements (the MLP's 256 x 64; the addition transformer's are 1024 x 64 and up,
-# where 8 x 8 ran 15% faster) get SMALL_BLOCK.
+# where 8 x 8 ran 15% faster) get KernelOptions.small_block (4 x 4) on the adapters of
+# KernelOptions.small_block_adapters (SwiftShader). KernelOptions.force_direct (tests):
+# True / False forces the barrier-free / tiled kernel.
 DIRECT_SMALL = 1 << 15
-SMALL_BLOCK = (4, 4)
-SMALL_BLOCK_ADAPTERS = ("swiftshader",)
-FORCE_DIRECT = None        # tests: True/False forces the barrier-free/tiled kernel
 # The tiled kernel's k loop is a WGSL loop when a K step has more FMAs per thread than this
 # (0: always unrolled in the WGSL). H200 through Dawn, 2026-11-30, on a fresh machine (no
 # driver cache): an unrolled 8 x 16 block at K step 16 (~100 KB of WGSL) took 0.46 s to
 # create its pipeline and the loop 0.05 s; the 4096 product ran 3.08-3.15 ms unrolled and
 # 3.21 ms looped. At K step 8 the loop cost more (2048: 1.97 -> 2.43 ms), so only the
-# K-step-16 tiles loop.
-K_LOOP = 1024
-# Tiles above K_UNROLL[0] FMAs per K step (and at most K_LOOP) loop over the step K_UNROLL[1]
-# k at a time instead of unrolling it whole; None (the default) unrolls. It trades kernel speed
+# K-step-16 tiles loop (KernelOptions.k_loop, 1024).
+# Tiles above KernelOptions.k_unroll[0] FMAs per K step (and at most k_loop) loop over the step
+# k_unroll[1] k at a time instead of unrolling it whole; None (the default) unrolls. It trades kernel speed
 # for pipeline-creation time. H200 through Dawn, 2026-11-30, on a cold driver cache: GPT-2
 # 124M's compile + init 5.41 / 6.67 s unrolled, 4.50 / 4.83 s with (512, 4), 4.28 s with
 # (512, 2); but the products ran 5-8% slower with (512, 4) (2048: 0.428 -> 0.455 ms;
@@ -131,7 +129,6 @@ K_LOOP = 1024
 # (8.11 -> 9.54 ms), so training speed keeps the unrolled steps. Since pipelines are made on a
 # pool of threads (webgpu_native.PIPELINE_THREADS), the unrolled steps' cold compile + init is
 # 1.5-1.7 s (bench/README.md, "Compile + init"): nothing is left to trade.
-K_UNROLL: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -211,7 +208,7 @@ ADAPTER_TILINGS = (
     # 2026-11-30 (evening, bench/README.md "epilogues"): the wide tile issues its epilogue's
     # loads a row at a time (epi_rows 1): GELU's backward twin 0.579 -> 0.548 ms in the
     # step; two rows spilled the AdamW-fused head weight gradient (7.95 -> 10.1 ms; hence
-    # EPI_MAX_LOADS). Tried and not kept: the output tile staged through workgroup memory so
+    # KernelOptions.epi_max_loads). Tried and not kept: the output tile staged through workgroup memory so
     # that each warp stores whole 128-byte lines (every product slower: [4096 x 768] @ [768
     # x 3072] 0.473 -> 0.508 ms, with GELU 0.537 -> 0.554, the vocabulary's 8.1 -> 10.8),
     # and vec4 loads of the vocabulary's unaligned rows as two aligned vec4s shifted by
@@ -269,7 +266,10 @@ ADAPTER_TILINGS = (
 )
 
 
-def adapter_tiling(adapter: str) -> dict:
+def adapter_tiling(adapter: str, options: KernelOptions = DEFAULT) -> dict:
+    """The ADAPTER_TILINGS row of `adapter` ({}: none); KernelOptions.tiling_row replaces it."""
+    if options.tiling_row is not None:
+        return options.tiling_row
     text = adapter.lower()
     for words, row in ADAPTER_TILINGS:
         if any(w in text for w in words):
@@ -294,17 +294,18 @@ def choose_splits(tiles: int, K: int, slots: int) -> int:
 
 
 def choose_config(M: int, N: int, K: int, nb: int, shared_limit: int = 16384,
-                  adapter: str = "") -> Config:
+                  adapter: str = "", options: KernelOptions = DEFAULT) -> Config:
     """The tiling of an [nb x] [M, K] @ [K, N] product on `adapter` (Limits.adapter)."""
-    if FORCE_CONFIG is not None:
-        return FORCE_CONFIG
-    cfg = _choose_config(M, N, K, nb, adapter)
-    if adapter_tiling(adapter).get("double"):
+    if options.force_config is not None:
+        return options.force_config
+    cfg = _choose_config(M, N, K, nb, adapter, options)
+    if adapter_tiling(adapter, options).get("double"):
         cfg = replace(cfg, double=True)
     return cfg
 
 
-def _choose_config(M: int, N: int, K: int, nb: int, adapter: str) -> Config:
+def _choose_config(M: int, N: int, K: int, nb: int, adapter: str,
+                   options: KernelOptions = DEFAULT) -> Config:
     def t(d):
         return 8 if d >= 128 else 4 if d >= 64 else 2 if d >= 32 else 1
     tm, tn = t(M), t(N)
@@ -312,7 +313,7 @@ def _choose_config(M: int, N: int, K: int, nb: int, adapter: str) -> Config:
 
     def tiles(tm, tn):
         return -(-M // (16 * tm)) * -(-N // (16 * tn)) * nb
-    row = adapter_tiling(adapter)
+    row = adapter_tiling(adapter, options)
     slots = row.get("slots", 0)
     if K >= SPLIT_MIN_K and slots:
         # a long K over too few output tiles for whole waves (a weight gradient: K = B*T;
@@ -379,7 +380,7 @@ def _vec_axis(dims, off: int, X: int, K: int, rows: int, BK: int, NT: int) -> st
     return None
 
 
-def use_direct(cpu: bool) -> bool:
+def use_direct(cpu: bool, options: KernelOptions = DEFAULT) -> bool:
     """Whether the barrier-free kernel (_build_direct) computes a matmul: on CPU adapters.
 
     There (SwiftShader, lavapipe: Limits.cpu) a workgroup's threads are emulated and every
@@ -387,10 +388,10 @@ def use_direct(cpu: bool) -> bool:
     n = 64..512 and 6-15x for the MLP's shapes on lavapipe (bench/README.md). On an H200 the
     barrier-free kernel did not help even the MLP's tiny matmuls (its step took 0.41-0.60 ms
     against 0.41-0.44 ms tiled), so GPUs keep the tiled kernel at every size."""
-    if FORCE_CONFIG is not None:
+    if options.force_config is not None:
         return False
-    if FORCE_DIRECT is not None:
-        return FORCE_DIRECT
+    if options.force_direct is not None:
+        return options.force_direct
     return cpu
 
 
@@ -425,12 +426,12 @@ def group_config(limits, M: int, K: int, N: int, nb: int,
     [K, N] product to the tiling table: its tile class is that of the whole, not of one
     batch element (which would take the "batched" class of attention's small products:
     small64's [64 x 256 x 1536] @ [1536 x 512] ran on 64 x 64 tiles)."""
-    if use_direct(limits.cpu):
+    if use_direct(limits.cpu, limits.options):
         return None
     if shared_b and nb > 1:
         M, nb = M * nb, 1
     cfg = choose_config(M, N, K, nb, limits.max_compute_workgroup_storage_size,
-                        limits.adapter)
+                        limits.adapter, limits.options)
     if limits.cpu:  # a tiled kernel forced onto a CPU adapter: its K loop is bounded too
         S = cpu_splits(K)[0]
         if S > cfg.splits:
@@ -673,6 +674,7 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
                 L(f"{acc[i][j]} = fma({a_names[i]}, {b_names[j]}, {acc[i][j]});")
 
     def k_tile(oa="", ob=""):  # the staged tile's BK k
+        K_LOOP, K_UNROLL = ctx.limits.options.k_loop, ctx.limits.options.k_unroll
         if K_LOOP and TM * TN * BK > K_LOOP:
             # a WGSL loop over the tile's k rather than BK unrolled copies: the shader stays
             # small (an 8 x 16 block at K step 16 is ~100 KB unrolled, and the driver takes
@@ -814,7 +816,8 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
     return out
 
 
-EPI_MAX_LOADS = 2  # epilogues loading more values per output keep their loads in place
+# KernelOptions.epi_max_loads (2): epilogues loading more values per output keep their loads
+# in place
 _LET = re.compile(r"^\s*let (\w+) = (.*);$")
 _LOAD = re.compile(r"^(b\d+)\[.*\]$")
 _STREAMED = re.compile(r"^\s*let \w+ = b\d+\[(\d+u \+ )?f\];$")  # a load at the output's index
@@ -830,7 +833,7 @@ def _split_epilogue(kernel, epi: str) -> bool:
     memory latency per value. Only where a load streams a tensor of the output's size
     (read at f): a broadcast bias alone is a cache hit, and prefetching it measured slower
     (the GPT-2 MLP's GELU forward, 0.546 -> 0.554 ms). False (nothing changed): no such
-    load, or more than EPI_MAX_LOADS loads."""
+    load, or more than KernelOptions.epi_max_loads loads."""
     at = next(k for k, fn in enumerate(kernel.functions) if fn.startswith(f"fn {epi}(f: u32, v: "))
     head, *body = kernel.functions[at].rstrip().rstrip("}").rstrip().split("\n")
     dep, loads, pure = {"v"}, [], []
@@ -849,7 +852,7 @@ def _split_epilogue(kernel, epi: str) -> bool:
         if lm:
             elem = kernel.bindings[int(lm.group(1)[1:])].elem
             loads.append((name, elem))
-    if len(loads) > EPI_MAX_LOADS or not any(_STREAMED.match(ln) for ln in pure):
+    if len(loads) > kernel.limits.options.epi_max_loads or not any(_STREAMED.match(ln) for ln in pure):
         return False  # nothing streamed from memory at f: a broadcast bias stays in cache
     need = {n for n, _ in loads}  # epi_ld keeps the lines the loads' indices come from
     keep = []
@@ -961,9 +964,9 @@ def _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh) -> list:
     batch = tuple(node.shape[:-2])
     nb = prod(batch)
     TM, TN = DIRECT_TM, DIRECT_TN
-    adapter = str(getattr(ctx.limits, "adapter", "")).lower()
-    if M * N * nb <= DIRECT_SMALL and any(a in adapter for a in SMALL_BLOCK_ADAPTERS):
-        TM, TN = SMALL_BLOCK
+    adapter, opts = str(getattr(ctx.limits, "adapter", "")).lower(), ctx.limits.options
+    if M * N * nb <= DIRECT_SMALL and any(a in adapter for a in opts.small_block_adapters):
+        TM, TN = opts.small_block
     TM, TN = min(TM, M), min(TN, N)
     tiles_m, tiles_n = -(-M // TM), -(-N // TN)
     total = tiles_m * tiles_n * nb
@@ -1052,6 +1055,5 @@ def _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh) -> list:
     return out
 
 
-__all__ = ["Config", "choose_config", "build_matmul", "use_direct", "FORCE_CONFIG", "OPERAND_SUMS",
-           "group_config",
-           "FORCE_DIRECT", "ADAPTER_TILINGS", "matmul_dims", "matmul_scratch_bytes"]
+__all__ = ["Config", "choose_config", "build_matmul", "use_direct", "group_config",
+           "ADAPTER_TILINGS", "matmul_dims", "matmul_scratch_bytes"]

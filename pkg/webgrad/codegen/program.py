@@ -446,7 +446,7 @@ def _scratch_specs(fu, main: int, limits) -> list[tuple[int, str]]:
         nb = matmul_scratch_bytes(g, fu, main, limits)
         return [(nb, "f32")] if nb else []
     if node.op in REDUCE_OPS:
-        return scratch_specs(g, node, fu.sum_source.get(main))
+        return scratch_specs(g, node, fu.sum_source.get(main), limits.options)
     if node.op == "scatter_add_rows":
         return scatter_scratch(g, node)
     return []
@@ -484,7 +484,8 @@ def lower(graph, limits: Limits | None = None, persist_key=lambda name: name, *,
     limits = limits or Limits()
     graph, empty = strip_empty(graph)  # zero-size tensors: nothing to compute or bind
     graph = rewrite_attention(graph, limits)  # fused attention kernels (attention_match.py)
-    graph = rewrite_rows(graph)  # cross entropy, layer-norm backward (rowfuse_match.py)
+    if limits.options.fuse_rows:  # cross entropy, layer-norm backward (rowfuse_match.py)
+        graph = rewrite_rows(graph)
     graph = align_products(graph, limits)  # vocabulary-wide products padded (align_match.py)
     low = _Lowering(graph, limits, persist_key)
     lowered, names = low.build(on_pipeline)

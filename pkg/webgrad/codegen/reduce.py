@@ -5,7 +5,7 @@ Strategies, by the shape of the reduction (R elements reduced into each of O out
   wg        reduced axes trailing and R >= 64: a workgroup per output; its threads stride
             over the row, then a shared-memory tree combines them (wgsl.workgroup_reduce,
             whose subgroup form measured no faster here on an H200: taken only when
-            wgsl.SUBGROUPS forces it). Row ops do their passes (max, sum of exp / mean,
+            KernelOptions.subgroups forces it). Row ops do their passes (max, sum of exp / mean,
             variance, write) inside the same workgroup. Sums and maxima of rows up to
             ROWS_MAX_R long take several rows per workgroup instead (`_wg_rows`: about 4
             elements per thread, a tree per row), except on CPU adapters.
@@ -31,7 +31,7 @@ Strategies, by the shape of the reduction (R elements reduced into each of O out
             (column, chunk) of 256 rows instead (the kernel before) waited on one load at a
             time: 0.11 ms for a [4096, 768] sum on an H200, 98 of them in a GPT-2 step
             (bench/README.md, step_breakdown.py). CPU adapters keep that loop
-            (`_thread_split`, same chunks): they emulate barriers (COLUMN_TILED).
+            (`_thread_split`, same chunks): they emulate barriers (KernelOptions.column_tiled).
 Inputs are read through the emitter, so an elementwise producer is computed inside the
 reduction (loss chains: sum(d * d) is one kernel); the result goes through the group's
 epilogue (`epi(flat, value)`), where fused elementwise consumers are evaluated.
@@ -46,6 +46,7 @@ from math import prod
 
 from .elementwise import ISNAN_WGSL
 from .emit import Emitter, Idx
+from .options import DEFAULT, KernelOptions
 from .wgsl import WG, f32_lit, pow2ceil, tree_reduce, use_subgroups, workgroup_reduce, zero
 
 REDUCE_OPS = {"sum", "max_last", "argmax_last"}
@@ -56,21 +57,22 @@ SPLIT_CHUNK = 4096     # elements per workgroup in pass 1 of a split row reducti
 CPU_ROW_WG = 32        # threads (rows) per workgroup of a row op on a CPU adapter: small, so
                        # that even a few hundred rows spread over the CPU's cores
 CPU_ROW_MAX = 4096     # longest row a CPU adapter loops over in one thread (4 passes at most)
-COL_SPLIT_MIN_R = 2048  # column sums at least this long are split (col_split)
+# KernelOptions.col_split_min_r (2048): column sums at least this long are split (col_split)
 COL_WX, COL_WY = 32, 8  # pass 1 of col_split: threads along columns x along rows
 COL_UNROLL = 4          # independent partial sums (loads in flight) per thread
 COL_MIN_ROWS = 16       # rows per thread at least, per chunk
 COL_TARGET_WG = 1024    # about this many workgroups in pass 1 (an H200 holds 132 x 8)
-COLUMN_TILED = None     # tests: True/False forces col_split's tiled/per-thread pass 1
+# KernelOptions.column_tiled (tests): True/False forces col_split's tiled/per-thread pass 1
 ROWS_MAX_R = 512        # trailing rows up to this long: several per workgroup (_wg_rows)
-ROWS_TILED = None       # tests: True/False forces _wg_rows on/off (default: not on CPU adapters)
+# KernelOptions.rows_tiled (tests): True/False forces _wg_rows on/off (default: not on CPUs)
 
 
 class ReduceShape:
     """What is reduced: x's shape, the reduced axes, O outputs of R elements each."""
 
-    def __init__(self, g, node, source=None):
+    def __init__(self, g, node, source=None, options: KernelOptions = DEFAULT):
         """source: (x, axes) when fusion folded sum(sum(x)) into one reduction of x."""
+        self.col_split_min_r = options.col_split_min_r
         self.x = source[0] if source else node.inputs[0]
         self.xs = tuple(g[self.x].shape)
         if source:
@@ -94,7 +96,7 @@ class ReduceShape:
             if self.kind != "argmax" and self.R >= 8 * SPLIT_CHUNK and self.O <= 64:
                 return "wg_split", min(-(-self.R // SPLIT_CHUNK), 1024)
             return "wg", None
-        if self.kind == "sum" and not self.trailing and self.R >= COL_SPLIT_MIN_R and self.O <= 8192:
+        if self.kind == "sum" and not self.trailing and self.R >= self.col_split_min_r and self.O <= 8192:
             return "col_split", self.col_chunks()
         return "thread", None
 
@@ -124,12 +126,12 @@ class ReduceShape:
                                   for k in range(len(self.xs))])
 
 
-def scratch_specs(g, node, source=None) -> list[tuple[int, str]]:
+def scratch_specs(g, node, source=None, options: KernelOptions = DEFAULT) -> list[tuple[int, str]]:
     """[(bytes, dtype)] of scratch a reduction needs between its two passes (none: one
     pass); the partials have the reduced tensor's dtype (i32 sums stay i32)."""
     if node.op not in REDUCE_OPS:
         return []
-    s = ReduceShape(g, node, source)
+    s = ReduceShape(g, node, source, options)
     strat, P = s.strategy()
     return [(4 * s.O * P, g[s.x].dtype)] if strat in ("wg_split", "col_split") else []
 
@@ -140,7 +142,7 @@ def _wgsize(ctx, n: int) -> int:
     return max(1, min(cap, max(32, pow2ceil(n))))
 
 
-# Threads of a row kernel's workgroup: about ROW_ELEMS elements each (at least 32, at most
+# Threads of a row kernel's workgroup: about KernelOptions.row_elems elements each (at least 32, at most
 # WG; None: WG whatever the row's length). Rows of a few hundred are short for 256 threads:
 # each reduction is 8 tree steps for 3 values a thread, and fewer rows' workgroups fit an SM.
 # H200 through Dawn, 2026-12-01 (bench/README.md "Row kernels' workgroups"), ms at 256 /
@@ -148,12 +150,13 @@ def _wgsize(ctx, n: int) -> int:
 # 0.0175 / 0.0227, its backward 0.0293 / 0.0250 / 0.0237 / 0.0301, layer norm [16384, 512]
 # 0.058 / 0.042 / 0.042 / 0.063, softmax [49152, 512] 0.162 / 0.108 / 0.176 / 0.292; rows of
 # 50257 keep 256 threads.
-ROW_ELEMS: int | None = 8
+# (8 by default)
 
 
 def row_wgsize(ctx, D: int) -> int:
     """Threads of a row kernel's workgroup (one row each) for rows of D."""
-    return _wgsize(ctx, D if ROW_ELEMS is None else -(-D // ROW_ELEMS))
+    per = ctx.limits.options.row_elems
+    return _wgsize(ctx, D if per is None else -(-D // per))
 
 
 # A workgroup row kernel whose threads hold at most ROW_REGS elements of the row keeps them
@@ -251,7 +254,7 @@ def _init(kind: str, dtype: str) -> str:
 
 def build_reduce(ctx) -> list:
     node = ctx.main_node
-    s = ReduceShape(ctx.g, node, ctx.sum_source)
+    s = ReduceShape(ctx.g, node, ctx.sum_source, ctx.limits.options)
     if ctx.operand_parts:  # a matmul wrote the partials (fusion.operand_sums): pass 2 alone
         return [_split_pass2(ctx, node, s, ctx.operand_parts)]
     strat, P = s.strategy()
@@ -266,7 +269,8 @@ def build_reduce(ctx) -> list:
         return [_thread_reduce(ctx, node, s)]
     if strat == "wg_split":
         return _wg_split(ctx, node, s, P)
-    tiled = COLUMN_TILED if COLUMN_TILED is not None else not ctx.limits.cpu
+    forced = ctx.limits.options.column_tiled
+    tiled = forced if forced is not None else not ctx.limits.cpu
     return _col_split(ctx, node, s, P) if tiled else _thread_split(ctx, node, s, P)
 
 
@@ -346,8 +350,9 @@ def _rows_per_wg(ctx, s) -> int:
     """How many short rows (trailing sums and maxima of R <= ROWS_MAX_R) one workgroup of
     _wg_rows reduces: WG / lanes per row; 1 (the workgroup per row of _wg_reduce) for
     longer rows, argmax, sums that take subgroup operations (wgsl.use_subgroups), and on CPU
-    adapters (ROWS_TILED forces either way)."""
-    tiled = ROWS_TILED if ROWS_TILED is not None else not ctx.limits.cpu
+    adapters (KernelOptions.rows_tiled forces either way)."""
+    forced = ctx.limits.options.rows_tiled
+    tiled = forced if forced is not None else not ctx.limits.cpu
     if not tiled or s.kind not in ("sum", "max") or s.R > ROWS_MAX_R:
         return 1
     if s.kind == "sum" and use_subgroups(ctx.limits):  # workgroup_reduce's subgroup form
@@ -562,7 +567,11 @@ def _row_op(ctx, node, s, strat):
 
 def row_per_thread(ctx, D: int) -> bool:
     """Whether a row kernel over rows of D loops in one thread per row rather than a
-    workgroup per row: on CPU adapters, for rows up to CPU_ROW_MAX (the header)."""
+    workgroup per row: on CPU adapters, for rows up to CPU_ROW_MAX (the header).
+    KernelOptions.row_per_thread (tests) forces either form."""
+    forced = ctx.limits.options.row_per_thread
+    if forced is not None:
+        return forced
     return ctx.limits.cpu and D <= CPU_ROW_MAX
 
 

@@ -18,13 +18,15 @@ Everything else in codegen/ writes kernel *bodies* as text and asks a `Kernel` f
     (inf/nan through bitcast, negative numbers parenthesised so `a - -1` never forms `--`);
   * workgroup reductions (`workgroup_reduce`): a shared-memory tree, or subgroup operations
     where the device was requested with the 'subgroups' feature and they measured faster
-    (`use_subgroups`, SUBGROUP_DEFAULT).
+    (`use_subgroups`, KernelOptions.subgroup_default).
 """
 from __future__ import annotations
 
 import math
 import struct
 from dataclasses import dataclass
+
+from .options import DEFAULT, KernelOptions
 
 WG = 256  # default workgroup size for one-thread-per-element kernels (WebGPU's default max)
 # Loop iterations one invocation may run on a CPU adapter (Limits.cpu). lavapipe stops an
@@ -33,15 +35,13 @@ WG = 256  # default workgroup size for one-thread-per-element kernels (WebGPU's 
 # Kernels whose loops a long axis drives keep each invocation under this on those adapters
 # (reduce.py's tree for long rows, matmul.py's K chunks); a margin is left for small loops.
 CPU_LOOP_ITERATIONS = 60000
-# tests and benches: True / False forces the subgroup / shared-memory-tree form of every
-# workgroup reduction on any adapter (True needs a device requested with 'subgroups')
-SUBGROUPS = None
 # The reductions that take the subgroup form by default where the device has 'subgroups'
-# (use_subgroups): measured on an H200 through Dawn (bench/subgroups.py, bench/README.md),
+# (use_subgroups; KernelOptions.subgroup_default, KernelOptions.subgroups forces either form):
+# measured on an H200 through Dawn (bench/subgroups.py, bench/README.md),
 # the one-pass logsumexp's (max, sum) pairs over [4096, 50257] took 0.73x the tree's time;
 # single values (layer norm and its backward, softmax, sums) took 1.0x over [4096, 50257]
-# and 1.3-4.5x over rows of 512-768, so they keep the tree unless SUBGROUPS forces it.
-SUBGROUP_DEFAULT = frozenset({"pairs"})
+# and 1.3-4.5x over rows of 512-768, so they keep the tree unless KernelOptions.subgroups
+# forces it.
 
 
 class LimitError(ValueError):
@@ -65,6 +65,7 @@ class Limits:
     cpu: bool = False  # a CPU-emulated adapter (SwiftShader, lavapipe): avoid barriers
     adapter: str = ""  # the adapter's description (codegen/matmul.py's table of tilings)
     subgroups: bool = False  # the device was requested with the 'subgroups' feature
+    options: KernelOptions = DEFAULT  # every switch that changes the WGSL (options.py)
 
     @classmethod
     def from_host(cls, limits: dict | None) -> "Limits":
@@ -312,10 +313,12 @@ def use_subgroups(limits: Limits, what: str = "values") -> bool:
     device was requested with the 'subgroups' feature (Limits.subgroups; the hosts request
     it where the adapter has it: Dawn on GPUs, Chromium's SwiftShader; wgpu-native on
     lavapipe names no such feature and its WGSL compiler takes no `enable subgroups;`) and
-    `what` is in SUBGROUP_DEFAULT (measured faster there). SUBGROUPS forces either form."""
-    if SUBGROUPS is not None:
-        return bool(SUBGROUPS)
-    return bool(limits.subgroups) and what in SUBGROUP_DEFAULT
+    `what` is in KernelOptions.subgroup_default (measured faster there); the options'
+    `subgroups` forces either form."""
+    opts = limits.options
+    if opts.subgroups is not None:
+        return bool(opts.subgroups)
+    return bool(limits.subgroups) and what in opts.subgroup_default
 
 
 def workgroup_reduce(em, wgs: int, value: str, kind: str, combine, dtype: str = "f32",
@@ -334,7 +337,7 @@ def workgroup_reduce(em, wgs: int, value: str, kind: str, combine, dtype: str = 
     invocations); one barrier; then in every subgroup lane i folds arr[i], arr[i + n], ...
     (n active lanes) and one more subgroup operation gives the total to every invocation.
     Two barriers in all (with the caller's) instead of log2(wgs) + 2, but on an H200 no
-    faster for these single values (SUBGROUP_DEFAULT: the tree stays unless forced). A
+    faster for these single values (subgroup_default: the tree stays unless forced). A
     subgroup max of a NaN need not be NaN, so callers whose max must propagate NaN
     (max_last) keep the tree; the row ops' later passes see the NaN themselves."""
     ind = "  " * em._ind

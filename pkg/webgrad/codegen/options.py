@@ -1,0 +1,192 @@
+"""Kernel options: every switch that changes the generated WGSL, carried by the compile.
+
+`KernelOptions` rides on `Limits.options` (wgsl.py), which every pass and builder already
+receives, so the same graph, options and adapter always give the same WGSL: nothing in
+codegen reads a module global that a test or a bench could flip. The defaults are the
+measured choices (the comments in each builder say where they were measured); tests and
+benches take another set with `dataclasses.replace(KernelOptions(), field=value)` and pass
+it to `compile_module(..., kernel_options=...)`, `WebGPUBackend(options=...)`, or straight
+to `lower(graph, Limits(..., options=...))`. The adapter-specific rows (matmul.py's
+ADAPTER_TILINGS) stay tables keyed by the adapter's description.
+
+Switches that only change how the host runs a plan (webgpu_native's PIPELINE_THREADS,
+PREFETCH, SUBMIT_FIRST, SPIN_WAIT, DAWN_TOGGLES) are not here: they never change the WGSL.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+# attention_tiled.py's code options, each measured against its absence (bench/attention.py
+# --variants); the comments there say what each one changes
+ATTN_PREFETCH_OPS = frozenset({"attn_fwd", "attn_out", "attn_dq", "attn_dkv", "attn_dk", "attn_dv"})
+ATTN_OPTS = (
+    ("heavy_first", True),  # causal: the row blocks with most streamed blocks get the lowest ids
+    ("red_in_as", True),    # the online softmax's row reductions in As, read as vec4
+    ("ws_vec", True),       # W stored to Ws as one vector per column, not TR scalars
+    ("exact", True),        # no clamps / zero selects where the block sizes divide the extents
+    # a block's X rows staged whole, in the words of As and Bs (free once the scores are
+    # made): one barrier pair per output product instead of one per XK rows (with
+    # prefetch_x, whose registers hold the whole block already)
+    ("x_whole", True),
+    # threads as 4 x 8 patches of 32 consecutive ids (a warp on NVIDIA GPUs), not rows of WX:
+    # a warp's reads of a k then cover 4 row vectors and 8 column vectors (one 128-byte
+    # wavefront each) where 2 rows of 16 threads read 2 and 16 (codegen/matmul.py measured
+    # 8-9% on its 8 x 8 tile)
+    ("warp_tiles", True),
+    # ops whose next D chunk's global loads are issued before the current chunk's products
+    ("prefetch_d", ATTN_PREFETCH_OPS),
+    # ops whose X rows (v, g, q or k) are loaded at the block's start, before the scores
+    ("prefetch_x", ATTN_PREFETCH_OPS),
+)
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    # ---- wgsl.py: workgroup reductions
+    # True / False: the subgroup / shared-memory-tree form of every workgroup reduction on any
+    # adapter (True needs a device requested with 'subgroups'); None: use_subgroups decides
+    subgroups: bool | None = None
+    # the reductions that take the subgroup form by default where the device has 'subgroups'
+    subgroup_default: frozenset = frozenset({"pairs"})
+
+    # ---- matmul.py
+    # a matmul.Config used for every product in place of choose_config (bench/matmul.py)
+    force_config: object = None
+    # True / False: the barrier-free / tiled kernel on any adapter; None: CPU adapters direct
+    force_direct: bool | None = None
+    # adapters (substrings of Limits.adapter, lower case) whose small direct products take
+    # small_block (SwiftShader: pipeline creation grows with the unrolled block)
+    small_block_adapters: tuple = ("swiftshader",)
+    small_block: tuple = (4, 4)
+    # the tiled kernel's k loop is a WGSL loop past this many FMAs per thread per K step
+    k_loop: int = 1024
+    # (FMAs, k): tiles above FMAs per K step loop k at a time instead of unrolling; None unrolls
+    k_unroll: tuple | None = None
+    # bias / layer-norm gradients summed by the products' kernels (fusion.operand_sums,
+    # output_sums); False: by reductions of their own
+    operand_sums: bool = True
+    # epilogues loading more values per output than this keep their loads in place
+    # (matmul._split_epilogue)
+    epi_max_loads: int = 2
+    # an ADAPTER_TILINGS row (a dict) used in place of the adapter's own (tests)
+    tiling_row: dict | None = None
+
+    # ---- attention_match.py, attention_tiled.py
+    # False: no attention is fused (the plain matmuls and row softmax); True: every matched
+    # attention, training steps too; None: attention_match._fuse_training's policy
+    fuse_attention: bool | None = None
+    # ---- rowfuse_match.py: False keeps cross entropy and layer norm's backward as traced
+    fuse_rows: bool = True
+    # True / False: the tiled / row attention kernels on any adapter; None: GPUs tiled
+    attn_tiled: bool | None = None
+    # {op: (BR, BC, DK, XK)} in place of choose_blocks (bench/attention.py)
+    attn_blocks: dict | None = None
+    # {op: (WY, WX)} threads per workgroup of an op's tiled kernel; others take (16, 16)
+    attn_threads: dict | None = None
+    # the tiled kernels' code options (ATTN_OPTS): override some by name
+    attn_opts: tuple = ATTN_OPTS
+    # True / False: the tiled kernels' prefetches on any adapter; None: prefetch_adapters only
+    attn_prefetch: bool | None = None
+    prefetch_adapters: tuple = ("h200", "h100")
+
+    # ---- reduce.py
+    # column sums at least this long are split (col_split)
+    col_split_min_r: int = 2048
+    # True / False: col_split's tiled / per-thread pass 1; None: its own rule
+    column_tiled: bool | None = None
+    # True / False: several trailing rows per workgroup (_wg_rows) on / off; None: not on CPUs
+    rows_tiled: bool | None = None
+    # about this many elements of a row per thread of a row kernel's workgroup (None: WG)
+    row_elems: int | None = 8
+    # True / False: row kernels loop over a row in one thread / a workgroup per row, on any
+    # adapter; None: one thread on CPU adapters (rows up to reduce.CPU_ROW_MAX)
+    row_per_thread: bool | None = None
+
+    # ---- fusion.py
+    # False: a tensor _assemble would assemble from pieces is computed by a kernel of its own
+    assemble: bool = True
+    # elements: a transpose read by an elementwise op at least this large is stored first
+    transposed_read_min: int = 1 << 20
+
+    # ---- elementwise.py
+    # elements per thread of a large elementwise kernel, and the domain size from which
+    # threads take that many (smaller kernels: one a thread)
+    elems: int = 4
+    elems_min: int = 1 << 18
+    # copies through a last-two-axes transpose tiled through workgroup memory on GPUs
+    tiled_transpose: bool = True
+    # True / False: the tiled transposing copy regardless of the adapter
+    force_tiled_transpose: bool | None = None
+
+    # ---- index.py
+    # True / False: the tiled / chunked scan (scatter_add_rows' counts); None: GPUs tiled
+    scan_tiled: bool | None = None
+
+    # ---- align_match.py
+    # (A, MIN, ROWS) padding rule on any adapter in place of the adapter's table row
+    force_align: tuple | None = None
+
+    def attn_opt(self, name: str):
+        """One of attention_tiled.py's code options (ATTN_OPTS names)."""
+        return dict(self.attn_opts)[name]
+
+    def with_attn_opts(self, **over) -> "KernelOptions":
+        """These options with some attention code options replaced by name."""
+        d = dict(self.attn_opts)
+        unknown = set(over) - set(d)
+        if unknown:
+            raise KeyError(f"KernelOptions.with_attn_opts: no attention option {sorted(unknown)}; "
+                           f"known: {sorted(d)}")
+        d.update(over)
+        return replace(self, attn_opts=tuple(d.items()))
+
+
+DEFAULT = KernelOptions()
+
+# The module attributes these fields replace (bench scripts' `--set MODULE.ATTR=VALUE` of the
+# old spelling maps through this): "module.ATTR" -> field name
+OLD_NAMES = {
+    "wgsl.SUBGROUPS": "subgroups", "wgsl.SUBGROUP_DEFAULT": "subgroup_default",
+    "matmul.FORCE_CONFIG": "force_config", "matmul.FORCE_DIRECT": "force_direct",
+    "matmul.SMALL_BLOCK_ADAPTERS": "small_block_adapters", "matmul.SMALL_BLOCK": "small_block",
+    "matmul.EPI_MAX_LOADS": "epi_max_loads", "matmul.K_LOOP": "k_loop", "matmul.K_UNROLL": "k_unroll", "matmul.OPERAND_SUMS": "operand_sums",
+    "attention_tiled.FORCE_TILED": "attn_tiled", "attention_tiled.FORCE_BLOCKS": "attn_blocks",
+    "attention_tiled.FORCE_THREADS": "attn_threads", "attention_tiled.THREADS": "attn_threads",
+    "attention_tiled.FORCE_PREFETCH": "attn_prefetch",
+    "attention_tiled.PREFETCH_ADAPTERS": "prefetch_adapters",
+    "reduce.COL_SPLIT_MIN_R": "col_split_min_r", "reduce.COLUMN_TILED": "column_tiled",
+    "reduce.ROWS_TILED": "rows_tiled", "reduce.ROW_ELEMS": "row_elems",
+    "fusion.ASSEMBLE": "assemble", "fusion.TRANSPOSED_READ_MIN": "transposed_read_min",
+    "elementwise.ELEMS": "elems", "elementwise.ELEMS_MIN": "elems_min",
+    "elementwise.TILED_TRANSPOSE": "tiled_transpose",
+    "elementwise.FORCE_TILED_TRANSPOSE": "force_tiled_transpose",
+    "index.SCAN_TILED": "scan_tiled", "align_match.FORCE_ALIGN": "force_align",
+}
+
+
+def field_for(name: str) -> str:
+    """The KernelOptions field `name` means: a field name, or an old module attribute
+    ("webgrad.codegen.matmul.FORCE_DIRECT", "matmul.FORCE_DIRECT")."""
+    names = {f.name for f in fields(KernelOptions)}
+    if name in names:
+        return name
+    short = name.removeprefix("webgrad.").removeprefix("codegen.")
+    if short in OLD_NAMES:
+        return OLD_NAMES[short]
+    raise KeyError(f"{name!r} is no KernelOptions field (fields: {', '.join(sorted(names))})")
+
+
+def with_setting(options: KernelOptions, item: str) -> KernelOptions:
+    """`options` with one "NAME=VALUE" applied (the benches' --set): NAME a field or an old
+    module attribute (field_for), VALUE a Python literal."""
+    import ast
+    name, eq, value = item.partition("=")
+    if not eq:
+        raise ValueError(f"{item!r}: write NAME=VALUE (a KernelOptions field and a Python literal)")
+    v = ast.literal_eval(value.strip())
+    if isinstance(v, (set, list)) and field_for(name.strip()) == "subgroup_default":
+        v = frozenset(v)
+    return replace(options, **{field_for(name.strip()): v})
+
+
+__all__ = ["KernelOptions", "DEFAULT", "ATTN_OPTS", "field_for", "OLD_NAMES", "with_setting"]
