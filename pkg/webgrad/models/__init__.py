@@ -2,5 +2,6 @@
 sampling, surprisal), its image for the browser's model cache (`gpt2_cache`) and its
 byte-level BPE tokenizer (`bpe`); the Llama family (`llama`: Llama 2/3, Mistral, Qwen2, Qwen3
 from transformers' configs and checkpoints: training with LlamaModule + lm_loss, LoRA through
-webgrad.lora, inference). Both decode through `decoding` (programs, KV cache, generate,
-surprisal) and `sampling`."""
+webgrad.lora, inference) and their tokenizer.json / GGUF tokenizers (`tokenizer`, re-exported
+as llama.Tokenizer). Both decode through `decoding` (programs, KV cache, generate, surprisal)
+and `sampling`."""

@@ -6,7 +6,7 @@ GPT2Tokenizer take:
   2. the rest is pre-split by GPT-2's pattern
          's|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+
      into words, each word's UTF-8 bytes are spelled as printable characters (bytes_to_unicode)
-     and merged pair by pair, lowest merge rank first, into vocabulary entries;
+     and merged pair by pair, lowest merge rank first, into vocabulary entries (`Merges`);
   3. decode joins the entries, maps the characters back to bytes and decodes UTF-8, replacing
      invalid sequences with U+FFFD (what transformers does with errors="replace").
 
@@ -21,6 +21,14 @@ the code points where they disagree computed from `unicodedata` at first use:
     out because re's \\s also takes U+001C..U+001F, which the GPT-2 pattern does not split on.
 ASCII text (the common case) skips the table and uses a pattern with ASCII classes.
 
+`Merges` is the merge loop, shared with webgrad.models.tokenizer (Llama/Qwen's tokenizer.json).
+It gives the ids Hugging Face's `tokenizers` gives (lowest rank first, leftmost first among
+equal ranks) in O(n log n), not the O(n^2) of rescanning the word after every merge (issue 29:
+a 20 KB word without spaces took 5 s): symbols are a linked list over positions, pending merges
+wait in one bucket per rank (a heap orders the ranks only), and a bucket's positions run in
+order. A long word is first cut where no merge can ever join its neighbours (a "junction" no
+merge result contains), and equal chunks are merged once.
+
 Consumers: webgrad.models.gpt2 (re-exports `Tokenizer`), the surprisal page, the tests that
 compare every id with transformers' GPT2Tokenizer built from the same encoder.json/vocab.bpe.
 """
@@ -31,6 +39,9 @@ import json
 import os
 import re
 import sys
+from heapq import heappop, heappush
+from itertools import compress, repeat
+from operator import lshift, not_, or_
 
 # Unicode's White_Space property: what \s means in the GPT-2 pattern (Oniguruma, `regex`).
 _WS = ("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000")
@@ -100,6 +111,98 @@ def split_words(text: str) -> list[str]:
     return (_ASCII_PATTERN if text.isascii() else _get_unicode_pattern()).findall(text)
 
 
+_SHIFT = 32   # a pair of symbol ids as one dict key: left << _SHIFT | right
+_LONG = 64    # words at least this many symbols long are cut at junctions first
+
+
+class Merges:
+    """A BPE merge table over symbol ids and the merge loop (consumers: `Tokenizer` here,
+    webgrad.models.tokenizer). `triples` are (left id, right id, merged id) in rank order;
+    `junctions` are the (left, right) pairs of *initial* symbols that some merge joins (the
+    last symbol of its left part, the first of its right), or None when they are unknown."""
+
+    def __init__(self, triples: list[tuple[int, int, int]], *, junctions=None):
+        # a pair listed twice keeps its last rank, as tokenizers' merge map does
+        self.info = list(triples)
+        self.rank = {a << _SHIFT | b: r for r, (a, b, _) in enumerate(self.info)}
+        # (None, x): a symbol that does not exist, so no merge joins there
+        self.junctions = (None if junctions is None else frozenset(
+            a << _SHIFT | b for a, b in junctions if a is not None and b is not None))
+
+    def apply(self, ids: list[int]) -> list[int]:
+        """The ids after every merge (`ids`, the initial symbols, is consumed)."""
+        n = len(ids)
+        if n < _LONG or self.junctions is None:
+            return self._merge(ids) if n > 1 else ids
+        keys = map(or_, map(lshift, ids[:-1], repeat(_SHIFT)), ids[1:])
+        cuts = list(compress(range(1, n), map(not_, map(self.junctions.__contains__, keys))))
+        if not cuts:
+            return self._merge(ids)
+        cuts.append(n)
+        out, start, seen = [], 0, {}
+        for end in cuts:
+            chunk = tuple(ids[start:end])
+            done = seen.get(chunk)
+            if done is None:
+                done = seen[chunk] = self._merge(list(chunk)) if end - start > 1 else chunk
+            out += done
+            start = end
+        return out
+
+    def _merge(self, ids: list[int]) -> list[int]:
+        n = len(ids)
+        nxt, prv = list(range(1, n + 1)), list(range(-1, n - 1))
+        get, info = self.rank.get, self.info
+        buckets = _Buckets()
+        for i, r in enumerate(map(get, map(or_, map(lshift, ids[:-1], repeat(_SHIFT)), ids[1:]))):
+            if r is not None:
+                buckets[r].append(i)
+        ranks = buckets.ranks
+        while ranks:
+            r = heappop(ranks)
+            todo = buckets.pop(r)
+            todo.sort()
+            a, b, new = info[r]
+            for x, pos in enumerate(todo):
+                j = nxt[pos]
+                if ids[pos] != a or j >= n or ids[j] != b:
+                    continue                  # stale: a neighbour merged since this was queued
+                ids[pos] = new
+                ids[j] = -1
+                k = nxt[pos] = nxt[j]
+                lower = False                 # a new pair ranked below r goes first (the heap order)
+                if k < n:
+                    prv[k] = pos
+                    r2 = get(new << _SHIFT | ids[k])
+                    if r2 is not None:
+                        buckets[r2].append(pos)
+                        lower = r2 < r
+                p = prv[pos]
+                if p >= 0:
+                    r2 = get(ids[p] << _SHIFT | new)
+                    if r2 is not None:
+                        buckets[r2].append(p)
+                        lower = lower or r2 < r
+                if lower and x + 1 < len(todo):
+                    buckets[r] = todo[x + 1:]  # no rank-r pair arises while rank r merges
+                    heappush(ranks, r)
+                    break
+        return [i for i in ids if i >= 0]
+
+
+class _Buckets(dict):
+    """rank -> positions waiting to merge; `ranks`, a heap of the ranks present."""
+
+    def __init__(self):
+        super().__init__()
+        self.ranks: list[int] = []
+
+    def __missing__(self, r: int) -> list[int]:
+        heappush(self.ranks, r)
+        bucket = self[r] = []
+        return bucket
+
+
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable character table: the 188 printable Latin-1 bytes stand for
     themselves; the other 68 (controls, space, 0x7F-0xA0, 0xAD) take chr(256), chr(257), ...
@@ -137,9 +240,14 @@ class Tokenizer:
     def __init__(self, encoder: dict[str, int], merges: list[tuple[str, str]]):
         self.encoder = dict(encoder)
         self.decoder = {i: s for s, i in self.encoder.items()}
-        self.ranks = {pair: r for r, pair in enumerate(merges)}
         self.byte_encoder = bytes_to_unicode()
         self.byte_decoder = {c: b for b, c in self.byte_encoder.items()}
+        self._byte_ids = [self._id(self.byte_encoder[b], "byte") for b in range(256)]
+        # symbols start as single bytes, so a merge joins a's last byte to b's first
+        initial = {c: self._byte_ids[b] for b, c in self.byte_encoder.items()}
+        self.merges = Merges(
+            [(self._id(a, "merge part"), self._id(b, "merge part"), self._id(a + b, "merge result"))
+             for a, b in merges], junctions=[(initial[a[-1]], initial[b[0]]) for a, b in merges])
         # <|...|> entries (GPT-2 has one, <|endoftext|>) are special: matched in the text as a
         # whole, never produced by BPE -- the added-token behaviour of transformers.
         self.special = {s: i for s, i in self.encoder.items()
@@ -149,8 +257,6 @@ class Tokenizer:
                             if self.special else None)
         # a word -> its ids; words repeat, so most lookups end here
         self._cache: dict[str, list[int]] = {}
-        # UTF-8 bytes read as Latin-1 are chr(0..255); this table respells them in one C call
-        self._spell = {b: c for b, c in self.byte_encoder.items()}
         self.eot = self.special.get("<|endoftext|>")
 
     @classmethod
@@ -172,35 +278,18 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return len(self.encoder)
 
+    def _id(self, entry: str, what: str) -> int:
+        i = self.encoder.get(entry)
+        if i is None:
+            raise ValueError(f"Tokenizer: the {what} {entry!r} is not in encoder.json "
+                             "(encoder.json and vocab.bpe do not belong together)")
+        return i
+
     def _bpe(self, word: str) -> list[int]:
         """Ids of one word: its bytes, spelled by bytes_to_unicode, merged the lowest-ranked
-        adjacent pair first (every occurrence, left to right) until no pair has a rank."""
-        symbols = list(word.encode("utf-8").decode("latin-1").translate(self._spell))
-        ranks = self.ranks
-        while len(symbols) > 1:
-            best, best_rank = None, None
-            for pair in zip(symbols, symbols[1:]):
-                r = ranks.get(pair)
-                if r is not None and (best_rank is None or r < best_rank):
-                    best, best_rank = pair, r
-            if best is None:
-                break
-            a, b = best
-            merged, i, n = [], 0, len(symbols)
-            while i < n:
-                if i + 1 < n and symbols[i] == a and symbols[i + 1] == b:
-                    merged.append(a + b)
-                    i += 2
-                else:
-                    merged.append(symbols[i])
-                    i += 1
-            symbols = merged
-        try:
-            ids = [self.encoder[s] for s in symbols]
-        except KeyError as e:
-            raise ValueError(f"Tokenizer: BPE produced {e.args[0]!r}, which encoder.json lacks "
-                             "(encoder.json and vocab.bpe do not belong together)") from None
-        return ids
+        adjacent pair first (leftmost first among equals) until no pair has a rank."""
+        byte_ids = self._byte_ids
+        return self.merges.apply([byte_ids[b] for b in word.encode("utf-8")])
 
     def _encode_ordinary(self, text: str, out: list[int]) -> None:
         cache = self._cache

