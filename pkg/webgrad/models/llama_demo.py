@@ -18,10 +18,12 @@ backend. Rendering the template needs jinja2 (serve.py ships it to the browser w
 """
 from __future__ import annotations
 
+from ..arrays import HostArray
 from .bpe import bytes_to_unicode
 from .llama_config import LlamaConfig
 from .tokenizer import Tokenizer
 
+HEAD_SCALE = 10.0
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 SYSTEM = "You are a tiny demo model."
 # SmolLM2-Instruct's template, with a shorter default system prompt
@@ -71,7 +73,10 @@ def tokenizer() -> Tokenizer:
 def model(seed: int = 0, backend="auto"):
     """The demo Llama with weights from `seed` (N(0, 0.02), unit norms), on `backend`."""
     from .llama import Llama
-    ref = Llama.init_random(CONFIG, seed=seed, backend="reference")
-    if backend == "reference":
-        return ref
-    return Llama.from_hf_state_dict(CONFIG, ref.state_dict(), backend=backend)
+    sd = Llama.init_random(CONFIG, seed=seed, backend="reference").state_dict()
+    # a head of std 0.02 reaches logits of about +-1 from a unit-RMS hidden state: LoRA on the
+    # blocks could not move the loss far from uniform. HEAD_SCALE lets a fine-tune show.
+    head = sd["lm_head.weight"]
+    sd["lm_head.weight"] = (HostArray("f32", [v * HEAD_SCALE for v in head], shape=head.shape)
+                            if isinstance(head, HostArray) else head * HEAD_SCALE)   # numpy
+    return Llama.from_hf_state_dict(CONFIG, sd, backend=backend)
