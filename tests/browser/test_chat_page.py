@@ -1,0 +1,143 @@
+"""The chat and fine-tune page (web/chat.html) in headless Chromium: it builds the demo model
+(models/llama_demo.py) at start, a message streams its reply token by token through the chat
+template, Stop ends a reply, a LoRA fine-tune of a few steps lowers the held-out loss, and the
+site header links every page. The page's tokens are judged against llama.generate on the
+reference backend in CPython (the same seed gives the same weights), its losses against the
+same fine-tune steps run here on the reference backend (models/finetune.py)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+
+import pytest
+
+from webgrad.models import finetune, llama_demo
+
+browser = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def chat_page(browser_session):
+    page = browser_session.browser.new_page()
+    page.goto(browser_session.url.rstrip("/") + "/chat.html")
+    page.wait_for_selector("#status[data-state='ready']", timeout=120_000)
+    yield page
+    page.close()
+
+
+def _send(page, text, max_tokens):
+    page.fill("#max-tokens", str(max_tokens))
+    page.fill("#temperature", "0")
+    page.fill("#prompt", text)
+    n = page.locator(".msg.assistant").count()
+    page.click("#send")
+    page.wait_for_function(f"document.querySelectorAll('.msg.assistant').length > {n}")
+    return page.locator(".msg.assistant").nth(n)
+
+
+def _ids(el):
+    return json.loads(el.get_attribute("data-ids"))
+
+
+def _in_thread(coro):   # Playwright's sync API keeps a loop on this thread (tests/conftest.py)
+    out = {}
+    t = threading.Thread(target=lambda: out.update(v=asyncio.run(coro)))
+    t.start()
+    t.join()
+    return out["v"]
+
+
+@browser
+def test_a_message_streams_the_greedy_reply(chat_page):
+    page = chat_page
+    assert json.loads(page.get_attribute("#model-info", "data-model"))["layers"] == 2
+    page.evaluate("window._chatEvents = 0; webgrad.onEvent((m) => { if (m.what === 'chat') "
+                  "window._chatEvents++; })")
+    reply = _send(page, "Hello there", 16)
+    page.wait_for_function("document.querySelector('.msg.assistant:last-child').dataset.done === '1'",
+                           timeout=50_000)
+    tok = llama_demo.tokenizer()
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Hello there"}],
+                                     add_generation_prompt=True)
+    ids = tok.encode(prompt, add_special_tokens=False)
+    want = llama_demo.model(0, backend="reference").generate(ids, max_new_tokens=16,
+                                                             temperature=0)[len(ids):]
+    assert _ids(reply) == want
+    assert page.evaluate("window._chatEvents") == len(want)     # one event per token, streamed
+    assert reply.locator(".text").text_content() == tok.decode(want, skip_special_tokens=True)
+    assert page.evaluate("chat.messages")[-1] == {"role": "assistant",
+                                                  "content": tok.decode(want, skip_special_tokens=True)}
+
+
+@browser
+def test_stop_ends_a_reply(chat_page):
+    page = chat_page
+    reply = _send(page, "Tell me a long story", 200)
+    page.wait_for_function("JSON.parse(document.querySelector('.msg.assistant:last-child')"
+                           ".dataset.ids || '[]').length >= 3", timeout=30_000)
+    page.click("#stop")
+    page.wait_for_function("document.querySelector('.msg.assistant:last-child').dataset.done "
+                           "=== 'stopped'", timeout=30_000)
+    got = _ids(reply)
+    assert 3 <= len(got) < 200
+    page.wait_for_selector("#status[data-state='ready']")
+    assert "Stopped after" in page.text_content("#status")
+    # the conversation goes on: the next reply comes, starting from the stopped one
+    again = _send(page, "Go on", 2)
+    page.wait_for_function("document.querySelector('.msg.assistant:last-child').dataset.done === '1'",
+                           timeout=30_000)
+    assert len(_ids(again)) == 2
+    page.click("#clear")
+    assert page.evaluate("chat.messages") == []
+
+
+@browser
+def test_lora_fine_tune_lowers_the_loss(chat_page):
+    page = chat_page
+    steps = 6
+    page.fill("#ft-steps", str(steps))
+    page.fill("#ft-lr", "0.01")
+    page.click("#ft-train")
+    page.wait_for_selector("#ft-held[data-done='1']", timeout=55_000)
+    losses, held = page.evaluate("chat.losses"), page.evaluate("chat.held")
+
+    async def here():   # the same fine-tune in CPython, on the reference backend
+        ft = finetune.FineTune(llama_demo.model(0, "reference"), llama_demo.tokenizer(),
+                               finetune.pydoc_text(), backend="reference", lr=0.01)
+        await ft.load_base_async()
+        before = await ft.held_loss_async()
+        got = await ft.steps_async(steps)
+        return before, got, await ft.held_loss_async()
+
+    before, want, after = _in_thread(here())
+    assert len(losses) == steps
+    assert abs(held["before"] - before) < 1e-3
+    assert all(abs(a - b) < 5e-3 * max(1.0, b) for a, b in zip(losses, want)), (losses, want)
+    assert abs(held["after"] - after) < 2e-2
+    assert held["after"] < held["before"] - 1.0       # 7.2 -> about 4.6 nats/token
+    assert "after 6 steps" in page.text_content("#ft-held")
+
+
+@browser
+def test_the_header_links_every_page(browser_session):
+    page = browser_session.browser.new_page()
+    base = browser_session.url.rstrip("/")
+    try:
+        want = [["index.html", "Playground"], ["surprisal.html", "Surprisal"],
+                ["chat.html", "Chat & fine-tune"], ["lab/", "Notebooks"]]
+        for path, current in (("/", "Playground"), ("/surprisal.html", "Surprisal"),
+                              ("/chat.html", "Chat & fine-tune")):
+            page.goto(base + path)
+            page.wait_for_selector("#site-nav a")
+            links = page.eval_on_selector_all("#site-nav a", "els => els.map(e => "
+                                              "[e.getAttribute('href'), e.textContent])")
+            assert links == want
+            assert page.text_content("#site-nav a[aria-current='page']") == current
+            for href, _ in want:     # every link answers
+                assert page.request.get(f"{base}{path.rsplit('/', 1)[0]}/{href}").ok, href
+        page.click("#site-nav >> text=Surprisal")
+        page.wait_for_url("**/surprisal.html")
+        assert page.text_content("h1") == "Surprisal"
+    finally:
+        page.close()
