@@ -20,7 +20,8 @@
 // For tests: window.webgrad, window.chat = {state, messages, losses, held}; #messages'
 // assistant elements carry data-ids (the reply's token ids), #status data-state.
 const PY = `
-import jinja2, markupsafe   # the worker installs serve.py's wheels of these when code names them
+import markupsafe   # the worker installs serve.py's wheels when code names them, one per line
+import jinja2
 import os
 import webgrad_worker
 from webgrad.models import llama, llama_demo, finetune

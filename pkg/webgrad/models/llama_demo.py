@@ -12,9 +12,9 @@ SmolLM2 (HuggingFaceTB/SmolLM2-*-Instruct): LlamaForCausalLM with GQA, rope_thet
 the ChatML template below; SmolLM2 ties its head to the token table, this one does not (a tied
 random model's greedy reply only repeats its last input token). Here hidden 64, 2 layers and a vocabulary of
 the 256 bytes plus the three special tokens, so it trains and decodes in seconds on a CPU
-rasterizer. The weights come from Llama.init_random on the reference backend (host-side,
-seeded), then move to the requested backend: the same seed gives the same weights on every
-backend. Rendering the template needs jinja2 (serve.py ships it to the browser worker).
+rasterizer. The weights are init.py's values for `seed` (Llama.init_random's), made on the host
+in pure Python (no numpy in the browser), then written to the requested backend: the same seed
+gives the same weights on every backend. Rendering the template needs jinja2 (serve.py ships it to the browser worker).
 """
 from __future__ import annotations
 
@@ -72,11 +72,14 @@ def tokenizer() -> Tokenizer:
 
 def model(seed: int = 0, backend="auto"):
     """The demo Llama with weights from `seed` (N(0, 0.02), unit norms), on `backend`."""
-    from .llama import Llama
-    sd = Llama.init_random(CONFIG, seed=seed, backend="reference").state_dict()
+    from ..init import generate
+    from .llama import Llama, LlamaModule
+    sd = {}
+    for name, spec in LlamaModule(CONFIG).named_specs():   # init.py's bits, made on the host
+        sd[name] = HostArray("f32", generate(spec.init, spec.shape, seed=seed, name=name),
+                             shape=spec.shape)
     # a head of std 0.02 reaches logits of about +-1 from a unit-RMS hidden state: LoRA on the
     # blocks could not move the loss far from uniform. HEAD_SCALE lets a fine-tune show.
     head = sd["lm_head.weight"]
-    sd["lm_head.weight"] = (HostArray("f32", [v * HEAD_SCALE for v in head], shape=head.shape)
-                            if isinstance(head, HostArray) else head * HEAD_SCALE)   # numpy
+    sd["lm_head.weight"] = HostArray("f32", [v * HEAD_SCALE for v in head], shape=head.shape)
     return Llama.from_hf_state_dict(CONFIG, sd, backend=backend)
