@@ -52,8 +52,8 @@ def _in_thread(coro):   # Playwright's sync API keeps a loop on this thread (tes
 def test_a_message_streams_the_greedy_reply(chat_page):
     page = chat_page
     assert json.loads(page.get_attribute("#model-info", "data-model"))["layers"] == 2
-    page.evaluate("window._chatEvents = 0; webgrad.onEvent((m) => { if (m.what === 'chat') "
-                  "window._chatEvents++; })")
+    page.evaluate("() => { window._chatEvents = 0; webgrad.onEvent((m) => { "
+                  "if (m.what === 'chat') window._chatEvents++; }); }")
     reply = _send(page, "Hello there", 16)
     page.wait_for_function("document.querySelector('.msg.assistant:last-child').dataset.done === '1'",
                            timeout=50_000)
@@ -122,6 +122,8 @@ def test_lora_fine_tune_lowers_the_loss(chat_page):
 @browser
 def test_the_header_links_every_page(browser_session):
     page = browser_session.browser.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
     base = browser_session.url.rstrip("/")
     try:
         want = [["index.html", "Playground"], ["surprisal.html", "Surprisal"],
@@ -133,11 +135,15 @@ def test_the_header_links_every_page(browser_session):
             links = page.eval_on_selector_all("#site-nav a", "els => els.map(e => "
                                               "[e.getAttribute('href'), e.textContent])")
             assert links == want
+            if path == "/":     # the playground's loss chart (losschart.mjs, shared) is drawn
+                page.wait_for_function("playground.state === 'ready'", timeout=30_000)
+                assert page.locator("#chart .uplot").count() == 1
             assert page.text_content("#site-nav a[aria-current='page']") == current
             for href, _ in want:     # every link answers
                 assert page.request.get(f"{base}{path.rsplit('/', 1)[0]}/{href}").ok, href
         page.click("#site-nav >> text=Surprisal")
         page.wait_for_url("**/surprisal.html")
         assert page.text_content("h1") == "Surprisal"
+        assert errors == []
     finally:
         page.close()
