@@ -57,3 +57,25 @@ def test_a_short_text_says_what_to_do():
     with pytest.raises(ValueError, match="paste a longer text"):
         finetune.FineTune(llama_demo.model(0, "reference"), llama_demo.tokenizer(), "too short",
                           backend="reference")
+
+
+def test_the_cache_image_round_trips():
+    """models/llama_cache.py: a Llama and its tokenizer, imaged and restored here (the page
+    keeps them in IndexedDB with the same functions)."""
+    import json
+    from webgrad.models import llama_cache
+    m = llama_demo.model(2, "reference")
+    item = llama_cache.Chat(m, json.dumps(llama_demo.tokenizer_spec()).encode(),
+                            llama_demo.tokenizer_config())
+    meta, parts = asyncio.run(llama_cache.image_async(item))
+    data = b"".join(bytes(memoryview(p).cast("B")) for p in parts)
+    assert meta["nbytes"] == len(data) == llama_cache.nbytes(item)
+    back = llama_cache.restore(json.loads(json.dumps(meta)), data, backend="reference")
+    assert back.model.cfg == m.cfg
+    for name, w in m.state_dict().items():
+        np.testing.assert_array_equal(back.model.state_dict()[name], w)
+    tok = back.tokenizer()
+    assert tok.apply_chat_template([{"role": "user", "content": "x"}]) == \
+        llama_demo.tokenizer().apply_chat_template([{"role": "user", "content": "x"}])
+    with pytest.raises(llama_cache.ModelCacheError, match="format"):
+        llama_cache.restore({**meta, "format": 99}, data, backend="reference")
