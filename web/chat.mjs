@@ -4,7 +4,10 @@
 // Model: the demo model (webgrad.models.llama_demo: a tiny SmolLM2-shaped Llama from a seed,
 // built on the page at start), or files picked from disk: a .gguf (Llama.from_gguf_async +
 // Tokenizer.from_gguf) or a safetensors folder's files (written to the worker's file system,
-// then Llama.from_pretrained + Tokenizer.from_pretrained). Not kept in the model cache yet.
+// then Llama.from_pretrained + Tokenizer.from_pretrained). Picked folders and fine-tuned models
+// are kept in the browser's model cache (models/llama_cache.py over io/modelcache.py, and
+// modelcache.mjs here), listed under the model and loaded back from it; the demo model (built
+// in a second) and GGUF files (their tokenizer is not imaged yet) are not.
 //
 // Chat: the conversation goes through the tokenizer's chat template (jinja2, shipped to the
 // worker by serve.py); chat_reply streams the reply with generate_stream_async and posts each
@@ -24,7 +27,8 @@ import markupsafe   # the worker installs serve.py's wheels when code names them
 import jinja2
 import os
 import webgrad_worker
-from webgrad.models import llama, llama_demo, finetune
+import json
+from webgrad.models import llama, llama_demo, llama_cache, finetune
 _chat = {}
 
 def _drop(*keys):
@@ -35,17 +39,32 @@ def _drop(*keys):
             seen.add(id(m))
             m.destroy() if k == "ft" else m.backend.destroy()
 
-def _use(m, tok, name):
+def _use(m, tok, name, keep=None, info=None):
+    """keep: (tokenizer.json bytes, tokenizer_config) to store the model in the cache with."""
     _drop("ft", "tuned", "model")
-    _chat.update(model=m, tok=tok, name=name)
+    _chat.update(model=m, tok=tok, name=name, keep=keep)
+    return {**_describe(m, tok, name), **(info or {})}
+
+def _describe(m, tok, name):
     c = m.cfg
     return {"name": name, "model_type": c.model_type, "layers": c.num_hidden_layers,
             "hidden": c.hidden_size, "vocab": c.vocab_size, "n_ctx": c.n_ctx,
             "quantized": len(m.quant_full), "template": tok.chat_template is not None}
 
+async def _keep(m, name):
+    """Store m in the browser's model cache: {key, kept} or {not_kept: why}."""
+    if _chat.get("keep") is None:
+        return {"not_kept": "a GGUF's tokenizer is not kept in the cache yet"}
+    try:
+        info = await llama_cache.store_async(llama_cache.Chat(m, *_chat["keep"]), name=name)
+        return {"key": info["key"], "kept": True}
+    except Exception as e:   # a full disk, quantized weights: the model is used all the same
+        return {"not_kept": str(e)}
+
 def chat_demo(seed):
-    m = llama_demo.model(seed, backend="webgpu")
-    return _use(m, llama_demo.tokenizer(), f"demo model (seed {seed})")
+    m = llama_demo.model(seed, backend="webgpu")   # rebuilt in a second: not cached
+    keep = (json.dumps(llama_demo.tokenizer_spec()).encode(), llama_demo.tokenizer_config())
+    return _use(m, llama_demo.tokenizer(), f"demo model (seed {seed})", keep)
 
 async def chat_load_files(files):
     files = {n: bytes(b) for n, b in files.items()}
@@ -67,7 +86,17 @@ async def chat_load_files(files):
         with open(os.path.join(folder, os.path.basename(n)), "wb") as f:
             f.write(b)
     m = llama.Llama.from_pretrained(folder, backend="webgpu")
-    return _use(m, llama.Tokenizer.from_pretrained(folder), "a model folder")
+    tok = llama.Tokenizer.from_pretrained(folder)
+    keep = (files["tokenizer.json"], json.loads(files.get("tokenizer_config.json", b"{}")))
+    c = m.cfg
+    name = f"model folder: {c.model_type}, {c.num_hidden_layers} layers, hidden {c.hidden_size}"
+    out = _use(m, tok, name, keep)
+    return {**out, **await _keep(m, name)}
+
+async def chat_load_key(key):
+    item, info = await llama_cache.load_key_async(key, backend="webgpu")
+    return _use(item.model, item.tokenizer(), info["name"], (item.tokenizer_json,
+                item.tokenizer_config), {"key": key, "cached": True})
 
 async def chat_reply(messages, max_new_tokens, temperature, seed=0):
     m, tok = _chat["tuned"] if "tuned" in _chat else _chat["model"], _chat["tok"]
@@ -91,6 +120,7 @@ async def chat_reply(messages, max_new_tokens, temperature, seed=0):
     return {"ids": out, "text": tok.decode(out, skip_special_tokens=True), "prompt": len(ids)}
 
 async def ft_start(text, lr, seed=0):
+    _chat["ft_text"] = "pasted text" if text else "pydoc topics"
     m = _chat["tuned"] if "tuned" in _chat else _chat["model"]
     if m.quant_full:
         raise ValueError("this model holds quantized weights; fine-tuning over them (QLoRA) "
@@ -114,15 +144,18 @@ async def ft_finish():
     _chat["tuned"] = tuned
     if old is not None:
         old.backend.destroy()
-    return {"held": held, "step": ft.step}
+    name = f"{_chat['name']} + LoRA, {ft.step} steps on {_chat['ft_text']}"
+    return {"held": held, "step": ft.step, "name": name, **await _keep(tuned, name)}
 `;
 
 import { startWebgrad } from "./webgrad.mjs";
 import { LossChart, loadUIBundle } from "./losschart.mjs";
+import * as modelCache from "./modelcache.mjs";
 
 const $ = (id) => document.getElementById(id);
 const webgrad = startWebgrad();
 window.webgrad = webgrad;
+window.modelCache = modelCache;
 const chart = new LossChart($("ft-chart"), $("ft-now"), { height: 180 });
 const messages = [];      // {role, content}: what the chat template sees
 let state = "booting", stopRequested = false, reply = null;
@@ -153,10 +186,45 @@ async function useModel(what, call) {
       (m.quantized ? `, ${m.quantized} quantized weights` : "") +
       (m.template ? "" : " (no chat template: chat needs one)");
     $("model-info").dataset.model = JSON.stringify(m);
-    setState("ready", `Ready: ${m.name}`, "ok");
+    setState("ready", `Ready: ${m.name}` + (m.cached ? " (from this browser's cache)" : "") +
+             (m.not_kept && m.template ? ` (not kept in the cache: ${m.not_kept})` : ""), "ok");
   } catch (error) {
     failed(error);
   }
+  await showCache();
+}
+
+// --- models kept in this browser (modelcache.mjs; the surprisal page lists them too) ---------
+async function showCache() {
+  let entries;
+  try {
+    entries = (await modelCache.list()).filter((e) => e.meta?.model === "llama");
+  } catch (error) {
+    $("cache-note").textContent = `The model cache is unavailable here: ${error.message}`;
+    return;
+  }
+  const body = $("cache").tBodies[0];
+  body.textContent = "";
+  for (const e of entries) {
+    const row = body.insertRow();
+    row.dataset.key = e.key;
+    const c = e.meta.config;
+    for (const text of [e.name, `${c.num_hidden_layers}×${c.hidden_size}, ${c.vocab_size} tokens`,
+                        `${(e.size / 1e6).toFixed(1)} MB`, new Date(e.created).toLocaleString()]) {
+      row.insertCell().textContent = text;
+    }
+    const actions = row.insertCell();
+    for (const [label, act] of [
+      ["Load", () => useModel(e.name, () => webgrad.call("chat_load_key", [e.key]))],
+      ["Delete", async () => { await modelCache.remove(e.key); await showCache(); }]]) {
+      const b = Object.assign(document.createElement("button"),
+                              { textContent: label, className: label.toLowerCase() });
+      b.addEventListener("click", () => { if (state === "ready") act(); });
+      actions.append(b);
+    }
+  }
+  if (!entries.length) body.insertRow().insertCell().textContent = "(none yet)";
+  $("cache").dataset.count = entries.length;
 }
 
 async function loadFiles() {
@@ -261,10 +329,13 @@ async function fineTune() {
       `${end.held.toFixed(3)} after ${end.step} steps (nats/token); the chat now uses the ` +
       "fine-tuned model";
     $("ft-held").dataset.done = "1";
-    setState("ready", `Fine-tuned: ${end.step} steps`, "ok");
+    setState("ready", `Fine-tuned: ${end.step} steps` + (end.kept ? "; kept in this browser"
+             : ` (not kept in the cache: ${end.not_kept})`), "ok");
+    $("ft-held").dataset.key = end.key || "";
   } catch (error) {
     failed(error);
   }
+  await showCache();
 }
 
 // --- start ----------------------------------------------------------------------------------

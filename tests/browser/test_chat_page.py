@@ -117,6 +117,41 @@ def test_lora_fine_tune_lowers_the_loss(chat_page):
     assert abs(held["after"] - after) < 2e-2
     assert held["after"] < held["before"] - 1.0       # 7.2 -> about 4.3 nats/token
     assert f"after {steps} steps" in page.text_content("#ft-held")
+    page.evaluate("window._ftLosses = chat.losses")   # for the next test
+
+
+@browser
+def test_a_fine_tuned_model_is_kept_and_reloads(chat_page):
+    """The fine-tuned model is kept in the model cache: reloaded from it, it answers as
+    before; the surprisal page (same browser, same cache) lists it and scores text with it."""
+    page = chat_page
+    key = page.get_attribute("#ft-held", "data-key")
+    assert key and page.get_attribute("#cache", "data-count") == "1"
+    first = _send(page, "Hi", 6)
+    page.wait_for_function("document.querySelector('.msg.assistant:last-child').dataset.done === '1'",
+                           timeout=30_000)
+    before = _ids(first)
+    page.locator(f"#cache tbody tr[data-key='{key}'] button.load").click()
+    page.wait_for_function("document.getElementById('status').textContent.includes("
+                           "\"from this browser's cache\")", timeout=30_000)
+    again = _send(page, "Hi", 6)
+    page.wait_for_function("document.querySelector('.msg.assistant:last-child').dataset.done === '1'",
+                           timeout=30_000)
+    assert _ids(again) == before
+
+    other = page.context.new_page()
+    try:
+        other.goto(page.url.replace("chat.html", "surprisal.html"))
+        other.wait_for_selector("body[data-ready='1']", timeout=30_000)
+        other.fill("#text", "The value")
+        other.locator(f"#cache tbody tr[data-key='{key}'] button.load").click()
+        other.wait_for_function("document.querySelectorAll('#view span').length === 9",
+                                timeout=30_000)
+        bits = other.eval_on_selector_all("#view span", "els => els.map(e => +e.dataset.bits)")
+        # a fine-tuned model finds English text far less surprising than 8 bits a byte
+        assert sum(bits[1:]) / 8 < 8.0 and "2 layers" in other.text_content("#status")
+    finally:
+        other.close()
 
 
 @browser
