@@ -5,11 +5,20 @@ The page itself: tests/browser/test_chat_page.py."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import numpy as np
 import pytest
 
 from webgrad.models import finetune, llama, llama_demo
+
+
+def _run(coro):   # a thread of its own: a browser test's Playwright loop may hold this one
+    out = {}
+    t = threading.Thread(target=lambda: out.update(v=asyncio.run(coro)))
+    t.start()
+    t.join()
+    return out["v"]
 
 
 def test_tokenizer_bytes_and_chat_template():
@@ -44,7 +53,7 @@ def test_a_few_lora_steps_lower_the_held_out_loss():
         first = float(await ft.c.run_async(ft.held[0]))
         return before, losses, await ft.held_loss_async(), first, await ft.merged_async()
 
-    before, losses, after, first, tuned = asyncio.run(run())
+    before, losses, after, first, tuned = _run(run())
     assert before > 7.0 and after < before - 1.0 and losses[-1] < losses[0]
     # the merged model (what the page chats with) scores the held-out text as the adapted one
     b = ft.held[0]
@@ -67,7 +76,7 @@ def test_the_cache_image_round_trips():
     m = llama_demo.model(2, "reference")
     item = llama_cache.Chat(m, json.dumps(llama_demo.tokenizer_spec()).encode(),
                             llama_demo.tokenizer_config())
-    meta, parts = asyncio.run(llama_cache.image_async(item))
+    meta, parts = _run(llama_cache.image_async(item))
     data = b"".join(bytes(memoryview(p).cast("B")) for p in parts)
     assert meta["nbytes"] == len(data) == llama_cache.nbytes(item)
     back = llama_cache.restore(json.loads(json.dumps(meta)), data, backend="reference")
