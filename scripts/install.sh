@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 has_modules() {
   "$1" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))" "${@:2}"
 }
-TEST_MODULES=(numpy torch pytest pytest_timeout wgpu playwright transformers safetensors gguf hypothesis peft
+TEST_MODULES=(numpy torch pytest pytest_timeout wgpu playwright transformers safetensors gguf hypothesis peft jinja2
               jupyterlite_core jupyterlite_pyodide_kernel jupyter_server)
 
 need_apt=()

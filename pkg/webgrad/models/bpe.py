@@ -113,6 +113,8 @@ def split_words(text: str) -> list[str]:
 
 _SHIFT = 32   # a pair of symbol ids as one dict key: left << _SHIFT | right
 _LONG = 64    # words at least this many symbols long are cut at junctions first
+_BATCH = 4096  # symbols per _merge call when a long word's chunks are merged
+_SEP = -2     # between chunks of a batch: an id in no pair
 
 
 class Merges:
@@ -138,16 +140,37 @@ class Merges:
         cuts = list(compress(range(1, n), map(not_, map(self.junctions.__contains__, keys))))
         if not cuts:
             return self._merge(ids)
-        cuts.append(n)
-        out, start, seen = [], 0, {}
-        for end in cuts:
-            chunk = tuple(ids[start:end])
-            done = seen.get(chunk)
-            if done is None:
-                done = seen[chunk] = self._merge(list(chunk)) if end - start > 1 else chunk
-            out += done
-            start = end
+        # Chunks no merge crosses: each distinct one is merged once (when they repeat, as
+        # the words of a Llama 2 text do), a few thousand symbols to a _merge call (_SEP
+        # between them), so neither the calls' overhead nor one huge call's memory traffic
+        # dominates.
+        bounds = [0, *cuts, n]
+        chunks = [tuple(ids[a:b]) for a, b in zip(bounds, bounds[1:])]
+        distinct = dict.fromkeys(chunks)
+        if sum(map(len, distinct)) > n // 2:      # few repeats: one call is quicker
+            return self._merge(ids)
+        done: dict[tuple, list[int]] = {}
+        batch, batch_keys = [], []
+        for chunk in distinct:
+            batch += chunk
+            batch.append(_SEP)
+            batch_keys.append(chunk)
+            if len(batch) >= _BATCH:
+                self._merge_batch(batch, batch_keys, done)
+                batch, batch_keys = [], []
+        if batch:
+            self._merge_batch(batch, batch_keys, done)
+        out: list[int] = []
+        for chunk in chunks:
+            out += done[chunk]
         return out
+
+    def _merge_batch(self, batch: list[int], keys: list[tuple], done: dict) -> None:
+        merged, start = self._merge(batch), 0
+        for key in keys:
+            end = merged.index(_SEP, start)
+            done[key] = merged[start:end]
+            start = end + 1
 
     def _merge(self, ids: list[int]) -> list[int]:
         n = len(ids)
@@ -187,7 +210,7 @@ class Merges:
                     buckets[r] = todo[x + 1:]  # no rank-r pair arises while rank r merges
                     heappush(ranks, r)
                     break
-        return [i for i in ids if i >= 0]
+        return [i for i in ids if i != -1]      # -1: merged into its left neighbour
 
 
 class _Buckets(dict):
