@@ -209,3 +209,62 @@ def test_a_picked_model_folder_chats(chat_page, tmp_path):
     page.set_input_files("#files", [str(tmp_path / "config.json")])   # not enough: says what to pick
     page.wait_for_selector("#status.error")
     assert "pick a .gguf file, or a model folder's files together" in page.text_content("#status")
+
+
+@browser
+def test_a_picked_gguf_chats(chat_page, tmp_path):
+    """The demo model of seed 5 as llama.cpp's converter writes it (F32 tensors, q/k rows
+    permuted, the byte-level vocabulary and the chat template in the metadata): the page
+    chats with it as generate does here with the same weights."""
+    import gguf   # a test dependency (pyproject.toml): missing, the test fails
+    import numpy as np
+    page = chat_page
+    cfg, model = llama_demo.CONFIG, llama_demo.model(5, backend="reference")
+    H, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+
+    def permute(w, heads):   # convert_hf_to_gguf.py's LlamaModel.permute
+        return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+    path = tmp_path / "demo-f32.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_head_count(H)
+    w.add_head_count_kv(Hkv)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_rope_dimension_count(cfg.head_dim)
+    w.add_vocab_size(cfg.vocab_size)
+    spec = llama_demo.tokenizer_spec()
+    tokens = sorted(spec["model"]["vocab"], key=spec["model"]["vocab"].get) + llama_demo.SPECIAL
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types([1] * 256 + [3] * len(llama_demo.SPECIAL))
+    w.add_eos_token_id(cfg.eos_token_id)
+    w.add_bos_token_id(cfg.bos_token_id)
+    w.add_add_bos_token(False)
+    w.add_chat_template(llama_demo.CHAT_TEMPLATE)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg.num_hidden_layers)
+    for k, v in model.state_dict().items():
+        base, _, suffix = k.rpartition(".")
+        heads = H if ".q_proj." in k else Hkv if ".k_proj." in k else None
+        v = permute(v, heads) if heads else v
+        w.add_tensor(f"{names.get_name(base)}.{suffix}", np.ascontiguousarray(v, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    page.set_input_files("#files", str(path))
+    page.wait_for_function("document.getElementById('status').textContent.startsWith("
+                           "'Ready: demo-f32.gguf')", timeout=30_000)
+    reply = _send(page, "Hi", 8)
+    page.wait_for_function("document.querySelector('.msg.assistant:last-child').dataset.done === '1'",
+                           timeout=30_000)
+    tok = llama_demo.tokenizer()
+    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Hi"}],
+                                             add_generation_prompt=True), add_special_tokens=False)
+    assert _ids(reply) == model.generate(ids, max_new_tokens=8, temperature=0)[len(ids):]
