@@ -134,7 +134,8 @@ async def ft_start(text, lr, seed=0):
 
 async def ft_steps(k):
     ft = _chat["ft"]
-    return {"step": ft.step, "losses": await ft.steps_async(k)}
+    losses = await ft.steps_async(k)
+    return {"step": ft.step, "losses": losses}
 
 async def ft_finish():
     ft = _chat["ft"]
@@ -145,7 +146,9 @@ async def ft_finish():
     if old is not None:
         old.backend.destroy()
     name = f"{_chat['name']} + LoRA, {ft.step} steps on {_chat['ft_text']}"
-    return {"held": held, "step": ft.step, "name": name, **await _keep(tuned, name)}
+    step = ft.step
+    _drop("ft")      # its GPU buffers: the merged model is what the chat uses
+    return {"held": held, "step": step, "name": name, **await _keep(tuned, name)}
 `;
 
 import { startWebgrad } from "./webgrad.mjs";
