@@ -309,6 +309,8 @@ async function fineTune() {
   const lr = Number($("ft-lr").value);
   stopRequested = false;
   chart.clear();
+  $("ft-chart").dataset.step = 0;
+  $("ft-held").dataset.done = "";
   setState("training", "Fine-tuning: tokenizing the text and compiling…");
   try {
     await webgrad.run("import pydoc_data");   // installs the pydoc_data wheel (worker.mjs)
@@ -325,6 +327,11 @@ async function fineTune() {
       for (const loss of r.losses) chart.add(++step, loss);
       setState("training", `Fine-tuning: step ${step} of ${steps}`);
       $("ft-chart").dataset.step = step;
+    }
+    if (step === 0) {
+      $("ft-held").textContent += "; stopped before the first step: the model is unchanged";
+      setState("ready", "Stopped before the first step", "ok");
+      return;
     }
     const end = await webgrad.call("ft_finish");
     held.after = end.held;

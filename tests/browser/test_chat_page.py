@@ -49,6 +49,36 @@ def _in_thread(coro):   # Playwright's sync API keeps a loop on this thread (tes
     return out["v"]
 
 
+# first: it needs no Pyodide boot, so the session's start and the page's fall on two tests
+@browser
+def test_the_header_links_every_page(browser_session):
+    page = browser_session.browser.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    base = browser_session.url.rstrip("/")
+    try:
+        want = [["index.html", "Playground"], ["surprisal.html", "Surprisal"],
+                ["chat.html", "Chat & fine-tune"], ["lab/", "Notebooks"]]
+        for path, current in (("/", "Playground"), ("/surprisal.html", "Surprisal"),
+                              ("/chat.html", "Chat & fine-tune")):
+            page.goto(base + path)
+            page.wait_for_selector("#site-nav a")
+            links = page.eval_on_selector_all("#site-nav a", "els => els.map(e => "
+                                              "[e.getAttribute('href'), e.textContent])")
+            assert links == want
+            if path == "/":     # the playground's loss chart (losschart.mjs, shared) is drawn
+                page.wait_for_selector("#chart .uplot", timeout=30_000)
+            assert page.text_content("#site-nav a[aria-current='page']") == current
+            for href, _ in want:     # every link answers
+                assert page.request.get(f"{base}{path.rsplit('/', 1)[0]}/{href}").ok, href
+        page.click("#site-nav >> text=Surprisal")
+        page.wait_for_url("**/surprisal.html")
+        assert page.text_content("h1") == "Surprisal"
+        assert errors == []
+    finally:
+        page.close()
+
+
 @browser
 def test_a_message_streams_the_greedy_reply(chat_page):
     page = chat_page
@@ -155,36 +185,6 @@ def test_a_fine_tuned_model_is_kept_and_reloads(chat_page):
 
 
 @browser
-def test_the_header_links_every_page(browser_session):
-    page = browser_session.browser.new_page()
-    errors = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    base = browser_session.url.rstrip("/")
-    try:
-        want = [["index.html", "Playground"], ["surprisal.html", "Surprisal"],
-                ["chat.html", "Chat & fine-tune"], ["lab/", "Notebooks"]]
-        for path, current in (("/", "Playground"), ("/surprisal.html", "Surprisal"),
-                              ("/chat.html", "Chat & fine-tune")):
-            page.goto(base + path)
-            page.wait_for_selector("#site-nav a")
-            links = page.eval_on_selector_all("#site-nav a", "els => els.map(e => "
-                                              "[e.getAttribute('href'), e.textContent])")
-            assert links == want
-            if path == "/":     # the playground's loss chart (losschart.mjs, shared) is drawn
-                page.wait_for_function("playground.state === 'ready'", timeout=30_000)
-                assert page.locator("#chart .uplot").count() == 1
-            assert page.text_content("#site-nav a[aria-current='page']") == current
-            for href, _ in want:     # every link answers
-                assert page.request.get(f"{base}{path.rsplit('/', 1)[0]}/{href}").ok, href
-        page.click("#site-nav >> text=Surprisal")
-        page.wait_for_url("**/surprisal.html")
-        assert page.text_content("h1") == "Surprisal"
-        assert errors == []
-    finally:
-        page.close()
-
-
-@browser
 def test_a_picked_model_folder_chats(chat_page, tmp_path):
     """config.json + model.safetensors + tokenizer.json + tokenizer_config.json, as
     transformers' save_pretrained writes them (the demo model of seed 4, saved here): picked
@@ -268,3 +268,19 @@ def test_a_picked_gguf_chats(chat_page, tmp_path):
     ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Hi"}],
                                              add_generation_prompt=True), add_special_tokens=False)
     assert _ids(reply) == model.generate(ids, max_new_tokens=8, temperature=0)[len(ids):]
+
+
+@browser
+def test_stop_ends_a_fine_tune(chat_page):
+    page = chat_page
+    page.click("#demo")      # back to the demo model: a fine-tune needs f32 weights
+    page.wait_for_function("document.getElementById('status').textContent.startsWith("
+                           "'Ready: demo model')", timeout=30_000)
+    page.fill("#ft-steps", "100000")
+    page.click("#ft-train")
+    page.wait_for_function("+(document.getElementById('ft-chart').dataset.step || 0) >= 2",
+                           timeout=40_000)
+    page.click("#ft-stop")
+    page.wait_for_selector("#ft-held[data-done='1']", timeout=30_000)
+    steps = len(page.evaluate("chat.losses"))
+    assert 2 <= steps < 100_000 and f"after {steps} steps" in page.text_content("#ft-held")
