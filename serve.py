@@ -235,7 +235,31 @@ def provision_stdlib_extras(paths: dict[str, Path]) -> dict[str, str]:
     name, data = _zip_wheel("pydoc_data", version, _package_files(folder),
                             ["Summary: pydoc_data from the CPython standard library"])
     _write_if_changed(paths["wheels"] / name, data)
-    return {"pydoc_data": name}
+    return {"pydoc_data": name, **provision_chat_extras(paths)}
+
+
+def provision_chat_extras(paths: dict[str, Path]) -> dict[str, str]:
+    """jinja2 and markupsafe (pure Python: markupsafe falls back to _native without its C
+    speedups), zipped from the Python running serve.py: chat templates (llama.Tokenizer.
+    apply_chat_template, the chat page) need them, and the worker cannot reach PyPI. Where
+    jinja2 is not installed the chat page says so; install it (pip install jinja2) and rerun."""
+    import importlib.metadata
+    import importlib.util
+    out = {}
+    for module in ("jinja2", "markupsafe"):
+        spec = importlib.util.find_spec(module)
+        if spec is None or not spec.submodule_search_locations:
+            print(f"serve.py: {module} is not installed here, so the chat page cannot render "
+                  "chat templates; pip install jinja2 and run serve.py again", file=sys.stderr)
+            return {}
+        folder = Path(next(iter(spec.submodule_search_locations)))
+        files = [(n, b) for n, b in _package_files(folder)
+                 if not n.endswith((".so", ".pyd", ".c"))]
+        version = importlib.metadata.version(module)
+        name, data = _zip_wheel(module, version, files, [f"Summary: {module}, pure Python"])
+        _write_if_changed(paths["wheels"] / name, data)
+        out[module] = name
+    return out
 
 
 def provision_webgrad(paths: dict[str, Path]) -> str:

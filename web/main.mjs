@@ -9,6 +9,7 @@
 
 import { startWebgrad } from "./webgrad.mjs";
 import { drawFigure } from "./figures.mjs";
+import { LossChart, loadUIBundle } from "./losschart.mjs";
 
 const MAX_CONSOLE_LINES = 4000;   // lines kept in the console's DOM (older ones are dropped)
 const MAX_CHART_POINTS = 20000;   // loss points kept for the chart (older ones thinned)
@@ -69,42 +70,7 @@ const consoleBox = {
 };
 
 // --- the loss chart: uPlot if its bundle loaded, fed from progress events -------------------
-const chart = {
-  steps: [], losses: [], plot: null, scheduled: false,
-  init(uPlot) {
-    const el = $("chart");
-    this.plot = new uPlot({
-      width: Math.max(300, el.clientWidth || 500), height: 220,
-      scales: { x: { time: false }, y: { distr: 3 } },   // log-scale loss
-      axes: [{ label: "step" }, { label: "loss" }],
-      series: [{ label: "step" }, { label: "loss", stroke: "#0969da", width: 1.5 }],
-      legend: { show: false },
-    }, [[], []], el);
-  },
-  add(step, loss) {
-    if (!Number.isFinite(loss) || loss <= 0) return;
-    this.steps.push(step ?? this.steps.length);
-    this.losses.push(loss);
-    if (this.losses.length > MAX_CHART_POINTS) {  // keep every other old point
-      const half = MAX_CHART_POINTS / 2;
-      const thin = (a) => a.slice(0, half).filter((_, i) => i % 2 === 0).concat(a.slice(half));
-      this.steps = thin(this.steps); this.losses = thin(this.losses);
-    }
-    $("loss-now").textContent = `${loss.toPrecision(4)} at step ${step}`;
-    if (!this.scheduled) {
-      this.scheduled = true;
-      requestAnimationFrame(() => {
-        this.scheduled = false;
-        this.plot?.setData([this.steps, this.losses]);
-      });
-    }
-  },
-  clear() {
-    this.steps = []; this.losses = [];
-    $("loss-now").textContent = "";
-    this.plot?.setData([[], []]);
-  },
-};
+const chart = new LossChart($("chart"), $("loss-now"), { maxPoints: MAX_CHART_POINTS });
 
 // --- the picture ---------------------------------------------------------------------------
 const figure = { pending: null, scheduled: false, drawn: 0 };
@@ -157,8 +123,7 @@ const code = {
 
 async function loadUI() {
   try {
-    const manifest = await (await fetch("assets/manifest.json")).json();
-    const ui = await import(`./assets/${manifest.ui_bundle}`);
+    const { manifest, ui } = await loadUIBundle();
     const { EditorView, basicSetup, keymap, python, uPlot } = ui;
     editor = new EditorView({
       parent: $("editor"),

@@ -6,7 +6,8 @@
 //
 // The model: a file picked from disk or a URL on the server, loaded through the browser's model
 // cache (webgrad.models.gpt2_cache over webgrad.io.modelcache in the worker, modelcache.mjs here: the second load of the same
-// file is an upload, without download or parse), an entry of that cache, or a small GPT-2
+// file is an upload, without download or parse), an entry of that cache (a Llama the chat page
+// kept too: models/llama_cache.py, its tokenizer with it), or a small GPT-2
 // trained here on pydoc_data.topics (trained in chunks of steps the page asks for, so Stop
 // ends it after the current chunk; then kept in the cache too). Any of them downloads as
 // safetensors. The worker reports loading progress as {type: "progress", what: "model",
@@ -19,15 +20,17 @@ import os
 import webgrad_worker
 from webgrad.models import gpt2
 from webgrad.models import gpt2_cache
+from webgrad.models import llama_cache
 _surprisal = {}
 _train = {}
 
 def _loading(p):
     webgrad_worker.progress(p, what="model")
 
-def _use(m, info, encoder=None, vocab=None):
-    tok = None
-    if encoder is not None and vocab is not None:
+def _use(m, info, encoder=None, vocab=None, tok=None):
+    if tok is not None:       # a Llama kept by the chat page brings its own tokenizer
+        pass
+    elif encoder is not None and vocab is not None:
         os.makedirs("/home/pyodide/surprisal", exist_ok=True)
         paths = ["/home/pyodide/surprisal/encoder.json", "/home/pyodide/surprisal/vocab.bpe"]
         for path, data in zip(paths, (encoder, vocab)):
@@ -41,10 +44,14 @@ def _use(m, info, encoder=None, vocab=None):
         old.backend.destroy()   # its GPU buffers; the one a training run shares stays
     _surprisal.update(model=m, tok=tok, tracker=m.surprisal_tracker(), info=info)
     c = m.cfg
-    return {"n_layer": c.n_layer, "n_embd": c.n_embd, "vocab": c.vocab_size, "n_ctx": c.n_ctx, **info}
+    layers, width = (c.n_layer, c.n_embd) if hasattr(c, "n_layer") else (c.num_hidden_layers, c.hidden_size)
+    return {"n_layer": layers, "n_embd": width, "vocab": c.vocab_size, "n_ctx": c.n_ctx, **info}
 
 async def surprisal_load(source, encoder=None, vocab=None):
-    """source: a URL, a File picked from disk, or {"key": k} of a cached model."""
+    """source: a URL, a File picked from disk, or {"key": k, "model": family} of a cached model."""
+    if isinstance(source, dict) and source.get("model") == "llama":
+        item, info = await llama_cache.load_key_async(source["key"], progress=_loading)
+        return _use(item.model, info, tok=item.tokenizer())
     if isinstance(source, dict):
         m, info = await gpt2_cache.load_key_async(source["key"], progress=_loading)
     else:
@@ -285,7 +292,9 @@ async function showCache() {
     const row = body.insertRow();
     row.dataset.key = e.key;
     const c = e.meta?.config || {};
-    const cells = [e.name, e.kind, `${c.n_layer}×${c.n_embd}, ${c.vocab_size} tokens, ctx ${c.n_ctx}`,
+    const [layers, width] = e.meta?.model === "llama" ? [c.num_hidden_layers, c.hidden_size]
+      : [c.n_layer, c.n_embd];
+    const cells = [e.name, e.kind, `${layers}×${width}, ${c.vocab_size} tokens, ctx ${c.n_ctx}`,
                    size(e.nbytes), new Date(e.created).toLocaleString()];
     cells.forEach((text, i) => {
       const cell = row.insertCell();
@@ -293,7 +302,7 @@ async function showCache() {
       if (i === 3) cell.className = "num";
     });
     const actions = row.insertCell();
-    for (const [label, act] of [["Load", () => load({ key: e.key })],
+    for (const [label, act] of [["Load", () => load({ key: e.key, model: e.meta?.model })],
                                 ["Delete", async () => { await modelCache.remove(e.key); await showCache(); }]]) {
       const b = document.createElement("button");
       b.textContent = label;
