@@ -44,6 +44,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "pkg"))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from gpt2_decode import shared_prefix, time_best  # noqa: E402  (the same timing as GPT-2's)
+
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 # Llama-3.2-1B's config.json (the fields that shape the compute)
@@ -55,24 +57,6 @@ LLAMA_1B = dict(model_type="llama", hidden_size=2048, num_hidden_layers=16, num_
 # hidden and intermediate sizes of whole k-quant blocks (256 values)
 SMALL = dict(LLAMA_1B, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, head_dim=64, intermediate_size=512, vocab_size=1000)
-
-
-def time_best(fn, reps):
-    best, out = float("inf"), None
-    for _ in range(reps):
-        t = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t)
-    return best, out
-
-
-def shared_prefix(a, b) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def hf_config(d):

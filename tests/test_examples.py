@@ -62,6 +62,10 @@ def test_addition_data_is_right():
         assert t[6] + 10 * t[7] + 100 * t[8] == a + b
 
 
+# The two transformer demos' full training steps compile 90-140 s of kernels on a cold
+# lavapipe: slow cases here (the browser suite runs both demos in the page by default,
+# tests/browser/test_playground.py)
+@pytest.mark.slow
 @needs_webgpu
 def test_transformer_addition_runs_on_webgpu(events):
     ex = load("transformer_addition")
@@ -83,6 +87,7 @@ def test_transformer_addition_runs_on_webgpu(events):
     assert [e["step"] for e in events if "loss" in e][:2] == [0, 1]
 
 
+@pytest.mark.slow
 @needs_webgpu
 def test_char_lm_runs_on_webgpu(events):
     ex = load("char_lm")

@@ -266,7 +266,9 @@ Q4_K_M = {"blk.0.attn_qkv.weight": QT.Q5_K, "blk.1.attn_qkv.weight": QT.Q5_K,
           "blk.0.ffn_down.weight": QT.Q6_K, "token_embd.weight": QT.Q6_K}
 
 
-@pytest.mark.parametrize("backend", ["reference", WEBGPU])
+# on WebGPU three k-quant decoders in one model: 77 s of kernels on a cold lavapipe, a slow
+# case (each type alone runs by default in test_gpt2_quantized_logits_equal_host_dequantized)
+@pytest.mark.parametrize("backend", ["reference", pytest.param("webgpu", marks=[*WEBGPU.marks, pytest.mark.slow])])
 def test_gpt2_mixed_k_quants_stay_quantized(tmp_path, backend):
     """A Q4_K_M-style file loads with every matrix held in its own type, and its logits
     (full and one decode step) equal those of gguf's dequantized weights loaded as f32."""

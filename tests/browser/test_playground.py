@@ -90,7 +90,7 @@ def test_weights_download_and_load_back(page, browser_session, tmp_path):
     if not s.run("'c' in globals() and not c._destroyed"):
         pytest.fail("no trained model in the worker: the test before this one trains it (run the "
                     "file whole; if it ran, it left none)", pytrace=False)
-    with page.expect_download() as info:
+    with page.expect_download(timeout=55_000) as info:  # the save runs in the worker
         page.click("#save")
     path = tmp_path / "weights.safetensors"
     info.value.save_as(path)
