@@ -109,25 +109,13 @@ def q4_k_m_type(gname: str, n_layer: int) -> str:
     return "Q4_K"
 
 
-def rope_factors(cfg_d) -> "np.ndarray":
-    """convert_hf_to_gguf.py's llama3 rope_freqs tensor: a divisor per frequency."""
-    import math
+def rope_factors(cfg) -> "np.ndarray":
+    """The rope_freqs tensor llama.cpp's converter writes for llama3 scaling: a divisor per
+    frequency, the plain inverse frequencies over the scaled ones (LlamaConfig.inv_freq)."""
     import numpy as np
-    r, dim = cfg_d["rope_scaling"], cfg_d["head_dim"]
-    freqs = 1.0 / (cfg_d["rope_theta"] ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
-    old = r["original_max_position_embeddings"]
-    lo_wl, hi_wl = old / r["low_freq_factor"], old / r["high_freq_factor"]
-    out = []
-    for f in freqs.tolist():
-        wl = 2 * math.pi / f
-        if wl < hi_wl:
-            out.append(1.0)
-        elif wl > lo_wl:
-            out.append(r["factor"])
-        else:
-            s = (old / wl - r["low_freq_factor"]) / (r["high_freq_factor"] - r["low_freq_factor"])
-            out.append(1 / ((1 - s) / r["factor"] + s))
-    return np.asarray(out, np.float32)
+    d = cfg.head_dim
+    plain = [1.0 / cfg.rope_theta ** (2 * k / d) for k in range(d // 2)]
+    return np.asarray([p / s for p, s in zip(plain, cfg.inv_freq())], np.float32)
 
 
 # k-quant block bytes and the byte offsets of their f16 scale fields; magnitudes giving
@@ -167,7 +155,7 @@ def write_q4_k_m(path, cfg_d, n_ctx: int, seed: int = 0) -> dict:
     w.add_rope_dimension_count(cfg.head_dim)
     w.add_vocab_size(cfg.vocab_size)
     w.add_token_list([f"<t{i}>" for i in range(cfg.vocab_size)])
-    w.add_tensor("rope_freqs.weight", rope_factors(cfg_d))
+    w.add_tensor("rope_freqs.weight", rope_factors(cfg))
     counts = {}
     for hf, shape in llama.param_shapes(cfg).items():
         g = llama_gguf.gguf_name(hf)

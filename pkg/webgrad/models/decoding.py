@@ -246,6 +246,17 @@ class CausalLM:
     _head_blocks = 1
     _text_hint = "encode it with the model's tokenizer first"
 
+    def _ensure_weights(self) -> None:
+        """Allocate every parameter of self.shapes on the backend: f32, or the i32 words of
+        its blocks where self.quant holds it quantized (which must fit its declared shape)."""
+        for n, s in self.shapes.items():
+            q = self.quant.get(n)
+            if q is not None and q.declared_shape != s:
+                raise ValueError(f"{type(self).__name__}: {n!r} is {list(s)}; {q.qtype} blocks of "
+                                 f"shape {list(q.shape)}{' transposed' if q.transposed else ''} "
+                                 "do not fit")
+            self.backend.ensure(n, (q.words,) if q else s, "i32" if q else "f32")
+
     def _init_decoding(self) -> None:
         self._programs: dict = {}
         self._generation = 0

@@ -304,12 +304,7 @@ class GPT2(CausalLM):
         self.shapes = param_shapes(cfg, self.wte_chunks)
         self.quant_full = full              # transformers names, whole tensors
         self.quant = quant_params(full, ("wte.weight",), cfg.vocab_size, self.wte_chunks)
-        for n, s in self.shapes.items():
-            q = self.quant.get(n)
-            if q is not None and q.declared_shape != s:
-                raise ValueError(f"GPT2: {n!r} is {list(s)}; {q.qtype} blocks of shape "
-                                 f"{list(q.shape)}{' transposed' if q.transposed else ''} do not fit")
-            self.backend.ensure(n, (q.words,) if q else s, "i32" if q else "f32")
+        self._ensure_weights()
         self._init_decoding()
 
     # -- construction

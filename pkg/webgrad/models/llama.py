@@ -310,12 +310,7 @@ class Llama(CausalLM):
         self.shapes = param_shapes(cfg, self.table_chunks)    # the backend's
         self.quant_full = full                                # transformers names, whole tensors
         self.quant = quant_params(full, _TABLES, cfg.vocab_size, self.table_chunks)
-        for n, s in self.shapes.items():
-            q = self.quant.get(n)
-            if q is not None and q.declared_shape != s:
-                raise ValueError(f"Llama: {n!r} is {list(s)}; {q.qtype} blocks of shape "
-                                 f"{list(q.shape)} do not fit")
-            self.backend.ensure(n, (q.words,) if q else s, "i32" if q else "f32")
+        self._ensure_weights()
         self._init_decoding()
 
     # -- construction and weights
