@@ -84,6 +84,21 @@ def test_uploads_refuse_nonfinite(backend, how, value, words):
 
 
 @pytest.mark.parametrize("backend", CPU)
+def test_forward_program_uploads_refuse_nonfinite(backend):
+    """A forward program writes its owner's parameters through the same check (it passed
+    `partial` on and dropped allow_nonfinite)."""
+    c, twin = trained_pair(backend)
+    before = state_of(c)
+    f = c.compile_forward(lambda m, inp: ops.tanh(inp["x"] @ m.W + m.b), inputs={"x": [2, 4]})
+    bad = {"W": np.full((4, 3), np.inf, np.float32)}
+    with pytest.raises(FeedError, match=r"inf at index \[0, 0\].*allow_nonfinite=True"):
+        f.upload_params(bad, partial=True)
+    assert_nothing_changed(c, twin, before)
+    f.upload_params(bad, partial=True, allow_nonfinite=True)
+    assert np.isinf(c.download_params()["W"]).all()
+
+
+@pytest.mark.parametrize("backend", CPU)
 def test_bf16_and_meta_torch_tensors(backend):
     """A bf16 tensor feeds and uploads as its f32 values (it raised 'unsupported ScalarType
     BFloat16' though load_state_dict converted it); a meta tensor has no values to give."""

@@ -452,8 +452,12 @@ class CompiledForward:
     # parameter access goes to the owner, whose store this program reads
     def download_params(self): return self.owner.download_params()
     async def download_params_async(self): return await self.owner.download_params_async()
-    def upload_params(self, params, *, partial=False): return self.owner.upload_params(params, partial=partial)
-    async def upload_params_async(self, params, *, partial=False): return await self.owner.upload_params_async(params, partial=partial)
+    def upload_params(self, params, *, partial=False, allow_nonfinite=False):
+        return self.owner.upload_params(params, partial=partial, allow_nonfinite=allow_nonfinite)
+
+    async def upload_params_async(self, params, *, partial=False, allow_nonfinite=False):
+        return await self.owner.upload_params_async(params, partial=partial,
+                                                    allow_nonfinite=allow_nonfinite)
     def reset(self): return self.owner.reset()
 
     def destroy(self) -> None:

@@ -115,6 +115,7 @@ _SHIFT = 32   # a pair of symbol ids as one dict key: left << _SHIFT | right
 _LONG = 64    # words at least this many symbols long are cut at junctions first
 _BATCH = 4096  # symbols per _merge call when a long word's chunks are merged
 _SEP = -2     # between chunks of a batch: an id in no pair
+_END = -3     # after a word's last symbol in _merge: an id in no pair
 
 
 class Merges:
@@ -134,12 +135,14 @@ class Merges:
     def apply(self, ids: list[int]) -> list[int]:
         """The ids after every merge (`ids`, the initial symbols, is consumed)."""
         n = len(ids)
+        if n < 2:
+            return ids
+        keys = list(map(or_, map(lshift, ids[:-1], repeat(_SHIFT)), ids[1:]))
         if n < _LONG or self.junctions is None:
-            return self._merge(ids) if n > 1 else ids
-        keys = map(or_, map(lshift, ids[:-1], repeat(_SHIFT)), ids[1:])
+            return self._merge(ids, keys)
         cuts = list(compress(range(1, n), map(not_, map(self.junctions.__contains__, keys))))
         if not cuts:
-            return self._merge(ids)
+            return self._merge(ids, keys)
         # Chunks no merge crosses: each distinct one is merged once (when they repeat, as
         # the words of a Llama 2 text do), a few thousand symbols to a _merge call (_SEP
         # between them), so neither the calls' overhead nor one huge call's memory traffic
@@ -148,7 +151,7 @@ class Merges:
         chunks = [tuple(ids[a:b]) for a, b in zip(bounds, bounds[1:])]
         distinct = dict.fromkeys(chunks)
         if sum(map(len, distinct)) > n // 2:      # few repeats: one call is quicker
-            return self._merge(ids)
+            return self._merge(ids, keys)
         done: dict[tuple, list[int]] = {}
         batch, batch_keys = [], []
         for chunk in distinct:
@@ -166,18 +169,23 @@ class Merges:
         return out
 
     def _merge_batch(self, batch: list[int], keys: list[tuple], done: dict) -> None:
-        merged, start = self._merge(batch), 0
+        pairs = list(map(or_, map(lshift, batch[:-1], repeat(_SHIFT)), batch[1:]))
+        merged, start = self._merge(batch, pairs), 0
         for key in keys:
             end = merged.index(_SEP, start)
             done[key] = merged[start:end]
             start = end + 1
 
-    def _merge(self, ids: list[int]) -> list[int]:
+    def _merge(self, ids: list[int], keys: list[int]) -> list[int]:
+        """`keys`: the pairs of neighbours in `ids`, as rank's keys."""
         n = len(ids)
-        nxt, prv = list(range(1, n + 1)), list(range(-1, n - 1))
+        # _END after the last symbol (and, as ids[-1], before the first): it is in no pair,
+        # so the loop needs no bounds checks
+        ids.append(_END)
+        nxt, prv = list(range(1, n + 2)), list(range(-1, n))
         get, info = self.rank.get, self.info
         buckets = _Buckets()
-        for i, r in enumerate(map(get, map(or_, map(lshift, ids[:-1], repeat(_SHIFT)), ids[1:]))):
+        for i, r in enumerate(map(get, keys)):
             if r is not None:
                 buckets[r].append(i)
         ranks = buckets.ranks
@@ -188,28 +196,27 @@ class Merges:
             a, b, new = info[r]
             for x, pos in enumerate(todo):
                 j = nxt[pos]
-                if ids[pos] != a or j >= n or ids[j] != b:
+                if ids[pos] != a or ids[j] != b:
                     continue                  # stale: a neighbour merged since this was queued
                 ids[pos] = new
                 ids[j] = -1
                 k = nxt[pos] = nxt[j]
+                prv[k] = pos
                 lower = False                 # a new pair ranked below r goes first (the heap order)
-                if k < n:
-                    prv[k] = pos
-                    r2 = get(new << _SHIFT | ids[k])
-                    if r2 is not None:
-                        buckets[r2].append(pos)
-                        lower = r2 < r
+                r2 = get(new << _SHIFT | ids[k])
+                if r2 is not None:
+                    buckets[r2].append(pos)
+                    lower = r2 < r
                 p = prv[pos]
-                if p >= 0:
-                    r2 = get(ids[p] << _SHIFT | new)
-                    if r2 is not None:
-                        buckets[r2].append(p)
-                        lower = lower or r2 < r
+                r2 = get(ids[p] << _SHIFT | new)
+                if r2 is not None:
+                    buckets[r2].append(p)
+                    lower = lower or r2 < r
                 if lower and x + 1 < len(todo):
                     buckets[r] = todo[x + 1:]  # no rank-r pair arises while rank r merges
                     heappush(ranks, r)
                     break
+        ids.pop()
         return [i for i in ids if i != -1]      # -1: merged into its left neighbour
 
 
