@@ -127,6 +127,40 @@ def test_dequantize_equals_gguf(qtype, use_numpy):
         assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()   # bit for bit
 
 
+@pytest.mark.parametrize("qtype", FORMATS, ids=lambda q: q.name)
+def test_nonfinite_blocks_found_without_decoding(qtype):
+    """QuantFormat.first_nonfinite_block (the check without numpy: the browser) reads only
+    the f16 fields; gguf's own decoder says which block really holds a NaN or inf."""
+    rng = np.random.default_rng(int(qtype) + 100)
+    size = gguf.GGML_QUANT_SIZES[qtype][1]
+    fmt = quants.FORMATS[qtype.name]
+    raw = random_blocks(qtype, 40, rng)
+    assert fmt.first_nonfinite_block(raw.tobytes()) is None
+    for field in F16_FIELDS[qtype]:
+        for bad, block in ((np.inf, 31), (-np.inf, 7), (np.nan, 0), (np.nan, 39)):
+            poisoned = raw.copy()
+            poisoned[block, field:field + 2] = np.frombuffer(np.float16(bad).tobytes(), np.uint8)
+            poisoned[block + 1:, field:field + 2] = np.frombuffer(np.float16(65504).tobytes(),
+                                                                  np.uint8)  # f16's largest
+            values = gguf.quants.dequantize(poisoned.reshape(-1, size), qtype).reshape(40, -1)
+            want = int(np.flatnonzero(~np.isfinite(values).all(axis=1))[0])
+            assert fmt.first_nonfinite_block(poisoned.tobytes()) == want == block
+
+
+def test_quantized_nonfinite_refused_without_numpy(tmp_path, monkeypatch):
+    """Where numpy does not import, a Q8_0 block with a NaN scale is still refused."""
+    x = RNG.standard_normal((4, 64)).astype(np.float32)
+    raw = gguf.quants.quantize(x, QT.Q8_0)
+    raw.reshape(-1)[34 * 5:34 * 5 + 2] = np.frombuffer(np.float16(np.nan).tobytes(), np.uint8)
+    path = write(tmp_path, lambda w: w.add_tensor("w", raw, raw_dtype=QT.Q8_0))
+    monkeypatch.setattr(wgg, "numpy_or_none", lambda: None)
+    f = wgg.load(path.read_bytes())
+    with pytest.raises(wgg.GGUFError, match=r"tensor 'w': Q8_0 block 5 \(values 160 to 191\) "
+                                            r"has a NaN or inf scale.*allow_nonfinite=True"):
+        wgg.check_values(f)
+    wgg.check_values(f, allow_nonfinite=True)
+
+
 def test_quantized_tensors_in_a_file(tmp_path):
     rng = np.random.default_rng(1)
     x = rng.standard_normal((8, 512)).astype(np.float32)

@@ -400,6 +400,13 @@ def test_errors(tmp_path):
     with pytest.raises(wgg.GGUFError, match=r"tensor 'token_embd.weight' has shape \[100, 32\]; "
                                             r"\[vocab, 64\] expected"):
         load(rewrite("f.gguf", extra={"token_embd.weight": np.zeros((100, 32), np.float32)}))
+    bad = good["blk.1.ffn_up.weight"].copy()
+    bad[3, 5] = np.nan                     # refused as GPT2.from_gguf and upload_params refuse it
+    nan_file = rewrite("n.gguf", extra={"blk.1.ffn_up.weight": bad})
+    with pytest.raises(wgg.GGUFError, match=r"tensor 'blk.1.ffn_up.weight': NaN at index \[3, 5\]"):
+        load(nan_file)
+    m = llama.Llama.from_gguf(nan_file, backend="reference", allow_nonfinite=True)
+    assert np.isnan(np.asarray(m.state_dict()["model.layers.1.mlp.up_proj.weight"])).any()
     q3, _ = llama_cpp_gguf(tmp_path, hf_model("llama", WIDE), "llama",
                            mix={"blk.0.ffn_up.weight": QT.Q3_K}, name="h.gguf")
     with pytest.raises(wgg.GGUFError, match=r"tensors blk.0.ffn_up.weight \(Q3_K\) are of a type "

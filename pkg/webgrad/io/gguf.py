@@ -257,16 +257,28 @@ def dequantize(type_name: str, raw, n: int, *, what: str = "tensor",
 def check_values(f: GGUFFile, *, allow_nonfinite: bool = False) -> None:
     """Refuse (GGUFError naming the file and tensor) a NaN or inf in any tensor's values, by
     arrays.refuse_nonfinite, the check every path in shares. Float tensors are checked
-    value by value; quantized blocks by their decoded values where numpy imports (a NaN or
-    inf scale), and not at all without numpy (the browser: decoding on the host there is
-    what the GPU path avoids)."""
+    value by value; quantized blocks by their decoded values where numpy imports, and by
+    their f16 scales without it (the browser: decoding on the host there is what the GPU
+    path avoids; with finite scales every value of a block is finite)."""
     if allow_nonfinite:
         return
     np = numpy_or_none()
     for name, t in f.tensors.items():
+        what = f"GGUF file {f.name}: tensor {name!r}"
+        fmt = quants.FORMATS.get(t.type_name)
+        if fmt is not None and np is None:
+            b = fmt.first_nonfinite_block(t.data)
+            if b is not None:
+                raise GGUFError(
+                    f"{what}: {t.type_name} block {b} (values {b * fmt.block} to "
+                    f"{(b + 1) * fmt.block - 1}) has a NaN or inf scale, so its values are "
+                    "not finite; a non-finite weight would spread into every output, so nothing "
+                    "was loaded. Re-quantize the model from finite weights, or pass "
+                    "allow_nonfinite=True if it is meant")
+            continue
         if t.type_name not in quants.FLOATS and np is None:
             continue
         try:
-            refuse_nonfinite(t.dequantize(), t.shape, f"GGUF file {f.name}: tensor {name!r}")
+            refuse_nonfinite(t.dequantize(), t.shape, what)
         except FeedError as e:
             raise GGUFError(str(e)) from None

@@ -352,7 +352,8 @@ class Llama(CausalLM):
 
     @classmethod
     def from_gguf(cls, path_or_bytes, backend="auto", *, keep_quantized: bool = True,
-                  n_ctx: int | None = None, progress=None) -> "Llama":
+                  n_ctx: int | None = None, progress=None,
+                  allow_nonfinite: bool = False) -> "Llama":
         """A GGUF file as llama.cpp writes it, of architecture llama, qwen2 or qwen3
         (llama_gguf.py reads the config from its metadata, maps llama.cpp's tensor names and
         undoes the llama architecture's q/k row permutation). Weights F32/F16/BF16 or of
@@ -364,19 +365,23 @@ class Llama(CausalLM):
         the embedding decode the blocks in registers; the CPU executors dequantize per run.
         The logits equal those of the same weights dequantized to f32. keep_quantized=False
         dequantizes at load into f32 parameters. n_ctx: the cache length (default
-        min(context_length, 2048)); progress(done, total): tensor bytes written so far."""
+        min(context_length, 2048)); progress(done, total): tensor bytes written so far. A NaN
+        or inf weight (or quant scale) is refused unless allow_nonfinite=True."""
         return run_blocking(cls.from_gguf_async(path_or_bytes, backend, keep_quantized=keep_quantized,
-                                                n_ctx=n_ctx, progress=progress))
+                                                n_ctx=n_ctx, progress=progress,
+                                                allow_nonfinite=allow_nonfinite))
 
     @classmethod
     async def from_gguf_async(cls, path_or_bytes, backend="auto", *, keep_quantized: bool = True,
-                              n_ctx: int | None = None, progress=None) -> "Llama":
+                              n_ctx: int | None = None, progress=None,
+                              allow_nonfinite: bool = False) -> "Llama":
         from ..io import gguf
         from ..quants import FORMATS, QuantSpec
         from . import llama_gguf
         f = gguf.load(path_or_bytes)
         cfg = llama_gguf.config(f, n_ctx=n_ctx)
         tensors = llama_gguf.tensors(f, cfg, param_shapes(cfg))
+        gguf.check_values(f, allow_nonfinite=allow_nonfinite)
         quant = {hf: QuantSpec(t.type_name, t.shape) for hf, t in tensors.items()
                  if keep_quantized and t.type_name in FORMATS and len(t.shape) == 2}
         m = cls(cfg, backend, quant=quant)

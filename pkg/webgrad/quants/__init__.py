@@ -28,7 +28,7 @@ Adding a quant format (tests/test_quant_formats.py fails until each piece is the
   1. its row in format.GGML_TYPES exists already (every ggml type is listed);
   2. a module qX.py (the name in lower case) with a docstring giving the file block's
      layout, the formula and the GPU word layout, and FORMAT = QuantFormat(name,
-     f16_at=..., python=, numpy=, wgsl=, wgsl_group=, group=, has_min=): see QuantFormat
+     f16_at=..., scales_at=..., python=, numpy=, wgsl=, wgsl_group=, group=, has_min=): see QuantFormat
      for what each piece takes and returns; the Python decoder is the spec (Python floats,
      rounded once to f32), the others compute the same values;
   3. its module in registry.py's list;

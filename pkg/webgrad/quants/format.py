@@ -29,6 +29,10 @@ GGML_TYPES = {
 TYPE_IDS = {name: i for i, (name, _, _) in GGML_TYPES.items()}
 
 
+# high byte of an f16 -> 1 where its exponent bits are all ones (NaN or inf), else 0
+_F16_HIGH_NONFINITE = bytes(int(b & 0x7C == 0x7C) for b in range(256))
+
+
 def f16(raw) -> float:
     """The value of 2 little-endian bytes of an f16."""
     return struct.unpack("<e", raw)[0]
@@ -51,6 +55,9 @@ class QuantFormat:
               vec2<f32>` the (scale, min) of group gi of `group` values, and `fn(e: u32) ->
               vec4<f32>` the integers of elements e..e+3 (e a multiple of 4); a value is
               scale * q - min, the same f32 operations as `wgsl`'s
+    scales_at the byte offsets in a file block of its f16 fields (the scales, and the mins
+              where there are): with these finite every value of the block is, so
+              `first_nonfinite_block` checks a file's blocks without decoding them
     group     values that share one scale (and min) in wgsl_group
     has_min   whether wgsl_group's min is used (value = scale * q - min)
     """
@@ -60,6 +67,7 @@ class QuantFormat:
     numpy: Callable
     wgsl: Callable[[str, int], str]
     wgsl_group: Callable[[str, int], tuple[str, str]]
+    scales_at: tuple[int, ...]
     group: int = 32
     has_min: bool = False
 
@@ -75,6 +83,19 @@ class QuantFormat:
         if self.block % self.group or self.group % 4:
             raise ValueError(f"QuantFormat {self.name}: group {self.group} must divide the "
                              f"block ({self.block}) and be a multiple of 4")
+
+    def first_nonfinite_block(self, raw) -> int | None:
+        """The index of the first block of `raw` (whole blocks of this format) with a NaN or
+        inf f16 field, or None. An f16 is NaN or inf when its five exponent bits are all
+        ones: bits 2-6 of its high (second, little-endian) byte. One C-speed pass per field
+        (a strided slice, a byte table), so it serves where numpy does not import."""
+        data = memoryview(raw).cast("B")
+        first = None
+        for at in self.scales_at:
+            i = bytes(data[at + 1::self.nbytes]).translate(_F16_HIGH_NONFINITE).find(1)
+            if i >= 0 and (first is None or i < first):
+                first = i
+        return first
 
     @property
     def block(self) -> int:

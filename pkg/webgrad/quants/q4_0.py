@@ -49,5 +49,5 @@ def wgsl_group(w: str, n: int) -> tuple[str, str]:
     return group_scale(w, 4 * (n // 32)), quant
 
 
-FORMAT = QuantFormat("Q4_0", f16_at=0, python=python, numpy=numpy, wgsl=wgsl,
+FORMAT = QuantFormat("Q4_0", f16_at=0, scales_at=(0,), python=python, numpy=numpy, wgsl=wgsl,
                      wgsl_group=wgsl_group)

@@ -14,7 +14,7 @@ from .format import QuantFormat
 
 _AT = dict(has_min=True, offset=0)
 FORMAT = QuantFormat(
-    "Q4_1", f16_at=None, has_min=True,
+    "Q4_1", f16_at=None, scales_at=(0, 2), has_min=True,
     python=partial(block32.python, size=20, qs_at=4, qh_at=None, **_AT),
     numpy=partial(block32.numpy, qs_at=4, qh_at=None, **_AT),
     wgsl=partial(block32.wgsl, words=5, qs_w=1, qh_w=None, **_AT),

@@ -132,5 +132,5 @@ def wgsl_group(w: str, n: int) -> tuple[str, str]:
     return group_scale_wgsl(w, 36), group_quant_wgsl(w, 36, 16)
 
 
-FORMAT = QuantFormat("Q4_K", f16_at=None, python=python, numpy=numpy, wgsl=wgsl,
-                     wgsl_group=wgsl_group, has_min=True)
+FORMAT = QuantFormat("Q4_K", f16_at=None, scales_at=(0, 2), python=python, numpy=numpy,
+                     wgsl=wgsl, wgsl_group=wgsl_group, has_min=True)

@@ -15,7 +15,7 @@ from .format import QuantFormat
 
 _AT = dict(has_min=False, offset=16)
 FORMAT = QuantFormat(
-    "Q5_0", f16_at=0,
+    "Q5_0", f16_at=0, scales_at=(0,),
     python=partial(block32.python, size=22, qs_at=6, qh_at=2, **_AT),
     numpy=partial(block32.numpy, qs_at=6, qh_at=2, **_AT),
     wgsl=partial(block32.wgsl, words=5, qs_w=1, qh_w=0, **_AT),

@@ -15,7 +15,7 @@ from .format import QuantFormat
 
 _AT = dict(has_min=True, offset=0)
 FORMAT = QuantFormat(
-    "Q5_1", f16_at=None, has_min=True,
+    "Q5_1", f16_at=None, scales_at=(0, 2), has_min=True,
     python=partial(block32.python, size=24, qs_at=8, qh_at=4, **_AT),
     numpy=partial(block32.numpy, qs_at=8, qh_at=4, **_AT),
     wgsl=partial(block32.wgsl, words=6, qs_w=2, qh_w=1, **_AT),

@@ -93,5 +93,5 @@ def wgsl_group(w: str, n: int) -> tuple[str, str]:
     return scale, quant
 
 
-FORMAT = QuantFormat("Q6_K", f16_at=208, python=python, numpy=numpy, wgsl=wgsl,
-                     wgsl_group=wgsl_group, group=16)
+FORMAT = QuantFormat("Q6_K", f16_at=208, scales_at=(208,), python=python, numpy=numpy,
+                     wgsl=wgsl, wgsl_group=wgsl_group, group=16)
