@@ -39,7 +39,8 @@ export class LossChart {
     this.tip.textContent = `step ${steps[i]}  ${this.label} ${losses[i].toPrecision(4)}`;
     this.tip.hidden = false;
     const left = Math.min(u.cursor.left + 10, u.over.clientWidth - this.tip.offsetWidth);
-    Object.assign(this.tip.style, { left: `${Math.max(0, left)}px`, top: `${Math.max(0, u.cursor.top - 24)}px` });
+    Object.assign(this.tip.style, { left: `${Math.max(0, left)}px`,
+                                    top: `${Math.max(0, u.cursor.top - 24)}px` });
   }
 
   /** Fit the plot to its element's width again (after it was hidden, or the window resized). */

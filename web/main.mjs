@@ -12,8 +12,8 @@
 //
 // For tests and the CPython driver the page exposes `window.webgrad` (webgrad.mjs's API) and
 // `window.playground`: {state, code (get/set: a snippet, not kept), load(example file), run(),
-// stop(), clearChart(), losses, steps, figures (count drawn)}. #status carries data-state:
-// booting, ready, running, stopping, done, stopped, error, dead.
+// stop(), clearChart(), losses, steps, figures (count drawn), runs (count started)}.
+// #status carries data-state: booting, ready, running, stopping, done, stopped, error, dead.
 
 import { startWebgrad } from "./webgrad.mjs";
 import { drawFigure } from "./figures.mjs";
@@ -453,8 +453,10 @@ async function refreshKernels() {
   $("ir").textContent = models.map((m) => `# ${m.name}\n${m.ir}`).join("\n\n");
 }
 
+let runs = 0;  // runs started (window.playground.runs)
 async function run() {
   if ($("run").disabled) return;
+  runs++;
   consoleBox.clear();
   chart.clear();
   clearErrorLine();
@@ -619,7 +621,8 @@ async function start() {
   document.addEventListener("keydown", onKey, { capture: true });
   $("status").addEventListener("click", () => $("status").classList.toggle("expanded"));
   $("status").addEventListener("keydown", (e) => {
-    if (e.key === "Enter" && !e.ctrlKey && !e.shiftKey && !e.metaKey) $("status").classList.toggle("expanded");
+    const plain = !e.ctrlKey && !e.shiftKey && !e.metaKey;  // (those run the code)
+    if (e.key === "Enter" && plain) $("status").classList.toggle("expanded");
   });
   $("reset").addEventListener("click", () => {
     history.replaceState(null, "", location.pathname + location.search);  // no shared code
@@ -654,5 +657,6 @@ window.playground = {
   get losses() { return chart.losses.slice(); },
   get steps() { return chart.steps.slice(); },
   get figures() { return figure.drawn; },
+  get runs() { return runs; },
   started: start(),
 };

@@ -486,6 +486,12 @@ def weights_load(data: bytes, label: str = "the file") -> dict:
     return {"name": into, "params": params, "pending": True, "misfit": misfit}
 
 
+def weights_forget() -> bool:
+    """Drop the loaded weights kept for the next run's model; True if there were some."""
+    had, _Loaded.data = _Loaded.data is not None, None
+    return had
+
+
 def _use_loaded(c) -> None:
     """Called for every new CompiledModule: the loaded weights go into the first that a run
     compiles with a training step and parameters they fit."""

@@ -108,6 +108,9 @@ def test_weights_download_and_load_back(page, browser_session, tmp_path):
     again = s.run(_PARAMS)
     for name, value in params.items():
         np.testing.assert_array_equal(np.asarray(again[name], dtype=np.float32), value)
+    # the page also keeps the file for the next Run's model (test_playground_behaviour.py
+    # checks that); the runs of the tests below start from the examples' own initial weights
+    assert s.call("webgrad_worker.weights_forget")
 
 
 # the worker's model parameters, flattened (HostArray in Pyodide iterates flat)

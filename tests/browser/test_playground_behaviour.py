@@ -53,10 +53,11 @@ def _mlp(page, replacement=None):
 
 
 def _press_in_editor(page, keys, starts=True):
+    runs = page.evaluate("window.playground.runs")
     page.click("#editor .cm-content")
     page.keyboard.press(keys)
     if starts:  # the key's handler starts the run at once
-        assert page.evaluate("window.playground.state") == "running", keys
+        assert page.evaluate("window.playground.runs") == runs + 1, keys
 
 
 def _wait_end(page, timeout=300_000):
@@ -172,7 +173,8 @@ def test_keys_progress_stop_and_loaded_weights(page, tmp_path):
         'for _, m in webgrad_worker._compiled_modules():\\n    m.destroy()\\n'; }""")
     page.click("#run")
     assert _wait_end(page) == "done"
-    assert page.is_disabled("#save") and "Run an example first" in page.get_attribute("#save", "title")
+    assert page.is_disabled("#save")
+    assert "Run an example first" in page.get_attribute("#save", "title")
     assert page.is_enabled("#load")
     _load_through_chooser(page, saved)
     _mlp(page, SHORT)
@@ -207,7 +209,8 @@ def test_traceback_names_users_code_marks_line_and_values_print_as_repr(page):
     assert "ShapeError: matmul(f32[2,5], f32[3,4])" in console and "your code:10" in console
     for internal in ("site-packages", "webgrad/", "<run-", "webgrad_worker", "_pyodide"):
         assert internal not in console, console
-    marked = page.eval_on_selector_all("#editor .cm-error-line", "els => els.map(e => e.textContent)")
+    marked = page.eval_on_selector_all("#editor .cm-error-line",
+                                       "els => els.map(e => e.textContent)")
     assert marked == ['    return ops.sum_all(inp["x"] @ m.W)'], marked
 
     # a value prints as Python's repr (and the mark goes with the next run)
@@ -262,7 +265,8 @@ def test_edits_kept_per_example_reset_and_share_link(page, browser_session):
     other = browser_session.browser.new_page()
     try:
         other.goto(link)
-        other.wait_for_function("window.playground?.code?.startsWith('# my change')", timeout=30_000)
+        other.wait_for_function("window.playground?.code?.startsWith('# my change')",
+                                timeout=30_000)
         assert other.evaluate("window.playground.code") == edited
         assert other.eval_on_selector("#examples", "e => e.value") == "mlp_sin.py"
         # before the first run: no empty boxes, one line saying what comes, no model to save
