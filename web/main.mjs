@@ -194,6 +194,9 @@ webgrad.onEvent((message) => {
       progress.last = now;
       if (typeof message.total === "number") progress.total = message.total;
       if (first) progress.first = { step: message.step, at: now };
+      if (first && progress.compile) {  // compiled: the panel lists them when the run ends
+        $("kernel-count").textContent = `(${progress.compile.kernels} kernels compiled)`;
+      }
       showProgress(first);
     }
   } else if (message.type === "compile") {
@@ -460,7 +463,9 @@ async function run() {
   consoleBox.clear();
   chart.clear();
   clearErrorLine();
-  // what the previous run compiled is not this run's: its panel empties until this one's
+  // what the previous run showed is not this run's: its boxes go until this one fills them
+  $("loss-box").hidden = $("figure-box").hidden = true;
+  showBoxes();
   $("kernel-count").textContent = "";
   $("kernels").textContent = "";
   $("ir").textContent = "";

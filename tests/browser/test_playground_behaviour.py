@@ -96,6 +96,8 @@ def _numpy_first_loss(weights: dict) -> float:
 
 def test_keys_progress_stop_and_loaded_weights(page, tmp_path):
     from safetensors.numpy import load_file
+    run_title, stop_title = page.get_attribute("#run", "title"), page.get_attribute("#stop", "title")
+    assert "Ctrl-Enter" in run_title and "Shift-Enter" in run_title and "Escape" in stop_title
     page.evaluate(RECORD)
     _mlp(page, SHORT)
     before = page.evaluate("window.playground.code")
@@ -212,6 +214,7 @@ def test_traceback_names_users_code_marks_line_and_values_print_as_repr(page):
     marked = page.eval_on_selector_all("#editor .cm-error-line",
                                        "els => els.map(e => e.textContent)")
     assert marked == ['    return ops.sum_all(inp["x"] @ m.W)'], marked
+    assert page.is_hidden("#loss-box")  # this run reported no loss: no empty chart
 
     # a value prints as Python's repr (and the mark goes with the next run)
     page.evaluate("() => { window.playground.code = \"{'a': (1, 2.5), 'b': None, 's': 'x'}\"; }")
