@@ -23,6 +23,7 @@ const MAX_CONSOLE_LINES = 4000;   // lines kept in the console's DOM (older ones
 const MAX_CHART_POINTS = 20000;   // loss points kept for the chart (older ones thinned)
 const STORE_PREFIX = "webgrad.playground.code.";  // + example file: the edited text
 const IDLE = ["ready", "done", "stopped", "error"];
+const RUN_TITLE = "Run the code (Ctrl-Enter or Shift-Enter)";
 
 const $ = (id) => document.getElementById(id);
 const webgrad = startWebgrad();
@@ -209,6 +210,8 @@ webgrad.onEvent((message) => {
     if (progress.step === null) showProgress(first);
   } else if (message.type === "weights") {
     pendingWeights = null;
+    $("run").title = RUN_TITLE;
+    progress.weights = message.used;
   }
 });
 
@@ -471,7 +474,7 @@ async function run() {
   $("ir").textContent = "";
   $("kernel-timing").textContent = "";
   Object.assign(progress, { t0: performance.now(), compile: null, step: null, total: null,
-                            first: null, shown: 0 });
+                            first: null, shown: 0, weights: null });
   const name = runName();
   setState("running", `Running ${name}…`);
   progress.timer = setInterval(() => showProgress(true), 500);  // the time so far
@@ -480,7 +483,9 @@ async function run() {
     if (value !== null && value !== undefined) consoleBox.add(`${value}\n`, "result");
     const steps = progress.step === null ? "" : `: ${progress.step + 1} steps` +
       (rateOf(progress) ? `, ${rateOf(progress).toPrecision(3)} steps/s` : "");
-    setState("done", `Done in ${duration((performance.now() - progress.t0) / 1000)}${steps}`, "ok");
+    const from = progress.weights ? ` (started from the loaded ${progress.weights})` : "";
+    setState("done", `Done in ${duration((performance.now() - progress.t0) / 1000)}${steps}${from}`,
+             "ok");
   } catch (error) {
     if (error.type === "KeyboardInterrupt" && state === "stopping" && !webgrad.dead) {
       // Stop is a normal end: no traceback, the log stays, the status says where it stopped
@@ -568,13 +573,14 @@ async function saveWeights() {
 
 // The worker keeps the file for the next Run's model (webgrad_worker.weights_load) and loads
 // it into the current model if it fits.
-let pendingWeights = null;  // the file name, until a run's model started from it
+let pendingWeights = null;  // the file name, until a run's model started from it (Run's tooltip)
 async function loadWeights(file) {
   try {
     const bytes = new Uint8Array(await file.arrayBuffer());
     const { name, params, misfit } = await webgrad.call("webgrad_worker.weights_load",
                                                         [bytes, file.name]);
     pendingWeights = file.name;
+    $("run").title = `${RUN_TITLE}; its model starts from ${file.name}`;
     const now = name ? ` into ${name} (${params} parameters)` : "";
     const other = misfit ? ` (it does not fit the current model: ${misfit})` : "";
     setState(state, `Loaded ${file.name}${now}: the next Run starts its model from these ` +
