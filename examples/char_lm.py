@@ -125,7 +125,7 @@ def train(c, data: Data, steps: int = STEPS, seed: int = SEED, log=print,
             text = sampler.sample("The ", sample_chars, srng)
             figure = playground.text(f"sampled after {step + 1} steps (loss {losses[-1]:.2f})", text)
             log(f"step {step + 1:5d}  loss {losses[-1]:.3f}\n{text}\n")
-        playground.report(step=step, loss=losses[-1], figure=figure)
+        playground.report(step=step, loss=losses[-1], figure=figure, total=steps)
     return {"losses": losses, "loss": sum(losses[-20:]) / len(losses[-20:]), "sample": text}
 
 

@@ -123,7 +123,7 @@ def train(c, steps: int = STEPS, seed: int = SEED, log=print, eval_every: int = 
             figure = playground.matrix(f"test set after {step + 1} steps: {accuracy:.1%} right",
                                        range(10), rows)
             log(f"step {step + 1:4d}  loss {losses[-1]:.4f}  test accuracy {accuracy:.1%}")
-        playground.report(step=step, loss=losses[-1], figure=figure)
+        playground.report(step=step, loss=losses[-1], figure=figure, total=steps)
     return {"losses": losses, "accuracy": accuracy, "confusion": rows}
 
 

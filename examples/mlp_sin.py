@@ -98,7 +98,7 @@ def fit(c, max_steps: int = 1000, target: float = 1e-3, seed: int = 0, log=print
                 {"sin(x)": [math.sin(v) for v in grid], "MLP": curve}) | {
                 "scatter": {"x": [feed["x"][k] for k in order], "y": [feed["y"][k] for k in order],
                             "name": "batch"}}
-        playground.report(step=step, loss=losses[-1], figure=figure)
+        playground.report(step=step, loss=losses[-1], figure=figure, total=max_steps)
         if log and step % log_every == 0:
             log(f"step {step:4d}  loss {losses[-1]:.6f}")
         if done:

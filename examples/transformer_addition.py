@@ -153,7 +153,7 @@ def train(c, steps: int = STEPS, seed: int = SEED, log=print, eval_every: int = 
         if eval_every and (step % eval_every == eval_every - 1 or last):
             accuracy = ev.accuracy()
             log(f"step {step + 1:5d}  loss {losses[-1]:.4f}  held-out exact match {accuracy:.1%}")
-        playground.report(step=step, loss=losses[-1], figure=figure,
+        playground.report(step=step, loss=losses[-1], figure=figure, total=steps,
                           **({"accuracy": accuracy} if accuracy is not None else {}))
     return {"loss": sum(losses[-20:]) / len(losses[-20:]), "accuracy": accuracy,
             "losses": losses, "steps": steps}

@@ -3,7 +3,8 @@
 // maxPoints. Used by the playground (main.mjs) and the chat page's fine-tune (chat.mjs).
 //
 //   const chart = new LossChart(el, nowEl);   chart.init(uPlot);   // without init: no plot
-//   chart.add(step, loss); chart.clear(); chart.steps, chart.losses
+//   chart.add(step, loss); chart.clear(); chart.resize(); chart.steps, chart.losses
+// Hovering the plot shows the step and loss under the cursor (a .chart-tip inside it).
 //   loadUIBundle() -> the bundle's exports ({uPlot, EditorView, ...}) and the manifest
 
 export async function loadUIBundle() {
@@ -24,7 +25,27 @@ export class LossChart {
       axes: [{ label: "step" }, { label: this.label }],
       series: [{ label: "step" }, { label: this.label, stroke: "#0969da", width: 1.5 }],
       legend: { show: false },
+      hooks: { setCursor: [(u) => this.hover(u)] },
     }, [[], []], this.el);
+    this.tip = Object.assign(document.createElement("div"), { className: "chart-tip", hidden: true });
+    this.plot.over.append(this.tip);
+  }
+
+  /** The point under the cursor, as text beside it (uPlot's setCursor hook). */
+  hover(u) {
+    const i = u.cursor.idx;
+    const [steps, losses] = u.data;
+    if (i == null || u.cursor.left < 0 || losses[i] == null) { this.tip.hidden = true; return; }
+    this.tip.textContent = `step ${steps[i]}  ${this.label} ${losses[i].toPrecision(4)}`;
+    this.tip.hidden = false;
+    const left = Math.min(u.cursor.left + 10, u.over.clientWidth - this.tip.offsetWidth);
+    Object.assign(this.tip.style, { left: `${Math.max(0, left)}px`,
+                                    top: `${Math.max(0, u.cursor.top - 24)}px` });
+  }
+
+  /** Fit the plot to its element's width again (after it was hidden, or the window resized). */
+  resize() {
+    this.plot?.setSize({ width: Math.max(300, this.el.clientWidth || 500), height: this.height });
   }
 
   add(step, loss) {

@@ -5,7 +5,9 @@
 //   webgrad.ready          Promise<{python_version, webgrad_version, jspi, boot}>
 //   webgrad.warm           Promise<boot>: the worker's warm-up after ready is done (compiler
 //                          imported, GPU device there); boot: ms at the end of each phase
-//   webgrad.run(code)      Promise<value of the code's last expression>
+//   webgrad.run(code, {name, show})  Promise<value of the code's last expression>; name:
+//                          what tracebacks call the code (else <run-N>); show: the value as
+//                          Python's repr (a string; null for None)
 //   webgrad.call(name, args)  Promise<return value of global Python function `name`>
 //   webgrad.stdout / .stderr  the last lines of output, at least MAX_LINES of them and at most a
 //                          quarter more (a partial line is kept aside until its newline comes);
@@ -119,7 +121,7 @@ export function startWebgrad(workerURL = new URL("../worker/worker.mjs", import.
   return {
     ready, warm, stdout, stderr, progress,
     get dropped() { return { stdout: stdout.dropped, stderr: stderr.dropped }; },
-    run: (code) => request({ type: "run", code }),
+    run: (code, options = {}) => request({ ...options, type: "run", code }),
     call: (name, args = []) => request({ type: "call", name, args }),
     ping: () => request({ type: "ping" }),
     get busy() { return pending.size > 0; },

@@ -116,6 +116,8 @@ export class Replay {
     this.used = [];             // WGSL texts of the loaded plans, in order of first use
     this.usedSet = new Set();   // (worker.mjs keeps them, to prewarm them on the next visit)
     this.onUsed = null;         // called after a load() that used WGSL texts new to `used`
+    this.onPipeline = null;     // called with the entry of every pipeline() asked for (made
+                                // or not): worker.mjs reports a compile's progress from it
     this.programs = new Map();
     this.persistent = new Map();  // scope + key -> {buffer, refs}
     this.nextId = 1;
@@ -150,7 +152,10 @@ export class Replay {
    *  on) rather than one by one. {pipeline: set once made, check: Promise<error text|null>}. */
   pipeline(wgsl, label, counter = "compiled") {
     let entry = this.modules.get(wgsl);
-    if (entry) return entry;
+    if (entry) {
+      this.onPipeline?.(entry);
+      return entry;
+    }
     const device = this.device;
     this.stats[counter]++;
     device.pushErrorScope("validation");
@@ -168,6 +173,7 @@ export class Replay {
         return failed ? String(failed.message ?? failed) : null;
       });
     this.modules.set(wgsl, entry);
+    this.onPipeline?.(entry);
     return entry;
   }
 

@@ -25,8 +25,12 @@ from __future__ import annotations
 import __main__
 import asyncio
 import inspect
+import json
 import linecache
+import os
+import re
 import signal
+import struct
 import sys
 import traceback
 from collections.abc import Mapping
@@ -53,6 +57,7 @@ def setup(rearm=None) -> None:
     signal.signal(signal.SIGINT, _on_sigint)
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(line_buffering=True)  # print() output streams as lines are done
+    _watch_new_models()
 
 
 def _on_sigint(signum, frame) -> None:
@@ -153,23 +158,83 @@ def progress(data: Mapping | None = None, /, **fields) -> None:
 
 
 def _error(exc: BaseException, filename: str | None = None) -> dict:
-    """{type, message, traceback}: the traceback starts at the first frame of the user's code.
+    """{type, message, traceback, line}: the traceback starts at the first frame of the user's
+    code and leaves out the frames inside webgrad, Pyodide and asyncio (what the user wrote
+    calls into them; the message says what went wrong); ``line`` is the line of the request's
+    source where it failed (its deepest frame there), for the page to mark in the editor.
 
     A SyntaxError in the user's source has no such frame (compiling happens in Pyodide's code):
     it shows the user's line and caret alone. A cancellation caused by an interrupt reads as the
-    KeyboardInterrupt it stands for.
+    KeyboardInterrupt it stands for. Sources the page named (``run`` with ``name``) are shown
+    under that name instead of ``<run-N>``.
     """
     if isinstance(exc, asyncio.CancelledError) and _Request.interrupted:
         exc = KeyboardInterrupt().with_traceback(exc.__traceback__)
     if isinstance(exc, SyntaxError) and filename and exc.filename == filename:
         text = "".join(traceback.format_exception_only(type(exc), exc))
-        return {"type": type(exc).__name__, "message": str(exc), "traceback": text}
+        return {"type": type(exc).__name__, "message": _named(str(exc)),
+                "traceback": _named(text), "line": exc.lineno}
     tb = exc.__traceback__
     while filename and tb is not None and tb.tb_frame.f_code.co_filename != filename:
         tb = tb.tb_next
-    text = "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
+    line = None
+    t = tb
+    while filename and t is not None:
+        if t.tb_frame.f_code.co_filename == filename:
+            line = t.tb_lineno
+        t = t.tb_next
+    report = traceback.TracebackException(type(exc), exc, tb or exc.__traceback__)
+    if filename:
+        _trim(report)
+    text = "".join(report.format())
     message = str(exc) or ("interrupted" if isinstance(exc, KeyboardInterrupt) else "")
-    return {"type": type(exc).__name__, "message": message, "traceback": text}
+    return {"type": type(exc).__name__, "message": _named(message), "traceback": _named(text),
+            "line": line}
+
+
+def _internal_dirs() -> tuple[str, ...]:
+    import webgrad
+    dirs = [os.path.dirname(webgrad.__file__), os.path.dirname(asyncio.__file__)]
+    try:
+        import _pyodide
+        import pyodide
+        dirs += [os.path.dirname(pyodide.__file__), os.path.dirname(_pyodide.__file__)]
+    except ImportError:
+        pass
+    return tuple(d + os.sep for d in dirs) + (__file__,)
+
+
+def _trim(report: traceback.TracebackException) -> None:
+    """Drop the internal frames of a traceback (and of the exceptions chained to it), keeping
+    at least one frame: a failure that is internal through and through keeps them all."""
+    internal = _internal_dirs()
+    seen = set()
+    while report is not None and id(report) not in seen:
+        seen.add(id(report))
+        kept = [f for f in report.stack if not f.filename.startswith(internal)]
+        if kept:
+            report.stack = traceback.StackSummary.from_list(kept)
+        report = report.__cause__ or report.__context__
+
+
+_names: dict[str, str] = {}  # "<run-N>" -> the name the page gave that run's source
+
+
+def _named(text: str) -> str:
+    """<run-N> in a traceback or message -> the name the page gave that source, if any."""
+    return re.sub(r"<run-\d+>", lambda m: _names.get(m.group(0), m.group(0)), text)
+
+
+_MAX_REPR = 20_000  # characters of a run's value shown (`show`): a whole tensor would flood
+
+
+def _repr(value) -> str | None:
+    if value is None:
+        return None
+    text = repr(value)
+    if len(text) > _MAX_REPR:
+        text = f"{text[:_MAX_REPR]}… ({len(text)} characters)"
+    return text
 
 
 def _begin() -> None:
@@ -186,10 +251,15 @@ def _begin() -> None:
 _KEEP_SOURCES = 64
 
 
-async def _run(code: str):
+async def _run(code: str, name: str | None = None, show: bool = False):
+    """Run the source; name: what tracebacks call it (else <run-N>); show: the value as its
+    repr (the playground prints it the way Python's prompt would)."""
     global _runs
     _runs += 1
     filename = f"<run-{_runs}>"
+    if name:
+        _names[filename] = name
+    _names.pop(f"<run-{_runs - _KEEP_SOURCES}>", None)
     # Registering the source lets tracebacks quote the failing line.
     linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
     # ...but only the latest _KEEP_SOURCES runs: a session of thousands of runs would
@@ -200,7 +270,7 @@ async def _run(code: str):
         _begin()
         value = await eval_code_async(code, __main__.__dict__, filename=filename)
         _Request.active = False
-        return {"ok": True, "value": value}
+        return {"ok": True, "value": _repr(value) if show else value}
     except BaseException as e:
         _Request.active = False
         return {"ok": False, "error": _error(e, filename)}
@@ -247,7 +317,9 @@ async def handle(request):
     """Run one ``run``/``call`` request (a JsProxy); returns the reply as a plain JS object."""
     kind, rid = getattr(request, "type", None), getattr(request, "id", None)
     if kind == "run":
-        reply = await _run(str(getattr(request, "code", "")))
+        name = getattr(request, "name", None)
+        reply = await _run(str(getattr(request, "code", "")), str(name) if name else None,
+                           bool(getattr(request, "show", False)))
     elif kind == "call":
         args = _from_js(getattr(request, "args", None)) or []
         reply = await _call(str(getattr(request, "name", "")), list(args))
@@ -367,9 +439,85 @@ def weights_save() -> dict:
     return {"name": name, "data": c.save(optimizer=True)}
 
 
-def weights_load(data: bytes) -> dict:
-    """Load a checkpoint written by weights_save (or any safetensors file of the model's
-    parameters) into the newest live model; a file that does not fit changes nothing."""
-    name, c = _current()
-    c.load(bytes(data))
-    return {"name": name, "params": len(c.param_names)}
+# --- Weights the person loaded on the page, for the next model a run compiles ---------------
+# "Load weights" keeps the file here (and loads it into the newest live model, if it fits):
+# the page's Run compiles a new model from the example's code, so the weights are written
+# into the first model that run compiles whose parameters they fit, right after its own
+# initialisation and before its first step (the optimizer state and step counter too, so
+# training continues where the saved model stopped). Used once; a file that fits no model of
+# the run stays for the next.
+
+class _Loaded:
+    data: bytes | None = None
+    label = ""
+
+
+def _safetensors_names(data: bytes) -> list[str]:
+    """The tensor names in a safetensors file's header, or ValueError saying what is wrong."""
+    if len(data) < 8:
+        raise ValueError(f"it is {len(data)} bytes long, too short for a safetensors file")
+    (n,) = struct.unpack("<Q", data[:8])
+    try:
+        if n > len(data) - 8:
+            raise ValueError
+        header = json.loads(data[8:8 + n])
+    except ValueError:
+        raise ValueError("it is not a safetensors file (its header does not read as one); "
+                         "load a file that Download weights wrote") from None
+    return [k for k in header if k != "__metadata__"]
+
+
+def weights_load(data: bytes, label: str = "the file") -> dict:
+    """Keep a checkpoint written by weights_save (or any safetensors file of a model's
+    parameters) for the next model a run compiles, and load it into the newest live model if
+    it fits (a file that does not fit changes nothing there). Returns {name: the live model it
+    went into or None, params, pending: True, misfit: why it did not fit the live model}."""
+    data = bytes(data)
+    names = _safetensors_names(data)
+    _Loaded.data, _Loaded.label = data, label
+    into, params, misfit = None, len(names), None
+    if _compiled_modules():
+        name, c = _current()
+        try:
+            c.load(data)
+            into, params = name, len(c.param_names)
+        except Exception as e:
+            misfit = f"{type(e).__name__}: {e}"
+    return {"name": into, "params": params, "pending": True, "misfit": misfit}
+
+
+def weights_forget() -> bool:
+    """Drop the loaded weights kept for the next run's model; True if there were some."""
+    had, _Loaded.data = _Loaded.data is not None, None
+    return had
+
+
+def _use_loaded(c) -> None:
+    """Called for every new CompiledModule: the loaded weights go into the first that a run
+    compiles with a training step and parameters they fit."""
+    if _Loaded.data is None or not _Request.active or getattr(c, "_train", None) is None:
+        return
+    try:
+        c.load(_Loaded.data)
+    except Exception as e:
+        print(f"[the loaded weights {_Loaded.label} do not fit the model this code compiled "
+              f"({e}); it starts from its own initial weights]", file=sys.stderr)
+        return
+    label, _Loaded.data = _Loaded.label, None
+    print(f"[started from the loaded weights {label}]")
+    post({"type": "weights", "used": label})
+
+
+def _watch_new_models() -> None:
+    """Have _use_loaded see each CompiledModule once it is built (its __init__ is wrapped)."""
+    from webgrad.compiled import CompiledModule
+    init = CompiledModule.__init__
+    if getattr(init, "_playground", False):
+        return
+
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        _use_loaded(self)
+
+    __init__._playground = True
+    CompiledModule.__init__ = __init__

@@ -35,6 +35,11 @@
 //                                                  newline (added if the code left a partial
 //                                                  line)
 //     {type: "progress", ...}                      from webgrad_worker.progress(dict) in Python
+//     {type: "compile", kernels, pipelines}        while a request compiles: distinct kernels
+//                                                  (WGSL texts) it has generated so far, and
+//                                                  how many of their pipelines are made
+//     {type: "weights", used}                      a run's new model started from the
+//                                                  weights loaded on the page (webgrad_worker)
 //     {type: "ready", python_version, webgrad_version, jspi, boot}   booted; requests now run
 //                                                  (boot: ms at the end of each boot phase;
 //                                                  from_snapshot: a cached snapshot was used)
@@ -214,9 +219,36 @@ async function cachedPipelines(key) {
   } catch { return null; }  // no Cache Storage, or a damaged entry: prewarm nothing
 }
 
+// --- Compile progress: every pipeline a request asks for (lowering hands each new kernel over
+// as it is emitted, BrowserHost.prefetch; load() asks for all of the plan's) is counted once
+// per request, and counted as made when it is (one prewarmed or made by an earlier request at
+// once). Posted as {type: "compile"} at most every COMPILE_MS, and always when all are made.
+// A pipeline finishes only when Python waits (load() waits for the plan's), so "made" rises
+// after the kernels are generated.
+const COMPILE_MS = 50;
+const compiling = { entries: new Set(), made: 0, posted: 0 };
+
+function onPipeline(entry) {
+  if (running === null || compiling.entries.has(entry)) return;
+  const entries = compiling.entries;
+  entries.add(entry);
+  if (entry.pipeline) compiling.made++;
+  else entry.check.then(() => { if (compiling.entries === entries) { compiling.made++; postCompile(); } });
+  postCompile();
+}
+
+function postCompile() {
+  const now = performance.now();
+  const all = compiling.made === compiling.entries.size;
+  if (!all && now - compiling.posted < COMPILE_MS) return;
+  compiling.posted = now;
+  post({ type: "compile", kernels: compiling.entries.size, pipelines: compiling.made });
+}
+
 async function prewarm(key) {
   const [replay, cached] = await Promise.all([gpuDevice.catch(() => null), cachedPipelines(key)]);
   if (replay) replay.onUsed = storePipelines;
+  if (replay) replay.onPipeline = onPipeline;
   if (replay && cached && cached.adapter === replay.info && Array.isArray(cached.wgsl)) {
     bootTimes.prewarmed = replay.prewarm(cached.wgsl);
     mark("prewarm");
@@ -378,6 +410,8 @@ async function handle(request) {
   const ns = pyodide.toPy({});
   ns.set("request", request);
   running = request.id;
+  compiling.entries = new Set();
+  compiling.made = 0;
   try {
     if (request.type === "run") {
       // a wheel that fails to load leaves the import to fail in Python, with Python's message

@@ -34,10 +34,12 @@ def set_listener(fn) -> None:
 
 
 def report(step: int | None = None, loss: float | None = None, *, figure: dict | None = None,
-           **fields) -> None:
-    """Send one progress event: the step, its loss (charted), an optional figure, and any
-    other plain fields (shown as text by the page)."""
-    event = {k: v for k, v in (("step", step), ("loss", loss), ("figure", figure)) if v is not None}
+           total: int | None = None, **fields) -> None:
+    """Send one progress event: the step (counted from 0), its loss (charted), an optional
+    figure, the number of steps planned (total: the page shows "step N of M" and an ETA), and
+    any other plain fields."""
+    event = {k: v for k, v in (("step", step), ("loss", loss), ("figure", figure),
+                               ("total", total)) if v is not None}
     event.update(fields)
     if _listener is not None:
         _listener(event)

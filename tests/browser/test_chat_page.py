@@ -66,8 +66,9 @@ def test_the_header_links_every_page(browser_session):
             links = page.eval_on_selector_all("#site-nav a", "els => els.map(e => "
                                               "[e.getAttribute('href'), e.textContent])")
             assert links == want
-            if path == "/":     # the playground's loss chart (losschart.mjs, shared) is drawn
-                page.wait_for_selector("#chart .uplot", timeout=30_000)
+            if path == "/":     # the playground's loss chart (losschart.mjs, shared) is made
+                # (hidden until a run reports a loss)
+                page.wait_for_selector("#chart .uplot", state="attached", timeout=30_000)
             assert page.text_content("#site-nav a[aria-current='page']") == current
             for href, _ in want:     # every link answers
                 assert page.request.get(f"{base}{path.rsplit('/', 1)[0]}/{href}").ok, href

@@ -108,6 +108,9 @@ def test_weights_download_and_load_back(page, browser_session, tmp_path):
     again = s.run(_PARAMS)
     for name, value in params.items():
         np.testing.assert_array_equal(np.asarray(again[name], dtype=np.float32), value)
+    # the page also keeps the file for the next Run's model (test_playground_behaviour.py
+    # checks that); the runs of the tests below start from the examples' own initial weights
+    assert s.call("webgrad_worker.weights_forget")
 
 
 # the worker's model parameters, flattened (HostArray in Pyodide iterates flat)
@@ -157,10 +160,12 @@ def test_stop_mid_run_keeps_last_step_and_runs_again(page, browser_session):
     page.wait_for_function("['stopped', 'error', 'done'].includes(window.playground.state)",
                            timeout=30_000)
     assert page.evaluate("window.playground.state") == "stopped"
-    # the console renders its text on the next animation frame, after the state is set
+    # the console renders its text on the next animation frame, after the state is set;
+    # Stop is a normal end: a note where it stopped, no traceback
     page.wait_for_function(
-        "document.querySelector('#console').textContent.includes('KeyboardInterrupt')",
+        "document.querySelector('#console').textContent.includes('[stopped at step')",
         timeout=10_000)
+    assert "KeyboardInterrupt" not in page.eval_on_selector("#console", "e => e.textContent")
     reported = len(page.evaluate("window.playground.losses"))
     params = browser_session.run("{k: list(map(float, v)) for k, v in c.download_params().items()}")
     # the parameters are those after the last completed step (one more than reported if the
@@ -182,8 +187,8 @@ def test_broken_snippet_shows_traceback_at_users_line(page):
         "import math\\n\\ndef f(x):\\n    return math.sqrt(x) + undefined_name\\n\\nf(2)\\n"; }""")
     assert _run_and_wait(page) == "error"
     console = page.eval_on_selector("#console", "e => e.textContent")
-    assert 'File "snippet.py", line 4, in f' in console and "undefined_name" in console, console
-    assert 'File "snippet.py", line 6' in console
+    assert 'File "your code", line 4, in f' in console and "undefined_name" in console, console
+    assert 'File "your code", line 6' in console
     for internal in ("webgrad_worker", "webloop", "_pyodide"):
         assert internal not in console, console
     assert "NameError" in page.eval_on_selector("#status", "e => e.textContent")
@@ -191,7 +196,7 @@ def test_broken_snippet_shows_traceback_at_users_line(page):
     page.evaluate("() => { window.playground.code = 'x = 1\\nprint(x +)\\n'; }")
     assert _run_and_wait(page) == "error"
     console = page.eval_on_selector("#console", "e => e.textContent")
-    assert 'File "snippet.py", line 2' in console and "print(x +)" in console, console
+    assert 'File "your code", line 2' in console and "print(x +)" in console, console
     assert "webgrad_worker" not in console and "_pyodide" not in console
 
 

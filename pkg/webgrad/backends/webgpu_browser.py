@@ -206,6 +206,16 @@ class BrowserHost(GPUHost):
         return meta, blob
 
     # -- GPUHost
+    def prefetch(self, wgsl: str) -> None:
+        """Start creating a kernel's pipeline now (lowering calls this for each new WGSL
+        text, as it does NativeHost's): the browser compiles it while the rest is lowered,
+        and the playground counts the kernels as they come (replay.mjs onPipeline)."""
+        if self._gpu is not None and not self._gpu.lost:
+            try:
+                self._gpu.pipeline(wgsl, "prefetched")
+            except Exception:
+                pass  # load() asks again and reports what is wrong
+
     def load(self, plan: dict) -> int:
         """Create the plan's buffers, pipelines and bind groups; returns the program handle.
 
