@@ -9,9 +9,9 @@ accumulation) against torch's fp16 and fp32 matmuls on the same GPU, in one run.
 
 Needs an adapter with shader-f16 and chromium-experimental-subgroup-matrix (Dawn through
 wgpudawn; webgpu_native asks for both, with the toggles NVIDIA's Vulkan driver needs); it
-says so and stops elsewhere. Tilings: BMxBNxBK:SG_MxSG_N[:db][:nopre][:f16][:padP], the
+says so and stops elsewhere. Tilings: BMxBNxBK:SG_MxSG_N[:db][:nopre][:f16][:mx][:padP], the
 fields of matmul_mma.MmaTiling (db double buffering, nopre no register prefetch, f16 an f16
-C). Each kernel is checked against float64 products of the same f16 inputs on sampled rows
+C, mx slabs copied with subgroup-matrix loads and stores, padP P halves of row padding). Each kernel is checked against float64 products of the same f16 inputs on sampled rows
 (max |err| / max |want|), then timed as bench/matmul.py times kernels: the wall clock around
 one submission of --reps back-to-back dispatches to work done, the best of three, after a
 warm-up submission. torch: CUDA events around --reps products (fp32 with TF32 off).
@@ -43,6 +43,8 @@ def parse_tiling(text: str, cfg):
             kw["prefetch"] = False
         elif f == "f16":
             kw["out"] = "f16"
+        elif f == "mx":
+            kw["copy"] = "matrix"
         elif f.startswith("pad"):
             kw["pad"] = int(f[3:])
         else:
@@ -78,8 +80,9 @@ def run_kernel(host, np, A16, B16, want_rows, rows, tiling, reps, size):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", type=int, default=4096)
-    ap.add_argument("--tilings", default="128x128x32:2x2,128x128x32:2x2:db,128x128x32:2x4,"
-                    "128x256x32:2x4,64x64x32:2x2,128x128x64:2x2,128x128x32:2x2:f16")
+    ap.add_argument("--tilings", default="128x128x32:2x2,128x128x32:2x2:mx,128x256x32:2x4,"
+                    "128x256x32:2x4:mx,256x128x32:4x2,256x128x32:4x2:mx,128x128x32:2x2:db,"
+                    "128x128x32:2x2:f16")
     ap.add_argument("--robustness", default="on,off")
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-torch", action="store_true")

@@ -42,6 +42,9 @@ class MmaTiling:
     prefetch: bool = True
     double_buffer: bool = False
     out: str = "f32"         # C's type: f32 or f16
+    copy: str = "threads"    # storage -> workgroup memory: "threads" (16-byte loads, f16
+                             # stores) or "matrix" (subgroupMatrixLoad from storage, then
+                             # subgroupMatrixStore: the driver's own wide accesses)
 
     @property
     def threads(self) -> int:
@@ -66,6 +69,7 @@ class MmaTiling:
             if not ok:
                 raise ValueError(f"mma matmul {M}x{K} @ {K}x{N} with {self}: {what}")
         need(self.out in ("f32", "f16"), "out must be 'f32' or 'f16'")
+        need(self.copy in ("threads", "matrix"), "copy must be 'threads' or 'matrix'")
         need(self.bm % (self.sg_m * self.m) == 0 and self.bn % (self.sg_n * self.n) == 0,
              "bm must be a multiple of sg_m * m and bn of sg_n * n")
         need(self.bk % self.k == 0 and self.bk % 8 == 0, "bk must be a multiple of k and of 8")
@@ -73,10 +77,15 @@ class MmaTiling:
         need(M % self.bm == 0 and N % self.bn == 0 and K % self.bk == 0,
              f"M must be a multiple of bm {self.bm}, N of bn {self.bn}, K of bk {self.bk} "
              "(pad the operands, or pick a tiling that divides them)")
-        for rows, cols in ((self.bm, self.bk), (self.bk, self.bn)):
-            need((rows * cols // 8) % self.threads == 0,
-                 f"a {rows}x{cols} slab must split evenly over {self.threads} invocations "
-                 "(eight halves each)")
+        for rows, cols, r, c in ((self.bm, self.bk, self.m, self.k), (self.bk, self.bn, self.k, self.n)):
+            if self.copy == "threads":
+                need((rows * cols // 8) % self.threads == 0,
+                     f"a {rows}x{cols} slab must split evenly over {self.threads} invocations "
+                     "(eight halves each)")
+            else:
+                need((rows // r) * (cols // c) % (self.sg_m * self.sg_n) == 0,
+                     f"a {rows}x{cols} slab's {r}x{c} matrices must split evenly over "
+                     f"{self.sg_m * self.sg_n} subgroups")
         if self.out == "f16":
             need((self.m * self.n) % self.subgroup_size == 0, "m * n must split over a subgroup")
         if max_workgroup_bytes is not None:
@@ -107,10 +116,13 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
     va, vb = t.bm * t.bk // 8 // t.threads, t.bk * t.bn // 8 // t.threads   # vec4 loads each
     rows_a, rows_b = t.bk // 8, t.bn // 8          # vec4s per slab row
     nbuf = 2 if t.double_buffer else 1
+    elem = "vec4<u32>" if t.copy == "threads" else "f16"
+    nsg = t.sg_m * t.sg_n
+    ma, mb = (t.bm // t.m) * (t.bk // t.k) // nsg, (t.bk // t.k) * (t.bn // t.n) // nsg
     L = [f"// webgrad mma matmul {M}x{K} @ {K}x{N} -> {t.out}: {t}",
          "enable f16;", "enable subgroups;", "enable chromium_experimental_subgroup_matrix;", "",
-         "@group(0) @binding(0) var<storage, read> A: array<vec4<u32>>;",
-         "@group(0) @binding(1) var<storage, read> B: array<vec4<u32>>;",
+         f"@group(0) @binding(0) var<storage, read> A: array<{elem}>;",
+         f"@group(0) @binding(1) var<storage, read> B: array<{elem}>;",
          f"@group(0) @binding(2) var<storage, read_write> C: array<{t.out}>;"]
     for b in range(nbuf):
         L += [f"var<workgroup> As{b}: array<f16, {a_size}>;",
@@ -133,6 +145,17 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
     # one slab's storage loads into registers ra*, rb*, and their stores into buffer `b`
     def loads(kexpr):
         out = []
+        if t.copy == "matrix":   # matrix q of the slab: uniform (subgroup_id, loop counter)
+            for r in range(ma):
+                q = f"(sg * {ma}u + {r}u)"
+                out.append(f"    pa{r} = subgroupMatrixLoad<{left}>(&A, (m0 + ({q} / {t.bk // t.k}u) "
+                           f"* {t.m}u) * {K}u + ({kexpr}) + ({q} % {t.bk // t.k}u) * {t.k}u, false, {K}u);")
+            for r in range(mb):
+                q = f"(sg * {mb}u + {r}u)"
+                out.append(f"    pb{r} = subgroupMatrixLoad<{right}>(&B, (({kexpr}) + ({q} / "
+                           f"{t.bn // t.n}u) * {t.k}u) * {N}u + n0 + ({q} % {t.bn // t.n}u) * {t.n}u, "
+                           f"false, {N}u);")
+            return out
         for r in range(va):
             out += [f"    let ia{r} = li + {r * t.threads}u;",
                     f"    ra{r} = A[(m0 + ia{r} / {rows_a}u) * {K // 8}u + ({kexpr}) / 8u + ia{r} % {rows_a}u];"]
@@ -143,6 +166,16 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
 
     def stores(b):
         out = []
+        if t.copy == "matrix":
+            for r in range(ma):
+                q = f"(sg * {ma}u + {r}u)"
+                out.append(f"    subgroupMatrixStore(&As{b}, ({q} / {t.bk // t.k}u) * {t.m * sa}u + "
+                           f"({q} % {t.bk // t.k}u) * {t.k}u, pa{r}, false, {sa}u);")
+            for r in range(mb):
+                q = f"(sg * {mb}u + {r}u)"
+                out.append(f"    subgroupMatrixStore(&Bs{b}, ({q} / {t.bn // t.n}u) * {t.k * sb}u + "
+                           f"({q} % {t.bn // t.n}u) * {t.n}u, pb{r}, false, {sb}u);")
+            return out
         for name, count, per_row, stride, arr in (("a", va, rows_a, sa, f"As{b}"),
                                                   ("b", vb, rows_b, sb, f"Bs{b}")):
             for r in range(count):
@@ -169,10 +202,12 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
                                f"a{kk}_{i}, b{kk}_{j}, acc{i}_{j});")
         return out
 
-    for r in range(va):
-        L.append(f"  var ra{r}: vec4<u32>;")
-    for r in range(vb):
-        L.append(f"  var rb{r}: vec4<u32>;")
+    if t.copy == "matrix":
+        L += [f"  var pa{r} = {left}();" for r in range(ma)]
+        L += [f"  var pb{r} = {right}();" for r in range(mb)]
+    else:
+        L += [f"  var ra{r}: vec4<u32>;" for r in range(va)]
+        L += [f"  var rb{r}: vec4<u32>;" for r in range(vb)]
     steps = K // t.bk
     if t.double_buffer:
         L += ["  {"] + loads("0u") + stores(0) + ["  }", "  workgroupBarrier();"]
