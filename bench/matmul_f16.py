@@ -10,7 +10,7 @@ accumulation) against torch's fp16 and fp32 matmuls on the same GPU, in one run.
 Needs an adapter with shader-f16 and chromium-experimental-subgroup-matrix (Dawn through
 wgpudawn; webgpu_native asks for both, with the toggles NVIDIA's Vulkan driver needs); it
 says so and stops elsewhere. Tilings: BMxBNxBK:SG_MxSG_N[:db][:nopre][:f16][:mx][:padP], the
-fields of matmul_mma.MmaTiling (db double buffering, nopre no register prefetch, f16 an f16
+fields of matmul_mma.MmaTiling (swG workgroups in bands of G tile rows, n8 the 16x8x16 configuration, db double buffering, nopre no register prefetch, f16 an f16
 C, mx slabs copied with subgroup-matrix loads and stores, padP P halves of row padding). Each kernel is checked against float64 products of the same f16 inputs on sampled rows
 (max |err| / max |want|), then timed as bench/matmul.py times kernels: the wall clock around
 one submission of --reps back-to-back dispatches to work done, the best of three, after a
@@ -43,6 +43,10 @@ def parse_tiling(text: str, cfg):
             kw["prefetch"] = False
         elif f == "f16":
             kw["out"] = "f16"
+        elif f.startswith("sw"):
+            kw["swizzle"] = int(f[2:])
+        elif f == "n8":   # the 16x8x16 configuration, where the adapter has it
+            kw["n"] = 8
         elif f == "mx":
             kw["copy"] = "matrix"
         elif f.startswith("pad"):

@@ -16,6 +16,8 @@ import re
 import numpy as np
 import pytest
 
+import backends
+
 from webgrad.backends.gpu_host import FeatureMissingError, check_features, wgsl_features
 from webgrad.codegen.matmul_mma import MmaTiling, config_for, mma_matmul_wgsl
 
@@ -134,7 +136,7 @@ def emulate(wgsl: str, groups, t: MmaTiling, A16, B16):
 
 TILINGS = [
     MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2),
-    MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, prefetch=False),
+    MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, prefetch=False, swizzle=2),
     MmaTiling(bm=64, bn=128, bk=32, sg_m=2, sg_n=2, double_buffer=True),
     MmaTiling(bm=64, bn=64, bk=16, sg_m=1, sg_n=2, copy="matrix"),
     MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, copy="matrix", double_buffer=True),
@@ -147,7 +149,7 @@ TILINGS = [
                          f"{':db' if t.double_buffer else ''}{'' if t.prefetch else ':nopre'}"
                          f":{t.copy}:{t.out}:{t.m}x{t.n}x{t.k}")
 def test_emulated_kernel_equals_numpy(t):
-    M, N, K = 2 * t.bm, 2 * t.bn, 3 * t.bk     # several workgroups, an odd number of slabs
+    M, N, K = 2 * t.bm, 3 * t.bn, 3 * t.bk     # several workgroups, an odd number of slabs
     rng = np.random.default_rng(1)
     A16 = rng.standard_normal((M, K)).astype(np.float16)
     B16 = rng.standard_normal((K, N)).astype(np.float16)
@@ -195,3 +197,44 @@ def test_wgsl_form_features_and_errors():
     check_features([wgsl], {"shader-f16", "subgroups", "chromium-experimental-subgroup-matrix"}, "x")
     with pytest.raises(FeatureMissingError, match="chromium-experimental-subgroup-matrix"):
         check_features([wgsl, "fn main() {}"], {"shader-f16", "subgroups"}, "lavapipe")
+
+
+def test_tiling_from_the_adapter_limits():
+    """Kernel selection reads the features and configurations recorded on Limits; without
+    them (SwiftShader, lavapipe, a browser without the flag) there is no f16 kernel."""
+    from webgrad.codegen.matmul_mma import tiling_for
+    from webgrad.codegen.wgsl import Limits
+    plain = Limits()
+    assert not plain.shader_f16 and plain.subgroup_matrix == ()
+    assert tiling_for(plain, 4096, 4096, 4096) is None
+    h200 = Limits(shader_f16=True, max_compute_workgroup_storage_size=49152,
+                  max_compute_invocations_per_workgroup=1024,
+                  subgroup_matrix=(("f16", "f32", 16, 8, 16, 32, 32), ("f16", "f32", 16, 16, 16, 32, 32)))
+    t = tiling_for(h200, 4096, 4096, 4096)
+    assert (t.bm, t.bn, t.bk, t.sg_m, t.sg_n, t.m, t.n, t.k) == (128, 128, 32, 2, 2, 16, 16, 16)
+    assert tiling_for(h200, 192, 192, 64).bm == 64        # a smaller tile where 128 does not divide
+    assert tiling_for(h200, 100, 128, 64) is None          # no tile divides 100 rows
+    assert tiling_for(Limits(shader_f16=False, subgroup_matrix=h200.subgroup_matrix), 4096, 4096, 4096) is None
+
+
+@pytest.mark.webgpu
+@pytest.mark.skipif(not backends.webgpu_available(), reason="no native WebGPU adapter")
+def test_native_host_refuses_a_kernel_for_a_missing_feature():
+    """The native host records what its device was made with, copies it onto the backend's
+    Limits, and a plan needing subgroup matrices on a device without them (lavapipe) fails
+    at load with the missing feature named, before any buffer is made."""
+    from webgrad.backends.webgpu import WebGPUBackend
+    from webgrad.backends.webgpu_native import NativeHost
+    host = NativeHost()
+    limits = WebGPUBackend(host).limits
+    assert limits.shader_f16 == ("shader-f16" in host.features)
+    have_mma = "chromium-experimental-subgroup-matrix" in host.features
+    assert bool(limits.subgroup_matrix) == have_mma == bool(host.subgroup_matrix_configs)
+    if have_mma and "shader-f16" in host.features:
+        pytest.skip("this adapter has subgroup matrices: bench/matmul_f16.py checks the kernel")
+    wgsl, groups = mma_matmul_wgsl(128, 128, 64, MmaTiling())
+    plan = {"buffers": [{"size": 128 * 64 * 2}, {"size": 64 * 128 * 2}, {"size": 128 * 128 * 4}],
+            "pipelines": [{"wgsl": wgsl}],
+            "commands": [{"op": "dispatch", "pipeline": 0, "bindings": [0, 1, 2], "workgroups": list(groups)}]}
+    with pytest.raises(FeatureMissingError, match="chromium-experimental-subgroup-matrix"):
+        host.load(plan)

@@ -42,6 +42,8 @@ class MmaTiling:
     prefetch: bool = True
     double_buffer: bool = False
     out: str = "f32"         # C's type: f32 or f16
+    swizzle: int = 0         # > 0: workgroups walk C in bands of this many tile rows, column
+                             # by column (tiles running together share more of A and B in L2)
     copy: str = "threads"    # storage -> workgroup memory: "threads" (16-byte loads, f16
                              # stores) or "matrix" (subgroupMatrixLoad from storage, then
                              # subgroupMatrixStore: the driver's own wide accesses)
@@ -134,9 +136,17 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
     res = f"subgroup_matrix_result<f32, {t.n}, {t.m}>"
     L += ["", f"@compute @workgroup_size({t.threads})",
           "fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32,",
-          "        @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {",
-          f"  let m0 = wg.y * {t.bm}u;",
-          f"  let n0 = wg.x * {t.bn}u;",
+          "        @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {"]
+    gx, gy = N // t.bn, M // t.bm
+    if t.swizzle and gy % t.swizzle == 0:
+        g = t.swizzle
+        L += [f"  let pid = wg.y * {gx}u + wg.x;",
+              f"  let m0 = ((pid / {g * gx}u) * {g}u + pid % {g}u) * {t.bm}u;",
+              f"  let n0 = ((pid % {g * gx}u) / {g}u) * {t.bn}u;"]
+    else:
+        L += [f"  let m0 = wg.y * {t.bm}u;",
+              f"  let n0 = wg.x * {t.bn}u;"]
+    L += [
           f"  let sm = (sg / {t.sg_n}u) * {t.bm // t.sg_m}u;   // this subgroup's block in the tile",
           f"  let sn = (sg % {t.sg_n}u) * {t.bn // t.sg_n}u;"]
     for i in range(t.tm):
@@ -250,3 +260,27 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
                       "  workgroupBarrier();"]
     L.append("}")
     return "\n".join(L) + "\n", (N // t.bn, M // t.bm, 1)
+
+
+def tiling_for(limits, M: int, N: int, K: int, out: str = "f32") -> MmaTiling | None:
+    """The tiling for an [M, K] @ [K, N] f16 product on the device of codegen `limits`, or
+    None where this kernel cannot run (no shader-f16, no f16 -> f32 subgroup-matrix
+    configuration, or a shape no tiling divides): the caller keeps its f32 kernels then.
+    128x128x32 on 2x2 subgroups measured best at 4096^3 on the H200 (bench/README.md)."""
+    if not getattr(limits, "shader_f16", False):
+        return None
+    cfg = config_for(getattr(limits, "subgroup_matrix", ()))
+    if cfg is None:
+        return None
+    m, n, k, size = cfg
+    room = getattr(limits, "max_compute_workgroup_storage_size", None)
+    for bm, bn, sgm, sgn in ((128, 128, 2, 2), (64, 64, 2, 2), (32, 32, 1, 1)):
+        t = MmaTiling(bm=bm, bn=bn, bk=32, sg_m=sgm, sg_n=sgn, m=m, n=n, k=k,
+                      subgroup_size=size, out=out)
+        try:
+            t.check(M, N, K, room)
+        except ValueError:
+            continue
+        if t.threads <= getattr(limits, "max_compute_invocations_per_workgroup", 256):
+            return t
+    return None
