@@ -388,6 +388,7 @@ class NativeHost(GPUHost):
     def load(self, plan: dict) -> int:
         if self._dev.lost:
             raise DeviceLostError(f"the WebGPU device ({self.info}) was lost; compile again")
+        check_features([q["wgsl"] for q in plan["pipelines"]], self.features, self.info)
         lib, dev = self.lib, self.device
         usage = lib.BufferUsage.STORAGE | lib.BufferUsage.COPY_SRC | lib.BufferUsage.COPY_DST
         p = _Program()
@@ -413,7 +414,6 @@ class NativeHost(GPUHost):
                 p.buffers.append(buf)
                 p.sizes.append(size)
                 p.keys.append(key)
-            check_features([q["wgsl"] for q in plan["pipelines"]], self.features, self.info)
             # all of the plan's new pipelines at once, compiling in parallel (pipelines_for)
             pipes = self._dev.pipelines_for([q["wgsl"] for q in plan["pipelines"]])
             for c in plan["commands"]:
