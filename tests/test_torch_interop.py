@@ -169,3 +169,21 @@ def test_ddp_two_processes_equal_one_process_on_the_whole_batch(tmp_path):
     whole.load_state_dict(ddp)
     feed = models.reversal_batch(seed=9)
     assert whole.run(feed) == pytest.approx(single.eval()(**tensors(feed)).item(), rel=1e-5)
+
+
+def test_bench_ddp_gpt2_world_1_and_2_on_gloo():
+    """bench/ddp_gpt2.py with a tiny GPT-2: DDP and FSDP at world sizes 1 and 2 equal one
+    process on the whole batch and webgrad's own AdamW steps, and the DDP weights decode
+    through load_state_dict and the KV cache as transformers' GPT2LMHeadModel does."""
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available in this torch build")
+    pytest.importorskip("transformers")
+    script = Path(__file__).resolve().parents[1] / "bench" / "ddp_gpt2.py"
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = subprocess.run([sys.executable, str(script), "--config", "tiny", "--world", "1,2",
+                        "--steps", "3", "--cpu"], env=env, capture_output=True, text=True,
+                       timeout=300)
+    log = r.stdout + r.stderr
+    assert r.returncode == 0 and "all checks passed" in log, log
+    for line in ("ddp x 1 weights", "ddp x 2 weights", "webgrad (torch) weights", "decode (ddp x 2"):
+        assert any(line in s and s.endswith("ok") for s in log.splitlines()), (line, log)

@@ -36,6 +36,38 @@ class DeviceLostError(RuntimeError):
     """The GPU device was lost; the compiled program cannot continue (recompile to recover)."""
 
 
+class FeatureMissingError(RuntimeError):
+    """A kernel needs an optional WebGPU feature that this device was not made with."""
+
+
+# WGSL `enable` extensions -> the WebGPU feature a device needs for them
+ENABLE_FEATURES = {"f16": "shader-f16", "subgroups": "subgroups",
+                   "chromium_experimental_subgroup_matrix": "chromium-experimental-subgroup-matrix"}
+
+
+def wgsl_features(wgsl: str) -> set[str]:
+    """The WebGPU features that the `enable` directives at the head of `wgsl` need."""
+    out = set()
+    for line in wgsl.splitlines():
+        line = line.strip()
+        if line.startswith("enable ") and line.endswith(";"):
+            for name in line[len("enable "):-1].split(","):
+                name = name.strip()
+                out.add(ENABLE_FEATURES.get(name, name))
+    return out
+
+
+def check_features(wgsls, have, info: str) -> None:
+    """Refuse, before anything is created, kernels that need a feature the device lacks
+    (a program compiled for one adapter's features, loaded on another's)."""
+    missing = sorted(set().union(*(wgsl_features(w) for w in wgsls)) - set(have)) if wgsls else []
+    if missing:
+        raise FeatureMissingError(
+            f"this program's kernels need the WebGPU feature(s) {', '.join(missing)}, which the "
+            f"device ({info}) was not made with (it has: {', '.join(sorted(have)) or 'none'}); "
+            "compile the program for this device, or run it on an adapter that offers them")
+
+
 class GPUHost:
     """What a WebGPU host provides. Every method that waits on the GPU is async."""
 

@@ -61,7 +61,14 @@ class WebGPUBackend(Backend):
         self.limits = Limits.from_host(getattr(host, "limits", None))
         self.limits.cpu = is_cpu_adapter(str(getattr(host, "info", "")))
         self.limits.adapter = str(getattr(host, "info", ""))
-        self.limits.subgroups = "subgroups" in (getattr(host, "features", None) or ())
+        features = getattr(host, "features", None) or ()
+        self.limits.subgroups = "subgroups" in features
+        self.limits.shader_f16 = "shader-f16" in features
+        self.limits.subgroup_matrix = tuple(
+            (c["component_type"], c["result_component_type"], c["m"], c["n"], c["k"],
+             c["min_subgroup_size"], c["max_subgroup_size"])
+            for c in getattr(host, "subgroup_matrix_configs", ()) or ()
+        ) if "chromium-experimental-subgroup-matrix" in features else ()
         self.limits.options = options or DEFAULT_OPTIONS
         self.uid = next(_uids)
         self.store: dict[str, _Slot] = {}

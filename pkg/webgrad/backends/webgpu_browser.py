@@ -23,7 +23,7 @@ import json
 import re
 import sys
 
-from .gpu_host import DeviceLostError, GPUHost
+from .gpu_host import DeviceLostError, GPUHost, check_features
 
 REPLAY_URL_GLOBAL = "webgradReplayURL"  # set globalThis[this] to load replay.mjs from elsewhere
 
@@ -226,6 +226,7 @@ class BrowserHost(GPUHost):
             raise RuntimeError("this BrowserHost is closed")
         if self._gpu.lost:
             raise _translate(self._gpu.lostError(), "loading a plan")
+        check_features([q["wgsl"] for q in plan["pipelines"]], self.features, self.info)
         text = json.dumps(plan, separators=(",", ":"))
         try:
             program = int(self._gpu.load(text, self._scope))

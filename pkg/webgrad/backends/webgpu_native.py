@@ -20,9 +20,18 @@ pipeline. Lowering hands each new kernel text over as it is emitted (NativeHost.
 the driver compiles while Python lowers the rest; bench/README.md ("Compile + init") has the
 figures.
 
-Dawn's toggles (wgpudawn only): $WEBGRAD_DAWN_TOGGLES, comma-separated names to enable
-and -names to disable, else DAWN_TOGGLES, go to the process's Dawn instance before its
-first adapter (bench/gpt2_train.py --exact-timestamps turns timestamp quantisation off so).
+Dawn's toggles (wgpudawn only): CAPABILITY_TOGGLES, then $WEBGRAD_DAWN_TOGGLES
+(comma-separated names to enable and -names to disable; else DAWN_TOGGLES), go to the
+process's Dawn instance before its first adapter (bench/gpt2_train.py --exact-timestamps turns
+timestamp quantisation off so; "-allow_unsafe_apis" drops a capability toggle). Device toggles:
+DEVICE_TOGGLES, then $WEBGRAD_DAWN_DEVICE_TOGGLES, the same way (e.g. disable_robustness).
+
+Capabilities: the device is requested with every feature of _WANTED_FEATURES that the adapter
+offers (`NativeHost.features`), and, where it offers subgroup matrices, the adapter's
+configurations are read (`NativeHost.subgroup_matrix_configs`: dicts of component_type,
+result_component_type, m, n, k, min/max_subgroup_size); WebGPUBackend copies both onto its
+codegen Limits. A plan whose kernels `enable` a feature the device lacks is refused at load
+(gpu_host.FeatureMissingError).
 """
 from __future__ import annotations
 
@@ -34,7 +43,7 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 
-from .gpu_host import DeviceLostError, GPUHost
+from .gpu_host import DeviceLostError, GPUHost, check_features
 
 # the limits a plan may need beyond WebGPU's defaults (requested up to the adapter's maximum)
 _WANTED_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size",
@@ -44,11 +53,21 @@ _WANTED_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size",
 # requested where the adapter has them: timestamps for the profiler (profile.py), subgroups
 # for codegen's workgroup reductions (wgsl.workgroup_reduce; Dawn names it, wgpu-native's
 # lavapipe offers naga's 'subgroup' instead and so keeps the shared-memory trees)
-_WANTED_FEATURES = ("timestamp-query", "subgroups")
+# shader-f16 (f16 in WGSL) and subgroup matrices (tensor cores; codegen/matmul_mma.py) where
+# offered: Dawn offers them on NVIDIA's Vulkan driver only with CAPABILITY_TOGGLES
+_WANTED_FEATURES = ("timestamp-query", "subgroups", "shader-f16",
+                    "chromium-experimental-subgroup-matrix")
 # The settings below are the host's runtime: how a plan is compiled, submitted and waited for.
 # None of them changes the generated WGSL or the plan (those are codegen.KernelOptions, carried
 # by the compile), so they stay module settings that the benches set.
 DAWN_TOGGLES: tuple[str, ...] = ()
+# Always asked of Dawn's instance (native code is trusted): experimental features such as
+# subgroup matrices need allow_unsafe_apis, and Dawn turns f16 off on NVIDIA's Vulkan driver
+# unless vulkan_enable_f16_on_nvidia (H200, 2026-12-01: neither feature offered without them)
+CAPABILITY_TOGGLES: tuple[str, ...] = ("allow_unsafe_apis", "vulkan_enable_f16_on_nvidia")
+# Device toggles; "disable_robustness" drops the bounds clamping Dawn wraps around each
+# access (webgrad's kernels index in bounds by construction; bench/matmul_f16.py measures it)
+DEVICE_TOGGLES: tuple[str, ...] = ()
 # Threads creating pipelines at once (None: one per CPU core, at most 16); 0 or 1 issues them
 # all with create_compute_pipeline_async instead and waits (Dawn's two worker threads).
 # PREFETCH: lowering starts each new kernel's pipeline as soon as its WGSL exists.
@@ -85,17 +104,42 @@ def _pipeline_threads() -> int:
     return min(16, os.cpu_count() or 1)
 
 
+def _toggle_lists(base, env: str, default) -> tuple[list[str], list[str]]:
+    """(enable, disable) from `base` and $env (else `default`): names enable, -names disable
+    (also one of base's)."""
+    spec = os.environ.get(env)
+    names = [t.strip() for t in spec.split(",") if t.strip()] if spec is not None else list(default)
+    off = [t[1:] for t in names if t[0] == "-"]
+    on = [t for t in (*base, *names) if t[0] != "-" and t not in off]
+    return list(dict.fromkeys(on)), off
+
+
 def _set_dawn_toggles(lib) -> None:
-    spec = os.environ.get("WEBGRAD_DAWN_TOGGLES")
-    names = [t for t in spec.split(",") if t] if spec is not None else list(DAWN_TOGGLES)
-    if not names or lib.__name__ != "wgpudawn":
+    if lib.__name__ != "wgpudawn":
         return
-    extras = importlib.import_module("wgpudawn.backends.dawn.extras")
+    on, off = _toggle_lists(CAPABILITY_TOGGLES, "WEBGRAD_DAWN_TOGGLES", DAWN_TOGGLES)
+    if not on and not off:
+        return
     try:
-        extras.set_instance_extras(enable_toggles=[t for t in names if t[0] != "-"],
-                                   disable_toggles=[t[1:] for t in names if t[0] == "-"])
+        extras = importlib.import_module("wgpudawn.backends.dawn.extras")
+    except ImportError:  # a build without Dawn's extras (Pyodide): the defaults stand
+        return
+    try:
+        extras.set_instance_extras(enable_toggles=on, disable_toggles=off)
     except RuntimeError:  # the instance exists already (an earlier device): its toggles stand
         pass
+
+
+def _subgroup_matrix_configs(lib, adapter) -> tuple:
+    """The adapter's subgroup-matrix configurations (wgpudawn), as dicts; () elsewhere."""
+    if lib.__name__ != "wgpudawn" or "chromium-experimental-subgroup-matrix" not in adapter.features:
+        return ()
+    try:
+        extras = importlib.import_module("wgpudawn.backends.dawn.extras")
+        props = extras.get_adapter_properties(adapter)
+    except Exception:  # an older wgpudawn without the call: no configurations known
+        return ()
+    return tuple(dict(c) for c in props.get("subgroup_matrix_configs", ()))
 
 
 def wgpu_module():
@@ -124,9 +168,19 @@ class _Device:
             raise RuntimeError("wgpu found no WebGPU adapter (no Vulkan/Metal/D3D12 driver?)")
         have = adapter.limits
         self.features = {f for f in _WANTED_FEATURES if f in adapter.features}
-        self.device = adapter.request_device_sync(
-            required_features=sorted(self.features),
-            required_limits={k: have[k] for k in _WANTED_LIMITS if k in have})
+        self.subgroup_matrix_configs = _subgroup_matrix_configs(self.lib, adapter)
+        if not self.subgroup_matrix_configs:  # a feature with no shape known is no use
+            self.features.discard("chromium-experimental-subgroup-matrix")
+        request = dict(required_features=sorted(self.features),
+                       required_limits={k: have[k] for k in _WANTED_LIMITS if k in have})
+        on, off = _toggle_lists((), "WEBGRAD_DAWN_DEVICE_TOGGLES", DEVICE_TOGGLES)
+        self.device_toggles = tuple(on)
+        if (on or off) and self.lib.__name__ == "wgpudawn":
+            extras = importlib.import_module("wgpudawn.backends.dawn.extras")
+            self.device = extras.request_device_sync(adapter, enable_toggles=on,
+                                                     disable_toggles=off, **request)
+        else:
+            self.device = adapter.request_device_sync(**request)
         self.info = f"{adapter.summary} [{self.lib.__name__}]"
         self.limits = {k.replace("-", "_"): v for k, v in self.device.limits.items()
                        if isinstance(v, int)}
@@ -279,6 +333,7 @@ class NativeHost(GPUHost):
         self.limits = dict(self._dev.limits)
         self.info = self._dev.info
         self.features = frozenset(self._dev.features)  # optional features the device has
+        self.subgroup_matrix_configs = tuple(self._dev.subgroup_matrix_configs)
         self._programs: dict[int, _Program] = {}
         self._next = 1
         self._persistent: dict[str, list] = {}  # key -> [GPUBuffer, size, programs using it]
@@ -333,6 +388,7 @@ class NativeHost(GPUHost):
     def load(self, plan: dict) -> int:
         if self._dev.lost:
             raise DeviceLostError(f"the WebGPU device ({self.info}) was lost; compile again")
+        check_features([q["wgsl"] for q in plan["pipelines"]], self.features, self.info)
         lib, dev = self.lib, self.device
         usage = lib.BufferUsage.STORAGE | lib.BufferUsage.COPY_SRC | lib.BufferUsage.COPY_DST
         p = _Program()

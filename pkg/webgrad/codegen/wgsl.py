@@ -65,6 +65,10 @@ class Limits:
     cpu: bool = False  # a CPU-emulated adapter (SwiftShader, lavapipe): avoid barriers
     adapter: str = ""  # the adapter's description (codegen/matmul.py's table of tilings)
     subgroups: bool = False  # the device was requested with the 'subgroups' feature
+    shader_f16: bool = False  # ... with 'shader-f16' (f16 in WGSL)
+    # ... with 'chromium-experimental-subgroup-matrix': the adapter's configurations, each
+    # (component type, result type, M, N, K, min subgroup size, max subgroup size)
+    subgroup_matrix: tuple = ()
     options: KernelOptions = DEFAULT  # every switch that changes the WGSL (options.py)
 
     @classmethod

@@ -1,0 +1,286 @@
+"""f16 matmul on subgroup matrices (tensor cores through WGSL's
+chromium_experimental_subgroup_matrix): C[M, N] = A[M, K] @ B[K, N], row-major, A and B f16
+in storage, f32 accumulation, C f32 or f16.
+
+A workgroup computes a BM x BN tile of C with SG_M x SG_N subgroups, each a (BM/SG_M) x
+(BN/SG_N) block of MxN result matrices (the adapter's configuration, e.g. 16x16x16 f16 ->
+f32). K is walked in steps of BK: the workgroup's threads copy A's BM x BK and B's BK x BN
+slabs from storage (16-byte loads, eight f16 each) into workgroup memory with PAD halves at
+the end of each row (fewer bank conflicts; rows stay 16-byte aligned), then every subgroup
+loads its left and right matrices from there and multiply-accumulates. With `prefetch`, the
+next slab's storage loads are issued into registers before this slab's products, and stored
+to workgroup memory after them (one buffer, two barriers a step); with `double_buffer`, two
+workgroup buffers alternate (one barrier a step).
+
+Tint wants every matrix load and store offset uniform: they are built only from
+workgroup_id, @builtin(subgroup_id) and loop counters (never local_invocation_index). The
+kernel assumes subgroups of exactly `subgroup_size` invocations (the configuration's min ==
+max on NVIDIA: 32), and shapes that are whole multiples of the tile (MmaTiling.check says
+what to change otherwise). f16 C goes through a per-subgroup f32 staging matrix in
+workgroup memory, converted by the subgroup's own invocations.
+
+`mma_matmul_wgsl(M, N, K, tiling)` returns the WGSL and the dispatch size; bindings: 0 A
+(array<vec4<u32>>, f16 pairs), 1 B (likewise), 2 C (array<f32> or array<f16>).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MmaTiling:
+    bm: int = 128            # workgroup tile rows of C
+    bn: int = 128            # workgroup tile columns of C
+    bk: int = 32             # K per slab
+    sg_m: int = 2            # subgroups along M
+    sg_n: int = 2            # subgroups along N
+    m: int = 16              # the subgroup-matrix configuration: M x N result, K inner
+    n: int = 16
+    k: int = 16
+    subgroup_size: int = 32
+    pad: int = 8             # f16 padding at the end of each workgroup-memory row
+    prefetch: bool = True
+    double_buffer: bool = False
+    out: str = "f32"         # C's type: f32 or f16
+    swizzle: int = 0         # > 0: workgroups walk C in bands of this many tile rows, column
+                             # by column (tiles running together share more of A and B in L2)
+    copy: str = "threads"    # storage -> workgroup memory: "threads" (16-byte loads, f16
+                             # stores) or "matrix" (subgroupMatrixLoad from storage, then
+                             # subgroupMatrixStore: the driver's own wide accesses)
+
+    @property
+    def threads(self) -> int:
+        return self.sg_m * self.sg_n * self.subgroup_size
+
+    @property
+    def tm(self) -> int:     # result matrices per subgroup along M
+        return self.bm // self.sg_m // self.m
+
+    @property
+    def tn(self) -> int:
+        return self.bn // self.sg_n // self.n
+
+    def workgroup_bytes(self) -> int:
+        slabs = 2 * (self.bm * (self.bk + self.pad) + self.bk * (self.bn + self.pad))
+        staging = 4 * self.m * self.n * self.sg_m * self.sg_n if self.out == "f16" else 0
+        return slabs * (2 if self.double_buffer else 1) + staging
+
+    def check(self, M: int, N: int, K: int, max_workgroup_bytes: int | None = None) -> None:
+        """A clear ValueError for a tiling or shape the kernel cannot take."""
+        def need(ok, what):
+            if not ok:
+                raise ValueError(f"mma matmul {M}x{K} @ {K}x{N} with {self}: {what}")
+        need(self.out in ("f32", "f16"), "out must be 'f32' or 'f16'")
+        need(self.copy in ("threads", "matrix"), "copy must be 'threads' or 'matrix'")
+        need(self.bm % (self.sg_m * self.m) == 0 and self.bn % (self.sg_n * self.n) == 0,
+             "bm must be a multiple of sg_m * m and bn of sg_n * n")
+        need(self.bk % self.k == 0 and self.bk % 8 == 0, "bk must be a multiple of k and of 8")
+        need(self.pad % 8 == 0, "pad must be a multiple of 8 halves (16-byte rows)")
+        need(M % self.bm == 0 and N % self.bn == 0 and K % self.bk == 0,
+             f"M must be a multiple of bm {self.bm}, N of bn {self.bn}, K of bk {self.bk} "
+             "(pad the operands, or pick a tiling that divides them)")
+        for rows, cols, r, c in ((self.bm, self.bk, self.m, self.k), (self.bk, self.bn, self.k, self.n)):
+            if self.copy == "threads":
+                need((rows * cols // 8) % self.threads == 0,
+                     f"a {rows}x{cols} slab must split evenly over {self.threads} invocations "
+                     "(eight halves each)")
+            else:
+                need((rows // r) * (cols // c) % (self.sg_m * self.sg_n) == 0,
+                     f"a {rows}x{cols} slab's {r}x{c} matrices must split evenly over "
+                     f"{self.sg_m * self.sg_n} subgroups")
+        if self.out == "f16":
+            need((self.m * self.n) % self.subgroup_size == 0, "m * n must split over a subgroup")
+        if max_workgroup_bytes is not None:
+            need(self.workgroup_bytes() <= max_workgroup_bytes,
+                 f"{self.workgroup_bytes()} bytes of workgroup memory, the device allows "
+                 f"{max_workgroup_bytes}")
+
+
+def config_for(configs):
+    """The (m, n, k, subgroup size) of an f16 configuration among the adapter's
+    (codegen Limits.subgroup_matrix tuples), preferring 16x16x16; None if there is none."""
+    best = None
+    for comp, res, m, n, k, lo, hi in configs:
+        if comp != "f16" or res != "f32" or lo != hi:   # f32 accumulation, a fixed subgroup size
+            continue
+        key = (m * n * k, m == n)
+        if best is None or key > best[0]:
+            best = (key, (m, n, k, lo))
+    return best and best[1]
+
+
+def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
+                    max_workgroup_bytes: int | None = None) -> tuple[str, tuple[int, int, int]]:
+    """(WGSL, workgroups) of C = A @ B with tiling t (see the module docstring)."""
+    t.check(M, N, K, max_workgroup_bytes)
+    sa, sb = t.bk + t.pad, t.bn + t.pad           # workgroup row strides (halves)
+    a_size, b_size = t.bm * sa, t.bk * sb
+    va, vb = t.bm * t.bk // 8 // t.threads, t.bk * t.bn // 8 // t.threads   # vec4 loads each
+    rows_a, rows_b = t.bk // 8, t.bn // 8          # vec4s per slab row
+    nbuf = 2 if t.double_buffer else 1
+    elem = "vec4<u32>" if t.copy == "threads" else "f16"
+    nsg = t.sg_m * t.sg_n
+    ma, mb = (t.bm // t.m) * (t.bk // t.k) // nsg, (t.bk // t.k) * (t.bn // t.n) // nsg
+    L = [f"// webgrad mma matmul {M}x{K} @ {K}x{N} -> {t.out}: {t}",
+         "enable f16;", "enable subgroups;", "enable chromium_experimental_subgroup_matrix;", "",
+         f"@group(0) @binding(0) var<storage, read> A: array<{elem}>;",
+         f"@group(0) @binding(1) var<storage, read> B: array<{elem}>;",
+         f"@group(0) @binding(2) var<storage, read_write> C: array<{t.out}>;"]
+    for b in range(nbuf):
+        L += [f"var<workgroup> As{b}: array<f16, {a_size}>;",
+              f"var<workgroup> Bs{b}: array<f16, {b_size}>;"]
+    if t.out == "f16":
+        L.append(f"var<workgroup> Cs: array<f32, {t.m * t.n * t.sg_m * t.sg_n}>;")
+    left = f"subgroup_matrix_left<f16, {t.k}, {t.m}>"
+    right = f"subgroup_matrix_right<f16, {t.n}, {t.k}>"
+    res = f"subgroup_matrix_result<f32, {t.n}, {t.m}>"
+    L += ["", f"@compute @workgroup_size({t.threads})",
+          "fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32,",
+          "        @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) lane: u32) {"]
+    gx, gy = N // t.bn, M // t.bm
+    if t.swizzle and gy % t.swizzle == 0:
+        g = t.swizzle
+        L += [f"  let pid = wg.y * {gx}u + wg.x;",
+              f"  let m0 = ((pid / {g * gx}u) * {g}u + pid % {g}u) * {t.bm}u;",
+              f"  let n0 = ((pid % {g * gx}u) / {g}u) * {t.bn}u;"]
+    else:
+        L += [f"  let m0 = wg.y * {t.bm}u;",
+              f"  let n0 = wg.x * {t.bn}u;"]
+    L += [
+          f"  let sm = (sg / {t.sg_n}u) * {t.bm // t.sg_m}u;   // this subgroup's block in the tile",
+          f"  let sn = (sg % {t.sg_n}u) * {t.bn // t.sg_n}u;"]
+    for i in range(t.tm):
+        for j in range(t.tn):
+            L.append(f"  var acc{i}_{j} = {res}();")
+    # one slab's storage loads into registers ra*, rb*, and their stores into buffer `b`
+    def loads(kexpr):
+        out = []
+        if t.copy == "matrix":   # matrix q of the slab: uniform (subgroup_id, loop counter)
+            for r in range(ma):
+                q = f"(sg * {ma}u + {r}u)"
+                out.append(f"    pa{r} = subgroupMatrixLoad<{left}>(&A, (m0 + ({q} / {t.bk // t.k}u) "
+                           f"* {t.m}u) * {K}u + ({kexpr}) + ({q} % {t.bk // t.k}u) * {t.k}u, false, {K}u);")
+            for r in range(mb):
+                q = f"(sg * {mb}u + {r}u)"
+                out.append(f"    pb{r} = subgroupMatrixLoad<{right}>(&B, (({kexpr}) + ({q} / "
+                           f"{t.bn // t.n}u) * {t.k}u) * {N}u + n0 + ({q} % {t.bn // t.n}u) * {t.n}u, "
+                           f"false, {N}u);")
+            return out
+        for r in range(va):
+            out += [f"    let ia{r} = li + {r * t.threads}u;",
+                    f"    ra{r} = A[(m0 + ia{r} / {rows_a}u) * {K // 8}u + ({kexpr}) / 8u + ia{r} % {rows_a}u];"]
+        for r in range(vb):
+            out += [f"    let ib{r} = li + {r * t.threads}u;",
+                    f"    rb{r} = B[(({kexpr}) + ib{r} / {rows_b}u) * {N // 8}u + n0 / 8u + ib{r} % {rows_b}u];"]
+        return out
+
+    def stores(b):
+        out = []
+        if t.copy == "matrix":
+            for r in range(ma):
+                q = f"(sg * {ma}u + {r}u)"
+                out.append(f"    subgroupMatrixStore(&As{b}, ({q} / {t.bk // t.k}u) * {t.m * sa}u + "
+                           f"({q} % {t.bk // t.k}u) * {t.k}u, pa{r}, false, {sa}u);")
+            for r in range(mb):
+                q = f"(sg * {mb}u + {r}u)"
+                out.append(f"    subgroupMatrixStore(&Bs{b}, ({q} / {t.bn // t.n}u) * {t.k * sb}u + "
+                           f"({q} % {t.bn // t.n}u) * {t.n}u, pb{r}, false, {sb}u);")
+            return out
+        for name, count, per_row, stride, arr in (("a", va, rows_a, sa, f"As{b}"),
+                                                  ("b", vb, rows_b, sb, f"Bs{b}")):
+            for r in range(count):
+                out.append(f"    {{ let i = li + {r * t.threads}u; let o = (i / {per_row}u) * "
+                           f"{stride}u + (i % {per_row}u) * 8u;")
+                for c, comp in enumerate("xyzw"):
+                    out.append(f"      let h{c} = bitcast<vec2<f16>>(r{name}{r}.{comp}); "
+                               f"{arr}[o + {2 * c}u] = h{c}.x; {arr}[o + {2 * c + 1}u] = h{c}.y;")
+                out.append("    }")
+        return out
+
+    def products(b):
+        out = []
+        for kk in range(t.bk // t.k):
+            for i in range(t.tm):
+                out.append(f"    let a{kk}_{i} = subgroupMatrixLoad<{left}>(&As{b}, "
+                           f"(sm + {i * t.m}u) * {sa}u + {kk * t.k}u, false, {sa}u);")
+            for j in range(t.tn):
+                out.append(f"    let b{kk}_{j} = subgroupMatrixLoad<{right}>(&Bs{b}, "
+                           f"{kk * t.k * sb}u + sn + {j * t.n}u, false, {sb}u);")
+            for i in range(t.tm):
+                for j in range(t.tn):
+                    out.append(f"    acc{i}_{j} = subgroupMatrixMultiplyAccumulate("
+                               f"a{kk}_{i}, b{kk}_{j}, acc{i}_{j});")
+        return out
+
+    if t.copy == "matrix":
+        L += [f"  var pa{r} = {left}();" for r in range(ma)]
+        L += [f"  var pb{r} = {right}();" for r in range(mb)]
+    else:
+        L += [f"  var ra{r}: vec4<u32>;" for r in range(va)]
+        L += [f"  var rb{r}: vec4<u32>;" for r in range(vb)]
+    steps = K // t.bk
+    if t.double_buffer:
+        L += ["  {"] + loads("0u") + stores(0) + ["  }", "  workgroupBarrier();"]
+        L.append(f"  for (var s = 0u; s < {steps}u; s += 2u) {{")
+        for cur in (0, 1):
+            nxt = 1 - cur
+            step = "s" if cur == 0 else "s + 1u"
+            L.append(f"   if ({step} < {steps}u) {{")
+            L.append(f"    let more = {step} + 1u < {steps}u;")
+            L += ["    if (more) {"] + ["  " + x for x in loads(f"({step} + 1u) * {t.bk}u")] + ["    }"]
+            L += products(cur)
+            L += ["    if (more) {"] + ["  " + x for x in stores(nxt)] + ["    }"]
+            L.append("    workgroupBarrier();")
+            L.append("   }")
+        L.append("  }")
+    else:
+        if t.prefetch:
+            L += ["  {"] + loads("0u") + ["  }"]
+        L.append(f"  for (var s = 0u; s < {steps}u; s++) {{")
+        if not t.prefetch:
+            L += loads(f"s * {t.bk}u")
+        L += stores(0) + ["    workgroupBarrier();"]
+        if t.prefetch:
+            L += [f"    if (s + 1u < {steps}u) {{"] + ["  " + x for x in loads(f"(s + 1u) * {t.bk}u")] + ["    }"]
+        L += products(0) + ["    workgroupBarrier();", "  }"]
+    # the results
+    for i in range(t.tm):
+        for j in range(t.tn):
+            off = f"(m0 + sm + {i * t.m}u) * {N}u + n0 + sn + {j * t.n}u"
+            if t.out == "f32":
+                L.append(f"  subgroupMatrixStore(&C, {off}, acc{i}_{j}, false, {N}u);")
+            else:
+                per = t.m * t.n // t.subgroup_size
+                L += [f"  subgroupMatrixStore(&Cs, sg * {t.m * t.n}u, acc{i}_{j}, false, {t.n}u);",
+                      "  workgroupBarrier();",
+                      f"  for (var e = 0u; e < {per}u; e++) {{",
+                      f"    let q = lane * {per}u + e;",
+                      f"    C[{off} + (q / {t.n}u) * {N}u + q % {t.n}u] = f16(Cs[sg * {t.m * t.n}u + q]);",
+                      "  }",
+                      "  workgroupBarrier();"]
+    L.append("}")
+    return "\n".join(L) + "\n", (N // t.bn, M // t.bm, 1)
+
+
+def tiling_for(limits, M: int, N: int, K: int, out: str = "f32") -> MmaTiling | None:
+    """The tiling for an [M, K] @ [K, N] f16 product on the device of codegen `limits`, or
+    None where this kernel cannot run (no shader-f16, no f16 -> f32 subgroup-matrix
+    configuration, or a shape no tiling divides): the caller keeps its f32 kernels then.
+    128x128x32 on 2x2 subgroups measured best at 4096^3 on the H200 (bench/README.md)."""
+    if not getattr(limits, "shader_f16", False):
+        return None
+    cfg = config_for(getattr(limits, "subgroup_matrix", ()))
+    if cfg is None:
+        return None
+    m, n, k, size = cfg
+    room = getattr(limits, "max_compute_workgroup_storage_size", None)
+    for bm, bn, sgm, sgn in ((128, 128, 2, 2), (64, 64, 2, 2), (32, 32, 1, 1)):
+        t = MmaTiling(bm=bm, bn=bn, bk=32, sg_m=sgm, sg_n=sgn, m=m, n=n, k=k,
+                      subgroup_size=size, out=out)
+        try:
+            t.check(M, N, K, room)
+        except ValueError:
+            continue
+        if t.threads <= getattr(limits, "max_compute_invocations_per_workgroup", 256):
+            return t
+    return None

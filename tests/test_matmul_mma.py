@@ -1,0 +1,240 @@
+"""codegen/matmul_mma.py, the subgroup-matrix f16 matmul, where no adapter has subgroup
+matrices (CI: lavapipe, SwiftShader): its WGSL is run by a small emulator here (each
+subgroup one Python generator, barriers where all of them yield, invocations as numpy
+vectors of 32 lanes, subgroup matrices as numpy blocks with f32 accumulation) and compared
+with numpy's product of the same f16 inputs, for every copy mode, prefetch, double buffering
+and f16 output. The emulator runs only the statement forms that the generator writes and
+fails on any other, so it checks the kernel's index arithmetic, slab schedule and barriers,
+not Tint. On the GPU the same kernels are checked against float64 products by
+bench/matmul_f16.py (H200 through Dawn; figures in bench/README.md); that run is not part of
+CI, which has no adapter with chromium-experimental-subgroup-matrix.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import backends
+
+from webgrad.backends.gpu_host import FeatureMissingError, check_features, wgsl_features
+from webgrad.codegen.matmul_mma import MmaTiling, config_for, mma_matmul_wgsl
+
+
+# ---------------------------------------------------------------- the emulator
+
+def _expr(e: str) -> str:
+    e = re.sub(r"subgroupMatrixLoad<subgroup_matrix_(left|right|result)<[^>]*>>\(", r"_load('\1', ", e)
+    e = re.sub(r"subgroup_matrix_(left|right|result)<[^>]*>\(\)", r"_zero('\1')", e)
+    e = e.replace("subgroupMatrixMultiplyAccumulate(", "_mma(")
+    e = e.replace("bitcast<vec2<f16>>(", "_unpack(").replace("f16(", "_f16(")
+    e = re.sub(r"&(\w+)", r"\1", e)
+    e = re.sub(r"\b(\d+)u\b", r"\1", e).replace("/", "//")
+    e = re.sub(r"\.([xyzw])\b", lambda m: f"[..., {'xyzw'.index(m.group(1))}]", e)
+    return e.replace("false", "False").replace("true", "True")
+
+
+def _python(wgsl: str) -> tuple[str, dict]:
+    """The kernel body as a generator function, and its workgroup arrays {name: (dtype, n)}."""
+    shared, out, depth = {}, ["def _subgroup(sg, li, lane, wg):", "  yield None"], 1
+    body = wgsl[wgsl.index("fn main"):]
+    body = body[body.index("{", body.index(") {")) + 1:]
+    for m in re.finditer(r"var<workgroup> (\w+): array<(\w+), (\d+)>;", wgsl):
+        shared[m.group(1)] = (m.group(2), int(m.group(3)))
+    for line in body.splitlines():
+        line = line.split("//")[0].strip()
+        f = re.fullmatch(r"for \(var (\w+) = (\w+); \w+ < (\w+); \w+(\+\+| \+= (\w+))\) \{", line)
+        if f:
+            step = _expr(f.group(5)) if f.group(5) else "1"
+            out.append("  " * depth + f"for {f.group(1)} in range({_expr(f.group(2))}, {_expr(f.group(3))}, {step}):")
+            depth += 1
+            continue
+        f = re.fullmatch(r"if \((.*)\) \{", line)
+        if f:
+            out.append("  " * depth + f"if {_expr(f.group(1))}:")
+            depth += 1
+            continue
+        for stmt in re.split(r";|(?<=\{)|(?=\})", line):
+            stmt = stmt.strip()
+            if not stmt:
+                continue
+            if stmt == "{":
+                out.append("  " * depth + "if True:")
+                depth += 1
+            elif stmt == "}":
+                out.append("  " * depth + "pass")
+                depth -= 1
+            elif stmt == "workgroupBarrier()":
+                out.append("  " * depth + "yield 'barrier'")
+            elif stmt.startswith("subgroupMatrixStore("):
+                out.append("  " * depth + "_store(" + _expr(stmt[len("subgroupMatrixStore("):]))
+            elif re.fullmatch(r"var \w+: vec4<u32>", stmt):
+                out.append("  " * depth + f"{stmt.split()[1][:-1]} = None")
+            elif (m := re.fullmatch(r"(?:let |var )?(\w+(?:\[.*\])?) = (.*)", stmt)):
+                out.append("  " * depth + f"{_expr(m.group(1))} = {_expr(m.group(2))}")
+            else:
+                raise AssertionError(f"emulator: unknown WGSL statement {stmt!r}")
+    assert depth == 0, "unbalanced braces"
+    return "\n".join(out), shared
+
+
+def emulate(wgsl: str, groups, t: MmaTiling, A16, B16):
+    """Run the kernel over the grid `groups`; returns C (flat, of the kernel's type)."""
+    M, N = A16.shape[0], B16.shape[1]
+    code, shared = _python(wgsl)
+    dims = {"left": (t.m, t.k), "right": (t.k, t.n), "result": (t.m, t.n)}
+    mats = t.copy == "matrix"
+    A = A16.reshape(-1) if mats else A16.view(np.uint32).reshape(-1, 4)
+    B = B16.reshape(-1) if mats else B16.view(np.uint32).reshape(-1, 4)
+    C = np.zeros(M * N, np.float32 if t.out == "f32" else np.float16)
+
+    def at(off, shape, stride):
+        r, c = shape
+        assert np.ndim(off) == 0, "a matrix offset that differs between lanes (not uniform)"
+        return off + np.arange(r)[:, None] * stride + np.arange(c)[None, :]
+
+    def load(kind, arr, off, col_major, stride):
+        assert not col_major
+        return arr[at(off, dims[kind], stride)].astype(np.float32)
+
+    def store(arr, off, v, col_major, stride):
+        assert not col_major
+        arr[at(off, v.shape, stride)] = v
+
+    def unpack(u):
+        return np.ascontiguousarray(u, dtype="<u4").view(np.float16).reshape(np.shape(u) + (2,))
+
+    env = {"A": A, "B": B, "C": C, "_load": load, "_store": store, "_unpack": unpack,
+           "_zero": lambda kind: np.zeros(dims[kind], np.float32),
+           "_mma": lambda a, b, c: c + a.astype(np.float32) @ b.astype(np.float32),
+           "_f16": lambda x: np.asarray(x).astype(np.float16)}
+    nsg = t.sg_m * t.sg_n
+    for gy in range(groups[1]):
+        for gx in range(groups[0]):
+            for name, (ty, n) in shared.items():   # workgroup memory: fresh each workgroup
+                env[name] = np.full(n, np.nan, np.float16 if ty == "f16" else np.float32)
+            exec(code, env)
+            subs = [env["_subgroup"](sg, sg * t.subgroup_size + np.arange(t.subgroup_size),
+                                     np.arange(t.subgroup_size), np.array([gx, gy, 0])) for sg in range(nsg)]
+            for s in subs:
+                next(s)
+            live = True
+            while live:   # every subgroup runs to its next barrier; all must get there
+                ends = []
+                for s in subs:
+                    try:
+                        ends.append(next(s))
+                    except StopIteration:
+                        ends.append("end")
+                assert len(set(ends)) == 1, f"subgroups disagree at a barrier: {ends}"
+                live = ends[0] != "end"
+    return C
+
+
+# ---------------------------------------------------------------- the tests
+
+TILINGS = [
+    MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2),
+    MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, prefetch=False, swizzle=2),
+    MmaTiling(bm=64, bn=128, bk=32, sg_m=2, sg_n=2, double_buffer=True),
+    MmaTiling(bm=64, bn=64, bk=16, sg_m=1, sg_n=2, copy="matrix"),
+    MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, copy="matrix", double_buffer=True),
+    MmaTiling(bm=32, bn=64, bk=32, sg_m=2, sg_n=1, out="f16"),
+    MmaTiling(bm=64, bn=32, bk=32, sg_m=2, sg_n=1, m=16, n=8, k=16),   # a 16x8x16 configuration
+]
+
+
+@pytest.mark.parametrize("t", TILINGS, ids=lambda t: f"{t.bm}x{t.bn}x{t.bk}:{t.sg_m}x{t.sg_n}"
+                         f"{':db' if t.double_buffer else ''}{'' if t.prefetch else ':nopre'}"
+                         f":{t.copy}:{t.out}:{t.m}x{t.n}x{t.k}")
+def test_emulated_kernel_equals_numpy(t):
+    M, N, K = 2 * t.bm, 3 * t.bn, 3 * t.bk     # several workgroups, an odd number of slabs
+    rng = np.random.default_rng(1)
+    A16 = rng.standard_normal((M, K)).astype(np.float16)
+    B16 = rng.standard_normal((K, N)).astype(np.float16)
+    wgsl, groups = mma_matmul_wgsl(M, N, K, t)
+    assert groups == (N // t.bn, M // t.bm, 1)
+    got = emulate(wgsl, groups, t, A16, B16).reshape(M, N).astype(np.float64)
+    want = A16.astype(np.float64) @ B16.astype(np.float64)
+    tol = 2e-3 if t.out == "f16" else 1e-5     # f16 output: one rounding to 11 bits
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
+
+
+def test_emulator_catches_a_wrong_index():
+    """A kernel whose second row of left matrices reads the first one's gives another product."""
+    t = TILINGS[0]
+    rng = np.random.default_rng(2)
+    A16 = rng.standard_normal((128, 96)).astype(np.float16)
+    B16 = rng.standard_normal((96, 128)).astype(np.float16)
+    wgsl, groups = mma_matmul_wgsl(128, 128, 96, t)
+    bad = wgsl.replace("(sm + 16u) * 40u", "(sm + 0u) * 40u")
+    assert bad != wgsl
+    got = emulate(bad, groups, t, A16, B16).reshape(128, 128)
+    assert not np.allclose(got, A16.astype(np.float64) @ B16.astype(np.float64), rtol=1e-3, atol=1e-2)
+
+
+def test_wgsl_form_features_and_errors():
+    t = MmaTiling()
+    wgsl, groups = mma_matmul_wgsl(4096, 4096, 4096, t)
+    assert groups == (32, 32, 1)
+    assert f"@workgroup_size({t.threads})" in wgsl and t.threads == 128
+    assert wgsl_features(wgsl) == {"shader-f16", "subgroups", "chromium-experimental-subgroup-matrix"}
+    # Tint wants matrix offsets uniform: none may come from the invocation's index
+    for call in re.findall(r"subgroupMatrix(?:Load|Store)[^;]*;", wgsl):
+        assert not re.search(r"\b(li|lane|ia\d|ib\d)\b", call), call
+    assert t.workgroup_bytes() == 2 * (128 * 40 + 32 * 136)
+    with pytest.raises(ValueError, match="multiple of bm 128"):
+        mma_matmul_wgsl(4000, 4096, 4096, t)
+    with pytest.raises(ValueError, match="workgroup memory"):
+        mma_matmul_wgsl(4096, 4096, 4096, MmaTiling(double_buffer=True, bk=64), 32768)
+    # the adapter's configurations: H200's f16 ones, as Dawn listed them on 2026-12-02
+    h200 = [("f16", "f16", 16, 16, 16, 32, 32), ("f16", "f32", 16, 8, 16, 32, 32),
+            ("f16", "f32", 16, 16, 16, 32, 32), ("i8", "i32", 16, 16, 32, 32, 32)]
+    assert config_for(h200) == (16, 16, 16, 32)
+    assert config_for([c for c in h200 if c[1] != "f32"]) is None
+    # a program whose kernels need a feature the device lacks is refused, naming it
+    check_features([wgsl], {"shader-f16", "subgroups", "chromium-experimental-subgroup-matrix"}, "x")
+    with pytest.raises(FeatureMissingError, match="chromium-experimental-subgroup-matrix"):
+        check_features([wgsl, "fn main() {}"], {"shader-f16", "subgroups"}, "lavapipe")
+
+
+def test_tiling_from_the_adapter_limits():
+    """Kernel selection reads the features and configurations recorded on Limits; without
+    them (SwiftShader, lavapipe, a browser without the flag) there is no f16 kernel."""
+    from webgrad.codegen.matmul_mma import tiling_for
+    from webgrad.codegen.wgsl import Limits
+    plain = Limits()
+    assert not plain.shader_f16 and plain.subgroup_matrix == ()
+    assert tiling_for(plain, 4096, 4096, 4096) is None
+    h200 = Limits(shader_f16=True, max_compute_workgroup_storage_size=49152,
+                  max_compute_invocations_per_workgroup=1024,
+                  subgroup_matrix=(("f16", "f32", 16, 8, 16, 32, 32), ("f16", "f32", 16, 16, 16, 32, 32)))
+    t = tiling_for(h200, 4096, 4096, 4096)
+    assert (t.bm, t.bn, t.bk, t.sg_m, t.sg_n, t.m, t.n, t.k) == (128, 128, 32, 2, 2, 16, 16, 16)
+    assert tiling_for(h200, 192, 192, 64).bm == 64        # a smaller tile where 128 does not divide
+    assert tiling_for(h200, 100, 128, 64) is None          # no tile divides 100 rows
+    assert tiling_for(Limits(shader_f16=False, subgroup_matrix=h200.subgroup_matrix), 4096, 4096, 4096) is None
+
+
+@pytest.mark.webgpu
+@pytest.mark.skipif(not backends.webgpu_available(), reason="no native WebGPU adapter")
+def test_native_host_refuses_a_kernel_for_a_missing_feature():
+    """The native host records what its device was made with, copies it onto the backend's
+    Limits, and a plan needing subgroup matrices on a device without them (lavapipe) fails
+    at load with the missing feature named, before any buffer is made."""
+    from webgrad.backends.webgpu import WebGPUBackend
+    from webgrad.backends.webgpu_native import NativeHost
+    host = NativeHost()
+    limits = WebGPUBackend(host).limits
+    assert limits.shader_f16 == ("shader-f16" in host.features)
+    have_mma = "chromium-experimental-subgroup-matrix" in host.features
+    assert bool(limits.subgroup_matrix) == have_mma == bool(host.subgroup_matrix_configs)
+    if have_mma and "shader-f16" in host.features:
+        pytest.skip("this adapter has subgroup matrices: bench/matmul_f16.py checks the kernel")
+    wgsl, groups = mma_matmul_wgsl(128, 128, 64, MmaTiling())
+    plan = {"buffers": [{"size": 128 * 64 * 2}, {"size": 64 * 128 * 2}, {"size": 128 * 128 * 4}],
+            "pipelines": [{"wgsl": wgsl}],
+            "commands": [{"op": "dispatch", "pipeline": 0, "bindings": [0, 1, 2], "workgroups": list(groups)}]}
+    with pytest.raises(FeatureMissingError, match="chromium-experimental-subgroup-matrix"):
+        host.load(plan)
