@@ -103,7 +103,7 @@ class StoredTensor:
                 # bf16 is the top half of an f32: shift its 16 bits up (one pass in numpy)
                 wide = np.frombuffer(self.data, "<u2").astype(np.uint32)
                 wide <<= 16
-                out.frombytes(wide.tobytes())
+                out.frombytes(memoryview(wide).cast("B"))
                 return out
             elif self.dtype == "BF16":
                 # the same without numpy: its two bytes above two zero bytes
