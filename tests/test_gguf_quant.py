@@ -47,6 +47,7 @@ def test_layout_decodes_to_gguf(qt, n_blocks):
     raw = random_blocks(qt, n_blocks, rng)
     n = n_blocks * block
     words = quants.transcode(qt.name, raw.tobytes())
+    assert words == quants.transcode(qt.name, raw.tobytes(), use_numpy=False)   # both paths
     assert len(words) == 4 * quants.n_words(qt.name, n)
     assert len(words) - raw.nbytes in ((0, 2) if raw.shape[1] % 4 else (0,))  # at most 2 bytes of padding
     assert quants.raw_blocks(qt.name, words, n) == raw.tobytes()

@@ -88,3 +88,41 @@ def test_the_cache_image_round_trips():
         llama_demo.tokenizer().apply_chat_template([{"role": "user", "content": "x"}])
     with pytest.raises(llama_cache.ModelCacheError, match="format"):
         llama_cache.restore({**meta, "format": 99}, data, backend="reference")
+
+
+@pytest.mark.parametrize("qt", ["F32", "Q4_K_M"])
+def test_a_gguf_model_is_kept_as_its_file(tmp_path, qt):
+    """A Llama loaded from GGUF (F32, or Q4_K with Q6_K: the blocks held quantized) images as
+    the file itself and restores to the same quantized weights, logits and tokenizer;
+    a damaged entry is refused naming the field."""
+    import json
+    pytest.importorskip("transformers")
+    gguf = pytest.importorskip("gguf")
+    from test_llama_gguf import IDS, WIDE, hf_model, llama_cpp_gguf, q4_k_m
+    from webgrad.models import llama, llama_cache
+    QT = gguf.GGMLQuantizationType
+    model = hf_model("llama", WIDE)
+    path, _ = llama_cpp_gguf(tmp_path, model, "llama", spm=True,
+                             **(dict(qtype=QT.Q4_K, mix=q4_k_m(2)) if qt != "F32" else {}))
+    blob = path.read_bytes()
+    m = llama.Llama.from_gguf(blob, backend="reference")
+    assert bool(m.quant) == (qt != "F32")
+    meta, parts = _run(llama_cache.image_async(llama_cache.Chat(m, b"", {}, gguf=blob)))
+    data = b"".join(bytes(memoryview(p).cast("B")) for p in parts)
+    assert data == blob and meta["nbytes"] == len(blob) == llama_cache.nbytes(
+        llama_cache.Chat(m, b"", {}, gguf=blob))
+    meta = json.loads(json.dumps(meta))
+    back = llama_cache.restore(meta, data, backend="reference")
+    assert back.model.cfg == m.cfg
+    assert {n: (q.qtype, q.shape) for n, q in back.model.quant.items()} == {
+        n: (q.qtype, q.shape) for n, q in m.quant.items()}
+    np.testing.assert_array_equal(back.model.forward(IDS), m.forward(IDS))
+    text = "t7t12 t300"
+    assert back.tokenizer().encode(text) == llama.Tokenizer.from_gguf(blob).encode(text)
+    for field, bad in (("offset", {"offset": 8}), ("tensors", {"dtype": "f32"})):
+        t = dict(meta["tensors"][0], **bad)
+        with pytest.raises(llama_cache.ModelCacheError, match=field):
+            llama_cache.restore({**meta, "tensors": [t]}, data, backend="reference")
+    with pytest.raises(llama_cache.ModelCacheError, match="config"):
+        llama_cache.restore({**meta, "config": {**meta["config"], "hidden_size": 128}}, data,
+                            backend="reference")

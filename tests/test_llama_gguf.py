@@ -105,11 +105,13 @@ def rope_factors(hp):
     return np.asarray(out, np.float32)
 
 
-def llama_cpp_gguf(tmp_path, model, kind, *, qtype=None, mix=None, name="m.gguf"):
+def llama_cpp_gguf(tmp_path, model, kind, *, qtype=None, mix=None, name="m.gguf", spm=False):
     """What llama.cpp's converter (and llama-quantize, for qtype / mix) writes for `model`:
     returns (path, the transformers state dict of the values the file holds, as gguf
     decodes them). qtype: the type of every 2-D tensor (None: F32); mix: {gguf name: type}
-    overrides. 1-D tensors (norms, biases, rope_freqs) stay F32, as llama.cpp keeps them."""
+    overrides. 1-D tensors (norms, biases, rope_freqs) stay F32, as llama.cpp keeps them.
+    spm: a SentencePiece vocabulary (<unk>, <s>, </s>, the 256 byte tokens, then made-up
+    pieces) with its scores and token types, which llama.cpp needs to load the file."""
     hp = model.config
     arch = KINDS[kind][2]
     rng = np.random.default_rng(7)
@@ -136,7 +138,15 @@ def llama_cpp_gguf(tmp_path, model, kind, *, qtype=None, mix=None, name="m.gguf"
         if arch == gguf.MODEL_ARCH.LLAMA:
             w.add_rope_dimension_count(head_dim(hp))
             w.add_vocab_size(hp.vocab_size)
-        w.add_token_list([f"<t{i}>" for i in range(hp.vocab_size)])
+        if spm:
+            pieces = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)]
+            w.add_tokenizer_model("llama")
+            w.add_token_list(pieces + [f"t{i}" for i in range(hp.vocab_size - len(pieces))])
+            w.add_token_scores([0.0] * 3 + [0.0] * 256 + [-float(i) for i in range(hp.vocab_size - 259)])
+            w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (hp.vocab_size - 259))
+            w.add_bos_token_id(1)
+        else:
+            w.add_token_list([f"<t{i}>" for i in range(hp.vocab_size)])
         w.add_eos_token_id(2)
         if rp.get("rope_type") == "llama3":
             w.add_tensor("rope_freqs.weight", rope_factors(hp))

@@ -226,3 +226,16 @@ def test_fuzz_mutated_files(blob):
         assert t.data.nbytes == len(theirs[k]["data"])
         assert t.data.tobytes() == bytes(theirs[k]["data"])
         assert list(t.shape) == theirs[k]["shape"]
+
+
+def test_bf16_widens_alike_with_and_without_numpy(tmp_path, monkeypatch):
+    from safetensors.torch import save_file
+    import webgrad.io.safetensors as mod
+    x = torch.randn(33, 7).to(torch.bfloat16)
+    x[0, :3] = torch.tensor([float("inf"), -0.0, 1e-40])        # inf, a signed zero, a subnormal
+    save_file({"x": x}, str(tmp_path / "b.safetensors"))
+    want = x.float().numpy().tobytes()
+    f = mod.load(str(tmp_path / "b.safetensors"))
+    assert f["x"].to_host().tobytes() == want
+    monkeypatch.setattr(mod, "numpy_or_none", lambda: None)
+    assert f["x"].to_host().tobytes() == want

@@ -4,10 +4,11 @@
 // Model: the demo model (webgrad.models.llama_demo: a tiny SmolLM2-shaped Llama from a seed,
 // built on the page at start), or files picked from disk: a .gguf (Llama.from_gguf_async +
 // Tokenizer.from_gguf) or a safetensors folder's files (written to the worker's file system,
-// then Llama.from_pretrained + Tokenizer.from_pretrained). Picked folders and fine-tuned models
-// are kept in the browser's model cache (models/llama_cache.py over io/modelcache.py, and
-// modelcache.mjs here), listed under the model and loaded back from it; the demo model (built
-// in a second) and GGUF files (their tokenizer is not imaged yet) are not.
+// then Llama.from_pretrained + Tokenizer.from_pretrained). Picked GGUF files and folders and
+// fine-tuned models are kept in the browser's model cache (models/llama_cache.py over
+// io/modelcache.py, and modelcache.mjs here; a GGUF as the file itself, its tokenizer in it),
+// listed under the model and loaded back from it; the demo model (built in a second) and
+// models fine-tuned from a GGUF file are not.
 //
 // Chat: the conversation goes through the tokenizer's chat template (jinja2, shipped to the
 // worker by serve.py); chat_reply streams the reply with generate_stream_async and posts each
@@ -54,7 +55,7 @@ def _describe(m, tok, name):
 async def _keep(m, name):
     """Store m in the browser's model cache: {key, kept} or {not_kept: why}."""
     if _chat.get("keep") is None:
-        return {"not_kept": "a GGUF's tokenizer is not kept in the cache yet"}
+        return {"not_kept": "a model fine-tuned from a GGUF file is not kept in the cache yet"}
     try:
         info = await llama_cache.store_async(llama_cache.Chat(m, *_chat["keep"]), name=name)
         return {"key": info["key"], "kept": True}
@@ -72,7 +73,13 @@ async def chat_load_files(files):
     if gguf:
         data = files[gguf[0]]
         m = await llama.Llama.from_gguf_async(data, backend="webgpu")
-        return _use(m, llama.Tokenizer.from_gguf(data), gguf[0])
+        out = _use(m, llama.Tokenizer.from_gguf(data), gguf[0])
+        try:     # the file itself is the cache's image (models/llama_cache.py)
+            info = await llama_cache.store_async(llama_cache.Chat(m, b"", {}, gguf=data),
+                                                 name=gguf[0])
+            return {**out, "key": info["key"], "kept": True}
+        except Exception as e:   # a full disk: the model is used all the same
+            return {**out, "not_kept": str(e)}
     need = ["config.json", "tokenizer.json"]
     if not all(n in files for n in need) or not any(n.endswith(".safetensors") for n in files):
         raise ValueError("pick a .gguf file, or a model folder's files together: config.json, "
@@ -95,8 +102,8 @@ async def chat_load_files(files):
 
 async def chat_load_key(key):
     item, info = await llama_cache.load_key_async(key, backend="webgpu")
-    return _use(item.model, item.tokenizer(), info["name"], (item.tokenizer_json,
-                item.tokenizer_config), {"key": key, "cached": True})
+    keep = None if item.gguf is not None else (item.tokenizer_json, item.tokenizer_config)
+    return _use(item.model, item.tokenizer(), info["name"], keep, {"key": key, "cached": True})
 
 async def chat_reply(messages, max_new_tokens, temperature, seed=0):
     m, tok = _chat["tuned"] if "tuned" in _chat else _chat["model"], _chat["tok"]

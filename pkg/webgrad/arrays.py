@@ -120,8 +120,10 @@ def to_host(value, *, shape, dtype: str, what: str, allow_nonfinite: bool = Fals
     shape = tuple(shape)
     want = f"{dtype}{list(shape)}"
     value = _from_js(value)
+    fresh = False
     if not isinstance(value, HostArray) and callable(getattr(value, "to_host", None)):
         value = value.to_host()      # a tensor read from a file: io.safetensors, io.gguf
+        fresh = True                 # made just now, owned here: kept without a copy
     if isinstance(value, HostArray) and value.dtype == dtype:
         got_shape, data = value.shape, value
     elif _is_numpy_like(value):
@@ -147,8 +149,13 @@ def to_host(value, *, shape, dtype: str, what: str, allow_nonfinite: bool = Fals
                         "array.array, memoryview, nested list or JS typed array")
     if got_shape != shape and not (prod(got_shape) == prod(shape) and len(got_shape) <= 1 and not _is_numpy_like(value)):
         raise FeedError(f"{what}: expects shape {list(shape)} ({want}), got shape {list(got_shape)}")
-    out = HostArray(dtype, shape=shape)
-    if isinstance(data, (bytes, bytearray)):
+    if fresh and data is value and tuple(value.shape) == shape:
+        out = value
+    else:
+        out = HostArray(dtype, shape=shape)
+    if out is value:
+        pass
+    elif isinstance(data, (bytes, bytearray)):
         out.frombytes(data)
     else:
         try:

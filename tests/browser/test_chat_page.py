@@ -268,7 +268,23 @@ def test_a_picked_gguf_chats(chat_page, tmp_path):
     tok = llama_demo.tokenizer()
     ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": "Hi"}],
                                              add_generation_prompt=True), add_special_tokens=False)
-    assert _ids(reply) == model.generate(ids, max_new_tokens=8, temperature=0)[len(ids):]
+    want = model.generate(ids, max_new_tokens=8, temperature=0)[len(ids):]
+    assert _ids(reply) == want
+
+    # the file is kept in the model cache: loaded back from it (no file picked), with the
+    # tokenizer and chat template its metadata holds, it answers the same
+    kept = json.loads(page.get_attribute("#model-info", "data-model"))
+    assert kept.get("kept") and kept.get("key"), kept
+    page.click("#demo")
+    page.wait_for_function("document.getElementById('status').textContent.startsWith("
+                           "'Ready: demo model')", timeout=30_000)
+    page.locator(f"#cache tbody tr[data-key='{kept['key']}'] button.load").click()
+    page.wait_for_function("document.getElementById('status').textContent.startsWith("
+                           "\"Ready: demo-f32.gguf (from this browser's cache)\")", timeout=30_000)
+    again = _send(page, "Hi", 8)
+    page.wait_for_function("document.querySelector('.msg.assistant:last-child').dataset.done === '1'",
+                           timeout=30_000)
+    assert _ids(again) == want
 
 
 @browser

@@ -78,7 +78,9 @@ def misfit(missing: list, unexpected: list, misshaped: list) -> str:
 
 def to_f32(name: str, value, shape):
     """One weight as an f32 HostArray (F16/BF16 files and torch dtypes widened)."""
-    return to_host(as_f32_array(value), shape=shape, dtype="f32", what=f"Llama weight {name!r}")
+    if not (hasattr(value, "to_host") and hasattr(value, "dtype")):   # a file's tensor: to_host
+        value = as_f32_array(value)                                 # reads it, without a copy
+    return to_host(value, shape=shape, dtype="f32", what=f"Llama weight {name!r}")
 
 
 # ---------------------------------------------------------------- files

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import prod
 
+from ..arrays import numpy_or_none
 from .decode import dequantize
 from .registry import FORMATS
 
@@ -77,18 +78,29 @@ def _body_bytes(fmt) -> list[int]:
     return [j for j in range(fmt.nbytes) if j not in (fmt.f16_at, fmt.f16_at + 1)]
 
 
-def transcode(qtype: str, raw) -> bytes:
-    """GGUF blocks -> the GPU layout (bytes of little-endian words). Strided slices of
-    bytes objects: C loops, fast enough in the browser worker, numpy not needed."""
+def transcode(qtype: str, raw, *, use_numpy: bool | None = None) -> bytes:
+    """GGUF blocks -> the GPU layout (bytes of little-endian words). With numpy (None: when
+    it is there), one gather of the body bytes; without, strided slices of bytes objects: C
+    loops, fast enough in the browser worker. The same bytes either way."""
     fmt = FORMATS[qtype]
     size = fmt.nbytes
-    raw = bytes(raw)
-    if len(raw) % size:
-        raise ValueError(f"transcode: {len(raw)} bytes is not a whole number of {qtype} blocks "
+    n_raw = memoryview(raw).nbytes
+    if n_raw % size:
+        raise ValueError(f"transcode: {n_raw} bytes is not a whole number of {qtype} blocks "
                          f"({size} bytes each)")
     if fmt.f16_at is None:
-        return raw
-    nb = len(raw) // size
+        return bytes(raw)
+    nb = n_raw // size
+    np = numpy_or_none() if use_numpy is not False else None
+    if np is not None:
+        blocks = np.frombuffer(raw, np.uint8).reshape(nb, size)
+        out = np.zeros(nb * (size - 2) + 4 * ((nb + 1) // 2), np.uint8)
+        body, f = out[:nb * (size - 2)].reshape(nb, size - 2), fmt.f16_at
+        body[:, :f] = blocks[:, :f]
+        body[:, f:] = blocks[:, f + 2:]
+        out[nb * (size - 2):][:2 * nb].reshape(nb, 2)[:] = blocks[:, fmt.f16_at:fmt.f16_at + 2]
+        return out.tobytes()
+    raw = bytes(raw)
     body = size - 2
     qs = bytearray(body * nb)
     for i, j in enumerate(_body_bytes(fmt)):
