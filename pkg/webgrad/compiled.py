@@ -100,13 +100,28 @@ class Program:
     async def execute(self, feed, method, main: str, with_captures: bool,
                       allow_nonfinite: bool = False):
         feeds = self.check_feed(feed, method, allow_nonfinite)
-        fetch = [main] + (self.captures() if with_captures else [])
+        amp = [k for k in self.graph.outputs if k.startswith("amp/")]  # loss scaling's verdict
+        fetch = [main] + amp + (self.captures() if with_captures else [])
         out = await self.exe.run(feeds, fetch)
+        self.last_amp = {k: float(out[k][0]) for k in amp}
         caps = {k[len("capture:"):]: to_user(v) for k, v in out.items() if k.startswith("capture:")}
         return out[main], caps
 
 
 _serials = itertools.count()
+
+
+class StepLoss(float):
+    """A mixed-precision step's loss (a float) with loss scaling's verdict: `skipped` (True
+    when a gradient held an inf or NaN, so nothing was updated and the scale halved) and
+    `scale` (the loss scale the next step uses)."""
+    skipped: bool
+    scale: float
+
+    def __new__(cls, loss: float, skipped: bool, scale: float):
+        out = super().__new__(cls, loss)
+        out.skipped, out.scale = skipped, scale
+        return out
 
 
 class CompiledModule:
@@ -118,6 +133,11 @@ class CompiledModule:
         self._train, self._forward = train, forward
         self._destroyed = False
         self.last_feed = None  # the feed of the last successful step()
+        # loss scaling (precision="mixed"): did the last step skip, and the next step's scale
+        # (GradScaler's initial 2^16 until a step says otherwise; None without loss scaling)
+        self.last_step_skipped = None
+        self.loss_scale = (65536.0 if train is not None and any(
+            k.startswith("amp/") for k in train.graph.outputs) else None)
         self.serial = next(_serials)  # creation order: "the newest model" (the playground's Save)
         self._siblings = weakref.WeakSet()  # forward programs over this store (recover() reloads them)
         self._guard = (Guard(self, check_finite=check_finite, recovery=recovery)
@@ -215,6 +235,11 @@ class CompiledModule:
                                                    allow_nonfinite)
             self.last_feed = feed  # what the playground's kernel timing profiles
             loss = float(loss[0])
+            amp = self._train.last_amp
+            if amp:
+                self.last_step_skipped = amp["amp/skipped"] != 0.0
+                self.loss_scale = amp["amp/scale"]
+                loss = StepLoss(loss, self.last_step_skipped, self.loss_scale)
             if self._guard is not None:
                 await self._guard.after_step(loss)
         return (loss, caps) if with_captures else loss

@@ -6,7 +6,7 @@ needs numpy (a test/optional dependency); the browser, which has none, uses webg
 from __future__ import annotations
 
 from ..arrays import HostArray, to_numpy
-from ..primitives import PRIMS
+from ..primitives import NUMPY_DTYPES, PRIMS
 from .interpreter import Interpreter
 
 
@@ -32,6 +32,7 @@ class ReferenceBackend(Interpreter):
 
     def to_host(self, x, dtype):
         np = self.np
+        dtype = "f32" if dtype == "f16" else dtype  # an f16 value reaches the host as f32
         # np.asarray + order="C", not ascontiguousarray: that one turns rank 0 into shape (1,)
         x = np.asarray(x, dtype=np.float32 if dtype == "f32" else np.int32, order="C")
         out = HostArray(dtype, shape=x.shape)
@@ -39,4 +40,4 @@ class ReferenceBackend(Interpreter):
         return out
 
     def zeros(self, shape, dtype):
-        return self.np.zeros(shape, self.np.float32 if dtype == "f32" else self.np.int32)
+        return self.np.zeros(shape, NUMPY_DTYPES[dtype])

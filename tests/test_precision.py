@@ -1,0 +1,249 @@
+"""Half precision: the f16 storage type, the precision modes and dynamic loss scaling.
+
+* casts to f16 round as torch's .half() does (nearest even, overflow to inf, subnormals),
+  on the reference and torch executors;
+* ops refuse f16 operands where they would compute (f16 is storage; the maths is f32);
+* precision="f32" (the default) leaves every traced program as it was;
+* a small transformer block trained with precision="mixed" on the reference executor tracks
+  torch.amp (fp16 autocast, GradScaler) step by step, including a step that overflows and is
+  skipped (parameters and Adam state kept, scale halved) and the scale's growth after 2000
+  good steps.
+The f16 run of every op's oracle record is in tests/test_ops.py (test_oracle_f16).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import webgrad as wg
+from webgrad import Module, nn, ops, optim
+from webgrad.precision import apply_precision
+from webgrad.primitives import ShapeError
+
+torch = pytest.importorskip("torch")
+
+SPECIALS = np.array([0.0, -0.0, 1.0, 1 / 3, 65504.0, 65520.0, 7e4, -1e6, 1e-5, 6e-8, 2e-8,
+                     2.0 ** -24, 1.0009765625, 1.00048828125, 1.00146484375, 2049.0, 2051.0],
+                    np.float32)
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch"])
+def test_cast_rounds_as_torch_half(backend):
+    """f32 -> f16 -> f32 through a compiled program against torch's .half(): ties to even
+    (1 + 2^-11), overflow past 65504 + half an ulp to inf, f16 subnormals down to 2^-24."""
+    n = len(SPECIALS)
+
+    def fwd(m, f):
+        return ops.cast(ops.cast(f["x"], "f16"), "f32")
+
+    prog = wg.compile_forward(Module, fwd, inputs={"x": [n]}, backend=backend)
+    got = np.asarray(prog.run({"x": SPECIALS}))
+    want = torch.from_numpy(SPECIALS).half().float().numpy()
+    np.testing.assert_array_equal(got, want)
+    assert np.isinf(got[5]) and got[10] == 0.0 and got[11] == 2.0 ** -24
+
+
+def test_f16_is_storage_only():
+    """Arithmetic on f16 values is refused with the fix; layout ops and matmul take them."""
+    def fwd(m, f):
+        h = ops.cast(f["x"], "f16")
+        return h + h
+    with pytest.raises(ShapeError, match=r"f16 is a storage type.*ops.cast\(x, 'f32'\)"):
+        wg.compile_forward(Module, fwd, inputs={"x": [2, 2]})
+
+    def mixed(m, f):
+        return ops.matmul(ops.cast(f["x"], "f16"), f["x"])
+    with pytest.raises(ShapeError, match="two f32 or two f16 operands"):
+        wg.compile_forward(Module, mixed, inputs={"x": [2, 2]})
+
+    x = np.arange(6, dtype=np.float32).reshape(2, 3) / 7
+    prog = wg.compile_forward(Module, lambda m, f: ops.matmul(
+        ops.cast(f["x"], "f16"), ops.transpose(ops.cast(f["x"], "f16"), (1, 0))),
+        inputs={"x": [2, 3]})
+    xh = torch.from_numpy(x).half().float()
+    np.testing.assert_allclose(prog.run({"x": x}), (xh @ xh.T).numpy(), rtol=1e-6)
+
+
+def _tiny_model_ir(precision):
+    def loss_fn(m, f):
+        return nn.mse(m(f["x"]), f["y"])
+    c = wg.compile_module(lambda: nn.Linear(3, 2), loss_fn, inputs={"x": [4, 3], "y": [4, 2]},
+                          precision=precision)
+    return c
+
+
+def test_f32_default_is_unchanged():
+    """precision="f32" is the default and the identity: the same IR text as before the
+    precision pass existed (no cast node, no loss-scale state), and a bad mode is refused."""
+    default, f32 = _tiny_model_ir("f32"), wg.compile_module(
+        lambda: nn.Linear(3, 2), lambda m, f: nn.mse(m(f["x"]), f["y"]),
+        inputs={"x": [4, 3], "y": [4, 2]})
+    assert str(default.ir) == str(f32.ir)
+    assert not any(n.op == "cast" for n in default.ir.nodes)
+    assert not any(k.startswith("opt/amp") for k in default.ir.state)
+    g = default.ir
+    assert apply_precision(g, "f32")[0] is g
+    with pytest.raises(ValueError, match="precision must be one of 'f32', 'mixed', 'f16'"):
+        _tiny_model_ir("bf16")
+    with pytest.raises(ValueError, match="optimizer=None, or train with precision='mixed'"):
+        _tiny_model_ir("f16")
+
+
+# ---------------------------------------------------------------- training against torch.amp
+
+D, T, V = 16, 8, 11
+
+
+class Block(Module):
+    """Embedding, one causal self-attention head, layer norm, a GELU MLP, tied-free head."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, D)
+        self.ln1 = nn.LayerNorm(D)
+        self.qkv = nn.Linear(D, 3 * D)
+        self.proj = nn.Linear(D, D)
+        self.ln2 = nn.LayerNorm(D)
+        self.fc = nn.Linear(D, 2 * D)
+        self.out = nn.Linear(2 * D, V)
+
+    def __call__(self, tokens):
+        x = self.emb(tokens)                                   # [B, T, D]
+        qkv = self.qkv(self.ln1(x))
+        q, k, v = (ops.slice(qkv, 2, j * D, (j + 1) * D) for j in range(3))
+        att = ops.softmax_causal_last(ops.matmul(q, ops.swap_axes(k, -1, -2)) * (D ** -0.5))
+        x = x + self.proj(ops.matmul(att, v))
+        return self.out(ops.gelu(self.fc(self.ln2(x))))
+
+
+def _loss(m, f):
+    return nn.cross_entropy_last(m(f["tokens"]), f["targets"])
+
+
+def _torch_block(params):
+    """The same block in torch, its parameters copied from webgrad's (nn.Linear W is [in, out])."""
+    P = {k: torch.tensor(np.asarray(v), requires_grad=True) for k, v in params.items()}
+
+    def lin(x, name):
+        return x @ P[f"{name}.W"] + P[f"{name}.b"]
+
+    def ln(x, name):  # CUDA autocast runs layer_norm in f32; CPU autocast would not: cast here
+        return torch.nn.functional.layer_norm(x.float(), (D,), P[f"{name}.weight"],
+                                              P[f"{name}.bias"], 1e-5)
+
+    def fwd(tokens):
+        x = P["emb.W"][tokens]
+        qkv = lin(ln(x, "ln1"), "qkv")
+        q, k, v = qkv.split(D, dim=-1)
+        s = (q @ k.transpose(-1, -2)).float() * (D ** -0.5)   # softmax in f32, as on CUDA
+        s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
+        x = x + lin(torch.softmax(s, -1) @ v, "proj")
+        h = torch.nn.functional.gelu(lin(ln(x, "ln2"), "fc").float(), approximate="tanh")
+        return lin(h, "out").float()
+    return P, fwd
+
+
+def test_mixed_training_tracks_torch_amp():
+    """12 Adam steps of a transformer block in precision="mixed" on the reference executor
+    against torch.autocast("cpu", float16) with torch.amp.GradScaler, from the same weights:
+    the same losses (within f16 rounding), the same skipped steps and scales, and at step 6
+    a batch whose embedding overflows f16 (an f16 matmul operand becomes inf): both skip it,
+    keep every parameter and Adam moment, and halve the scale."""
+    B = 2
+    opt = optim.Adam(lr=3e-3)
+    c = wg.compile_module(Block, _loss, inputs={"tokens": ([B, T], "i32"), "targets": ([B, T], "i32")},
+                          optimizer=opt, precision="mixed", seed=3)
+    P, fwd = _torch_block(c.download_params())
+    topt = torch.optim.Adam(P.values(), lr=3e-3)
+    scaler = torch.amp.GradScaler("cpu")
+    rng = np.random.RandomState(0)
+    big = 1e5  # > 65504: the embedding row read by the first matmul is inf in f16
+    for step in range(12):
+        tokens = rng.randint(0, V, size=(B, T)).astype(np.int32)
+        targets = rng.randint(0, V, size=(B, T)).astype(np.int32)
+        if step == 6:
+            saved = c.download_params()["emb.W"]
+            row = np.asarray(saved).copy()
+            row[tokens[0, 0]] = big
+            c.upload_params({"emb.W": row}, partial=True)
+            before = {k: np.asarray(v).copy() for k, v in c.download_params().items()}
+            with torch.no_grad():
+                P["emb.W"][tokens[0, 0]] = big
+            before_adam = {k: v["exp_avg"].clone() for k, v in topt.state.items()}
+        loss = c.step({"tokens": tokens, "targets": targets})
+        topt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            logits = fwd(torch.from_numpy(tokens).long())
+        tl = torch.nn.functional.cross_entropy(logits.reshape(-1, V),
+                                               torch.from_numpy(targets).long().reshape(-1))
+        scaler.scale(tl).backward()
+        scale_before = scaler.get_scale()
+        scaler.step(topt)
+        scaler.update()
+        torch_skipped = scaler.get_scale() < scale_before
+        assert loss.skipped == torch_skipped, f"step {step}: skipped {loss.skipped}, torch {torch_skipped}"
+        assert loss.scale == scaler.get_scale() == c.loss_scale, step
+        if step == 6:
+            assert loss.skipped and loss.scale == 32768.0
+            after = c.download_params()
+            for k in before:
+                np.testing.assert_array_equal(np.asarray(after[k]), before[k], err_msg=k)
+            assert all(torch.equal(before_adam[k], v["exp_avg"]) for k, v in topt.state.items())
+            c.upload_params({"emb.W": saved}, partial=True)  # the model and torch's go on from here
+            with torch.no_grad():
+                P["emb.W"].copy_(torch.tensor(np.asarray(saved)))
+        else:
+            assert not loss.skipped, step
+            assert float(loss) == pytest.approx(float(tl.detach()), rel=3e-3, abs=3e-3), step
+    got = c.download_params()
+    for k, v in P.items():
+        mine, theirs = np.asarray(got[k]), v.detach().numpy()
+        if k == "qkv.b":  # the key bias's true gradient is 0 (softmax ignores q.b_k, the same
+            # for a whole row): both gradients are rounding noise, which Adam scales to lr
+            mine, theirs = np.delete(mine, np.s_[D:2 * D]), np.delete(theirs, np.s_[D:2 * D])
+        np.testing.assert_allclose(mine, theirs, atol=2e-3, rtol=2e-2, err_msg=k)
+
+
+def test_mixed_matches_f32_where_f16_is_exact():
+    """Operands that f16 holds exactly (multiples of 1/8 below 2^8) give mixed precision's
+    matmul the f32 result bit for bit: the accumulation really is f32 (an f16 accumulator
+    would round 2049 to 2048)."""
+    x = np.full((1, 4099), 1.0, np.float32)  # sum of 4099 ones: exact in f32, 4100 in f16
+    w = np.ones((4099, 1), np.float32)
+    for precision, want in (("f32", 4099.0), ("mixed", 4100.0)):  # mixed rounds the result
+        prog = wg.compile_forward(Module, lambda m, f: ops.matmul(f["x"], f["w"]),
+                                  inputs={"x": [1, 4099], "w": [4099, 1]}, precision=precision)
+        assert float(np.asarray(prog.run({"x": x, "w": w}))[0, 0]) == want, precision
+    prog = wg.compile_forward(Module, lambda m, f: ops.cast(ops.matmul(
+        ops.cast(f["x"], "f16"), ops.cast(f["w"], "f16")), "f32"), inputs={"x": [1, 4099], "w": [4099, 1]})
+    assert float(np.asarray(prog.run({"x": x, "w": w}))[0, 0]) == 4099.0  # f32 accumulation
+
+
+def test_loss_scale_grows_after_2000_good_steps():
+    """GradScaler doubles the scale on the 2000th good step in a row. The good-step count is
+    persistent state (saved by checkpoints): both counters are set to 1997 after a first
+    step, and the next four steps' scales are compared with torch.amp.GradScaler's."""
+    from webgrad.arrays import HostArray
+    from webgrad.blocking import run_blocking
+    from webgrad.precision import GOOD_STEPS
+    c = wg.compile_module(lambda: nn.Linear(2, 1), lambda m, f: nn.mse(m(f["x"]), f["y"]),
+                          inputs={"x": [1, 2], "y": [1, 1]}, optimizer=optim.SGD(lr=0.0),
+                          precision="mixed", keep_grads=False)
+    assert GOOD_STEPS in c.state_shapes("test")
+    w = torch.zeros(1, requires_grad=True)
+    scaler = torch.amp.GradScaler("cpu")
+    topt = torch.optim.SGD([w], lr=0.0)
+    feed = {"x": np.array([[0.01, 0.02]], np.float32), "y": np.array([[0.0]], np.float32)}
+    mine, theirs = [], []
+    for k in range(5):
+        if k == 1:
+            run_blocking(c.write_state_async({GOOD_STEPS: HostArray("f32", [1997.0], shape=())},
+                                             method="test"))
+            scaler._growth_tracker.fill_(1997)
+        mine.append(c.step(feed).scale)
+        topt.zero_grad()
+        scaler.scale((w * 0.5 - 1.0).pow(2).sum()).backward()
+        scaler.step(topt)
+        scaler.update()
+        theirs.append(scaler.get_scale())
+    assert mine == theirs == [65536.0, 65536.0, 65536.0, 131072.0, 131072.0]
