@@ -247,3 +247,44 @@ def test_loss_scale_grows_after_2000_good_steps():
         scaler.update()
         theirs.append(scaler.get_scale())
     assert mine == theirs == [65536.0, 65536.0, 65536.0, 131072.0, 131072.0]
+
+
+# ---------------------------------------------------------------- WebGPU adapters
+
+class _Host:
+    """A host that only names its adapter and features: prepare() must refuse before lowering."""
+    limits = None
+
+    def __init__(self, info, features):
+        self.info, self.features = info, frozenset(features)
+
+    def load(self, plan):
+        raise AssertionError("an f16 program reached the GPU host")
+
+
+def _mixed_forward(backend):
+    return wg.compile_forward(lambda: nn.Linear(4, 3), lambda m, f: m(f["x"]),
+                              inputs={"x": [2, 4]}, backend=backend, precision="mixed")
+
+
+def test_webgpu_refuses_f16_without_shader_f16():
+    """An adapter without shader-f16 given a precision="mixed" program: the error names the
+    feature, the adapter and the way out; with the feature, the missing f16 kernels are named."""
+    from webgrad.backends.webgpu import WebGPUBackend
+    be = WebGPUBackend(_Host("SwiftShader Device (Subzero)", ["timestamp-query"]))
+    with pytest.raises(RuntimeError, match=r"SwiftShader Device.*'shader-f16'.*precision='f32'"):
+        _mixed_forward(be)
+    be = WebGPUBackend(_Host("llvmpipe (LLVM 15.0.6, 256 bits)", ["shader-f16"]))
+    with pytest.raises(NotImplementedError, match="do not read or\\s+write f16 values yet"):
+        _mixed_forward(be)
+
+
+@pytest.mark.webgpu
+def test_native_adapter_refuses_mixed():
+    """The same on this machine's native adapter (lavapipe in CI: wgpu-native offers
+    shader-f16 there, but webgrad's device does not request it yet)."""
+    from backends import webgpu_available
+    if not webgpu_available():
+        pytest.skip("no native WebGPU adapter")
+    with pytest.raises((RuntimeError, NotImplementedError), match="f16"):
+        _mixed_forward("webgpu")

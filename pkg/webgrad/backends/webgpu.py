@@ -22,6 +22,7 @@ from ..arrays import HostArray, device_result
 from ..blocking import run_blocking
 from ..codegen import LOWERED_OPS, Limits, lower
 from ..codegen.options import DEFAULT as DEFAULT_OPTIONS
+from ..precision import half_feature_error
 from .base import Backend
 
 __all__ = ["WebGPUBackend", "WebGPUProgram", "LOWERED_OPS"]
@@ -45,6 +46,19 @@ class _Slot:
     dtype: str
     shadow: bytes | None = None        # value not yet on the GPU (None: zeros)
     home: tuple[int, int] | None = None  # (program, buffer id) once a program holds it
+
+
+def _refuse_f16(graph, features, adapter: str) -> None:
+    """A program holding f16 values (precision="mixed"/"f16") needs the adapter's shader-f16,
+    and WGSL kernels that read and write f16, which codegen/ does not emit yet."""
+    err = half_feature_error(graph, features, adapter or "(unnamed)")
+    if err:
+        raise RuntimeError(err)
+    if any(n.dtype == "f16" for n in graph.nodes):
+        raise NotImplementedError(
+            f"the adapter {adapter} offers shader-f16, but webgrad's WGSL kernels do not read or "
+            "write f16 values yet; compile with precision='f32' (the default) for WebGPU, or run "
+            "precision='mixed'/'f16' on backend='reference' or 'torch'")
 
 
 class WebGPUBackend(Backend):
@@ -147,6 +161,7 @@ class WebGPUBackend(Backend):
         await self.host.run(program, writes, [])
 
     def prepare(self, graph, options=None):
+        _refuse_f16(graph, getattr(self.host, "features", None), self.limits.adapter)
         limits = self.limits if options is None else replace(self.limits, options=options)
         # a host that can start compiling kernels while the rest is lowered gets each new one
         lowered, names = lower(graph, limits, self._key,
