@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import webgrad as wg
+from backends import WEBGPU
 from webgrad import Module, nn, ops, optim
 from webgrad.precision import apply_precision
 from webgrad.primitives import ShapeError
@@ -27,7 +28,7 @@ SPECIALS = np.array([0.0, -0.0, 1.0, 1 / 3, 65504.0, 65520.0, 7e4, -1e6, 1e-5, 6
                     np.float32)
 
 
-@pytest.mark.parametrize("backend", ["reference", "torch"])
+@pytest.mark.parametrize("backend", ["reference", "torch", WEBGPU])
 def test_cast_rounds_as_torch_half(backend):
     """f32 -> f16 -> f32 through a compiled program against torch's .half(): ties to even
     (1 + 2^-11), overflow past 65504 + half an ulp to inf, f16 subnormals down to 2^-24."""
@@ -252,14 +253,19 @@ def test_loss_scale_grows_after_2000_good_steps():
 # ---------------------------------------------------------------- WebGPU adapters
 
 class _Host:
-    """A host that only names its adapter and features: prepare() must refuse before lowering."""
+    """A host that names its adapter and features and keeps the plan it is given."""
     limits = None
 
     def __init__(self, info, features):
-        self.info, self.features = info, frozenset(features)
+        self.info, self.features, self.plan = info, frozenset(features), None
 
     def load(self, plan):
-        raise AssertionError("an f16 program reached the GPU host")
+        self.plan = plan
+        raise _Loaded
+
+
+class _Loaded(Exception):
+    pass
 
 
 def _mixed_forward(backend):
@@ -267,24 +273,39 @@ def _mixed_forward(backend):
                               inputs={"x": [2, 4]}, backend=backend, precision="mixed")
 
 
-def test_webgpu_refuses_f16_without_shader_f16():
+def test_webgpu_needs_shader_f16():
     """An adapter without shader-f16 given a precision="mixed" program: the error names the
-    feature, the adapter and the way out; with the feature, the missing f16 kernels are named."""
+    feature, the adapter and the way out, before anything is lowered. With the feature, the
+    kernels round to f16 (`enable f16;`, f32(f16(x))) and an f32 program's kernels do not."""
     from webgrad.backends.webgpu import WebGPUBackend
-    be = WebGPUBackend(_Host("SwiftShader Device (Subzero)", ["timestamp-query"]))
+    host = _Host("SwiftShader Device (Subzero)", ["timestamp-query"])
     with pytest.raises(RuntimeError, match=r"SwiftShader Device.*'shader-f16'.*precision='f32'"):
-        _mixed_forward(be)
-    be = WebGPUBackend(_Host("llvmpipe (LLVM 15.0.6, 256 bits)", ["shader-f16"]))
-    with pytest.raises(NotImplementedError, match="do not read or\\s+write f16 values yet"):
-        _mixed_forward(be)
+        _mixed_forward(WebGPUBackend(host))
+    assert host.plan is None
+    host = _Host("llvmpipe (LLVM 15.0.6, 256 bits)", ["shader-f16"])
+    with pytest.raises(_Loaded):
+        _mixed_forward(WebGPUBackend(host))
+    code = "\n".join(p["wgsl"] for p in host.plan["pipelines"])
+    assert "enable f16;" in code and "f32(f16(" in code
+    with pytest.raises(_Loaded):
+        wg.compile_forward(lambda: nn.Linear(4, 3), lambda m, f: m(f["x"]),
+                           inputs={"x": [2, 4]}, backend=WebGPUBackend(host))
+    code = "\n".join(p["wgsl"] for p in host.plan["pipelines"])
+    assert "f16" not in code
 
 
 @pytest.mark.webgpu
-def test_native_adapter_refuses_mixed():
-    """The same on this machine's native adapter (lavapipe in CI: wgpu-native offers
-    shader-f16 there, but webgrad's device does not request it yet)."""
+def test_mixed_on_native_adapter_matches_reference():
+    """precision="mixed" on this machine's native adapter (lavapipe in CI: wgpu-native offers
+    shader-f16 there) gives the reference executor's f16-rounded values, not f32's."""
     from backends import webgpu_available
     if not webgpu_available():
         pytest.skip("no native WebGPU adapter")
-    with pytest.raises((RuntimeError, NotImplementedError), match="f16"):
-        _mixed_forward("webgpu")
+    x = np.random.RandomState(1).randn(2, 4).astype(np.float32)
+    outs = {}
+    for be, precision in (("reference", "mixed"), ("webgpu", "mixed"), ("reference", "f32")):
+        prog = _mixed_forward(be) if precision == "mixed" else wg.compile_forward(
+            lambda: nn.Linear(4, 3), lambda m, f: m(f["x"]), inputs={"x": [2, 4]}, backend=be)
+        outs[be, precision] = np.asarray(prog.run({"x": x}))
+    np.testing.assert_allclose(outs["webgpu", "mixed"], outs["reference", "mixed"], rtol=0, atol=1e-7)
+    assert np.abs(outs["reference", "mixed"] - outs["reference", "f32"]).max() > 1e-5

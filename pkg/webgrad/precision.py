@@ -128,6 +128,23 @@ def append_loss_scaling(g: Graph, ok: Tensor, trainable: list[str]) -> None:
     g.outputs["amp/scale"] = ops.pow(2.0, new_exp + float(INIT_EXP)).id
 
 
+def f16_in_f32(g: Graph) -> Graph:
+    """The same program with its f16 values held in f32: every f16 node becomes an f32 one
+    and each cast to f16 an f32 node whose value is the rounded one (attrs dtype "f16" kept,
+    so a lowering rounds there: WGSL's f32(f16(x))). The values are those of the f16
+    program bit for bit (an f16 value is exact in f32, and an f16 x f16 matmul accumulates
+    in f32 anyway); the memory and bandwidth are f32's. WebGPU runs precision="mixed"/"f16"
+    programs this way until its kernels read and write f16 storage."""
+    if not any(n.dtype == "f16" for n in g.nodes):
+        return g
+    new = Graph(seed=g.seed, training=g.training)
+    for n in g.nodes:
+        nid = new.add(n.op, n.inputs, n.shape, "f32" if n.dtype == "f16" else n.dtype, n.attrs, n.loc)
+        assert nid == n.id
+    new.outputs, new.writebacks = dict(g.outputs), dict(g.writebacks)
+    return new
+
+
 def half_feature_error(graph: Graph, features, adapter: str) -> str | None:
     """The error for a program holding f16 values on an adapter without shader-f16 (None
     when the program has none, or the adapter has the feature)."""

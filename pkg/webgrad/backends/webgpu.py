@@ -22,7 +22,7 @@ from ..arrays import HostArray, device_result
 from ..blocking import run_blocking
 from ..codegen import LOWERED_OPS, Limits, lower
 from ..codegen.options import DEFAULT as DEFAULT_OPTIONS
-from ..precision import half_feature_error
+from ..precision import f16_in_f32, half_feature_error
 from .base import Backend
 
 __all__ = ["WebGPUBackend", "WebGPUProgram", "LOWERED_OPS"]
@@ -48,17 +48,14 @@ class _Slot:
     home: tuple[int, int] | None = None  # (program, buffer id) once a program holds it
 
 
-def _refuse_f16(graph, features, adapter: str) -> None:
-    """A program holding f16 values (precision="mixed"/"f16") needs the adapter's shader-f16,
-    and WGSL kernels that read and write f16, which codegen/ does not emit yet."""
+def _f16_program(graph, features, adapter: str):
+    """A program holding f16 values (precision="mixed"/"f16") needs the adapter's shader-f16
+    (refused without it); with it the kernels round where the program says, holding the
+    values in f32 buffers (precision.f16_in_f32: f16 storage is not emitted yet)."""
     err = half_feature_error(graph, features, adapter or "(unnamed)")
     if err:
         raise RuntimeError(err)
-    if any(n.dtype == "f16" for n in graph.nodes):
-        raise NotImplementedError(
-            f"the adapter {adapter} offers shader-f16, but webgrad's WGSL kernels do not read or "
-            "write f16 values yet; compile with precision='f32' (the default) for WebGPU, or run "
-            "precision='mixed'/'f16' on backend='reference' or 'torch'")
+    return f16_in_f32(graph)
 
 
 class WebGPUBackend(Backend):
@@ -161,7 +158,7 @@ class WebGPUBackend(Backend):
         await self.host.run(program, writes, [])
 
     def prepare(self, graph, options=None):
-        _refuse_f16(graph, getattr(self.host, "features", None), self.limits.adapter)
+        graph = _f16_program(graph, getattr(self.host, "features", None), self.limits.adapter)
         limits = self.limits if options is None else replace(self.limits, options=options)
         # a host that can start compiling kernels while the rest is lowered gets each new one
         lowered, names = lower(graph, limits, self._key,

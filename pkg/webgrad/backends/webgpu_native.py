@@ -44,7 +44,7 @@ _WANTED_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size",
 # requested where the adapter has them: timestamps for the profiler (profile.py), subgroups
 # for codegen's workgroup reductions (wgsl.workgroup_reduce; Dawn names it, wgpu-native's
 # lavapipe offers naga's 'subgroup' instead and so keeps the shared-memory trees)
-_WANTED_FEATURES = ("timestamp-query", "subgroups")
+_WANTED_FEATURES = ("timestamp-query", "subgroups", "shader-f16")
 # The settings below are the host's runtime: how a plan is compiled, submitted and waited for.
 # None of them changes the generated WGSL or the plan (those are codegen.KernelOptions, carried
 # by the compile), so they stay module settings that the benches set.

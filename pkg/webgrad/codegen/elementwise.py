@@ -296,6 +296,9 @@ def _where_rule(em, node, idx):
 
 @rule("cast")
 def _cast_rule(em, node, idx):
+    if node.attrs["dtype"] == "f16":  # f16 rounding of a value held in f32 (f16_in_f32)
+        em.k.f16 = True
+        return f"f32(f16({em.arg(node, 0, idx)}))"
     return f"{'f32' if node.dtype == 'f32' else 'i32'}({em.arg(node, 0, idx)})"
 
 
