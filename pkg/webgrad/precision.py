@@ -63,8 +63,12 @@ def apply_precision(g: Graph, precision: str) -> tuple[Graph, dict[int, int]]:
     def as_f16(i: int) -> int:
         if i not in half:
             n = g[i]
-            half[i] = val[i] if n.dtype == "f16" else new.add(
-                "cast", [val[i]], n.shape, "f16", {"dtype": "f16"}, n.loc)
+            if n.dtype == "f16":
+                half[i] = val[i]
+            elif n.op == "cast" and g[n.inputs[0]].dtype == "f16":  # an f16 value widened
+                half[i] = as_f16(n.inputs[0])
+            else:
+                half[i] = new.add("cast", [val[i]], n.shape, "f16", {"dtype": "f16"}, n.loc)
         return half[i]
 
     for n in g.nodes:
