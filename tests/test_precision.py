@@ -309,3 +309,55 @@ def test_mixed_on_native_adapter_matches_reference():
         outs[be, precision] = np.asarray(prog.run({"x": x}))
     np.testing.assert_allclose(outs["webgpu", "mixed"], outs["reference", "mixed"], rtol=0, atol=1e-7)
     assert np.abs(outs["reference", "mixed"] - outs["reference", "f32"]).max() > 1e-5
+
+
+# ---------------------------------------------------------------- f16 weights
+
+class _Net(Module):
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(6, 5), nn.Linear(5, 4)
+
+    def __call__(self, x):
+        return self.l2(ops.gelu(self.l1(x)))
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch", WEBGPU])
+def test_half_weights_are_held_rounded(backend):
+    """Module.half() holds the weights in f16: initialised and uploaded values are rounded
+    (as torch's .half()), read back as f32, frozen; the forward equals torch's with f16
+    weights and f32 maths, and with precision="f16" torch's all-f16 module."""
+    x = np.random.RandomState(2).randn(3, 6).astype(np.float32)
+    prog = wg.compile_forward(lambda: _Net().half(), lambda m, f: m(f["x"]),
+                              inputs={"x": [3, 6]}, backend=backend)
+    w = prog.download_params()
+    for k, v in w.items():  # the initial values are already f16 values
+        assert np.array_equal(np.asarray(v), np.asarray(v).astype(np.float16).astype(np.float32)), k
+    rng = np.random.RandomState(3)
+    new = {k: (rng.randn(*np.shape(v)) * 3).astype(np.float32) for k, v in w.items()}
+    new["l1.b"][0] = 1e5  # past f16's range: inf, as .half() gives
+    prog.upload_params(new)
+    got = {k: np.asarray(v) for k, v in prog.download_params().items()}
+    for k, v in new.items():
+        np.testing.assert_array_equal(got[k], torch.from_numpy(v).half().float().numpy(), err_msg=k)
+    new["l1.b"][0] = 0.5
+    prog.upload_params(new)
+    T = {k: torch.from_numpy(v).half() for k, v in new.items()}
+
+    def torch_fwd(x, dt):
+        h = torch.nn.functional.gelu(x @ T["l1.W"].to(dt) + T["l1.b"].to(dt), approximate="tanh")
+        return h @ T["l2.W"].to(dt) + T["l2.b"].to(dt)
+    xt = torch.from_numpy(x)
+    np.testing.assert_allclose(np.asarray(prog.run({"x": x})), torch_fwd(xt, torch.float32).numpy(),
+                               rtol=1e-5, atol=1e-6)
+    p16 = wg.compile_forward(lambda: _Net().half(), lambda m, f: m(f["x"]), inputs={"x": [3, 6]},
+                             backend=backend, precision="f16")
+    p16.upload_params(new)
+    np.testing.assert_allclose(np.asarray(p16.run({"x": x})),
+                               torch_fwd(xt.half(), torch.float16).float().numpy(), rtol=1e-2, atol=1e-2)
+    with pytest.raises(ValueError, match="held in f16 and trainable"):
+        def unfrozen():
+            m = _Net().half()
+            m.l1.W.trainable = True
+            return m
+        wg.compile_module(unfrozen, lambda m, f: ops.sum_all(m(f["x"])), inputs={"x": [3, 6]})

@@ -291,7 +291,9 @@ class CompiledModule:
         if missing and not partial:
             raise FeedError(f"{method}(): missing {', '.join(map(repr, missing))}; pass all "
                             f"parameters or {partial_kw}")
-        hosts = {n: to_host(v, shape=self._specs[n].held[0], dtype=self._specs[n].held[1],
+        # an f16 parameter takes f32 values, rounded where it is held
+        hosts = {n: to_host(v, shape=self._specs[n].held[0],
+                            dtype={"f16": "f32"}.get(self._specs[n].held[1], self._specs[n].held[1]),
                             what=f"{method}(): '{n}'", allow_nonfinite=allow_nonfinite)
                  for n, v in params.items()}  # every check before any write
         await self.write_state_async(hosts, method=method)

@@ -20,6 +20,8 @@ Consumers: the driver (compile.py) for compile_module / compile_forward, and tes
 """
 from __future__ import annotations
 
+import math
+
 from . import ops
 from .ir import Graph
 from .optim import STATE_PREFIX
@@ -147,6 +149,27 @@ def f16_in_f32(g: Graph) -> Graph:
         assert nid == n.id
     new.outputs, new.writebacks = dict(g.outputs), dict(g.writebacks)
     return new
+
+
+def round_f16_bytes(data: bytes) -> bytes:
+    """Little-endian f32 values rounded to f16 (nearest even, inf past 65504 + half an ulp),
+    as f32 bytes again: how an f16 parameter held in an f32 buffer is written."""
+    try:
+        import numpy as np
+    except ImportError:
+        np = None
+    if np is not None:
+        with np.errstate(over="ignore"):
+            return np.frombuffer(data, "<f4").astype("<f2").astype("<f4").tobytes()
+    import struct
+    n = len(data) // 4
+    out = []
+    for v in struct.unpack(f"<{n}f", data):
+        try:
+            out.append(struct.unpack("<e", struct.pack("<e", v))[0])
+        except OverflowError:  # struct refuses what rounds past f16's largest finite value
+            out.append(math.copysign(math.inf, v))
+    return struct.pack(f"<{n}f", *out)
 
 
 def half_feature_error(graph: Graph, features, adapter: str) -> str | None:

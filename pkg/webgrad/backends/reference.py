@@ -27,6 +27,12 @@ class ReferenceBackend(Interpreter):
     def from_numpy(self, x):
         return x  # the reference store holds numpy arrays: no copy
 
+    def like_held(self, x, held):
+        if held is not None and held.dtype == self.np.float16 and x.dtype != held.dtype:
+            with self.np.errstate(over="ignore"):
+                return x.astype(self.np.float16)
+        return x
+
     def from_host(self, h: HostArray):
         return to_numpy(self.np, h)
 

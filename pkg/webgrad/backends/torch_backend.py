@@ -278,6 +278,11 @@ class TorchBackend(Interpreter):
     def from_numpy(self, x):
         return torch.from_numpy(x).to(self.device)
 
+    def like_held(self, x, held):
+        if held is not None and held.dtype == torch.float16 and x.dtype != held.dtype:
+            return x.to(torch.float16)
+        return x
+
     def from_host(self, h: HostArray):
         dt = torch_dtype(h.dtype)
         if len(h) == 0:

@@ -22,7 +22,7 @@ from ..arrays import HostArray, device_result
 from ..blocking import run_blocking
 from ..codegen import LOWERED_OPS, Limits, lower
 from ..codegen.options import DEFAULT as DEFAULT_OPTIONS
-from ..precision import f16_in_f32, half_feature_error
+from ..precision import f16_in_f32, half_feature_error, round_f16_bytes
 from .base import Backend
 
 __all__ = ["WebGPUBackend", "WebGPUProgram", "LOWERED_OPS"]
@@ -94,6 +94,8 @@ class WebGPUBackend(Backend):
             raise ValueError(f"write of {len(data)} bytes into '{name}' {slot.dtype}{list(slot.shape)}")
         if not data:  # zero-size: never on the GPU (codegen/empty.py)
             return
+        if slot.dtype == "f16":  # held in an f32 buffer (precision.f16_in_f32), rounded
+            data = round_f16_bytes(data)
         if slot.home is not None:
             self.host.write(slot.home[0], slot.home[1], data)
         else:
@@ -106,7 +108,8 @@ class WebGPUBackend(Backend):
             data = await self.host.read(*slot.home)
         else:
             data = slot.shadow if slot.shadow is not None else bytes(n)
-        return device_result(data, 0, n, slot.dtype, slot.shape)
+        dtype = "f32" if slot.dtype == "f16" else slot.dtype  # held in f32 (f16_in_f32)
+        return device_result(data, 0, n, dtype, slot.shape)
 
     def init_params(self, items, *, seed: int) -> None:
         """Parameters that a loaded program holds are filled on the device by one small
@@ -118,7 +121,8 @@ class WebGPUBackend(Backend):
             r = recipe(spec, shape, seed=seed, name=name)
             slot = self.store[name]
             # literals and zeroed rows (padding_idx) are written from the host
-            device = r[0] != "literal" and not spec.zero_rows and slot.home is not None
+            device = (r[0] != "literal" and not spec.zero_rows and slot.home is not None
+                      and slot.dtype != "f16")  # f16 ones: rounded as write() rounds
             (on_device if device else on_host).append(
                 (name, spec, shape, r))
         if on_device:
