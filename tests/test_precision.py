@@ -205,6 +205,28 @@ def test_mixed_training_tracks_torch_amp():
         np.testing.assert_allclose(mine, theirs, atol=2e-3, rtol=2e-2, err_msg=k)
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_skipped_step_with_check_finite_and_a_checkpoint(tmp_path):
+    """check_finite=True does not refuse a step that loss scaling skipped (its state is the
+    right one: parameters kept, scale halved); a checkpoint keeps the scale across a load."""
+    def make():
+        return wg.compile_module(lambda: nn.Linear(3, 2), lambda m, f: nn.mse(m(f["x"]), f["y"]),
+                                 inputs={"x": [4, 3], "y": [4, 2]}, precision="mixed",
+                                 check_finite=True, optimizer=optim.Adam(lr=1e-2))
+    c = make()
+    x, y = np.ones((4, 3), np.float32) * 0.1, np.zeros((4, 2), np.float32)
+    assert not c.step({"x": x, "y": y}).skipped
+    before = c.download_params()
+    loss = c.step({"x": x * 1e6, "y": y})  # f16 overflow in the first matmul's operand
+    assert loss.skipped and loss.scale == 32768.0 and c.last_step_skipped
+    for k, v in c.download_params().items():
+        np.testing.assert_array_equal(np.asarray(v), np.asarray(before[k]))
+    c.save(str(tmp_path / "ck.safetensors"))
+    d = make()
+    d.load(str(tmp_path / "ck.safetensors"))
+    assert d.step({"x": x, "y": y}).scale == c.step({"x": x, "y": y}).scale == 32768.0
+
+
 def test_mixed_matches_f32_where_f16_is_exact():
     """Operands that f16 holds exactly (multiples of 1/8 below 2^8) give mixed precision's
     matmul the f32 result bit for bit: the accumulation really is f32 (an f16 accumulator

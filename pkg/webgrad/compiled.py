@@ -241,7 +241,7 @@ class CompiledModule:
                 self.loss_scale = amp["amp/scale"]
                 loss = StepLoss(loss, self.last_step_skipped, self.loss_scale)
             if self._guard is not None:
-                await self._guard.after_step(loss)
+                await self._guard.after_step(loss, skipped=bool(amp) and self.last_step_skipped)
         return (loss, caps) if with_captures else loss
 
     async def run_async(self, feed, *, with_captures: bool = False):
