@@ -227,6 +227,20 @@ def test_skipped_step_with_check_finite_and_a_checkpoint(tmp_path):
     assert d.step({"x": x, "y": y}).scale == c.step({"x": x, "y": y}).scale == 32768.0
 
 
+def test_forward_over_a_mixed_module_rounds_as_its_step():
+    """CompiledModule.compile_forward takes the module's precision unless told otherwise:
+    its output is the step's forward (run()), and precision="f32" gives the f32 value."""
+    c = wg.compile_module(_Net, lambda m, f: ops.mean_all(m(f["x"])), inputs={"x": [3, 6]},
+                          precision="mixed", optimizer=None)
+    x = np.random.RandomState(4).randn(3, 6).astype(np.float32)
+    mixed = c.compile_forward(lambda m, f: ops.mean_all(m(f["x"])), inputs={"x": [3, 6]})
+    f32 = c.compile_forward(lambda m, f: ops.mean_all(m(f["x"])), inputs={"x": [3, 6]},
+                            precision="f32")
+    assert float(np.asarray(mixed.run({"x": x}))) == c.run({"x": x})
+    assert float(np.asarray(f32.run({"x": x}))) != c.run({"x": x})
+    assert not any(n.dtype == "f16" for n in f32._prog.graph.nodes)
+
+
 def test_mixed_matches_f32_where_f16_is_exact():
     """Operands that f16 holds exactly (multiples of 1/8 below 2^8) give mixed precision's
     matmul the f32 result bit for bit: the accumulation really is f32 (an f16 accumulator

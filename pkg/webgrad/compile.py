@@ -147,7 +147,8 @@ def compile_module(factory, loss_fn, *, inputs, optimizer=_DEFAULT, backend="ref
     return CompiledModule(be, factory, specs, Program(be, train, ins, options=kernel_options),
                           # prepared by the first run()
                           Program(be, forward, ins, lazy=True, options=kernel_options),
-                          seed=seed, check_finite=check_finite, recovery=recovery)
+                          seed=seed, check_finite=check_finite, recovery=recovery,
+                          precision=precision)
 
 
 def compile_forward(factory, fwd_fn, *, inputs, backend="reference", seed: int = 0,
@@ -163,5 +164,5 @@ def compile_forward(factory, fwd_fn, *, inputs, backend="reference", seed: int =
     specs, g = build_forward_graph(factory, fwd_fn, ins, seed, training)
     g = dce(cse(apply_precision(g, precision)[0]))
     be = get_backend(backend)
-    owner = CompiledModule(be, factory, specs, None, None, seed=seed)
+    owner = CompiledModule(be, factory, specs, None, None, seed=seed, precision=precision)
     return CompiledForward(owner, Program(be, g, ins, options=kernel_options), owns_owner=True)

@@ -15,7 +15,9 @@ from .arrays import FeedError, HostArray, to_host, to_user
 from .backends.gpu_host import DeviceLostError
 from .blocking import run_blocking
 from .bounds import check_index_feeds, index_checks
+from .dce import cse, dce
 from .optim import STATE_PREFIX
+from .precision import apply_precision, check_precision
 from .recovery import Guard
 from .trace import build_forward_graph, parse_inputs
 
@@ -128,8 +130,9 @@ class CompiledModule:
     """A compiled training step (from compile_module) and the parameters it owns."""
 
     def __init__(self, backend, factory, specs, train, forward, *, seed: int,
-                 check_finite: bool = False, recovery=None):
+                 check_finite: bool = False, recovery=None, precision: str = "f32"):
         self.backend, self._factory, self._specs, self.seed = backend, factory, specs, seed
+        self.precision = precision  # compile_module's: where its programs round to f16
         self._train, self._forward = train, forward
         self._destroyed = False
         self.last_feed = None  # the feed of the last successful step()
@@ -393,12 +396,18 @@ class CompiledModule:
             self.backend.destroy()
             self._train = self._forward = None
 
-    def compile_forward(self, fwd_fn, *, inputs, training: bool = False) -> "CompiledForward":
+    def compile_forward(self, fwd_fn, *, inputs, training: bool = False,
+                        precision: str | None = None) -> "CompiledForward":
         """A forward graph over the SAME parameters (and backend store) as this module.
-        An inference graph: dropout is the identity unless training=True."""
+        An inference graph: dropout is the identity unless training=True. precision: None
+        (this module's: a precision="mixed" module's forward rounds as its training step
+        does), or "f32" / "mixed" / "f16" (precision.py)."""
         self.check_alive("compile_forward")
+        precision = check_precision(self.precision if precision is None else precision,
+                                    "compile_forward")
         ins = parse_inputs(inputs)
         specs, g = build_forward_graph(self._factory, fwd_fn, ins, self.seed, training)
+        g = dce(cse(apply_precision(g, precision)[0]))
         if {n: s.shape for n, s in specs.items()} != self.param_shapes:
             raise ValueError("compile_forward: the factory built a model with different parameters")
         fwd = CompiledForward(self, Program(self.backend, g, ins,
