@@ -90,6 +90,29 @@ def test_f32_default_is_unchanged():
         _tiny_model_ir("f16")
 
 
+MIXED_IR = """\
+%0: f32[4,3] = param {name='W'}
+%1: f32[3] = param {name='b'}
+%2: f32[] = state {name='step'}
+%3: f32[2,4] = input {name='x'}
+%4: f16[2,4] = cast %3 {dtype='f16'}
+%5: f16[4,3] = cast %0 {dtype='f16'}
+%6: f32[2,3] = matmul %4, %5
+%7: f16[2,3] = cast %6 {dtype='f16'}
+%8: f32[2,3] = cast %7 {dtype='f32'}
+%9: f32[2,3] = add %8, %1
+%10: f32[2,3] = relu %9
+output output = %10"""
+
+
+def test_mixed_ir_snapshot():
+    """The pass's rounding points, readable: the matmul's operands and result in f16, the
+    bias add and relu on f32 values (a change to the pass shows up here as a diff)."""
+    f = wg.compile_forward(lambda: nn.Linear(4, 3), lambda m, f: ops.relu(m(f["x"])),
+                           inputs={"x": [2, 4]}, precision="mixed")
+    assert str(f._prog.graph) == MIXED_IR
+
+
 # ---------------------------------------------------------------- training against torch.amp
 
 D, T, V = 16, 8, 11
