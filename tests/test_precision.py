@@ -420,3 +420,40 @@ def test_half_weights_are_held_rounded(backend):
             m.l1.W.trainable = True
             return m
         wg.compile_module(unfrozen, lambda m, f: ops.sum_all(m(f["x"])), inputs={"x": [3, 6]})
+
+
+class _Quantized(Module):
+    def __init__(self):
+        super().__init__()
+        from webgrad.quants import QuantSpec
+        self.W = self.param([64, 32], trainable=False)
+        self.W.quant = QuantSpec("Q8_0", (64, 32))
+
+    def __call__(self, x):
+        return ops.matmul(x, self.W)
+
+
+@pytest.mark.parametrize("backend", ["reference", WEBGPU])
+def test_mixed_keeps_quantized_weights_decoded_in_the_matmul(backend):
+    """A quantized weight's matmul under precision="mixed" rounds only the activation: the
+    decoded weight keeps its exact value (Q8_0's d * q is not an f16 value in general), and
+    on WebGPU it is still decoded in the matmul's registers, never stored as f32. Checked
+    against gguf's own dequantize."""
+    gguf = pytest.importorskip("gguf")
+    rng = np.random.RandomState(5)
+    w = rng.randn(64, 32).astype(np.float32)
+    prog = wg.compile_forward(_Quantized, lambda m, f: m(f["x"]), inputs={"x": [2, 64]},
+                              backend=backend, precision="mixed")
+    g = prog._prog.graph
+    mm = next(n for n in g.nodes if n.op == "matmul")
+    assert [g[i].dtype for i in mm.inputs] == ["f32", "f32"]
+    assert any(g[i].op in ("dequantize", "transpose", "reshape") for i in mm.inputs)
+    blocks = gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0)
+    from webgrad.quants.words import transcode
+    prog.upload_params({"W": np.frombuffer(transcode("Q8_0", blocks.tobytes()), np.int32)})
+    dec = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.Q8_0).reshape(64, 32)
+    x = rng.randn(2, 64).astype(np.float32)
+    want = (x.astype(np.float16).astype(np.float32) @ dec).astype(np.float16).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(prog.run({"x": x})), want, rtol=2e-3, atol=1e-3)
+    if backend != "reference":
+        assert prog._prog.exe.memory_report()["pool_bytes"] < 64 * 32 * 4

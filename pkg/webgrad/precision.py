@@ -10,7 +10,9 @@ WebGPU kernel stores f16. The modes:
          stored in f16 (as under torch.amp's fp16 autocast, where a matmul returns f16); the
          parameters (f32 master weights), the optimizer, reductions, norm and softmax
          statistics and the loss stay f32. Attention is written with matmuls, so its two
-         products are rounded the same way and its softmax is not.
+         products are rounded the same way and its softmax is not. A quantized weight
+         (dequantize) keeps its exact decoded value: its matmul rounds only the other
+         operand, so that WebGPU still decodes the blocks in the matmul's registers.
   f16    mixed's rule, and every other float value a node produces is rounded to f16 too
          (parameters and feeds as they are read, each op's result): a model run in
          half precision, as torch's .half() model, except that constants and the random
@@ -53,6 +55,16 @@ def _rounds(node, precision: str) -> bool:
     return precision == "f16" and node.dtype == "f32" and node.op not in _KEEP_F32
 
 
+_LAYOUT = ("reshape", "transpose", "broadcast_to", "slice")
+
+
+def _decoded(g: Graph, i: int) -> bool:
+    """Whether node i is a quantized weight's decoded value (dequantize, through layout ops)."""
+    while g[i].op in _LAYOUT:
+        i = g[i].inputs[0]
+    return g[i].op == "dequantize"
+
+
 def apply_precision(g: Graph, precision: str) -> tuple[Graph, dict[int, int]]:
     """(the rebuilt graph, old node id -> the new id holding that value, as f32 where it was
     f32). precision="f32" returns g itself and the identity map."""
@@ -73,9 +85,19 @@ def apply_precision(g: Graph, precision: str) -> tuple[Graph, dict[int, int]]:
                 half[i] = new.add("cast", [val[i]], n.shape, "f16", {"dtype": "f16"}, n.loc)
         return half[i]
 
+    def rounded_f32(i: int) -> int:  # the value rounded to f16, as an f32 node
+        h = as_f16(i)
+        return new.add("cast", [h], g[i].shape, "f32", {"dtype": "f32"}, g[i].loc)
+
     for n in g.nodes:
-        f16_ins = n.op == "matmul"
-        ins = [as_f16(i) if f16_ins else val[i] for i in n.inputs]
+        ins = [val[i] for i in n.inputs]
+        if n.op == "matmul":
+            quant = [_decoded(g, i) for i in n.inputs]
+            if any(quant):  # a quantized weight stays its exact decoded f32 value, decoded in
+                # the matmul's registers (codegen/quant.py); the other operand is rounded
+                ins = [val[i] if q else rounded_f32(i) for i, q in zip(n.inputs, quant)]
+            else:
+                ins = [as_f16(i) for i in n.inputs]
         nid = new.add(n.op, ins, n.shape, n.dtype, n.attrs, n.loc)
         if _rounds(n, precision):
             half[n.id] = new.add("cast", [nid], n.shape, "f16", {"dtype": "f16"}, n.loc)
