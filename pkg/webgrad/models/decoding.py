@@ -246,6 +246,9 @@ class CausalLM:
     _head_blocks = 1
     _text_hint = "encode it with the model's tokenizer first"
     dtype = "f32"  # "f16": the weights held rounded to f16 (set_dtype), the maths in f32
+    # where the decode programs round to f16 (precision.py): "f32", "mixed" or "f16"; set it
+    # before the first forward/generate (programs are built once, on first use)
+    precision = "f32"
 
     def set_dtype(self, dtype: str) -> None:
         """Choose how the (not quantized) weights are held, before _ensure_weights: "f32",
@@ -519,7 +522,8 @@ def _build_program(model: CausalLM, kind: str, T: int):
         inputs = {"ids": ([T], "i32"), "pos": ([1], "i32")}
     else:
         raise AssertionError(kind)
-    return compile_program(model.backend, model._module, fn, inputs=inputs)
+    return compile_program(model.backend, model._module, fn, inputs=inputs,
+                           precision=model.precision)
 
 
 __all__ = ["CausalLM", "Network", "Cache", "Surprisal", "SurprisalTracker", "head_stats", "cat_rows",
