@@ -247,7 +247,10 @@ def test_skipped_step_with_check_finite_and_a_checkpoint(tmp_path):
     c.save(str(tmp_path / "ck.safetensors"))
     d = make()
     d.load(str(tmp_path / "ck.safetensors"))
+    assert d.loss_scale == 32768.0
     assert d.step({"x": x, "y": y}).scale == c.step({"x": x, "y": y}).scale == 32768.0
+    d.reset_optimizer_state()  # the scale is optimizer state: back to 2^16
+    assert d.loss_scale == 65536.0 and d.step({"x": x, "y": y}).scale == 65536.0
 
 
 def test_forward_over_a_mixed_module_rounds_as_its_step():

@@ -17,7 +17,7 @@ from .blocking import run_blocking
 from .bounds import check_index_feeds, index_checks
 from .dce import cse, dce
 from .optim import STATE_PREFIX
-from .precision import apply_precision, check_precision
+from .precision import INIT_EXP, SCALE_EXP, apply_precision, check_precision
 from .recovery import Guard
 from .trace import build_forward_graph, parse_inputs
 
@@ -307,12 +307,14 @@ class CompiledModule:
             self._init_params()
             self._zero_state(optimizer_only=False)
             await self._recopy()
+            await self._reread_loss_scale()
 
     async def reset_optimizer_state_async(self) -> None:
         self.check_alive("reset_optimizer_state")
         async with self._lost("reset_optimizer_state"):
             self._zero_state(optimizer_only=True)
             await self._recopy()
+            await self._reread_loss_scale()
 
     async def _recopy(self) -> None:
         if self._guard is not None and self._guard.has_copy:
@@ -361,6 +363,13 @@ class CompiledModule:
         await checkpoint.load_async(self, src, optimizer=optimizer,
                                     allow_nonfinite=allow_nonfinite)
         await self._recopy()  # recover() must not undo a load
+        await self._reread_loss_scale()
+
+    async def _reread_loss_scale(self) -> None:
+        """loss_scale from the state (after a reset or a load); None without loss scaling."""
+        if self.loss_scale is not None:
+            exp = (await self.backend.read(SCALE_EXP))[0]
+            self.loss_scale, self.last_step_skipped = 2.0 ** (INIT_EXP + exp), None
 
     # -- PyTorch: the loss graph as a torch.nn.Module, state dicts back; io/torch_interop.py
     async def to_torch_async(self):
