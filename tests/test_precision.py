@@ -28,18 +28,26 @@ SPECIALS = np.array([0.0, -0.0, 1.0, 1 / 3, 65504.0, 65520.0, 7e4, -1e6, 1e-5, 6
                     np.float32)
 
 
-@pytest.mark.parametrize("backend", ["reference", "torch", WEBGPU])
-def test_cast_rounds_as_torch_half(backend):
+@pytest.mark.parametrize("backend,emulate", [
+    ("reference", False), ("torch", False), pytest.param("webgpu", False, marks=WEBGPU.marks),
+    pytest.param("webgpu", True, marks=WEBGPU.marks, id="webgpu-f16_emulation")])
+def test_cast_rounds_as_torch_half(backend, emulate):
     """f32 -> f16 -> f32 through a compiled program against torch's .half(): ties to even
-    (1 + 2^-11), overflow past 65504 + half an ulp to inf, f16 subnormals down to 2^-24."""
-    n = len(SPECIALS)
+    (1 + 2^-11), overflow past 65504 + half an ulp to inf, f16 subnormals down to 2^-24;
+    on WebGPU with f32(f16(x)) and with the integer rounding (f16_emulation), and random
+    values across f16's range too."""
+    from webgrad.codegen import KernelOptions
+    rng = np.random.RandomState(6)
+    x = np.concatenate([SPECIALS, (rng.randn(4000) * 10.0 ** rng.uniform(-9, 5, 4000))
+                        .astype(np.float32), np.nextafter(SPECIALS, np.float32(np.inf))])
 
     def fwd(m, f):
         return ops.cast(ops.cast(f["x"], "f16"), "f32")
 
-    prog = wg.compile_forward(Module, fwd, inputs={"x": [n]}, backend=backend)
-    got = np.asarray(prog.run({"x": SPECIALS}))
-    want = torch.from_numpy(SPECIALS).half().float().numpy()
+    kw = {"kernel_options": KernelOptions(f16_emulation=True)} if emulate else {}
+    prog = wg.compile_forward(Module, fwd, inputs={"x": [len(x)]}, backend=backend, **kw)
+    got = np.asarray(prog.run({"x": x}))
+    want = torch.from_numpy(x).half().float().numpy()
     np.testing.assert_array_equal(got, want)
     assert np.isinf(got[5]) and got[10] == 0.0 and got[11] == 2.0 ** -24
 
@@ -354,6 +362,15 @@ def test_webgpu_needs_shader_f16():
                            inputs={"x": [2, 4]}, backend=WebGPUBackend(host))
     code = "\n".join(p["wgsl"] for p in host.plan["pipelines"])
     assert "f16" not in code
+    # the fallback asked for: the same rounding from the bits, no f16 type (SwiftShader)
+    from webgrad.codegen import KernelOptions
+    host = _Host("SwiftShader Device (Subzero)", [])
+    with pytest.raises(_Loaded):
+        wg.compile_forward(lambda: nn.Linear(4, 3), lambda m, f: m(f["x"]), inputs={"x": [2, 4]},
+                           backend=WebGPUBackend(host), precision="mixed",
+                           kernel_options=KernelOptions(f16_emulation=True))
+    code = "\n".join(p["wgsl"] for p in host.plan["pipelines"])
+    assert "wg_round_f16(" in code and "enable f16" not in code
 
 
 @pytest.mark.webgpu

@@ -201,6 +201,7 @@ def half_feature_error(graph: Graph, features, adapter: str) -> str | None:
         return None
     return (f"this program stores f16 values (compiled with precision='mixed' or 'f16', or an "
             f"ops.cast(x, 'f16')), and the WebGPU adapter {adapter} does not offer the "
-            f"'shader-f16' feature it needs; compile with precision='f32' (the default), or "
-            f"use an adapter with shader-f16 (Chrome on most GPUs, Safari 26; Dawn on NVIDIA "
-            f"needs its vulkan_enable_f16_on_nvidia toggle)")
+            f"'shader-f16' feature it needs; compile with precision='f32' (the default), use "
+            f"an adapter with shader-f16 (Chrome on most GPUs, Safari 26; Dawn on NVIDIA needs "
+            f"its vulkan_enable_f16_on_nvidia toggle), or ask for the same rounding without "
+            f"f16 types: kernel_options=codegen.KernelOptions(f16_emulation=True)")

@@ -48,11 +48,12 @@ class _Slot:
     home: tuple[int, int] | None = None  # (program, buffer id) once a program holds it
 
 
-def _f16_program(graph, features, adapter: str):
+def _f16_program(graph, features, adapter: str, emulate: bool):
     """A program holding f16 values (precision="mixed"/"f16") needs the adapter's shader-f16
-    (refused without it); with it the kernels round where the program says, holding the
-    values in f32 buffers (precision.f16_in_f32: f16 storage is not emitted yet)."""
-    err = half_feature_error(graph, features, adapter or "(unnamed)")
+    (refused without it, unless KernelOptions.f16_emulation asks for the integer rounding);
+    the kernels round where the program says, holding the values in f32 buffers
+    (precision.f16_in_f32: f16 storage is not emitted yet)."""
+    err = None if emulate else half_feature_error(graph, features, adapter or "(unnamed)")
     if err:
         raise RuntimeError(err)
     return f16_in_f32(graph)
@@ -73,6 +74,7 @@ class WebGPUBackend(Backend):
         self.limits.cpu = is_cpu_adapter(str(getattr(host, "info", "")))
         self.limits.adapter = str(getattr(host, "info", ""))
         self.limits.subgroups = "subgroups" in (getattr(host, "features", None) or ())
+        self.limits.f16 = "shader-f16" in (getattr(host, "features", None) or ())
         self.limits.options = options or DEFAULT_OPTIONS
         self.uid = next(_uids)
         self.store: dict[str, _Slot] = {}
@@ -162,8 +164,9 @@ class WebGPUBackend(Backend):
         await self.host.run(program, writes, [])
 
     def prepare(self, graph, options=None):
-        graph = _f16_program(graph, getattr(self.host, "features", None), self.limits.adapter)
         limits = self.limits if options is None else replace(self.limits, options=options)
+        graph = _f16_program(graph, getattr(self.host, "features", None), self.limits.adapter,
+                             limits.options.f16_emulation)
         # a host that can start compiling kernels while the rest is lowered gets each new one
         lowered, names = lower(graph, limits, self._key,
                                on_pipeline=getattr(self.host, "prefetch", None))

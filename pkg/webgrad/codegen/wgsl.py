@@ -65,6 +65,7 @@ class Limits:
     cpu: bool = False  # a CPU-emulated adapter (SwiftShader, lavapipe): avoid barriers
     adapter: str = ""  # the adapter's description (codegen/matmul.py's table of tilings)
     subgroups: bool = False  # the device was requested with the 'subgroups' feature
+    f16: bool = False  # the device was requested with 'shader-f16'
     options: KernelOptions = DEFAULT  # every switch that changes the WGSL (options.py)
 
     @classmethod
