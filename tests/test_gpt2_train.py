@@ -201,3 +201,21 @@ def test_mixed_precision_loss_stays_within_1pct_of_f32_over_200_steps():
     f32, mixed = run("f32"), run("mixed")
     tail32, tail16 = sum(f32[-20:]) / 20, sum(mixed[-20:]) / 20
     assert abs(tail16 - tail32) <= 0.01 * tail32, (tail16, tail32)
+
+
+@pytest.mark.slow
+@pytest.mark.webgpu
+def test_mixed_precision_on_webgpu_matches_the_reference():
+    """Five mixed-precision GPT-2 steps on the native adapter (lavapipe: f32(f16(x)) in f32
+    buffers) give the reference executor's losses (3.4e-5 apart on 2026-12-02)."""
+    if _backend() != "webgpu":
+        pytest.skip("no native WebGPU adapter")
+    b = 4
+    losses = {}
+    for be in ("reference", "webgpu"):
+        c = wg.compile_module(lambda: gpt2.GPT2Module(TRAIN_CFG), gpt2.lm_loss,
+                              inputs={"tokens": ([b, L], "i32"), "targets": ([b, L], "i32")},
+                              optimizer=optim.Adam(lr=LR), backend=be, precision="mixed", seed=4)
+        data = batches(corpus()[0], 3)
+        losses[be] = [float(c.step({k: v[:b] for k, v in next(data).items()})) for _ in range(5)]
+    np.testing.assert_allclose(losses["webgpu"], losses["reference"], rtol=2e-4)
