@@ -1076,3 +1076,41 @@ rec("log_softmax_last/long_rows", "lambda x: ops.log_softmax_last(x)",
 
 BY_NAME: dict[str, Record] = {r.name: r for r in RECORDS}
 assert len(BY_NAME) == len(RECORDS), "oracle record names must be unique"
+
+
+# ---------------------------------------------------------------- the records in half precision
+# check_f16 runs a record compiled with precision="f16" (every value rounded to f16 where it
+# is stored, the maths in f32: webgrad/precision.py) against the same float64 torch result,
+# within tolerances per op: one f16 rounding is 2^-11 relative, so a record's output after a
+# few rounded ops is within 1e-2; long dot products and chains of them get more.
+
+F16_TOL = dict(rtol=1e-2, atol=1e-2)
+F16_TOLS = {  # name -> tolerances where F16_TOL is too tight (each value measured, then doubled)
+    "matmul/gelu_mlp_odd": dict(rtol=2e-2, atol=8e-2),    # two rounded products, K = 45 and 61
+    "matmul/output_sums": dict(rtol=2e-2, atol=5e-2),     # sums of 111 rounded products
+    "attention/qkv_linear_T37_D16": dict(rtol=2e-2, atol=5e-2),
+}
+F16_SKIP = {  # name -> why the record has no f16 form
+    "sin/large": "its inputs (up to 1e12) are outside f16's range (65504): inf in, NaN out",
+    "cos/large": "its inputs (up to 1e12) are outside f16's range (65504): inf in, NaN out",
+    "where_causal/square": "its fill, -1e9, is -inf in f16 (softmax_causal_last uses it "
+                           "inside, where the rounded -inf gives the same zeros)",
+    "dropout/p0.3": "its check wants the scale 1/(1-p) exactly; f16 stores it rounded",
+    "dropout/p0.75_seed": "its check wants the scale 1/(1-p) exactly; f16 stores it rounded",
+    "rand_uniform": "its check wants the generator's f32 bits; f16 stores them rounded",
+}
+
+
+def f16_record(record: Record) -> Record:
+    """The record with its f16 tolerances."""
+    from dataclasses import replace
+    return replace(record, **F16_TOLS.get(record.name, F16_TOL))
+
+
+def check_f16(record: Record, backend: str) -> None:
+    """Run `record` with precision="f16" on `backend` and compare with torch (float64)."""
+    import functools
+    rec = f16_record(record)
+    got = run_webgrad(rec, backend, compile_module=functools.partial(wg.compile_module,
+                                                                      precision="f16"))
+    check_result(rec, got, f"{backend} (precision='f16')")

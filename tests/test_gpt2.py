@@ -103,6 +103,33 @@ def test_logits_match_transformers(k, backend):
     close(np.concatenate([a, b]), hf_logits(ref, ids))
 
 
+@pytest.mark.parametrize("backend", [backend_param(b) for b in ["reference", "torch", "webgpu"]])
+def test_f16_weights_match_transformers_half_weights(backend):
+    """dtype="f16": the weights held rounded to f16, the maths in f32, against transformers'
+    model whose weights .half() rounded (and widened back), in the full and cached paths."""
+    import copy
+    cfg = CONFIGS[0]
+    ref = hf_model(cfg, seed=5)
+    m = gpt2.GPT2.from_hf_state_dict(cfg, state_dict(ref, "numpy"), backend=backend, dtype="f16")
+    half = copy.deepcopy(ref).half().float()
+    ids = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]
+    close(m.forward(ids), hf_logits(half, ids))
+    c = m.new_cache()
+    close(np.concatenate([m.logits_all_step(ids[:4], c), m.logits_all_step(ids[4:], c)]),
+          hf_logits(half, ids))
+    assert np.abs(hf_logits(half, ids) - hf_logits(ref, ids)).max() > 1e-4  # it did round
+    # an f16 inference program (precision="f16") against transformers' all-f16 model
+    m16 = gpt2.GPT2.from_hf_state_dict(cfg, state_dict(ref, "numpy"), backend=backend, dtype="f16")
+    m16.precision = "f16"
+    want16 = hf_logits(copy.deepcopy(ref).half(), ids).astype(np.float32)
+    got16 = m16.forward(ids)
+    close(got16, want16, tol=3e-3)  # 1.2e-3 measured (2026-12-02): f16 rounding's size
+    assert np.abs(got16 - m.forward(ids)).max() > 1e-5  # the program did round its values
+    c = m16.new_cache()
+    close(np.concatenate([m16.logits_all_step(ids[:4], c), m16.logits_all_step(ids[4:], c)]),
+          want16, tol=3e-3)
+
+
 @pytest.fixture(scope="module")
 def hf_small():
     return hf_model(gpt2.GPT2Config.small(), seed=0)

@@ -27,7 +27,7 @@ LAYERS = [
     ("file formats", ["io", "io.safetensors", "io.gguf", "io.gpu_dequant", "io.modelcache"]),
     ("the op language", ["tensor", "primitives", "ops"]),
     ("modules and autodiff", ["module", "nn", "lora", "grad", "optim", "lr"]),
-    ("tracing", ["trace", "dce"]),
+    ("tracing", ["trace", "dce", "precision"]),
     ("lowering", ["codegen", "codegen.*", "buffers"]),
     ("executors", ["backends", "backends.*", "profile"]),
     ("the runtime API", ["compiled", "recovery", "stateful", "bounds", "io.checkpoint",

@@ -151,6 +151,22 @@ def test_logits_match_transformers(kind, backend, built):
     close(m.forward(IDS), hf_logits(model, IDS))
 
 
+@pytest.mark.parametrize("backend", ["reference", "torch", WEBGPU])
+def test_f16_weights_match_transformers_half_weights(backend, built):
+    """dtype="f16" holds every weight rounded to f16 (half the bytes on the CPU executors)
+    and computes in f32: transformers' model with its weights rounded by .half() and widened
+    back gives the same logits; the weights read back are exactly those f16 values."""
+    import copy
+    model, cfg, sd = built("llama")
+    m = llama.Llama.from_hf_state_dict(cfg, sd, backend=backend, dtype="f16")
+    half = copy.deepcopy(model).half().float()
+    close(m.forward(IDS), hf_logits(half, IDS))
+    got = m.state_dict()["model.layers.0.mlp.up_proj.weight"]
+    want = half.state_dict()["model.layers.0.mlp.up_proj.weight"].numpy()
+    np.testing.assert_array_equal(np.asarray(got), want)
+    assert np.abs(want - sd["model.layers.0.mlp.up_proj.weight"]).max() > 0  # it did round
+
+
 def test_state_dict_values_of_every_kind_and_the_tied_head(built):
     model, cfg, _ = built("qwen2")
     raw = model.state_dict()

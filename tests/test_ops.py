@@ -27,6 +27,23 @@ def test_oracle(record, backend):
     oracle.check(record, backend)
 
 
+def _f16_params():
+    """(backend, record) for every record with an f16 form (oracle.F16_SKIP says which have
+    none): all of them on the reference executor (14 s on 2 cores), every fifth on torch by
+    default and the others as slow cases."""
+    recs = [r for r in oracle.RECORDS if r.name not in oracle.F16_SKIP]
+    return ([pytest.param("reference", r, id=f"reference-{r.name}") for r in recs]
+            + [pytest.param("torch", r, id=f"torch-{r.name}",
+                            marks=[pytest.mark.slow] if k % 5 else []) for k, r in enumerate(recs)])
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # f16 overflow in records of big values
+@pytest.mark.parametrize("backend,record", _f16_params())
+def test_oracle_f16(backend, record):
+    """Each record compiled with precision="f16" against torch (float64), f16 tolerances."""
+    oracle.check_f16(record, backend)
+
+
 # ---------------------------------------------------------------- finite differences
 
 FD_RECORDS = [

@@ -60,6 +60,23 @@ def test_oracle(record):
     oracle.check(record, "webgpu")
 
 
+# one record of each family in the default run; the others (all pass on lavapipe) are slow
+F16_DEFAULT = {"matmul/2d", "nn.Linear", "softmax_last/2d", "layer_norm_last",
+               "nn.cross_entropy_last", "attention", "exp/2d", "nn.Embedding", "conv2d/basic"}
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("record", [
+    pytest.param(r, id=r.name, marks=[] if r.name in F16_DEFAULT else [pytest.mark.slow])
+    for r in oracle.RECORDS if r.name not in oracle.F16_SKIP])
+def test_oracle_f16(record):
+    """The records compiled with precision="f16" (on an adapter with shader-f16: lavapipe's
+    through wgpu-native) against torch, with tests/oracle.py's f16 tolerances."""
+    if "shader-f16" not in (getattr(wg.backends.get_backend("webgpu").host, "features", None) or ()):
+        pytest.skip("this adapter has no shader-f16 (test_precision checks the error)")
+    oracle.check_f16(record, "webgpu")
+
+
 def _lowered_kernel_names(record, options: KernelOptions = KernelOptions()) -> list[str]:
     from webgrad.codegen import Limits, lower
     from webgrad.compile import build_train_graph, parse_inputs

@@ -16,8 +16,9 @@
 
 const STAGING_POOL = 4;  // free staging buffers kept per read buffer; more are made on demand
 // requested where the adapter has them: timestamps for profile(), subgroups for codegen's
-// workgroup reductions (pkg/webgrad/codegen/wgsl.py, workgroup_reduce)
-const WANTED_FEATURES = ["timestamp-query", "subgroups"];
+// workgroup reductions (pkg/webgrad/codegen/wgsl.py, workgroup_reduce), shader-f16 for
+// programs compiled with precision="mixed"/"f16" (docs/precision.md)
+const WANTED_FEATURES = ["timestamp-query", "subgroups", "shader-f16"];
 
 function named(name, message) {
   const error = new Error(message);

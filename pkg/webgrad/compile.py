@@ -7,6 +7,11 @@ compile_module(factory, loss_fn, ...):
   3. grad.append_grad     reverse-mode gradients of the loss w.r.t. every trainable param
                           (a frozen one, trainable=False, gets no gradient: module.py)
   4. optim                the optimizer's update is appended; new values become writebacks
+  3'. precision          precision="mixed"/"f16": the forward and backward are rebuilt with
+                          their f16 rounding points (matmul operands and results; "f16":
+                          every value) and, in mixed training, GradScaler's dynamic loss
+                          scale: the gradients are of loss * scale, unscaled before the
+                          optimizer, and a step with an inf/nan gradient is skipped
   5. dce.cse / dce.dce    shared subexpressions merged, dead nodes dropped
   6. backend.prepare      reference/torch interpret the IR; webgpu plans buffers, emits WGSL
                           (backends/webgpu.py -> codegen/) and records the dispatch list
@@ -44,6 +49,8 @@ from .grad import append_grad
 from .init import check_seed
 from .ir import Graph
 from .optim import Adam, Optimizer, OptimizerContext, ParamSlot
+from .precision import (append_loss_scaling, apply_precision, check_precision, loss_scale,
+                        unscale)
 from .tensor import Tensor, tracing
 from .trace import build_forward_graph, parse_inputs, refuse_quantized, trace_tensor
 
@@ -51,7 +58,7 @@ _DEFAULT = object()
 
 
 def build_train_graph(factory, loss_fn, inputs, optimizer: Optimizer | None, *, keep_grads=True,
-                      seed: int = 0):
+                      seed: int = 0, precision: str = "f32"):
     g = Graph()
     specs, loss = trace_tensor(g, factory, loss_fn, inputs, "compile_module", seed)
     trainable = {n: s for n, s in specs.items() if s.trainable}
@@ -68,10 +75,20 @@ def build_train_graph(factory, loss_fn, inputs, optimizer: Optimizer | None, *, 
     # run() evaluates this same trace (dropout included), so its loss is the one step() sees
     forward = dce(Graph(list(g.nodes), dict(g.inputs), dict(g.params), dict(g.state), dict(g.outputs),
                         seed=g.seed))
+    forward = apply_precision(forward, precision)[0]
+    scaled = precision == "mixed"
+    if scaled:  # the gradients are of loss * scale, so that small f16 ones do not flush to 0
+        with tracing(g):
+            scale = loss_scale(g)
+            target = loss * scale
     # frozen parameters are read but not differentiated: the backward still flows through
     # them to what they multiply, but no gradient (nor optimizer state) of theirs is formed
-    grads = append_grad(g, loss.id, [g.params[n] for n in trainable])
+    grads = append_grad(g, (target if scaled else loss).id, [g.params[n] for n in trainable])
+    old, (g, new_id) = g, apply_precision(g, precision)
+    grads = {g.params[n]: Tensor(g, new_id[grads[old.params[n]].id]) for n in trainable}
     with tracing(g):
+        if scaled:
+            grads, ok = unscale(grads, Tensor(g, new_id[scale.id]))
         step = Tensor(g, g.state["step"])
         slots = [ParamSlot(n, Tensor(g, g.params[n]), grads[g.params[n]], s.decays)
                  for n, s in trainable.items()]
@@ -81,6 +98,8 @@ def build_train_graph(factory, loss_fn, inputs, optimizer: Optimizer | None, *, 
         if optimizer is not None:
             optimizer.append(OptimizerContext(g, slots, step, optimizer.lr))
         g.writebacks["step"] = (step + 1.0).id
+        if scaled:
+            append_loss_scaling(g, ok, list(trainable))
         _copy_updated_captures(g)
     return specs, dce(cse(g)), cse(forward)
 
@@ -97,15 +116,24 @@ def _copy_updated_captures(g: Graph) -> None:
 
 def compile_module(factory, loss_fn, *, inputs, optimizer=_DEFAULT, backend="reference",
                    seed: int = 0, keep_grads: bool = True, check_finite: bool = False,
-                   recovery=None, kernel_options=None) -> CompiledModule:
+                   recovery=None, kernel_options=None, precision: str = "f32") -> CompiledModule:
     """Trace, differentiate, append the optimizer and compile a whole training step.
     optimizer: an optim.* instance (default Adam(lr=1e-3)); None computes gradients only.
     check_finite: refuse (NonFiniteError, state untouched) a step whose loss or gradients are
     not finite. recovery: "memory" or a checkpoint path keeps the last completed step's state
     so that recover() can continue after a lost device. Both read the whole state back after
     each step (recovery.py says what that costs). kernel_options: a codegen.KernelOptions
-    for the generated kernels (None: the backend's; only kernel-generating backends read it)."""
+    for the generated kernels (None: the backend's; only kernel-generating backends read it).
+    precision: "f32" (the default), "mixed" (f16 matmuls with f32 accumulation, f32 master
+    weights and optimizer, dynamic loss scaling: a step with an inf/nan gradient is skipped,
+    step() returns a StepLoss whose .skipped says so, loss_scale the scale) or "f16" (every
+    value rounded to f16; gradients only, optimizer=None). precision.py has the rules."""
     from .backends import get_backend
+    check_precision(precision, "compile_module")
+    if precision == "f16" and optimizer is not None:
+        raise ValueError("compile_module(precision='f16') computes gradients in half precision "
+                         "but keeps no f32 master weights to update: pass optimizer=None, or "
+                         "train with precision='mixed'")
     if optimizer is _DEFAULT:
         optimizer = Adam()
     if optimizer is not None and not isinstance(optimizer, Optimizer):
@@ -114,22 +142,27 @@ def compile_module(factory, loss_fn, *, inputs, optimizer=_DEFAULT, backend="ref
     seed = check_seed(seed, "compile_module")
     ins = parse_inputs(inputs)
     specs, train, forward = build_train_graph(factory, loss_fn, ins, optimizer, keep_grads=keep_grads,
-                                                seed=seed)
+                                                seed=seed, precision=precision)
     be = get_backend(backend)
     return CompiledModule(be, factory, specs, Program(be, train, ins, options=kernel_options),
                           # prepared by the first run()
                           Program(be, forward, ins, lazy=True, options=kernel_options),
-                          seed=seed, check_finite=check_finite, recovery=recovery)
+                          seed=seed, check_finite=check_finite, recovery=recovery,
+                          precision=precision)
 
 
 def compile_forward(factory, fwd_fn, *, inputs, backend="reference", seed: int = 0,
-                    training: bool = False, kernel_options=None) -> CompiledForward:
+                    training: bool = False, kernel_options=None,
+                    precision: str = "f32") -> CompiledForward:
     """A forward-only program with its own parameters (initialised from the factory).
-    An inference graph: dropout is the identity unless training=True."""
+    An inference graph: dropout is the identity unless training=True. precision: "f32"
+    (the default), "mixed" (f16 matmuls) or "f16" (every value rounded to f16): precision.py."""
     from .backends import get_backend
+    check_precision(precision, "compile_forward")
     seed = check_seed(seed, "compile_forward")
     ins = parse_inputs(inputs)
     specs, g = build_forward_graph(factory, fwd_fn, ins, seed, training)
+    g = dce(cse(apply_precision(g, precision)[0]))
     be = get_backend(backend)
-    owner = CompiledModule(be, factory, specs, None, None, seed=seed)
+    owner = CompiledModule(be, factory, specs, None, None, seed=seed, precision=precision)
     return CompiledForward(owner, Program(be, g, ins, options=kernel_options), owns_owner=True)

@@ -15,7 +15,9 @@ from .arrays import FeedError, HostArray, to_host, to_user
 from .backends.gpu_host import DeviceLostError
 from .blocking import run_blocking
 from .bounds import check_index_feeds, index_checks
+from .dce import cse, dce
 from .optim import STATE_PREFIX
+from .precision import INIT_EXP, SCALE_EXP, apply_precision, check_precision
 from .recovery import Guard
 from .trace import build_forward_graph, parse_inputs
 
@@ -100,8 +102,10 @@ class Program:
     async def execute(self, feed, method, main: str, with_captures: bool,
                       allow_nonfinite: bool = False):
         feeds = self.check_feed(feed, method, allow_nonfinite)
-        fetch = [main] + (self.captures() if with_captures else [])
+        amp = [k for k in self.graph.outputs if k.startswith("amp/")]  # loss scaling's verdict
+        fetch = [main] + amp + (self.captures() if with_captures else [])
         out = await self.exe.run(feeds, fetch)
+        self.last_amp = {k: float(out[k][0]) for k in amp}
         caps = {k[len("capture:"):]: to_user(v) for k, v in out.items() if k.startswith("capture:")}
         return out[main], caps
 
@@ -109,15 +113,34 @@ class Program:
 _serials = itertools.count()
 
 
+class StepLoss(float):
+    """A mixed-precision step's loss (a float) with loss scaling's verdict: `skipped` (True
+    when a gradient held an inf or NaN, so nothing was updated and the scale halved) and
+    `scale` (the loss scale the next step uses)."""
+    skipped: bool
+    scale: float
+
+    def __new__(cls, loss: float, skipped: bool, scale: float):
+        out = super().__new__(cls, loss)
+        out.skipped, out.scale = skipped, scale
+        return out
+
+
 class CompiledModule:
     """A compiled training step (from compile_module) and the parameters it owns."""
 
     def __init__(self, backend, factory, specs, train, forward, *, seed: int,
-                 check_finite: bool = False, recovery=None):
+                 check_finite: bool = False, recovery=None, precision: str = "f32"):
         self.backend, self._factory, self._specs, self.seed = backend, factory, specs, seed
+        self.precision = precision  # compile_module's: where its programs round to f16
         self._train, self._forward = train, forward
         self._destroyed = False
         self.last_feed = None  # the feed of the last successful step()
+        # loss scaling (precision="mixed"): did the last step skip, and the next step's scale
+        # (GradScaler's initial 2^16 until a step says otherwise; None without loss scaling)
+        self.last_step_skipped = None
+        self.loss_scale = (65536.0 if train is not None and any(
+            k.startswith("amp/") for k in train.graph.outputs) else None)
         self.serial = next(_serials)  # creation order: "the newest model" (the playground's Save)
         self._siblings = weakref.WeakSet()  # forward programs over this store (recover() reloads them)
         self._guard = (Guard(self, check_finite=check_finite, recovery=recovery)
@@ -215,8 +238,13 @@ class CompiledModule:
                                                    allow_nonfinite)
             self.last_feed = feed  # what the playground's kernel timing profiles
             loss = float(loss[0])
+            amp = self._train.last_amp
+            if amp:
+                self.last_step_skipped = amp["amp/skipped"] != 0.0
+                self.loss_scale = amp["amp/scale"]
+                loss = StepLoss(loss, self.last_step_skipped, self.loss_scale)
             if self._guard is not None:
-                await self._guard.after_step(loss)
+                await self._guard.after_step(loss, skipped=bool(amp) and self.last_step_skipped)
         return (loss, caps) if with_captures else loss
 
     async def run_async(self, feed, *, with_captures: bool = False):
@@ -266,7 +294,9 @@ class CompiledModule:
         if missing and not partial:
             raise FeedError(f"{method}(): missing {', '.join(map(repr, missing))}; pass all "
                             f"parameters or {partial_kw}")
-        hosts = {n: to_host(v, shape=self._specs[n].held[0], dtype=self._specs[n].held[1],
+        # an f16 parameter takes f32 values, rounded where it is held
+        hosts = {n: to_host(v, shape=self._specs[n].held[0],
+                            dtype={"f16": "f32"}.get(self._specs[n].held[1], self._specs[n].held[1]),
                             what=f"{method}(): '{n}'", allow_nonfinite=allow_nonfinite)
                  for n, v in params.items()}  # every check before any write
         await self.write_state_async(hosts, method=method)
@@ -277,12 +307,14 @@ class CompiledModule:
             self._init_params()
             self._zero_state(optimizer_only=False)
             await self._recopy()
+            await self._reread_loss_scale()
 
     async def reset_optimizer_state_async(self) -> None:
         self.check_alive("reset_optimizer_state")
         async with self._lost("reset_optimizer_state"):
             self._zero_state(optimizer_only=True)
             await self._recopy()
+            await self._reread_loss_scale()
 
     async def _recopy(self) -> None:
         if self._guard is not None and self._guard.has_copy:
@@ -331,6 +363,13 @@ class CompiledModule:
         await checkpoint.load_async(self, src, optimizer=optimizer,
                                     allow_nonfinite=allow_nonfinite)
         await self._recopy()  # recover() must not undo a load
+        await self._reread_loss_scale()
+
+    async def _reread_loss_scale(self) -> None:
+        """loss_scale from the state (after a reset or a load); None without loss scaling."""
+        if self.loss_scale is not None:
+            exp = (await self.backend.read(SCALE_EXP))[0]
+            self.loss_scale, self.last_step_skipped = 2.0 ** (INIT_EXP + exp), None
 
     # -- PyTorch: the loss graph as a torch.nn.Module, state dicts back; io/torch_interop.py
     async def to_torch_async(self):
@@ -366,12 +405,18 @@ class CompiledModule:
             self.backend.destroy()
             self._train = self._forward = None
 
-    def compile_forward(self, fwd_fn, *, inputs, training: bool = False) -> "CompiledForward":
+    def compile_forward(self, fwd_fn, *, inputs, training: bool = False,
+                        precision: str | None = None) -> "CompiledForward":
         """A forward graph over the SAME parameters (and backend store) as this module.
-        An inference graph: dropout is the identity unless training=True."""
+        An inference graph: dropout is the identity unless training=True. precision: None
+        (this module's: a precision="mixed" module's forward rounds as its training step
+        does), or "f32" / "mixed" / "f16" (precision.py)."""
         self.check_alive("compile_forward")
+        precision = check_precision(self.precision if precision is None else precision,
+                                    "compile_forward")
         ins = parse_inputs(inputs)
         specs, g = build_forward_graph(self._factory, fwd_fn, ins, self.seed, training)
+        g = dce(cse(apply_precision(g, precision)[0]))
         if {n: s.shape for n, s in specs.items()} != self.param_shapes:
             raise ValueError("compile_forward: the factory built a model with different parameters")
         fwd = CompiledForward(self, Program(self.backend, g, ins,

@@ -41,7 +41,7 @@ def append_grad(graph, loss_id: int, wrt: list[int]) -> dict[int, Tensor]:
                 continue
             ins = [Tensor(graph, i) for i in node.inputs]
             for x, gx in zip(ins, rule(g, ins, Tensor(graph, node.id), node.attrs)):
-                if gx is None or x.dtype != "f32":
+                if gx is None or x.dtype == "i32":  # an f16 value's gradient is f32
                     continue
                 gx = sum_to(gx, x.shape)
                 grads[x.id] = grads[x.id] + gx if x.id in grads else gx

@@ -21,7 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import prod
 
-DTYPES = ("f32", "i32")
+# f16 is a storage type: values are rounded to IEEE binary16 where a node says so (a cast
+# to f16, the operands of a matmul under precision="mixed"/"f16": precision.py), and every
+# op but cast, matmul and the layout ops reads f32, so the arithmetic stays in f32
+DTYPES = ("f32", "i32", "f16")
 
 
 @dataclass(eq=False)

@@ -26,6 +26,7 @@ class ParamSpec:
     decay: bool | None = None  # None: the init's default (see Init.decays)
     quant: object = None       # a quants.QuantSpec: held as quantized blocks (inference only)
     trainable: bool = True     # False: frozen (no gradient, optimizer state or update)
+    dtype: str = "f32"         # "f16": held rounded to f16 (frozen weights: Module.half())
 
     @property
     def decays(self) -> bool:
@@ -37,7 +38,7 @@ class ParamSpec:
         words of its blocks when it is held quantized (quants/words.py; written and read
         back as words)."""
         q = self.quant
-        return ((q.words,), "i32") if q is not None else (tuple(self.shape), "f32")
+        return ((q.words,), "i32") if q is not None else (tuple(self.shape), self.dtype)
 
 
 class Module:
@@ -59,6 +60,16 @@ class Module:
         is true for; returns self, so a factory can be `lambda: Model().freeze()`."""
         for name, spec in self.named_specs():
             spec.trainable = bool(keep is not None and keep(name))
+        return self
+
+    def half(self, keep=None) -> "Module":
+        """Hold every parameter in f16 (rounded to nearest even), except quantized ones and
+        those whose name `keep(name)` is true for; each is frozen (trainable=False: f16
+        weights have no f32 master copy to train) and read as f32 by the ops. Returns self,
+        so a factory can be `lambda: Model().half()`. docs/precision.md."""
+        for name, spec in self.named_specs():
+            if spec.quant is None and not (keep is not None and keep(name)):
+                spec.dtype, spec.trainable = "f16", False
         return self
 
     def named_specs(self, prefix: str = "") -> list[tuple[str, ParamSpec]]:
@@ -104,6 +115,7 @@ def materialize(module: Module) -> dict[str, ParamSpec]:
         t = tied.get(id(spec))
         if t is None:
             t = tied[id(spec)] = (_quantized(name, spec) if spec.quant is not None else
+                                  _half(name, spec) if spec.dtype == "f16" else
                                   bind("param", name=name, shape=spec.shape, dtype="f32"))
             specs[name] = spec
         if isinstance(container, Module):
@@ -113,6 +125,17 @@ def materialize(module: Module) -> dict[str, ParamSpec]:
         else:
             raise TypeError(f"param {name!r} sits in a tuple; use a list so it can be traced")
     return specs
+
+
+def _half(name, spec):
+    """The f32 Tensor an f16 parameter reads as (a matmul under precision="mixed"/"f16"
+    reads the f16 value itself: precision.py)."""
+    from . import ops
+    if spec.trainable:
+        raise ValueError(f"param {name!r} is held in f16 and trainable; f16 weights have no f32 "
+                         "master copy to update: freeze it (Module.half() does), or train f32 "
+                         "parameters with compile_module(..., precision='mixed')")
+    return ops.cast(bind("param", name=name, shape=spec.shape, dtype="f16"), "f32")
 
 
 def _quantized(name, spec):

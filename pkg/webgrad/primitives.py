@@ -86,8 +86,15 @@ def broadcast_shapes(*shapes) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _same_dtype(ins):
+F16_MATH = ("f16 is a storage type: webgrad computes in f32; convert the operand with "
+            "ops.cast(x, 'f32') first")
+
+
+def _same_dtype(ins, copies: bool = False):
+    """The operands' one dtype; copies: the op only moves values (concat), so f16 is fine."""
     dts = {n.dtype for n in ins}
+    if "f16" in dts and not copies:
+        raise ShapeError(F16_MATH)
     if len(dts) > 1:
         raise ShapeError("operands have different dtypes " + "/".join(sorted(dts))
                          + "; convert with ops.cast(x, 'f32')")
@@ -95,6 +102,8 @@ def _same_dtype(ins):
 
 
 def _unary_f32(ins, attrs):
+    if ins[0].dtype == "f16":
+        raise ShapeError(F16_MATH)
     if ins[0].dtype != "f32":
         raise ShapeError("needs an f32 operand; convert indices with ops.cast(x, 'f32')")
     return ins[0].shape, "f32"
@@ -247,15 +256,29 @@ defprim("where", "elementwise", shape=_where_shape,
         grad=lambda g, i, o, a: [None, _O().where(i[0], g, 0.0), _O().where(i[0], 0.0, g)])
 
 
+NUMPY_DTYPES = {"f32": "float32", "i32": "int32", "f16": "float16"}
+
+
 def _cast_shape(ins, attrs):
-    if attrs["dtype"] not in ("f32", "i32"):
-        raise ShapeError(f"unknown dtype {attrs['dtype']!r}; use 'f32' or 'i32'")
+    if attrs["dtype"] not in NUMPY_DTYPES:
+        raise ShapeError(f"unknown dtype {attrs['dtype']!r}; use 'f32', 'f16' or 'i32'")
+    if attrs["dtype"] == "f16" and ins[0].dtype == "i32":
+        raise ShapeError("i32 -> f16 is not a cast webgrad has; go through f32 "
+                         "(ops.cast(ops.cast(x, 'f32'), 'f16'))")
     return ins[0].shape, attrs["dtype"]
 
 
-defprim("cast", "elementwise", shape=_cast_shape,
-        ref=lambda np, a, x: x.astype("float32" if a["dtype"] == "f32" else "int32"),
-        grad=lambda g, i, o, a: [g if i[0].dtype == "f32" else None])
+def _cast_ref(np, a, x):
+    # f32 -> f16 rounds to nearest even, overflowing to +-inf past 65504 (IEEE, as WGSL's
+    # f16() and torch's .half()); f16 -> f32 is exact
+    with np.errstate(over="ignore"):
+        return x.astype(NUMPY_DTYPES[a["dtype"]])
+
+
+# the gradient of a float value is an f32 value whatever the value's storage (grad.py), so
+# a cast between f32 and f16 passes it through unchanged
+defprim("cast", "elementwise", shape=_cast_shape, ref=_cast_ref,
+        grad=lambda g, i, o, a: [g if i[0].dtype != "i32" and o.dtype != "i32" else None])
 
 # ---------------------------------------------------------------- leaves
 
@@ -281,6 +304,8 @@ def _sum_shape(ins, attrs):
     axes = attrs["axes"]
     if len(set(axes)) != len(axes) or any(not 0 <= ax < len(x.shape) for ax in axes):
         raise ShapeError(f"bad axes {list(axes)} for rank {len(x.shape)}")
+    if x.dtype == "f16":
+        raise ShapeError(F16_MATH)
     return tuple(d for k, d in enumerate(x.shape) if k not in axes), x.dtype
 
 
@@ -408,7 +433,7 @@ def _concat_shape(ins, attrs):
             raise ShapeError(f"all shapes must match except along axis {ax}")
     out = list(ins[0].shape)
     out[ax] = sum(n.shape[ax] for n in ins)
-    return tuple(out), _same_dtype(ins)
+    return tuple(out), _same_dtype(ins, copies=True)
 
 
 def _concat_grad(g, i, o, a):
@@ -471,16 +496,31 @@ def _matmul_shape(ins, attrs):
         raise ShapeError("operands need rank >= 2 (ops.matmul lifts vectors)")
     if a.shape[-1] != b.shape[-2]:
         raise ShapeError(f"inner dimensions differ: {a.shape[-1]} vs {b.shape[-2]}")
-    if a.dtype != "f32" or b.dtype != "f32":
-        raise ShapeError("needs f32 operands")
+    if a.dtype != b.dtype or a.dtype not in ("f32", "f16"):
+        raise ShapeError("needs two f32 or two f16 operands (f16 x f16 accumulates in f32); "
+                         "convert with ops.cast(x, 'f32') or ops.cast(x, 'f16')")
     batch = broadcast_shapes(a.shape[:-2], b.shape[:-2])
     return batch + (a.shape[-2], b.shape[-1]), "f32"
 
 
-defprim("matmul", "matmul", shape=_matmul_shape, ref=lambda np, a, x, y: np.matmul(x, y),
-        # C = A B:  dA = dC B^T,  dB = A^T dC  (then summed over broadcast batch dims)
-        grad=lambda g, i, o, a: [_O().matmul(g, _O().swap_axes(i[1], -1, -2)),
-                                 _O().matmul(_O().swap_axes(i[0], -1, -2), g)])
+def _matmul_ref(np, a, x, y):
+    # f16 operands are multiplied and summed in f32 (the GPU's f16 x f16 -> f32 products);
+    # numpy's own float16 matmul would round every partial sum to f16
+    if x.dtype == np.float16:
+        return np.matmul(x.astype(np.float32), y.astype(np.float32))
+    return np.matmul(x, y)
+
+
+def _matmul_grad(g, i, o, a):
+    # C = A B:  dA = dC B^T,  dB = A^T dC  (then summed over broadcast batch dims); with f16
+    # operands the incoming gradient is rounded to f16 too, as torch.amp's backward does
+    O = _O()
+    if i[0].dtype == "f16":
+        g = O.cast(g, "f16")
+    return [O.matmul(g, O.swap_axes(i[1], -1, -2)), O.matmul(O.swap_axes(i[0], -1, -2), g)]
+
+
+defprim("matmul", "matmul", shape=_matmul_shape, ref=_matmul_ref, grad=_matmul_grad)
 
 
 def _dequantize_shape(ins, attrs):
@@ -550,6 +590,8 @@ def _scatter_shape(ins, attrs):
         raise ShapeError("indices must be i32")
     if g.shape[:len(idx.shape)] != idx.shape:
         raise ShapeError("values must start with the indices' shape")
+    if g.dtype == "f16":
+        raise ShapeError(F16_MATH)
     return (attrs["n"],) + g.shape[len(idx.shape):], g.dtype
 
 

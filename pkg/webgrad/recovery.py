@@ -96,11 +96,13 @@ class Guard:
             return load_state(self.path)
         raise RuntimeError("recover(): there is no copy of the state yet (no step ran)")
 
-    async def after_step(self, loss: float) -> None:
+    async def after_step(self, loss: float, skipped: bool = False) -> None:
         """Copy the new state; with check_finite, refuse it (restoring the last copy) when the
-        loss, a kept gradient or any updated value is not finite."""
+        loss, a kept gradient or any updated value is not finite. skipped: loss scaling
+        (precision="mixed") already skipped the step for a non-finite gradient, keeping the
+        parameters and halving the scale: that state is kept, not refused."""
         state = await self.read()
-        if self.check_finite:
+        if self.check_finite and not skipped:
             bad = _first_nonfinite(loss, state)
             if bad is not None:
                 self.restore(self.last())

@@ -31,6 +31,7 @@ from .blocking import run_blocking
 from .compiled import Program
 from .dce import cse, dce
 from .ir import Graph
+from .precision import apply_precision, check_precision
 from .primitives import bind
 from .tensor import Tensor, current_graph
 from .trace import parse_inputs, trace
@@ -81,9 +82,11 @@ class StatefulProgram:
 
 
 def compile_program(backend, factory, fn, *, inputs, seed: int = 0,
-                    kernel_options=None) -> StatefulProgram:
+                    kernel_options=None, precision: str = "f32") -> StatefulProgram:
     """Trace fn(module, feeds) -> {output name: Tensor} into an inference graph over the
-    factory's parameters in `backend`'s store (created from their inits if missing)."""
+    factory's parameters in `backend`'s store (created from their inits if missing).
+    precision: "f32", "mixed" or "f16" (precision.py; state written back is rounded where
+    the value it takes is)."""
     from .backends import get_backend
     be = get_backend(backend)
     ins = parse_inputs(inputs)
@@ -93,7 +96,9 @@ def compile_program(backend, factory, fn, *, inputs, seed: int = 0,
         raise TypeError("compile_program: the function must return a dict name -> Tensor")
     for k, v in outs.items():
         g.outputs[k] = v.id
-    return StatefulProgram(Program(be, dce(cse(g)), ins, options=kernel_options), specs)
+    check_precision(precision, "compile_program")
+    g = dce(cse(apply_precision(dce(cse(g)), precision)[0]))
+    return StatefulProgram(Program(be, g, ins, options=kernel_options), specs)
 
 
 __all__ = ["state", "assign", "compile_program", "StatefulProgram"]

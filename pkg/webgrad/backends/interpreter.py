@@ -37,7 +37,13 @@ class Interpreter(Backend):
             return super().init_params(items, seed=seed)
         from ..init import values_numpy
         for name, spec, shape in items:
-            self.store[name] = self.from_numpy(values_numpy(np, spec, shape, seed=seed, name=name))
+            x = self.from_numpy(values_numpy(np, spec, shape, seed=seed, name=name))
+            self.store[name] = self.like_held(x, self.store.get(name))
+
+    def like_held(self, x, held):
+        """x in the dtype of the array it replaces (an f16 parameter stays f16: its values
+        are rounded); subclasses convert, per array library."""
+        return x
 
     def ensure(self, name, shape, dtype):
         if name in self.store:
@@ -46,7 +52,7 @@ class Interpreter(Backend):
         return True
 
     def write(self, name, host):
-        self.store[name] = self.from_host(host)
+        self.store[name] = self.like_held(self.from_host(host), self.store.get(name))
 
     async def read(self, name):
         x = self.store[name]

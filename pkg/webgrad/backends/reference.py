@@ -6,7 +6,7 @@ needs numpy (a test/optional dependency); the browser, which has none, uses webg
 from __future__ import annotations
 
 from ..arrays import HostArray, to_numpy
-from ..primitives import PRIMS
+from ..primitives import NUMPY_DTYPES, PRIMS
 from .interpreter import Interpreter
 
 
@@ -27,11 +27,18 @@ class ReferenceBackend(Interpreter):
     def from_numpy(self, x):
         return x  # the reference store holds numpy arrays: no copy
 
+    def like_held(self, x, held):
+        if held is not None and held.dtype == self.np.float16 and x.dtype != held.dtype:
+            with self.np.errstate(over="ignore"):
+                return x.astype(self.np.float16)
+        return x
+
     def from_host(self, h: HostArray):
         return to_numpy(self.np, h)
 
     def to_host(self, x, dtype):
         np = self.np
+        dtype = "f32" if dtype == "f16" else dtype  # an f16 value reaches the host as f32
         # np.asarray + order="C", not ascontiguousarray: that one turns rank 0 into shape (1,)
         x = np.asarray(x, dtype=np.float32 if dtype == "f32" else np.int32, order="C")
         out = HostArray(dtype, shape=x.shape)
@@ -39,4 +46,4 @@ class ReferenceBackend(Interpreter):
         return out
 
     def zeros(self, shape, dtype):
-        return self.np.zeros(shape, self.np.float32 if dtype == "f32" else self.np.int32)
+        return self.np.zeros(shape, NUMPY_DTYPES[dtype])

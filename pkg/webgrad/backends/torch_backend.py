@@ -29,8 +29,8 @@ except ImportError:
 
 
 def torch_dtype(dtype: str):
-    """The torch dtype of an IR dtype ("f32" or "i32"); io/torch_interop.py uses it too."""
-    return torch.float32 if dtype == "f32" else torch.int32
+    """The torch dtype of an IR dtype ("f32", "f16" or "i32"); io/torch_interop.py uses it too."""
+    return {"f32": torch.float32, "f16": torch.float16}.get(dtype, torch.int32)
 
 
 # ---------------------------------------------------------------- elementwise
@@ -55,6 +55,14 @@ def _where(a, c, x, y):
 
 def _cast(a, x):
     return x.to(torch_dtype(a["dtype"]))
+
+
+def _matmul(a, x, y):
+    # f16 x f16 accumulates in f32 (primitives._matmul_ref): the products of two f16 values
+    # are exact in f32, and torch's CPU float16 matmul would round its result to f16
+    if x.dtype == torch.float16:
+        return torch.matmul(x.float(), y.float())
+    return torch.matmul(x, y)
 
 
 # ---------------------------------------------------------------- leaves
@@ -239,7 +247,7 @@ def torch_impls(device) -> dict:
         "concat": lambda a, *xs: torch.cat(xs, dim=a["axis"]),
         "slice": lambda a, x: x.narrow(a["axis"], a["start"], a["stop"] - a["start"]),
         "pad": _pad,
-        "matmul": lambda a, x, y: torch.matmul(x, y),
+        "matmul": _matmul,
         "one_hot": _one_hot,
         "gather_rows": _gather_rows,
         "scatter_add_rows": _scatter_add_rows,
@@ -270,6 +278,11 @@ class TorchBackend(Interpreter):
     def from_numpy(self, x):
         return torch.from_numpy(x).to(self.device)
 
+    def like_held(self, x, held):
+        if held is not None and held.dtype == torch.float16 and x.dtype != held.dtype:
+            return x.to(torch.float16)
+        return x
+
     def from_host(self, h: HostArray):
         dt = torch_dtype(h.dtype)
         if len(h) == 0:
@@ -278,6 +291,7 @@ class TorchBackend(Interpreter):
         return t.reshape(h.shape).to(self.device)
 
     def to_host(self, x, dtype):
+        dtype = "f32" if dtype == "f16" else dtype  # an f16 value reaches the host as f32
         x = x.detach().to("cpu", torch_dtype(dtype)).contiguous()
         out = HostArray(dtype, shape=tuple(x.shape))
         if x.numel():

@@ -22,6 +22,7 @@ from ..arrays import HostArray, device_result
 from ..blocking import run_blocking
 from ..codegen import LOWERED_OPS, Limits, lower
 from ..codegen.options import DEFAULT as DEFAULT_OPTIONS
+from ..precision import f16_in_f32, half_feature_error, round_f16_bytes
 from .base import Backend
 
 __all__ = ["WebGPUBackend", "WebGPUProgram", "LOWERED_OPS"]
@@ -45,6 +46,17 @@ class _Slot:
     dtype: str
     shadow: bytes | None = None        # value not yet on the GPU (None: zeros)
     home: tuple[int, int] | None = None  # (program, buffer id) once a program holds it
+
+
+def _f16_program(graph, features, adapter: str, emulate: bool):
+    """A program holding f16 values (precision="mixed"/"f16") needs the adapter's shader-f16
+    (refused without it, unless KernelOptions.f16_emulation asks for the integer rounding);
+    the kernels round where the program says, holding the values in f32 buffers
+    (precision.f16_in_f32: f16 storage is not emitted yet)."""
+    err = None if emulate else half_feature_error(graph, features, adapter or "(unnamed)")
+    if err:
+        raise RuntimeError(err)
+    return f16_in_f32(graph)
 
 
 class WebGPUBackend(Backend):
@@ -90,6 +102,8 @@ class WebGPUBackend(Backend):
             raise ValueError(f"write of {len(data)} bytes into '{name}' {slot.dtype}{list(slot.shape)}")
         if not data:  # zero-size: never on the GPU (codegen/empty.py)
             return
+        if slot.dtype == "f16":  # held in an f32 buffer (precision.f16_in_f32), rounded
+            data = round_f16_bytes(data)
         if slot.home is not None:
             self.host.write(slot.home[0], slot.home[1], data)
         else:
@@ -102,7 +116,8 @@ class WebGPUBackend(Backend):
             data = await self.host.read(*slot.home)
         else:
             data = slot.shadow if slot.shadow is not None else bytes(n)
-        return device_result(data, 0, n, slot.dtype, slot.shape)
+        dtype = "f32" if slot.dtype == "f16" else slot.dtype  # held in f32 (f16_in_f32)
+        return device_result(data, 0, n, dtype, slot.shape)
 
     def init_params(self, items, *, seed: int) -> None:
         """Parameters that a loaded program holds are filled on the device by one small
@@ -114,7 +129,8 @@ class WebGPUBackend(Backend):
             r = recipe(spec, shape, seed=seed, name=name)
             slot = self.store[name]
             # literals and zeroed rows (padding_idx) are written from the host
-            device = r[0] != "literal" and not spec.zero_rows and slot.home is not None
+            device = (r[0] != "literal" and not spec.zero_rows and slot.home is not None
+                      and slot.dtype != "f16")  # f16 ones: rounded as write() rounds
             (on_device if device else on_host).append(
                 (name, spec, shape, r))
         if on_device:
@@ -155,6 +171,8 @@ class WebGPUBackend(Backend):
 
     def prepare(self, graph, options=None):
         limits = self.limits if options is None else replace(self.limits, options=options)
+        graph = _f16_program(graph, getattr(self.host, "features", None), self.limits.adapter,
+                             limits.options.f16_emulation)
         # a host that can start compiling kernels while the rest is lowered gets each new one
         lowered, names = lower(graph, limits, self._key,
                                on_pipeline=getattr(self.host, "prefetch", None))

@@ -294,8 +294,27 @@ def _where_rule(em, node, idx):
     return f"select({y}, {x}, {c} != 0.0f)"
 
 
+# f32 -> nearest f16 (ties to even) as an f32, from the bits: no f16 type, so no shader-f16
+# (KernelOptions.f16_emulation). Past 65504 + half an ulp: inf; below 2^-14 the f16
+# subnormals' quantum 2^-24, rounded by round() (half to even); inf and NaN pass through.
+ROUND_F16_WGSL = """fn wg_round_f16(x: f32) -> f32 {
+  let b = bitcast<u32>(x);
+  let s = b & 0x80000000u;
+  let a = b & 0x7fffffffu;
+  if (a >= 0x7f800000u) { return x; }
+  if (a >= 0x477ff000u) { return bitcast<f32>(s | 0x7f800000u); }
+  if (a >= 0x38800000u) { return bitcast<f32>(s | ((a + 0xfffu + ((a >> 13u) & 1u)) & 0xffffe000u)); }
+  return bitcast<f32>(s | bitcast<u32>(round(bitcast<f32>(a) * 16777216.0f) * 5.9604644775390625e-8f));
+}"""
+
+
 @rule("cast")
 def _cast_rule(em, node, idx):
+    if node.attrs["dtype"] == "f16":  # f16 rounding of a value held in f32 (f16_in_f32)
+        if em.k.limits.options.f16_emulation or not em.k.limits.f16:
+            return f"{em.k.helper('wg_round_f16', ROUND_F16_WGSL)}({em.arg(node, 0, idx)})"
+        em.k.f16 = True
+        return f"f32(f16({em.arg(node, 0, idx)}))"
     return f"{'f32' if node.dtype == 'f32' else 'i32'}({em.arg(node, 0, idx)})"
 
 

@@ -118,6 +118,11 @@ class KernelOptions:
     # True / False: the tiled transposing copy regardless of the adapter
     force_tiled_transpose: bool | None = None
 
+    # precision="mixed"/"f16" programs (precision.py) round with integer arithmetic on the
+    # f32 bits (wg_round_f16: the same values, no f16 type), where False rounds with
+    # f32(f16(x)) and refuses an adapter without shader-f16: the fallback for those adapters
+    f16_emulation: bool = False
+
     # ---- index.py
     # True / False: the tiled / chunked scan (scatter_add_rows' counts); None: GPUs tiled
     scan_tiled: bool | None = None

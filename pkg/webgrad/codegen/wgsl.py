@@ -176,6 +176,7 @@ class Kernel:
         self.workgroup_size = WG
         self.nx = self.ny = self.nz = 1
         self.subgroups = False  # the body uses subgroup operations (enable_subgroups)
+        self.f16 = False  # the body converts to f16 (`enable f16;`, the shader-f16 feature)
 
     # -- buffers
     def binding(self, buffer: int, dtype: str, *, write: bool = False, what: str = "",
@@ -272,6 +273,8 @@ class Kernel:
                              f"kernel ({names}) but the device allows "
                              f"{self.limits.max_storage_buffers_per_shader_stage}")
         out = [f"// webgrad: {self.name}"]
+        if self.f16:
+            out.append("enable f16;")
         if self.subgroups:
             out.append("enable subgroups;")
         for k, b in enumerate(self.bindings):

@@ -105,6 +105,7 @@ def check_tensors(c, f: dict, file: str, *, optimizer: bool | None,
                   "are floats (F32, or F16/BF16/F64 converted)")
         try:   # the one value check of every path in (arrays.to_host): NaN, inf, overflow
             dtype = stored[name][1] if name in stored else "f32"   # quantized: its i32 words
+            dtype = "f32" if dtype == "f16" else dtype  # f16 weights travel as f32 values
             h = to_host(t, shape=tuple(t.shape), dtype=dtype, what=f"tensor {name!r}",
                         allow_nonfinite=allow_nonfinite)
         except FeedError as e:

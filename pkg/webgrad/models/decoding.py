@@ -245,6 +245,22 @@ class CausalLM:
 
     _head_blocks = 1
     _text_hint = "encode it with the model's tokenizer first"
+    dtype = "f32"  # "f16": the weights held rounded to f16 (set_dtype), the maths in f32
+    # where the decode programs round to f16 (precision.py): "f32", "mixed" or "f16"; set it
+    # before the first forward/generate (programs are built once, on first use)
+    precision = "f32"
+
+    def set_dtype(self, dtype: str) -> None:
+        """Choose how the (not quantized) weights are held, before _ensure_weights: "f32",
+        or "f16" (half the memory; every value written is rounded to f16, read back as f32,
+        and the programs compute in f32: Module.half())."""
+        if dtype not in ("f32", "f16"):
+            raise ValueError(f"{type(self).__name__}: dtype must be 'f32' or 'f16', got {dtype!r}")
+        self.dtype = dtype
+
+    def _held(self, module):
+        """The programs' parameter Module, with f16 weights where the model holds them."""
+        return module.half() if self.dtype == "f16" else module
 
     def _ensure_weights(self) -> None:
         """Allocate every parameter of self.shapes on the backend: f32, or the i32 words of
@@ -255,7 +271,7 @@ class CausalLM:
                 raise ValueError(f"{type(self).__name__}: {n!r} is {list(s)}; {q.qtype} blocks of "
                                  f"shape {list(q.shape)}{' transposed' if q.transposed else ''} "
                                  "do not fit")
-            self.backend.ensure(n, (q.words,) if q else s, "i32" if q else "f32")
+            self.backend.ensure(n, (q.words,) if q else s, "i32" if q else self.dtype)
 
     def _init_decoding(self) -> None:
         self._programs: dict = {}
@@ -506,7 +522,8 @@ def _build_program(model: CausalLM, kind: str, T: int):
         inputs = {"ids": ([T], "i32"), "pos": ([1], "i32")}
     else:
         raise AssertionError(kind)
-    return compile_program(model.backend, model._module, fn, inputs=inputs)
+    return compile_program(model.backend, model._module, fn, inputs=inputs,
+                           precision=model.precision)
 
 
 __all__ = ["CausalLM", "Network", "Cache", "Surprisal", "SurprisalTracker", "head_stats", "cat_rows",

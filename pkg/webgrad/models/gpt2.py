@@ -287,12 +287,13 @@ class GPT2(CausalLM):
     """GPT-2 inference on any backend; see the module header for the cache."""
 
     def __init__(self, cfg: GPT2Config, backend="auto", *, wte_chunks: int | None = None,
-                 quant: dict | None = None):
+                 quant: dict | None = None, dtype: str = "f32"):
         """Zero weights on `backend`; wte_chunks (default: what the device's binding limit
         needs) splits the token table into row blocks. quant: {transformers name:
         quants.QuantSpec} of weights held as quantized blocks (from_gguf fills it; write them
-        with write_blocks)."""
+        with write_blocks). dtype: "f16" holds the other weights in f16 (CausalLM.set_dtype)."""
         from ..backends import get_backend
+        self.set_dtype(dtype)
         self.cfg = cfg
         self.backend = get_backend(backend)
         full = dict(quant or {})
@@ -318,17 +319,19 @@ class GPT2(CausalLM):
         return m
 
     @classmethod
-    def from_hf_state_dict(cls, cfg: GPT2Config, state_dict, backend="auto") -> "GPT2":
+    def from_hf_state_dict(cls, cfg: GPT2Config, state_dict, backend="auto", *,
+                           dtype: str = "f32") -> "GPT2":
         """Weights named and laid out as transformers' GPT2LMHeadModel.state_dict() (with or
         without "transformer."; lm_head.weight, tied to wte, and attention mask buffers are
-        ignored). Values: numpy arrays, torch tensors, array.array or memoryviews."""
-        m = cls(cfg, backend)
+        ignored). Values: numpy arrays, torch tensors, array.array or memoryviews. dtype:
+        "f16" holds them rounded to f16."""
+        m = cls(cfg, backend, dtype=dtype)
         m.load_state_dict(state_dict)
         return m
 
     @classmethod
     def from_safetensors(cls, path_or_bytes, cfg: GPT2Config | None = None, backend="auto", *,
-                         progress=None) -> "GPT2":
+                         progress=None, dtype: str = "f32") -> "GPT2":
         """A GPT-2 model.safetensors (transformers' names). Without cfg: the config that
         save_safetensors recorded in the file's metadata, else the shapes give vocab, n_ctx,
         n_embd and n_layer, and n_head = n_embd / 64 (every released GPT-2 size).
@@ -370,7 +373,7 @@ class GPT2(CausalLM):
             done += t.nbytes
             if progress is not None:
                 progress(done, total)
-        return cls.from_hf_state_dict(cfg, sd, backend)
+        return cls.from_hf_state_dict(cfg, sd, backend, dtype=dtype)
 
     @classmethod
     def from_gguf(cls, path_or_bytes, backend="auto", *, keep_quantized: bool = True,
@@ -518,7 +521,7 @@ class GPT2(CausalLM):
     _network = Network(hidden, cached_hidden, head)
 
     def _module(self) -> GPT2Module:
-        return GPT2Module(self.cfg, self.wte_chunks, self.quant)
+        return self._held(GPT2Module(self.cfg, self.wte_chunks, self.quant))
 
 
 def _check_gguf_shapes(f, cfg: GPT2Config) -> None:

@@ -287,12 +287,14 @@ class Llama(CausalLM):
                   "from_file('tokenizer.json').encode(text).ids")
 
     def __init__(self, cfg: LlamaConfig, backend="auto", *, table_chunks: int | None = None,
-                 quant: dict | None = None):
-        """Zero weights on `backend` (write them with load_state_dict); table_chunks
+                 quant: dict | None = None, dtype: str = "f32"):
+        """Zero weights on `backend` (write them with load_state_dict); dtype "f16" holds the
+        weights that are not quantized in f16 (CausalLM.set_dtype); table_chunks
         (default: what the device's binding limit needs) splits the token table and the LM
         head into row blocks. quant: {transformers name: quants.QuantSpec} of weights held
         as quantized blocks (from_gguf fills it; write them with write_blocks)."""
         from ..backends import get_backend
+        self.set_dtype(dtype)
         if not isinstance(cfg, LlamaConfig):
             raise TypeError(f"Llama: cfg must be a LlamaConfig (LlamaConfig.from_hf(config_dict)), "
                             f"got {type(cfg).__name__}")
@@ -323,24 +325,27 @@ class Llama(CausalLM):
         return m
 
     @classmethod
-    def from_hf_state_dict(cls, cfg: LlamaConfig, state_dict, backend="auto") -> "Llama":
+    def from_hf_state_dict(cls, cfg: LlamaConfig, state_dict, backend="auto", *,
+                           dtype: str = "f32") -> "Llama":
         """Weights named and laid out as transformers' LlamaForCausalLM (MistralForCausalLM,
         Qwen2ForCausalLM, Qwen3ForCausalLM).state_dict(); values as numpy arrays, torch
         tensors, array.array or memoryviews. Missing, unexpected or mis-shaped names are
-        listed in the error, before anything is written."""
-        m = cls(cfg, backend)
+        listed in the error, before anything is written. dtype: "f16" holds them in f16."""
+        m = cls(cfg, backend, dtype=dtype)
         m.load_state_dict(state_dict)
         return m
 
     @classmethod
-    def from_pretrained(cls, path, backend="auto", *, n_ctx: int | None = None, progress=None) -> "Llama":
+    def from_pretrained(cls, path, backend="auto", *, n_ctx: int | None = None, progress=None,
+                        dtype: str = "f32") -> "Llama":
         """A folder as transformers' save_pretrained writes it: config.json and
         model.safetensors, or model.safetensors.index.json and its shards (F32/F16/BF16).
         n_ctx: the cache length (default min(max_position_embeddings, 2048));
         progress(done, total): tensor bytes written so far. Names and shapes are checked
-        before any tensor is converted; then each is widened to f32 and written in turn."""
+        before any tensor is converted; then each is widened to f32 and written in turn
+        (dtype "f16": held rounded to f16 again, as an F16 file's values are exactly)."""
         cfg, tensors = _weights.read_pretrained(path, n_ctx=n_ctx)
-        m = cls(cfg, backend)
+        m = cls(cfg, backend, dtype=dtype)
         values = _weights.check_state_dict(cfg, m.hf_shapes, tensors)
         done, total = 0, sum(v.nbytes for v in values.values())
         for n, v in values.items():
@@ -469,7 +474,7 @@ class Llama(CausalLM):
         return self.table_chunks
 
     def _module(self) -> LlamaModule:
-        return LlamaModule(self.cfg, self.table_chunks, self.quant)
+        return self._held(LlamaModule(self.cfg, self.table_chunks, self.quant))
 
 
 __all__ = ["LlamaConfig", "LlamaModule", "Llama", "Cache", "Surprisal", "SurprisalTracker",

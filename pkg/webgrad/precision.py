@@ -1,0 +1,207 @@
+"""Precision modes: where a traced program rounds its values to f16, and loss scaling.
+
+The IR computes in f32 and stores in f16 only where a `cast` to f16 says so (ir.py).
+`apply_precision(graph, precision)` rebuilds a traced graph (forward and backward alike)
+with those casts inserted, so every executor rounds at the same points: numpy rounds to
+float16 there (primitives' `cast` rule), the torch executor holds torch.float16 tensors, a
+WebGPU kernel stores f16. The modes:
+  f32    nothing changes (the default; the graph is returned as it is)
+  mixed  every matmul reads its operands as f16 and accumulates in f32, and its result is
+         stored in f16 (as under torch.amp's fp16 autocast, where a matmul returns f16); the
+         parameters (f32 master weights), the optimizer, reductions, norm and softmax
+         statistics and the loss stay f32. Attention is written with matmuls, so its two
+         products are rounded the same way and its softmax is not. A quantized weight
+         (dequantize) keeps its exact decoded value: its matmul rounds only the other
+         operand, so that WebGPU still decodes the blocks in the matmul's registers.
+  f16    mixed's rule, and every other float value a node produces is rounded to f16 too
+         (parameters and feeds as they are read, each op's result): a model run in
+         half precision, as torch's .half() model, except that constants and the random
+         numbers stay f32 and reductions accumulate in f32 before rounding.
+`append_loss_scaling` adds torch.amp.GradScaler's dynamic loss scale to a training graph.
+Consumers: the driver (compile.py) for compile_module / compile_forward, and tests.
+"""
+from __future__ import annotations
+
+import math
+
+from . import ops
+from .ir import Graph
+from .optim import STATE_PREFIX
+from .primitives import bind
+from .tensor import Tensor, tracing
+
+PRECISIONS = ("f32", "mixed", "f16")
+
+# GradScaler's defaults: scale 2^16, halved by an overflowing step, doubled after 2000 good
+SCALE_EXP = STATE_PREFIX + "amp/scale_exp"    # log2(scale) - 16: 0 in a fresh or reset state
+GOOD_STEPS = STATE_PREFIX + "amp/good_steps"  # good steps since the scale last changed
+INIT_EXP = 16
+GROWTH_INTERVAL = 2000
+
+_KEEP_F32 = ("const", "arange", "state", "rand_uniform")  # never rounded by precision="f16"
+
+
+def check_precision(precision, what: str) -> str:
+    if precision not in PRECISIONS:
+        raise ValueError(f"{what}: precision must be one of {', '.join(map(repr, PRECISIONS))} "
+                         f"(f32 the default, 'mixed' for training with f16 matmuls, 'f16' for "
+                         f"inference in half precision), got {precision!r}")
+    return precision
+
+
+def _rounds(node, precision: str) -> bool:
+    if node.op == "matmul":
+        return True
+    return precision == "f16" and node.dtype == "f32" and node.op not in _KEEP_F32
+
+
+_LAYOUT = ("reshape", "transpose", "broadcast_to", "slice")
+
+
+def _decoded(g: Graph, i: int) -> bool:
+    """Whether node i is a quantized weight's decoded value (dequantize, through layout ops)."""
+    while g[i].op in _LAYOUT:
+        i = g[i].inputs[0]
+    return g[i].op == "dequantize"
+
+
+def apply_precision(g: Graph, precision: str) -> tuple[Graph, dict[int, int]]:
+    """(the rebuilt graph, old node id -> the new id holding that value, as f32 where it was
+    f32). precision="f32" returns g itself and the identity map."""
+    if precision == "f32":
+        return g, {n.id: n.id for n in g.nodes}
+    new = Graph(seed=g.seed, training=g.training)
+    val: dict[int, int] = {}   # old id -> new id of its value (in the old node's dtype)
+    half: dict[int, int] = {}  # old id -> new id of its value stored as f16
+
+    def as_f16(i: int) -> int:
+        if i not in half:
+            n = g[i]
+            if n.dtype == "f16":
+                half[i] = val[i]
+            elif n.op == "cast" and g[n.inputs[0]].dtype == "f16":  # an f16 value widened
+                half[i] = as_f16(n.inputs[0])
+            else:
+                half[i] = new.add("cast", [val[i]], n.shape, "f16", {"dtype": "f16"}, n.loc)
+        return half[i]
+
+    def rounded_f32(i: int) -> int:  # the value rounded to f16, as an f32 node
+        h = as_f16(i)
+        return new.add("cast", [h], g[i].shape, "f32", {"dtype": "f32"}, g[i].loc)
+
+    for n in g.nodes:
+        ins = [val[i] for i in n.inputs]
+        if n.op == "matmul":
+            quant = [_decoded(g, i) for i in n.inputs]
+            if any(quant):  # a quantized weight stays its exact decoded f32 value, decoded in
+                # the matmul's registers (codegen/quant.py); the other operand is rounded
+                ins = [val[i] if q else rounded_f32(i) for i, q in zip(n.inputs, quant)]
+            else:
+                ins = [as_f16(i) for i in n.inputs]
+        nid = new.add(n.op, ins, n.shape, n.dtype, n.attrs, n.loc)
+        if _rounds(n, precision):
+            half[n.id] = new.add("cast", [nid], n.shape, "f16", {"dtype": "f16"}, n.loc)
+            nid = new.add("cast", [half[n.id]], n.shape, "f32", {"dtype": "f32"}, n.loc)
+        val[n.id] = nid
+    new.outputs = {k: val[i] for k, i in g.outputs.items()}
+    new.writebacks = {k: val[i] for k, i in g.writebacks.items()}
+    return new, val
+
+
+def _state(g: Graph, name: str) -> Tensor:
+    if name in g.state:
+        return Tensor(g, g.state[name])
+    return bind("state", name=name, shape=(), dtype="f32")
+
+
+def loss_scale(g: Graph) -> Tensor:
+    """The step's loss scale, 2^(16 + SCALE_EXP), read from the persistent state (call
+    inside tracing(g)). A power of two, so scaling and unscaling are exact."""
+    exp = _state(g, SCALE_EXP)
+    return ops.pow(2.0, exp + float(INIT_EXP))
+
+
+def unscale(grads: dict[int, Tensor], scale: Tensor) -> tuple[dict[int, Tensor], Tensor]:
+    """(gradients divided by the scale, ok): ok is 1.0 when every gradient is finite. An
+    inf or NaN anywhere makes g * 0 a NaN, so the sum of all of them is 0 only when none is."""
+    inv = 1.0 / scale
+    out = {i: gr * inv for i, gr in grads.items()}
+    total = None
+    for gr in out.values():
+        s = ops.sum_all(gr * 0.0)
+        total = s if total is None else total + s
+    ok = ops.equal(total, 0.0) if total is not None else ops.constant(1.0)
+    return out, ok
+
+
+def append_loss_scaling(g: Graph, ok: Tensor, trainable: list[str]) -> None:
+    """GradScaler's update, appended to a training graph whose optimizer has already set its
+    writebacks (call inside tracing(g)): a step with a non-finite gradient (ok = 0) keeps the
+    parameters, the optimizer state and the step counter, and halves the scale; the 2000th
+    good step in a row doubles it. Outputs: amp/skipped (1.0 for a skipped step) and
+    amp/scale (the scale the next step uses)."""
+    keep = set(trainable) | {"step"}
+    for name, i in list(g.writebacks.items()):
+        if name in keep or (name.startswith(STATE_PREFIX) and name not in (SCALE_EXP, GOOD_STEPS)):
+            old = g.params.get(name, g.state.get(name))
+            if old is not None:
+                g.writebacks[name] = ops.where(ok, Tensor(g, i), Tensor(g, old)).id
+    exp = Tensor(g, g.state[SCALE_EXP])
+    good = _state(g, GOOD_STEPS)
+    grow = ops.greater_equal(good + 1.0, float(GROWTH_INTERVAL))
+    new_exp = ops.where(ok, exp + grow, exp - 1.0)
+    g.writebacks[SCALE_EXP] = new_exp.id
+    g.writebacks[GOOD_STEPS] = ops.where(ok, (good + 1.0) * (1.0 - grow), 0.0).id
+    g.outputs["amp/skipped"] = (1.0 - ok).id
+    g.outputs["amp/scale"] = ops.pow(2.0, new_exp + float(INIT_EXP)).id
+
+
+def f16_in_f32(g: Graph) -> Graph:
+    """The same program with its f16 values held in f32: every f16 node becomes an f32 one
+    and each cast to f16 an f32 node whose value is the rounded one (attrs dtype "f16" kept,
+    so a lowering rounds there: WGSL's f32(f16(x))). The values are those of the f16
+    program bit for bit (an f16 value is exact in f32, and an f16 x f16 matmul accumulates
+    in f32 anyway); the memory and bandwidth are f32's. WebGPU runs precision="mixed"/"f16"
+    programs this way until its kernels read and write f16 storage."""
+    if not any(n.dtype == "f16" for n in g.nodes):
+        return g
+    new = Graph(seed=g.seed, training=g.training)
+    for n in g.nodes:
+        nid = new.add(n.op, n.inputs, n.shape, "f32" if n.dtype == "f16" else n.dtype, n.attrs, n.loc)
+        assert nid == n.id
+    new.outputs, new.writebacks = dict(g.outputs), dict(g.writebacks)
+    return new
+
+
+def round_f16_bytes(data: bytes) -> bytes:
+    """Little-endian f32 values rounded to f16 (nearest even, inf past 65504 + half an ulp),
+    as f32 bytes again: how an f16 parameter held in an f32 buffer is written."""
+    try:
+        import numpy as np
+    except ImportError:
+        np = None
+    if np is not None:
+        with np.errstate(over="ignore"):
+            return np.frombuffer(data, "<f4").astype("<f2").astype("<f4").tobytes()
+    import struct
+    n = len(data) // 4
+    out = []
+    for v in struct.unpack(f"<{n}f", data):
+        try:
+            out.append(struct.unpack("<e", struct.pack("<e", v))[0])
+        except OverflowError:  # struct refuses what rounds past f16's largest finite value
+            out.append(math.copysign(math.inf, v))
+    return struct.pack(f"<{n}f", *out)
+
+
+def half_feature_error(graph: Graph, features, adapter: str) -> str | None:
+    """The error for a program holding f16 values on an adapter without shader-f16 (None
+    when the program has none, or the adapter has the feature)."""
+    if "shader-f16" in (features or ()) or not any(n.dtype == "f16" for n in graph.nodes):
+        return None
+    return (f"this program stores f16 values (compiled with precision='mixed' or 'f16', or an "
+            f"ops.cast(x, 'f16')), and the WebGPU adapter {adapter} does not offer the "
+            f"'shader-f16' feature it needs; compile with precision='f32' (the default), use "
+            f"an adapter with shader-f16 (Chrome on most GPUs, Safari 26; Dawn on NVIDIA needs "
+            f"its vulkan_enable_f16_on_nvidia toggle), or ask for the same rounding without "
+            f"f16 types: kernel_options=codegen.KernelOptions(f16_emulation=True)")
