@@ -311,7 +311,7 @@ ROUND_F16_WGSL = """fn wg_round_f16(x: f32) -> f32 {
 @rule("cast")
 def _cast_rule(em, node, idx):
     if node.attrs["dtype"] == "f16":  # f16 rounding of a value held in f32 (f16_in_f32)
-        if em.k.limits.options.f16_emulation or not em.k.limits.f16:
+        if em.k.limits.options.f16_emulation or not em.k.limits.shader_f16:
             return f"{em.k.helper('wg_round_f16', ROUND_F16_WGSL)}({em.arg(node, 0, idx)})"
         em.k.f16 = True
         return f"f32(f16({em.arg(node, 0, idx)}))"
