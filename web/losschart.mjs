@@ -18,13 +18,22 @@ export class LossChart {
   }
 
   init(uPlot) {
+    // the axes in the page's own text and line colours (style.css: light or dark theme)
+    const css = getComputedStyle(this.el);
+    const text = css.color, grid = css.getPropertyValue("--line").trim() || "#d0d7de";
+    const axis = (label) => ({ label, stroke: text, grid: { stroke: grid }, ticks: { stroke: grid } });
     this.plot = new uPlot({
-      width: Math.max(300, this.el.clientWidth || 500), height: this.height,
+      width: Math.max(200, this.el.clientWidth || 500), height: this.height,
       scales: { x: { time: false }, y: { distr: 3 } },   // log-scale loss
-      axes: [{ label: "step" }, { label: this.label }],
+      axes: [axis("step"), axis(this.label)],
       series: [{ label: "step" }, { label: this.label, stroke: "#0969da", width: 1.5 }],
       legend: { show: false },
     }, [[], []], this.el);
+    // follow the column's width (a phone turned, the window resized, columns stacked)
+    new ResizeObserver(() => {
+      const width = Math.max(200, this.el.clientWidth);
+      if (this.plot && width !== this.plot.width) this.plot.setSize({ width, height: this.height });
+    }).observe(this.el);
   }
 
   add(step, loss) {
