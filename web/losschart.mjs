@@ -18,10 +18,11 @@ export class LossChart {
   }
 
   init(uPlot) {
-    // the axes in the page's own text and line colours (style.css: light or dark theme)
-    const css = getComputedStyle(this.el);
-    const text = css.color, grid = css.getPropertyValue("--line").trim() || "#d0d7de";
-    const axis = (label) => ({ label, stroke: text, grid: { stroke: grid }, ticks: { stroke: grid } });
+    // the axes' text in the page's own colour (style.css: light or dark theme); faint grey
+    // grid lines, which read on either background
+    const text = getComputedStyle(this.el).color, faint = "rgba(128, 128, 128, 0.2)";
+    const axis = (label) => ({ label, stroke: text, grid: { stroke: faint, width: 1 },
+                               ticks: { stroke: faint, width: 1 } });
     this.plot = new uPlot({
       width: Math.max(200, this.el.clientWidth || 500), height: this.height,
       scales: { x: { time: false }, y: { distr: 3 } },   // log-scale loss
