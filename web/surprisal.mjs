@@ -298,6 +298,10 @@ async function loadURL() {
               "or a full http(s) address", "error");
     return;
   }
+  await load(url);
+  if ($("status").className !== "error") return;
+  // it failed: say why in words when the server is the reason (the loader's own error is a
+  // JavaScript exception from fetch, or a parse error of an HTML error page)
   let answer = null;
   try {
     answer = await fetch(url, { method: "HEAD" });
@@ -310,9 +314,7 @@ async function loadURL() {
     setStatus(`The server has no model at ${url}: it answered ${answer.status}` +
               `${answer.statusText ? ` ${answer.statusText}` : ""}. Put the file under the ` +
               "served folder (models/ beside serve.py) or pick it from disk above.", "error");
-    return;
   }
-  load(url);
 }
 
 // The colours' key: white for what the model expected, deep red for 12 bits and more.
