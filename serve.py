@@ -358,16 +358,28 @@ def load_lab(root: Path | str = ROOT):
     return module
 
 
+# Why the last provision_lab() built no site (None: it did, or it has not run yet); a visit to
+# /lab/ without a site gets a page saying so and what to install.
+LAB_PROBLEM: str | None = None
+LAB_HOWTO = ("The notebook site is built by scripts/lab.py from jupyterlite-core and "
+             "jupyterlite-pyodide-kernel, which plain `python3 serve.py` lacks: install them "
+             "once, e.g. `python3 -m venv .venv && .venv/bin/pip install -e \".[lab]\"`, then "
+             "start `.venv/bin/python serve.py` (./scripts/test.sh makes that .venv too).")
+
+
 def provision_lab(root: Path | str = ROOT) -> Path | None:
     """Build the notebook site served at /lab/ unless it is up to date (scripts/lab.py). A
     failure (jupyterlite not installed, PyPI unreachable) is reported and the playground is
     served all the same; returns the site folder, or None."""
+    global LAB_PROBLEM
     lab = load_lab(root)
     try:
         site = lab.build_lab(root)
     except lab.LabError as e:
+        LAB_PROBLEM = str(e)
         print(f"serve.py: no notebooks at /lab/: {e}", file=sys.stderr)
         return None
+    LAB_PROBLEM = None
     print(f"notebooks: /lab/ ({site})", flush=True)
     return site
 
@@ -408,6 +420,10 @@ class Handler(SimpleHTTPRequestHandler):
             # RuntimeError from Path.resolve), an embedded NUL: nothing servable, not a crash
             target = None
         self.etag = None
+        if target is None and self.path.split("?")[0] in ("/lab", "/lab/", "/lab/index.html"):
+            why = f" This server's build said: {LAB_PROBLEM}" if LAB_PROBLEM else ""
+            self.send_error(HTTPStatus.NOT_FOUND, "No notebooks here yet", LAB_HOWTO + why)
+            return None
         if target is None:
             self.send_error(HTTPStatus.NOT_FOUND, "Not found")
             return None

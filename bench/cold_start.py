@@ -24,6 +24,10 @@ line per run, the median, and the machine's load average (uptime's three figures
 and after, since on a shared machine CPU contention dominates every phase.
 
     python3 bench/cold_start.py --runs 3 [--warm]
+    python3 bench/cold_start.py --runs 1 --phases --example char_lm.py   # another example's Run
+
+--example FILE loads that example from the menu (examples/FILE) once the page is ready and
+presses Run; first_step is then that example's first progress event (its compile included).
 """
 from __future__ import annotations
 
@@ -73,7 +77,7 @@ _timed(_CM.CompiledForward, "run_async", "forward_run", True)
 """
 
 # Collects the timestamps in the page; the Run click happens as soon as Run is enabled.
-_MEASURE = """async (wrap) => {
+_MEASURE = """async ([wrap, example]) => {
   const t = {};
   const api = window.webgrad;
   api.ready.then((info) => {
@@ -87,11 +91,15 @@ _MEASURE = """async (wrap) => {
         t.first_step = performance.now(); off(); resolve();
       }
     });
+    let loading = false;
     const poll = () => {
       const run = document.querySelector("#run");
-      if (run && !run.disabled && window.playground.code.includes("def fit(")) {
+      if (example && !loading && run && !run.disabled) {
+        loading = true;
+        window.playground.load(example).then(() => { t.ui = performance.now(); run.click(); });
+      } else if (!example && run && !run.disabled && window.playground.code.includes("def fit(")) {
         t.ui = performance.now(); run.click();
-      } else setTimeout(poll, 5);
+      } else if (!loading) setTimeout(poll, 5);
     };
     poll();
   });
@@ -105,6 +113,8 @@ def main(argv=None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--warm", action="store_true", help="reuse one browser context (HTTP cache)")
     parser.add_argument("--phases", action="store_true", help="time the compile stages of the run")
+    parser.add_argument("--example", default=None,
+                        help="run this file of examples/ instead of the default example")
     args = parser.parse_args(argv)
 
     load_before = os.getloadavg()
@@ -123,7 +133,7 @@ def main(argv=None) -> int:
             ctx = context or browser.new_context()
             page = ctx.new_page()
             page.goto(url)
-            t = page.evaluate(_MEASURE, _WRAP if args.phases else None)
+            t = page.evaluate(_MEASURE, [_WRAP if args.phases else None, args.example])
             page.wait_for_function("window.playground.state !== 'running' && "
                                    "window.playground.state !== 'stopping'", timeout=120_000)
             if args.phases:

@@ -121,9 +121,12 @@ def train(c, data: Data, steps: int = STEPS, seed: int = SEED, log=print,
     for step in range(steps):
         losses.append(c.step(data.batch(rng)))
         figure = None
-        if sample_every and (step % sample_every == 0 or step == steps - 1):
+        # not at step 0: sampling costs a forward run per character (~10 s of SwiftShader
+        # before the first point of the chart), and an untrained model writes only noise
+        if sample_every and ((step + 1) % sample_every == 0 or step == steps - 1):
             text = sampler.sample("The ", sample_chars, srng)
-            figure = playground.text(f"sampled after {step + 1} steps (loss {losses[-1]:.2f})", text)
+            figure = playground.text(f"sampled after {step + 1} step{'s' if step else ''} "
+                                     f"(loss {losses[-1]:.2f})", text)
             log(f"step {step + 1:5d}  loss {losses[-1]:.3f}\n{text}\n")
         playground.report(step=step, loss=losses[-1], figure=figure, total=steps)
     return {"losses": losses, "loss": sum(losses[-20:]) / len(losses[-20:]), "sample": text}

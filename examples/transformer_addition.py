@@ -134,7 +134,9 @@ class Evaluator:
         for layer in range(LAYERS):
             probs = caps[f"attn{layer}"].tolist()[0]
             maps += [(f"layer {layer} head {h}", probs[h]) for h in range(HEADS)]
-        return playground.heatmaps(f"attention on {labels} (rows: query, cols: key)", maps)
+        # the model reads and writes the sum lowest digit first: 47+38= is followed by 5, 8
+        return playground.heatmaps(f"attention on {a}+{b}={a + b}, read as the tokens {labels} "
+                                   "(the sum's digits reversed; rows: query, cols: key)", maps)
 
 
 def train(c, steps: int = STEPS, seed: int = SEED, log=print, eval_every: int = 250) -> dict:

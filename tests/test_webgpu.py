@@ -89,9 +89,11 @@ def _lowered_kernel_names(record, options: KernelOptions = KernelOptions()) -> l
 MATMUL_RECORDS = [r for r in oracle.RECORDS
                   if any(n.startswith("matmul") for n in _lowered_kernel_names(r))]
 # KernelOptions forcing codegen/matmul.py's kernels: barrier-free, tiled, and barrier-free
-# with SwiftShader's small blocks on every adapter ("" is in every description)
+# with SwiftShader's small blocks and looped epilogue on every adapter ("" is in every
+# description)
 MATMUL_KERNELS = {"direct": KernelOptions(force_direct=True), "tiled": KernelOptions(force_direct=False),
-                  "direct_small": KernelOptions(force_direct=True, small_block_adapters=("",))}
+                  "direct_small": KernelOptions(force_direct=True, small_block_adapters=("",),
+                                                epi_loop_adapters=("",), epi_loop_lines=0)}
 if native_adapter_is_cpu():  # its default is the direct kernel: test_oracle runs that form
     del MATMUL_KERNELS["direct"]
 # split-K forced on every matmul: 3 K chunks (empty ones where K is short), 32 x 32 tiles
@@ -112,6 +114,8 @@ def test_oracle_under_both_matmul_kernels(record, kernel):
             size = math.prod(int(d) for d in words[1].split("x"))
             tm, tn = (int(d) for d in words[-1].split("x"))
             assert (tm <= opts.small_block[0] and tn <= opts.small_block[1]) or size > mm.DIRECT_SMALL, n
+        wgsl = _lowered_wgsl(record, opts)
+        assert any("for (var e = 0u;" in w for w in wgsl), "no epilogue loop in a direct product"
     oracle.check(record, "webgpu", opts)
 
 
@@ -650,12 +654,12 @@ def test_short_row_reduction_propagates_nan():
     np.testing.assert_array_equal(np.delete(got, 3), np.delete(x.max(-1), 3))
 
 
-def _lowered_wgsl(record) -> list[str]:
+def _lowered_wgsl(record, options: KernelOptions = KernelOptions()) -> list[str]:
     from webgrad.codegen import Limits, lower
     from webgrad.compile import build_train_graph, parse_inputs
     factory, loss_fn, inputs, _ = oracle.build_record(record)
     g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
-    return [p["wgsl"] for p in lower(g, Limits())[0].plan["pipelines"]]
+    return [p["wgsl"] for p in lower(g, Limits(options=options))[0].plan["pipelines"]]
 
 
 # records whose step (on a GPU adapter) reduces short rows several per workgroup

@@ -72,10 +72,28 @@ function drawGrid(ctx, x, y, size, rows, { labels = null, counts = false } = {})
   if (labels) {
     ctx.fillStyle = "#57606a";
     labels.forEach((label, i) => {
-      ctx.fillText(label, x - 14, y + i * cell + cell / 2 + 4);
-      ctx.fillText(label, x + i * cell + cell / 2 - 3, y - 4);
+      text(ctx, label, x - 14, y + i * cell + cell / 2 + 4);
+      text(ctx, label, x + i * cell + cell / 2 - 3, y - 4);
     });
   }
+}
+
+// Every label drawn through text() is noted on the canvas (canvas.textBoxes: {text, x, y, w,
+// h} in canvas pixels), so that a test can check that no two labels overlap.
+function text(ctx, s, x, y) {
+  ctx.fillText(s, x, y);
+  const m = ctx.measureText(s);
+  const box = { text: s, x, y: y - m.actualBoundingBoxAscent, w: m.width,
+                h: m.actualBoundingBoxAscent + m.actualBoundingBoxDescent };
+  const t = ctx.getTransform();
+  if (t.b || t.c) {  // rotated a quarter turn (the matrix's "true" label): its box turns too
+    const [x0, y0] = [t.a * box.x + t.c * box.y + t.e, t.b * box.x + t.d * box.y + t.f];
+    const [x1, y1] = [t.a * (box.x + box.w) + t.c * (box.y + box.h) + t.e,
+                      t.b * (box.x + box.w) + t.d * (box.y + box.h) + t.f];
+    Object.assign(box, { x: Math.min(x0, x1), y: Math.min(y0, y1), w: Math.abs(x1 - x0),
+                         h: Math.abs(y1 - y0) });
+  } else Object.assign(box, { x: box.x + t.e, y: box.y + t.f });
+  ctx.canvas.textBoxes?.push(box);
 }
 
 function drawHeatmaps(ctx, w, h, fig) {
@@ -93,12 +111,15 @@ function drawHeatmaps(ctx, w, h, fig) {
 
 function drawMatrix(ctx, w, h, fig) {
   ctx.font = FONT;
-  const size = Math.min(w, h) - 40;
-  drawGrid(ctx, 28, 22, size, fig.rows, { labels: fig.labels, counts: true });
+  // "predicted →" on a line of its own above the column labels, "true →" left of the rows'
+  const top = 36, left = 34;
+  const size = Math.min(w - left, h - top) - 6;
+  drawGrid(ctx, left, top, size, fig.rows, { labels: fig.labels, counts: true });
   ctx.fillStyle = "#57606a";
-  ctx.fillText("predicted →", 28 + size - 70, 12);
-  ctx.save(); ctx.translate(10, 22 + size); ctx.rotate(-Math.PI / 2);
-  ctx.fillText("true →", 0, 0); ctx.restore();
+  const label = "predicted →";
+  text(ctx, label, left + size - ctx.measureText(label).width, 14);
+  ctx.save(); ctx.translate(12, top + size); ctx.rotate(-Math.PI / 2);
+  text(ctx, "true →", 0, 0); ctx.restore();
 }
 
 function drawText(ctx, w, h, fig) {
@@ -122,6 +143,7 @@ export function drawFigure(canvas, fig) {
   const ctx = canvas.getContext("2d");
   const { width: w, height: h } = canvas;
   ctx.clearRect(0, 0, w, h);
+  canvas.textBoxes = [];
   ctx.font = FONT;
   const draw = DRAW[fig?.kind];
   if (!draw) {

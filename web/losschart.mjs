@@ -19,16 +19,23 @@ export class LossChart {
   }
 
   init(uPlot) {
+    // the axes' text in the page's own colour (style.css: light or dark theme); faint grey
+    // grid lines, which read on either background
+    const text = getComputedStyle(this.el).color, faint = "rgba(128, 128, 128, 0.2)";
+    const axis = (label) => ({ label, stroke: text, grid: { stroke: faint, width: 1 },
+                               ticks: { stroke: faint, width: 1 } });
     this.plot = new uPlot({
-      width: Math.max(300, this.el.clientWidth || 500), height: this.height,
+      width: Math.max(200, this.el.clientWidth || 500), height: this.height,
       scales: { x: { time: false }, y: { distr: 3 } },   // log-scale loss
-      axes: [{ label: "step" }, { label: this.label }],
+      axes: [axis("step"), axis(this.label)],
       series: [{ label: "step" }, { label: this.label, stroke: "#0969da", width: 1.5 }],
       legend: { show: false },
       hooks: { setCursor: [(u) => this.hover(u)] },
     }, [[], []], this.el);
     this.tip = Object.assign(document.createElement("div"), { className: "chart-tip", hidden: true });
     this.plot.over.append(this.tip);
+    // follow the column's width (a phone turned, the window resized, columns stacked)
+    new ResizeObserver(() => this.resize()).observe(this.el);
   }
 
   /** The point under the cursor, as text beside it (uPlot's setCursor hook). */
@@ -45,7 +52,8 @@ export class LossChart {
 
   /** Fit the plot to its element's width again (after it was hidden, or the window resized). */
   resize() {
-    this.plot?.setSize({ width: Math.max(300, this.el.clientWidth || 500), height: this.height });
+    const width = Math.max(200, this.el.clientWidth || 500);
+    if (this.plot && width !== this.plot.width) this.plot.setSize({ width, height: this.height });
   }
 
   add(step, loss) {

@@ -61,14 +61,31 @@ async def surprisal_load(source, encoder=None, vocab=None):
 def _piece(tok, i):
     return tok.decode([i]) if tok is not None else bytes([i]).decode("latin-1")
 
+def sliding_windows(length, n):
+    """Windows (start, first) over tokens n.. of a text of length tokens that a model of
+    context n cannot see at once: each window is n tokens long and scores its tokens from
+    first on, each of which sees at least n - n // 2 tokens before it; the windows move
+    n // 2 tokens at a time, the last ends at the text's end."""
+    hop, out, first = max(1, n // 2), [], n
+    while first < length:
+        start = min(first - (n - hop), length - n)
+        out.append((start, first))
+        first = start + n
+    return out
+
 async def surprisal_score(text):
     m, tok, tr = _surprisal["model"], _surprisal["tok"], _surprisal["tracker"]
+    n = m.cfg.n_ctx
     ids = tok.encode(text) if tok is not None else list(text.encode())
-    s = await tr.update_async(ids[:m.cfg.n_ctx])
-    shown = ids[:m.cfg.n_ctx]
-    return {"tokens": [_piece(tok, i) for i in shown], "bits": s.bits,
-            "top": [_piece(tok, t) if t >= 0 else "" for t in s.top], "top_p": s.top_p,
-            "recomputed": tr.recomputed, "unscored": len(ids) - len(shown)}
+    s = await tr.update_async(ids[:n])
+    bits, top, top_p = list(s.bits), list(s.top), list(s.top_p)
+    for start, first in sliding_windows(len(ids), n):   # past the context: sliding windows
+        w = await m.surprisal_async(ids[start:start + n])
+        k = first - start
+        bits += w.bits[k:]; top += w.top[k:]; top_p += w.top_p[k:]
+    return {"tokens": [_piece(tok, i) for i in ids], "bits": bits,
+            "top": [_piece(tok, t) if t >= 0 else "" for t in top], "top_p": top_p,
+            "recomputed": tr.recomputed, "context": n, "windowed": max(0, len(ids) - n)}
 
 async def surprisal_save():
     m = _surprisal["model"]
@@ -143,7 +160,17 @@ const webgrad = startWebgrad();
 window.webgrad = webgrad;   // the API the CPython driver and the tests use (see webgrad.mjs)
 window.modelCache = modelCache;
 const setStatus = (text, kind) => { $("status").textContent = text; $("status").className = kind; };
-const failed = (error) => setStatus(`${error.type || "Error"}: ${error.message}`, "error");
+// Errors in words: a JavaScript exception surfacing through Python (JsException) says only
+// what it was, not its type's name.
+const failed = (error) => {
+  $("load-line").hidden = true;   // no progress line left over from the attempt
+  const type = !error.type || error.type === "JsException" ? "" : `${error.type}: `;
+  setStatus(`${type}${error.message}`, "error");
+};
+// The text and the model of the last visit come back after a reload (localStorage).
+const SAVED = "webgrad.surprisal";
+const saved = () => { try { return JSON.parse(localStorage.getItem(SAVED)) || {}; } catch { return {}; } };
+const save = (fields) => { try { localStorage.setItem(SAVED, JSON.stringify({ ...saved(), ...fields })); } catch { /* private mode */ } };
 let loaded = false, busy = false, again = false, working = false, stopRequested = false;
 
 function colour(bits) {
@@ -168,7 +195,10 @@ function render(r) {
   const mean = n > 0 ? r.bits.slice(1).reduce((a, b) => a + b, 0) / n : 0;
   $("stats").textContent = `${r.tokens.length} tokens, mean ${mean.toFixed(2)} bits/token; ` +
     `recomputed ${r.recomputed}` +
-    (r.unscored ? `; ${r.unscored} more tokens lie past the model's context and are not shown` : "");
+    (r.windowed ? `; the last ${r.windowed} lie past the model's context of ${r.context} ` +
+      `tokens and were scored in sliding windows (each sees at least ` +
+      `${r.context - Math.max(1, Math.floor(r.context / 2))} tokens before it)` : "");
+  $("stats").dataset.windowed = r.windowed;
   $("stats").dataset.recomputed = r.recomputed;
 }
 
@@ -219,6 +249,8 @@ function describe(info) {
 
 function shown(info) {
   loaded = true;
+  if (info.key) save({ source: { key: info.key, model: info.model } });
+  else if (typeof lastSource === "string") save({ source: lastSource });
   setStatus(describe(info), "ok");
   $("view").dataset.model = JSON.stringify(info);
   $("load-text").textContent = describe(info).split(" — ")[1];
@@ -255,9 +287,47 @@ function loadPicked() {
   if ($("model").files.length) load($("model").files[0]);
 }
 
-function loadURL() {
+async function loadURL() {
   const text = $("model-url").value.trim();
-  if (text) load(new URL(text, location.href).href);
+  if (!text) return;
+  let url;
+  try {
+    url = new URL(text, location.href).href;
+  } catch {
+    setStatus(`"${text}" is not a URL: give a path on this server (models/NAME.safetensors) ` +
+              "or a full http(s) address", "error");
+    return;
+  }
+  await load(url);
+  if ($("status").className !== "error") return;
+  // it failed: say why in words when the server is the reason (the loader's own error is a
+  // JavaScript exception from fetch, or a parse error of an HTML error page)
+  let answer = null;
+  try {
+    answer = await fetch(url, { method: "HEAD" });
+  } catch (error) {
+    setStatus(`Cannot reach ${url}: ${error.message} (is the address right, and does that ` +
+              "server allow this page to read it?)", "error");
+    return;
+  }
+  if (!answer.ok) {
+    setStatus(`The server has no model at ${url}: it answered ${answer.status}` +
+              `${answer.statusText ? ` ${answer.statusText}` : ""}. Put the file under the ` +
+              "served folder (models/ beside serve.py) or pick it from disk above.", "error");
+  }
+}
+
+// The colours' key: white for what the model expected, deep red for 12 bits and more.
+function legend() {
+  const box = $("legend");
+  box.textContent = "bits: ";
+  for (const bits of [0, 2, 4, 6, 8, 10, 12]) {
+    const span = Object.assign(document.createElement("span"),
+      { textContent: bits === 12 ? " 12+ " : ` ${bits} `, className: "swatch" });
+    span.style.background = colour(bits);
+    span.dataset.bits = bits;
+    box.append(span);
+  }
 }
 
 async function download() {
@@ -394,8 +464,16 @@ webgrad.ready.then(async () => {
   $("train").addEventListener("click", train);
   $("stop").addEventListener("click", () => { stopRequested = true; setButtons(); });
   $("cache-clear").addEventListener("click", async () => { await modelCache.clear(); await showCache(); });
-  $("text").addEventListener("input", score);
+  $("text").addEventListener("input", () => { save({ text: $("text").value }); score(); });
+  legend();
   setButtons();
   await showCache();
+  const last = saved();
+  if (typeof last.text === "string") $("text").value = last.text;
   document.body.dataset.ready = "1";
+  if (last.source) {   // the last visit's model: from the cache, or the same URL again
+    await load(last.source);
+    if (!loaded) setStatus(`The last model could not be loaded again (${$("status").textContent}); ` +
+                           "pick one below", "error");
+  }
 }, (error) => setStatus(`Python failed to start: ${error.message}`, "error"));

@@ -134,7 +134,8 @@ def test_models_load_from_the_cache_the_second_time(browser_session, tmp_path, c
         page.fill("#model-url", "models/missing.safetensors")
         page.click("#load-url")
         page.wait_for_selector("#status.error")
-        assert "missing.safetensors: HTTP 404" in page.text_content("#status")
+        status = page.text_content("#status")
+        assert "models/missing.safetensors" in status and "answered 404" in status, status
     finally:
         page.close()
         served.unlink(missing_ok=True)

@@ -80,6 +80,12 @@ def test_mlp_notebook_trains_on_webgpu(browser_session, lab_site):
             assert time.monotonic() < deadline, f"the notebook did not finish: {state}"
             time.sleep(1)
         rendered = page.locator("svg.webgrad-plot").count()
+        # the notebook links back to the site's other pages, and each link answers
+        links = page.eval_on_selector_all(".jp-RenderedMarkdown a[href]",
+                                          "els => els.map(e => e.getAttribute('href'))")
+        assert {"/index.html", "/surprisal.html", "/chat.html"} <= set(links), links
+        for href in ("/index.html", "/surprisal.html", "/chat.html"):
+            assert page.request.get(browser_session.url.rstrip("/") + href).ok, href
     finally:
         page.close()
     assert not outside, f"the notebook page fetched from outside the server: {outside[:5]}"

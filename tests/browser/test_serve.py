@@ -153,3 +153,26 @@ def test_models_are_served_with_an_etag_that_follows_the_file(served):
         assert _get(served.server_address, "/models/missing.safetensors")[0].status == 404
     finally:
         path.unlink(missing_ok=True)
+
+
+def test_lab_without_a_site_says_what_to_install(serve_module, tmp_path, monkeypatch):
+    """Plain `python3 serve.py` (no jupyterlite installed) serves no notebook site: /lab/ then
+    answers with a page naming what to install and the build's own reason, not a bare 404."""
+    monkeypatch.setattr(serve_module, "LAB_PROBLEM", "the notebook site needs jupyterlite-core")
+    srv = serve_module.make_server("127.0.0.1", 0, REPO)
+    handler = srv.RequestHandlerClass.func
+    handler.mounts = [(p, tmp_path / "no-site" if p == "/lab/" else f) for p, f in handler.mounts]
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        for path in ("/lab/", "/lab"):
+            response, body = _get(srv.server_address, path)
+            text = body.decode()
+            assert response.status == 404, path
+            assert ".[lab]" in text and "venv" in text and "needs jupyterlite-core" in text, text
+        response, body = _get(srv.server_address, "/lab/no-such-file.js")
+        assert response.status == 404 and b".[lab]" not in body   # other files: a plain 404
+        response, _ = _get(srv.server_address, "/index.html")
+        assert response.status == 200
+    finally:
+        srv.shutdown()
+        srv.server_close()

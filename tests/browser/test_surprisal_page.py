@@ -48,6 +48,49 @@ def test_surprisal_page_colours_tokens_and_updates_the_suffix(browser_session, t
         assert page.get_attribute("#stats", "data-recomputed") == "6"  # the suffix and one before
         want = model.surprisal(list((text + " More").encode()))
         assert all(abs(b - w) < 2e-3 for (_, b, _), w in zip(shown(), want.bits))
+
+        # a text past the 64-byte context: every byte is scored, the later ones in windows
+        # of 64 moved 32 at a time (each sees at least 32 bytes before it); the reference
+        # scores the same windows on the CPU executor
+        long = ("Scoring a text longer than the context: each token past it is read with the "
+                "tokens before it that fit, in windows that move half a context at a time.")
+        page.fill("#text", long)
+        page.wait_for_function(f"document.querySelectorAll('#view span').length === {len(long)}",
+                               timeout=300_000)
+        ids, n = list(long.encode()), cfg.n_ctx
+        want, first = list(model.surprisal(ids[:n]).bits), n
+        while first < len(ids):
+            start = min(first - n // 2, len(ids) - n)
+            want += model.surprisal(ids[start:start + n]).bits[first - start:]
+            first = start + n
+        got = shown()
+        assert "".join(s[0] for s in got) == long and len(want) == len(long)
+        assert all(abs(b - w) < 2e-3 for (_, b, _), w in zip(got, want))
+        assert page.get_attribute("#stats", "data-windowed") == str(len(long) - n)
+        assert "sliding windows" in page.text_content("#stats")
+        # the colour key: white (0 bits) to the deepest red (12 bits and more), as the tokens
+        swatches = page.eval_on_selector_all(
+            "#legend .swatch", "els => els.map(e => [+e.dataset.bits, getComputedStyle(e).backgroundColor])")
+        assert [b for b, _ in swatches] == [0, 2, 4, 6, 8, 10, 12]
+        assert swatches[0][1] == "rgb(255, 255, 255)" and swatches[-1][1] != swatches[0][1]
+
+        # after a reload the text and the model (kept in the cache when it was picked) are back
+        page.reload()
+        page.wait_for_function(f"document.querySelectorAll('#view span').length === {len(long)}",
+                               timeout=300_000)
+        assert page.input_value("#text") == long
+        assert all(abs(b - w) < 2e-3 for (_, b, _), w in zip(shown(), want))
+        # the coloured text is on the first screen of a laptop-sized window
+        page.set_viewport_size({"width": 1280, "height": 720})
+        assert page.evaluate("document.getElementById('view').getBoundingClientRect().top") < 600
+
+        # a model URL the server lacks: said in words, no progress line of the attempt left
+        page.fill("#model-url", "models/no-such-model.safetensors")
+        page.click("#load-url")
+        page.wait_for_selector("#status.error")
+        status = page.text_content("#status")
+        assert "404" in status and "no-such-model" in status and "JsException" not in status, status
+        assert page.is_hidden("#load-line") or "cache:" not in page.text_content("#load-line")
     finally:
         page.close()
 

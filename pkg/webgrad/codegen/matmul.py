@@ -114,6 +114,14 @@ DIRECT_TM, DIRECT_TN = 8, 8
 # KernelOptions.small_block_adapters (SwiftShader). KernelOptions.force_direct (tests):
 # True / False forces the barrier-free / tiled kernel.
 DIRECT_SMALL = 1 << 15
+# On the adapters of KernelOptions.epi_loop_adapters (SwiftShader) the barrier-free kernel
+# calls its epilogue once, in a loop over the block's values (kept in a local array), not
+# once per value: SwiftShader inlines every call, so an 8 x 8 block repeated a fused AdamW
+# update (with its cosine learning-rate schedule) 64 times. Only epilogues of more than
+# KernelOptions.epi_loop_lines lines loop: a plain store or a bias add stays unrolled, since
+# the loop reads the block from a local array. Headless Chromium, 2026-12-02:
+# char_lm's 96 x 384 K=2048 weight gradient took 5.3 s to create its pipeline unrolled and
+# 0.13 s looped (bench/README.md, "First Run of the transformer examples").
 # The tiled kernel's k loop is a WGSL loop when a K step has more FMAs per thread than this
 # (0: always unrolled in the WGSL). H200 through Dawn, 2026-11-30, on a fresh machine (no
 # driver cache): an unrolled 8 x 16 block at K step 16 (~100 KB of WGSL) took 0.46 s to
@@ -823,6 +831,12 @@ _LOAD = re.compile(r"^(b\d+)\[.*\]$")
 _STREAMED = re.compile(r"^\s*let \w+ = b\d+\[(\d+u \+ )?f\];$")  # a load at the output's index
 
 
+def _epilogue_lines(kernel, epi: str) -> int:
+    """How many lines the epilogue function `epi` has (program.epilogue_fn)."""
+    fn = next(fn for fn in kernel.functions if fn.startswith(f"fn {epi}(f: u32, v: "))
+    return fn.count("\n")
+
+
 def _split_epilogue(kernel, epi: str) -> bool:
     """Split the epilogue `fn epi(f, v)` (program.epilogue_fn) in two where it loads
     anything (a bias, a pre-activation): `epi_ld(f)` makes those loads, which depend on f
@@ -1041,13 +1055,25 @@ def _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh) -> list:
                 L(f"let yb{j} = {B(f'{cb[j]} + kb')};")
             k_step("k")
     L(f"let f0 = bt * {M * N}u + m0 * {N}u + n0;")
-    for i in range(TM):
-        for j in range(TN):
-            conds = (([f"m0 + {i}u < {M}u"] if M % TM else [])
-                     + ([f"n0 + {j}u < {N}u"] if N % TN else []))
-            call = (f"{P}[sk * {nb * M * N}u + f0 + {i * N + j}u] = {acc[i][j]};" if S > 1
-                    else f"{epi}(f0 + {i * N + j}u, {acc[i][j]});")
+    if (S == 1 and TM * TN > 1 and any(a in adapter for a in opts.epi_loop_adapters)
+            and _epilogue_lines(kernel, epi) > opts.epi_loop_lines):
+        # one call of the epilogue in a loop over the block (see the note at DIRECT_SMALL)
+        L(f"var cv = array<f32, {TM * TN}>({', '.join(a for row in acc for a in row)});")
+        with em.block(f"for (var e = 0u; e < {TM * TN}u; e++)"):
+            L(f"let ei = e / {TN}u;")
+            L(f"let ej = e % {TN}u;")
+            conds = (([f"m0 + ei < {M}u"] if M % TM else [])
+                     + ([f"n0 + ej < {N}u"] if N % TN else []))
+            call = f"{epi}(f0 + ei * {N}u + ej, cv[e]);"
             L(f"if ({' && '.join(conds)}) {{ {call} }}" if conds else call)
+    else:
+        for i in range(TM):
+            for j in range(TN):
+                conds = (([f"m0 + {i}u < {M}u"] if M % TM else [])
+                         + ([f"n0 + {j}u < {N}u"] if N % TN else []))
+                call = (f"{P}[sk * {nb * M * N}u + f0 + {i * N + j}u] = {acc[i][j]};" if S > 1
+                        else f"{epi}(f0 + {i * N + j}u, {acc[i][j]});")
+                L(f"if ({' && '.join(conds)}) {{ {call} }}" if conds else call)
     out = [ctx.dispatch(kernel, em.lines, grid, DIRECT_WG)]
     if S > 1:
         out[0]["cost"] = True  # the profiler's bytes and FLOPs: the product, not the sum

@@ -58,6 +58,11 @@ class KernelOptions:
     # small_block (SwiftShader: pipeline creation grows with the unrolled block)
     small_block_adapters: tuple = ("swiftshader",)
     small_block: tuple = (4, 4)
+    # adapters whose barrier-free products call the epilogue in a loop over the block
+    # (the note at matmul.DIRECT_SMALL: SwiftShader inlines each call)
+    epi_loop_adapters: tuple = ("swiftshader",)
+    # ... when the epilogue function has more lines than this
+    epi_loop_lines: int = 12
     # the tiled kernel's k loop is a WGSL loop past this many FMAs per thread per K step
     k_loop: int = 1024
     # (FMAs, k): tiles above FMAs per K step loop k at a time instead of unrolling; None unrolls
