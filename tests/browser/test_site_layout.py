@@ -79,7 +79,10 @@ def test_pages_fit_phones_follow_the_theme_and_keep_the_header_still(browser_ses
                 if path != "/":
                     continue
                 # the playground on a phone: the columns stack, the chart fits its column
-                page.wait_for_selector("#chart .uplot", timeout=60_000)
+                # (shown as a run's first loss shows it: the box stays hidden until then)
+                page.wait_for_selector("#chart .uplot", state="attached", timeout=60_000)
+                page.evaluate("document.getElementById('loss-box').hidden = false")
+                page.wait_for_selector("#chart .uplot", timeout=10_000)
                 page.wait_for_timeout(100)   # the chart follows its column on the next frame
                 boxes = page.evaluate("""() => Object.fromEntries(['left', 'right', 'chart']
                     .map((id) => [id, document.getElementById(id).getBoundingClientRect().toJSON()])
