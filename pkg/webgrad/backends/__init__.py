@@ -8,6 +8,8 @@ the requested outputs and then lands the graph's writebacks in the store.
   reference   numpy interpreter, primitives.py's `ref` rules: the executable spec
   torch       the same walk with torch ops, on any torch device ("torch:cuda")
   webgpu      WGSL kernels and a buffer plan, on wgpu-py/Dawn or navigator.gpu
+  wasm        the graph exported to ONNX, run by ONNX Runtime on the CPU (onnxruntime-web's
+              WebAssembly in the browser, the onnxruntime package in CPython)
   auto        webgpu when an adapter exists, else reference (said once)
 
 The Backend base class (base.py) is what they share; get_backend(spec) picks one by name.
@@ -38,6 +40,9 @@ def get_backend(spec, *, options=None) -> Backend:
     if name == "webgpu":
         from .webgpu import WebGPUBackend
         return WebGPUBackend(options=options)
+    if name == "wasm":
+        from .onnx_runtime import OnnxRuntimeBackend
+        return OnnxRuntimeBackend()
     if name == "auto":
         global _auto_said
         try:
@@ -51,7 +56,7 @@ def get_backend(spec, *, options=None) -> Backend:
             from .reference import ReferenceBackend
             return ReferenceBackend()
     raise ValueError(f"unknown backend {spec!r}: use 'reference', 'torch', 'torch:cuda', "
-                     "'webgpu' or 'auto'")
+                     "'webgpu', 'wasm' or 'auto'")
 
 
 __all__ = ["Backend", "get_backend"]
