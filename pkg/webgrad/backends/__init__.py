@@ -10,7 +10,8 @@ the requested outputs and then lands the graph's writebacks in the store.
   webgpu      WGSL kernels and a buffer plan, on wgpu-py/Dawn or navigator.gpu
   wasm        the graph exported to ONNX, run by ONNX Runtime on the CPU (onnxruntime-web's
               WebAssembly in the browser, the onnxruntime package in CPython)
-  auto        webgpu when an adapter exists, else reference (said once)
+  auto        webgpu when an adapter exists, else wasm in the browser and reference in
+              CPython (said once); device_info() says which and why
 
 The Backend base class (base.py) is what they share; get_backend(spec) picks one by name.
 """
@@ -21,6 +22,7 @@ import warnings
 from .base import Backend
 
 _auto_said = False
+_auto_why = ""  # why the last backend='auto' chose what it chose (device_info)
 
 
 def get_backend(spec, *, options=None) -> Backend:
@@ -44,19 +46,37 @@ def get_backend(spec, *, options=None) -> Backend:
         from .onnx_runtime import OnnxRuntimeBackend
         return OnnxRuntimeBackend()
     if name == "auto":
-        global _auto_said
+        global _auto_said, _auto_why
         try:
             from .webgpu import WebGPUBackend
-            return WebGPUBackend(options=options)
+            b = WebGPUBackend(options=options)
+            _auto_why = "a WebGPU adapter is available"
+            return b
         except Exception as e:  # no adapter, no wgpu: fall back, but say so once
+            from .onnx_runtime import in_pyodide
+            fallback = "wasm" if in_pyodide() else "reference"  # no numpy in the browser
+            _auto_why = f"no WebGPU adapter ({e})"
             if not _auto_said:
-                warnings.warn(f"webgrad: no WebGPU adapter ({e}); backend='auto' uses 'reference'",
+                warnings.warn(f"webgrad: {_auto_why}; backend='auto' uses {fallback!r}",
                               stacklevel=3)
                 _auto_said = True
-            from .reference import ReferenceBackend
-            return ReferenceBackend()
+            return get_backend(fallback)
     raise ValueError(f"unknown backend {spec!r}: use 'reference', 'torch', 'torch:cuda', "
                      "'webgpu', 'wasm' or 'auto'")
 
 
-__all__ = ["Backend", "get_backend"]
+def device_info(spec="auto") -> dict:
+    """Which executor `spec` (a name or a Backend) runs programs on here, and why:
+    {"backend": its name, "engine": what computes (the adapter, ONNX Runtime's build, numpy,
+    torch's device), "reason": why backend='auto' chose it (for other specs: "asked for")}."""
+    b = get_backend(spec)
+    engine = {"reference": "numpy", "torch": f"torch on {getattr(b, 'device', 'cpu')}"}.get(b.name)
+    if b.name == "wasm":
+        engine = b.engine
+    elif b.name == "webgpu":
+        engine = str(getattr(getattr(b, "limits", None), "adapter", "") or "WebGPU")
+    return {"backend": b.name, "engine": engine or b.name,
+            "reason": _auto_why if spec == "auto" else "asked for"}
+
+
+__all__ = ["Backend", "device_info", "get_backend"]

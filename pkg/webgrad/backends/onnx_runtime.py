@@ -141,34 +141,33 @@ class _PythonRuntime:
 
 
 class _BrowserRuntime:
-    """onnxruntime-web in the Pyodide worker, through worker/ort.mjs's `webgradOrt`:
-    ort.Tensors in, ort.Tensors out; only what a step returns is copied to Python."""
+    """onnxruntime-web in the Pyodide worker, through worker/ort.mjs: ort.Tensors in, ort.Tensors
+    out; only what a step returns is copied to Python."""
 
     def __init__(self):
         import js
-        ort = getattr(js, "webgradOrt", None)
-        if ort is None or not ort.available():
-            raise RuntimeError("backend='wasm': onnxruntime-web is not loaded in this worker "
-                               "(serve.py provisions it into web/assets/npm)")
-        self.js = ort
-        self.engine = str(ort.engine())
+        from .webgpu_browser import block
+        if not hasattr(js, "webgradOrt"):
+            raise RuntimeError("backend='wasm' needs webgrad's worker (worker/worker.mjs), which "
+                               "loads onnxruntime-web from /assets/ort/")
+        self.js = block(js.webgradOrt(), "backend='wasm' (importing onnxruntime-web)")
+        block(self.js.load(), "backend='wasm' (loading onnxruntime-web)")
+        self.engine = str(self.js.engine())
 
     def session(self, model: bytes):
-        from pyodide.ffi import to_js
-        return _Session(self.js, to_js(model))
+        return _Session(self.js, model)
 
     def from_host(self, h: HostArray):
         from pyodide.ffi import to_js
-        return self.js.tensor(h.dtype, to_js(memoryview(h).cast("B")), to_js(list(h.shape)))
+        return self.js.tensor(h.dtype, to_js(bytes(memoryview(h).cast("B"))), to_js(list(h.shape)))
 
     async def to_host(self, t, dtype: str) -> HostArray:
-        data = t.data.to_py()  # a memoryview of the typed array's bytes
         out = HostArray(dtype, shape=tuple(t.dims.to_py()))
-        out.frombytes(bytes(data))
+        out.frombytes(t.data.to_bytes())
         return out
 
     def host_words(self, t) -> bytes:
-        return bytes(t.data.to_py())
+        return t.data.to_bytes()
 
     async def run(self, session, ins: dict, names: list[str]) -> dict:
         return await session.run(ins, names)
@@ -178,14 +177,16 @@ class _BrowserRuntime:
 
 
 class _Session:
-    def __init__(self, ort, model):
+    """A model's session in worker/ort.mjs, created on its first run."""
+
+    def __init__(self, ort, model: bytes):
         self.ort, self.model, self.id = ort, model, None
 
     async def run(self, ins: dict, names: list[str]) -> dict:
-        from pyodide.ffi import to_js
         import js
+        from pyodide.ffi import to_js
         if self.id is None:
-            self.id = await self.ort.create(self.model)
+            self.id = await self.ort.create(to_js(self.model))
         feeds = js.Object.new()
         for k, v in ins.items():
             setattr(feeds, k, v)

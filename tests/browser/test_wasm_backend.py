@@ -1,0 +1,105 @@
+"""The CPU backend in a browser without WebGPU: headless Chromium with WebGPU turned off
+(browser.NO_WEBGPU_FLAGS), its worker running webgrad's programs exported to ONNX in
+onnxruntime-web (WebAssembly), judged in CPython against the reference executor.
+
+* device_info() says backend='auto' runs on 'wasm' there and why; the MLP trains for a few
+  steps on backend='auto' and its losses and parameters equal the reference's from the same
+  initial weights and batches;
+* one oracle record per primitive (so every lowering runs in the WebAssembly engine) and
+  GPT-2 tiny's logits and cached decode (the KV cache as the program's state) equal the
+  reference executor's in CPython (a slow case: --run-slow).
+"""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from test_gpu_host import ship_module
+
+browser = pytest.mark.browser
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def s(browser_without_webgpu):
+    import models
+    ship_module(browser_without_webgpu, "models", models.source())
+    ship_module(browser_without_webgpu, "oracle", (REPO / "tests" / "oracle.py").read_text())
+    return browser_without_webgpu
+
+
+@browser
+def test_mlp_trains_on_the_cpu_backend(s):
+    import models
+    info = s.run("import webgrad as wg\nwg.device_info('auto')")
+    assert info["backend"] == "wasm", info
+    assert "no WebGPU adapter" in info["reason"] and "onnxruntime-web" in info["engine"], info
+    got = s.run("""
+import random, models
+c = models.compile_mlp("auto", seed=0)
+rng = random.Random(1)
+losses = [c.step(models.sin_batch(rng)) for _ in range(4)]
+p = c.download_params()
+[c.backend.name, losses, {k: v.tolist() for k, v in p.items()}]
+""", timeout=60)
+    ref = models.compile_mlp("reference", seed=0)
+    rng = random.Random(1)
+    want = [ref.step(models.sin_batch(rng)) for _ in range(4)]
+    assert got[0] == "wasm"
+    np.testing.assert_allclose(got[1], want, rtol=1e-5)
+    for name, v in ref.download_params().items():
+        np.testing.assert_allclose(np.asarray(got[2][name]), v, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def _one_record_per_primitive() -> list[str]:
+    """The first record that uses each primitive (the IR of each record's training step)."""
+    import oracle
+    names, seen = [], set()
+    for r in oracle.RECORDS:
+        c, _ = oracle.compile_record(r, "reference")
+        ops = {n.op for n in c.ir.nodes} - seen
+        c.destroy()
+        if ops:
+            names.append(r.name)
+            seen |= ops
+    return names
+
+
+@browser
+@pytest.mark.slow  # 17 s: the default run keeps the MLP above; CPython's tests/test_onnx.py runs every record
+def test_oracle_records_and_gpt2_on_the_cpu_backend(s):
+    import oracle
+    from webgrad.models import gpt2
+    names = _one_record_per_primitive()
+    got = s.run(f"import oracle\nawait oracle.run_records_collect({names!r}, 'wasm')", timeout=60)
+    for name in names:
+        assert got[name]["ok"], got[name].get("error")
+        g, want = got[name]["got"], oracle.run_webgrad(oracle.BY_NAME[name], "reference")
+        r = oracle.BY_NAME[name]
+        for key in ("out", "out_run"):
+            if g["out_dtype"] == "i32":
+                assert g[key] == want[key], name
+            else:
+                np.testing.assert_allclose(np.asarray(g[key], np.float64), want[key], equal_nan=True,
+                                           rtol=max(r.rtol, 1e-5), atol=max(r.atol, 1e-6), err_msg=name)
+        for p, v in want["grads"].items():
+            np.testing.assert_allclose(np.asarray(g["grads"][p], np.float64), v, equal_nan=True,
+                                       rtol=max(r.rtol, 1e-5), atol=max(r.atol, 1e-6), err_msg=f"{name} {p}")
+    ids = [1, 5, 2, 7, 3, 3, 9, 0]
+    out = s.run(f"""
+from webgrad.models import gpt2
+cfg = gpt2.GPT2Config(n_layer=2, n_head=2, n_embd=64, n_ctx=32, vocab_size=11, layer_norm_epsilon=1e-5)
+m = gpt2.GPT2.init_random(cfg, seed=3, backend="wasm")
+ids = {ids!r}
+full = m.forward(ids).tolist()
+c = m.new_cache()
+rows = m.logits_all_step(ids[:3], c).tolist() + [m.logits_step([t], c).tolist() for t in ids[3:]]
+[full, rows]
+""", timeout=60)
+    cfg = gpt2.GPT2Config(n_layer=2, n_head=2, n_embd=64, n_ctx=32, vocab_size=11, layer_norm_epsilon=1e-5)
+    want = np.asarray(gpt2.GPT2.init_random(cfg, seed=3, backend="reference").forward(ids))
+    np.testing.assert_allclose(out[0], want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out[1], want, rtol=1e-4, atol=1e-5)
