@@ -179,3 +179,32 @@ def test_bad_export_arguments_are_refused():
     c = models.compile_mlp("reference", seed=0)
     with pytest.raises(ValueError, match="'step' or 'run'"):
         c.export_onnx(program="train")
+
+
+def test_quantized_weights_decoded_by_the_runtime_and_at_export(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    from webgrad import quants
+    from webgrad.compile import compile_forward
+
+    class M(Module):
+        def __init__(self):
+            super().__init__()
+            self.w = self.param([32, 4])
+            self.w.quant = quants.QuantSpec("Q8_0", (4, 32), transposed=True)
+            self.b = self.param([4])
+
+    W = (0.1 * np.random.default_rng(0).standard_normal((4, 32))).astype(np.float32)
+    raw = gguf.quants.quantize(W, gguf.GGMLQuantizationType.Q8_0)
+    words = np.frombuffer(quants.transcode("Q8_0", raw.tobytes()), dtype="<i4")
+    x = np.random.default_rng(1).standard_normal((2, 32)).astype(np.float32)
+    want = x.astype(np.float64) @ gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q8_0).T + 0.5
+    for be in ("wasm", "reference"):
+        f = compile_forward(M, lambda m, fd: fd["x"] @ m.w + m.b, inputs={"x": [2, 32]}, backend=be)
+        f.upload_params({"w": words, "b": np.full(4, 0.5, np.float32)})
+        np.testing.assert_allclose(f.run({"x": x}), want, rtol=1e-5, atol=1e-6, err_msg=be)
+    path = tmp_path / "q8.onnx"
+    ex = f.export_onnx(str(path))
+    check_model(path.read_bytes())
+    assert not ex.dequantized and list(ex.feeds) == ["x"]  # decoded into an initializer
+    got = _ort_session(path.read_bytes()).run(["output"], {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
