@@ -147,9 +147,11 @@ def _flat(value) -> list:
 
 
 if __name__ == "__main__":
-    backend = sys.argv[1] if len(sys.argv) > 1 and not playground.in_browser() else "webgpu"
+    # in the page: WebGPU where it has an adapter, else the CPU (WebAssembly) backend "wasm"
+    backend = sys.argv[1] if len(sys.argv) > 1 and not playground.in_browser() else (
+        "auto" if playground.in_browser() else "webgpu")
     c = compile_mlp(backend)  # a global: the page's weights buttons and kernel panel find it
-    print(f"compiled on {backend}: {c.kernel_count} kernels per training step")
+    print(f"compiled on {c.backend.name}: {c.kernel_count} kernels per training step")
     t0 = time.perf_counter()
     losses = fit(c, draw_every=25)
     result = _report(c, losses, time.perf_counter() - t0, 1e-3)

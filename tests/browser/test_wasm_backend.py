@@ -11,6 +11,7 @@ onnxruntime-web (WebAssembly), judged in CPython against the reference executor.
 """
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 
@@ -103,3 +104,28 @@ rows = m.logits_all_step(ids[:3], c).tolist() + [m.logits_step([t], c).tolist() 
     want = np.asarray(gpt2.GPT2.init_random(cfg, seed=3, backend="reference").forward(ids))
     np.testing.assert_allclose(out[0], want, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(out[1], want, rtol=1e-4, atol=1e-5)
+
+
+@browser
+def test_playground_mlp_example_runs_without_webgpu(s):
+    page = s.page
+    page.wait_for_function("window.playground && !['booting'].includes(window.playground.state)",
+                           timeout=60_000)
+    banner = page.eval_on_selector("#nogpu", "e => e.hidden ? '' : e.textContent")
+    assert "WebGPU is unavailable" in banner and 'backend="wasm"' in banner, banner
+    page.select_option("#examples", "mlp_sin.py")
+    page.wait_for_function("window.playground.code.includes('def fit(')")
+    page.click("#run")
+    page.wait_for_function("['done', 'error', 'stopped', 'dead'].includes(window.playground.state)",
+                           timeout=50_000)
+    console = page.eval_on_selector("#console", "e => e.textContent")
+    assert page.evaluate("window.playground.state") == "done", console
+    assert "compiled on wasm" in console and "reached loss" in console, console
+    losses = page.evaluate("window.playground.losses")
+    assert losses[-1] < 1e-3 < losses[0] / 100, losses[:3] + losses[-3:]
+    # the trained model (the worker's global `c`) predicts sin
+    xs = [-2.5 + 0.25 * k for k in range(21)]
+    pred = s.run("f = c.compile_forward(lambda m, inp: forward(m, inp['x']), inputs={'x': ([21, 1], 'f32')})\n"
+                 f"f.run({{'x': [[x] for x in {xs!r}]}}).tolist()")
+    for x, (p,) in zip(xs, pred):
+        assert abs(p - math.sin(x)) < 0.1, (x, p)
