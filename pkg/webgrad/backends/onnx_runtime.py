@@ -32,6 +32,7 @@ class OnnxRuntimeBackend(Backend):
         self.store: dict[str, object] = {}
         self.dtypes: dict[str, str] = {}
         self._decoded: dict[tuple, object] = {}
+        self.sessions: list = []  # every program's session, released by destroy()
 
     @property
     def engine(self) -> str:
@@ -65,7 +66,9 @@ class OnnxRuntimeBackend(Backend):
         return self._decoded[key]
 
     def destroy(self):
-        self.rt.release()
+        for sess in self.sessions:
+            self.rt.release(sess)
+        self.sessions.clear()
         self.store.clear()
 
 
@@ -85,7 +88,8 @@ class _Run:
     def __init__(self, backend: OnnxRuntimeBackend, graph, ex):
         self.b, self.g, self.ex = backend, graph, ex
         self.session = backend.rt.session(ex.model)
-        self.kernel_count = len(ex.ops)
+        self.kernel_count = ex.n_nodes  # what the runtime executes: the model's nodes
+        backend.sessions.append(self.session)
 
     async def run(self, feeds: dict[str, HostArray], fetch: list[str]) -> dict[str, HostArray]:
         b, ex = self.b, self.ex
@@ -136,8 +140,8 @@ class _PythonRuntime:
     async def run(self, session, ins: dict, names: list[str]) -> dict:
         return dict(zip(names, session.run(names, ins)))
 
-    def release(self):
-        pass
+    def release(self, session):
+        pass  # dropped with its last reference
 
 
 class _BrowserRuntime:
@@ -172,8 +176,10 @@ class _BrowserRuntime:
     async def run(self, session, ins: dict, names: list[str]) -> dict:
         return await session.run(ins, names)
 
-    def release(self):
-        pass
+    def release(self, session):
+        if session.id is not None:
+            self.js.release(session.id)
+            session.id = None
 
 
 class _Session:

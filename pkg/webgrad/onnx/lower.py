@@ -378,6 +378,7 @@ class Exported:
     outputs:     ONNX output name -> the graph's output key ("loss", "output", "capture:x")
     writebacks:  ONNX output name ("<buffer>:new") -> the persistent buffer it replaces
     ops:         the ONNX operators the model uses
+    n_nodes:     how many nodes its graph has
     """
     model: bytes
     feeds: dict[str, str] = field(default_factory=dict)
@@ -386,6 +387,7 @@ class Exported:
     outputs: dict[str, str] = field(default_factory=dict)
     writebacks: dict[str, str] = field(default_factory=dict)
     ops: tuple[str, ...] = ()
+    n_nodes: int = 0
 
     def save(self, path) -> None:
         with open(path, "wb") as f:
@@ -473,6 +475,6 @@ def export_graph(graph: Graph, *, name: str = "webgrad", values=None, decode=Non
             ex.writebacks[o] = buf
     ex.model = proto.model(proto.graph(name, b.nodes, b.inits, inputs, outs), ir_version=IR_VERSION,
                            opset=OPSET, producer="webgrad", doc=doc)
-    ex.ops = tuple(sorted(b.ops))
+    ex.ops, ex.n_nodes = tuple(sorted(b.ops)), len(b.nodes)
     return ex
 
