@@ -27,8 +27,11 @@ def in_pyodide() -> bool:
 class OnnxRuntimeBackend(Backend):
     name = "wasm"
 
-    def __init__(self):
-        self.rt = _BrowserRuntime() if in_pyodide() else _PythonRuntime()
+    def __init__(self, *, threads: int = 1):
+        """threads: onnxruntime's intra-op threads in CPython (1, as the browser's engine runs
+        without cross-origin isolation; a thread pool per session also costs its creation).
+        In the browser worker/ort.mjs picks them."""
+        self.rt = _BrowserRuntime() if in_pyodide() else _PythonRuntime(threads)
         self.store: dict[str, object] = {}
         self.dtypes: dict[str, str] = {}
         self._decoded: dict[tuple, object] = {}
@@ -109,7 +112,8 @@ class _Run:
 class _PythonRuntime:
     """onnxruntime (PyPI) in CPython: numpy arrays in, numpy arrays out."""
 
-    def __init__(self):
+    def __init__(self, threads: int):
+        self.threads = threads
         try:
             import numpy as np
             import onnxruntime as ort
@@ -121,6 +125,7 @@ class _PythonRuntime:
 
     def session(self, model: bytes):
         opts = self.ort.SessionOptions()
+        opts.intra_op_num_threads = self.threads
         opts.log_severity_level = 3  # unused inputs (a program's declared feeds) are not news
         return self.ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
 
