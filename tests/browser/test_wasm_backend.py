@@ -5,6 +5,8 @@ onnxruntime-web (WebAssembly), judged in CPython against the reference executor.
 * device_info() says backend='auto' runs on 'wasm' there and why; the MLP trains for a few
   steps on backend='auto' and its losses and parameters equal the reference's from the same
   initial weights and batches;
+* the playground's MLP example trains to its target there (the page says it runs on the CPU),
+  and Stop keeps the last completed step's parameters (the reference's, replayed);
 * one oracle record per primitive (so every lowering runs in the WebAssembly engine) and
   GPT-2 tiny's logits and cached decode (the KV cache as the program's state) equal the
   reference executor's in CPython (a slow case: --run-slow).
@@ -19,6 +21,7 @@ import numpy as np
 import pytest
 
 from test_gpu_host import ship_module
+from test_worker_interrupts import _reference_params
 
 browser = pytest.mark.browser
 REPO = Path(__file__).resolve().parents[2]
@@ -115,6 +118,28 @@ def test_playground_mlp_example_runs_without_webgpu(s):
     assert "WebGPU is unavailable" in banner and 'backend="wasm"' in banner, banner
     page.select_option("#examples", "mlp_sin.py")
     page.wait_for_function("window.playground.code.includes('def fit(')")
+    # Stop mid-run: the parameters are those after the last completed step, as the reference
+    # computes them (one more step than reported if the stop came between a step and its report)
+    long_run = page.evaluate("window.playground.code").replace(
+        "losses = fit(c, draw_every=25)", "losses = fit(c, max_steps=10**6, target=0.0, draw_every=25)")
+    assert "10**6" in long_run
+    page.evaluate("(text) => { window.playground.code = text; }", long_run)
+    page.click("#run")
+    page.wait_for_function("window.playground.losses.length >= 5", timeout=30_000)
+    page.click("#stop")
+    page.wait_for_function("['stopped', 'error', 'done'].includes(window.playground.state)",
+                           timeout=20_000)
+    assert page.evaluate("window.playground.state") == "stopped"
+    reported = len(page.evaluate("window.playground.losses"))
+    params = s.run("{k: list(map(float, v)) for k, v in c.download_params().items()}")
+    errors = {}
+    for k in (reported, reported + 1):
+        ref = _reference_params(k, 0)
+        errors[k] = max(float(np.max(np.abs(np.asarray(params[n]) - ref[n]))) for n in ref)
+    assert min(errors.values()) < 1e-4, errors
+    # then the example as it is, to its target
+    page.select_option("#examples", "mlp_sin.py")
+    page.wait_for_function("!window.playground.code.includes('10**6')")
     page.click("#run")
     page.wait_for_function("['done', 'error', 'stopped', 'dead'].includes(window.playground.state)",
                            timeout=50_000)
