@@ -7,6 +7,8 @@ onnxruntime-web (WebAssembly), judged in CPython against the reference executor.
   initial weights and batches;
 * the playground's MLP example trains to its target there (the page says it runs on the CPU),
   and Stop keeps the last completed step's parameters (the reference's, replayed);
+* the convnet and transformer demos (the char LM as a slow case), a few steps each, run in the
+  page there with the losses of the same source on the reference executor in CPython;
 * one oracle record per primitive (so every lowering runs in the WebAssembly engine) and
   GPT-2 tiny's logits and cached decode (the KV cache as the program's state) equal the
   reference executor's in CPython (a slow case: --run-slow).
@@ -154,3 +156,50 @@ def test_playground_mlp_example_runs_without_webgpu(s):
                  f"f.run({{'x': [[x] for x in {xs!r}]}}).tolist()")
     for x, (p,) in zip(xs, pred):
         assert abs(p - math.sin(x)) < 0.1, (x, p)
+
+
+DEMOS = {  # example -> (its STEPS line, a short run for the test)
+    "transformer_addition.py": ("STEPS = 1500", "STEPS = 3"),
+    "char_lm.py": ("STEPS = 3000", "STEPS = 2"),
+    "digits_convnet.py": ("STEPS = 600", "STEPS = 3"),
+}
+
+
+def _reference_losses(source: str) -> list[float]:
+    """The example's __main__ run in CPython on the reference executor: its reported losses."""
+    import sys
+    from webgrad import playground
+    got: list[dict] = []
+    argv, sys.argv = sys.argv, ["example", "reference"]
+    playground.set_listener(got.append)
+    try:
+        exec(compile(source, "example", "exec"), {"__name__": "__main__"})
+    finally:
+        playground.set_listener(None)
+        sys.argv = argv
+    return [e["loss"] for e in got if e.get("loss") is not None]
+
+
+@browser
+@pytest.mark.parametrize("example", [pytest.param(e, marks=pytest.mark.slow) if e == "char_lm.py"
+                                     else e for e in sorted(DEMOS)])  # char_lm: 33 s (its corpus, twice)
+def test_demo_runs_without_webgpu(s, example):
+    """Each demo, shortened to a few steps, runs in the page on the CPU backend; its losses are
+    those of the same source on the reference executor in CPython."""
+    page = s.page
+    page.wait_for_function("window.playground && !['booting', 'running'].includes(window.playground.state)",
+                           timeout=60_000)
+    page.select_option("#examples", example)
+    page.wait_for_function(f"window.playground.code.includes({DEMOS[example][0]!r})")
+    source = page.evaluate("window.playground.code").replace(*DEMOS[example])
+    page.evaluate("(t) => { window.playground.code = t; }", source)
+    page.click("#run")
+    page.wait_for_function("['done', 'error', 'stopped', 'dead'].includes(window.playground.state)",
+                           timeout=50_000)
+    console = page.eval_on_selector("#console", "e => e.textContent")
+    assert page.evaluate("window.playground.state") == "done", console
+    assert "compiled on wasm" in console, console
+    losses = page.evaluate("window.playground.losses")
+    want = _reference_losses(source)
+    assert len(losses) == len(want) == int(DEMOS[example][1].split("=")[1])
+    np.testing.assert_allclose(losses, want, rtol=1e-4, atol=1e-5)
