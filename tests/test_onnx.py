@@ -9,8 +9,10 @@
   loop: the test feeds parameters and state and feeds the `<name>:new` outputs back), trains
   as the reference executor does over several steps; the tiny transformer and a dropout
   model train equally on backend="wasm";
-* a forward program's export (parameters embedded) and GPT-2 tiny's logits and cached decode
-  (backend="wasm", and its exported file in onnxruntime) equal the reference.
+* a forward program's export (parameters embedded), GPT-2 tiny's logits and cached decode
+  (backend="wasm", and its exported file in onnxruntime), the Llama demo model's cached decode
+  and greedy generation, and a Q8_0 weight (decoded by the runtime, and at export) equal the
+  reference.
 """
 from __future__ import annotations
 
@@ -208,3 +210,20 @@ def test_quantized_weights_decoded_by_the_runtime_and_at_export(tmp_path):
     assert not ex.dequantized and list(ex.feeds) == ["x"]  # decoded into an initializer
     got = _ort_session(path.read_bytes()).run(["output"], {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_llama_cached_decode_and_greedy_generate(tmp_path):
+    from webgrad.models import llama_demo
+    ref, w = (llama_demo.model(seed=0, backend=b) for b in ("reference", "wasm"))
+    ids = [1, 5, 9, 3, 7]
+    want = np.asarray(ref.forward(ids))
+    np.testing.assert_allclose(w.forward(ids), want, rtol=1e-4, atol=1e-5)
+    cache = w.new_cache()
+    w.logits_step(ids[:3], cache)
+    np.testing.assert_allclose(w.logits_step(ids[3:], cache), want[-1], rtol=1e-4, atol=1e-5)
+    assert w.generate(ids, max_new_tokens=6, temperature=0) == ref.generate(ids, max_new_tokens=6, temperature=0)
+    # the decode step's file: the KV cache in and out
+    path = tmp_path / "llama_step.onnx"
+    ex = ref.export_onnx(str(path), n_tokens=1, program="step")
+    check_model(path.read_bytes())
+    assert ex.writebacks and all(o.endswith(":new") for o in ex.writebacks)
