@@ -12,7 +12,7 @@
 //   engine()                          "onnxruntime-web 1.30.0 (WebAssembly, SIMD, 4 threads)"
 //   tensor(dtype, bytes, dims)        a tensor of "f32"/"i32" values from their raw bytes
 //   await create(modelBytes)          a session id
-//   await run(id, feeds, names)       {name: ort.Tensor} of the outputs `names`
+//   await run(id, inNames, inValues, outNames)   [ort.Tensor] of the outputs outNames
 //   release(id)                       drop a session
 
 const here = (path) => new URL(path, import.meta.url).href;
@@ -62,12 +62,13 @@ export async function create(model) {
   return id;
 }
 
-export async function run(id, feeds, names) {
+export async function run(id, inNames, inValues, outNames) {
+  // arrays, not objects: one crossing from Python per argument, whatever the model's size
   const session = sessions.get(id);
-  const wanted = new Set(session.inputNames);
-  const ins = {};
-  for (const [k, v] of Object.entries(feeds)) if (wanted.has(k)) ins[k] = v;
-  return await session.run(ins, Array.from(names));
+  const feeds = {};
+  for (let i = 0; i < inNames.length; i++) feeds[inNames[i]] = inValues[i];
+  const res = await session.run(feeds, outNames);
+  return outNames.map((n) => res[n]);
 }
 
 export function release(id) {

@@ -188,18 +188,24 @@ class _BrowserRuntime:
 
 
 class _Session:
-    """A model's session in worker/ort.mjs, created on its first run."""
+    """A model's session in worker/ort.mjs, created on its first run. Names cross to JS once
+    (cached per list of names); values cross as one array each way."""
 
     def __init__(self, ort, model: bytes):
         self.ort, self.model, self.id = ort, model, None
+        self._names: dict[tuple, object] = {}
+
+    def _js_names(self, names) -> object:
+        key = tuple(names)
+        if key not in self._names:
+            from pyodide.ffi import to_js
+            self._names[key] = to_js(list(key))
+        return self._names[key]
 
     async def run(self, ins: dict, names: list[str]) -> dict:
-        import js
         from pyodide.ffi import to_js
         if self.id is None:
             self.id = await self.ort.create(to_js(self.model))
-        feeds = js.Object.new()
-        for k, v in ins.items():
-            setattr(feeds, k, v)
-        res = await self.ort.run(self.id, feeds, to_js(names))
-        return {k: getattr(res, k) for k in names}
+        res = await self.ort.run(self.id, self._js_names(ins), to_js(list(ins.values())),
+                                 self._js_names(names))
+        return dict(zip(names, res.to_py(depth=1)))
