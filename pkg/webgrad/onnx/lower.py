@@ -59,7 +59,7 @@ class Builder:
             code, elem = {"i64": ("q", proto.INT64), "u64": ("Q", proto.UINT64),
                           "f32": ("f", proto.FLOAT), "i32": ("i", proto.INT32)}[dtype]
             raw = array.array(code, values)
-            if raw.itemsize and struct.pack("=i", 1) != struct.pack("<i", 1):
+            if struct.pack("=i", 1) != struct.pack("<i", 1):
                 raw.byteswap()  # ONNX's raw data is little-endian
             self._consts[key] = self.init(self.fresh("c"), dims, elem, raw.tobytes())
         return self._consts[key]
@@ -204,7 +204,7 @@ def _slice(b, n, ins):
     return _slice_axis(b, ins[0], n.attrs["axis"], n.attrs["start"], n.attrs["stop"])
 
 
-def _pad(b, n, ins, g):
+def _pad(b, n, ins):
     r = len(n.shape)
     pads = [0] * (2 * r)
     pads[n.attrs["axis"]], pads[r + n.attrs["axis"]] = n.attrs["before"], n.attrs["after"]
@@ -351,7 +351,7 @@ LOWERINGS = {
     "softmax_last": _softmax("Softmax"), "log_softmax_last": _softmax("LogSoftmax"),
     "layer_norm_last": _layer_norm,
     "reshape": _reshape, "transpose": _transpose, "broadcast_to": _with_graph(_broadcast_to),
-    "concat": _concat, "slice": _slice, "pad": _with_graph(_pad),
+    "concat": _concat, "slice": _slice, "pad": _pad,
     "matmul": _matmul, "dequantize": _with_graph(_dequantize),
     "one_hot": lambda b, n, ins: b.emit("Cast", b.emit(
         "Equal", b.emit("Unsqueeze", ins[0], b.const([-1], "i64")), _range(b, n.attrs["n"], "i32")),

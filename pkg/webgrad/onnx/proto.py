@@ -56,7 +56,7 @@ def value_info(name: str, elem: int, dims) -> bytes:
 
 def attribute(name: str, v) -> bytes:
     """AttributeProto: name=1, f=2, i=3, s=4, t=5, floats=7, ints=8, type=20."""
-    if isinstance(v, bool) or isinstance(v, int):
+    if isinstance(v, int):  # bools too
         return f_bytes(1, name) + f_int(3, int(v)) + f_int(20, 2)
     if isinstance(v, float):
         return f_bytes(1, name) + f_float(2, v) + f_int(20, 1)
