@@ -182,6 +182,22 @@ def test_bad_export_arguments_are_refused():
     with pytest.raises(ValueError, match="'step' or 'run'"):
         c.export_onnx(program="train")
 
+    class Clash(Module):  # a parameter named as a feed: one ONNX input name for both
+        def __init__(self):
+            super().__init__()
+            self.x = self.param([2])
+
+    clash = wg.compile_forward(Clash, lambda m, f: m.x * f["x"], inputs={"x": [2]})
+    with pytest.raises(ValueError, match="both a feed and a persistent buffer.*rename the feed"):
+        clash.export_onnx(embed_params=False)
+
+
+def test_device_info_names_the_engine():
+    info = wg.device_info("wasm")
+    assert info == {"backend": "wasm", "engine": f"onnxruntime {ort.__version__} (CPU)",
+                    "reason": "asked for"}
+    assert wg.device_info("reference")["engine"] == "numpy"
+
 
 def test_quantized_weights_decoded_by_the_runtime_and_at_export(tmp_path):
     gguf = pytest.importorskip("gguf")
