@@ -54,13 +54,19 @@ def get_backend(spec, *, options=None) -> Backend:
             return b
         except Exception as e:  # no adapter, no wgpu: fall back, but say so once
             from .onnx_runtime import in_pyodide
-            fallback = "wasm" if in_pyodide() else "reference"  # no numpy in the browser
             _auto_why = f"no WebGPU adapter ({e})"
+            fallback = "reference"
+            if in_pyodide():  # webgrad's worker has onnxruntime-web (and no numpy)
+                try:
+                    b = get_backend("wasm")
+                    fallback = "wasm"
+                except Exception as e2:  # another Pyodide (a notebook kernel): numpy, if any
+                    _auto_why += f"; no onnxruntime-web ({e2})"
             if not _auto_said:
                 warnings.warn(f"webgrad: {_auto_why}; backend='auto' uses {fallback!r}",
                               stacklevel=3)
                 _auto_said = True
-            return get_backend(fallback)
+            return b if fallback == "wasm" else get_backend("reference")
     raise ValueError(f"unknown backend {spec!r}: use 'reference', 'torch', 'torch:cuda', "
                      "'webgpu', 'wasm' or 'auto'")
 
