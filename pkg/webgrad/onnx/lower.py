@@ -30,7 +30,8 @@ _PERSISTENT = ("param", "state")
 
 class Builder:
     def __init__(self):
-        self.nodes: list[bytes] = []
+        self.nodes: list[tuple] = []       # (op, inputs, output, attrs), encoded by encode()
+        self.made: set[str] = set()         # the values nodes produce
         self.inits: list[bytes] = []
         self.ops: set[str] = set()
         self._n = 0
@@ -43,8 +44,15 @@ class Builder:
     def emit(self, op: str, *inputs: str, out: str | None = None, **attrs) -> str:
         out = out or self.fresh(op.lower())
         self.ops.add(op)
-        self.nodes.append(proto.node(op, inputs, [out], **attrs))
+        self.nodes.append((op, inputs, out, attrs))
+        self.made.add(out)
         return out
+
+    def encode(self, rename: dict[str, str]) -> list[bytes]:
+        """The nodes as NodeProtos, each value named by `rename` where it has an entry."""
+        r = lambda v: rename.get(v, v)  # noqa: E731
+        return [proto.node(op, [r(i) for i in ins], [r(out)], **attrs)
+                for op, ins, out, attrs in self.nodes]
 
     def init(self, name: str, dims, elem: int, raw: bytes) -> str:
         self.inits.append(proto.tensor(name, dims, elem, raw))
@@ -461,20 +469,29 @@ def export_graph(graph: Graph, *, name: str = "webgrad", values=None, decode=Non
         ins = [names[i] for i in n.inputs]
         names[n.id] = rule(b, n, ins, graph) if getattr(rule, "needs_graph", False) else rule(b, n, ins)
 
+    # each output names the value of the node that computes it (no Identity), unless that
+    # value is a model input, an initializer or already another output's
     outs: list[bytes] = []
+    rename: dict[str, str] = {}
+
+    def output(src: str, key: str, node) -> None:
+        if src in b.made and src not in rename:
+            rename[src] = key
+        else:
+            b.emit("Identity", src, out=key)
+        outs.append(proto.value_info(key, proto.ELEM[node.dtype], node.shape))
+
     want = graph.outputs if outputs is None else {k: graph.outputs[k] for k in outputs}
     for key, i in want.items():
-        b.emit("Identity", names[i], out=claim(key))
-        outs.append(proto.value_info(key, proto.ELEM[graph[i].dtype], graph[i].shape))
+        output(names[i], claim(key), graph[i])
         ex.outputs[key] = key
     if writebacks:
         for buf, i in graph.writebacks.items():
             o = claim(f"{buf}:new")
-            b.emit("Identity", names[i], out=o)
-            outs.append(proto.value_info(o, proto.ELEM[graph[i].dtype], graph[i].shape))
+            output(names[i], o, graph[i])
             ex.writebacks[o] = buf
-    ex.model = proto.model(proto.graph(name, b.nodes, b.inits, inputs, outs), ir_version=IR_VERSION,
-                           opset=OPSET, producer="webgrad", doc=doc)
+    ex.model = proto.model(proto.graph(name, b.encode(rename), b.inits, inputs, outs),
+                           ir_version=IR_VERSION, opset=OPSET, producer="webgrad", doc=doc)
     ex.ops, ex.n_nodes = tuple(sorted(b.ops)), len(b.nodes)
     return ex
 
