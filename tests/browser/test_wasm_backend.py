@@ -116,9 +116,13 @@ def test_playground_mlp_example_runs_without_webgpu(s):
     page = s.page
     page.wait_for_function("window.playground && !['booting'].includes(window.playground.state)",
                            timeout=60_000)
-    banner = page.eval_on_selector("#nogpu", "e => e.hidden ? '' : e.textContent")
+    page.wait_for_selector("#nogpu:not([hidden])", timeout=30_000)  # set once requestAdapter answers
+    banner = page.eval_on_selector("#nogpu", "e => e.textContent")
     assert "WebGPU is unavailable" in banner and 'backend="wasm"' in banner, banner
-    page.select_option("#examples", "mlp_sin.py")
+    # the page opens with mlp_sin.py; selecting it again would reload the file, and a reload
+    # landing after the edit below would undo it
+    if page.eval_on_selector("#examples", "e => e.value") != "mlp_sin.py":
+        page.select_option("#examples", "mlp_sin.py")
     page.wait_for_function("window.playground.code.includes('def fit(')")
     # Stop mid-run: the parameters are those after a completed step, as the reference computes
     # them (a step or two more than the page counted if the stop came between a step and its
@@ -127,12 +131,14 @@ def test_playground_mlp_example_runs_without_webgpu(s):
         "losses = fit(c, draw_every=25)", "losses = fit(c, max_steps=10**6, target=0.0, draw_every=25)")
     assert "10**6" in long_run
     page.evaluate("(text) => { window.playground.code = text; }", long_run)
+    page.wait_for_selector("#run:not([disabled])")
     page.click("#run")
     page.wait_for_function("window.playground.losses.length >= 5", timeout=30_000)
     page.click("#stop")
     page.wait_for_function("['stopped', 'error', 'done'].includes(window.playground.state)",
                            timeout=20_000)
-    assert page.evaluate("window.playground.state") == "stopped"
+    assert page.evaluate("window.playground.state") == "stopped", page.eval_on_selector(
+        "#console", "e => e.textContent")
     reported = len(page.evaluate("window.playground.losses"))
     params = s.run("{k: list(map(float, v)) for k, v in c.download_params().items()}")
     errors = {}
