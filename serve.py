@@ -6,6 +6,8 @@ webgrad's home is the browser: Python runs in Pyodide inside a module Web Worker
 
 1. ``provision(root)`` fills ``web/assets/`` (git-ignored) on first use:
    - Pyodide's core from npm (``npm install pyodide@PYODIDE_VERSION`` into ``web/assets/npm``);
+   - ONNX Runtime Web from npm (``onnxruntime-web@ORT_VERSION``, beside it): the WebAssembly
+     engine of the CPU backend ``wasm`` (webgrad/backends/onnx_runtime.py, worker/ort.mjs);
    - the micropip wheel from PyPI (``pip download``), which the worker loads to install webgrad;
    - the webgrad wheel, zipped here from ``pkg/webgrad`` (rewritten only when its bytes change);
    - the playground's editor and chart (CodeMirror 6 with its Python mode, uPlot) from npm into
@@ -24,6 +26,7 @@ URL layout::
                            every file carries an ETag (size and mtime), which keys the
                            browser's model cache (web/modelcache.mjs) without a download
     /assets/pyodide/...    web/assets/npm/node_modules/pyodide/
+    /assets/ort/...        web/assets/npm/node_modules/onnxruntime-web/dist/
     /assets/ui/...         web/assets/ui/ (bundle.mjs, uPlot's css)
     /assets/wheels/...     web/assets/wheels/
     /assets/manifest.json  web/assets/manifest.json
@@ -57,6 +60,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 PYODIDE_VERSION = "314.0.7"
 MICROPIP_VERSION = "0.11.1"
+ORT_VERSION = "1.30.0"
+# ONNX Runtime Web's files the worker loads (the WebAssembly-only build, SIMD and threads)
+ORT_FILES = ("ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
 # The files without which Pyodide cannot boot; checked after npm install.
 PYODIDE_FILES = ("pyodide.mjs", "pyodide.asm.mjs", "pyodide.asm.wasm", "python_stdlib.zip",
                  "pyodide-lock.json")
@@ -102,6 +108,7 @@ def layout(root: Path | str = ROOT) -> dict[str, Path]:
     return {
         "root": root, "web": root / "web", "worker": root / "worker", "assets": assets,
         "npm": assets / "npm", "pyodide": assets / "npm" / "node_modules" / "pyodide",
+        "ort": assets / "npm" / "node_modules" / "onnxruntime-web" / "dist",
         "wheels": assets / "wheels", "manifest": assets / "manifest.json",
         "package": root / "pkg" / "webgrad", "ui": assets / "ui",
         "ui_src": root / "web" / "ui.src.mjs", "examples": root / "examples",
@@ -145,6 +152,25 @@ def provision_pyodide(paths: dict[str, Path]) -> Path:
         raise ProvisionError(f"{paths['pyodide']} lacks {missing}; delete {paths['npm']} and "
                              "run serve.py again.")
     return paths["pyodide"]
+
+
+def provision_ort(paths: dict[str, Path]) -> Path:
+    """Install the npm package ``onnxruntime-web`` into web/assets/npm unless that version is there."""
+    pkg_json = paths["ort"].parent / "package.json"
+    have = json.loads(pkg_json.read_text()).get("version") if pkg_json.exists() else None
+    if have != ORT_VERSION or not all((paths["ort"] / f).exists() for f in ORT_FILES):
+        paths["npm"].mkdir(parents=True, exist_ok=True)
+        npm = shutil.which("npm") or "npm"
+        _run([npm, "install", "--prefix", str(paths["npm"]), "--no-audit", "--no-fund",
+              "--loglevel=error", f"onnxruntime-web@{ORT_VERSION}"],
+             f"install onnxruntime-web@{ORT_VERSION} from npm",
+             "Install Node.js and npm (Debian: apt-get install npm) and make sure the npm "
+             "registry is reachable, or copy a web/assets/npm that has it")
+    missing = [f for f in ORT_FILES if not (paths["ort"] / f).exists()]
+    if missing:
+        raise ProvisionError(f"{paths['ort']} lacks {missing}; delete {paths['ort'].parent} and "
+                             "provision again")
+    return paths["ort"]
 
 
 def provision_micropip(paths: dict[str, Path]) -> str:
@@ -328,8 +354,10 @@ def provision(root: Path | str = ROOT) -> dict:
     """Make sure every browser asset exists; returns the manifest (also written to disk)."""
     paths = layout(root)
     provision_pyodide(paths)
+    provision_ort(paths)
     manifest = {
         "pyodide_version": PYODIDE_VERSION,
+        "ort_version": ORT_VERSION,
         "micropip_wheel": provision_micropip(paths),
         "webgrad_wheel": provision_webgrad(paths),
         "webgrad_version": project_metadata(paths["root"])["version"],
@@ -473,7 +501,8 @@ def make_server(host: str = "127.0.0.1", port: int = 8000, root: Path | str = RO
         raise ValueError(f"make_server: idle_timeout must be a number of seconds > 0, got "
                          f"{idle_timeout!r}")
     paths = layout(root)
-    mounts = [("/assets/pyodide/", paths["pyodide"]), ("/worker/", paths["worker"]),
+    mounts = [("/assets/pyodide/", paths["pyodide"]), ("/assets/ort/", paths["ort"]),
+              ("/worker/", paths["worker"]),
               ("/lab/", paths["assets"] / "lab" / "site"),
               ("/examples/", paths["examples"]), ("/models/", paths["models"]), ("/", paths["web"])]
     handler = type("WebgradHandler", (Handler,), {

@@ -4,6 +4,8 @@
     python3 bench/mlp_browser.py                          # 300 steps, peers jaxjs,tfjs
     python3 bench/mlp_browser.py --rounds 3                # each library's best of 3 rounds
     python3 bench/mlp_browser.py --steps 100 --peers jaxjs --json /tmp/mlp.json
+    python3 bench/mlp_browser.py --cpu --peers jaxjs       # WebGPU off: webgrad's "wasm" vs
+                                                           # jax-js's WebAssembly device
 
 The model is examples/mlp_sin.py's: B=256, 1-64-64-1 with relu, loss sum(d*d)/B, Adam lr
 0.005 (betas 0.9/0.999, eps 1e-8). Every library starts from the SAME parameters (webgrad's
@@ -21,7 +23,10 @@ What runs where (one Chromium with webgrad.browser.CHROMIUM_FLAGS, WebGPU on Swi
 
 Every library is timed the same way: wall time of one step() (host batch in, Adam update, loss
 read back as a number, as webgrad's step returns it), median over the steps after --warmup.
-Dispatches per step: webgrad's kernel_count; for peers, the compute dispatches counted on the
+With --cpu the same runs in a second Chromium started without WebGPU
+(webgrad.browser.NO_WEBGPU_FLAGS): webgrad compiles with backend "wasm" (its program exported to
+ONNX, in onnxruntime-web) and jax-js runs on its "wasm" device (jaxjs.html?device=wasm).
+Dispatches per step: webgrad's kernel_count (for wasm: the ONNX graph's nodes); for peers, the compute dispatches counted on the
 last warm-up step. Figures vary with machine load; run it on a quiet machine.
 """
 from __future__ import annotations
@@ -141,9 +146,10 @@ def peers_server(serve):
     return server, serve.server_url(server)
 
 
-def run_webgrad(s: BrowserSession, steps: int, warmup: int, seed: int) -> dict:
+def run_webgrad(s: BrowserSession, steps: int, warmup: int, seed: int,
+                backend: str = "webgpu") -> dict:
     code = worker_code(REPO / "examples" / "mlp_sin.py", "mlp_sin",
-                       build="mod.compile_mlp('webgpu', seed=SEED)",
+                       build=f"mod.compile_mlp({backend!r}, seed=SEED)",
                        batches="(lambda rng: [mod.batch(rng) for _ in range(STEPS)])"
                                "(random.Random(SEED))",
                        checksum='sum(batches[0]["x"])', STEPS=steps, WARMUP=warmup, SEED=seed)
@@ -212,7 +218,7 @@ def run_round(s: BrowserSession, url: str | None, peers: list[str], config: dict
     """webgrad, then each peer, once; a failure becomes {"library", "error"} and the rest run."""
     out = []
     try:
-        r = run_webgrad(s, args.steps, args.warmup, args.seed)
+        r = run_webgrad(s, args.steps, args.warmup, args.seed, "wasm" if args.cpu else "webgpu")
         if abs(r["checksum"] - sum(config["xs"][:mlp_sin.B])) > 1e-3:
             print("warning: webgrad's worker drew other batches than the peers get",
                   file=sys.stderr)
@@ -222,7 +228,7 @@ def run_round(s: BrowserSession, url: str | None, peers: list[str], config: dict
     print(f"  webgrad done ({time.perf_counter() - t0:.0f} s)", flush=True)
     for name in peers:
         try:
-            out.append(run_peer(s, url + PEERS[name], config))
+            out.append(run_peer(s, url + PEERS[name] + ("?device=wasm" if args.cpu else ""), config))
         except Exception as e:
             out.append({"library": name, "error": f"{type(e).__name__}: {e}"})
         print(f"  {name} done ({time.perf_counter() - t0:.0f} s)", flush=True)
@@ -255,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="run everything this many times (same browser); report each "
                              "library's lowest median")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cpu", action="store_true",
+                        help="a Chromium without WebGPU: webgrad on 'wasm', jax-js on 'wasm'")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     peers = [p for p in args.peers.split(",") if p]
@@ -277,8 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     print("starting headless Chromium and webgrad's Pyodide worker...", flush=True)
     rounds: list[list[dict]] = []
-    with BrowserSession() as s:
-        print(f"browser {s.browser.version}; webgrad {s.info.get('webgrad_version')}", flush=True)
+    with BrowserSession() as main_session:
+        s = main_session.without_webgpu() if args.cpu else main_session
+        print(f"browser {s.browser.version}; webgrad {s.info.get('webgrad_version')}"
+              + (" (WebGPU off)" if args.cpu else ""), flush=True)
         server, url = peers_server(load_serve(REPO)) if peers else (None, None)
         try:
             for i in range(args.rounds):

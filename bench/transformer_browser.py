@@ -110,9 +110,11 @@ def make_config(name: str, steps: int, warmup: int, seed: int) -> dict:
             "timeout_s": 300 + 15.0 * steps}  # a loaded 2-core machine: seconds per step
 
 
-def run_webgrad(s: BrowserSession, name: str, steps: int, warmup: int, seed: int) -> dict:
+def run_webgrad(s: BrowserSession, name: str, steps: int, warmup: int, seed: int,
+                backend: str = "webgpu") -> dict:
     m = MODELS[name]
-    code = mlp_browser.worker_code(m["file"], m["module"], build=m["build"],
+    code = mlp_browser.worker_code(m["file"], m["module"],
+                                   build=m["build"].replace("'webgpu'", repr(backend)),
                                    batches=m["batches"],
                                    checksum='sum(map(sum, batches[0]["idx"]))',
                                    STEPS=steps, WARMUP=warmup, SEED=seed, DATA_SEED=DATA_SEED)
@@ -124,11 +126,12 @@ def run_webgrad(s: BrowserSession, name: str, steps: int, warmup: int, seed: int
 def run_model(s, url: str | None, name: str, args) -> list[dict]:
     """webgrad's then jax-js's result for one model; a failure becomes {"library", "error"}."""
     out = []
+    backend = "wasm" if args.cpu else "webgpu"
     try:
         if name == "mlp":
-            r = mlp_browser.run_webgrad(s, args.steps, args.warmup, args.seed)
+            r = mlp_browser.run_webgrad(s, args.steps, args.warmup, args.seed, backend)
         else:
-            r = run_webgrad(s, name, args.steps, args.warmup, args.seed)
+            r = run_webgrad(s, name, args.steps, args.warmup, args.seed, backend)
         out.append(r)
     except Exception as e:  # keep going: the peer's figures are still worth having
         out.append({"library": "webgrad", "error": f"{type(e).__name__}: {e}"})
@@ -142,7 +145,8 @@ def run_model(s, url: str | None, name: str, args) -> list[dict]:
                 print(f"warning: {name}: webgrad's worker drew other batches than jax-js gets",
                       file=sys.stderr)
         try:
-            out.append(mlp_browser.run_peer(s, url + page, config))
+            out.append(mlp_browser.run_peer(s, url + page + ("?device=wasm" if args.cpu else ""),
+                                            config))
         except Exception as e:
             out.append({"library": "jax-js", "error": f"{type(e).__name__}: {e}"})
     return out
@@ -205,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
                              "library's lowest median")
     parser.add_argument("--no-peer", action="store_true", help="webgrad alone (no npm install)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cpu", action="store_true",
+                        help="a Chromium without WebGPU: webgrad on 'wasm', jax-js on 'wasm'")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
@@ -222,8 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     print("starting headless Chromium and webgrad's Pyodide worker...", flush=True)
     rounds: list[dict[str, list[dict]]] = []
-    with BrowserSession() as s:
-        print(f"browser {s.browser.version}; webgrad {s.info.get('webgrad_version')}", flush=True)
+    with BrowserSession() as main_session:
+        s = main_session.without_webgpu() if args.cpu else main_session
+        print(f"browser {s.browser.version}; webgrad {s.info.get('webgrad_version')}"
+              + (" (WebGPU off)" if args.cpu else ""), flush=True)
         use_peer = not args.no_peer and not install_error
         server, url = (mlp_browser.peers_server(load_serve(REPO)) if use_peer else (None, None))
         try:

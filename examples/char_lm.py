@@ -15,7 +15,6 @@ from __future__ import annotations
 import array
 import math
 import random
-import sys
 import time
 
 import webgrad as wg
@@ -133,11 +132,11 @@ def train(c, data: Data, steps: int = STEPS, seed: int = SEED, log=print,
 
 
 if __name__ == "__main__":
-    backend = sys.argv[1] if len(sys.argv) > 1 and not playground.in_browser() else "webgpu"
+    backend = playground.example_backend()  # the page: "auto" (WebGPU, else the CPU's "wasm")
     data = Data(corpus())
     print(f"{len(data.ids)} characters, vocabulary {len(data.chars)}")
     c = build(data, backend)  # a global: the page's weights buttons and kernel panel find it
-    print(f"compiled on {backend}: {c.kernel_count} kernels per training step")
+    print(f"compiled on {c.backend.name}: {c.kernel_count} kernels per training step")
     t0 = time.perf_counter()
     result = train(c, data)
     print(f"loss {result['loss']:.3f} ({math.log(len(data.chars)):.2f} for uniform guessing) "

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import array
 import random
-import sys
 import time
 
 import webgrad as wg
@@ -128,9 +127,9 @@ def train(c, steps: int = STEPS, seed: int = SEED, log=print, eval_every: int = 
 
 
 if __name__ == "__main__":
-    backend = sys.argv[1] if len(sys.argv) > 1 and not playground.in_browser() else "webgpu"
+    backend = playground.example_backend()  # the page: "auto" (WebGPU, else the CPU's "wasm")
     c = build(backend)  # a global: the page's weights buttons and kernel panel find it
-    print(f"compiled on {backend}: {c.kernel_count} kernels per training step")
+    print(f"compiled on {c.backend.name}: {c.kernel_count} kernels per training step")
     t0 = time.perf_counter()
     result = train(c)
     print(f"test accuracy {result['accuracy']:.1%} after {len(result['losses'])} steps "

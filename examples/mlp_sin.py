@@ -17,7 +17,6 @@ from __future__ import annotations
 import array
 import math
 import random
-import sys
 import time
 
 import webgrad as wg
@@ -147,9 +146,9 @@ def _flat(value) -> list:
 
 
 if __name__ == "__main__":
-    backend = sys.argv[1] if len(sys.argv) > 1 and not playground.in_browser() else "webgpu"
+    backend = playground.example_backend()  # the page: "auto" (WebGPU, else the CPU's "wasm")
     c = compile_mlp(backend)  # a global: the page's weights buttons and kernel panel find it
-    print(f"compiled on {backend}: {c.kernel_count} kernels per training step")
+    print(f"compiled on {c.backend.name}: {c.kernel_count} kernels per training step")
     t0 = time.perf_counter()
     losses = fit(c, draw_every=25)
     result = _report(c, losses, time.perf_counter() - t0, 1e-3)

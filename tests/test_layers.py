@@ -28,7 +28,7 @@ LAYERS = [
     ("the op language", ["tensor", "primitives", "ops"]),
     ("modules and autodiff", ["module", "nn", "lora", "grad", "optim", "lr"]),
     ("tracing", ["trace", "dce", "precision"]),
-    ("lowering", ["codegen", "codegen.*", "buffers"]),
+    ("lowering", ["codegen", "codegen.*", "buffers", "onnx", "onnx.*"]),
     ("executors", ["backends", "backends.*", "profile"]),
     ("the runtime API", ["compiled", "recovery", "stateful", "bounds", "io.checkpoint",
                          "io.torch_interop"]),

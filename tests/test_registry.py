@@ -59,6 +59,16 @@ def test_every_primitive_has_a_torch_lowering():
     assert not stale, f"backends/torch_backend.py: TORCH_IMPLS has ops that are not primitives: {stale}"
 
 
+def test_every_primitive_has_an_onnx_lowering():
+    # leaves become the model's inputs or initializers; every other op needs a rule
+    from webgrad.onnx import LOWERINGS
+    from webgrad.onnx.lower import LEAVES as ONNX_LEAVES
+    missing = sorted(set(PRIMS) - set(ONNX_LEAVES) - set(LOWERINGS))
+    assert not missing, f"webgrad/onnx/lower.py: LOWERINGS has no lowering for {missing}"
+    stale = sorted(set(LOWERINGS) - set(PRIMS))
+    assert not stale, f"webgrad/onnx/lower.py: LOWERINGS has ops that are not primitives: {stale}"
+
+
 def test_every_primitive_has_a_wgsl_lowering():
     # codegen/ registers one emit rule per op; a primitive without one cannot run on WebGPU
     from webgrad.codegen import LOWERED_OPS

@@ -63,7 +63,7 @@ async def _keep(m, name):
         return {"not_kept": str(e)}
 
 def chat_demo(seed):
-    m = llama_demo.model(seed, backend="webgpu")   # rebuilt in a second: not cached
+    m = llama_demo.model(seed, backend="auto")   # rebuilt in a second: not cached
     keep = (json.dumps(llama_demo.tokenizer_spec()).encode(), llama_demo.tokenizer_config())
     return _use(m, llama_demo.tokenizer(), f"demo model (seed {seed})", keep)
 
@@ -72,7 +72,7 @@ async def chat_load_files(files):
     gguf = [n for n in files if n.endswith(".gguf")]
     if gguf:
         data = files[gguf[0]]
-        m = await llama.Llama.from_gguf_async(data, backend="webgpu")
+        m = await llama.Llama.from_gguf_async(data, backend="auto")
         out = _use(m, llama.Tokenizer.from_gguf(data), gguf[0])
         try:     # the file itself is the cache's image (models/llama_cache.py)
             info = await llama_cache.store_async(llama_cache.Chat(m, b"", {}, gguf=data),
@@ -92,7 +92,7 @@ async def chat_load_files(files):
     for n, b in files.items():
         with open(os.path.join(folder, os.path.basename(n)), "wb") as f:
             f.write(b)
-    m = llama.Llama.from_pretrained(folder, backend="webgpu")
+    m = llama.Llama.from_pretrained(folder, backend="auto")
     tok = llama.Tokenizer.from_pretrained(folder)
     keep = (files["tokenizer.json"], json.loads(files.get("tokenizer_config.json", b"{}")))
     c = m.cfg
@@ -101,7 +101,7 @@ async def chat_load_files(files):
     return {**out, **await _keep(m, name)}
 
 async def chat_load_key(key):
-    item, info = await llama_cache.load_key_async(key, backend="webgpu")
+    item, info = await llama_cache.load_key_async(key, backend="auto")
     keep = None if item.gguf is not None else (item.tokenizer_json, item.tokenizer_config)
     return _use(item.model, item.tokenizer(), info["name"], keep, {"key": key, "cached": True})
 
@@ -133,7 +133,7 @@ async def ft_start(text, lr, seed=0):
         raise ValueError("this model holds quantized weights; fine-tuning over them (QLoRA) "
                          "is not on this page yet: load its f16/f32 safetensors instead")
     _drop("ft")
-    ft = finetune.FineTune(m, _chat["tok"], text or finetune.pydoc_text(), backend="webgpu",
+    ft = finetune.FineTune(m, _chat["tok"], text or finetune.pydoc_text(), backend="auto",
                            lr=lr, seed=seed)
     _chat["ft"] = ft
     await ft.load_base_async()
@@ -147,7 +147,7 @@ async def ft_steps(k):
 async def ft_finish():
     ft = _chat["ft"]
     held = await ft.held_loss_async()
-    tuned = await ft.merged_async(backend="webgpu")
+    tuned = await ft.merged_async(backend="auto")
     old = _chat.pop("tuned", None)
     _chat["tuned"] = tuned
     if old is not None:

@@ -607,8 +607,9 @@ async function checkWebGPU() {
   }
   if (!problem) return true;
   const banner = $("nogpu");
-  banner.textContent = `WebGPU is unavailable: ${problem}. Python still runs here, but ` +
-    "training on backend=\"webgpu\" cannot. Use Chrome or Edge 113+, Firefox 141+ or Safari 26+; " +
+  banner.textContent = `WebGPU is unavailable: ${problem}. Programs on backend="auto" run on ` +
+    "the CPU instead (backend=\"wasm\": ONNX Runtime's WebAssembly, slower); backend=\"webgpu\" " +
+    "cannot run. For the GPU use Chrome or Edge 113+, Firefox 141+ or Safari 26+; " +
     "in Chromium on Linux enable chrome://flags/#enable-unsafe-webgpu (or start it with " +
     "--enable-unsafe-webgpu --enable-features=Vulkan), and check chrome://gpu for a blocklisted GPU.";
   banner.hidden = false;

@@ -55,7 +55,7 @@ async def surprisal_load(source, encoder=None, vocab=None):
     if isinstance(source, dict):
         m, info = await gpt2_cache.load_key_async(source["key"], progress=_loading)
     else:
-        m, info = await gpt2_cache.load_gpt2_async(source, backend="webgpu", progress=_loading)
+        m, info = await gpt2_cache.load_gpt2_async(source, backend="auto", progress=_loading)
     return _use(m, info, encoder, vocab)
 
 def _piece(tok, i):
@@ -114,7 +114,7 @@ def train_start(n_layer, n_embd, n_ctx, seed=0):
         old.destroy()
     c = wg.compile_module(lambda: gpt2.GPT2Module(cfg), gpt2.lm_loss,
                           inputs={"tokens": ([B, L], "i32"), "targets": ([B, L], "i32")},
-                          optimizer=optim.Adam(lr=5e-3), backend="webgpu", seed=seed)
+                          optimizer=optim.Adam(lr=5e-3), backend="auto", seed=seed)
     _train.clear()
     _train.update(c=c, cfg=cfg, data=batches(text[:cut], seed), held=batches(text[cut:], seed + 1),
                   train=text[:cut], heldtext=text[cut:], step=0)

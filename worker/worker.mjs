@@ -59,6 +59,8 @@ const post = (message) => self.postMessage(message);
 // The IndexedDB model cache (web/modelcache.mjs, served at /), for webgrad.io.modelcache in
 // Python: `await js.webgradModelCache()` imports it on first use.
 self.webgradModelCache = () => import(here("../modelcache.mjs"));
+// ONNX Runtime Web (worker/ort.mjs), the CPU backend's engine, imported on first use
+self.webgradOrt = () => import(here("./ort.mjs"));
 
 function errorOf(e) {
   if (e && typeof e === "object" && "message" in e) {

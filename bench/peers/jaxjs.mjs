@@ -8,11 +8,14 @@ import { defaultDevice, init, jit, nn, numpy as np, tree, valueAndGrad }
   from "./node_modules/@jax-js/jax/dist/index.js";
 import { ADAM, LAYERS, packageVersion, register, requireWebGPU } from "./common.mjs";
 
+// ?device=wasm: jax-js's WebAssembly device (bench/mlp_browser.py --cpu, WebGPU off)
+const DEVICE = new URLSearchParams(location.search).get("device") ?? "webgpu";
+
 async function setup(config) {
-  const adapter = await requireWebGPU();
-  const devices = await init("webgpu");
-  if (!devices.includes("webgpu")) throw new Error(`jax-js init: no webgpu device (${devices})`);
-  defaultDevice("webgpu");
+  const adapter = DEVICE === "webgpu" ? await requireWebGPU() : "cpu";
+  const devices = await init(DEVICE);
+  if (!devices.includes(DEVICE)) throw new Error(`jax-js init: no ${DEVICE} device (${devices})`);
+  defaultDevice(DEVICE);
   const B = config.batch, lr = config.lr, { beta1, beta2, eps } = ADAM;
 
   function lossFn(p, x, y) {
@@ -56,7 +59,7 @@ async function setup(config) {
   }
   let t = 0;
   return {
-    info: { adapter, device: "webgpu", jit: true },
+    info: { adapter, device: DEVICE, jit: true },
     async step(x, y) {
       t += 1;
       const out = trainStep(state.p, state.m, state.v, np.array(t),

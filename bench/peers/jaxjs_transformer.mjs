@@ -67,11 +67,14 @@ function lossFn(p, idx, target, m) {
   return picked.mean().neg();
 }
 
+// ?device=wasm: jax-js's WebAssembly device (bench/transformer_browser.py --cpu, WebGPU off)
+const DEVICE = new URLSearchParams(location.search).get("device") ?? "webgpu";
+
 async function setup(config) {
-  const adapter = await requireWebGPU();
-  const devices = await init("webgpu");
-  if (!devices.includes("webgpu")) throw new Error(`jax-js init: no webgpu device (${devices})`);
-  defaultDevice("webgpu");
+  const adapter = DEVICE === "webgpu" ? await requireWebGPU() : "cpu";
+  const devices = await init(DEVICE);
+  if (!devices.includes(DEVICE)) throw new Error(`jax-js init: no ${DEVICE} device (${devices})`);
+  defaultDevice(DEVICE);
   const m = config.model;  // {kind, B, T, D, heads, layers, vocab, answer: [from, to]}
   const { beta1, beta2, eps, weight_decay: wd, decoupled } = config.optimizer;
   const A = m.answer[1] - m.answer[0];
@@ -112,7 +115,7 @@ async function setup(config) {
   let t = 0;
   const int = (a, shape) => np.array(a, { dtype: np.int32 }).reshape(shape);
   return {
-    info: { adapter, device: "webgpu", jit: true },
+    info: { adapter, device: DEVICE, jit: true },
     async step(feed) {
       t += 1;
       const hyper = np.array(Float32Array.of(t, config.lrs[t - 1]));

@@ -5,11 +5,18 @@
 import { ADAM, LAYERS, packageVersion, register, requireWebGPU } from "./common.mjs";
 
 const tf = globalThis.tf;
+// ?device=wasm: tfjs-backend-wasm (bench/mlp_browser.py --cpu, WebGPU off)
+const DEVICE = new URLSearchParams(location.search).get("device") ?? "webgpu";
 
 async function setup(config) {
   if (!tf) throw new Error("the TensorFlow.js bundles did not load (global tf is missing)");
-  const adapter = await requireWebGPU();
-  if (!(await tf.setBackend("webgpu"))) throw new Error("tf.setBackend('webgpu') failed");
+  let adapter = "cpu";
+  if (DEVICE === "wasm") {
+    tf.wasm.setWasmPaths("./node_modules/@tensorflow/tfjs-backend-wasm/dist/");
+  } else {
+    adapter = await requireWebGPU();
+  }
+  if (!(await tf.setBackend(DEVICE))) throw new Error(`tf.setBackend('${DEVICE}') failed`);
   await tf.ready();
   const B = config.batch;
   const vars = {};

@@ -29,6 +29,10 @@ CHROMIUM_FLAGS = [
     "--no-first-run", "--disable-background-networking", "--disable-component-update",
     "--disable-sync",
 ]
+# A Chromium without WebGPU (the CPU backend's tests): no unsafe-WebGPU or SwiftShader flags,
+# and the feature turned off, so navigator.gpu offers no adapter
+NO_WEBGPU_FLAGS = [f for f in CHROMIUM_FLAGS if "webgpu" not in f and "swiftshader" not in f] + [
+    "--disable-features=WebGPU,WebGPUService", "--disable-gpu"]
 DEFAULT_CHROMIUM = "/usr/bin/chromium"
 
 # Runs in the page: awaits a window.webgrad promise with a deadline and returns a tagged result,
@@ -169,7 +173,7 @@ class BrowserSession:
         except ImportError:
             raise BrowserError("BrowserSession needs Playwright: pip install playwright "
                                "(its own browser download is not needed)") from None
-        executable = chromium or _chromium_path()
+        executable = self._executable = chromium or _chromium_path()
         self.manifest = serve.provision(repo)
         self.server = serve.make_server("127.0.0.1", 0, repo)
         threading.Thread(target=self.server.serve_forever, name="webgrad-serve",
@@ -181,6 +185,23 @@ class BrowserSession:
             executable_path=executable, headless=headless, args=CHROMIUM_FLAGS)
         self.page = self.new_page()
         self.info = self._request(self.page, "ready", [], boot_timeout, "booting the worker")
+
+    def without_webgpu(self, *, boot_timeout: float = 120.0) -> "BrowserSession":
+        """A second headless Chromium with WebGPU turned off (NO_WEBGPU_FLAGS), on this
+        session's Playwright and server, with its own booted worker: the same run()/call().
+        Its close() closes only that browser."""
+        s = object.__new__(BrowserSession)
+        s._playwright = s.server = None  # shared: stopped by this session's close()
+        s.console, s.url, s.manifest = [], self.url, self.manifest
+        s.browser = self._playwright.chromium.launch(
+            executable_path=self._executable, headless=True, args=NO_WEBGPU_FLAGS)
+        try:
+            s.page = s.new_page()
+            s.info = s._request(s.page, "ready", [], boot_timeout, "booting the worker")
+        except BaseException:
+            s.close()
+            raise
+        return s
 
     def new_page(self):
         """A fresh page of the app with its own worker (booting; await window.webgrad.ready)."""

@@ -110,6 +110,30 @@ class Program:
         return out[main], caps
 
 
+async def export_program_async(program: Program, path=None, *, embed: bool, doc: str = ""):
+    """The graph of `program` as an ONNX model (webgrad/onnx), written to `path` if given;
+    returns the onnx.Exported (its .model bytes and the map of inputs and outputs).
+    embed: the parameters' current values, and those of state the graph reads but never
+    writes (the step counter of a forward graph), are initializers (a self-contained file
+    for deployment; quantized parameters decoded to f32); else they are inputs, beside the
+    state."""
+    from .onnx import export_graph
+    from .quants import dequantize_words
+    g, b = program.graph, program.backend
+    values = {}
+    if embed:
+        for name in [*g.params, *(n for n in g.state if n not in g.writebacks)]:
+            values[name] = await b.read(name)
+
+    def decode(name, qtype, shape):
+        return dequantize_words(qtype, bytes(memoryview(values[name]).cast("B")), shape)
+
+    ex = export_graph(g, values=values, decode=decode, doc=doc)
+    if path is not None:
+        ex.save(path)
+    return ex
+
+
 _serials = itertools.count()
 
 
@@ -371,6 +395,21 @@ class CompiledModule:
             exp = (await self.backend.read(SCALE_EXP))[0]
             self.loss_scale, self.last_step_skipped = 2.0 ** (INIT_EXP + exp), None
 
+    # -- ONNX: the training step (or its forward) as an ONNX model; webgrad/onnx, docs/onnx.md
+    async def export_onnx_async(self, path=None, *, program: str = "step"):
+        """Write the training step as an ONNX model: feeds, parameters and optimizer state
+        (and the step counter) in; loss, captures and the new value of every parameter and
+        state buffer (`<name>:new`) out. program="run": the loss without the update, with
+        the parameters embedded. Returns the onnx.Exported (bytes and the name map)."""
+        self._need_train("export_onnx")
+        if program not in ("step", "run"):
+            raise ValueError(f"export_onnx(): program must be 'step' or 'run', got {program!r}")
+        prog = self._train if program == "step" else self._forward
+        return await export_program_async(prog, path, embed=program == "run",
+                                          doc=f"webgrad training {program}")
+
+    def export_onnx(self, path=None, *, program="step"): return run_blocking(self.export_onnx_async(path, program=program))
+
     # -- PyTorch: the loss graph as a torch.nn.Module, state dicts back; io/torch_interop.py
     async def to_torch_async(self):
         from .io import torch_interop
@@ -493,6 +532,15 @@ class CompiledForward:
         return await torch_interop.to_torch_async(self.owner, self._prog.graph, "output")
 
     def to_torch(self): return run_blocking(self.to_torch_async())
+
+    async def export_onnx_async(self, path=None, *, embed_params: bool = True):
+        """This forward program as an ONNX model (feeds in, output and captures out), its
+        parameters embedded (embed_params=False: model inputs named as the parameters)."""
+        self.check_alive("export_onnx")
+        return await export_program_async(self._prog, path, embed=embed_params,
+                                          doc="webgrad forward program")
+
+    def export_onnx(self, path=None, *, embed_params=True): return run_blocking(self.export_onnx_async(path, embed_params=embed_params))
 
     # parameter access goes to the owner, whose store this program reads
     def download_params(self): return self.owner.download_params()

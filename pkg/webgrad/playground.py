@@ -27,6 +27,15 @@ def in_browser() -> bool:
     return sys.platform == "emscripten"
 
 
+def example_backend(default: str = "webgpu") -> str:
+    """The backend an example's __main__ runs on: in the page "auto" (WebGPU where the page has
+    an adapter, else the CPU backend "wasm"); in CPython its first command-line argument, or
+    `default`."""
+    if in_browser():
+        return "auto"
+    return sys.argv[1] if len(sys.argv) > 1 else default
+
+
 def set_listener(fn) -> None:
     """CPython: call fn(event dict) for every report (None stops it)."""
     global _listener

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from .arrays import to_user
 from .blocking import run_blocking
-from .compiled import Program
+from .compiled import Program, export_program_async
 from .dce import cse, dce
 from .ir import Graph
 from .precision import apply_precision, check_precision
@@ -79,6 +79,16 @@ class StatefulProgram:
 
     def run(self, feed, fetch) -> dict:
         return run_blocking(self.run_async(feed, fetch))
+
+    async def export_onnx_async(self, path=None, *, embed_params: bool = True):
+        """This program as an ONNX model: feeds and state (a KV cache) in, the outputs and
+        each state's new value (`<name>:new`) out; parameters embedded unless
+        embed_params=False (compiled.export_program_async)."""
+        return await export_program_async(self._prog, path, embed=embed_params,
+                                          doc="webgrad stateful program")
+
+    def export_onnx(self, path=None, *, embed_params=True):
+        return run_blocking(self.export_onnx_async(path, embed_params=embed_params))
 
 
 def compile_program(backend, factory, fn, *, inputs, seed: int = 0,

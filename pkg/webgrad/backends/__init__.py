@@ -8,7 +8,10 @@ the requested outputs and then lands the graph's writebacks in the store.
   reference   numpy interpreter, primitives.py's `ref` rules: the executable spec
   torch       the same walk with torch ops, on any torch device ("torch:cuda")
   webgpu      WGSL kernels and a buffer plan, on wgpu-py/Dawn or navigator.gpu
-  auto        webgpu when an adapter exists, else reference (said once)
+  wasm        the graph exported to ONNX, run by ONNX Runtime on the CPU (onnxruntime-web's
+              WebAssembly in the browser, the onnxruntime package in CPython)
+  auto        webgpu when an adapter exists, else wasm in the browser and reference in
+              CPython (said once); device_info() says which and why
 
 The Backend base class (base.py) is what they share; get_backend(spec) picks one by name.
 """
@@ -19,6 +22,7 @@ import warnings
 from .base import Backend
 
 _auto_said = False
+_auto_why = ""  # why the last backend='auto' chose what it chose (device_info)
 
 
 def get_backend(spec, *, options=None) -> Backend:
@@ -38,20 +42,47 @@ def get_backend(spec, *, options=None) -> Backend:
     if name == "webgpu":
         from .webgpu import WebGPUBackend
         return WebGPUBackend(options=options)
+    if name == "wasm":
+        from .onnx_runtime import OnnxRuntimeBackend
+        return OnnxRuntimeBackend()
     if name == "auto":
-        global _auto_said
+        global _auto_said, _auto_why
         try:
             from .webgpu import WebGPUBackend
-            return WebGPUBackend(options=options)
+            b = WebGPUBackend(options=options)
+            _auto_why = "a WebGPU adapter is available"
+            return b
         except Exception as e:  # no adapter, no wgpu: fall back, but say so once
+            from .onnx_runtime import in_pyodide
+            _auto_why = f"no WebGPU adapter ({e})"
+            fallback = "reference"
+            if in_pyodide():  # webgrad's worker has onnxruntime-web (and no numpy)
+                try:
+                    b = get_backend("wasm")
+                    fallback = "wasm"
+                except Exception as e2:  # another Pyodide (a notebook kernel): numpy, if any
+                    _auto_why += f"; no onnxruntime-web ({e2})"
             if not _auto_said:
-                warnings.warn(f"webgrad: no WebGPU adapter ({e}); backend='auto' uses 'reference'",
+                warnings.warn(f"webgrad: {_auto_why}; backend='auto' uses {fallback!r}",
                               stacklevel=3)
                 _auto_said = True
-            from .reference import ReferenceBackend
-            return ReferenceBackend()
+            return b if fallback == "wasm" else get_backend("reference")
     raise ValueError(f"unknown backend {spec!r}: use 'reference', 'torch', 'torch:cuda', "
-                     "'webgpu' or 'auto'")
+                     "'webgpu', 'wasm' or 'auto'")
 
 
-__all__ = ["Backend", "get_backend"]
+def device_info(spec="auto") -> dict:
+    """Which executor `spec` (a name or a Backend) runs programs on here, and why:
+    {"backend": its name, "engine": what computes (the adapter, ONNX Runtime's build, numpy,
+    torch's device), "reason": why backend='auto' chose it (for other specs: "asked for")}."""
+    b = get_backend(spec)
+    engine = {"reference": "numpy", "torch": f"torch on {getattr(b, 'device', 'cpu')}"}.get(b.name)
+    if b.name == "wasm":
+        engine = b.engine
+    elif b.name == "webgpu":
+        engine = str(getattr(getattr(b, "limits", None), "adapter", "") or "WebGPU")
+    return {"backend": b.name, "engine": engine or b.name,
+            "reason": _auto_why if spec == "auto" else "asked for"}
+
+
+__all__ = ["Backend", "device_info", "get_backend"]

@@ -42,7 +42,7 @@ def _require_pyodide(what: str) -> None:
                            "use NativeHost (webgrad.backends.webgpu_native)")
 
 
-def _block(awaitable, what: str):
+def block(awaitable, what: str):
     """Wait for a JS Promise / coroutine from synchronous code (JSPI), or say how to avoid it."""
     from pyodide.ffi import can_run_sync, run_sync
     if not can_run_sync():
@@ -148,7 +148,7 @@ class BrowserHost(GPUHost):
         if replay is None:
             replay = _shared if _shared is not None and not _shared.lost else None
         if replay is None:
-            replay = _block(request_device(), "BrowserHost() (requesting the WebGPU device)")
+            replay = block(request_device(), "BrowserHost() (requesting the WebGPU device)")
         self._gpu = replay
         limits = replay.limits.to_py()
         self.limits = {_snake(k): v for k, v in limits.items()}
@@ -239,7 +239,7 @@ class BrowserHost(GPUHost):
         from pyodide.ffi import can_run_sync
         if can_run_sync():
             try:
-                _block(self._gpu.ready(program), "loading a plan")
+                block(self._gpu.ready(program), "loading a plan")
             except Exception as e:
                 self.unload(program)
                 raise _translate(e, "loading a plan") from None

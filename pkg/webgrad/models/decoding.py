@@ -408,7 +408,20 @@ class CausalLM:
         """Surprisal of a text being edited: update(ids) recomputes from the first change only."""
         return SurprisalTracker(self)
 
+    async def export_onnx_async(self, path=None, *, n_tokens: int, program: str = "full"):
+        """The model as an ONNX file with its weights embedded (quantized ones decoded):
+        program="full" is the causal forward of n_tokens ids (feed `ids`, outputs
+        `logits.<k>`: the vocabulary in blocks, side by side); "step" the cached decode of
+        n_tokens ids at feed `pos`, the KV cache an input and its new value an output
+        (`<name>:new`). docs/onnx.md."""
+        if program not in ("full", "step"):
+            raise ValueError(f"export_onnx(): program must be 'full' or 'step', got {program!r}")
+        if not 1 <= n_tokens <= self.cfg.n_ctx:
+            raise ValueError(f"export_onnx(): n_tokens must be in [1, {self.cfg.n_ctx}], got {n_tokens}")
+        return await self._program(program, n_tokens).export_onnx_async(path)
+
     # -- blocking forms
+    def export_onnx(self, path=None, *, n_tokens, program="full"): return run_blocking(self.export_onnx_async(path, n_tokens=n_tokens, program=program))
     def forward(self, ids): return run_blocking(self.forward_async(ids))
     def logits_step(self, ids, cache): return run_blocking(self.logits_step_async(ids, cache))
     def logits_all_step(self, ids, cache): return run_blocking(self.logits_all_step_async(ids, cache))

@@ -1,0 +1,211 @@
+"""The CPU backend `wasm`: the program exported to ONNX (webgrad/onnx) and run by ONNX Runtime.
+
+In the browser, where there is no WebGPU adapter and no numpy, the graph runs in ONNX
+Runtime Web's WebAssembly build (npm `onnxruntime-web`, loaded into the Pyodide worker:
+worker/ort.mjs); in CPython the same model runs in the `onnxruntime` package (its native CPU
+build), which is how the tests check this backend against the reference executor.
+
+The store holds each persistent buffer as the runtime's own array (an ort.Tensor in the
+browser, a numpy array in CPython): a step feeds the model its feeds and every buffer it
+reads, and the model's `<name>:new` outputs replace the buffers it writes, after the run
+(interpreter.py's rule: a step sees the values from before it). A quantized parameter is
+decoded on the host once per write (quants.dequantize_words) and fed as f32.
+"""
+from __future__ import annotations
+
+import sys
+
+from ..arrays import HostArray
+from ..onnx import export_graph
+from .base import Backend
+
+
+def in_pyodide() -> bool:
+    return sys.platform == "emscripten"
+
+
+class OnnxRuntimeBackend(Backend):
+    name = "wasm"
+
+    def __init__(self, *, threads: int = 1):
+        """threads: onnxruntime's intra-op threads in CPython (1, as the browser's engine runs
+        without cross-origin isolation; a thread pool per session also costs its creation).
+        In the browser worker/ort.mjs picks them."""
+        self.rt = _BrowserRuntime() if in_pyodide() else _PythonRuntime(threads)
+        self.store: dict[str, object] = {}
+        self.dtypes: dict[str, str] = {}
+        self._decoded: dict[tuple, object] = {}
+        self.sessions: list = []  # every program's session, released by destroy()
+
+    @property
+    def engine(self) -> str:
+        """What runs the models: 'onnxruntime-web (WebAssembly)' or 'onnxruntime <version>'."""
+        return self.rt.engine
+
+    def ensure(self, name, shape, dtype):
+        if name in self.store:
+            return False
+        self.write(name, HostArray(dtype, [0] * _size(shape), shape=tuple(shape)))
+        return True
+
+    def write(self, name, host):
+        self.store[name] = self.rt.from_host(host)
+        self.dtypes[name] = host.dtype
+        self._decoded = {k: v for k, v in self._decoded.items() if k[0] != name}
+
+    async def read(self, name):
+        return await self.rt.to_host(self.store[name], self.dtypes[name])
+
+    def prepare(self, graph, options=None):  # options: no kernels here to generate
+        return _Run(self, graph, export_graph(graph, name="webgrad_program"))
+
+    def decoded(self, name: str, qtype: str, shape) -> object:
+        """The f32 values of quantized parameter `name`, decoded on the host (cached until
+        the next write)."""
+        key = (name, qtype, tuple(shape))
+        if key not in self._decoded:
+            words = self.rt.host_words(self.store[name])
+            self._decoded[key] = self.rt.from_host(_decode(qtype, words, shape))
+        return self._decoded[key]
+
+    def destroy(self):
+        for sess in self.sessions:
+            self.rt.release(sess)
+        self.sessions.clear()
+        self.store.clear()
+
+
+def _decode(qtype: str, words: bytes, shape) -> HostArray:
+    from ..quants import dequantize_words
+    return HostArray("f32", dequantize_words(qtype, words, shape), shape=tuple(shape))
+
+
+def _size(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+class _Run:
+    def __init__(self, backend: OnnxRuntimeBackend, graph, ex):
+        self.b, self.g, self.ex = backend, graph, ex
+        self.session = backend.rt.session(ex.model)
+        self.kernel_count = ex.n_nodes  # what the runtime executes: the model's nodes
+        backend.sessions.append(self.session)
+
+    async def run(self, feeds: dict[str, HostArray], fetch: list[str]) -> dict[str, HostArray]:
+        b, ex = self.b, self.ex
+        ins = {k: b.rt.from_host(feeds[k]) for k in ex.feeds}
+        ins.update({k: b.store[buf] for k, buf in ex.persistent.items()})
+        for k, (kind, name, qtype, shape) in ex.dequantized.items():
+            ins[k] = (b.decoded(name, qtype, shape) if kind != "input" else
+                      b.rt.from_host(_decode(qtype, bytes(memoryview(feeds[name]).cast("B")), shape)))
+        names = list(dict.fromkeys([*fetch, *ex.writebacks]))
+        outs = await b.rt.run(self.session, ins, names)
+        res = {k: await b.rt.to_host(outs[k], self.g[self.g.outputs[k]].dtype) for k in fetch}
+        for o, buf in ex.writebacks.items():  # after every read: a step sees old values
+            b.store[buf] = outs[o]
+        return res
+
+
+class _PythonRuntime:
+    """onnxruntime (PyPI) in CPython: numpy arrays in, numpy arrays out."""
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        try:
+            import numpy as np
+            import onnxruntime as ort
+        except ImportError:
+            raise ImportError("backend='wasm' in CPython runs the ONNX model in onnxruntime: "
+                              "pip install onnxruntime (in the browser it is onnxruntime-web)") from None
+        self.np, self.ort = np, ort
+        self.engine = f"onnxruntime {ort.__version__} (CPU)"
+
+    def session(self, model: bytes):
+        opts = self.ort.SessionOptions()
+        opts.intra_op_num_threads = self.threads
+        opts.log_severity_level = 3  # unused inputs (a program's declared feeds) are not news
+        return self.ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+
+    def from_host(self, h: HostArray):
+        from ..arrays import to_numpy
+        return to_numpy(self.np, h)
+
+    async def to_host(self, x, dtype: str) -> HostArray:
+        x = self.np.asarray(x, dtype=self.np.float32 if dtype == "f32" else self.np.int32, order="C")
+        out = HostArray(dtype, shape=x.shape)
+        out.frombytes(x.tobytes())
+        return out
+
+    def host_words(self, x) -> bytes:
+        return self.np.ascontiguousarray(x, dtype="<i4").tobytes()
+
+    async def run(self, session, ins: dict, names: list[str]) -> dict:
+        return dict(zip(names, session.run(names, ins)))
+
+    def release(self, session):
+        pass  # dropped with its last reference
+
+
+class _BrowserRuntime:
+    """onnxruntime-web in the Pyodide worker, through worker/ort.mjs: ort.Tensors in, ort.Tensors
+    out; only what a step returns is copied to Python."""
+
+    def __init__(self):
+        import js
+        from .webgpu_browser import block
+        if not hasattr(js, "webgradOrt"):
+            raise RuntimeError("backend='wasm' needs webgrad's worker (worker/worker.mjs), which "
+                               "loads onnxruntime-web from /assets/ort/")
+        self.js = block(js.webgradOrt(), "backend='wasm' (importing onnxruntime-web)")
+        block(self.js.load(), "backend='wasm' (loading onnxruntime-web)")
+        self.engine = str(self.js.engine())
+
+    def session(self, model: bytes):
+        return _Session(self.js, model)
+
+    def from_host(self, h: HostArray):
+        from pyodide.ffi import to_js
+        return self.js.tensor(h.dtype, to_js(bytes(memoryview(h).cast("B"))), to_js(list(h.shape)))
+
+    async def to_host(self, t, dtype: str) -> HostArray:
+        out = HostArray(dtype, shape=tuple(t.dims.to_py()))
+        out.frombytes(t.data.to_bytes())
+        return out
+
+    def host_words(self, t) -> bytes:
+        return t.data.to_bytes()
+
+    async def run(self, session, ins: dict, names: list[str]) -> dict:
+        return await session.run(ins, names)
+
+    def release(self, session):
+        if session.id is not None:
+            self.js.release(session.id)
+            session.id = None
+
+
+class _Session:
+    """A model's session in worker/ort.mjs, created on its first run. Names cross to JS once
+    (cached per list of names); values cross as one array each way."""
+
+    def __init__(self, ort, model: bytes):
+        self.ort, self.model, self.id = ort, model, None
+        self._names: dict[tuple, object] = {}
+
+    def _js_names(self, names) -> object:
+        key = tuple(names)
+        if key not in self._names:
+            from pyodide.ffi import to_js
+            self._names[key] = to_js(list(key))
+        return self._names[key]
+
+    async def run(self, ins: dict, names: list[str]) -> dict:
+        from pyodide.ffi import to_js
+        if self.id is None:
+            self.id = await self.ort.create(to_js(self.model))
+        res = await self.ort.run(self.id, self._js_names(ins), to_js(list(ins.values())),
+                                 self._js_names(names))
+        return dict(zip(names, res.to_py(depth=1)))

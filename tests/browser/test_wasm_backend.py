@@ -1,0 +1,212 @@
+"""The CPU backend in a browser without WebGPU: headless Chromium with WebGPU turned off
+(browser.NO_WEBGPU_FLAGS), its worker running webgrad's programs exported to ONNX in
+onnxruntime-web (WebAssembly), judged in CPython against the reference executor.
+
+* device_info() says backend='auto' runs on 'wasm' there and why; the MLP trains for a few
+  steps on backend='auto' and its losses and parameters equal the reference's from the same
+  initial weights and batches;
+* the playground's MLP example trains to its target there (the page says it runs on the CPU),
+  and Stop keeps the last completed step's parameters (the reference's, replayed);
+* the convnet and transformer demos (the char LM as a slow case), a few steps each, run in the
+  page there with the losses of the same source on the reference executor in CPython;
+* one oracle record per primitive (so every lowering runs in the WebAssembly engine) and
+  GPT-2 tiny's logits and cached decode (the KV cache as the program's state) equal the
+  reference executor's in CPython (a slow case: --run-slow).
+"""
+from __future__ import annotations
+
+import math
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from test_gpu_host import ship_module
+from test_worker_interrupts import _reference_params
+
+browser = pytest.mark.browser
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def s(browser_without_webgpu):
+    import models
+    ship_module(browser_without_webgpu, "models", models.source())
+    ship_module(browser_without_webgpu, "oracle", (REPO / "tests" / "oracle.py").read_text())
+    return browser_without_webgpu
+
+
+@browser
+def test_mlp_trains_on_the_cpu_backend(s):
+    import models
+    info = s.run("import webgrad as wg\nwg.device_info('auto')")
+    assert info["backend"] == "wasm", info
+    assert "no WebGPU adapter" in info["reason"] and "onnxruntime-web" in info["engine"], info
+    got = s.run("""
+import random, models
+c = models.compile_mlp("auto", seed=0)
+rng = random.Random(1)
+losses = [c.step(models.sin_batch(rng)) for _ in range(4)]
+p = c.download_params()
+[c.backend.name, losses, {k: v.tolist() for k, v in p.items()}]
+""", timeout=60)
+    ref = models.compile_mlp("reference", seed=0)
+    rng = random.Random(1)
+    want = [ref.step(models.sin_batch(rng)) for _ in range(4)]
+    assert got[0] == "wasm"
+    np.testing.assert_allclose(got[1], want, rtol=1e-5)
+    for name, v in ref.download_params().items():
+        np.testing.assert_allclose(np.asarray(got[2][name]), v, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def _one_record_per_primitive() -> list[str]:
+    """The first record that uses each primitive (the IR of each record's training step)."""
+    import oracle
+    names, seen = [], set()
+    for r in oracle.RECORDS:
+        c, _ = oracle.compile_record(r, "reference")
+        ops = {n.op for n in c.ir.nodes} - seen
+        c.destroy()
+        if ops:
+            names.append(r.name)
+            seen |= ops
+    return names
+
+
+@browser
+@pytest.mark.slow  # 17 s: the default run keeps the MLP above; CPython's tests/test_onnx.py runs every record
+def test_oracle_records_and_gpt2_on_the_cpu_backend(s):
+    import oracle
+    from webgrad.models import gpt2
+    names = _one_record_per_primitive()
+    got = s.run(f"import oracle\nawait oracle.run_records_collect({names!r}, 'wasm')", timeout=60)
+    for name in names:
+        assert got[name]["ok"], got[name].get("error")
+        g, want = got[name]["got"], oracle.run_webgrad(oracle.BY_NAME[name], "reference")
+        r = oracle.BY_NAME[name]
+        for key in ("out", "out_run"):
+            if g["out_dtype"] == "i32":
+                assert g[key] == want[key], name
+            else:
+                np.testing.assert_allclose(np.asarray(g[key], np.float64), want[key], equal_nan=True,
+                                           rtol=max(r.rtol, 1e-5), atol=max(r.atol, 1e-6), err_msg=name)
+        for p, v in want["grads"].items():
+            np.testing.assert_allclose(np.asarray(g["grads"][p], np.float64), v, equal_nan=True,
+                                       rtol=max(r.rtol, 1e-5), atol=max(r.atol, 1e-6), err_msg=f"{name} {p}")
+    ids = [1, 5, 2, 7, 3, 3, 9, 0]
+    out = s.run(f"""
+from webgrad.models import gpt2
+cfg = gpt2.GPT2Config(n_layer=2, n_head=2, n_embd=64, n_ctx=32, vocab_size=11, layer_norm_epsilon=1e-5)
+m = gpt2.GPT2.init_random(cfg, seed=3, backend="wasm")
+ids = {ids!r}
+full = m.forward(ids).tolist()
+c = m.new_cache()
+rows = m.logits_all_step(ids[:3], c).tolist() + [m.logits_step([t], c).tolist() for t in ids[3:]]
+[full, rows]
+""", timeout=60)
+    cfg = gpt2.GPT2Config(n_layer=2, n_head=2, n_embd=64, n_ctx=32, vocab_size=11, layer_norm_epsilon=1e-5)
+    want = np.asarray(gpt2.GPT2.init_random(cfg, seed=3, backend="reference").forward(ids))
+    np.testing.assert_allclose(out[0], want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out[1], want, rtol=1e-4, atol=1e-5)
+
+
+@browser
+def test_playground_mlp_example_runs_without_webgpu(s):
+    page = s.page
+    page.wait_for_function("window.playground && !['booting'].includes(window.playground.state)",
+                           timeout=60_000)
+    page.wait_for_selector("#nogpu:not([hidden])", timeout=30_000)  # set once requestAdapter answers
+    banner = page.eval_on_selector("#nogpu", "e => e.textContent")
+    assert "WebGPU is unavailable" in banner and 'backend="wasm"' in banner, banner
+    # the page opens with mlp_sin.py; selecting it again would reload the file, and a reload
+    # landing after the edit below would undo it
+    if page.eval_on_selector("#examples", "e => e.value") != "mlp_sin.py":
+        page.select_option("#examples", "mlp_sin.py")
+    page.wait_for_function("window.playground.code.includes('def fit(')")
+    # Stop mid-run: the parameters are those after a completed step, as the reference computes
+    # them (a step or two more than the page counted if the stop came between a step and its
+    # report reaching the page)
+    long_run = page.evaluate("window.playground.code").replace(
+        "losses = fit(c, draw_every=25)", "losses = fit(c, max_steps=10**6, target=0.0, draw_every=25)")
+    assert "10**6" in long_run
+    page.evaluate("(text) => { window.playground.code = text; }", long_run)
+    page.wait_for_selector("#run:not([disabled])")
+    page.click("#run")
+    page.wait_for_function("window.playground.losses.length >= 5", timeout=30_000)
+    page.click("#stop")
+    page.wait_for_function("['stopped', 'error', 'done'].includes(window.playground.state)",
+                           timeout=20_000)
+    assert page.evaluate("window.playground.state") == "stopped", page.eval_on_selector(
+        "#console", "e => e.textContent")
+    reported = len(page.evaluate("window.playground.losses"))
+    params = s.run("{k: list(map(float, v)) for k, v in c.download_params().items()}")
+    errors = {}
+    for k in (reported, reported + 1, reported + 2):
+        ref = _reference_params(k, 0)
+        errors[k] = max(float(np.max(np.abs(np.asarray(params[n]) - ref[n]))) for n in ref)
+    assert min(errors.values()) < 1e-4, errors
+    # then the example as it is, to its target
+    page.select_option("#examples", "mlp_sin.py")
+    page.wait_for_function("!window.playground.code.includes('10**6')")
+    page.click("#run")
+    page.wait_for_function("['done', 'error', 'stopped', 'dead'].includes(window.playground.state)",
+                           timeout=50_000)
+    console = page.eval_on_selector("#console", "e => e.textContent")
+    assert page.evaluate("window.playground.state") == "done", console
+    assert "compiled on wasm" in console and "reached loss" in console, console
+    losses = page.evaluate("window.playground.losses")
+    assert losses[-1] < 1e-3 < losses[0] / 100, losses[:3] + losses[-3:]
+    # the trained model (the worker's global `c`) predicts sin
+    xs = [-2.5 + 0.25 * k for k in range(21)]
+    pred = s.run("f = c.compile_forward(lambda m, inp: forward(m, inp['x']), inputs={'x': ([21, 1], 'f32')})\n"
+                 f"f.run({{'x': [[x] for x in {xs!r}]}}).tolist()")
+    for x, (p,) in zip(xs, pred):
+        assert abs(p - math.sin(x)) < 0.1, (x, p)
+
+
+DEMOS = {  # example -> (its STEPS line, a short run for the test)
+    "transformer_addition.py": ("STEPS = 1500", "STEPS = 3"),
+    "char_lm.py": ("STEPS = 3000", "STEPS = 2"),
+    "digits_convnet.py": ("STEPS = 600", "STEPS = 3"),
+}
+
+
+def _reference_losses(source: str) -> list[float]:
+    """The example's __main__ run in CPython on the reference executor: its reported losses."""
+    import sys
+    from webgrad import playground
+    got: list[dict] = []
+    argv, sys.argv = sys.argv, ["example", "reference"]
+    playground.set_listener(got.append)
+    try:
+        exec(compile(source, "example", "exec"), {"__name__": "__main__"})
+    finally:
+        playground.set_listener(None)
+        sys.argv = argv
+    return [e["loss"] for e in got if e.get("loss") is not None]
+
+
+@browser
+@pytest.mark.parametrize("example", [pytest.param(e, marks=pytest.mark.slow) if e == "char_lm.py"
+                                     else e for e in sorted(DEMOS)])  # char_lm: 33 s (its corpus, twice)
+def test_demo_runs_without_webgpu(s, example):
+    """Each demo, shortened to a few steps, runs in the page on the CPU backend; its losses are
+    those of the same source on the reference executor in CPython."""
+    page = s.page
+    page.wait_for_function("window.playground && !['booting', 'running'].includes(window.playground.state)",
+                           timeout=60_000)
+    page.select_option("#examples", example)
+    page.wait_for_function(f"window.playground.code.includes({DEMOS[example][0]!r})")
+    source = page.evaluate("window.playground.code").replace(*DEMOS[example])
+    page.evaluate("(t) => { window.playground.code = t; }", source)
+    page.click("#run")
+    page.wait_for_function("['done', 'error', 'stopped', 'dead'].includes(window.playground.state)",
+                           timeout=50_000)
+    console = page.eval_on_selector("#console", "e => e.textContent")
+    assert page.evaluate("window.playground.state") == "done", console
+    assert "compiled on wasm" in console, console
+    losses = page.evaluate("window.playground.losses")
+    want = _reference_losses(source)
+    assert len(losses) == len(want) == int(DEMOS[example][1].split("=")[1])
+    np.testing.assert_allclose(losses, want, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,245 @@
+"""ONNX export and the `wasm` backend, against onnx's checker and the reference executor.
+
+* every record of the op oracle (tests/oracle.py) runs on backend="wasm" (its graph exported
+  by webgrad/onnx and run by onnxruntime, PyPI's CPU build) and must equal the reference
+  executor's outputs and gradients within the record's tolerances; the random records give
+  the same bits. Each record's training graph also passes `onnx.checker` (full check, with
+  shape inference);
+* the exported training step of the MLP, run by onnxruntime directly (no webgrad in the
+  loop: the test feeds parameters and state and feeds the `<name>:new` outputs back), trains
+  as the reference executor does over several steps; the tiny transformer and a dropout
+  model train equally on backend="wasm";
+* a forward program's export (parameters embedded), GPT-2 tiny's logits and cached decode
+  (backend="wasm", and its exported file in onnxruntime), the Llama demo model's cached decode
+  and greedy generation, and a Q8_0 weight (decoded by the runtime, and at export) equal the
+  reference.
+"""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+import models
+import oracle
+import webgrad as wg
+from webgrad import Module, nn, ops, optim
+from webgrad.onnx import export_graph
+
+onnx = pytest.importorskip("onnx")
+ort = pytest.importorskip("onnxruntime")
+
+
+def check_model(model: bytes) -> None:
+    onnx.checker.check_model(onnx.load_from_string(model), full_check=True)
+
+
+def _close(got, want, rtol, atol, what):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True, err_msg=what)
+
+
+def _size(record) -> int:
+    return sum(int(np.prod(a.shape)) for a in record.args)
+
+
+# the records of large arguments exist for WGSL's tilings (the same ONNX operators run them):
+# slow cases here, where generating their inputs in pure Python costs most of their time
+RECORDS = [pytest.param(r, marks=pytest.mark.slow) if _size(r) > 9000 else r for r in oracle.RECORDS]
+
+
+@pytest.mark.parametrize("record", RECORDS, ids=lambda r: r.name)
+def test_oracle_records_equal_the_reference(record):
+    c, _ = oracle.compile_record(record, "reference")
+    try:
+        check_model(export_graph(c.ir).model)
+    finally:
+        c.destroy()
+    want = oracle.run_webgrad(record, "reference")
+    got = oracle.run_webgrad(record, "wasm")
+    tol = dict(rtol=max(record.rtol, 1e-5), atol=max(record.atol, 1e-6))
+    for key in ("out", "out_run"):
+        if got["out_dtype"] == "i32":
+            assert got[key] == want[key], f"{record.name}: {key}"
+        else:
+            _close(got[key], want[key], what=f"{record.name}: {key}", **tol)
+    _close([got["loss"], got["loss_run"]], [want["loss"], want["loss_run"]],
+           what=f"{record.name}: loss", rtol=tol["rtol"], atol=tol["atol"] * 100)
+    for name, g in want["grads"].items():
+        _close(got["grads"][name], g, what=f"{record.name}: gradient of {name}", **tol)
+
+
+def _ort_session(model: bytes):
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    return ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+
+
+def test_exported_training_step_trains_in_onnxruntime(tmp_path):
+    ref = models.compile_mlp("reference", seed=0)
+    path = tmp_path / "mlp_step.onnx"
+    ex = ref.export_onnx(str(path))
+    check_model(path.read_bytes())
+    assert {"loss", *(f"{n}:new" for n in ref.param_names)} <= {o.name for o in onnx.load(str(path)).graph.output}
+    sess = _ort_session(path.read_bytes())
+    # the state the reference holds before its first step: parameters, Adam's moments, step
+    state = {n: np.asarray(v, np.float32) for n, v in ref.download_params().items()}
+    for name in ex.persistent:
+        if name not in state:
+            state[name] = np.asarray(run_read(ref, name), np.float32)
+    rng = random.Random(1)
+    for _ in range(4):
+        batch = models.sin_batch(rng)
+        want = ref.step(batch)
+        feeds = {k: np.asarray(batch[k], np.float32) for k in ex.feeds}
+        names = ["loss", *ex.writebacks]
+        outs = dict(zip(names, sess.run(names, {**feeds, **{k: state[k] for k in ex.persistent}})))
+        np.testing.assert_allclose(outs["loss"], want, rtol=1e-5)
+        for o, buf in ex.writebacks.items():
+            state[buf] = outs[o]
+    for name, v in ref.download_params().items():
+        np.testing.assert_allclose(state[name], v, rtol=1e-5, atol=1e-6, err_msg=name)
+    assert float(state["step"]) == 4.0
+
+
+def run_read(c, name):
+    from webgrad.blocking import run_blocking
+    from webgrad.arrays import to_user
+    return to_user(run_blocking(c.backend.read(name)))
+
+
+class DropoutMLP(Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(3, 16)
+        self.fc2 = nn.Linear(16, 1)
+
+
+def dropout_loss(m, inp):
+    h = ops.dropout(ops.gelu(m.fc1(inp["x"])), 0.3)
+    d = m.fc2(h) - inp["y"]
+    return ops.sum_all(d * d)
+
+
+def test_training_on_wasm_equals_the_reference():
+    # the tiny transformer (cross entropy, attention, Adam) and a dropout model (the in-graph
+    # random numbers, keyed by the step counter): every loss and the final parameters
+    batch = models.reversal_batch(0)
+    runs = {}
+    for be in ("reference", "wasm"):
+        c = models.compile_transformer(be, seed=0)
+        runs[be] = ([c.step(batch) for _ in range(3)], c.download_params())
+    (lw, pw), (lr, pr) = runs["wasm"], runs["reference"]
+    np.testing.assert_allclose(lw, lr, rtol=1e-5)
+    for n in pr:
+        np.testing.assert_allclose(pw[n], pr[n], rtol=1e-4, atol=1e-5, err_msg=n)
+    rng = np.random.default_rng(0)
+    feed = {"x": rng.standard_normal((8, 3)).astype(np.float32),
+            "y": rng.standard_normal((8, 1)).astype(np.float32)}
+    losses = {}
+    for be in ("reference", "wasm"):
+        c = wg.compile_module(DropoutMLP, dropout_loss, inputs={"x": ([8, 3], "f32"), "y": ([8, 1], "f32")},
+                              optimizer=optim.SGD(lr=0.01), backend=be, seed=5)
+        losses[be] = [c.step(feed) for _ in range(4)]
+    np.testing.assert_allclose(losses["wasm"], losses["reference"], rtol=1e-5)
+    assert len(set(losses["wasm"])) == 4  # the masks (and so the losses) change every step
+
+
+def test_forward_program_export_embeds_the_parameters(tmp_path):
+    c = models.compile_mlp("reference", seed=3)
+    fwd = c.compile_forward(lambda m, f: models.mlp_forward(m, f["x"]), inputs={"x": ([5, 1], "f32")})
+    x = np.linspace(-3, 3, 5, dtype=np.float32).reshape(5, 1)
+    path = tmp_path / "mlp.onnx"
+    ex = fwd.export_onnx(str(path))
+    check_model(path.read_bytes())
+    assert list(ex.feeds) == ["x"] and not ex.persistent  # weights inside the file
+    got = _ort_session(path.read_bytes()).run(["output"], {"x": x})[0]
+    np.testing.assert_allclose(got, fwd.run({"x": x}), rtol=1e-5, atol=1e-6)
+
+
+def test_gpt2_tiny_logits_and_cached_decode(tmp_path):
+    from webgrad.models import gpt2
+    cfg = gpt2.GPT2Config(n_layer=2, n_head=2, n_embd=64, n_ctx=32, vocab_size=11,
+                          layer_norm_epsilon=1e-5)
+    ids = [1, 5, 2, 7, 3, 3, 9, 0]
+    ref, w = (gpt2.GPT2.init_random(cfg, seed=3, backend=b) for b in ("reference", "wasm"))
+    want = np.asarray(ref.forward(ids))
+    np.testing.assert_allclose(w.forward(ids), want, rtol=1e-4, atol=1e-5)
+    cache = w.new_cache()
+    rows = [w.logits_all_step(ids[:3], cache)] + [w.logits_step([t], cache)[None] for t in ids[3:]]
+    np.testing.assert_allclose(np.concatenate(rows), want, rtol=1e-4, atol=1e-5)
+    # the exported file alone: feed the ids, read the logits
+    path = tmp_path / "gpt2_tiny.onnx"
+    ref.export_onnx(str(path), n_tokens=len(ids))
+    check_model(path.read_bytes())
+    got = _ort_session(path.read_bytes()).run(["logits.0"], {"ids": np.asarray(ids, np.int32)})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_bad_export_arguments_are_refused():
+    c = models.compile_mlp("reference", seed=0)
+    with pytest.raises(ValueError, match="'step' or 'run'"):
+        c.export_onnx(program="train")
+
+    class Clash(Module):  # a parameter named as a feed: one ONNX input name for both
+        def __init__(self):
+            super().__init__()
+            self.x = self.param([2])
+
+    clash = wg.compile_forward(Clash, lambda m, f: m.x * f["x"], inputs={"x": [2]})
+    with pytest.raises(ValueError, match="both a feed and a persistent buffer.*rename the feed"):
+        clash.export_onnx(embed_params=False)
+
+
+def test_device_info_names_the_engine():
+    info = wg.device_info("wasm")
+    assert info == {"backend": "wasm", "engine": f"onnxruntime {ort.__version__} (CPU)",
+                    "reason": "asked for"}
+    assert wg.device_info("reference")["engine"] == "numpy"
+
+
+def test_quantized_weights_decoded_by_the_runtime_and_at_export(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    from webgrad import quants
+    from webgrad.compile import compile_forward
+
+    class M(Module):
+        def __init__(self):
+            super().__init__()
+            self.w = self.param([32, 4])
+            self.w.quant = quants.QuantSpec("Q8_0", (4, 32), transposed=True)
+            self.b = self.param([4])
+
+    W = (0.1 * np.random.default_rng(0).standard_normal((4, 32))).astype(np.float32)
+    raw = gguf.quants.quantize(W, gguf.GGMLQuantizationType.Q8_0)
+    words = np.frombuffer(quants.transcode("Q8_0", raw.tobytes()), dtype="<i4")
+    x = np.random.default_rng(1).standard_normal((2, 32)).astype(np.float32)
+    want = x.astype(np.float64) @ gguf.quants.dequantize(raw, gguf.GGMLQuantizationType.Q8_0).T + 0.5
+    for be in ("wasm", "reference"):
+        f = compile_forward(M, lambda m, fd: fd["x"] @ m.w + m.b, inputs={"x": [2, 32]}, backend=be)
+        f.upload_params({"w": words, "b": np.full(4, 0.5, np.float32)})
+        np.testing.assert_allclose(f.run({"x": x}), want, rtol=1e-5, atol=1e-6, err_msg=be)
+    path = tmp_path / "q8.onnx"
+    ex = f.export_onnx(str(path))
+    check_model(path.read_bytes())
+    assert not ex.dequantized and list(ex.feeds) == ["x"]  # decoded into an initializer
+    got = _ort_session(path.read_bytes()).run(["output"], {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_llama_cached_decode_and_greedy_generate(tmp_path):
+    from webgrad.models import llama_demo
+    ref, w = (llama_demo.model(seed=0, backend=b) for b in ("reference", "wasm"))
+    ids = [1, 5, 9, 3, 7]
+    want = np.asarray(ref.forward(ids))
+    np.testing.assert_allclose(w.forward(ids), want, rtol=1e-4, atol=1e-5)
+    cache = w.new_cache()
+    w.logits_step(ids[:3], cache)
+    np.testing.assert_allclose(w.logits_step(ids[3:], cache), want[-1], rtol=1e-4, atol=1e-5)
+    assert w.generate(ids, max_new_tokens=6, temperature=0) == ref.generate(ids, max_new_tokens=6, temperature=0)
+    # the decode step's file: the KV cache in and out
+    path = tmp_path / "llama_step.onnx"
+    ex = ref.export_onnx(str(path), n_tokens=1, program="step")
+    check_model(path.read_bytes())
+    assert ex.writebacks and all(o.endswith(":new") for o in ex.writebacks)

@@ -1,0 +1,78 @@
+// ONNX Runtime Web in the Pyodide worker: the engine of webgrad's CPU backend "wasm"
+// (pkg/webgrad/backends/onnx_runtime.py, whose _BrowserRuntime is the only caller).
+//
+// Python exports a program to ONNX (webgrad/onnx) and hands the model's bytes to create();
+// each step it passes the feeds and persistent buffers as tensors made by tensor() and gets
+// the requested outputs back as ort.Tensors (.data, .dims), which it keeps as the store's
+// buffers: parameters stay in JS between steps, only what a step returns is copied to
+// Python. The WebAssembly files come from /assets/ort/ (serve.py provisions the npm
+// package); threads are used where the page is cross-origin isolated.
+//
+//   await load()                      import the runtime (once); its description
+//   engine()                          "onnxruntime-web 1.30.0 (WebAssembly, SIMD, 4 threads)"
+//   tensor(dtype, bytes, dims)        a tensor of "f32"/"i32" values from their raw bytes
+//   await create(modelBytes)          a session id
+//   await run(id, inNames, inValues, outNames)   [ort.Tensor] of the outputs outNames
+//   release(id)                       drop a session
+
+const here = (path) => new URL(path, import.meta.url).href;
+let ort = null;
+let loading = null;
+const sessions = new Map();
+let nextId = 1;
+
+export async function load() {
+  if (!loading) {
+    loading = import(here("../assets/ort/ort.wasm.min.mjs")).then((m) => {
+      ort = m.default ?? m;
+      ort.env.wasm.wasmPaths = here("../assets/ort/");
+      ort.env.wasm.proxy = false;  // already off the main thread
+      ort.env.wasm.numThreads = self.crossOriginIsolated ?
+        Math.max(1, Math.min(4, (self.navigator.hardwareConcurrency || 2) >> 1)) : 1;
+      ort.env.logLevel = "error";
+      return engine();
+    });
+  }
+  return loading;
+}
+
+export function available() {
+  return ort !== null;
+}
+
+export function engine() {
+  if (!ort) return "onnxruntime-web (not loaded)";
+  return `onnxruntime-web ${ort.env.versions?.web ?? "?"} (WebAssembly, SIMD, ` +
+    `${ort.env.wasm.numThreads} thread${ort.env.wasm.numThreads === 1 ? "" : "s"})`;
+}
+
+export function tensor(dtype, bytes, dims) {
+  const buf = bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength);
+  const data = dtype === "f32" ? new Float32Array(buf) : new Int32Array(buf);
+  return new ort.Tensor(dtype === "f32" ? "float32" : "int32", data, Array.from(dims));
+}
+
+export async function create(model) {
+  await load();
+  const session = await ort.InferenceSession.create(model, {
+    executionProviders: ["wasm"], graphOptimizationLevel: "all", logSeverityLevel: 3,
+  });
+  const id = nextId++;
+  sessions.set(id, session);
+  return id;
+}
+
+export async function run(id, inNames, inValues, outNames) {
+  // arrays, not objects: one crossing from Python per argument, whatever the model's size
+  const session = sessions.get(id);
+  const feeds = {};
+  for (let i = 0; i < inNames.length; i++) feeds[inNames[i]] = inValues[i];
+  const res = await session.run(feeds, outNames);
+  return outNames.map((n) => res[n]);
+}
+
+export function release(id) {
+  const s = sessions.get(id);
+  sessions.delete(id);
+  if (s) s.release();
+}
