@@ -194,6 +194,35 @@ def round_f16_bytes(data: bytes) -> bytes:
     return struct.pack(f"<{n}f", *out)
 
 
+def f16_bytes(data: bytes) -> bytes:
+    """Little-endian f32 values as little-endian f16 bytes (nearest even, inf past 65504 +
+    half an ulp): how an f16 parameter held in an f16 buffer is written."""
+    try:
+        import numpy as np
+    except ImportError:
+        np = None
+    if np is not None:
+        with np.errstate(over="ignore"):
+            return np.frombuffer(data, "<f4").astype("<f2").tobytes()
+    import struct
+    n = len(data) // 4
+    vals = struct.unpack(f"<{n}f", round_f16_bytes(data))  # rounded: exact in f16
+    return struct.pack(f"<{n}e", *vals)
+
+
+def f32_from_f16_bytes(data: bytes) -> bytes:
+    """Little-endian f16 values widened (exactly) to little-endian f32 bytes."""
+    try:
+        import numpy as np
+    except ImportError:
+        np = None
+    if np is not None:
+        return np.frombuffer(data, "<f2").astype("<f4").tobytes()
+    import struct
+    n = len(data) // 2
+    return struct.pack(f"<{n}f", *struct.unpack(f"<{n}e", data))
+
+
 def half_feature_error(graph: Graph, features, adapter: str) -> str | None:
     """The error for a program holding f16 values on an adapter without shader-f16 (None
     when the program has none, or the adapter has the feature)."""

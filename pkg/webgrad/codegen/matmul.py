@@ -512,6 +512,9 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
     def reader(st, mode):  # at -> WGSL: an f32 load, a vec4 load, or a decode of blocks
         if mode is None:
             return operand_reader(kernel, st)
+        if st.dtype == "f16":  # four f16 values (8 bytes) widened to f32 as they are read
+            name = kernel.binding(st.buffer, "vec4_f16", what=st.what, nbytes=st.nbytes)
+            return lambda at: f"vec4<f32>({name}[({at}) >> 2u])"
         name = kernel.binding(st.buffer, "vec4_f32", what=st.what, nbytes=st.nbytes)
         return lambda at: f"{name}[({at}) >> 2u]"
     A, B = reader(sa, mode_a), reader(sb, mode_b)
