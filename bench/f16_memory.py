@@ -1,8 +1,8 @@
 """The bytes a GPT-2 training step's WebGPU plan holds, f32 against precision="mixed" with f16
 values in f32 buffers (the fallback: KernelOptions.f16_emulation, or an adapter without
 shader-f16) and with f16 storage (an adapter with shader-f16): the plan's buffer sizes, lowered
-device-free for the H200's limits (Dawn, shader-f16 offered). Also a GPT-2 decode step held in
-f16 (GPT2(dtype="f16"), precision="f16") against f32.
+device-free for the H200's limits (Dawn, shader-f16 offered). Also a GPT-2 decode step (one
+token, the cache in f32) held in f16 (GPT2(dtype="f16"), precision="f16") against f32.
 
     python bench/f16_memory.py                # bench/gpt2_train.py's tiny and small2 rows
     python bench/f16_memory.py --rows gpt2    # GPT-2 124M at 8 x 512 (a minute to lower)
@@ -68,16 +68,21 @@ def main() -> None:
         print(row_line(f"{row} train mixed, f16 in f32 buffers", in_f32, base))
         print(row_line(f"{row} train mixed, f16 storage", half, base), flush=True)
     from webgrad.models.gpt2 import GPT2, GPT2Config
-    cfg = GPT2Config(2, 2, 64, 32, 256, 1e-5, 255)
-    for dtype, precision in (("f32", "f32"), ("f16", "f16")):
-        model = GPT2(cfg, backend="reference", wte_chunks=1, dtype=dtype)
-        model.precision = precision
-        g = model._program("step", 1).ir
-        halves = [n for n, i in g.params.items() if g[i].dtype == "f16"]
-        r = report(g, limits(shader_f16=True), halves)
-        if dtype == "f32":
-            base = r["planned_bytes"]
-        print(row_line(f"tiny decode step, {dtype} weights, precision={precision}", r, base))
+    decode = {"tiny": GPT2Config(2, 2, 64, 32, 256, 1e-5, 255),
+              "gpt2": GPT2Config(12, 12, 768, 1024, 50257, 1e-5, 50256)}
+    for row in args.rows.split(","):
+        if row not in decode:
+            continue
+        for dtype, precision in (("f32", "f32"), ("f16", "f16")):
+            model = GPT2(decode[row], backend="reference", wte_chunks=1, dtype=dtype)
+            model.precision = precision
+            g = model._program("step", 1).ir
+            halves = [n for n, i in g.params.items() if g[i].dtype == "f16"]
+            r = report(g, limits(shader_f16=True), halves)
+            if dtype == "f32":
+                base = r["planned_bytes"]
+            print(row_line(f"{row} decode step, {dtype} weights, precision={precision}", r, base),
+                  flush=True)
 
 
 if __name__ == "__main__":

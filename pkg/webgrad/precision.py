@@ -99,7 +99,9 @@ def apply_precision(g: Graph, precision: str) -> tuple[Graph, dict[int, int]]:
             else:
                 ins = [as_f16(i) for i in n.inputs]
         nid = new.add(n.op, ins, n.shape, n.dtype, n.attrs, n.loc)
-        if _rounds(n, precision):
+        if _rounds(n, precision) and n.op == "cast" and g[n.inputs[0]].dtype == "f16":
+            half[n.id] = as_f16(n.inputs[0])  # an f16 value widened (an f16 weight): exact
+        elif _rounds(n, precision):
             half[n.id] = new.add("cast", [nid], n.shape, "f16", {"dtype": "f16"}, n.loc)
             nid = new.add("cast", [half[n.id]], n.shape, "f32", {"dtype": "f32"}, n.loc)
         val[n.id] = nid
