@@ -81,9 +81,18 @@ def apply_precision(g: Graph, precision: str) -> tuple[Graph, dict[int, int]]:
                 half[i] = val[i]
             elif n.op == "cast" and g[n.inputs[0]].dtype == "f16":  # an f16 value widened
                 half[i] = as_f16(n.inputs[0])
+            elif n.op in ("transpose", "reshape") and n.dtype == "f32" and held_f16(n.inputs[0]):
+                # a view of a value already held in f16 (an f16 weight's transpose in a tied
+                # LM head): the same view of the f16 value, not a rounded copy of the view
+                half[i] = new.add(n.op, [as_f16(n.inputs[0])], n.shape, "f16", n.attrs, n.loc)
             else:
                 half[i] = new.add("cast", [val[i]], n.shape, "f16", {"dtype": "f16"}, n.loc)
         return half[i]
+
+    def held_f16(i: int) -> bool:  # an f16 value of the traced graph, widened or viewed
+        n = g[i]
+        return n.dtype == "f16" or (n.op == "cast" and g[n.inputs[0]].dtype == "f16") \
+            or (n.op in ("transpose", "reshape") and held_f16(n.inputs[0]))
 
     def rounded_f32(i: int) -> int:  # the value rounded to f16, as an f32 node
         h = as_f16(i)
@@ -99,8 +108,10 @@ def apply_precision(g: Graph, precision: str) -> tuple[Graph, dict[int, int]]:
             else:
                 ins = [as_f16(i) for i in n.inputs]
         nid = new.add(n.op, ins, n.shape, n.dtype, n.attrs, n.loc)
-        if _rounds(n, precision) and n.op == "cast" and g[n.inputs[0]].dtype == "f16":
-            half[n.id] = as_f16(n.inputs[0])  # an f16 value widened (an f16 weight): exact
+        if _rounds(n, precision) and held_f16(n.id):
+            # an f16 value widened or viewed (an f16 weight, its transpose): already f16,
+            # so its rounding is itself (the f16 value, or the same view of it)
+            half[n.id] = as_f16(n.id)
         elif _rounds(n, precision):
             half[n.id] = new.add("cast", [nid], n.shape, "f16", {"dtype": "f16"}, n.loc)
             nid = new.add("cast", [half[n.id]], n.shape, "f32", {"dtype": "f32"}, n.loc)
