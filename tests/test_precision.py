@@ -493,12 +493,12 @@ def _odd_loss(m, f):
 
 
 @pytest.mark.webgpu
-@pytest.mark.parametrize("kernel", ["tiled", "direct"])
+@pytest.mark.parametrize("kernel", ["tiled", "tiled_vec4", "direct"])
 def test_f16_storage_on_native_adapter(kernel):
     """With shader-f16 (lavapipe through wgpu-native), a precision="mixed" training step keeps
     its f16 values in array<f16> buffers (odd element counts: 5 x 19 = 95 halves, padded),
-    each matmul (tiled and direct) reading its operands as f16 and storing its rounded result
-    in f16: the losses and parameters of three Adam
+    each matmul (tiled, tiled with vec4<f16> loads, direct) reading its operands as f16 and
+    storing its rounded result in f16: the losses and parameters of three Adam
     steps equal those of the same program with its f16 values in f32 buffers (the fallback,
     f16_emulation) bit for bit and are the reference executor's (which rounds at the same
     points in numpy), and the plan holds fewer bytes than the fallback's."""
@@ -511,11 +511,14 @@ def test_f16_storage_on_native_adapter(kernel):
         pytest.skip("this adapter has no shader-f16 (test_webgpu_needs_shader_f16 checks the error)")
     rng = np.random.RandomState(7)
     feed = {"x": rng.randn(5, 64).astype(np.float32), "y": rng.randn(5, 19).astype(np.float32)}
-    opts = KernelOptions(force_direct=kernel == "direct")
+    from webgrad.codegen.matmul import Config
+    vec4 = Config(4, 4, 16, vload=True) if kernel == "tiled_vec4" else None  # 64 x 64 tiles
+    opts = KernelOptions(force_direct=kernel == "direct", force_config=vec4)
     runs, reports = {}, {}
     for name, backend, kw in (("ref", "reference", {}), ("gpu", "webgpu", {"kernel_options": opts}),
                               ("emulated", "webgpu", {"kernel_options": KernelOptions(
-                                  force_direct=kernel == "direct", f16_emulation=True)})):
+                                  force_direct=kernel == "direct", force_config=vec4,
+                                  f16_emulation=True)})):
         m = wg.compile_module(_OddMLP, _odd_loss, inputs={"x": [5, 64], "y": [5, 19]},
                               optimizer=optim.Adam(lr=0.01), backend=backend, precision="mixed",
                               **kw)
@@ -527,8 +530,9 @@ def test_f16_storage_on_native_adapter(kernel):
             code = "\n".join(p["wgsl"] for p in exe.plan["pipelines"])
             if name == "gpu":
                 assert "array<f16>" in code and "enable f16;" in code
-                if kernel == "tiled":
+                if kernel != "direct":
                     assert " tile " in " ".join(exe.kernel_names)
+                assert ("array<vec4<f16>>" in code) == (kernel == "tiled_vec4")
             else:
                 assert "f16" not in code.replace("wg_round_f16", "")
     # the same kernels' sums rounded at the same points: f16 storage changes no value
