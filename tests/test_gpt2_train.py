@@ -206,8 +206,9 @@ def test_mixed_precision_loss_stays_within_1pct_of_f32_over_200_steps():
 @pytest.mark.slow
 @pytest.mark.webgpu
 def test_mixed_precision_on_webgpu_matches_the_reference():
-    """Five mixed-precision GPT-2 steps on the native adapter (lavapipe: f32(f16(x)) in f32
-    buffers) give the reference executor's losses (3.4e-5 apart on 2026-12-02)."""
+    """Five mixed-precision GPT-2 steps on the native adapter (lavapipe: shader-f16, so its
+    f16 values in f16 buffers) give the reference executor's losses (3.4e-5 apart on
+    2026-12-02 with f16 values in f32 buffers)."""
     if _backend() != "webgpu":
         pytest.skip("no native WebGPU adapter")
     b = 4

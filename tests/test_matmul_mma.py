@@ -238,3 +238,112 @@ def test_native_host_refuses_a_kernel_for_a_missing_feature():
             "commands": [{"op": "dispatch", "pipeline": 0, "bindings": [0, 1, 2], "workgroups": list(groups)}]}
     with pytest.raises(FeatureMissingError, match="chromium-experimental-subgroup-matrix"):
         host.load(plan)
+
+
+# ---------------------------------------------------------------- selection by the compiler
+
+class _PlanHost:
+    """A host that names its adapter, features and subgroup-matrix configurations, and
+    keeps the plan it is given instead of loading it."""
+    limits = None
+
+    def __init__(self, features, configs=()):
+        self.info, self.features = "NVIDIA H200 (DiscreteGPU)", frozenset(features)
+        self.subgroup_matrix_configs = list(configs)
+        self.plan = None
+
+    def load(self, plan):
+        self.plan = plan
+        raise _Planned
+
+
+class _Planned(Exception):
+    pass
+
+
+_MMA_FEATURES = ("shader-f16", "subgroups", "chromium-experimental-subgroup-matrix")
+_F16_CONFIG = {"component_type": "f16", "result_component_type": "f32", "m": 16, "n": 16,
+               "k": 16, "min_subgroup_size": 32, "max_subgroup_size": 32}
+
+
+def _mixed_plan(host, rows: int, epilogue: bool = False):
+    import webgrad as wg
+    from webgrad import Module, ops
+    from webgrad.backends.webgpu import WebGPUBackend
+
+    class Net(Module):
+        def __init__(self):
+            super().__init__()
+            self.W = self.param([64, 128])
+            self.b = self.param([128], init="zeros")
+
+        def __call__(self, x):
+            y = ops.matmul(x, self.W) + self.b  # the bias is added after the f16 rounding
+            # gelu: the output, written by the matmul's epilogue; softmax: a kernel of its own
+            return ops.gelu(y) if epilogue else ops.softmax_last(y)
+    with pytest.raises(_Planned):
+        wg.compile_forward(Net, lambda m, f: m(f["x"]), inputs={"x": [rows, 64]},
+                           backend=WebGPUBackend(host), precision="mixed")
+    return host.plan
+
+
+def _mma_pipelines(plan):
+    return [(c, plan["pipelines"][c["pipeline"]]["wgsl"]) for c in plan["commands"]
+            if c["op"] == "dispatch" and plan["pipelines"][c["pipeline"]]["wgsl"].startswith(
+                "// webgrad mma matmul")]
+
+
+def test_compiler_selects_the_mma_kernel_where_offered():
+    """A precision="mixed" product with f16 operands and no epilogue (its f16 result read by
+    a softmax) takes the subgroup-matrix kernel on an adapter whose Limits offer f16 x f16 ->
+    f32 at 16x16x16: C is its f16 buffer (2 bytes an element), and the WGSL the compiler
+    emitted, run by the emulator, is numpy's product. Without the feature (lavapipe,
+    SwiftShader), without an f32-accumulating configuration, with a shape no tiling divides,
+    or with an epilogue (the matmul's kernel writing the output's gelu), the tiled kernel
+    stays."""
+    host = _PlanHost(_MMA_FEATURES, [_F16_CONFIG])
+    plan = _mixed_plan(host, 64)
+    (cmd, wgsl), = _mma_pipelines(plan)
+    assert "-> f16" in wgsl.splitlines()[0]
+    a, b, c = cmd["bindings"]
+    assert [plan["buffers"][k]["size"] for k in (a, b, c)] == [2 * 64 * 64, 2 * 64 * 128, 2 * 64 * 128]
+    t = MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, out="f16")
+    assert f"{t}" in wgsl.splitlines()[0]
+    rng = np.random.default_rng(4)
+    A16 = rng.standard_normal((64, 64)).astype(np.float16)
+    B16 = rng.standard_normal((64, 128)).astype(np.float16)
+    got = emulate(wgsl, tuple(cmd["workgroups"]), t, A16, B16).reshape(64, 128).astype(np.float64)
+    want = A16.astype(np.float64) @ B16.astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3 * np.abs(want).max())
+    # the fallbacks: no subgroup matrices, no f16 -> f32 configuration, 60 rows, an epilogue
+    for h, rows, epilogue in ((_PlanHost(("shader-f16",)), 64, False),
+                          (_PlanHost(_MMA_FEATURES, [dict(_F16_CONFIG, result_component_type="f16")]), 64, False),
+                          (_PlanHost(_MMA_FEATURES, [_F16_CONFIG]), 60, False),
+                          (_PlanHost(_MMA_FEATURES, [_F16_CONFIG]), 64, True)):
+        plan = _mixed_plan(h, rows, epilogue)
+        assert not _mma_pipelines(plan), (rows, epilogue)
+        assert any("array<f16>" in p["wgsl"] and "matmul" in p["wgsl"].splitlines()[0]
+                   for p in plan["pipelines"])
+
+
+@pytest.mark.webgpu
+@pytest.mark.skipif(not backends.webgpu_available(), reason="no native WebGPU adapter")
+def test_native_adapter_without_subgroup_matrices_keeps_the_tiled_kernel():
+    """This machine's adapter (lavapipe: shader-f16, no subgroup matrices) never picks the
+    subgroup-matrix kernel for the same program, and computes the reference's values."""
+    import webgrad as wg
+    from webgrad import nn, ops
+    be = wg.backends.get_backend("webgpu")
+    if "shader-f16" not in (getattr(be.host, "features", None) or ()):
+        pytest.skip("this adapter has no shader-f16")
+    assert be.limits.subgroup_matrix == ()
+    x = np.random.default_rng(5).standard_normal((64, 64)).astype(np.float32)
+    outs = {}
+    for backend in ("reference", "webgpu"):
+        prog = wg.compile_forward(lambda: nn.Linear(64, 128, bias=False),
+                                  lambda m, f: ops.softmax_last(m(f["x"])), inputs={"x": [64, 64]},
+                                  backend=backend, precision="mixed")
+        outs[backend] = np.asarray(prog.run({"x": x}))
+        if backend == "webgpu":
+            assert not any("mma" in n for n in prog._prog.exe.kernel_names)
+    np.testing.assert_allclose(outs["webgpu"], outs["reference"], rtol=1e-5, atol=1e-6)

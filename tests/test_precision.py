@@ -477,3 +477,71 @@ def test_mixed_keeps_quantized_weights_decoded_in_the_matmul(backend):
     np.testing.assert_allclose(np.asarray(prog.run({"x": x})), want, rtol=2e-3, atol=1e-3)
     if backend != "reference":
         assert prog._prog.exe.memory_report()["pool_bytes"] < 64 * 32 * 4
+
+
+class _OddMLP(Module):
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2 = nn.Linear(64, 66), nn.Linear(66, 19)
+
+    def __call__(self, x):
+        return self.l2(ops.gelu(self.l1(x)))
+
+
+def _odd_loss(m, f):
+    return ops.mean_all((m(f["x"]) - f["y"]) ** 2)
+
+
+@pytest.mark.webgpu
+@pytest.mark.parametrize("kernel", ["tiled", "tiled_vec4", "direct"])
+def test_f16_storage_on_native_adapter(kernel):
+    """With shader-f16 (lavapipe through wgpu-native), a precision="mixed" training step keeps
+    its f16 values in array<f16> buffers (odd element counts: 5 x 19 = 95 halves, padded),
+    each matmul (tiled, tiled with vec4<f16> loads, direct) reading its operands as f16 and
+    storing its rounded result in f16: the losses and parameters of three Adam
+    steps equal those of the same program with its f16 values in f32 buffers (the fallback,
+    f16_emulation) bit for bit and are the reference executor's (which rounds at the same
+    points in numpy), and the plan holds fewer bytes than the fallback's."""
+    from backends import webgpu_available
+    from webgrad.codegen import KernelOptions
+    if not webgpu_available():
+        pytest.skip("no native WebGPU adapter")
+    be = wg.backends.get_backend("webgpu")
+    if "shader-f16" not in (getattr(be.host, "features", None) or ()):
+        pytest.skip("this adapter has no shader-f16 (test_webgpu_needs_shader_f16 checks the error)")
+    rng = np.random.RandomState(7)
+    feed = {"x": rng.randn(5, 64).astype(np.float32), "y": rng.randn(5, 19).astype(np.float32)}
+    from webgrad.codegen.matmul import Config
+    vec4 = Config(4, 4, 16, vload=True) if kernel == "tiled_vec4" else None  # 64 x 64 tiles
+    opts = KernelOptions(force_direct=kernel == "direct", force_config=vec4)
+    runs, reports = {}, {}
+    for name, backend, kw in (("ref", "reference", {}), ("gpu", "webgpu", {"kernel_options": opts}),
+                              ("emulated", "webgpu", {"kernel_options": KernelOptions(
+                                  force_direct=kernel == "direct", force_config=vec4,
+                                  f16_emulation=True)})):
+        m = wg.compile_module(_OddMLP, _odd_loss, inputs={"x": [5, 64], "y": [5, 19]},
+                              optimizer=optim.Adam(lr=0.01), backend=backend, precision="mixed",
+                              **kw)
+        runs[name] = [float(m.step(feed)) for _ in range(3)], {
+            k: np.asarray(v) for k, v in m.download_params().items()}
+        if backend != "reference":
+            exe = m._train.exe
+            reports[name] = exe.memory_report()
+            code = "\n".join(p["wgsl"] for p in exe.plan["pipelines"])
+            if name == "gpu":
+                assert "array<f16>" in code and "enable f16;" in code
+                if kernel != "direct":
+                    assert " tile " in " ".join(exe.kernel_names)
+                assert ("array<vec4<f16>>" in code) == (kernel == "tiled_vec4")
+            else:
+                assert "f16" not in code.replace("wg_round_f16", "")
+    # the same kernels' sums rounded at the same points: f16 storage changes no value
+    assert runs["gpu"][0] == runs["emulated"][0]
+    for k, v in runs["emulated"][1].items():
+        np.testing.assert_array_equal(runs["gpu"][1][k], v, err_msg=k)
+    # numpy sums in another order: an f16 rounding may flip by an ulp, and Adam amplifies it
+    np.testing.assert_allclose(runs["gpu"][0][0], runs["ref"][0][0], rtol=1e-6)
+    np.testing.assert_allclose(runs["gpu"][0], runs["ref"][0], rtol=1e-4)
+    for k, v in runs["ref"][1].items():
+        np.testing.assert_allclose(runs["gpu"][1][k], v, rtol=1e-3, atol=1e-4, err_msg=k)
+    assert reports["gpu"]["pool_bytes"] < reports["emulated"]["pool_bytes"]

@@ -81,9 +81,18 @@ def apply_precision(g: Graph, precision: str) -> tuple[Graph, dict[int, int]]:
                 half[i] = val[i]
             elif n.op == "cast" and g[n.inputs[0]].dtype == "f16":  # an f16 value widened
                 half[i] = as_f16(n.inputs[0])
+            elif n.op in ("transpose", "reshape") and n.dtype == "f32" and held_f16(n.inputs[0]):
+                # a view of a value already held in f16 (an f16 weight's transpose in a tied
+                # LM head): the same view of the f16 value, not a rounded copy of the view
+                half[i] = new.add(n.op, [as_f16(n.inputs[0])], n.shape, "f16", n.attrs, n.loc)
             else:
                 half[i] = new.add("cast", [val[i]], n.shape, "f16", {"dtype": "f16"}, n.loc)
         return half[i]
+
+    def held_f16(i: int) -> bool:  # an f16 value of the traced graph, widened or viewed
+        n = g[i]
+        return n.dtype == "f16" or (n.op == "cast" and g[n.inputs[0]].dtype == "f16") \
+            or (n.op in ("transpose", "reshape") and held_f16(n.inputs[0]))
 
     def rounded_f32(i: int) -> int:  # the value rounded to f16, as an f32 node
         h = as_f16(i)
@@ -99,7 +108,11 @@ def apply_precision(g: Graph, precision: str) -> tuple[Graph, dict[int, int]]:
             else:
                 ins = [as_f16(i) for i in n.inputs]
         nid = new.add(n.op, ins, n.shape, n.dtype, n.attrs, n.loc)
-        if _rounds(n, precision):
+        if _rounds(n, precision) and held_f16(n.id):
+            # an f16 value widened or viewed (an f16 weight, its transpose): already f16,
+            # so its rounding is itself (the f16 value, or the same view of it)
+            half[n.id] = as_f16(n.id)
+        elif _rounds(n, precision):
             half[n.id] = new.add("cast", [nid], n.shape, "f16", {"dtype": "f16"}, n.loc)
             nid = new.add("cast", [half[n.id]], n.shape, "f32", {"dtype": "f32"}, n.loc)
         val[n.id] = nid
@@ -192,6 +205,35 @@ def round_f16_bytes(data: bytes) -> bytes:
         except OverflowError:  # struct refuses what rounds past f16's largest finite value
             out.append(math.copysign(math.inf, v))
     return struct.pack(f"<{n}f", *out)
+
+
+def f16_bytes(data: bytes) -> bytes:
+    """Little-endian f32 values as little-endian f16 bytes (nearest even, inf past 65504 +
+    half an ulp): how an f16 parameter held in an f16 buffer is written."""
+    try:
+        import numpy as np
+    except ImportError:
+        np = None
+    if np is not None:
+        with np.errstate(over="ignore"):
+            return np.frombuffer(data, "<f4").astype("<f2").tobytes()
+    import struct
+    n = len(data) // 4
+    vals = struct.unpack(f"<{n}f", round_f16_bytes(data))  # rounded: exact in f16
+    return struct.pack(f"<{n}e", *vals)
+
+
+def f32_from_f16_bytes(data: bytes) -> bytes:
+    """Little-endian f16 values widened (exactly) to little-endian f32 bytes."""
+    try:
+        import numpy as np
+    except ImportError:
+        np = None
+    if np is not None:
+        return np.frombuffer(data, "<f2").astype("<f4").tobytes()
+    import struct
+    n = len(data) // 2
+    return struct.pack(f"<{n}f", *struct.unpack(f"<{n}e", data))
 
 
 def half_feature_error(graph: Graph, features, adapter: str) -> str | None:

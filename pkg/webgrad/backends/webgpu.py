@@ -22,7 +22,8 @@ from ..arrays import HostArray, device_result
 from ..blocking import run_blocking
 from ..codegen import LOWERED_OPS, Limits, lower
 from ..codegen.options import DEFAULT as DEFAULT_OPTIONS
-from ..precision import f16_in_f32, half_feature_error, round_f16_bytes
+from ..precision import (f16_bytes, f16_in_f32, f32_from_f16_bytes, half_feature_error,
+                         round_f16_bytes)
 from .base import Backend
 
 __all__ = ["WebGPUBackend", "WebGPUProgram", "LOWERED_OPS"]
@@ -46,13 +47,15 @@ class _Slot:
     dtype: str
     shadow: bytes | None = None        # value not yet on the GPU (None: zeros)
     home: tuple[int, int] | None = None  # (program, buffer id) once a program holds it
+    half: bool = False  # an f16 value held in an f16 buffer (2 bytes an element), else in f32
 
 
 def _f16_program(graph, features, adapter: str, emulate: bool):
     """A program holding f16 values (precision="mixed"/"f16") needs the adapter's shader-f16
-    (refused without it, unless KernelOptions.f16_emulation asks for the integer rounding);
-    the kernels round where the program says, holding the values in f32 buffers
-    (precision.f16_in_f32: f16 storage is not emitted yet)."""
+    (refused without it, unless KernelOptions.f16_emulation asks for the integer rounding).
+    Its f16 nodes become f32 ones (precision.f16_in_f32) whose casts round where the program
+    says; with shader-f16 (and no emulation) the casts' stored values and the f16
+    parameters live in f16 buffers (codegen/program.py's half_storage), else in f32 ones."""
     err = None if emulate else half_feature_error(graph, features, adapter or "(unnamed)")
     if err:
         raise RuntimeError(err)
@@ -82,6 +85,9 @@ class WebGPUBackend(Backend):
             for c in getattr(host, "subgroup_matrix_configs", ()) or ()
         ) if "chromium-experimental-subgroup-matrix" in features else ()
         self.limits.options = options or DEFAULT_OPTIONS
+        # f16 parameters in f16 buffers (half the bytes) where kernels may read f16: one
+        # choice for the backend, since its programs share the persistent buffers
+        self.half_params = self.limits.shader_f16 and not self.limits.options.f16_emulation
         self.uid = next(_uids)
         self.store: dict[str, _Slot] = {}
         self.programs: list[int] = []
@@ -92,7 +98,7 @@ class WebGPUBackend(Backend):
     def ensure(self, name, shape, dtype):
         if name in self.store:
             return False
-        self.store[name] = _Slot(tuple(shape), dtype)
+        self.store[name] = _Slot(tuple(shape), dtype, half=dtype == "f16" and self.half_params)
         return True
 
     def write(self, name, host):
@@ -102,7 +108,10 @@ class WebGPUBackend(Backend):
             raise ValueError(f"write of {len(data)} bytes into '{name}' {slot.dtype}{list(slot.shape)}")
         if not data:  # zero-size: never on the GPU (codegen/empty.py)
             return
-        if slot.dtype == "f16":  # held in an f32 buffer (precision.f16_in_f32), rounded
+        if slot.half:  # an f16 buffer: the values rounded to f16 bytes
+            data = f16_bytes(data)
+            data += bytes(-len(data) % 4)  # queue writes come in whole words (odd counts)
+        elif slot.dtype == "f16":  # held in an f32 buffer (precision.f16_in_f32), rounded
             data = round_f16_bytes(data)
         if slot.home is not None:
             self.host.write(slot.home[0], slot.home[1], data)
@@ -116,6 +125,8 @@ class WebGPUBackend(Backend):
             data = await self.host.read(*slot.home)
         else:
             data = slot.shadow if slot.shadow is not None else bytes(n)
+        if slot.half:  # f16 bytes (the buffer padded to 16 bytes) widened to f32
+            data = f32_from_f16_bytes(bytes(memoryview(data)[:2 * prod(slot.shape)]))
         dtype = "f32" if slot.dtype == "f16" else slot.dtype  # held in f32 (f16_in_f32)
         return device_result(data, 0, n, dtype, slot.shape)
 
@@ -174,8 +185,9 @@ class WebGPUBackend(Backend):
         graph = _f16_program(graph, getattr(self.host, "features", None), self.limits.adapter,
                              limits.options.f16_emulation)
         # a host that can start compiling kernels while the rest is lowered gets each new one
+        half = [name for name, slot in self.store.items() if slot.half]
         lowered, names = lower(graph, limits, self._key,
-                               on_pipeline=getattr(self.host, "prefetch", None))
+                               on_pipeline=getattr(self.host, "prefetch", None), half_names=half)
         program = self.host.load(lowered.plan)
         self.programs.append(program)
         for name, buf in lowered.persistent.items():

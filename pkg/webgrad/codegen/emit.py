@@ -42,7 +42,9 @@ def rule(*ops):
 
 @dataclass(frozen=True)
 class Storage:
-    """Where a tensor lives: a plan buffer, an element offset, its dtype."""
+    """Where a tensor lives: a plan buffer, an element offset, its dtype: the element type of
+    the buffer, "f16" for an f16 value stored in half the bytes (program.py's half_storage),
+    whose loads widen to f32 and whose stores round (the value computed is f32 text)."""
     buffer: int
     offset: int
     dtype: str
@@ -251,9 +253,13 @@ class Emitter:
         name = self.k.binding(st.buffer, st.dtype, what=st.what, nbytes=st.nbytes)
         flat = idx.flat(self)
         at = flat if st.offset == 0 else f"{st.offset}u + {flat}"
+        if st.dtype == "f16":
+            return self.let(f"f32({name}[{at}])")
         return self.let(f"{name}[{at}]")
 
     def store(self, st: Storage, flat: str, value: str) -> None:
         name = self.k.binding(st.buffer, st.dtype, write=True, what=st.what, nbytes=st.nbytes)
         at = flat if st.offset == 0 else f"{st.offset}u + {flat}"
+        if st.dtype == "f16":
+            value = f"f16({value})"
         self.emit(f"{name}[{at}] = {value};")

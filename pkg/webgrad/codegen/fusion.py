@@ -97,6 +97,7 @@ class Fusion:
         self.mat: set[int] = set()
         self.persist_leaf = {name: i for name, i in list(g.params.items()) + list(g.state.items())}
         self._classify()
+        self._half_results()
         self._fold_sums()
         self._matmul_operands()
         self._transposed_reads()
@@ -140,6 +141,18 @@ class Fusion:
                 raise FusionError(f"backend 'webgpu' cannot lower op {n.op!r} (%{n.id}){where}")
             if n.op == "dequantize" and not self.has_storage(n.inputs[0]):
                 self.mat.add(n.inputs[0])  # its readers decode the words from a buffer
+
+    def _half_results(self):
+        """Where f16 values are stored in f16 (the device has shader-f16, no f16_emulation:
+        program.half_storage), a kernel's result rounded to f16 (precision="mixed" rounds
+        every matmul's) is stored rounded: the kernel's epilogue writes 2 bytes an element,
+        its readers widen the f16 value, and the f32 result itself is never stored."""
+        if not self.limits.shader_f16 or self.limits.options.f16_emulation:
+            return
+        g = self.g
+        for n in g.nodes:
+            if n.op == "cast" and n.attrs.get("dtype") == "f16" and g[n.inputs[0]].op in KERNEL_OPS:
+                self.mat.add(n.id)
 
     def _fold_sums(self):
         """sum(sum(x, A1), A2) is one reduction of x over both sets of axes when nothing

@@ -80,6 +80,7 @@ from math import prod
 
 from .emit import STORE_LINE
 from .layout import digits_addr
+from .matmul_mma import mma_matmul_wgsl, tiling_for
 from .quant import QuantOperand, group_helpers, operand_reader
 from .options import DEFAULT, KernelOptions
 from .wgsl import CPU_LOOP_ITERATIONS, BindingTypeClash, thread_xy
@@ -474,6 +475,10 @@ def build_matmul(ctx, config: Config | None = None) -> list:
     M, K, N = ash[-2], ash[-1], bsh[-1]
     batch = tuple(node.shape[:-2])
     nb = prod(batch)
+    if config is None:
+        mma = _build_mma(ctx, node, (sa, offa, dima, ash), (sb, offb, dimb, bsh))
+        if mma is not None:
+            return mma
     cfg = config or group_config(ctx.limits, M, K, N, nb, prod(bsh[:-2]) == 1)
     if cfg is None:
         return _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh)
@@ -486,6 +491,41 @@ def build_matmul(ctx, config: Config | None = None) -> list:
         if not cfg.vload:
             raise
         return _build_tiled(ctx, node, replace(cfg, vload=False), *ops)
+
+
+def _build_mma(ctx, node, opa, opb) -> list | None:
+    """The subgroup-matrix kernel (matmul_mma.py: tensor cores, f16 operands, f32
+    accumulation) for a product it can take, else None (the tiled or direct kernel then):
+    the device offers f16 x f16 -> f32 subgroup matrices at a tiling that divides the shape
+    (matmul_mma.tiling_for), both operands are f16 in storage, row-major and unbatched,
+    and the group has no epilogue: it stores the product itself (C in f32) or only its f16
+    rounding (C in f16, as precision="mixed" stores every product), and nothing else."""
+    (sa, offa, dima, ash), (sb, offb, dimb, bsh) = opa, opb
+    if len(node.shape) != 2 or len(ash) != 2 or len(bsh) != 2 or not ctx.limits.subgroup_matrix:
+        return None
+    if isinstance(sa, QuantOperand) or isinstance(sb, QuantOperand) or "f16" != sa.dtype or \
+            sb.dtype != "f16" or offa or offb:
+        return None
+    (M, K), N = ash, bsh[-1]
+    if [list(d) for d in dima] != [[(M, K)], [(K, 1)]] or [list(d) for d in dimb] != [[(K, N)], [(N, 1)]]:
+        return None
+    if ctx.scratch or ctx.operand_sum or ctx.output_sums or ctx.writes_pieces:
+        return None
+    g = ctx.g
+    if ctx.outs == [node.id]:
+        out = "f32"
+    elif (len(ctx.outs) == 1 and g[ctx.outs[0]].op == "cast" and list(g[ctx.outs[0]].inputs) == [node.id]
+          and g[ctx.outs[0]].attrs.get("dtype") == "f16" and ctx.storage(ctx.outs[0]).dtype == "f16"):
+        out = "f16"
+    else:
+        return None
+    t = tiling_for(ctx.limits, M, N, K, out)
+    if t is None:
+        return None
+    wgsl, groups = mma_matmul_wgsl(M, N, K, t, ctx.limits.max_compute_workgroup_storage_size)
+    c = ctx.storage(ctx.outs[0])
+    return [{"wgsl": wgsl, "bindings": [sa.buffer, sb.buffer, c.buffer], "workgroups": list(groups),
+             "name": f"matmul {M}x{N} K={K} mma {t.bm}x{t.bn}x{t.bk} -> {out}"}]
 
 
 def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
@@ -520,6 +560,9 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
     def reader(st, mode):  # at -> WGSL: an f32 load, a vec4 load, or a decode of blocks
         if mode is None:
             return operand_reader(kernel, st)
+        if st.dtype == "f16":  # four f16 values (8 bytes) widened to f32 as they are read
+            name = kernel.binding(st.buffer, "vec4_f16", what=st.what, nbytes=st.nbytes)
+            return lambda at: f"vec4<f32>({name}[({at}) >> 2u])"
         name = kernel.binding(st.buffer, "vec4_f32", what=st.what, nbytes=st.nbytes)
         return lambda at: f"{name}[({at}) >> 2u]"
     A, B = reader(sa, mode_a), reader(sb, mode_b)

@@ -229,11 +229,36 @@ def check_index_range(g) -> None:
                 "(sum over a smaller broadcast, or sum the factors first)")
 
 
+def half_storage(g, fu, limits: Limits, half_names=()) -> set[int]:
+    """The nodes stored as f16 (`array<f16>`, 2 bytes an element; loads widen to f32, stores
+    round: emit.py): the persistent values named in half_names (f16 parameters, which the
+    backend holds in f16 buffers), and, where the device has shader-f16 and
+    KernelOptions.f16_emulation is off, every stored temporary that is a cast to f16 (the
+    graph holds f16 values as f32 nodes, precision.f16_in_f32; a cast's attrs keep "f16").
+    Values read back or copied into the persistent store at the end of the step stay f32
+    (the host reads f32), as do values written in place into a persistent f32 buffer."""
+    out = {i for name, i in list(g.params.items()) + list(g.state.items()) if name in half_names}
+    if not limits.shader_f16 or limits.options.f16_emulation:
+        return out
+    keep = {fu.storage_base(r) for r in list(g.outputs.values()) + list(g.writebacks.values())}
+    keep |= {s for s, _ in fu.end_copies}
+    keep |= set(fu.inplace)
+    for n in fu.needs_storage():
+        node = g[n]
+        if node.op == "cast" and node.attrs.get("dtype") == "f16" and n not in keep:
+            out.add(n)
+    return out
+
+
 class _Lowering:
-    def __init__(self, graph, limits: Limits, persist_key):
+    def __init__(self, graph, limits: Limits, persist_key, half_names=()):
         self.g, self.limits = graph, limits
         check_index_range(graph)
         self.fu = fu = plan_fusion(graph, limits)
+        self.half = half = half_storage(graph, fu, limits, half_names)
+
+        def nbytes_of(n):  # an f16-stored value takes 2 bytes an element (align() pads)
+            return (2 if n in half else 4) * g[n].size
         self.buffers: list[dict] = []
         self.storage: dict[int, Storage] = {}
         self.scratch: dict[int, list[Storage]] = {}
@@ -258,8 +283,9 @@ class _Lowering:
 
         def st(n, buf, what=None):
             node = g[n]
-            check(n, 4 * node.size)
-            self.storage[n] = Storage(buf, 0, node.dtype, 4 * node.size, what or describe(node))
+            check(n, nbytes_of(n))
+            self.storage[n] = Storage(buf, 0, "f16" if n in half else node.dtype, nbytes_of(n),
+                                      what or describe(node))
 
         # persistent store: params, state, every writeback target
         pshape = {}
@@ -268,7 +294,7 @@ class _Lowering:
         for name, i in g.writebacks.items():
             pshape.setdefault(name, g[i])
         for name, node in pshape.items():
-            self.persistent[name] = new_buffer(4 * node.size, f"{name}",
+            self.persistent[name] = new_buffer((2 if name in half_names else 4) * node.size, f"{name}",
                                                persistent=persist_key(name))
         for name, i in list(g.params.items()) + list(g.state.items()):
             st(i, self.persistent[name])
@@ -295,9 +321,9 @@ class _Lowering:
         fetched = {fu.storage_base(r) for r in g.outputs.values()}
         ends = fetched | {s for s, _ in fu.end_copies}
         lives = []
-        donors = _donors(fu, need, pos, last, ends)
+        donors = _donors(fu, need, pos, last, ends, half)
         for n in sorted(need):
-            check(n, 4 * g[n].size)
+            check(n, nbytes_of(n))
             if n in fetched:  # read back after the step: a buffer of its own, exactly its size,
                 # since hosts read whole buffers (a scalar loss in a 500 MB pool slot cost GPT-2
                 # 0.5 s a step in copies)
@@ -306,7 +332,7 @@ class _Lowering:
             first = pos[fu.group_of[n]]
             if fu.group_of[n] in fu.assembled_groups:  # written by its pieces' kernels
                 first = min(pos[h] for h in fu.assembled_groups[fu.group_of[n]])
-            lives.append(Live(("t", n), 4 * g[n].size, first, END if n in ends else last.get(n, first),
+            lives.append(Live(("t", n), nbytes_of(n), first, END if n in ends else last.get(n, first),
                               ("t", donors[n]) if n in donors else None))
         scratch_dtype = {}
         # a sum taken by a weight gradient's kernel (fusion.operand_sums): its K-chunk
@@ -415,7 +441,7 @@ class _Lowering:
                        report, writers, kernels, pool=pool), names
 
 
-def _donors(fu, need, pos, last, ends) -> dict[int, int]:
+def _donors(fu, need, pos, last, ends, half=frozenset()) -> dict[int, int]:
     """Output -> a temporary of the same size and dtype whose buffer it may take over: the
     group writing the output is the temporary's last reader and reads it only at the
     index it writes (fusion.loads' identity flag), so each thread reads its element before
@@ -431,7 +457,7 @@ def _donors(fu, need, pos, last, ends) -> dict[int, int]:
             if n not in need:
                 continue
             for s in cands:
-                if g[s].dtype == g[n].dtype and g[s].size == g[n].size:
+                if g[s].dtype == g[n].dtype and g[s].size == g[n].size and (s in half) == (n in half):
                     out[n] = s
                     cands.remove(s)
                     break
@@ -478,16 +504,17 @@ def _build_group(ctx: GroupCtx) -> list[dict]:
 
 
 def lower(graph, limits: Limits | None = None, persist_key=lambda name: name, *,
-          on_pipeline=None):
+          on_pipeline=None, half_names=()):
     """Compile a Graph into (Lowered, kernel names). on_pipeline(wgsl), if given, is called
-    with each distinct kernel text as soon as it is emitted (NativeHost.prefetch)."""
+    with each distinct kernel text as soon as it is emitted (NativeHost.prefetch).
+    half_names: the persistent values (params, state) whose buffers hold f16 (half_storage)."""
     limits = limits or Limits()
     graph, empty = strip_empty(graph)  # zero-size tensors: nothing to compute or bind
     graph = rewrite_attention(graph, limits)  # fused attention kernels (attention_match.py)
     if limits.options.fuse_rows:  # cross entropy, layer-norm backward (rowfuse_match.py)
         graph = rewrite_rows(graph)
     graph = align_products(graph, limits)  # vocabulary-wide products padded (align_match.py)
-    low = _Lowering(graph, limits, persist_key)
+    low = _Lowering(graph, limits, persist_key, frozenset(half_names))
     lowered, names = low.build(on_pipeline)
     lowered.empty_outputs = empty
     return lowered, names

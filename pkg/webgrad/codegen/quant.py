@@ -78,7 +78,9 @@ def operand_reader(kernel, st):
     if isinstance(st, QuantOperand):
         fn = helper(kernel, st.words, st.qtype, st.n)
         return lambda at: f"{fn}({at})"
-    name = kernel.binding(st.buffer, "f32", what=st.what, nbytes=st.nbytes)
+    name = kernel.binding(st.buffer, st.dtype, what=st.what, nbytes=st.nbytes)
+    if st.dtype == "f16":  # f16 storage, widened as it is read (f32 math)
+        return lambda at: f"f32({name}[{at}])"
     return lambda at: f"{name}[{at}]"
 
 

@@ -129,7 +129,7 @@ def lit(v, dtype: str) -> str:
 
 def wgsl_type(dtype: str) -> str:
     return {"f32": "f32", "i32": "i32", "u32": "u32", "atomic_u32": "atomic<u32>",
-            "vec4_f32": "vec4<f32>"}[dtype]
+            "vec4_f32": "vec4<f32>", "f16": "f16", "vec4_f16": "vec4<f16>"}[dtype]
 
 
 def zero(dtype: str) -> str:
@@ -193,6 +193,8 @@ class Kernel:
             k = len(self.bindings)
             self._by_buffer[buffer] = k
             self.bindings.append(Binding(buffer, wgsl_type(dtype), write, what))
+            if dtype in ("f16", "vec4_f16"):  # f16 storage (program.py's half_storage)
+                self.f16 = True
         else:
             b = self.bindings[k]
             b.write = b.write or write

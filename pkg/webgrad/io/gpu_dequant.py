@@ -77,7 +77,8 @@ async def write_async(backend, name: str, tensor, *, transpose: bool = False) ->
         raise ValueError(f"gpu_dequant.write: {tensor.name!r} {tensor.type_name}{list(shape)}"
                          f"{' transposed' if transpose else ''} does not fit parameter {name!r} "
                          f"{list(have)}")
-    if not backend.runs_plans or tensor.type_name not in SUPPORTED:
+    if not backend.runs_plans or tensor.type_name not in SUPPORTED or getattr(slot, "half", False):
+        # (an f16 buffer: the decoders write f32, so the host decodes and write() rounds)
         h = tensor.dequantize()
         if transpose:
             h = transpose2d(h)
