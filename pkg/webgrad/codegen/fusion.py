@@ -582,7 +582,7 @@ class Fusion:
                 continue
             M, K, N, nb, shared_b = matmul_dims(g, self, m)
             cfg = group_config(self.limits, M, K, N, nb, shared_b)
-            if cfg is None or nb != 1:
+            if cfg is None or cfg.gemv or nb != 1:  # the kernels that take no sums
                 continue
             if cfg.splits == 1 and self.binding_estimate(G.outputs, self.loads(gid)) + 1 > limit:
                 continue  # the partials' binding beside the epilogue's would be one too many
@@ -664,7 +664,7 @@ class Fusion:
                 continue  # read elsewhere than at its own index; or a parameter written in
                 # place, whose readers _inplace ordered before its writer
             cfg = group_config(self.limits, *matmul_dims(g, self, mm))
-            if cfg is None or self.depends(mg, gid):
+            if cfg is None or cfg.gemv or self.depends(mg, gid):
                 continue
             ups = {self.group_of[c] for c in leaves if c in self.group_of}
             if any(self.depends(u, mg) or u == gid for u in ups):
