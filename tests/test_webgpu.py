@@ -954,7 +954,7 @@ def test_every_kernel_compiles_in_chromium(browser_session, every_kernel, part):
 
 # ---------------------------------------------------------------- the matrix-vector kernel
 
-GEMV = KernelOptions(force_gemv=True)
+GEMV = KernelOptions(force_gemv=True, gemv_n_fast=True)
 # (x shape, w shape, how w is read, bias): C = x @ B + bias. "t": B = swap_axes(w) of a
 # [N, K] weight (K of stride 1: 32 lanes per column, vec4 where K % 4 == 0); "n": B = w of
 # [K, N] (N of stride 1: 32 adjacent columns per workgroup); N divides no workgroup's columns
@@ -993,9 +993,12 @@ def test_gemv_kernel_matches_numpy(case):
 
 def test_gemv_kernel_takes_only_few_rows():
     """More rows of C than KernelOptions.gemv_rows keep the adapter's kernel; gemv_rows
-    0 turns the form off."""
-    for xs, opts, want in (([5, 32], GEMV, False), ([4, 32], GEMV, True),
-                           ([1, 32], KernelOptions(force_gemv=True, gemv_rows=0), False)):
-        f = forward(lambda x, w: x @ w, {"x": xs, "w": [32, 8]}, options=opts)
+    0 turns the form off; a B whose N axis has stride 1 takes it only with gemv_n_fast."""
+    n_fast_off = KernelOptions(force_gemv=True)
+    for xs, opts, want, how in (([5, 32], GEMV, False, "n"), ([4, 32], GEMV, True, "n"),
+                                ([1, 32], KernelOptions(force_gemv=True, gemv_rows=0), False, "t"),
+                                ([1, 32], n_fast_off, False, "n"), ([1, 32], n_fast_off, True, "t")):
+        f = forward((lambda x, w: x @ w) if how == "n" else (lambda x, w: x @ ops.swap_axes(w, 0, 1)),
+                    {"x": xs, "w": [32, 8] if how == "n" else [8, 32]}, options=opts)
         names = [n for n in exe(f).kernel_names if n.startswith("matmul")]
         assert any(" gemv " in n for n in names) == want, (xs, names)

@@ -55,7 +55,7 @@ from . import elementwise
 from .elementwise import ELEMENTWISE_OPS, const_fill
 from .emit import EXPR_RULES
 from .layout import canon_digits, merge_batch_into_k, strided_view, swaps_last_two
-from .matmul import group_config, matmul_dims
+from .matmul import b_k_fast, group_config, matmul_dims
 from .quant import quant_base
 from .reduce import REDUCE_OPS, ROW_OPS, ReduceShape, scratch_specs
 from .rowfuse_match import ROW_KERNEL_OPS
@@ -581,7 +581,7 @@ class Fusion:
             if m is None or (g[m].op != "matmul" and m not in self.matmul_fold):
                 continue
             M, K, N, nb, shared_b = matmul_dims(g, self, m)
-            cfg = group_config(self.limits, M, K, N, nb, shared_b)
+            cfg = group_config(self.limits, M, K, N, nb, shared_b, b_k_fast(g, self, m))
             if cfg is None or cfg.gemv or nb != 1:  # the kernels that take no sums
                 continue
             if cfg.splits == 1 and self.binding_estimate(G.outputs, self.loads(gid)) + 1 > limit:
@@ -663,7 +663,7 @@ class Fusion:
             if not ident or g[mm].shape != xs or leaves & written:
                 continue  # read elsewhere than at its own index; or a parameter written in
                 # place, whose readers _inplace ordered before its writer
-            cfg = group_config(self.limits, *matmul_dims(g, self, mm))
+            cfg = group_config(self.limits, *matmul_dims(g, self, mm), b_k_fast(g, self, mm))
             if cfg is None or cfg.gemv or self.depends(mg, gid):
                 continue
             ups = {self.group_of[c] for c in leaves if c in self.group_of}

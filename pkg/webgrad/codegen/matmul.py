@@ -79,7 +79,7 @@ from dataclasses import dataclass, replace
 from math import prod
 
 from .emit import STORE_LINE
-from .layout import digits_addr
+from .layout import digits_addr, strided_view
 from .quant import QuantOperand, group_helpers, operand_reader
 from .options import DEFAULT, KernelOptions
 from .wgsl import CPU_LOOP_ITERATIONS, BindingTypeClash, thread_xy
@@ -421,7 +421,7 @@ def matmul_dims(g, fu, main: int) -> tuple[int, int, int, int, bool]:
 
 
 def group_config(limits, M: int, K: int, N: int, nb: int,
-                 shared_b: bool = False) -> Config | None:
+                 shared_b: bool = False, k_fast: bool | None = None) -> Config | None:
     """The tiled kernel's configuration for these dims on this adapter (None: the
     barrier-free kernel). One function for the builder and the scratch planner.
 
@@ -429,7 +429,7 @@ def group_config(limits, M: int, K: int, N: int, nb: int,
     [K, N] product to the tiling table: its tile class is that of the whole, not of one
     batch element (which would take the "batched" class of attention's small products:
     small64's [64 x 256 x 1536] @ [1536 x 512] ran on 64 x 64 tiles)."""
-    if use_gemv(limits, M, K, nb, shared_b):
+    if use_gemv(limits, M, K, nb, shared_b, k_fast):
         return GEMV
     if use_direct(limits.cpu, limits.options):
         return None
@@ -448,7 +448,8 @@ GEMV = Config(1, 1, 1, gemv=True)
 GEMV_WG = 256  # threads per workgroup of the matrix-vector kernel
 
 
-def use_gemv(limits, M: int, K: int, nb: int, shared_b: bool) -> bool:
+def use_gemv(limits, M: int, K: int, nb: int, shared_b: bool,
+             k_fast: bool | None = None) -> bool:
     """Whether an [nb x] [M, K] @ [K, N] product takes the matrix-vector kernel: at most
     KernelOptions.gemv_rows rows of C in all against one B (a decoding step's Linear layers
     and LM head, M = 1), on GPUs (KernelOptions.force_gemv: on any adapter / none).
@@ -456,8 +457,17 @@ def use_gemv(limits, M: int, K: int, nb: int, shared_b: bool) -> bool:
     Through the tiled kernel such a product ran on 16 x 16-thread tiles of which one row of
     threads had a row of C, split over K with a second kernel adding the chunks: a step of
     the Llama-3.2-1B-shaped decode took 8.8 ms for 4.9 GB of weights that stream in ~1 ms
-    on an H200 (bench/README.md, llama_decode.py)."""
+    on an H200 (bench/README.md, llama_decode.py).
+
+    k_fast: B's K axis has stride 1 (x @ W^T of an [out, in] weight; None: not known, as
+    for fusion's questions, which only ask whether the kernel takes sums). Products whose B
+    is laid out otherwise (GPT-2's [in, out] Conv1D weights) take it only with
+    KernelOptions.gemv_n_fast: there a workgroup's 32 columns are all the lanes of a warp
+    can share, too few workgroups for the GPU (GPT-2 124M's decode ran 236 tokens/s
+    through it against 410 on the tiled and split products, H200, 2026-12-02)."""
     opts = limits.options
+    if k_fast is False and not opts.gemv_n_fast:
+        return False
     if opts.force_config is not None or opts.force_gemv is False or not opts.gemv_rows:
         return False
     if opts.force_direct is not None and opts.force_gemv is None:
@@ -484,10 +494,19 @@ def cpu_splits(K: int) -> tuple[int, int]:
     return -(-K // KS), KS
 
 
+def b_k_fast(g, fu, main: int) -> bool:
+    """Does the matmul group's B have its K axis of stride 1 (group_config's k_fast)?"""
+    if main in fu.matmul_fold:
+        return False
+    i = g[main].inputs[1]
+    view = strided_view(g, i, fu.operand_base)
+    return view is not None and _canon_digits(view[2][-2]) == [(g[i].shape[-2], 1)]
+
+
 def matmul_scratch_bytes(g, fu, main: int, limits) -> int:
     """Partial sums of a split-K matmul: splits x batch x M x N floats (0: no split)."""
     M, K, N, nb, shared_b = matmul_dims(g, fu, main)
-    cfg = group_config(limits, M, K, N, nb, shared_b)
+    cfg = group_config(limits, M, K, N, nb, shared_b, b_k_fast(g, fu, main))
     S = cfg.splits if cfg is not None else cpu_splits(K)[0]
     return 4 * S * nb * M * N if S > 1 else 0
 
@@ -498,7 +517,8 @@ def build_matmul(ctx, config: Config | None = None) -> list:
     M, K, N = ash[-2], ash[-1], bsh[-1]
     batch = tuple(node.shape[:-2])
     nb = prod(batch)
-    cfg = config or group_config(ctx.limits, M, K, N, nb, prod(bsh[:-2]) == 1)
+    cfg = config or group_config(ctx.limits, M, K, N, nb, prod(bsh[:-2]) == 1,
+                                 _canon_digits(dimb[-2]) == [(K, 1)])
     if cfg is None:
         return _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh)
     ops = (sa, offa, dima, ash), (sb, offb, dimb, bsh)
@@ -1199,4 +1219,4 @@ def _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh) -> list:
 
 
 __all__ = ["Config", "choose_config", "build_matmul", "use_direct", "use_gemv", "group_config",
-           "ADAPTER_TILINGS", "matmul_dims", "matmul_scratch_bytes"]
+           "ADAPTER_TILINGS", "matmul_dims", "matmul_scratch_bytes", "b_k_fast"]

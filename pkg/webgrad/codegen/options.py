@@ -60,6 +60,8 @@ class KernelOptions:
     # True / False: the matrix-vector kernel for such products on any adapter (CPU ones too) /
     # on none; None: GPUs only, unless force_direct names a kernel
     force_gemv: bool | None = None
+    # ... also where B's N axis (not K) has stride 1 (matmul.use_gemv says why not by default)
+    gemv_n_fast: bool = False
     # adapters (substrings of Limits.adapter, lower case) whose small direct products take
     # small_block (SwiftShader: pipeline creation grows with the unrolled block)
     small_block_adapters: tuple = ("swiftshader",)
