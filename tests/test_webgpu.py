@@ -1002,3 +1002,12 @@ def test_gemv_kernel_takes_only_few_rows():
                     {"x": xs, "w": [32, 8] if how == "n" else [8, 32]}, options=opts)
         names = [n for n in exe(f).kernel_names if n.startswith("matmul")]
         assert any(" gemv " in n for n in names) == want, (xs, names)
+
+
+def test_gemv_kernel_in_a_training_step():
+    """The oracle's matmul/2d record (C of 3 rows) with its gradients, the products of few
+    rows through the matrix-vector kernel (N of stride 1 too): equal to the oracle's."""
+    record = oracle.BY_NAME["matmul/2d"]
+    names = [n for n in _lowered_kernel_names(record, GEMV) if n.startswith("matmul")]
+    assert any(" gemv " in n for n in names), names
+    oracle.check(record, "webgpu", GEMV)
