@@ -133,6 +133,18 @@ def run_browser(args, cfg_kw):
     print(f"webgrad tokens/s: {tps:.1f}")
 
 
+def set_kernel_options(items) -> None:
+    """Make `items` ("NAME=VALUE") the default kernel options of native WebGPU backends
+    created from here on (before the first program: the backend is made once)."""
+    if not items:
+        return
+    from webgrad.backends import webgpu
+    from webgrad.codegen.options import with_setting
+    for item in items:
+        webgpu.DEFAULT_OPTIONS = with_setting(webgpu.DEFAULT_OPTIONS, item)
+    print(f"kernel options: {', '.join(items)}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tiny", action="store_true", help=f"small config {TINY} (CPU/lavapipe)")
@@ -140,7 +152,12 @@ def main():
     ap.add_argument("--prompt", type=int, default=8, help="prompt tokens")
     ap.add_argument("--new", type=int, default=None, help="tokens to generate (128; 32 with --tiny/--browser)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a kernel option of webgrad's WebGPU programs (codegen/options.py's "
+                    "KernelOptions field, a Python literal): --set gemv_rows=0 decodes without "
+                    "the matrix-vector kernel")
     args = ap.parse_args()
+    set_kernel_options(args.set)
     small = args.tiny or args.browser
     args.new = args.new or (32 if small else 128)
     if args.browser:

@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "pkg"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gpt2_decode import shared_prefix, time_best  # noqa: E402  (the same timing as GPT-2's)
+from gpt2_decode import set_kernel_options, shared_prefix, time_best  # noqa: E402  (GPT-2's timing)
 
 LLAMA3_SCALING = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                   "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
@@ -183,6 +183,38 @@ def kernels_per_step(m):
         return None
 
 
+def kind_of(name: str) -> str:
+    """A kernel's class in the profile's summary: matmuls by kernel form, others by name."""
+    if name.startswith("matmul"):
+        form = ("gemv" if " gemv " in name else "split" if " split " in name
+                else "direct" if " direct " in name else "tile")
+        return f"matmul ({form})"
+    if " K chunks" in name:
+        return "split-K sums"
+    return name.split()[0]
+
+
+def profile_step(m, top: int, pos: int) -> None:
+    """One decode step (T = 1, at `pos`) kernel by kernel: the `top` longest and the sums
+    per kernel class."""
+    from collections import defaultdict
+    from webgrad.blocking import run_blocking
+    prog = m._program("step", 1)._prog
+    prof = run_blocking(prog.profile({"ids": [1], "pos": [pos]}, "profile"))
+    print(prof.text(top=top))
+    by = defaultdict(lambda: [0, 0.0, 0])
+    for r in prof.rows:
+        k = by[kind_of(r.name)]
+        k[0] += 1
+        k[1] += r.seconds or 0.0
+        k[2] += r.bytes
+    tot = prof.total_seconds or 0.0
+    print(f"by class ({len(prof.rows)} commands, {tot * 1e3:.3f} ms of GPU time):")
+    for name, (c, t, b) in sorted(by.items(), key=lambda kv: -kv[1][1]):
+        print(f"  {name:<24} {c:>4} kernels {t * 1e3:8.3f} ms  {b / 1e6:9.1f} MB"
+              + (f"  {b / t / 1e9:7.0f} GB/s" if t else ""))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--small", action="store_true", help="tiny config (hidden 256, 2 layers, vocab 1000)")
@@ -194,7 +226,22 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--types", default="F32,Q4_K_M", help="webgrad weight types to run")
     ap.add_argument("--no-torch", action="store_true", help="webgrad only")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a kernel option of webgrad's programs (codegen/options.py's "
+                    "KernelOptions field, a Python literal): --set gemv_rows=0 decodes without "
+                    "the matrix-vector kernel")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="also profile one decode step per type: the N longest kernels and the "
+                    "sums per kernel class (WebGPU)")
+    ap.add_argument("--exact-timestamps", action="store_true",
+                    help="Dawn: turn off timestamp quantisation (allow_unsafe_apis, "
+                    "-timestamp_quantization in $WEBGRAD_DAWN_TOGGLES) so that short kernels time right")
     args = ap.parse_args()
+    if args.exact_timestamps:   # read by webgpu_native when it makes the device
+        os.environ["WEBGRAD_DAWN_TOGGLES"] = ",".join(
+            t for t in (os.environ.get("WEBGRAD_DAWN_TOGGLES", ""),
+                        "allow_unsafe_apis,-timestamp_quantization") if t)
+    set_kernel_options(args.set)
     import torch
     from webgrad.models import llama
     cuda = torch.cuda.is_available()
@@ -274,6 +321,9 @@ def main():
                      f"weights {mb:.0f} MB on the GPU, load {t_load:.1f} s, warm-up {t_warm:.1f} s"
                      + (f"; {note}" if note else "")))
         kernels[qt] = kernels_per_step(m)
+        if args.profile and backend == "webgpu":
+            print(f"  profile of one decode step, webgrad {qt}:")
+            profile_step(m, args.profile, len(prompt) + n)
         info = getattr(getattr(m.backend, "host", None), "info", backend)
         print(f"  {rows[-1][0]}: decode {rows[-1][1]:.1f} tok/s, prefill {rows[-1][2]:.1f} tok/s; {rows[-1][4]}", flush=True)
         del m

@@ -87,10 +87,12 @@ def test_matmul_and_gather_read_the_blocks(qt, backend):
     # webgpu: the barrier-free kernel (CPU adapters), the tiled one (GPUs) and the tiled one
     # split over K (the H200's long-K rule: partial sums, then a second kernel)
     # and the H200's wide tile with vec4 loads (x read as vec4, the blocks decoded per element)
-    kernels = ("direct", "tiled", "split", "vec4") if backend == "webgpu" else (None,)
+    # and the matrix-vector kernel (M = 3: decoding's products), whole groups per lane
+    kernels = ("direct", "tiled", "split", "vec4", "gemv") if backend == "webgpu" else (None,)
     for kind in kernels:
         opts = KernelOptions(
-            force_direct=kind == "direct" if kind else None,
+            force_direct={"direct": True, "tiled": False}.get(kind),
+            force_gemv=True if kind == "gemv" else None,
             force_config={"split": matmul.Config(2, 2, 16, splits=2),
                           "vec4": matmul.Config(8, 16, 8, wx=8, wy=16, vload=True)}.get(kind))
         p = compile_program(backend, M, fn, inputs={"x": ([3, K], "f32"), "i": ([2], "i32")},
@@ -107,8 +109,12 @@ def test_matmul_and_gather_read_the_blocks(qt, backend):
             plan, feeds = p._prog.exe.plan, set(p._prog.exe.lowered.feeds.values())
             assert all(b["size"] < 4 * N * K for k, b in enumerate(plan["buffers"]) if k not in feeds)
             mm = [pl["wgsl"] for pl in plan["pipelines"] if " K=" in pl["wgsl"].split("\n")[0]]
-            # the barrier-free kernel reads a scale per group of 32 and 4 values per word
-            assert mm and all(("dqs_" in w) == bool(opts.force_direct) and "dq_" in w for w in mm)
+            # the barrier-free and matrix-vector kernels read a scale per group of 32 and 4
+            # values per word
+            grouped = bool(opts.force_direct or opts.force_gemv)
+            assert mm and all(("dqs_" in w) == grouped and ("dq_" in w or grouped) for w in mm)
+            if kind == "gemv":
+                assert any(" gemv " in k for k in p._prog.exe.kernel_names)
 
 
 def test_quantized_params_are_not_trainable_but_run_forward():

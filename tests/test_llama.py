@@ -232,6 +232,28 @@ def test_cached_decoding_equals_the_full_forward(kind, backend, built):
     close(np.stack(rows), full)
 
 
+@pytest.mark.parametrize("kind", ["llama"])   # every bias, llama3 rope scaling
+def test_decoding_through_the_matrix_vector_kernel(kind, built):
+    """Decoding's products (a few rows of C) through codegen/matmul.py's matrix-vector
+    kernel, forced onto this adapter (GPUs take it by default): the cached steps equal
+    transformers' logits at every position, one id at a time and a chunk of 3."""
+    pytest.importorskip("wgpu")
+    from webgrad.backends.webgpu import WebGPUBackend
+    from webgrad.codegen import KernelOptions
+    try:
+        be = WebGPUBackend(options=KernelOptions(force_gemv=True))
+    except Exception as e:
+        pytest.skip(f"no WebGPU adapter: {e}")
+    model, cfg, sd = built(kind)
+    m = llama.Llama.from_hf_state_dict(cfg, sd, backend=be)
+    cache = m.new_cache()
+    rows = list(np.asarray(m.logits_all_step(IDS[:3], cache)))
+    rows += [np.asarray(m.logits_step([t], cache)) for t in IDS[3:8]]
+    names = m._program("step", 1)._prog.exe.kernel_names
+    assert sum(" gemv " in n for n in names) >= 7 * cfg.num_hidden_layers, names
+    close(np.stack(rows), hf_logits(model, IDS[:8]))
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_greedy_generate_equals_transformers(kind, built):
     model, cfg, sd = built(kind)

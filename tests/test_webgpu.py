@@ -971,3 +971,64 @@ def test_every_kernel_compiles_in_chromium(browser_session, every_kernel, part):
         page.close()
     assert not bad, f"{len(bad)} of {len(shaders)} kernels rejected by Tint; first: " + \
         f"{bad[0][1]}\n{shaders[bad[0][0]]}"
+
+
+# ---------------------------------------------------------------- the matrix-vector kernel
+
+GEMV = KernelOptions(force_gemv=True, gemv_n_fast=True)
+# (x shape, w shape, how w is read, bias): C = x @ B + bias. "t": B = swap_axes(w) of a
+# [N, K] weight (K of stride 1: 32 lanes per column, vec4 where K % 4 == 0); "n": B = w of
+# [K, N] (N of stride 1: 32 adjacent columns per workgroup); N divides no workgroup's columns
+GEMV_CASES = {
+    "row_wT_vec4": ([1, 96], [20, 96], "t", True),
+    "rows3_wT_scalar": ([3, 50], [13, 50], "t", False),
+    "rows2_w": ([2, 64], [64, 40], "n", True),
+    "batch2_wT": ([2, 1, 64], [24, 64], "t", True),
+    "row_long_k": ([1, 1000], [9, 1000], "t", False),
+}
+
+
+@pytest.mark.parametrize("case", list(GEMV_CASES))
+def test_gemv_kernel_matches_numpy(case):
+    """Products of a few rows of C (decoding's Linear layers) through the matrix-vector
+    kernel, forced onto this adapter: equal float64 numpy's, epilogue (a bias) included."""
+    xs, ws, how, bias = GEMV_CASES[case]
+    rng = np.random.default_rng(len(case))
+    N = ws[0] if how == "t" else ws[1]
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = rng.standard_normal(ws).astype(np.float32)
+    b = rng.standard_normal(N).astype(np.float32)
+
+    def fn(x, w, b):
+        y = x @ (ops.swap_axes(w, 0, 1) if how == "t" else w)
+        return y + b if bias else y
+    f = forward(fn, {"x": xs, "w": ws, "b": [N]}, options=GEMV)
+    names = [n for n in exe(f).kernel_names if n.startswith("matmul")]
+    assert len(names) == 1 and " gemv " in names[0], exe(f).kernel_names
+    assert (" vec4" in names[0]) == (how == "t" and xs[-1] % 4 == 0)
+    got = f.run({"x": x, "w": w, "b": b})
+    B = w.T if how == "t" else w
+    want = x.astype(np.float64) @ B.astype(np.float64) + (b if bias else 0.0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_gemv_kernel_takes_only_few_rows():
+    """More rows of C than KernelOptions.gemv_rows keep the adapter's kernel; gemv_rows
+    0 turns the form off; a B whose N axis has stride 1 takes it only with gemv_n_fast."""
+    n_fast_off = KernelOptions(force_gemv=True)
+    for xs, opts, want, how in (([5, 32], GEMV, False, "n"), ([4, 32], GEMV, True, "n"),
+                                ([1, 32], KernelOptions(force_gemv=True, gemv_rows=0), False, "t"),
+                                ([1, 32], n_fast_off, False, "n"), ([1, 32], n_fast_off, True, "t")):
+        f = forward((lambda x, w: x @ w) if how == "n" else (lambda x, w: x @ ops.swap_axes(w, 0, 1)),
+                    {"x": xs, "w": [32, 8] if how == "n" else [8, 32]}, options=opts)
+        names = [n for n in exe(f).kernel_names if n.startswith("matmul")]
+        assert any(" gemv " in n for n in names) == want, (xs, names)
+
+
+def test_gemv_kernel_in_a_training_step():
+    """The oracle's matmul/2d record (C of 3 rows) with its gradients, the products of few
+    rows through the matrix-vector kernel (N of stride 1 too): equal to the oracle's."""
+    record = oracle.BY_NAME["matmul/2d"]
+    names = [n for n in _lowered_kernel_names(record, GEMV) if n.startswith("matmul")]
+    assert any(" gemv " in n for n in names), names
+    oracle.check(record, "webgpu", GEMV)

@@ -55,7 +55,7 @@ from . import elementwise
 from .elementwise import ELEMENTWISE_OPS, const_fill
 from .emit import EXPR_RULES
 from .layout import canon_digits, merge_batch_into_k, strided_view, swaps_last_two
-from .matmul import group_config, matmul_dims
+from .matmul import b_k_fast, group_config, matmul_dims
 from .quant import quant_base
 from .reduce import REDUCE_OPS, ROW_OPS, ReduceShape, scratch_specs
 from .rowfuse_match import ROW_KERNEL_OPS
@@ -594,8 +594,8 @@ class Fusion:
             if m is None or (g[m].op != "matmul" and m not in self.matmul_fold):
                 continue
             M, K, N, nb, shared_b = matmul_dims(g, self, m)
-            cfg = group_config(self.limits, M, K, N, nb, shared_b)
-            if cfg is None or nb != 1:
+            cfg = group_config(self.limits, M, K, N, nb, shared_b, b_k_fast(g, self, m))
+            if cfg is None or cfg.gemv or nb != 1:  # the kernels that take no sums
                 continue
             if cfg.splits == 1 and self.binding_estimate(G.outputs, self.loads(gid)) + 1 > limit:
                 continue  # the partials' binding beside the epilogue's would be one too many
@@ -676,8 +676,8 @@ class Fusion:
             if not ident or g[mm].shape != xs or leaves & written:
                 continue  # read elsewhere than at its own index; or a parameter written in
                 # place, whose readers _inplace ordered before its writer
-            cfg = group_config(self.limits, *matmul_dims(g, self, mm))
-            if cfg is None or self.depends(mg, gid):
+            cfg = group_config(self.limits, *matmul_dims(g, self, mm), b_k_fast(g, self, mm))
+            if cfg is None or cfg.gemv or self.depends(mg, gid):
                 continue
             ups = {self.group_of[c] for c in leaves if c in self.group_of}
             if any(self.depends(u, mg) or u == gid for u in ups):

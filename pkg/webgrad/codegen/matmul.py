@@ -34,6 +34,14 @@ splits it (`_split_epilogue`) so that the loads of a row of the thread's block a
 before any of its stores: the GPU's compiler must assume a storage load may alias an
 earlier store, so one call after another waits out a memory latency per output.
 
+Matrix-vector (`_build_gemv`, GPUs: `use_gemv`): a product of at most KernelOptions.gemv_rows
+rows of C (decoding's Linear layers and LM head, M = 1) whose B has its K axis of stride 1
+takes neither tiled form: a workgroup of 256 threads owns 8 columns, 32 lanes per column walk
+its row of B (vec4 loads; a quantized row whole groups at a time) and add their partial sums
+in workgroup memory. One kernel, no split over K, B read once at close to bandwidth
+(bench/README.md, llama_decode.py: a Llama-3.2-1B-shaped decode step's products 8.8 -> 2.8
+ms).
+
 Split-K: a long K over too few output tiles to fill the GPU's waves (a weight gradient,
 K = B*T; the LM head's input gradient, K = vocabulary) keeps the large tile and gives each
 workgroup one K chunk; the chunks' partial sums go to scratch and a second kernel adds them
@@ -79,7 +87,7 @@ from dataclasses import dataclass, replace
 from math import prod
 
 from .emit import STORE_LINE
-from .layout import digits_addr
+from .layout import digits_addr, strided_view
 from .matmul_mma import mma_matmul_wgsl, tiling_for
 from .quant import QuantOperand, group_helpers, operand_reader
 from .options import DEFAULT, KernelOptions
@@ -163,6 +171,9 @@ class Config:
     # a warp then reads 4 A vectors and 8 B vectors of a k (one 128-byte wavefront each)
     # where a 16-wide row of threads reads 2 and 16 (two wavefronts for B)
     warp_tiles: bool = False
+    # the matrix-vector kernel (_build_gemv) instead of tiles: a product of a few rows of C
+    # (decoding) whose other fields are then unused
+    gemv: bool = False
 
     @property
     def bm(self): return self.wy * self.tm
@@ -427,7 +438,7 @@ def matmul_dims(g, fu, main: int) -> tuple[int, int, int, int, bool]:
 
 
 def group_config(limits, M: int, K: int, N: int, nb: int,
-                 shared_b: bool = False) -> Config | None:
+                 shared_b: bool = False, k_fast: bool | None = None) -> Config | None:
     """The tiled kernel's configuration for these dims on this adapter (None: the
     barrier-free kernel). One function for the builder and the scratch planner.
 
@@ -435,6 +446,8 @@ def group_config(limits, M: int, K: int, N: int, nb: int,
     [K, N] product to the tiling table: its tile class is that of the whole, not of one
     batch element (which would take the "batched" class of attention's small products:
     small64's [64 x 256 x 1536] @ [1536 x 512] ran on 64 x 64 tiles)."""
+    if use_gemv(limits, M, K, nb, shared_b, k_fast):
+        return GEMV
     if use_direct(limits.cpu, limits.options):
         return None
     if shared_b and nb > 1:
@@ -446,6 +459,43 @@ def group_config(limits, M: int, K: int, N: int, nb: int,
         if S > cfg.splits:
             cfg = replace(cfg, splits=S)
     return cfg
+
+
+GEMV = Config(1, 1, 1, gemv=True)
+GEMV_WG = 256  # threads per workgroup of the matrix-vector kernel
+
+
+def use_gemv(limits, M: int, K: int, nb: int, shared_b: bool,
+             k_fast: bool | None = None) -> bool:
+    """Whether an [nb x] [M, K] @ [K, N] product takes the matrix-vector kernel: at most
+    KernelOptions.gemv_rows rows of C in all against one B (a decoding step's Linear layers
+    and LM head, M = 1), on GPUs (KernelOptions.force_gemv: on any adapter / none).
+
+    Through the tiled kernel such a product ran on 16 x 16-thread tiles of which one row of
+    threads had a row of C, split over K with a second kernel adding the chunks: a step of
+    the Llama-3.2-1B-shaped decode took 8.8 ms for 4.9 GB of weights that stream in ~1 ms
+    on an H200 (bench/README.md, llama_decode.py).
+
+    k_fast: B's K axis has stride 1 (x @ W^T of an [out, in] weight; None: not known, as
+    for fusion's questions, which only ask whether the kernel takes sums). Products whose B
+    is laid out otherwise (GPT-2's [in, out] Conv1D weights) take it only with
+    KernelOptions.gemv_n_fast: there a workgroup's 32 columns are all the lanes of a warp
+    can share, too few workgroups for the GPU (GPT-2 124M's decode ran 236 tokens/s
+    through it against 410 on the tiled and split products, H200, 2026-12-02)."""
+    opts = limits.options
+    if k_fast is False and not opts.gemv_n_fast:
+        return False
+    if opts.force_config is not None or opts.force_gemv is False or not opts.gemv_rows:
+        return False
+    if opts.force_direct is not None and opts.force_gemv is None:
+        return False  # a kernel asked for by name (tests)
+    if opts.force_gemv is None and limits.cpu:
+        return False
+    if nb > 1 and not shared_b:
+        return False
+    if limits.cpu and K > CPU_LOOP_ITERATIONS:  # one lane's K loop must stay bounded there
+        return False
+    return M * nb <= opts.gemv_rows
 
 
 def cpu_splits(K: int) -> tuple[int, int]:
@@ -461,10 +511,19 @@ def cpu_splits(K: int) -> tuple[int, int]:
     return -(-K // KS), KS
 
 
+def b_k_fast(g, fu, main: int) -> bool:
+    """Does the matmul group's B have its K axis of stride 1 (group_config's k_fast)?"""
+    if main in fu.matmul_fold:
+        return False
+    i = g[main].inputs[1]
+    view = strided_view(g, i, fu.operand_base)
+    return view is not None and _canon_digits(view[2][-2]) == [(g[i].shape[-2], 1)]
+
+
 def matmul_scratch_bytes(g, fu, main: int, limits) -> int:
     """Partial sums of a split-K matmul: splits x batch x M x N floats (0: no split)."""
     M, K, N, nb, shared_b = matmul_dims(g, fu, main)
-    cfg = group_config(limits, M, K, N, nb, shared_b)
+    cfg = group_config(limits, M, K, N, nb, shared_b, b_k_fast(g, fu, main))
     S = cfg.splits if cfg is not None else cpu_splits(K)[0]
     return 4 * S * nb * M * N if S > 1 else 0
 
@@ -479,10 +538,16 @@ def build_matmul(ctx, config: Config | None = None) -> list:
         mma = _build_mma(ctx, node, (sa, offa, dima, ash), (sb, offb, dimb, bsh))
         if mma is not None:
             return mma
-    cfg = config or group_config(ctx.limits, M, K, N, nb, prod(bsh[:-2]) == 1)
+    cfg = config or group_config(ctx.limits, M, K, N, nb, prod(bsh[:-2]) == 1,
+                                 _canon_digits(dimb[-2]) == [(K, 1)])
     if cfg is None:
         return _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh)
     ops = (sa, offa, dima, ash), (sb, offb, dimb, bsh)
+    if cfg.gemv:  # (fusion gives this kernel no sums to take on the way)
+        try:
+            return _build_gemv(ctx, node, *ops, vec=True)
+        except BindingTypeClash:  # B's buffer is also read or written as f32
+            return _build_gemv(ctx, node, *ops, vec=False)
     try:
         return _build_tiled(ctx, node, cfg, *ops)
     except BindingTypeClash:
@@ -941,6 +1006,112 @@ def split_sum_parts(total: int, N: int) -> int:
     return -(-(total // N) // (SPLIT_SUM_ROWS * SPLIT_SUM_GROUPS))
 
 
+def _build_gemv(ctx, node, opa, opb, vec: bool) -> list:
+    """C[r, n] = sum_k A[r, k] B[k, n] for the R <= gemv_rows rows r of C (all batch
+    elements: B is shared), one kernel, no split: a workgroup of GEMV_WG threads owns CW
+    columns of C, and the KL = GEMV_WG / CW threads of a column each sum every KL-th part of
+    K for all R rows; the workgroup then adds the KL partial sums in a tree in workgroup
+    memory (fixed order: deterministic) and one thread per column runs the epilogue.
+
+    The lanes of a column walk B's fast axis: where B's K axis has stride 1 (x @ W^T of a
+    Linear's [out, in] weight, the tied LM head, a quantized W^T) 32 lanes read 32
+    consecutive vec4s of a row (CW = 8), a quantized row whole groups of G values that share
+    a scale (32 lanes, one group each); otherwise (B's N axis of stride 1, or any other
+    view) the 32 columns of a workgroup are adjacent and 8 lanes split K (CW = 32). Either
+    way a warp's loads are whole 128-byte lines, and B, the only large operand, is read once.
+    A's rows (R x K floats) are re-read by every workgroup from the cache."""
+    (sa, offa, dima, ash), (sb, offb, dimb, bsh) = opa, opb
+    M, K, N = ash[-2], ash[-1], bsh[-1]
+    batch = tuple(node.shape[:-2])
+    R = M * prod(batch)
+    k_fast = _canon_digits(dimb[-2]) == [(K, 1)]
+    grouped = _grouped_quant(sb, offb, dimb, bsh, K)
+    qb = isinstance(sb, QuantOperand)
+    CW = 8 if (k_fast or grouped) else 32
+    KL = GEMV_WG // CW
+    # vec4 loads of B's rows: plain f32, K in whole vec4s, every row start a multiple of 4
+    v4 = (vec and k_fast and not qb and K % 4 == 0 and offb % 4 == 0
+          and all(st % 4 == 0 for c, st in dimb[-1] if c > 1))
+    kernel = ctx.kernel(f"matmul {'x'.join(map(str, node.shape))} K={K} gemv {CW}x{KL}"
+                        + (" vec4" if v4 else ""))
+    A = operand_reader(kernel, sa)
+    if v4:
+        bname = kernel.binding(sb.buffer, "vec4_f32", what=sb.what, nbytes=sb.nbytes)
+        B4 = lambda at: f"{bname}[({at}) >> 2u]"   # noqa: E731
+    elif not grouped:
+        B = operand_reader(kernel, sb)
+    epi = ctx.epilogue_fn(kernel)
+    kernel.decls.append(f"var<workgroup> gv: array<f32, {R * GEMV_WG}>;")
+    em = ctx.emitter(kernel)
+    L = em.emit
+    tiles = -(-N // CW)
+    grid = kernel.workgroup_index(em, tiles, "w")
+    if CW == 8:
+        L(f"let kl = lid % {KL}u;")
+        L(f"let c = lid / {KL}u;")
+    else:
+        L(f"let c = lid % {CW}u;")
+        L(f"let kl = lid / {CW}u;")
+    L(f"let n = w * {CW}u + c;")
+    col = "n" if N % CW == 0 else em.let(f"min(n, {N - 1}u)")  # past N: a valid address
+    base_b = _batch_base(em, batch, ["0u"] * len(batch), offb, dimb, bsh)
+    cb = em.let(_sum([base_b] + digits_addr(dimb[-1], f"({col})", N)))
+    ra = []
+    for r in range(R):
+        b, m = divmod(r, M)
+        bd = em.unravel(f"{b}u", batch) if batch else []
+        base_a = _batch_base(em, batch, bd, offa, dima, ash)
+        ra.append(em.let(_sum([base_a] + digits_addr(dima[-2], f"{m}u", M))))
+    acc = [f"c{r}" for r in range(R)]
+    for a in acc:
+        L(f"var {a}: f32 = 0.0f;")
+
+    def k_term(k, y):
+        L(f"let ka = {_sum(digits_addr(dima[-1], k, K))};")
+        for r in range(R):
+            L(f"{acc[r]} = fma({A(f'{ra[r]} + ka')}, {y}, {acc[r]});")
+
+    if grouped:
+        sfn, qfn, has_min, G = group_helpers(kernel, sb)
+        sh = G.bit_length() - 1
+        with em.block(f"for (var kq = kl; kq < {K // G}u; kq += {KL}u)"):
+            L(f"let s = {sfn}(({cb} >> {sh}u) + kq);")
+            with em.block(f"for (var kk = 0u; kk < {G}u; kk += 4u)"):
+                L(f"let k0 = kq * {G}u + kk;")
+                L(f"let q = {qfn}({cb} + k0);")
+                for t in range(4):
+                    with em.block(""):
+                        L(f"let y = s.x * q[{t}]" + (" - s.y;" if has_min else ";"))
+                        k_term(f"(k0 + {t}u)" if t else "k0", "y")
+    elif v4:
+        with em.block(f"for (var k = kl * 4u; k < {K}u; k += {4 * KL}u)"):
+            L(f"let y = {B4(f'{cb} + k')};")
+            for t in range(4):
+                with em.block(""):
+                    k_term(f"(k + {t}u)" if t else "k", f"y[{t}]")
+    else:
+        with em.block(f"for (var k = kl; k < {K}u; k += {KL}u)"):
+            L(f"let y = {B(_sum([cb] + digits_addr(dimb[-2], 'k', K)))};")
+            k_term("k", "y")
+    # the KL lanes' partials of column c: gv[r * WG + c * KL + kl]
+    for r in range(R):
+        L(f"gv[{r * GEMV_WG}u + c * {KL}u + kl] = {acc[r]};")
+    L("workgroupBarrier();")
+    s = KL // 2
+    while s >= 1:
+        with em.block(f"if (kl < {s}u)"):
+            for r in range(R):
+                at = f"{r * GEMV_WG}u + c * {KL}u + kl"
+                L(f"gv[{at}] = gv[{at}] + gv[{at} + {s}u];")
+        L("workgroupBarrier();")
+        s //= 2
+    cond = "kl == 0u" + ("" if N % CW == 0 else f" && n < {N}u")
+    with em.block(f"if ({cond})"):
+        for r in range(R):
+            L(f"{epi}({r * N}u + n, gv[{r * GEMV_WG}u + c * {KL}u]);")
+    return [ctx.dispatch(kernel, em.lines, grid, GEMV_WG)]
+
+
 def _build_split_sum(ctx, node, S: int, total: int) -> dict:
     """Second kernel of a split-K matmul: C = the S partial sums added in chunk order
     (deterministic), then the group's epilogue. With output sums (fusion.output_sums) a
@@ -1124,5 +1295,5 @@ def _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh) -> list:
     return out
 
 
-__all__ = ["Config", "choose_config", "build_matmul", "use_direct", "group_config",
-           "ADAPTER_TILINGS", "matmul_dims", "matmul_scratch_bytes"]
+__all__ = ["Config", "choose_config", "build_matmul", "use_direct", "use_gemv", "group_config",
+           "ADAPTER_TILINGS", "matmul_dims", "matmul_scratch_bytes", "b_k_fast"]

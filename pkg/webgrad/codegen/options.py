@@ -54,6 +54,14 @@ class KernelOptions:
     force_config: object = None
     # True / False: the barrier-free / tiled kernel on any adapter; None: CPU adapters direct
     force_direct: bool | None = None
+    # products of at most this many rows of C (decoding's M = 1 .. a few) against one B take
+    # the matrix-vector kernel (matmul._build_gemv) on GPUs; 0: never
+    gemv_rows: int = 4
+    # True / False: the matrix-vector kernel for such products on any adapter (CPU ones too) /
+    # on none; None: GPUs only, unless force_direct names a kernel
+    force_gemv: bool | None = None
+    # ... also where B's N axis (not K) has stride 1 (matmul.use_gemv says why not by default)
+    gemv_n_fast: bool = False
     # adapters (substrings of Limits.adapter, lower case) whose small direct products take
     # small_block (SwiftShader: pipeline creation grows with the unrolled block)
     small_block_adapters: tuple = ("swiftshader",)

@@ -30,7 +30,7 @@ from .emit import Emitter, Idx, Storage
 from .fusion import Fusion
 from .index import build_scatter, scatter_scratch
 from .layout import build_concat_pieces, strided_view
-from .matmul import (build_matmul, group_config, matmul_dims, matmul_scratch_bytes,
+from .matmul import (b_k_fast, build_matmul, group_config, matmul_dims, matmul_scratch_bytes,
                      split_sum_parts)
 from .quant import QuantOperand
 from .remat import plan_fusion
@@ -341,12 +341,13 @@ class _Lowering:
         writer = {}  # the matmul group writing them
         for gid, (mg, k) in fu.operand_sums.items():
             M, K, N, nb, shared_b = matmul_dims(g, fu, fu.groups[mg].main)
-            self.operand_parts[gid] = group_config(limits, M, K, N, nb, shared_b).splits
+            self.operand_parts[gid] = group_config(limits, M, K, N, nb, shared_b,
+                                                   b_k_fast(g, fu, fu.groups[mg].main)).splits
             writer[gid] = mg
         for gid, mg in fu.output_sums.items():  # a partial per tile row of each product
             mm = g[fu.groups[mg].main]
             M, K, N, nb, shared_b = matmul_dims(g, fu, mm.id)
-            cfg = group_config(limits, M, K, N, nb, shared_b)
+            cfg = group_config(limits, M, K, N, nb, shared_b, b_k_fast(g, fu, mm.id))
             self.operand_parts[gid] = (prod(mm.shape[:-2]) * -(-M // cfg.bm) if cfg.splits == 1
                                        else split_sum_parts(mm.size, N))
             writer[gid] = mg
