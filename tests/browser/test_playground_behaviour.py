@@ -113,8 +113,13 @@ def test_keys_progress_stop_and_loaded_weights(page, tmp_path):
                  if (m := re.match(r"\(compiling: (\d+) kernels, (\d+) pipelines made\)", t))]
     assert compiling and compiling[-1][0] == compiling[-1][1] > 5, seen["kernels"]
     assert [k for k, _ in compiling] == sorted(k for k, _ in compiling), compiling
-    assert any(re.match(r"Compiling: \d+ kernels generated, \d+ of \d+ pipelines created", t)
-               for t in seen["status"]), seen["status"]
+    compiles = [i for i, t in enumerate(seen["status"])
+                if re.match(r"Compiling: \d+ kernels generated, \d+ of \d+ pipelines created", t)]
+    assert compiles, seen["status"]
+    # before the first kernel: tracing (compile_module started), after the code's first lines
+    tracing = [i for i, t in enumerate(seen["status"]) if t.startswith("Tracing your code")]
+    assert tracing and tracing[0] < compiles[0], seen["status"]
+    assert re.search(r" · [\d.]+ s$", seen["status"][tracing[0]]), seen["status"]
     training = [t for t in seen["status"]
                 if re.match(r"Training: step \d+ of 40 · [\d.]+ steps/s · ETA [\d.]+ s · ", t)]
     assert training, seen["status"]
