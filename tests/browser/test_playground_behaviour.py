@@ -227,6 +227,8 @@ def test_traceback_names_users_code_marks_line_and_values_print_as_repr(page):
     page.evaluate("() => { window.playground.code = \"{'a': (1, 2.5), 'b': None, 's': 'x'}\"; }")
     _press_in_editor(page, "Control+Enter")
     assert _wait_end(page) == "done"
+    # (the console renders on an animation frame, later than 50 ms on a loaded machine)
+    page.wait_for_function("document.querySelector('#console').textContent !== ''")
     assert _text(page, "#console") == "{'a': (1, 2.5), 'b': None, 's': 'x'}\n"
     assert not page.query_selector("#editor .cm-error-line")
 
