@@ -220,6 +220,7 @@ webgrad.onEvent((message) => {
       showProgress(first);
     }
   } else if (message.type === "compile") {
+    if (state !== "running") return;  // another caller's request (webgrad.run), not a Run
     const first = progress.compile === null;
     progress.compile = { kernels: message.kernels, pipelines: message.pipelines };
     $("kernels-panel").hidden = false;
