@@ -28,7 +28,8 @@ class FakeRun:
     """subprocess.run for a bare python3 (no lab packages) and a venv whose pip works or not."""
 
     def __init__(self, root: Path, pip_ok=True, venv_ok=True):
-        self.root, self.pip_ok, self.venv_ok, self.calls, self.installed = root, pip_ok, venv_ok, [], False
+        self.root, self.pip_ok, self.venv_ok = root, pip_ok, venv_ok
+        self.calls, self.installed = [], False
 
     def __call__(self, cmd, **kwargs):
         self.calls.append([str(c) for c in cmd])
@@ -56,7 +57,8 @@ def root(tmp_path):
 
 def test_lab_env_is_made_once_then_reused(root):
     lab = _lab()
-    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["lab"]
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    extra = project["optional-dependencies"]["lab"]
     assert any(r.startswith("jupyterlite-core==") for r in extra)
     said, run = [], FakeRun(root)
     python, versions = lab.lab_python(root, python="/usr/bin/python3", run=run,
@@ -65,7 +67,8 @@ def test_lab_env_is_made_once_then_reused(root):
     assert python == str(env / "bin" / "python") and versions["jupyterlite-core"] == "0.8.6"
     commands = [c for c in run.calls if c[1] != "-c"]
     assert commands[0] == ["/usr/bin/python3", "-m", "venv", str(env)]
-    assert commands[1][:4] == [python, "-m", "pip", "install"] and commands[1][-len(extra):] == extra
+    assert commands[1][:4] == [python, "-m", "pip", "install"]
+    assert commands[1][-len(extra):] == extra
     assert len(commands) == 2
     assert "private environment" in said[0] and " ".join(extra) in said[0] and "ready" in said[-1]
     # the second start reuses it: no venv, no pip, nothing said
@@ -74,7 +77,8 @@ def test_lab_env_is_made_once_then_reused(root):
     assert lab.lab_python(root, python="/usr/bin/python3", run=run, say=said.append)[0] == python
     assert [c for c in run.calls if c[1] != "-c"] == [] and said == []
     # a changed extra installs again into the same environment
-    text = (root / "pyproject.toml").read_text().replace('"jupyter-server"]', '"jupyter-server", "comm"]')
+    text = (root / "pyproject.toml").read_text()
+    text = text.replace('"jupyter-server"]', '"jupyter-server", "comm"]')
     (root / "pyproject.toml").write_text(text)
     run.calls.clear()
     lab.lab_python(root, python="/usr/bin/python3", run=run, say=said.append)
