@@ -78,6 +78,7 @@ def test_lab_env_is_made_once_then_reused(root):
     assert [c for c in run.calls if c[1] != "-c"] == [] and said == []
     # a changed extra installs again into the same environment
     text = (root / "pyproject.toml").read_text()
+    assert text.count('"jupyter-server"]') == 1, "the test's edit of the lab extra needs updating"
     text = text.replace('"jupyter-server"]', '"jupyter-server", "comm"]')
     (root / "pyproject.toml").write_text(text)
     run.calls.clear()
