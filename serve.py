@@ -387,26 +387,37 @@ def load_lab(root: Path | str = ROOT):
 
 
 # Why the last provision_lab() built no site (None: it did, or it has not run yet); a visit to
-# /lab/ without a site gets a page saying so and what to install.
+# /lab/ without a site gets a page saying so and what to install. LAB_BUSY: a build is under
+# way (the first one may first make the lab extra's private environment, minutes).
 LAB_PROBLEM: str | None = None
+LAB_BUSY = False
 LAB_HOWTO = ("The notebook site is built by scripts/lab.py from jupyterlite-core and "
-             "jupyterlite-pyodide-kernel, which plain `python3 serve.py` lacks: install them "
-             "once, e.g. `python3 -m venv .venv && .venv/bin/pip install -e \".[lab]\"`, then "
-             "start `.venv/bin/python serve.py` (./scripts/test.sh makes that .venv too).")
+             "jupyterlite-pyodide-kernel (pyproject's `lab` extra). When the Python running "
+             "serve.py lacks them, serve.py installs them once into a private environment, "
+             ".cache/lab-env, which needs PyPI and Python's venv module. To install them by "
+             "hand instead: `python3 -m venv .venv && .venv/bin/pip install -e \".[lab]\"`, "
+             "then start `.venv/bin/python serve.py` (./scripts/test.sh makes that .venv too).")
+LAB_BUILDING = ("The notebook site is being built (the first time, serve.py also installs "
+                "jupyterlite into .cache/lab-env: a minute or two); its terminal says how far "
+                "it got. Reload this page when it says `notebooks: /lab/`.")
 
 
 def provision_lab(root: Path | str = ROOT) -> Path | None:
-    """Build the notebook site served at /lab/ unless it is up to date (scripts/lab.py). A
-    failure (jupyterlite not installed, PyPI unreachable) is reported and the playground is
-    served all the same; returns the site folder, or None."""
-    global LAB_PROBLEM
+    """Build the notebook site served at /lab/ unless it is up to date (scripts/lab.py), in a
+    Python that has the lab extra: this one, or the private environment .cache/lab-env that
+    lab.lab_python makes on the first run. A failure (no network for that install, no venv
+    module) is reported and the playground is served all the same; returns the site, or None."""
+    global LAB_PROBLEM, LAB_BUSY
     lab = load_lab(root)
+    LAB_BUSY = True
     try:
         site = lab.build_lab(root)
     except lab.LabError as e:
         LAB_PROBLEM = str(e)
         print(f"serve.py: no notebooks at /lab/: {e}", file=sys.stderr)
         return None
+    finally:
+        LAB_BUSY = False
     LAB_PROBLEM = None
     print(f"notebooks: /lab/ ({site})", flush=True)
     return site
@@ -450,7 +461,8 @@ class Handler(SimpleHTTPRequestHandler):
         self.etag = None
         if target is None and self.path.split("?")[0] in ("/lab", "/lab/", "/lab/index.html"):
             why = f" This server's build said: {LAB_PROBLEM}" if LAB_PROBLEM else ""
-            self.send_error(HTTPStatus.NOT_FOUND, "No notebooks here yet", LAB_HOWTO + why)
+            self.send_error(HTTPStatus.NOT_FOUND, "No notebooks here yet",
+                            LAB_BUILDING if LAB_BUSY else LAB_HOWTO + why)
             return None
         if target is None:
             self.send_error(HTTPStatus.NOT_FOUND, "Not found")

@@ -4,7 +4,9 @@
 JupyterLite is Jupyter running entirely in the page: the kernel is Pyodide in a Web Worker
 (jupyterlite-pyodide-kernel), so a notebook cell can ``import webgrad`` and train on the tab's
 GPU like the playground does. This module builds such a site from pinned PyPI packages
-(jupyterlite-core and jupyterlite-pyodide-kernel, the test extras install them) and the Pyodide
+(jupyterlite-core and jupyterlite-pyodide-kernel: pyproject's `lab` extra, which the test extras
+include; a Python without them makes itself a private environment with them, .cache/lab-env,
+once) and the Pyodide
 that serve.py already installed from npm, so that the site works with no internet:
 
 1. ``web/assets/lab/src/static/pyodide``: npm's Pyodide core plus the pure-Python wheels the
@@ -62,16 +64,83 @@ def lab_paths(root: Path | str = ROOT) -> dict[str, Path]:
             "npm_pyodide": root / "web" / "assets" / "npm" / "node_modules" / "pyodide"}
 
 
-def _versions() -> dict[str, str]:
-    out = {}
-    for dist in ("jupyterlite-core", "jupyterlite-pyodide-kernel"):
+LAB_DISTS = ("jupyterlite-core", "jupyterlite-pyodide-kernel")
+# The private environment serve.py makes for the build when its own Python lacks the lab extra
+# (plain `python3 serve.py` on a fresh machine): made once, reused while the extra is unchanged.
+LAB_ENV = Path(".cache") / "lab-env"
+_ENV_MARK = "webgrad-lab.json"
+_VERSIONS = ("import importlib.metadata as m, json; "
+             f"print(json.dumps({{d: m.version(d) for d in {LAB_DISTS!r}}}))")
+
+
+def lab_requirements(root: Path | str = ROOT) -> list[str]:
+    """pyproject.toml's `lab` extra: what the site's build needs."""
+    import tomllib
+    project = tomllib.loads((Path(root) / "pyproject.toml").read_text())["project"]
+    return list(project["optional-dependencies"]["lab"])
+
+
+def _versions(python: str = sys.executable, run=subprocess.run) -> dict[str, str] | None:
+    """The lab packages' versions in that Python, or None when it lacks one."""
+    if python == sys.executable and run is subprocess.run:
         try:
-            out[dist] = importlib.metadata.version(dist)
+            return {d: importlib.metadata.version(d) for d in LAB_DISTS}
         except importlib.metadata.PackageNotFoundError:
+            return None
+    done = run([python, "-c", _VERSIONS], capture_output=True, text=True)
+    if done.returncode != 0:
+        return None
+    return json.loads(done.stdout)
+
+
+def _env_python(env: Path) -> Path:
+    return env / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+
+
+def lab_python(root: Path | str = ROOT, *, python: str = sys.executable, run=subprocess.run,
+               say=None) -> tuple[str, dict[str, str]]:
+    """A Python that has the lab extra, and its lab packages' versions: ``python`` itself when
+    it has them (a .venv made by scripts/test.sh), else the private environment LAB_ENV,
+    made (``python -m venv``, then pip install of the extra) on the first call and reused."""
+    versions = _versions(python, run)
+    if versions is not None:
+        return python, versions
+    say = say or (lambda text: print(text, flush=True))
+    root = Path(root).resolve()
+    env = root / LAB_ENV
+    env_python = _env_python(env)
+    wanted = lab_requirements(root)
+    mark = env / _ENV_MARK
+    if mark.exists() and env_python.exists() and json.loads(mark.read_text()) == wanted:
+        versions = _versions(str(env_python), run)
+        if versions is not None:
+            return str(env_python), versions
+    howto = ("or install them into the Python that runs serve.py: `python3 -m venv .venv && "
+             ".venv/bin/pip install -e \".[lab]\"`, then `.venv/bin/python serve.py`")
+    say(f"notebooks: {Path(python).name} lacks {', '.join(LAB_DISTS)}; installing the lab extra "
+        f"({' '.join(wanted)}) into a private environment, {LAB_ENV} (once; a minute or two)…")
+    if not env_python.exists():
+        done = run([python, "-m", "venv", str(env)], capture_output=True, text=True)
+        if done.returncode != 0:
             raise LabError(
-                f"the notebook site needs {dist}=={JUPYTERLITE_VERSION} (pip install -e "
-                f"\".[test]\", or pip install {dist}=={JUPYTERLITE_VERSION})") from None
-    return out
+                f"cannot make the environment {LAB_ENV} (`{Path(python).name} -m venv` exited "
+                f"{done.returncode}: {(done.stderr or done.stdout).strip()[-500:]}); on "
+                f"Debian/Ubuntu `sudo apt install python3-venv` gives Python venv, {howto}")
+    mark.unlink(missing_ok=True)
+    done = run([str(env_python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                "--timeout", "20", *wanted], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise LabError(
+            f"cannot install the lab extra into {LAB_ENV} (pip exited {done.returncode}; is "
+            f"PyPI reachable? {(done.stderr or done.stdout).strip()[-800:]}); run serve.py again "
+            f"once online, {howto}")
+    versions = _versions(str(env_python), run)
+    if versions is None:
+        raise LabError(f"pip installed the lab extra into {LAB_ENV}, yet its Python cannot "
+                       f"import {' or '.join(LAB_DISTS)}; delete {LAB_ENV} and retry")
+    mark.write_text(json.dumps(wanted))
+    say(f"notebooks: {LAB_ENV} is ready; building the notebook site…")
+    return str(env_python), versions
 
 
 def _run(cmd: list[str], what: str, cwd: Path | None = None) -> None:
@@ -99,16 +168,17 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _download(paths: dict[str, Path], requirements: list[str], python: str) -> None:
+def _download(paths: dict[str, Path], requirements: list[str], python: str,
+              builder: str = sys.executable) -> None:
     """pip download pure-Python wheels (no dependencies: the lock already resolved them)."""
     paths["downloads"].mkdir(parents=True, exist_ok=True)
-    _run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
+    _run([builder, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
           "--no-deps", "--only-binary=:all:", "--python-version", python,
           "-d", str(paths["downloads"]), *requirements],
          "download the notebook kernel's wheels from PyPI (is PyPI reachable?)")
 
 
-def prepare_pyodide(paths: dict[str, Path]) -> Path:
+def prepare_pyodide(paths: dict[str, Path], builder: str = sys.executable) -> Path:
     """src/static/pyodide: npm's Pyodide, the kernel's wheels and a lock whose digests match."""
     npm = paths["npm_pyodide"]
     if not (npm / "pyodide-lock.json").exists():
@@ -124,7 +194,7 @@ def prepare_pyodide(paths: dict[str, Path]) -> Path:
     wanted = [f"{e['name']}=={e['version']}" for e in entries] + [f"comm=={COMM_VERSION}"]
     missing = [e["file_name"] for e in entries if not (paths["downloads"] / e["file_name"]).exists()]
     if missing or not list(paths["downloads"].glob("comm-*.whl")):
-        _download(paths, wanted, python)
+        _download(paths, wanted, python, builder)
     out = paths["src"] / "static" / "pyodide"
     if out.exists():
         shutil.rmtree(out)
@@ -155,13 +225,14 @@ def _stamp(paths: dict[str, Path], webgrad_wheel: Path, versions: dict) -> str:
 
 
 def build_lab(root: Path | str = ROOT, webgrad_wheel: Path | None = None, *,
-              force: bool = False) -> Path:
+              force: bool = False, say=None) -> Path:
     """Build web/assets/lab/site unless it is up to date; returns the site folder.
 
-    ``webgrad_wheel`` defaults to the one serve.py wrote into web/assets/wheels.
+    ``webgrad_wheel`` defaults to the one serve.py wrote into web/assets/wheels. The build runs
+    in a Python that has the lab extra (lab_python: this one, or a private environment).
     """
     paths = lab_paths(root)
-    versions = _versions()
+    builder, versions = lab_python(root, say=say)
     if webgrad_wheel is None:
         found = sorted((paths["root"] / "web" / "assets" / "wheels").glob("webgrad-*.whl"))
         if not found:
@@ -175,7 +246,7 @@ def build_lab(root: Path | str = ROOT, webgrad_wheel: Path | None = None, *,
 
     src = paths["src"]
     src.mkdir(parents=True, exist_ok=True)
-    prepare_pyodide(paths)
+    prepare_pyodide(paths, builder)
     pypi = src / "pypi"
     if pypi.exists():
         shutil.rmtree(pypi)
@@ -200,7 +271,7 @@ def build_lab(root: Path | str = ROOT, webgrad_wheel: Path | None = None, *,
         shutil.rmtree(paths["site"])
     for state in src.glob(".jupyterlite.doit.db*"):
         state.unlink()  # doit's state would believe the removed site is still there
-    _run([sys.executable, "-m", "jupyterlite_core", "build", "--lite-dir", str(src),
+    _run([builder, "-m", "jupyterlite_core", "build", "--lite-dir", str(src),
           "--output-dir", str(paths["site"]),
           "--contents", str(paths["notebooks"])],
          "build the JupyterLite site (jupyter lite build)", cwd=src)

@@ -153,6 +153,8 @@ function progressText() {
   } else if (p.compile) {
     const { kernels, pipelines } = p.compile;
     text = `Compiling: ${kernels} kernels generated, ${pipelines} of ${kernels} pipelines created`;
+  } else if (p.tracing) {
+    text = "Tracing your code into the model's program (before its first kernel)…";
   } else {
     text = `Running ${runName()}…`;
   }
@@ -179,8 +181,25 @@ function showProgress(force = false) {
   setState("running", progressText());
 }
 
+// --- the boot, for the status line: the worker's phase and the time since the page opened ----
+const boot = { text: "Starting Python (Pyodide) in a worker…", timer: null };
+
+function showBoot() {
+  if (state !== "booting") {
+    clearInterval(boot.timer);
+    return;
+  }
+  setState("booting", `${boot.text} · ${duration(performance.now() / 1000)}`);
+}
+
 webgrad.onEvent((message) => {
-  if (message.type === "stdout" || message.type === "stderr") {
+  if (message.type === "boot") {
+    boot.text = message.text;
+    showBoot();
+  } else if (message.type === "tracing") {
+    progress.tracing = true;
+    if (progress.compile === null) showProgress(true);
+  } else if (message.type === "stdout" || message.type === "stderr") {
     consoleBox.add(message.text, message.type);
   } else if (message.type === "progress") {
     if (typeof message.loss === "number") {
@@ -201,6 +220,7 @@ webgrad.onEvent((message) => {
       showProgress(first);
     }
   } else if (message.type === "compile") {
+    if (state !== "running") return;  // another caller's request (webgrad.run), not a Run
     const first = progress.compile === null;
     progress.compile = { kernels: message.kernels, pipelines: message.pipelines };
     $("kernels-panel").hidden = false;
@@ -473,8 +493,8 @@ async function run() {
   $("kernels").textContent = "";
   $("ir").textContent = "";
   $("kernel-timing").textContent = "";
-  Object.assign(progress, { t0: performance.now(), compile: null, step: null, total: null,
-                            first: null, shown: 0, weights: null });
+  Object.assign(progress, { t0: performance.now(), compile: null, tracing: false, step: null,
+                            total: null, first: null, shown: 0, weights: null });
   const name = runName();
   setState("running", `Running ${name}…`);
   progress.timer = setInterval(() => showProgress(true), 500);  // the time so far
@@ -618,7 +638,8 @@ async function checkWebGPU() {
 
 // --- start -----------------------------------------------------------------------------------
 async function start() {
-  setState("booting", "Starting Python (Pyodide) in a worker…");
+  showBoot();
+  boot.timer = setInterval(showBoot, 500);  // the time so far
   const [manifest] = await Promise.all([loadUI(), checkWebGPU()]);
   const select = $("examples");
   for (const ex of manifest.examples || []) {
@@ -653,7 +674,8 @@ async function start() {
   });
   try {
     const info = await webgrad.ready;
-    setState("ready", `Ready: Python ${info.python_version}, webgrad ${info.webgrad_version}` +
+    clearInterval(boot.timer);
+    setState("ready", `Ready in ${duration(performance.now() / 1000)}: Python ${info.python_version}, webgrad ${info.webgrad_version}` +
       (info.jspi ? "" : " (no JSPI: WebGPU calls cannot block)") +
       (fromLink ? "; the code is the shared link's (Reset code puts back the example)" : ""), "ok");
   } catch (error) {

@@ -58,6 +58,7 @@ def setup(rearm=None) -> None:
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(line_buffering=True)  # print() output streams as lines are done
     _watch_new_models()
+    _watch_compiles()
 
 
 def _on_sigint(signum, frame) -> None:
@@ -506,6 +507,27 @@ def _use_loaded(c) -> None:
     label, _Loaded.data = _Loaded.label, None
     print(f"[started from the loaded weights {label}]")
     post({"type": "weights", "used": label})
+
+
+def _watch_compiles() -> None:
+    """Post {type: "tracing"} as webgrad.compile_module / compile_forward start: the page's
+    status then says the code is being traced, before the first kernel's compile event."""
+    import webgrad
+    import webgrad.compile as compile_
+    for name in ("compile_module", "compile_forward"):
+        original = getattr(compile_, name)
+        if getattr(original, "_playground", False):
+            continue
+
+        def traced(*args, _original=original, **kwargs):
+            post({"type": "tracing"})
+            return _original(*args, **kwargs)
+
+        traced._playground = True
+        traced.__wrapped__ = original
+        traced.__name__, traced.__doc__ = original.__name__, original.__doc__
+        setattr(compile_, name, traced)
+        setattr(webgrad, name, traced)
 
 
 def _watch_new_models() -> None:

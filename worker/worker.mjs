@@ -35,9 +35,14 @@
 //                                                  newline (added if the code left a partial
 //                                                  line)
 //     {type: "progress", ...}                      from webgrad_worker.progress(dict) in Python
+//     {type: "tracing"}                            webgrad_worker: compile_module or
+//                                                  compile_forward started tracing
 //     {type: "compile", kernels, pipelines}        while a request compiles: distinct kernels
 //                                                  (WGSL texts) it has generated so far, and
 //                                                  how many of their pipelines are made
+//     {type: "boot", phase, text}                 while booting, as each phase begins (phase:
+//                                                  "python", "snapshot", "install", "import";
+//                                                  text: what it is doing, in words)
 //     {type: "weights", used}                      a run's new model started from the
 //                                                  weights loaded on the page (webgrad_worker)
 //     {type: "ready", python_version, webgrad_version, jspi, boot}   booted; requests now run
@@ -179,6 +184,7 @@ import webgrad.codegen.initparams
 const SNAPSHOT_CONTENT = "webgrad-imported-1";
 const bootTimes = {};  // phase -> ms since the worker started (bench/cold_start.py)
 const mark = (phase) => { bootTimes[phase] = Math.round(performance.now()); };
+const booting = (phase, text) => post({ type: "boot", phase, text });
 
 async function snapshotCache() {
   try { return await caches.open(SNAPSHOT_CACHE); } catch { return null; }  // no Cache Storage
@@ -313,6 +319,8 @@ async function boot() {
   const snapshot = manifest.boot_key ? await loadSnapshot(snapshotKey).catch(() => null) : null;
   const { loadPyodide } = await pyodideModule;
   const indexURL = here("../assets/pyodide/");
+  booting("python", snapshot ? "Starting Python (Pyodide, from this browser's snapshot)…"
+    : "Starting Python (Pyodide)…");
   if (snapshot) {
     try {
       pyodide = await loadPyodide({ indexURL, _loadSnapshot: snapshot });
@@ -328,12 +336,16 @@ async function boot() {
   mark("pyodide");
   const sitePackages = pyodide.runPython("import sysconfig; sysconfig.get_path('purelib')");
   const wheelData = await Promise.all(wheelBytes);
+  const kB = Math.round(wheelData.reduce((n, b) => n + b.byteLength, 0) / 1024);
+  booting("install", `Installing webgrad (${kB} kB)…`);
   // pure-Python wheels: unpacking is all an install is (loadPackage's bookkeeping took
   // seconds on a loaded machine, and makes the snapshot impossible, see above)
   const unpackWheels = () => {
     for (const bytes of wheelData) pyodide.unpackArchive(bytes, "wheel", { extractDir: sitePackages });
   };
   if (makeSnapshot) {  // before anything hands Python a JS object (loadPackage does)
+    booting("snapshot", `Installing webgrad (${kB} kB) and keeping a snapshot of Python ` +
+      "for the next visits…");
     try {
       // The modules a first run imports go into the snapshot, already imported (the files
       // are not: the file system lives on the JS side, so every boot unpacks the wheels).
@@ -357,6 +369,7 @@ async function boot() {
   pyodide.FS.writeFile(`${sitePackages}/webgrad_worker.py`, await helperReady);
   mark("helper");
 
+  if (!bootTimes.from_snapshot) booting("import", "Importing webgrad…");  // (a snapshot has it)
   // webgrad's version from the module the snapshot imported: importlib.metadata's search of
   // the path took 1.2 s on the first Python run after a snapshot load
   const info = await pyodide.runPythonAsync(`

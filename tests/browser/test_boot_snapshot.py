@@ -3,15 +3,35 @@ one and keeps it in Cache Storage; a page opened later in the same browser conte
 it, and its Python then behaves like a freshly initialized one (checked against CPython's own
 answers, and by compiling and stepping a model on WebGPU against the reference executor in CPython).
 The snapshot holds webgrad's compiler already imported; the modules it does not hold still
-import from the wheel's files, and the wheel's metadata is there.
+import from the wheel's files, and the wheel's metadata is there. The playground's status says
+what each boot is doing (starting Python, installing the wheels with their size read from the
+files served, the snapshot, importing) with the time so far, then how long the boot took.
 """
 from __future__ import annotations
 
+import json
 import math
+import re
+from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.browser
+REPO = Path(__file__).resolve().parents[2]
+
+
+def MANIFEST():
+    return json.loads((REPO / "web" / "assets" / "manifest.json").read_text())
+
+
+# every distinct text the playground's #status shows, from the page's first script on
+RECORD_STATUS = """
+window.bootStatus = [];
+new MutationObserver(() => {
+  const text = document.getElementById("status")?.textContent;
+  if (text && text !== window.bootStatus[window.bootStatus.length - 1]) window.bootStatus.push(text);
+}).observe(document, {childList: true, characterData: true, subtree: true});
+"""
 
 _CODE = """
 import sys, math, json, hashlib, importlib.metadata, webgrad as wg
@@ -36,12 +56,15 @@ def test_second_page_boots_from_snapshot(browser_session):
     import hashlib
     import json
     context = browser_session.browser.new_context()
+    context.add_init_script(RECORD_STATUS)
     try:
-        infos, results = [], []
+        infos, results, statuses = [], [], []
         for _ in range(2):
             page = context.new_page()
             page.goto(browser_session.url)
             infos.append(page.evaluate("window.webgrad.ready"))
+            page.wait_for_function("window.playground.state !== 'booting'", timeout=60_000)
+            statuses.append(page.evaluate("window.bootStatus"))
             results.append(page.evaluate(
                 "(code) => window.webgrad.run(code).catch((e) => ({error: e}))", _CODE))
             assert "error" not in results[-1], (infos[-1], results[-1]["error"]["traceback"])
@@ -53,6 +76,23 @@ def test_second_page_boots_from_snapshot(browser_session):
         context.close()
     assert not infos[0]["boot"].get("from_snapshot") and infos[1]["boot"].get("from_snapshot") is True
     assert "snapshot_made" in infos[0]["boot"] and "snapshot_made" not in infos[1]["boot"]
+    # the status said what the boot was doing, with the time since the page opened
+    kB = round(sum((REPO / "web" / "assets" / "wheels" / w).stat().st_size for w in
+                   (MANIFEST()["micropip_wheel"], MANIFEST()["webgrad_wheel"])) / 1024)
+    for seen, phases in zip(statuses, [
+            ["Starting Python (Pyodide)…", f"Installing webgrad ({kB} kB)…",
+             f"Installing webgrad ({kB} kB) and keeping a snapshot of Python for the next visits…",
+             "Importing webgrad…"],
+            ["Starting Python (Pyodide, from this browser's snapshot)…",
+             f"Installing webgrad ({kB} kB)…"]]):
+        seen = [t for t in seen if t != "Loading…"]  # the page's text before its script runs
+        booting = [t.rsplit(" · ", 1) for t in seen[:-1]]
+        assert all(re.fullmatch(r"[\d.]+ s", s) for _, s in booting), seen
+        shown = [t for t, _ in booting if t != "Starting Python (Pyodide) in a worker…"]
+        assert list(dict.fromkeys(shown)) == phases, seen
+        times = [float(s[:-2]) for _, s in booting]
+        assert times == sorted(times), seen
+        assert re.fullmatch(r"Ready in [\d.]+ s: Python 3[\d.]+, webgrad .*", seen[-1]), seen
     import webgrad as wg
     from webgrad import Module, init, ops, optim
 

@@ -113,8 +113,13 @@ def test_keys_progress_stop_and_loaded_weights(page, tmp_path):
                  if (m := re.match(r"\(compiling: (\d+) kernels, (\d+) pipelines made\)", t))]
     assert compiling and compiling[-1][0] == compiling[-1][1] > 5, seen["kernels"]
     assert [k for k, _ in compiling] == sorted(k for k, _ in compiling), compiling
-    assert any(re.match(r"Compiling: \d+ kernels generated, \d+ of \d+ pipelines created", t)
-               for t in seen["status"]), seen["status"]
+    compiles = [i for i, t in enumerate(seen["status"])
+                if re.match(r"Compiling: \d+ kernels generated, \d+ of \d+ pipelines created", t)]
+    assert compiles, seen["status"]
+    # before the first kernel: tracing (compile_module started), after the code's first lines
+    tracing = [i for i, t in enumerate(seen["status"]) if t.startswith("Tracing your code")]
+    assert tracing and tracing[0] < compiles[0], seen["status"]
+    assert re.search(r" · [\d.]+ s$", seen["status"][tracing[0]]), seen["status"]
     training = [t for t in seen["status"]
                 if re.match(r"Training: step \d+ of 40 · [\d.]+ steps/s · ETA [\d.]+ s · ", t)]
     assert training, seen["status"]
@@ -222,6 +227,8 @@ def test_traceback_names_users_code_marks_line_and_values_print_as_repr(page):
     page.evaluate("() => { window.playground.code = \"{'a': (1, 2.5), 'b': None, 's': 'x'}\"; }")
     _press_in_editor(page, "Control+Enter")
     assert _wait_end(page) == "done"
+    # (the console renders on an animation frame, later than 50 ms on a loaded machine)
+    page.wait_for_function("document.querySelector('#console').textContent !== ''")
     assert _text(page, "#console") == "{'a': (1, 2.5), 'b': None, 's': 'x'}\n"
     assert not page.query_selector("#editor .cm-error-line")
 
