@@ -175,12 +175,26 @@ def test_stop_mid_run_keeps_last_step_and_runs_again(page, browser_session):
     reported = len(page.evaluate("window.playground.losses"))
     params = browser_session.run("{k: list(map(float, v)) for k, v in c.download_params().items()}")
     # the parameters are those after the last completed step (one more than reported if the
-    # stop came between a step and its report), replayed on the reference executor
-    errors = {}
-    for k in (reported, reported + 1):
+    # stop came between a step and its report): a twin on the same backend stepped as many
+    # times from the same seed and batches gives them bit for bit; early on, the reference
+    # executor's replay agrees too (later the two drift apart, as f32 sums in another order
+    # do over a hundred Adam steps: 0.09 by step 124 between torch and the reference)
+    twins = browser_session.run(f"""
+import random as _random
+_twin, _rng, _at = compile_mlp(c.backend.name, 0), _random.Random(0), {{}}
+for _k in range({reported + 1}):
+    _twin.step(batch(_rng))
+    if _k + 1 >= {reported}:
+        _at[str(_k + 1)] = {{n: list(map(float, v)) for n, v in _twin.download_params().items()}}
+_twin.destroy()
+_at""")
+    errors = {int(k): max(float(np.max(np.abs(np.asarray(params[n]) - np.asarray(t[n]))))
+                          for n in t) for k, t in twins.items()}
+    assert min(errors.values()) == 0, errors
+    k = min(errors, key=errors.get)
+    if k <= 40:
         ref = _reference_params(k, 0)
-        errors[k] = max(float(np.max(np.abs(np.asarray(params[n]) - ref[n]))) for n in ref)
-    assert min(errors.values()) < 2e-3, errors
+        assert max(float(np.max(np.abs(np.asarray(params[n]) - ref[n]))) for n in ref) < 2e-3
     # Run again: the worker is usable and the example trains to its target
     page.select_option("#examples", "mlp_sin.py")
     page.wait_for_function("!window.playground.code.includes('10**6')")
