@@ -82,8 +82,17 @@ export function sharedDevice() {
 }
 
 function renew() {
+  const before = current;
   const request = shared = requestDevice();
-  request.then((replay) => { if (shared === request) current = replay; }, () => {});
+  request.then((replay) => {
+    if (shared === request) current = replay;
+    // a device made after a loss keeps the worker's listeners (the pipeline store and the
+    // playground's compile count); registered first, this runs before any caller's then
+    if (before) {
+      replay.onUsed ??= before.onUsed;
+      replay.onPipeline ??= before.onPipeline;
+    }
+  }, () => {});
   return request;
 }
 

@@ -265,7 +265,7 @@ async function prewarm(key) {
 
 // Stores the texts of the pipelines used so far if there are new ones: as soon as a plan
 // used new ones (Replay.onUsed; the tab may be closed any time after), and after each
-// request (a device renewed after a loss has no onUsed). One store at a time.
+// request. A device renewed after a loss keeps both listeners (replay.mjs). One store at a time.
 let storing = Promise.resolve();
 function storePipelines() {
   storing = storing.then(storePipelinesNow)
