@@ -18,6 +18,16 @@ pytestmark = [pytest.mark.webgpu,
               pytest.mark.skipif(not webgpu_available(), reason="no native WebGPU adapter")]
 
 
+@pytest.fixture
+def sigint_raises():
+    """Ctrl-C raising KeyboardInterrupt, as in a terminal, however pytest was started: a shell
+    running a command in the background (`cmd &` without job control) starts it with SIGINT
+    ignored, and Python then keeps it ignored (both tests below failed so, "DID NOT RAISE")."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def test_the_parts_are_the_commands_in_order_each_twice_the_last():
     from webgrad.backends.webgpu_native import _submissions
     cmds = list(range(100))
@@ -59,7 +69,7 @@ def test_a_step_in_several_submissions_trains_as_the_reference_executor(parts):
     _assert_same_params(c, r)
 
 
-def test_an_interrupt_while_submitting_leaves_the_step_whole(parts, monkeypatch):
+def test_an_interrupt_while_submitting_leaves_the_step_whole(parts, monkeypatch, sigint_raises):
     from webgrad.backends.webgpu_native import NativeHost
     c, r = models.compile_transformer("webgpu"), models.compile_transformer("reference")
     batch = models.reversal_batch()
@@ -138,7 +148,8 @@ def test_results_are_waited_for_by_polling_dawns_events(monkeypatch):
                      ("map_async", 1), ("sync_wait", "pending")]
 
 
-def test_an_interrupt_while_the_results_are_read_leaves_the_next_step_working(monkeypatch):
+def test_an_interrupt_while_the_results_are_read_leaves_the_next_step_working(monkeypatch,
+                                                                          sigint_raises):
     """Ctrl-C while a step's results are read back (here: just before the mapped loss is
     copied out) is held until the buffer is unmapped, then raised: the step ran whole, and
     the next one runs (left mapped, the staging buffer failed every later step)."""

@@ -206,6 +206,9 @@ def test_broken_snippet_shows_traceback_at_users_line(page):
     page.evaluate("""() => { window.playground.code =
         "import math\\n\\ndef f(x):\\n    return math.sqrt(x) + undefined_name\\n\\nf(2)\\n"; }""")
     assert _run_and_wait(page) == "error"
+    # the console renders the traceback on an animation frame after the state is set
+    page.wait_for_function("document.querySelector('#console').textContent.includes('undefined_name')",
+                           timeout=10_000)
     console = page.eval_on_selector("#console", "e => e.textContent")
     assert 'File "your code", line 4, in f' in console and "undefined_name" in console, console
     assert 'File "your code", line 6' in console
@@ -215,6 +218,8 @@ def test_broken_snippet_shows_traceback_at_users_line(page):
 
     page.evaluate("() => { window.playground.code = 'x = 1\\nprint(x +)\\n'; }")
     assert _run_and_wait(page) == "error"
+    page.wait_for_function("document.querySelector('#console').textContent.includes('print(x +)')",
+                           timeout=10_000)
     console = page.eval_on_selector("#console", "e => e.textContent")
     assert 'File "your code", line 2' in console and "print(x +)" in console, console
     assert "webgrad_worker" not in console and "_pyodide" not in console
