@@ -1,8 +1,12 @@
 """The primitive registry stays complete: every rule a primitive needs has a home.
 
-Fails when a primitive in primitives.PRIMS lacks a shape rule, a numpy reference, a torch
-lowering or a decision about its derivative, or when the op oracle (tests/oracle.py) has no
-record exercising it — and when a public op or nn building block has no oracle record.
+`registry_problems()` is primitives.py's header checklist as code: it fails, naming the op,
+when a primitive in primitives.PRIMS lacks a shape rule, a numpy reference, a decision about
+its derivative, a cost rule, a lowering that codegen has (an expression rule or a builder
+for its kernel kind), a public function in ops.py, a torch or an ONNX lowering — and when an
+op codegen's passes create lacks a cost or a lowering. test_the_checker_names_* remove one
+piece of one op and check that the checker names it. The op oracle (tests/oracle.py) must
+have a record exercising every primitive, and every public op or nn building block.
 A snapshot of one tiny graph's printed IR makes pass changes show up as readable diffs.
 """
 from __future__ import annotations
@@ -18,7 +22,7 @@ import pytest
 import oracle
 import webgrad as wg
 from webgrad import Module, init, nn, ops, optim
-from webgrad.primitives import PRIMS
+from webgrad.primitives import EXPR, LEAF, PRIMS, Cost
 
 # read from the feed or the persistent store by the executor itself: no rules to run
 LEAVES = {"input", "param", "state"}
@@ -26,6 +30,139 @@ LEAVES = {"input", "param", "state"}
 # forgotten is not in this set and fails test_every_primitive_decides_its_gradient
 NONDIFF = LEAVES | {"const", "arange", "sign", "less", "greater", "equal", "argmax_last",
                     "one_hot", "rand_uniform", "dequantize"}
+
+
+OPS_SOURCE = (Path(__file__).resolve().parents[1] / "pkg" / "webgrad" / "ops.py").read_text()
+
+
+def _lowering_problems(name: str, lowering: str, cost, where: str) -> list[str]:
+    from webgrad.codegen import EXPR_RULES, KERNELS
+    out = []
+    if not isinstance(cost, Cost) or not callable(cost.flops) or not isinstance(cost.recompute, int):
+        out.append(f"{name}: no cost rule ({where}: cost=ELEMENT, COSTLY, ... or a Cost; "
+                   "codegen/cost.py counts its FLOPs and bytes from it)")
+    if lowering == EXPR:
+        if name not in EXPR_RULES:
+            out.append(f"{name}: lowering 'expr' but codegen has no expression rule for it "
+                       f"(@rule({name!r}) in its family's file under codegen/), or give "
+                       f"{where} a kernel kind of codegen/program.py's KERNELS")
+    elif lowering != LEAF and lowering not in KERNELS:
+        out.append(f"{name}: kernel kind {lowering!r} has no builder in codegen/program.py's "
+                   f"KERNELS (known kinds: {sorted(KERNELS)})")
+    return out
+
+
+def registry_problems() -> list[str]:
+    """One line per missing piece ("op: what is missing (where it goes)"), reading every table
+    when called."""
+    from webgrad.codegen import CODEGEN_OPS, EXPR_RULES
+    from webgrad.onnx import LOWERINGS
+    from webgrad.onnx.lower import LEAVES as ONNX_LEAVES
+    try:
+        from webgrad.backends.torch_backend import TORCH_IMPLS
+    except ImportError:  # no torch: test_every_primitive_has_a_torch_lowering says so
+        TORCH_IMPLS = None
+    problems = []
+    for name, p in PRIMS.items():
+        if not callable(p.shape):
+            problems.append(f"{name}: no shape rule (defprim(..., shape=...))")
+        if p.lowering != LEAF and not callable(p.ref):
+            problems.append(f"{name}: no numpy reference (defprim(..., ref=...))")
+        if (p.grad is None) != (name in NONDIFF) or not (p.grad is None or callable(p.grad)):
+            problems.append(f"{name}: its derivative is undecided: grad= a rule, or grad=None "
+                            "with the op in NONDIFF (tests/test_registry.py)")
+        problems += _lowering_problems(name, p.lowering, p.cost, "its defprim in primitives.py")
+        if p.lowering == LEAF:
+            continue  # bound by tracing (inputs, params, state), filled by each executor
+        if f'bind("{name}"' not in OPS_SOURCE:
+            problems.append(f"{name}: no public function in ops.py binds it")
+        if TORCH_IMPLS is not None and name not in TORCH_IMPLS:
+            problems.append(f"{name}: no torch lowering (backends/torch_backend.py TORCH_IMPLS)")
+        if name not in LOWERINGS and name not in ONNX_LEAVES:
+            problems.append(f"{name}: no ONNX lowering (onnx/lower.py LOWERINGS)")
+    for name, (lowering, cost) in CODEGEN_OPS.items():
+        problems += _lowering_problems(name, lowering, cost, "its pattern pass's table "
+                                       "(attention_match.ATTN_PASS_OPS, rowfuse_match.ROW_PASS_OPS)")
+    stale = sorted(set(EXPR_RULES) - set(PRIMS) - set(CODEGEN_OPS))
+    problems += [f"{op}: codegen has an expression rule for an op no registry row names" for op in stale]
+    return problems
+
+
+def test_every_primitive_has_every_piece():
+    problems = registry_problems()
+    assert not problems, "the registry's checklist (primitives.py header):\n  " + "\n  ".join(problems)
+
+
+def _patch(table_name: str, key, attr=None, value=None):
+    """(monkeypatch) -> None: takes one piece away from one op."""
+    def apply(mp):
+        from webgrad import codegen
+        from webgrad.onnx import LOWERINGS
+        tables = {"PRIMS": PRIMS, "EXPR_RULES": codegen.EXPR_RULES, "KERNELS": codegen.KERNELS,
+                  "LOWERINGS": LOWERINGS, "CODEGEN_OPS": codegen.CODEGEN_OPS}
+        table = tables[table_name]
+        if attr is not None:
+            mp.setattr(table[key], attr, value)
+        elif value is not None:
+            mp.setitem(table, key, value)
+        else:
+            mp.delitem(table, key)
+    return apply
+
+
+@pytest.mark.parametrize("patch, op, says", [
+    (_patch("PRIMS", "erf", "cost", None), "erf", "no cost rule"),
+    (_patch("PRIMS", "sum", "cost", None), "sum", "no cost rule"),
+    (_patch("CODEGEN_OPS", "attn_out", value=("attention", None)), "attn_out", "no cost rule"),
+    (_patch("PRIMS", "sin", "ref", None), "sin", "numpy reference"),
+    (_patch("PRIMS", "exp", "grad", None), "exp", "derivative"),
+    (_patch("EXPR_RULES", "gather_rows"), "gather_rows", "no expression rule"),
+    (_patch("KERNELS", "scatter"), "scatter_add_rows", "KERNELS"),
+    (_patch("PRIMS", "matmul", "lowering", "tiles"), "matmul", "KERNELS"),
+    (_patch("PRIMS", "fold2d", "lowering", EXPR), "fold2d", "no expression rule"),
+    (_patch("LOWERINGS", "where"), "where", "ONNX"),
+], ids=["prim-cost", "kernel-cost", "pass-op-cost", "ref", "grad", "expr-rule",
+        "kernel-builder", "unknown-kind", "kernel-as-expr", "onnx"])
+def test_the_checker_names_a_missing_piece(monkeypatch, patch, op, says):
+    assert not registry_problems()
+    patch(monkeypatch)
+    named = [line for line in registry_problems() if line.startswith(f"{op}:")]
+    assert named and all(says in line for line in named), registry_problems()
+
+
+def test_the_checker_names_a_missing_torch_lowering(monkeypatch):
+    pytest.importorskip("torch")
+    from webgrad.backends.torch_backend import TORCH_IMPLS
+    monkeypatch.delitem(TORCH_IMPLS, "fold2d")
+    assert registry_problems() == ["fold2d: no torch lowering (backends/torch_backend.py TORCH_IMPLS)"]
+
+
+def test_an_op_without_a_cost_rule_is_refused_not_counted(monkeypatch):
+    """The cost model refuses an op with no rule (it used to count 1 FLOP an element)."""
+    from webgrad.codegen import Limits, lower
+    from webgrad.compile import build_train_graph, parse_inputs
+
+    class Empty(Module):
+        pass
+
+    g = build_train_graph(Empty, lambda m, inp: ops.sum_all(ops.erf(inp["x"])),
+                          parse_inputs({"x": ([4, 8], "f32")}), None)[1]
+    low = lower(g, Limits())[0]
+    assert sum(k["flops"] for k in low.kernels) > 0
+    monkeypatch.setattr(PRIMS["erf"], "cost", None)
+    with pytest.raises(ValueError, match=r"'erf' has no cost rule.*primitives\.py"):
+        lower(g, Limits())
+
+
+def test_codegen_sets_follow_the_registry(monkeypatch):
+    """Fusion's classes are read from the rows: a primitive made a kernel op (stored, its own
+    kernel) by its row alone is lowered as one."""
+    from webgrad.codegen import kinds
+    assert kinds.KERNEL_OPS >= {n for n, p in PRIMS.items() if p.kernel}
+    assert kinds.VIEW_OPS == {n for n, p in PRIMS.items() if p.cost.view}
+    assert {n for n, p in PRIMS.items() if p.cost.free} >= kinds.VIEW_OPS | kinds.LEAF_OPS
+    assert kinds.cost_of("pad").free and kinds.cost_of("pad").recompute == 1
+    assert not kinds.cost_of("exp").free and kinds.cost_of("exp").recompute == 4
 
 
 def test_every_primitive_has_a_shape_rule_and_reference():

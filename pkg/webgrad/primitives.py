@@ -1,20 +1,37 @@
 """The primitive registry: every IR op defined once, with all of its rules side by side.
 
-Adding a primitive takes, in this file:
-  1. a shape rule   `shape(ins: list[Node], attrs) -> (shape, dtype)`, raising ShapeError;
-  2. a derivative   `grad(g, ins: list[Tensor], out: Tensor, attrs) -> [Tensor | None]`
-                    written with webgrad.ops (so backward is traced into the same IR); the
-                    engine in grad.py sums a gradient down to its input's shape, so rules
-                    for broadcasting ops may return the broadcast shape. `grad=None` marks
-                    an op as not differentiable (comparisons, indices, random numbers);
-  3. a reference    `ref(np, attrs, *arrays)` in numpy: the executable specification that
-                    every other executor is judged against;
-and elsewhere:
-  4. a torch lowering in backends/torch_backend.py (TORCH_IMPLS);
-  5. a WGSL lowering in codegen/ for its family (an expression rule, fused into whichever
-     kernel reads it, or a kernel of its own); codegen.LOWERED_OPS lists them;
-  6. a record in the op oracle table, tests/oracle.py (run by tests/test_ops.py).
-tests/test_registry.py fails when a primitive lacks any rule that has a home.
+Adding a primitive is one `defprim(...)` here, with
+  1. shape     `shape(ins: list[Node], attrs) -> (shape, dtype)`, raising ShapeError;
+  2. grad      `grad(g, ins: list[Tensor], out: Tensor, attrs) -> [Tensor | None]`, written
+               with webgrad.ops (so backward is traced into the same IR); the engine in
+               grad.py sums a gradient down to its input's shape, so rules for broadcasting
+               ops may return the broadcast shape. `grad=None` marks an op as not
+               differentiable (comparisons, indices, random numbers; tests/test_registry.py's
+               NONDIFF must list it);
+  3. ref       `ref(np, attrs, *arrays)` in numpy: the executable specification that every
+               other executor is judged against;
+  4. lowering  where WebGPU computes it: "expr" (the default: an expression evaluated inside
+               whichever kernel reads it, fused), "leaf" (a buffer the executor fills), or
+               the kind of kernel of its own that stores it ("matmul", "reduce", "row",
+               "scatter", "fold", "write_rows", or a new kind);
+  5. cost      a Cost (below): its FLOPs (codegen/cost.py's model, the profiler's columns),
+               fusion's weight for recomputing it in a reader, whether it is a view and
+               whether it reads only the input elements it selects. Pick one of the
+               constants (ELEMENT, COSTLY, FREE, VIEW, SELECT, REDUCE, ROW, MATMUL) or write
+               a Cost; there is no default count;
+and, outside this file:
+  6. ops.py: the public function that binds it (and a docstring);
+  7. backends/torch_backend.py: its torch lowering in TORCH_IMPLS;
+  8. onnx/lower.py: its ONNX lowering in LOWERINGS;
+  9. codegen/: for "expr", an expression rule (`@rule("name")`, codegen/emit.py's
+     EXPR_RULES) in the file of its family (elementwise.py, layout.py, index.py, conv.py,
+     ...); for a kernel, nothing more when its kind exists, else a builder of the kind in
+     codegen/program.py's KERNELS (and its scratch buffers in SCRATCH, if any). Codegen's op
+     sets (fusion's kernel ops, views, recompute weights; reduce.py's ops) are read from
+     these fields (codegen/kinds.py): no list names the op;
+ 10. tests/oracle.py: a record exercising it (run by tests/test_ops.py on every executor).
+tests/test_registry.py fails, naming the op and the missing piece, while any of 1-10 is
+missing (its `registry_problems()` is the checklist as code).
 
 Everything else in webgrad.ops (gelu, silu, softmax_causal_last, conv2d, cross entropy, ...)
 is a composition of these; a new primitive earns its place only when a composition is slow
@@ -34,6 +51,76 @@ class ShapeError(ValueError):
     """A shape or dtype rule refused an op at trace time."""
 
 
+# ---------------------------------------------------------------- cost rules
+# A FLOP rule is `flops(ins: list[Node], out: Node) -> int`: the arithmetic of computing the
+# whole output once (codegen/cost.py sums it over a kernel's nodes for the profiler).
+
+
+def no_flops(ins, out) -> int:
+    """No arithmetic: leaves, constants, casts, views, pads and concatenations."""
+    return 0
+
+
+def per_element(ins, out) -> int:
+    """One per output element (an elementwise op: exp counts as one, as an add)."""
+    return out.size
+
+
+def per_input_element(ins, out) -> int:
+    """One per element reduced (sum, max, argmax)."""
+    return ins[0].size
+
+
+ROW_FLOPS = 5  # per element of softmax / log-softmax / layer norm (max, exp, sum, scale...)
+
+
+def per_row_element(ins, out) -> int:
+    return ROW_FLOPS * out.size
+
+
+def matmul_flops(ins, out) -> int:
+    """2 M N K per product, batch included."""
+    return 2 * out.size * ins[0].shape[-1]
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What an op costs where it runs; read by codegen/cost.py (FLOPs, bytes) and by fusion.
+    flops      the FLOP rule (above);
+    recompute  fusion's weight for computing one element again inside each kernel that reads
+               it (rule 2 of codegen/fusion.py stores an expression read by several kernels
+               once the weights along its chain reach 8): 0 for what costs no work in a
+               reader (views, constants, casts), 4 for transcendentals and division;
+    view       it reads its one input at remapped indices and computes nothing (reshape,
+               transpose, broadcast, slice): a matmul operand may be a strided view of it;
+    narrows    it reads only the input elements it selects (slice, gather_rows): the bytes
+               model counts those, not the whole input.
+    An op is *free* when its FLOP rule is no_flops: it counts no FLOPs and the profiler
+    leaves it out of a kernel's op list (pad and concat are free but cost a bounds test,
+    recompute 1)."""
+    flops: Callable
+    recompute: int = 1
+    view: bool = False
+    narrows: bool = False
+
+    @property
+    def free(self) -> bool:
+        return self.flops is no_flops
+
+
+ELEMENT = Cost(per_element)                           # add, mul, relu, comparisons, where ...
+COSTLY = Cost(per_element, recompute=4)               # exp, log, tanh, erf, sqrt, div ...
+FREE = Cost(no_flops, recompute=0)                    # leaves, constants, cast
+VIEW = Cost(no_flops, recompute=0, view=True)         # reshape, transpose, broadcast_to
+SELECT = Cost(no_flops)                               # pad, concat: a bounds test, no arithmetic
+REDUCE = Cost(per_input_element)
+ROW = Cost(per_row_element)
+MATMUL = Cost(matmul_flops)
+
+# the values of Prim.lowering that are not kernels of their own
+EXPR, LEAF = "expr", "leaf"
+
+
 @dataclass
 class Prim:
     name: str
@@ -42,13 +129,20 @@ class Prim:
     ref: Callable
     grad: Callable | None
     doc: str = ""
+    cost: Cost | None = None   # None only until tests/test_registry.py names it
+    lowering: str = EXPR       # "expr", "leaf" or a kernel kind (the header's item 4)
+
+    @property
+    def kernel(self) -> str | None:
+        """The kind of kernel of its own that computes and stores it, or None."""
+        return None if self.lowering in (EXPR, LEAF) else self.lowering
 
 
 PRIMS: dict[str, Prim] = {}
 
 
-def defprim(name, family, *, shape, ref, grad, doc=""):
-    PRIMS[name] = Prim(name, family, shape, ref, grad, doc)
+def defprim(name, family, *, shape, ref, grad, cost=None, lowering=EXPR, doc=""):
+    PRIMS[name] = Prim(name, family, shape, ref, grad, doc, cost, lowering)
 
 
 def bind(op: str, *args: Tensor, **attrs) -> Tensor:
@@ -145,45 +239,45 @@ def _keep(g: Tensor, shape) -> Tensor:
 
 # ---------------------------------------------------------------- elementwise
 
-def _unary(name, ref, grad, doc=""):
-    defprim(name, "elementwise", shape=_unary_f32, ref=ref, grad=grad, doc=doc)
+def _unary(name, ref, grad, *, cost, doc=""):
+    defprim(name, "elementwise", shape=_unary_f32, ref=ref, grad=grad, cost=cost, doc=doc)
 
 
 def _erf_ref(np, a, x):
     return np.vectorize(math.erf, otypes=[np.float64])(x).astype(x.dtype)
 
 
-_unary("neg", lambda np, a, x: -x, lambda g, i, o, a: [-g])
-_unary("exp", lambda np, a, x: np.exp(x), lambda g, i, o, a: [g * o])          # d e^x = e^x dx
-_unary("log", lambda np, a, x: np.log(x), lambda g, i, o, a: [g / i[0]])       # d log x = dx / x
-_unary("sqrt", lambda np, a, x: np.sqrt(x), lambda g, i, o, a: [g / (2 * o)])  # d sqrt x = dx / (2 sqrt x)
+_unary("neg", lambda np, a, x: -x, lambda g, i, o, a: [-g], cost=ELEMENT)
+_unary("exp", lambda np, a, x: np.exp(x), lambda g, i, o, a: [g * o], cost=COSTLY)          # d e^x = e^x dx
+_unary("log", lambda np, a, x: np.log(x), lambda g, i, o, a: [g / i[0]], cost=COSTLY)       # d log x = dx / x
+_unary("sqrt", lambda np, a, x: np.sqrt(x), lambda g, i, o, a: [g / (2 * o)], cost=COSTLY)  # d sqrt x = dx / (2 sqrt x)
 _unary("rsqrt", lambda np, a, x: 1 / np.sqrt(x),
-       lambda g, i, o, a: [g * (-0.5) * o * o * o])                            # d x^-1/2 = -1/2 x^-3/2 dx
-_unary("tanh", lambda np, a, x: np.tanh(x), lambda g, i, o, a: [g * (1 - o * o)])  # d tanh = 1 - tanh^2
+       lambda g, i, o, a: [g * (-0.5) * o * o * o], cost=COSTLY)                            # d x^-1/2 = -1/2 x^-3/2 dx
+_unary("tanh", lambda np, a, x: np.tanh(x), lambda g, i, o, a: [g * (1 - o * o)], cost=COSTLY)  # d tanh = 1 - tanh^2
 _unary("sigmoid", lambda np, a, x: (1 / (1 + np.exp(-x))).astype(x.dtype),
        lambda g, i, o, a: [g * o * (1 - o)],                                   # d s = s (1 - s) dx
-       doc="primitive rather than 1/(1+exp(-x)): one kernel and no inf/inf for large |x|")
+       doc="primitive rather than 1/(1+exp(-x)): one kernel and no inf/inf for large |x|", cost=COSTLY)
 _unary("relu", lambda np, a, x: np.maximum(x, 0),
        # relu'(0) = 0, as torch: written as a mask, not through maximum's tie rule
-       lambda g, i, o, a: [g * _O().greater(i[0], 0.0)])
+       lambda g, i, o, a: [g * _O().greater(i[0], 0.0)], cost=ELEMENT)
 _unary("erf", _erf_ref,
        lambda g, i, o, a: [g * (2 / math.sqrt(math.pi)) * _O().exp(-(i[0] * i[0]))],  # d erf = 2/sqrt(pi) e^{-x^2}
-       doc="no composition of exp/tanh gives erf to f32 accuracy")
-_unary("abs", lambda np, a, x: np.abs(x), lambda g, i, o, a: [g * _O().sign(i[0])])
+       doc="no composition of exp/tanh gives erf to f32 accuracy", cost=COSTLY)
+_unary("abs", lambda np, a, x: np.abs(x), lambda g, i, o, a: [g * _O().sign(i[0])], cost=ELEMENT)
 # sign(NaN) = 0, as torch (numpy says NaN)
-_unary("sign", lambda np, a, x: np.where(np.isnan(x), np.zeros_like(x), np.sign(x)), None)
-_unary("sin", lambda np, a, x: np.sin(x), lambda g, i, o, a: [g * _O().cos(i[0])])
-_unary("cos", lambda np, a, x: np.cos(x), lambda g, i, o, a: [-g * _O().sin(i[0])])
+_unary("sign", lambda np, a, x: np.where(np.isnan(x), np.zeros_like(x), np.sign(x)), None, cost=ELEMENT)
+_unary("sin", lambda np, a, x: np.sin(x), lambda g, i, o, a: [g * _O().cos(i[0])], cost=COSTLY)
+_unary("cos", lambda np, a, x: np.cos(x), lambda g, i, o, a: [-g * _O().sin(i[0])], cost=COSTLY)
 # x ** p for a Python number p (attrs: p); d x^p = p x^(p-1) dx
 _unary("pow", lambda np, a, x: np.power(x, np.asarray(a["p"], x.dtype)),
-       lambda g, i, o, a: [g * a["p"] * _O().pow(i[0], a["p"] - 1)] if a["p"] != 0 else [None])
+       lambda g, i, o, a: [g * a["p"] * _O().pow(i[0], a["p"] - 1)] if a["p"] != 0 else [None], cost=COSTLY)
 
 
 # rounding: piecewise constant, so the gradient is zero (torch's too); round is half to
 # even, as torch.round, numpy and WGSL's round
-_unary("floor", lambda np, a, x: np.floor(x), lambda g, i, o, a: [None])
-_unary("trunc", lambda np, a, x: np.trunc(x), lambda g, i, o, a: [None])
-_unary("round", lambda np, a, x: np.round(x), lambda g, i, o, a: [None])
+_unary("floor", lambda np, a, x: np.floor(x), lambda g, i, o, a: [None], cost=ELEMENT)
+_unary("trunc", lambda np, a, x: np.trunc(x), lambda g, i, o, a: [None], cost=ELEMENT)
+_unary("round", lambda np, a, x: np.round(x), lambda g, i, o, a: [None], cost=ELEMENT)
 
 
 def _identity_shape(ins, attrs):
@@ -191,20 +285,20 @@ def _identity_shape(ins, attrs):
 
 
 defprim("stop_gradient", "elementwise", shape=_identity_shape, ref=lambda np, a, x: x,
-        grad=lambda g, i, o, a: [None],
+        grad=lambda g, i, o, a: [None], cost=ELEMENT,
         doc="the identity whose gradient is zero (torch's detach): padding rows of an "
             "embedding, the shift of logsumexp")
 
 
-def _bin(name, ref, grad, shape=_binary):
-    defprim(name, "elementwise", shape=shape, ref=ref, grad=grad)
+def _bin(name, ref, grad, shape=_binary, *, cost):
+    defprim(name, "elementwise", shape=shape, ref=ref, grad=grad, cost=cost)
 
 
-_bin("add", lambda np, a, x, y: x + y, lambda g, i, o, a: [g, g])
-_bin("sub", lambda np, a, x, y: x - y, lambda g, i, o, a: [g, -g])
-_bin("mul", lambda np, a, x, y: x * y, lambda g, i, o, a: [g * i[1], g * i[0]])
+_bin("add", lambda np, a, x, y: x + y, lambda g, i, o, a: [g, g], cost=ELEMENT)
+_bin("sub", lambda np, a, x, y: x - y, lambda g, i, o, a: [g, -g], cost=ELEMENT)
+_bin("mul", lambda np, a, x, y: x * y, lambda g, i, o, a: [g * i[1], g * i[0]], cost=ELEMENT)
 _bin("div", lambda np, a, x, y: (x / y) if x.dtype.kind == "f" else np.trunc(x / y).astype(x.dtype),
-     lambda g, i, o, a: [g / i[1], -g * o / i[1]])                             # d(x/y) = dx/y - x dy/y^2
+     lambda g, i, o, a: [g / i[1], -g * o / i[1]], cost=COSTLY)                             # d(x/y) = dx/y - x dy/y^2
 
 
 def _minmax_grad(first_wins):
@@ -217,8 +311,8 @@ def _minmax_grad(first_wins):
     return grad
 
 
-_bin("maximum", lambda np, a, x, y: np.maximum(x, y), _minmax_grad(True))
-_bin("minimum", lambda np, a, x, y: np.minimum(x, y), _minmax_grad(False))
+_bin("maximum", lambda np, a, x, y: np.maximum(x, y), _minmax_grad(True), cost=ELEMENT)
+_bin("minimum", lambda np, a, x, y: np.minimum(x, y), _minmax_grad(False), cost=ELEMENT)
 
 
 def _power_shape(ins, attrs):
@@ -237,11 +331,11 @@ def _power_grad(g, i, o, a):
     return [dx, dy]
 
 
-_bin("power", lambda np, a, x, y: np.power(x, y), _power_grad, _power_shape)
+_bin("power", lambda np, a, x, y: np.power(x, y), _power_grad, _power_shape, cost=ELEMENT)
 
-_bin("less", lambda np, a, x, y: (x < y).astype("float32"), None, _compare)
-_bin("greater", lambda np, a, x, y: (x > y).astype("float32"), None, _compare)
-_bin("equal", lambda np, a, x, y: (x == y).astype("float32"), None, _compare)
+_bin("less", lambda np, a, x, y: (x < y).astype("float32"), None, _compare, cost=ELEMENT)
+_bin("greater", lambda np, a, x, y: (x > y).astype("float32"), None, _compare, cost=ELEMENT)
+_bin("equal", lambda np, a, x, y: (x == y).astype("float32"), None, _compare, cost=ELEMENT)
 
 
 def _where_shape(ins, attrs):
@@ -253,7 +347,8 @@ def _where_shape(ins, attrs):
 
 defprim("where", "elementwise", shape=_where_shape,
         ref=lambda np, a, c, x, y: np.where(c != 0, x, y),
-        grad=lambda g, i, o, a: [None, _O().where(i[0], g, 0.0), _O().where(i[0], 0.0, g)])
+        grad=lambda g, i, o, a: [None, _O().where(i[0], g, 0.0), _O().where(i[0], 0.0, g)],
+        cost=ELEMENT)
 
 
 NUMPY_DTYPES = {"f32": "float32", "i32": "int32", "f16": "float16"}
@@ -277,7 +372,7 @@ def _cast_ref(np, a, x):
 
 # the gradient of a float value is an f32 value whatever the value's storage (grad.py), so
 # a cast between f32 and f16 passes it through unchanged
-defprim("cast", "elementwise", shape=_cast_shape, ref=_cast_ref,
+defprim("cast", "elementwise", shape=_cast_shape, ref=_cast_ref, cost=FREE,
         grad=lambda g, i, o, a: [g if i[0].dtype != "i32" and o.dtype != "i32" else None])
 
 # ---------------------------------------------------------------- leaves
@@ -288,12 +383,12 @@ def _leaf_shape(ins, attrs):
 
 
 for _leaf in ("input", "param", "state"):
-    defprim(_leaf, "leaf", shape=_leaf_shape, ref=None, grad=None,
+    defprim(_leaf, "leaf", shape=_leaf_shape, ref=None, grad=None, cost=FREE, lowering=LEAF,
             doc="read from the feed or the persistent store by the executor")
-defprim("const", "leaf", shape=_leaf_shape, grad=None,
+defprim("const", "leaf", shape=_leaf_shape, grad=None, cost=FREE,
         ref=lambda np, a: np.asarray(a["value"], "float32" if a["dtype"] == "f32" else "int32")
         .reshape(a["shape"]))
-defprim("arange", "leaf", shape=lambda ins, a: ((a["n"],), a["dtype"]), grad=None,
+defprim("arange", "leaf", shape=lambda ins, a: ((a["n"],), a["dtype"]), grad=None, cost=FREE,
         ref=lambda np, a: np.arange(a["n"], dtype="float32" if a["dtype"] == "f32" else "int32"))
 
 # ---------------------------------------------------------------- reductions
@@ -316,8 +411,10 @@ def _sum_grad(g, i, o, a):
     return [O.broadcast_to(O.reshape(g, keep), x.shape)]
 
 
-defprim("sum", "reduce", shape=_sum_shape, grad=_sum_grad,
+defprim("sum", "reduce", shape=_sum_shape, grad=_sum_grad, cost=REDUCE, lowering="reduce",
         ref=lambda np, a, x: np.sum(x, axis=tuple(a["axes"]), dtype=x.dtype))
+
+
 def _max_grad(g, i, o, a):
     # torch.amax's rule: the gradient is shared equally by all the maximal elements,
     # dx = g * [x == max] / #{x == max} (max_pool2d routes it to one element instead)
@@ -327,9 +424,10 @@ def _max_grad(g, i, o, a):
 
 
 defprim("max_last", "reduce", shape=lambda ins, a: (_nonempty_last(ins, a)[0][:-1], "f32"),
-        ref=lambda np, a, x: np.max(x, axis=-1), grad=_max_grad)
+        ref=lambda np, a, x: np.max(x, axis=-1), grad=_max_grad, cost=REDUCE, lowering="reduce")
 defprim("argmax_last", "reduce", shape=lambda ins, a: (_nonempty_last(ins, a)[0][:-1], "i32"),
-        ref=lambda np, a, x: np.argmax(x, axis=-1).astype("int32"), grad=None)
+        ref=lambda np, a, x: np.argmax(x, axis=-1).astype("int32"), grad=None, cost=REDUCE,
+        lowering="reduce")
 
 
 def _softmax_ref(np, a, x):
@@ -355,9 +453,11 @@ def _log_softmax_grad(g, i, o, a):
 
 
 defprim("softmax_last", "reduce", shape=_last_axis, ref=_softmax_ref, grad=_softmax_grad,
+        cost=ROW, lowering="row",
         doc="primitive: max-subtracted and one kernel; the composition needs 4 passes")
 defprim("log_softmax_last", "reduce", shape=_last_axis, ref=_log_softmax_ref,
-        grad=_log_softmax_grad, doc="primitive: log(softmax) underflows to -inf")
+        grad=_log_softmax_grad, cost=ROW, lowering="row",
+        doc="primitive: log(softmax) underflows to -inf")
 
 
 def _layer_norm_ref(np, a, x):
@@ -376,7 +476,7 @@ def _layer_norm_grad(g, i, o, a):
 
 
 defprim("layer_norm_last", "reduce", shape=_last_axis, ref=_layer_norm_ref,
-        grad=_layer_norm_grad, doc="normalisation without affine; primitive so that the "
+        grad=_layer_norm_grad, cost=ROW, lowering="row", doc="normalisation without affine; primitive so that the "
         "forward is one kernel (mean, variance and scale in one pass over a row)")
 
 # ---------------------------------------------------------------- layout
@@ -391,7 +491,7 @@ def _reshape_shape(ins, attrs):
 
 defprim("reshape", "layout", shape=_reshape_shape,
         ref=lambda np, a, x: x.reshape(a["shape"]),
-        grad=lambda g, i, o, a: [_O().reshape(g, i[0].shape)])
+        grad=lambda g, i, o, a: [_O().reshape(g, i[0].shape)], cost=VIEW)
 
 
 def _transpose_shape(ins, attrs):
@@ -410,7 +510,7 @@ def _inverse(perm):
 
 defprim("transpose", "layout", shape=_transpose_shape,
         ref=lambda np, a, x: np.transpose(x, a["perm"]),
-        grad=lambda g, i, o, a: [_O().transpose(g, _inverse(a["perm"]))])
+        grad=lambda g, i, o, a: [_O().transpose(g, _inverse(a["perm"]))], cost=VIEW)
 
 
 def _broadcast_to_shape(ins, attrs):
@@ -422,7 +522,7 @@ def _broadcast_to_shape(ins, attrs):
 
 defprim("broadcast_to", "layout", shape=_broadcast_to_shape,
         ref=lambda np, a, x: np.broadcast_to(x, a["shape"]).copy(),
-        grad=lambda g, i, o, a: [g])  # grad.py sums g down to the input's shape
+        grad=lambda g, i, o, a: [g], cost=VIEW)  # grad.py sums g down to the input's shape
 
 
 def _concat_shape(ins, attrs):
@@ -445,7 +545,7 @@ def _concat_grad(g, i, o, a):
     return out
 
 
-defprim("concat", "layout", shape=_concat_shape, grad=_concat_grad,
+defprim("concat", "layout", shape=_concat_shape, grad=_concat_grad, cost=SELECT,
         ref=lambda np, a, *xs: np.concatenate(xs, axis=a["axis"]))
 
 
@@ -466,6 +566,7 @@ def _slice_ref(np, a, x):
 
 
 defprim("slice", "layout", shape=_slice_shape, ref=_slice_ref,
+        cost=Cost(no_flops, recompute=0, view=True, narrows=True),
         grad=lambda g, i, o, a: [_O().pad(g, a["axis"], a["start"],
                                           i[0].shape[a["axis"]] - a["stop"])])
 
@@ -482,7 +583,7 @@ def _pad_ref(np, a, x):
     return np.pad(x, w)
 
 
-defprim("pad", "layout", shape=_pad_shape, ref=_pad_ref,
+defprim("pad", "layout", shape=_pad_shape, ref=_pad_ref, cost=SELECT,
         grad=lambda g, i, o, a: [_O().slice(g, a["axis"], a["before"],
                                             a["before"] + i[0].shape[a["axis"]])],
         doc="zero padding along one axis: the adjoint of slice")
@@ -520,7 +621,8 @@ def _matmul_grad(g, i, o, a):
     return [O.matmul(g, O.swap_axes(i[1], -1, -2)), O.matmul(O.swap_axes(i[0], -1, -2), g)]
 
 
-defprim("matmul", "matmul", shape=_matmul_shape, ref=_matmul_ref, grad=_matmul_grad)
+defprim("matmul", "matmul", shape=_matmul_shape, ref=_matmul_ref, grad=_matmul_grad, cost=MATMUL,
+        lowering="matmul")
 
 
 def _dequantize_shape(ins, attrs):
@@ -543,7 +645,7 @@ def _dequantize_ref(np, a, w):
     return dequantize_numpy(np, a["qtype"], w, a["shape"])
 
 
-defprim("dequantize", "quant", shape=_dequantize_shape, ref=_dequantize_ref, grad=None,
+defprim("dequantize", "quant", shape=_dequantize_shape, ref=_dequantize_ref, grad=None, cost=ELEMENT,
         doc="quantized blocks -> f32 (webgrad/quants): a primitive because on WebGPU its consumers "
             "decode the blocks in registers (codegen/quant.py), which no composition of "
             "bit ops on i32 would let a matmul do without storing the f32 weights")
@@ -557,7 +659,7 @@ def _one_hot_shape(ins, attrs):
     return ins[0].shape + (attrs["n"],), "f32"
 
 
-defprim("one_hot", "index", shape=_one_hot_shape, grad=None,
+defprim("one_hot", "index", shape=_one_hot_shape, grad=None, cost=ELEMENT,
         ref=lambda np, a, i: (i[..., None] == np.arange(a["n"])).astype("float32"))
 
 
@@ -579,6 +681,7 @@ def _gather_ref(np, a, w, i):
 
 
 defprim("gather_rows", "index", shape=_gather_shape, ref=_gather_ref,
+        cost=Cost(per_element, narrows=True),
         grad=lambda g, i, o, a: [_O().scatter_add_rows(g, i[1], i[0].shape[0]), None],
         doc="rows of a table by index (embedding); primitive because one_hot @ W costs "
             "V times more work and memory")
@@ -604,9 +707,12 @@ def _scatter_ref(np, a, g, i):
     return out
 
 
-defprim("scatter_add_rows", "index", shape=_scatter_shape, ref=_scatter_ref,
+# its FLOPs: one per element of the table it writes (per_element), not per row added
+defprim("scatter_add_rows", "index", shape=_scatter_shape, ref=_scatter_ref, cost=ELEMENT,
+        lowering="scatter",
         grad=lambda g, i, o, a: [_O().gather_rows(g, i[1]), None],
         doc="the adjoint of gather_rows: rows summed into a zero table")
+
 
 def _write_rows_shape(ins, attrs):
     base, vals, start = ins
@@ -648,6 +754,7 @@ def _write_rows_grad(g, i, o, a):
 
 
 defprim("write_rows", "index", shape=_write_rows_shape, ref=_write_rows_ref, grad=_write_rows_grad,
+        cost=ELEMENT, lowering="write_rows",
         doc="rows start..start+T-1 of a target replaced by values (start a run-time i32; rows "
             "outside the target dropped). A primitive, not where(mask, gather(values), base), "
             "because assigned back to its own state (stateful.py) the WebGPU kernel writes only "
@@ -694,7 +801,9 @@ def _rand_shape(ins, attrs):
     return tuple(attrs["shape"]), "f32"
 
 
+# recompute 6: two multiply-xorshift rounds of the hash per number
 defprim("rand_uniform", "random", shape=_rand_shape, ref=_rand_ref, grad=None,
+        cost=Cost(per_element, recompute=6),
         doc="counter-based uniform [0, 1) numbers: same bits on every executor; the "
             "counter is the step number, so dropout masks change every step")
 
@@ -794,10 +903,10 @@ def _window(a):
     return {k: a[k] for k in ("kernel", "stride", "padding", "dilation", "ceil") if k in a}
 
 
-defprim("unfold2d", "conv", shape=_unfold_shape, ref=_unfold_ref,
+defprim("unfold2d", "conv", shape=_unfold_shape, ref=_unfold_ref, cost=ELEMENT,
         grad=lambda g, i, o, a: [_O().fold2d(g, size=i[0].shape[2:], **_window(a))],
         doc="sliding windows [N,C,H,W] -> [N,C,kh*kw,OH*OW] (im2col), so conv2d is a "
             "matmul and max_pool2d a max_last; pad_value fills the border")
-defprim("fold2d", "conv", shape=_fold_shape, ref=_fold_ref,
+defprim("fold2d", "conv", shape=_fold_shape, ref=_fold_ref, cost=ELEMENT, lowering="fold",
         grad=lambda g, i, o, a: [_O().unfold2d(g, pad_value=0.0, **_window(a))],
         doc="the adjoint of unfold2d: window entries summed back into the image")

@@ -20,19 +20,33 @@
   empty.py        zero-size tensors leave the graph before anything is planned
   fusion.py       storage decisions, kernel groups, merges, in-place writebacks, schedule
   program.py      the driver: pattern passes, buffer plan (../buffers.py), kernels, commands
+  kinds.py        each op's lowering and cost, read from primitives.PRIMS (and the passes'
+                  own ops): fusion's kernel ops, views, recompute weights
   cost.py         the cost model: each kernel's bytes and FLOPs (the profiler's static columns)
-LOWERED_OPS lists every IR op this back end lowers (tests/test_registry.py checks it
-against primitives.PRIMS).
+LOWERED_OPS lists every IR op this back end lowers: an expression rule (EXPR_RULES) or a
+builder for its kernel kind (program.KERNELS); tests/test_registry.py checks it against
+primitives.PRIMS.
 """
 from __future__ import annotations
 
 from . import conv, elementwise, index, layout, quant, random, rowfuse  # noqa: F401  (register expression rules)
 from .emit import EXPR_RULES
-from .fusion import KERNEL_OPS, LEAF_OPS, FusionError
+from .fusion import FusionError
+from .kinds import CODEGEN_OPS, lowering_of
 from .options import KernelOptions
-from .program import Lowered, lower
+from .program import KERNELS, Lowered, lower
 from .wgsl import LimitError, Limits
+from ..primitives import EXPR, LEAF, PRIMS
 
-LOWERED_OPS: frozenset[str] = frozenset(set(EXPR_RULES) | KERNEL_OPS | LEAF_OPS)
 
-__all__ = ["LOWERED_OPS", "lower", "Lowered", "Limits", "LimitError", "FusionError", "KernelOptions"]
+def lowers(op: str) -> bool:
+    """Whether this back end has op's lowering: its expression rule, its kind's builder, or
+    (a leaf) the buffer the executor fills."""
+    low = lowering_of(op)
+    return low == LEAF or (op in EXPR_RULES if low == EXPR else low in KERNELS)
+
+
+LOWERED_OPS: frozenset[str] = frozenset(op for op in [*PRIMS, *CODEGEN_OPS] if lowers(op))
+
+__all__ = ["CODEGEN_OPS", "EXPR_RULES", "KERNELS", "LOWERED_OPS", "lower", "lowers", "Lowered",
+           "Limits", "LimitError", "FusionError", "KernelOptions"]

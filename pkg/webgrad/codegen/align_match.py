@@ -34,6 +34,7 @@ from math import prod
 
 from ..dce import dce
 from ..ir import Graph, Node
+from .kinds import VIEW_OPS
 from .layout import swaps_last_two
 from .matmul import adapter_tiling
 
@@ -48,7 +49,7 @@ def _align(limits) -> tuple[int, int, int] | None:
 def _quantized(g: Graph, n: int) -> bool:
     """Is n (through views) a dequantize? Its matmul reads the quantized words in
     registers (codegen/quant.py); a padded copy would store the weights as f32."""
-    while g[n].op in ("transpose", "reshape", "slice", "broadcast_to"):
+    while g[n].op in VIEW_OPS:
         n = g[n].inputs[0]
     return g[n].op == "dequantize"
 

@@ -49,6 +49,7 @@ from math import prod
 
 from ..dce import dce
 from ..ir import Graph, Node
+from ..primitives import Cost
 from .layout import swaps_last_two
 
 ATTN_OPS = frozenset({"attn_lse", "attn_out", "attn_fwd", "attn_dq", "attn_dk", "attn_dv",
@@ -498,19 +499,24 @@ def find_matches(g: Graph, limits=None) -> list[Match]:
     return out
 
 
-def attention_flops(g: Graph, node: Node) -> int:
+def attention_flops(ins: list[Node], node: Node) -> int:
     """2 x the kept (query, key) pairs x the summed widths of the kernel's products (the
-    profiler's model: attn_out computes q.k and p v, attn_dq q.k, g.v and ds k, ...)."""
-    a, b = node.inputs[0], node.inputs[1]
-    T, D, S = g[a].shape[-2], g[a].shape[-1], g[b].shape[-1]
+    profiler's model: attn_out computes q.k and p v, attn_dq q.k, g.v and ds k, ...);
+    a FLOP rule of primitives.Cost, over the input nodes `ins`."""
+    T, D, S = ins[0].shape[-2], ins[0].shape[-1], ins[1].shape[-1]
     off = node.attrs["offset"]
     batch = node.shape[:-1] if node.op == "attn_lse" else node.shape[:-2]
     pairs = T * S if off is None or node.attrs.get("dyn") else \
         sum(min(S, i + off + 1) for i in range(T))
-    dv = g[node.inputs[2]].shape[-1] if node.op != "attn_lse" else 0
+    dv = ins[2].shape[-1] if node.op != "attn_lse" else 0
     width = {"attn_lse": D, "attn_out": D + dv, "attn_fwd": D + dv, "attn_dv": D + dv,
              "attn_dq": 2 * D + dv, "attn_dk": 2 * D + dv, "attn_dkv": 2 * D + 2 * dv}[node.op]
     return 2 * prod(batch) * pairs * width
+
+
+# the ops this pass creates, as primitives' rows give them: (lowering, cost); codegen/kinds.py
+# reads them beside primitives.PRIMS
+ATTN_PASS_OPS = {op: ("attention", Cost(attention_flops)) for op in ATTN_OPS}
 
 
 def _fuse_training(score_bytes: int, limits) -> bool:
@@ -652,4 +658,4 @@ def _live(g: Graph) -> set[int]:
     return live
 
 
-__all__ = ["ATTN_OPS", "Match", "find_matches", "rewrite_attention"]
+__all__ = ["ATTN_OPS", "ATTN_PASS_OPS", "Match", "find_matches", "rewrite_attention"]

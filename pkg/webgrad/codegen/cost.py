@@ -3,38 +3,24 @@
 program.py records one row per dispatch at lowering (`Lowered.kernels`); the profiler
 (../profile.py) divides them by the measured GPU time. The model:
   bytes       compulsory global traffic: every stored tensor the kernel reads counted once
-              (a slice or gather only for the elements it selects), plus what it writes;
-              tiles re-read through caches are not counted, so achieved GB/s is a floor
-  flops       2 M N K per matmul (batch included), one per element per elementwise op and
-              per input element of a reduction, 5 per element of a row op (softmax,
-              log-softmax, layer norm); layout ops are free; a fused attention kernel
-              2 x (kept query-key pairs) x (the widths of its products)
+              (an op whose Cost `narrows`, slice and gather_rows, only for the elements it
+              selects), plus what it writes; tiles re-read through caches are not counted,
+              so achieved GB/s is a floor
+  flops       each covered node's FLOP rule, from its row in the registry (primitives.Cost:
+              2 M N K per matmul, batch included; one per element of an elementwise op and
+              per input element of a reduction; 5 per element of a row op; none for free
+              ops, layout and leaves; a fused attention kernel 2 x (kept query-key pairs) x
+              (the widths of its products), attention_match.py). An op without a rule is
+              an error (kinds.cost_of), not a guess.
 """
 from __future__ import annotations
 
-from math import prod
-
-from .attention_match import attention_flops
-from .reduce import REDUCE_OPS, ROW_OPS
-
-ROW_FLOPS = 5  # per element of softmax / log-softmax / layer norm (max, exp, sum, scale...)
-_FREE = {"transpose", "broadcast_to", "slice", "reshape", "const", "arange", "cast",
-         "input", "param", "state", "pad", "concat"}
+from .kinds import cost_of
 
 
 def node_flops(g, node) -> int:
-    """FLOPs of computing `node` once over its whole shape (the model in the header)."""
-    if node.op == "matmul":
-        return 2 * prod(node.shape) * g[node.inputs[0]].shape[-1]
-    if node.op in REDUCE_OPS:
-        return g[node.inputs[0]].size
-    if node.op in ROW_OPS:
-        return ROW_FLOPS * node.size
-    if node.op in _FREE:
-        return 0
-    if node.op.startswith("attn_"):
-        return attention_flops(g, node)
-    return node.size
+    """FLOPs of computing `node` once over its whole shape (its Cost's rule)."""
+    return cost_of(node.op).flops([g[i] for i in node.inputs], node)
 
 
 def group_cost(fu, gid: int, stored_outputs) -> dict:
@@ -62,7 +48,7 @@ def group_cost(fu, gid: int, stored_outputs) -> dict:
             covered.append(n)
         seen[n] = count
         # a slice or gather reads only what it selects; everything else its whole input
-        narrows = node.op in ("slice", "gather_rows")
+        narrows = cost_of(node.op).narrows
         for i in node.inputs:
             stack.append((i, count if narrows else g[i].size))
     covered = sorted(set(covered))
@@ -70,6 +56,6 @@ def group_cost(fu, gid: int, stored_outputs) -> dict:
     flops = sum(node_flops(g, g[n]) for n in covered if n != G.main or folded is None)
     nbytes = 4 * (sum(reads.values()) + sum(g[n].size for n in stored_outputs))
     ops = ([g[G.main].op] if G.main is not None else []) + [
-        g[n].op for n in covered if g[n].op not in _FREE and n != G.main]
+        g[n].op for n in covered if not cost_of(g[n].op).free and n != G.main]
     return {"nodes": covered, "ops": "+".join(dict.fromkeys(ops)) or "copy", "bytes": nbytes,
             "flops": flops}

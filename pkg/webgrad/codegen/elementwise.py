@@ -259,9 +259,6 @@ _BINARY = {
     "power": lambda x, y: f"pow_f({x}, {y})",
 }
 
-ELEMENTWISE_OPS = set(_UNARY) | set(_BINARY) | {"where", "cast", "const", "arange"}
-
-
 @rule(*_UNARY)
 def _unary_rule(em: Emitter, node, idx: Idx) -> str:
     if node.op == "erf":

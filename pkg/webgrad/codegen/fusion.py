@@ -50,23 +50,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from math import prod
 
-from .attention_match import ATTN_OPS
 from . import elementwise
-from .elementwise import ELEMENTWISE_OPS, const_fill
+from .elementwise import const_fill
 from .emit import EXPR_RULES
+from .kinds import ELEMENTWISE_OPS, KERNEL_OPS, LEAF_OPS, VIEW_OPS, cost_of, lowering_of
 from .layout import canon_digits, merge_batch_into_k, strided_view, swaps_last_two
 from .matmul import b_k_fast, group_config, matmul_dims
 from .quant import quant_base
-from .reduce import REDUCE_OPS, ROW_OPS, ReduceShape, scratch_specs
-from .rowfuse_match import ROW_KERNEL_OPS
+from .reduce import ReduceShape, scratch_specs
 from .wgsl import Limits
-
-KERNEL_OPS = ({"matmul", "scatter_add_rows", "fold2d", "write_rows"} | REDUCE_OPS | ROW_OPS
-              | ATTN_OPS | ROW_KERNEL_OPS)
-LEAF_OPS = {"input", "param", "state"}
-VIEW_OPS = {"transpose", "broadcast_to", "slice", "reshape"}
-_COSTLY = {"exp", "log", "tanh", "sigmoid", "erf", "pow", "sin", "cos", "sqrt", "rsqrt", "div"}
-_FREE = VIEW_OPS | {"const", "arange", "cast"}
 
 
 @dataclass
@@ -177,7 +169,7 @@ class Fusion:
         for n in g.nodes:
             # attention kernels read every row of k and v once per query: operands stay
             # strided views of stored tensors, as matmul's do, never recomputed expressions
-            if n.op != "matmul" and n.op not in ATTN_OPS:
+            if lowering_of(n.op) not in ("matmul", "attention"):
                 continue
             has = self.operand_base if n.op == "matmul" else self.has_storage
             for x in n.inputs:
@@ -285,8 +277,7 @@ class Fusion:
                 self.piecewise.add(n.id)  # more inputs than bindings: copy them one by one
                 store(n.id)
                 continue
-            c = (0 if n.op in _FREE else 4 if n.op in _COSTLY else 6 if n.op == "rand_uniform"
-                 else 1) + sum(cost[i] for i in n.inputs)
+            c = cost_of(n.op).recompute + sum(cost[i] for i in n.inputs)
             cost[n.id], loads[n.id] = c, ls
             if n.size <= 1 or not self.cons[n.id]:
                 continue
@@ -429,9 +420,10 @@ class Fusion:
         if main is None:
             return 0
         node = self.g[main]
-        if node.op == "scatter_add_rows":
+        kind = lowering_of(node.op)
+        if kind == "scatter":
             return 1
-        if node.op in REDUCE_OPS:
+        if kind == "reduce":
             return 1 if scratch_specs(self.g, node, self.sum_source.get(main), self.limits.options) else 0
         return 0
 
@@ -526,7 +518,7 @@ class Fusion:
                     n = g[n].inputs[0]
                 h = self.group_of.get(n)
                 if (not self.has_storage(n) or n in roots or h is None or self.groups[h].main != n
-                        or g[n].op not in ATTN_OPS or readers.get(n) != {gid}):
+                        or lowering_of(g[n].op) != "attention" or readers.get(n) != {gid}):
                     break
                 pieces.append((n, chain[::-1], pad.attrs["axis"]))
             else:

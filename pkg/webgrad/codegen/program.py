@@ -18,9 +18,9 @@ from math import prod
 
 from ..buffers import END, Live, align, plan_pool
 from .align_match import align_products
-from .attention import ATTN_OPS, build_attention
+from .attention import build_attention
 from .attention_match import rewrite_attention
-from .rowfuse import ROW_KERNEL_OPS, build_row_kernel
+from .rowfuse import build_row_kernel
 from .rowfuse_match import rewrite_rows
 from .conv import build_fold
 from .cost import group_cost
@@ -29,12 +29,13 @@ from .empty import strip_empty
 from .emit import Emitter, Idx, Storage
 from .fusion import Fusion
 from .index import build_scatter, scatter_scratch
+from .kinds import lowering_of
 from .layout import build_concat_pieces, strided_view
 from .matmul import (b_k_fast, build_matmul, group_config, matmul_dims, matmul_scratch_bytes,
                      split_sum_parts)
 from .quant import QuantOperand
 from .remat import plan_fusion
-from .reduce import REDUCE_OPS, ROW_OPS, build_reduce, scratch_specs
+from .reduce import build_reduce, scratch_specs
 from .rows import build_write_rows
 from .wgsl import Kernel, LimitError, Limits
 
@@ -465,18 +466,43 @@ def _donors(fu, need, pos, last, ends, half=frozenset()) -> dict[int, int]:
     return out
 
 
+# kernel kind (primitives' `lowering`, kinds.CODEGEN_OPS') -> the builder of a group whose
+# kernel op is of that kind: GroupCtx -> its dispatches. A new kind of kernel op adds a row.
+KERNELS = {
+    "matmul": build_matmul,
+    "reduce": build_reduce,          # sum, max_last, argmax_last
+    "row": build_reduce,             # softmax_last, log_softmax_last, layer_norm_last
+    "attention": build_attention,    # attention_match.py's fused attention
+    "row_kernel": build_row_kernel,  # rowfuse_match.py's logsumexp_last, layer_norm_grad
+    "scatter": build_scatter,
+    "fold": build_fold,
+    "write_rows": build_write_rows,
+}
+
+
+def _matmul_scratch(fu, main: int, limits):  # split-K partial sums
+    nb = matmul_scratch_bytes(fu.g, fu, main, limits)
+    return [(nb, "f32")] if nb else []
+
+
+# kernel kind -> (fu, main, limits) -> [(bytes, dtype)]: scratch between its dispatches
+SCRATCH = {
+    "matmul": _matmul_scratch,
+    "reduce": lambda fu, main, limits: scratch_specs(fu.g, fu.g[main], fu.sum_source.get(main),
+                                                     limits.options),
+    "scatter": lambda fu, main, limits: scatter_scratch(fu.g, fu.g[main]),
+}
+
+
+def _kind(fu, main: int) -> str:
+    """The kernel kind of group main's kernel op; a sum folded into a matmul is a matmul."""
+    return "matmul" if main in fu.matmul_fold else lowering_of(fu.g[main].op)
+
+
 def _scratch_specs(fu, main: int, limits) -> list[tuple[int, str]]:
     """[(bytes, dtype)]: the scratch buffers a kernel op needs between its dispatches."""
-    g = fu.g
-    node = g[main]
-    if node.op == "matmul" or main in fu.matmul_fold:  # split-K partial sums
-        nb = matmul_scratch_bytes(g, fu, main, limits)
-        return [(nb, "f32")] if nb else []
-    if node.op in REDUCE_OPS:
-        return scratch_specs(g, node, fu.sum_source.get(main), limits.options)
-    if node.op == "scatter_add_rows":
-        return scatter_scratch(g, node)
-    return []
+    rule = SCRATCH.get(_kind(fu, main))
+    return rule(fu, main, limits) if rule else []
 
 
 def _build_group(ctx: GroupCtx) -> list[dict]:
@@ -487,21 +513,7 @@ def _build_group(ctx: GroupCtx) -> list[dict]:
         return build_concat_pieces(ctx)
     if m is None:
         return build_elementwise(ctx)
-    if m.op == "matmul" or m.id in ctx._low.fu.matmul_fold:
-        return build_matmul(ctx)
-    if m.op in REDUCE_OPS or m.op in ROW_OPS:
-        return build_reduce(ctx)
-    if m.op in ATTN_OPS:
-        return build_attention(ctx)
-    if m.op in ROW_KERNEL_OPS:
-        return build_row_kernel(ctx)
-    if m.op == "scatter_add_rows":
-        return build_scatter(ctx)
-    if m.op == "fold2d":
-        return build_fold(ctx)
-    if m.op == "write_rows":
-        return build_write_rows(ctx)
-    raise AssertionError(m.op)
+    return KERNELS[_kind(ctx._low.fu, m.id)](ctx)
 
 
 def lower(graph, limits: Limits | None = None, persist_key=lambda name: name, *,

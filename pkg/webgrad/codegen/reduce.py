@@ -46,11 +46,10 @@ from math import prod
 
 from .elementwise import ISNAN_WGSL
 from .emit import Emitter, Idx
+from .kinds import REDUCE_OPS, ROW_OPS
 from .options import DEFAULT, KernelOptions
 from .wgsl import WG, f32_lit, pow2ceil, tree_reduce, use_subgroups, workgroup_reduce, zero
 
-REDUCE_OPS = {"sum", "max_last", "argmax_last"}
-ROW_OPS = {"softmax_last", "log_softmax_last", "layer_norm_last"}
 _NEG_INF = f32_lit(float("-inf"))
 
 SPLIT_CHUNK = 4096     # elements per workgroup in pass 1 of a split row reduction

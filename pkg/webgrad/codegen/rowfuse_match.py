@@ -26,8 +26,13 @@ from __future__ import annotations
 
 from ..dce import dce
 from ..ir import Graph
+from ..primitives import ELEMENT, EXPR
 
-ROW_KERNEL_OPS = frozenset({"logsumexp_last", "layer_norm_grad"})
+# the ops this pass creates, as primitives' rows give them: (lowering, cost); codegen/kinds.py
+# reads them beside primitives.PRIMS. The two row kernels count one FLOP per output element.
+ROW_PASS_OPS = {"logsumexp_last": ("row_kernel", ELEMENT), "layer_norm_grad": ("row_kernel", ELEMENT),
+                "pick_last": (EXPR, ELEMENT)}
+ROW_KERNEL_OPS = frozenset(op for op, (kind, _) in ROW_PASS_OPS.items() if kind == "row_kernel")
 
 
 class _Rewriter:
@@ -184,4 +189,4 @@ def rewrite_rows(g: Graph) -> Graph:
     return dce(out)
 
 
-__all__ = ["ROW_KERNEL_OPS", "rewrite_rows"]
+__all__ = ["ROW_KERNEL_OPS", "ROW_PASS_OPS", "rewrite_rows"]
