@@ -38,7 +38,7 @@ OPS_SOURCE = (Path(__file__).resolve().parents[1] / "pkg" / "webgrad" / "ops.py"
 def _lowering_problems(name: str, lowering: str, cost, where: str) -> list[str]:
     from webgrad.codegen import EXPR_RULES, KERNELS
     out = []
-    if not isinstance(cost, Cost) or not callable(cost.flops) or not isinstance(cost.recompute, int):
+    if not (isinstance(cost, Cost) and callable(cost.flops) and isinstance(cost.recompute, int)):
         out.append(f"{name}: no cost rule ({where}: cost=ELEMENT, COSTLY, ... or a Cost; "
                    "codegen/cost.py counts its FLOPs and bytes from it)")
     if lowering == EXPR:
@@ -81,16 +81,18 @@ def registry_problems() -> list[str]:
         if name not in LOWERINGS and name not in ONNX_LEAVES:
             problems.append(f"{name}: no ONNX lowering (onnx/lower.py LOWERINGS)")
     for name, (lowering, cost) in CODEGEN_OPS.items():
-        problems += _lowering_problems(name, lowering, cost, "its pattern pass's table "
-                                       "(attention_match.ATTN_PASS_OPS, rowfuse_match.ROW_PASS_OPS)")
+        problems += _lowering_problems(name, lowering, cost, "its pattern pass's table (attention_"
+                                       "match.ATTN_PASS_OPS, rowfuse_match.ROW_PASS_OPS)")
     stale = sorted(set(EXPR_RULES) - set(PRIMS) - set(CODEGEN_OPS))
-    problems += [f"{op}: codegen has an expression rule for an op no registry row names" for op in stale]
+    problems += [f"{op}: codegen has an expression rule for an op no registry row names"
+                 for op in stale]
     return problems
 
 
 def test_every_primitive_has_every_piece():
     problems = registry_problems()
-    assert not problems, "the registry's checklist (primitives.py header):\n  " + "\n  ".join(problems)
+    assert not problems, ("the registry's checklist (primitives.py header):\n  "
+                          + "\n  ".join(problems))
 
 
 def _patch(table_name: str, key, attr=None, value=None):
@@ -134,7 +136,8 @@ def test_the_checker_names_a_missing_torch_lowering(monkeypatch):
     pytest.importorskip("torch")
     from webgrad.backends.torch_backend import TORCH_IMPLS
     monkeypatch.delitem(TORCH_IMPLS, "fold2d")
-    assert registry_problems() == ["fold2d: no torch lowering (backends/torch_backend.py TORCH_IMPLS)"]
+    assert registry_problems() == [
+        "fold2d: no torch lowering (backends/torch_backend.py TORCH_IMPLS)"]
 
 
 def test_an_op_without_a_cost_rule_is_refused_not_counted(monkeypatch):

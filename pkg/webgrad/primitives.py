@@ -25,13 +25,17 @@ and, outside this file:
   8. onnx/lower.py: its ONNX lowering in LOWERINGS;
   9. codegen/: for "expr", an expression rule (`@rule("name")`, codegen/emit.py's
      EXPR_RULES) in the file of its family (elementwise.py, layout.py, index.py, conv.py,
-     ...); for a kernel, nothing more when its kind exists, else a builder of the kind in
-     codegen/program.py's KERNELS (and its scratch buffers in SCRATCH, if any). Codegen's op
-     sets (fusion's kernel ops, views, recompute weights; reduce.py's ops) are read from
-     these fields (codegen/kinds.py): no list names the op;
+     ...); for a kernel of an existing kind, its case in that kind's builder (reduce.py
+     builds "reduce" and "row"); for a new kind, a builder in codegen/program.py's KERNELS
+     (and its scratch buffers in SCRATCH, if any), in a file of its own. Codegen's op sets
+     (fusion's kernel ops, views, recompute weights; reduce.py's ops) and the profiler's
+     FLOPs and bytes are read from items 4 and 5 (codegen/kinds.py): no list names the op.
+     (Codegen reads this registry; this file never imports codegen.);
  10. tests/oracle.py: a record exercising it (run by tests/test_ops.py on every executor).
-tests/test_registry.py fails, naming the op and the missing piece, while any of 1-10 is
-missing (its `registry_problems()` is the checklist as code).
+tests/test_registry.py fails, naming the op and the missing piece, while any of these is
+missing (`registry_problems()` is the checklist as code; test_oracle_exercises_every_primitive
+checks item 10). A builder of an existing kind that lacks the op's case fails in the oracle
+run on WebGPU (tests/test_webgpu.py, tests/test_ops.py).
 
 Everything else in webgrad.ops (gelu, silu, softmax_causal_last, conv2d, cross entropy, ...)
 is a composition of these; a new primitive earns its place only when a composition is slow
@@ -239,7 +243,7 @@ def _keep(g: Tensor, shape) -> Tensor:
 
 # ---------------------------------------------------------------- elementwise
 
-def _unary(name, ref, grad, *, cost, doc=""):
+def _unary(name, cost, ref, grad, doc=""):
     defprim(name, "elementwise", shape=_unary_f32, ref=ref, grad=grad, cost=cost, doc=doc)
 
 
@@ -247,37 +251,37 @@ def _erf_ref(np, a, x):
     return np.vectorize(math.erf, otypes=[np.float64])(x).astype(x.dtype)
 
 
-_unary("neg", lambda np, a, x: -x, lambda g, i, o, a: [-g], cost=ELEMENT)
-_unary("exp", lambda np, a, x: np.exp(x), lambda g, i, o, a: [g * o], cost=COSTLY)          # d e^x = e^x dx
-_unary("log", lambda np, a, x: np.log(x), lambda g, i, o, a: [g / i[0]], cost=COSTLY)       # d log x = dx / x
-_unary("sqrt", lambda np, a, x: np.sqrt(x), lambda g, i, o, a: [g / (2 * o)], cost=COSTLY)  # d sqrt x = dx / (2 sqrt x)
-_unary("rsqrt", lambda np, a, x: 1 / np.sqrt(x),
-       lambda g, i, o, a: [g * (-0.5) * o * o * o], cost=COSTLY)                            # d x^-1/2 = -1/2 x^-3/2 dx
-_unary("tanh", lambda np, a, x: np.tanh(x), lambda g, i, o, a: [g * (1 - o * o)], cost=COSTLY)  # d tanh = 1 - tanh^2
-_unary("sigmoid", lambda np, a, x: (1 / (1 + np.exp(-x))).astype(x.dtype),
+_unary("neg", ELEMENT, lambda np, a, x: -x, lambda g, i, o, a: [-g])
+_unary("exp", COSTLY, lambda np, a, x: np.exp(x), lambda g, i, o, a: [g * o])          # d e^x = e^x dx
+_unary("log", COSTLY, lambda np, a, x: np.log(x), lambda g, i, o, a: [g / i[0]])       # d log x = dx / x
+_unary("sqrt", COSTLY, lambda np, a, x: np.sqrt(x), lambda g, i, o, a: [g / (2 * o)])  # d sqrt x = dx / (2 sqrt x)
+_unary("rsqrt", COSTLY, lambda np, a, x: 1 / np.sqrt(x),
+       lambda g, i, o, a: [g * (-0.5) * o * o * o])                            # d x^-1/2 = -1/2 x^-3/2 dx
+_unary("tanh", COSTLY, lambda np, a, x: np.tanh(x), lambda g, i, o, a: [g * (1 - o * o)])  # d tanh = 1 - tanh^2
+_unary("sigmoid", COSTLY, lambda np, a, x: (1 / (1 + np.exp(-x))).astype(x.dtype),
        lambda g, i, o, a: [g * o * (1 - o)],                                   # d s = s (1 - s) dx
-       doc="primitive rather than 1/(1+exp(-x)): one kernel and no inf/inf for large |x|", cost=COSTLY)
-_unary("relu", lambda np, a, x: np.maximum(x, 0),
+       doc="primitive rather than 1/(1+exp(-x)): one kernel and no inf/inf for large |x|")
+_unary("relu", ELEMENT, lambda np, a, x: np.maximum(x, 0),
        # relu'(0) = 0, as torch: written as a mask, not through maximum's tie rule
-       lambda g, i, o, a: [g * _O().greater(i[0], 0.0)], cost=ELEMENT)
-_unary("erf", _erf_ref,
+       lambda g, i, o, a: [g * _O().greater(i[0], 0.0)])
+_unary("erf", COSTLY, _erf_ref,
        lambda g, i, o, a: [g * (2 / math.sqrt(math.pi)) * _O().exp(-(i[0] * i[0]))],  # d erf = 2/sqrt(pi) e^{-x^2}
-       doc="no composition of exp/tanh gives erf to f32 accuracy", cost=COSTLY)
-_unary("abs", lambda np, a, x: np.abs(x), lambda g, i, o, a: [g * _O().sign(i[0])], cost=ELEMENT)
+       doc="no composition of exp/tanh gives erf to f32 accuracy")
+_unary("abs", ELEMENT, lambda np, a, x: np.abs(x), lambda g, i, o, a: [g * _O().sign(i[0])])
 # sign(NaN) = 0, as torch (numpy says NaN)
-_unary("sign", lambda np, a, x: np.where(np.isnan(x), np.zeros_like(x), np.sign(x)), None, cost=ELEMENT)
-_unary("sin", lambda np, a, x: np.sin(x), lambda g, i, o, a: [g * _O().cos(i[0])], cost=COSTLY)
-_unary("cos", lambda np, a, x: np.cos(x), lambda g, i, o, a: [-g * _O().sin(i[0])], cost=COSTLY)
+_unary("sign", ELEMENT, lambda np, a, x: np.where(np.isnan(x), np.zeros_like(x), np.sign(x)), None)
+_unary("sin", COSTLY, lambda np, a, x: np.sin(x), lambda g, i, o, a: [g * _O().cos(i[0])])
+_unary("cos", COSTLY, lambda np, a, x: np.cos(x), lambda g, i, o, a: [-g * _O().sin(i[0])])
 # x ** p for a Python number p (attrs: p); d x^p = p x^(p-1) dx
-_unary("pow", lambda np, a, x: np.power(x, np.asarray(a["p"], x.dtype)),
-       lambda g, i, o, a: [g * a["p"] * _O().pow(i[0], a["p"] - 1)] if a["p"] != 0 else [None], cost=COSTLY)
+_unary("pow", COSTLY, lambda np, a, x: np.power(x, np.asarray(a["p"], x.dtype)),
+       lambda g, i, o, a: [g * a["p"] * _O().pow(i[0], a["p"] - 1)] if a["p"] != 0 else [None])
 
 
 # rounding: piecewise constant, so the gradient is zero (torch's too); round is half to
 # even, as torch.round, numpy and WGSL's round
-_unary("floor", lambda np, a, x: np.floor(x), lambda g, i, o, a: [None], cost=ELEMENT)
-_unary("trunc", lambda np, a, x: np.trunc(x), lambda g, i, o, a: [None], cost=ELEMENT)
-_unary("round", lambda np, a, x: np.round(x), lambda g, i, o, a: [None], cost=ELEMENT)
+_unary("floor", ELEMENT, lambda np, a, x: np.floor(x), lambda g, i, o, a: [None])
+_unary("trunc", ELEMENT, lambda np, a, x: np.trunc(x), lambda g, i, o, a: [None])
+_unary("round", ELEMENT, lambda np, a, x: np.round(x), lambda g, i, o, a: [None])
 
 
 def _identity_shape(ins, attrs):
@@ -290,15 +294,15 @@ defprim("stop_gradient", "elementwise", shape=_identity_shape, ref=lambda np, a,
             "embedding, the shift of logsumexp")
 
 
-def _bin(name, ref, grad, shape=_binary, *, cost):
+def _bin(name, cost, ref, grad, shape=_binary):
     defprim(name, "elementwise", shape=shape, ref=ref, grad=grad, cost=cost)
 
 
-_bin("add", lambda np, a, x, y: x + y, lambda g, i, o, a: [g, g], cost=ELEMENT)
-_bin("sub", lambda np, a, x, y: x - y, lambda g, i, o, a: [g, -g], cost=ELEMENT)
-_bin("mul", lambda np, a, x, y: x * y, lambda g, i, o, a: [g * i[1], g * i[0]], cost=ELEMENT)
-_bin("div", lambda np, a, x, y: (x / y) if x.dtype.kind == "f" else np.trunc(x / y).astype(x.dtype),
-     lambda g, i, o, a: [g / i[1], -g * o / i[1]], cost=COSTLY)                             # d(x/y) = dx/y - x dy/y^2
+_bin("add", ELEMENT, lambda np, a, x, y: x + y, lambda g, i, o, a: [g, g])
+_bin("sub", ELEMENT, lambda np, a, x, y: x - y, lambda g, i, o, a: [g, -g])
+_bin("mul", ELEMENT, lambda np, a, x, y: x * y, lambda g, i, o, a: [g * i[1], g * i[0]])
+_bin("div", COSTLY, lambda np, a, x, y: (x / y) if x.dtype.kind == "f" else np.trunc(x / y).astype(x.dtype),
+     lambda g, i, o, a: [g / i[1], -g * o / i[1]])                             # d(x/y) = dx/y - x dy/y^2
 
 
 def _minmax_grad(first_wins):
@@ -311,8 +315,8 @@ def _minmax_grad(first_wins):
     return grad
 
 
-_bin("maximum", lambda np, a, x, y: np.maximum(x, y), _minmax_grad(True), cost=ELEMENT)
-_bin("minimum", lambda np, a, x, y: np.minimum(x, y), _minmax_grad(False), cost=ELEMENT)
+_bin("maximum", ELEMENT, lambda np, a, x, y: np.maximum(x, y), _minmax_grad(True))
+_bin("minimum", ELEMENT, lambda np, a, x, y: np.minimum(x, y), _minmax_grad(False))
 
 
 def _power_shape(ins, attrs):
@@ -331,11 +335,11 @@ def _power_grad(g, i, o, a):
     return [dx, dy]
 
 
-_bin("power", lambda np, a, x, y: np.power(x, y), _power_grad, _power_shape, cost=ELEMENT)
+_bin("power", ELEMENT, lambda np, a, x, y: np.power(x, y), _power_grad, _power_shape)
 
-_bin("less", lambda np, a, x, y: (x < y).astype("float32"), None, _compare, cost=ELEMENT)
-_bin("greater", lambda np, a, x, y: (x > y).astype("float32"), None, _compare, cost=ELEMENT)
-_bin("equal", lambda np, a, x, y: (x == y).astype("float32"), None, _compare, cost=ELEMENT)
+_bin("less", ELEMENT, lambda np, a, x, y: (x < y).astype("float32"), None, _compare)
+_bin("greater", ELEMENT, lambda np, a, x, y: (x > y).astype("float32"), None, _compare)
+_bin("equal", ELEMENT, lambda np, a, x, y: (x == y).astype("float32"), None, _compare)
 
 
 def _where_shape(ins, attrs):
@@ -476,8 +480,9 @@ def _layer_norm_grad(g, i, o, a):
 
 
 defprim("layer_norm_last", "reduce", shape=_last_axis, ref=_layer_norm_ref,
-        grad=_layer_norm_grad, cost=ROW, lowering="row", doc="normalisation without affine; primitive so that the "
-        "forward is one kernel (mean, variance and scale in one pass over a row)")
+        grad=_layer_norm_grad, cost=ROW, lowering="row",
+        doc="normalisation without affine; primitive so that the forward is one kernel "
+            "(mean, variance and scale in one pass over a row)")
 
 # ---------------------------------------------------------------- layout
 
@@ -645,7 +650,8 @@ def _dequantize_ref(np, a, w):
     return dequantize_numpy(np, a["qtype"], w, a["shape"])
 
 
-defprim("dequantize", "quant", shape=_dequantize_shape, ref=_dequantize_ref, grad=None, cost=ELEMENT,
+defprim("dequantize", "quant", shape=_dequantize_shape, ref=_dequantize_ref, grad=None,
+        cost=ELEMENT,
         doc="quantized blocks -> f32 (webgrad/quants): a primitive because on WebGPU its consumers "
             "decode the blocks in registers (codegen/quant.py), which no composition of "
             "bit ops on i32 would let a matmul do without storing the f32 weights")

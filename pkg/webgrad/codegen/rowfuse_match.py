@@ -30,7 +30,8 @@ from ..primitives import ELEMENT, EXPR
 
 # the ops this pass creates, as primitives' rows give them: (lowering, cost); codegen/kinds.py
 # reads them beside primitives.PRIMS. The two row kernels count one FLOP per output element.
-ROW_PASS_OPS = {"logsumexp_last": ("row_kernel", ELEMENT), "layer_norm_grad": ("row_kernel", ELEMENT),
+ROW_PASS_OPS = {"logsumexp_last": ("row_kernel", ELEMENT),
+                "layer_norm_grad": ("row_kernel", ELEMENT),
                 "pick_last": (EXPR, ELEMENT)}
 ROW_KERNEL_OPS = frozenset(op for op, (kind, _) in ROW_PASS_OPS.items() if kind == "row_kernel")
 
