@@ -132,6 +132,19 @@ def test_the_checker_names_a_missing_piece(monkeypatch, patch, op, says):
     assert named and all(says in line for line in named), registry_problems()
 
 
+def test_a_new_row_alone_is_named_with_every_missing_piece(monkeypatch):
+    """A kernel op given only its registry row (shape, ref, grad, a new kernel kind, no
+    cost): the checker lists each piece still to write, by file."""
+    from webgrad.primitives import Prim
+    monkeypatch.setitem(PRIMS, "cumsum_last", Prim(
+        "cumsum_last", "reduce", shape=lambda ins, a: (ins[0].shape, "f32"),
+        ref=lambda np, a, x: np.cumsum(x, axis=-1), grad=lambda g, i, o, a: [g],
+        lowering="scan"))
+    named = [line for line in registry_problems() if line.startswith("cumsum_last:")]
+    for piece in ("no cost rule", "'scan' has no builder", "ops.py", "ONNX"):
+        assert any(piece in line for line in named), (piece, named)
+
+
 def test_the_checker_names_a_missing_torch_lowering(monkeypatch):
     pytest.importorskip("torch")
     from webgrad.backends.torch_backend import TORCH_IMPLS
@@ -157,11 +170,13 @@ def test_an_op_without_a_cost_rule_is_refused_not_counted(monkeypatch):
         lower(g, Limits())
 
 
-def test_codegen_sets_follow_the_registry(monkeypatch):
-    """Fusion's classes are read from the rows: a primitive made a kernel op (stored, its own
-    kernel) by its row alone is lowered as one."""
+def test_fusion_classes_are_the_rows_fields():
+    """The sets fusion and the cost model test against hold what the rows say (and the
+    passes' own ops); pad is free (no FLOPs) yet costs its bounds test when recomputed."""
     from webgrad.codegen import kinds
-    assert kinds.KERNEL_OPS >= {n for n, p in PRIMS.items() if p.kernel}
+    assert kinds.KERNEL_OPS == ({n for n, p in PRIMS.items() if p.kernel}
+                                | {n for n, (low, _) in kinds.CODEGEN_OPS.items() if low != EXPR})
+    assert kinds.LEAF_OPS == {"input", "param", "state"}
     assert kinds.VIEW_OPS == {n for n, p in PRIMS.items() if p.cost.view}
     assert {n for n, p in PRIMS.items() if p.cost.free} >= kinds.VIEW_OPS | kinds.LEAF_OPS
     assert kinds.cost_of("pad").free and kinds.cost_of("pad").recompute == 1

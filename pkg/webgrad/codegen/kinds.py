@@ -19,7 +19,7 @@ CODEGEN_OPS: dict[str, tuple[str, Cost]] = {**ATTN_PASS_OPS, **ROW_PASS_OPS}
 
 
 def lowering_of(op: str) -> str:
-    """"expr", "leaf" or the op's kernel kind (a key of program.KERNELS)."""
+    """The op's lowering: "expr", "leaf" or its kernel kind (a key of program.KERNELS)."""
     p = PRIMS.get(op)
     if p is not None:
         return p.lowering
@@ -37,22 +37,24 @@ def cost_of(op: str) -> Cost:
 
 
 def _ops(keep) -> frozenset[str]:
-    rows = [(op, p.lowering, p) for op, p in PRIMS.items()]
-    rows += [(op, low, None) for op, (low, _) in CODEGEN_OPS.items()]
-    return frozenset(op for op, low, p in rows if keep(low, p, op))
+    """The ops whose row passes keep(lowering, cost, prim); prim is None for CODEGEN_OPS.
+    A row without a cost reads as a non-view here (tests/test_registry.py names it)."""
+    rows = [(op, p.lowering, p.cost, p) for op, p in PRIMS.items()]
+    rows += [(op, low, cost, None) for op, (low, cost) in CODEGEN_OPS.items()]
+    return frozenset(op for op, low, cost, p in rows if keep(low, cost, p))
 
 
 # kernel ops: each computes and stores its output in a kernel of its own (fusion rule 1)
-KERNEL_OPS = _ops(lambda low, p, op: low not in (EXPR, LEAF))
+KERNEL_OPS = _ops(lambda low, cost, p: low not in (EXPR, LEAF))
 # stored by the executor (inputs, params, state)
-LEAF_OPS = _ops(lambda low, p, op: low == LEAF)
+LEAF_OPS = _ops(lambda low, cost, p: low == LEAF)
 # index remaps of one input (strided views for matmul operands)
-VIEW_OPS = _ops(lambda low, p, op: cost_of(op).view)
+VIEW_OPS = _ops(lambda low, cost, p: getattr(cost, "view", False))
 # elementwise primitives: every input read at the output's (broadcast) index
-ELEMENTWISE_OPS = _ops(lambda low, p, op: p is not None and p.family == "elementwise")
+ELEMENTWISE_OPS = _ops(lambda low, cost, p: p is not None and p.family == "elementwise")
 # the reductions and row ops reduce.py builds
-REDUCE_OPS = _ops(lambda low, p, op: low == "reduce")
-ROW_OPS = _ops(lambda low, p, op: low == "row")
+REDUCE_OPS = _ops(lambda low, cost, p: low == "reduce")
+ROW_OPS = _ops(lambda low, cost, p: low == "row")
 
 __all__ = ["CODEGEN_OPS", "ELEMENTWISE_OPS", "KERNEL_OPS", "LEAF_OPS", "REDUCE_OPS", "ROW_OPS",
            "VIEW_OPS", "cost_of", "lowering_of"]
