@@ -5,14 +5,16 @@ two dispatches of one group) that computes some tensors and stores those that an
 outside it reads. The rules, in order:
 
  1. Storage. Leaves (inputs, params, state) and non-uniform constants are stored; so is
-    the output of every kernel op (matmul, reductions, row ops, scatter, fold). Everything
-    else - elementwise ops, layout ops, one_hot, gathers, random numbers, unfold - is an
-    *expression*, computed inside whichever kernel reads it.
+    the output of every kernel op (matmul, reductions, row ops, scatter, fold: the ops whose
+    registry row names a kernel kind, codegen/kinds.py). Everything else - elementwise ops,
+    layout ops, one_hot, gathers, random numbers, unfold - is an *expression*, computed
+    inside whichever kernel reads it.
  2. An expression is stored (becomes an *anchor*) when it must be: it is a graph output or
     a writeback value (unless it is a free reshape of something stored), or a matmul reads
     it and no affine view reaches it (matmul wants strides, not recomputation), or it is
-    worth it: read by several kernels and costly (unless codegen/remat.py finds that this
-    saves no memory worth having: GELU's tanh, kept for the backward beside its input), or
+    worth it: read by several kernels and costly (its chain's recompute weights, from the
+    rows' Cost, reach 8; unless codegen/remat.py finds that this saves no memory worth
+    having: GELU's tanh, kept for the backward beside its input), or
     read through a broadcast (it would be recomputed many times), or its kernel would bind
     more buffers than the device allows; on GPU adapters, a large transpose of a stored
     tensor's last two axes that elementwise ops read (_transposed_reads: written by
