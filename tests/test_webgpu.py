@@ -188,7 +188,7 @@ EPI_CONFIGS = {"rows1": mm.Config(4, 4, 8, wx=4, wy=4, vload=True, epi_rows=1),
 @pytest.mark.parametrize("name", ["matmul/gelu_mlp_odd", "matmul/aligned_epilogue"])
 def test_epilogue_loads_issued_first(name, config):
     """Config.epi_rows: the epilogue's loads (bias, GELU's pre-activation, an operand) of
-    several outputs issued before their stores (matmul._split_epilogue), on shapes no tile
+    several outputs issued before their stores (prefetch_epilogue), on shapes no tile
     divides, against torch; an epilogue with more loads than epi_max_loads keeps them."""
     opts = KernelOptions(force_config=EPI_CONFIGS[config])
     from webgrad.codegen import Limits, lower

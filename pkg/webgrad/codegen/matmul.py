@@ -30,7 +30,7 @@ are constants; bounds tests are emitted only where a dimension is not a multiple
 tile. The result goes to the group's epilogue `epi(flat, v)`, so elementwise consumers
 (bias, relu, an optimizer update) are fused into the writer. Where the epilogue streams a
 tensor of the output's size (GELU's pre-activation in its backward), `Config.epi_rows`
-splits it (`_split_epilogue`) so that the loads of a row of the thread's block are issued
+splits it (`prefetch_epilogue`) so that the loads of a row of the thread's block are issued
 before any of its stores: the GPU's compiler must assume a storage load may alias an
 earlier store, so one call after another waits out a memory latency per output.
 
@@ -82,11 +82,9 @@ at [16384 x 512] @ [512 x 2048]).
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from math import prod
 
-from .emit import STORE_LINE
 from .layout import digits_addr, strided_view
 from .matmul_mma import mma_matmul_wgsl, tiling_for
 from .quant import QuantOperand, group_helpers, operand_reader
@@ -641,7 +639,8 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
         part = ctx.scratch[0]
         P = kernel.binding(part.buffer, "f32", write=True, what=part.what, nbytes=part.nbytes)
     else:
-        epi = ctx.epilogue_fn(kernel)
+        epi_fn = ctx.epilogue(kernel)
+        epi = epi_fn.name
     em = ctx.emitter(kernel)
     L = em.emit
 
@@ -758,8 +757,7 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
     def stage(r, v, base=""):  # read r's value v into its place in the staged tile
         rd = reads[r]
         if r in side_reads:
-            if not re.fullmatch(r"\w+", v):
-                v = em.let(v)
+            v = em.let(v)
             # only where they are written (a branch whole workgroups take): summed by every
             # thread, the products ran 3-4% slower on an H200, this way 0.7-1.7%
             L(f"if ({other} == 0u) {{ s{r} += {v}; }}")
@@ -910,7 +908,8 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
                           Q, lambda c: f"(bt * {tiles_m}u + tm) * {N}u + col0 + {c}",
                           (lambda c: f"col0 + {c} < {N}u") if need_n else None)
             L("workgroupBarrier();")
-    pre = S == 1 and cfg.epi_rows > 0 and _split_epilogue(kernel, epi)
+    pre = S == 1 and cfg.epi_rows > 0 and prefetch_epilogue(
+        kernel, epi_fn, ctx.limits.options.epi_max_loads)
     for i0 in range(0, TM, max(1, cfg.epi_rows) if pre else TM):
         rows = list(enumerate(rows_a))[i0:i0 + cfg.epi_rows] if pre else list(enumerate(rows_a))
         if pre:  # the epilogue's loads of these rows first, then their stores
@@ -932,67 +931,59 @@ def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
     return out
 
 
-# KernelOptions.epi_max_loads (2): epilogues loading more values per output keep their loads
-# in place
-_LET = re.compile(r"^\s*let (\w+) = (.*);$")
-_LOAD = re.compile(r"^(b\d+)\[.*\]$")
-_STREAMED = re.compile(r"^\s*let \w+ = b\d+\[(\d+u \+ )?f\];$")  # a load at the output's index
-
-
-def _epilogue_lines(kernel, epi: str) -> int:
-    """How many lines the epilogue function `epi` has (program.epilogue_fn)."""
-    fn = next(fn for fn in kernel.functions if fn.startswith(f"fn {epi}(f: u32, v: "))
-    return fn.count("\n")
-
-
-def _split_epilogue(kernel, epi: str) -> bool:
-    """Split the epilogue `fn epi(f, v)` (program.epilogue_fn) in two where it loads
-    anything (a bias, a pre-activation): `epi_ld(f)` makes those loads, which depend on f
-    alone, and returns them in a struct; `epi(f, v, p)` is the rest, taking the loaded
-    values from p. The tile's writer then issues the loads of several outputs before
-    their stores (Config.epi_rows): the GPU's compiler keeps a load after any earlier
-    store to a storage buffer (they may alias), so one call after another waits out a
-    memory latency per value. Only where a load streams a tensor of the output's size
-    (read at f): a broadcast bias alone is a cache hit, and prefetching it measured slower
-    (the GPT-2 MLP's GELU forward, 0.546 -> 0.554 ms). False (nothing changed): no such
-    load, or more than KernelOptions.epi_max_loads loads."""
-    at = next(k for k, fn in enumerate(kernel.functions) if fn.startswith(f"fn {epi}(f: u32, v: "))
-    head, *body = kernel.functions[at].rstrip().rstrip("}").rstrip().split("\n")
-    dep, loads, pure = {"v"}, [], []
-    if not all(_LET.match(ln) or STORE_LINE.match(ln) for ln in body):
-        return False  # anything but straight-line lets and stores: left as it is
-    for ln in body:
-        m = _LET.match(ln)
-        if not m:
-            continue
-        name, expr = m.groups()
-        if set(re.findall(r"\w+", expr)) & dep:
-            dep.add(name)
-            continue
-        pure.append(ln)
-        lm = _LOAD.match(expr)
-        if lm:
-            elem = kernel.bindings[int(lm.group(1)[1:])].elem
-            loads.append((name, elem))
-    if len(loads) > kernel.limits.options.epi_max_loads or not any(_STREAMED.match(ln) for ln in pure):
-        return False  # nothing streamed from memory at f: a broadcast bias stays in cache
-    need = {n for n, _ in loads}  # epi_ld keeps the lines the loads' indices come from
-    keep = []
-    for ln in reversed(pure):
-        name, expr = _LET.match(ln).groups()
-        if name in need:
-            keep.append(ln)
-            need |= set(re.findall(r"\w+", expr))
-    pure = keep[::-1]
-    fields = ", ".join(f"{n}: {t}" for n, t in loads)
-    kernel.functions[at:at + 1] = [
+def prefetch_epilogue(kernel, epi, max_loads: int) -> bool:
+    """Put the epilogue `fn epi(f, v)` (program.GroupCtx.epilogue, emit.Epilogue) in
+    kernel's functions as two where it loads anything (a bias, a pre-activation):
+    `epi_ld(f)` makes those loads, which depend on f alone, and returns them in a struct;
+    `epi(f, v, p)` is the rest, taking the loaded values from p. The tile's writer then
+    issues the loads of several outputs before their stores (Config.epi_rows): the GPU's
+    compiler keeps a load after any earlier store to a storage buffer (they may alias), so
+    one call after another waits out a memory latency per value. Only where a load
+    streams a tensor of the output's size (read at f): a broadcast bias alone is a cache
+    hit, and prefetching it measured slower (the GPT-2 MLP's GELU forward, 0.546 -> 0.554
+    ms). False (nothing changed): no such load, or more than max_loads loads
+    (KernelOptions.epi_max_loads), or a body that is not straight-line lets and stores."""
+    got = epilogue_loads(epi, max_loads)
+    if got is None:
+        return False
+    keep, loads = got
+    names = [s.name for s in loads]
+    fields = ", ".join(f"{s.name}: {s.elem}" for s in loads)
+    kernel.functions[epi.slot:epi.slot + 1] = [
         f"struct EpiLoads {{ {fields} }}\n",
-        f"fn {epi}_ld(f: u32) -> EpiLoads {{\n" + "\n".join(pure)
-        + f"\n  return EpiLoads({', '.join(n for n, _ in loads)});\n}}\n",
-        head.replace(") {", ", p: EpiLoads) {") + "\n" + "\n".join(
-            f"  let {m.group(1)} = p.{m.group(1)};" if (m := _LET.match(ln)) and
-            m.group(1) in dict(loads) else ln for ln in body) + "\n}\n"]
+        f"fn {epi.name}_ld({epi.params}) -> EpiLoads {{\n" + "\n".join(s.text for s in keep)
+        + f"\n  return EpiLoads({', '.join(names)});\n}}\n",
+        epi.function([f"  let {s.name} = p.{s.name};" if s.name in names else s.text
+                      for s in epi.stmts], ", p: EpiLoads")]
     return True
+
+
+def epilogue_loads(epi, max_loads: int):
+    """(the statements epi_ld keeps: its loads and what their indices are computed from,
+    the loads) of prefetch_epilogue's split of `epi`, or None where it does not split.
+    A statement depends on the value v where any name it is built from does (Stmt.deps);
+    the loads are those that do not, except loads widened from f16 (their value is a
+    conversion, computed in place)."""
+    if epi.flat is None or any(s.kind not in ("let", "load", "store") for s in epi.stmts):
+        return None  # anything but straight-line lets and stores: left as it is
+    dep, loads, pure = {"v"}, [], []
+    for s in epi.stmts:
+        if s.kind == "store":
+            continue
+        if s.deps & dep:
+            dep.add(s.name)
+            continue
+        pure.append(s)
+        if s.kind == "load" and s.elem != "f16":
+            loads.append(s)
+    if len(loads) > max_loads or not any(s.at == epi.flat for s in loads):
+        return None  # nothing streamed from memory at f: a broadcast bias stays in cache
+    need, keep = {s.name for s in loads}, []  # epi_ld keeps what the loads' indices need
+    for s in reversed(pure):
+        if s.name in need:
+            keep.append(s)
+            need |= s.deps
+    return keep[::-1], loads
 
 
 # a chunk sum that takes output sums: each thread walks SPLIT_SUM_ROWS rows of one column,
@@ -1207,7 +1198,8 @@ def _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh) -> list:
         part = ctx.scratch[0]
         P = kernel.binding(part.buffer, "f32", write=True, what=part.what, nbytes=part.nbytes)
     else:
-        epi = ctx.epilogue_fn(kernel)
+        epi_fn = ctx.epilogue(kernel)
+        epi = epi_fn.name
     em = ctx.emitter(kernel)
     L = em.emit
     grid = kernel.thread_index(em, total * S, "ts", DIRECT_WG)
@@ -1270,7 +1262,7 @@ def _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh) -> list:
             k_step("k")
     L(f"let f0 = bt * {M * N}u + m0 * {N}u + n0;")
     if (S == 1 and TM * TN > 1 and any(a in adapter for a in opts.epi_loop_adapters)
-            and _epilogue_lines(kernel, epi) > opts.epi_loop_lines):
+            and epi_fn.line_count > opts.epi_loop_lines):
         # one call of the epilogue in a loop over the block (see the note at DIRECT_SMALL)
         L(f"var cv = array<f32, {TM * TN}>({', '.join(a for row in acc for a in row)});")
         with em.block(f"for (var e = 0u; e < {TM * TN}u; e++)"):

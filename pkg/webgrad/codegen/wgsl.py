@@ -173,6 +173,7 @@ class Kernel:
         self.decls: list[str] = []          # module-scope declarations (shared memory, ...)
         self._helpers: dict[str, str] = {}  # helper functions by name (erf, hash, ...)
         self.functions: list[str] = []      # generated functions (epilogues)
+        self.epilogues: dict = {}           # name -> emit.Epilogue (program.GroupCtx.epilogue)
         self.workgroup_size = WG
         self.nx = self.ny = self.nz = 1
         self.subgroups = False  # the body uses subgroup operations (enable_subgroups)
