@@ -30,8 +30,9 @@ from .emit import Emitter, Epilogue, Idx, Storage
 from .fusion import Fusion
 from .index import build_scatter, scatter_scratch
 from .layout import build_concat_pieces, strided_view
-from .matmul import (b_k_fast, build_matmul, group_config, matmul_dims, matmul_scratch_bytes,
-                     split_sum_parts)
+from .matmul import b_k_fast, build_matmul, matmul_dims, matmul_scratch_bytes
+from .matmul_config import group_config
+from .matmul_splitk import split_sum_parts
 from .quant import QuantOperand
 from .remat import plan_fusion
 from .reduce import REDUCE_OPS, ROW_OPS, build_reduce, scratch_specs
