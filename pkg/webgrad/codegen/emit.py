@@ -19,7 +19,7 @@ Adam update's three outputs share one computation of m' and v'.
 
 Besides its lines, an Emitter keeps its statements as data (`Stmt`: what kind, the name
 defined, the names it was built from, a load's element type and index), so that a kernel
-can regroup a body it emitted (the tiled matmul's epilogue loads, matmul_tiled.py; the
+can regroup a body it emitted (the tiled matmul's epilogue loads, matmul_epilogue.py; the
 elementwise kernel's stores) without reading the WGSL text back.
 """
 from __future__ import annotations

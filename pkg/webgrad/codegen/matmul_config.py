@@ -79,6 +79,38 @@ class Config:
     def threads(self): return self.wx * self.wy
 
 
+@dataclass(frozen=True)
+class Tile:
+    """A Config's tile on a device: a workgroup's BM x BN block of C, K step BK, TM x TN
+    accumulators per thread on WY x WX threads (NT in all); the staged A and B tiles are
+    k-major with rows of LDA / LDB floats (padded), vec4 arrays where va / vb (a thread's
+    rows / columns in 4-wide groups 4 WY / 4 WX apart: thread_offsets)."""
+    BM: int
+    BN: int
+    BK: int
+    TM: int
+    TN: int
+    WX: int
+    WY: int
+    NT: int
+    LDA: int
+    LDB: int
+    va: bool
+    vb: bool
+
+
+def tile_of(cfg: Config, shared_limit: int) -> Tile:
+    """cfg's Tile where the staged tiles get `shared_limit` bytes of workgroup memory: a
+    K step of 8 where BK's would not fit."""
+    BM, BN, BK, NT = cfg.bm, cfg.bn, cfg.bk, cfg.threads
+    LDA, LDB = BM + cfg.pad, BN + cfg.pad
+    if 4 * BK * (LDA + LDB) > shared_limit and BK > 8 and BM * 8 % NT == 0 and BN * 8 % NT == 0:
+        BK = 8
+    assert BM * BK % NT == 0 and BN * BK % NT == 0, cfg
+    return Tile(BM, BN, BK, cfg.tm, cfg.tn, cfg.wx, cfg.wy, NT, LDA, LDB,
+                cfg.vec and cfg.tm >= 4, cfg.vec and cfg.tn >= 4)
+
+
 # Tilings per adapter class: the first row whose words occur in the adapter's description
 # (Limits.adapter) applies; no start-up search. Keys of a row:
 #   "slots": how many workgroups of a 128 x 128 tile run at once (SMs x workgroups per SM):

@@ -79,7 +79,7 @@ class KernelOptions:
     # output_sums); False: by reductions of their own
     operand_sums: bool = True
     # epilogues loading more values per output than this keep their loads in place
-    # (matmul_tiled.prefetch_epilogue)
+    # (matmul_epilogue.prefetch_epilogue)
     epi_max_loads: int = 2
     # an ADAPTER_TILINGS row (a dict) used in place of the adapter's own (tests)
     tiling_row: dict | None = None
