@@ -28,6 +28,7 @@ import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from math import prod
+from typing import NamedTuple
 
 from .wgsl import Kernel, wgsl_type
 
@@ -44,15 +45,14 @@ def rule(*ops):
     return deco
 
 
-@dataclass(frozen=True)
-class Stmt:
+class Stmt(NamedTuple):
     """One emitted statement as data. kind: "let" (an immutable name), "load" (a let whose
     value is a storage read), "store" (Emitter.store) or "other" (anything else: a var,
     a block's braces, a line a builder wrote). deps: the names its value is built from; for
-    a let an expression rule made, every name the emitter handed out while the rule ran (a
-    superset: enough to know what it may depend on). A load also has `elem` (the element
-    type of the array it reads; "f16" is read widened to f32) and `at` (the flat index,
-    before the storage's offset)."""
+    a let an expression rule made, every name the emitter handed out to the rule while it
+    ran (a superset: enough to know what it may depend on, through those names' own deps).
+    A load also has `elem` (the element type of the array it reads; "f16" is read widened
+    to f32) and `at` (the flat index, before the storage's offset)."""
     text: str
     kind: str = "other"
     name: str | None = None
@@ -138,7 +138,7 @@ class Emitter:
         self.bound = dict(bound or {})
         self.lines: list[str] = []
         self.stmts: list[Stmt] = []  # the statements of `lines`, as emitted (see Stmt)
-        self._frames: list[set[str]] = []  # names handed out per value() being computed
+        self._frames: list[set[str]] = []  # names handed out to each value() now running
         self._ind = indent
         self._scopes: list[dict[str, str]] = [{}]
         self._counter = [0]
@@ -154,7 +154,7 @@ class Emitter:
         """Append a line (at the current indent); `stmt`: its Stmt fields (kind, name, ...)."""
         text = "  " * self._ind + line
         self.lines.append(text)
-        self.stmts.append(Stmt(text, **stmt))
+        self.stmts.append(Stmt(text, **stmt) if stmt else Stmt(text))
 
     def take_stores(self, at: int) -> list[str]:
         """Remove the stores emitted since statement `at` (len(stmts) then) and return their
@@ -166,9 +166,11 @@ class Emitter:
         return mine
 
     def _hand(self, name: str) -> str:
-        """A name given to a caller: a dependency of the value() calls now running."""
-        for frame in self._frames:
-            frame.add(name)
+        """A name given to a caller: a dependency of the value() (or load()) now running.
+        Only of the innermost one: what that value is built from is a dependency of its
+        own name, which the value() around it gets."""
+        if self._frames:
+            self._frames[-1].add(name)
         return name
 
     def _deps(self, deps) -> frozenset:
