@@ -38,6 +38,7 @@ def block_conds(ri: int, cj: int, M: int, N: int, need_m: bool, need_n: bool) ->
 
 
 def guarded(stmt: str, cond: str | None) -> str:
+    """stmt, inside `if (cond)` where there is a condition."""
     return f"if ({cond}) {{ {stmt} }}" if cond else stmt
 
 
