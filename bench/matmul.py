@@ -45,7 +45,7 @@ def pick_lib() -> str:
 def parse_config(text: str):
     """None (the table's tiling), a dict (the table's tilings with these Config fields:
     "auto:e2"), or a Config."""
-    from webgrad.codegen.matmul import Config
+    from webgrad.codegen.matmul_config import Config
     if text == "auto":
         return None
     if text.startswith("auto:"):  # the table's tiles with fields set: e<rows>, db
@@ -156,10 +156,10 @@ def epilogue_want(kind, A, B, bias, pre):
 
 
 def table_variant(adapter: str, fields: dict | None):
-    """KernelOptions whose tiling_row is the adapter's row of codegen/matmul.py's
+    """KernelOptions whose tiling_row is the adapter's row of codegen/matmul_config.py's
     ADAPTER_TILINGS with `fields` set on every tile (None: the row as it is)."""
     from webgrad.codegen import KernelOptions
-    from webgrad.codegen import matmul as mm
+    from webgrad.codegen import matmul_config as mm
     row = mm.adapter_tiling(adapter)
     if fields:
         row = {k: replace(v, **fields) if isinstance(v, mm.Config) else v for k, v in row.items()}
@@ -193,7 +193,7 @@ def build(host, shape, config):
     b = operand("b", k, n, "tb" in flags)
     g.outputs["out"] = g.add("matmul", [a, b], batch + (m, n), "f32")
     limits = Limits.from_host(host.limits)
-    limits.adapter = host.info  # the adapter's row of matmul.ADAPTER_TILINGS, as the backend does
+    limits.adapter = host.info  # the adapter's row of matmul_config.ADAPTER_TILINGS, as the backend does
     limits.options = (table_variant(host.info, config) if isinstance(config, dict)  # the tiling
                       else KernelOptions(force_config=config))                    # compared
     low, names = lower(g, limits)

@@ -7,7 +7,7 @@
 
 The plan is static: codegen.lower() needs only the adapter's description and limits, not the
 adapter, so this runs on a CPU. `--adapter h200` plans with the words and limits that pick the
-H200's row of codegen/matmul.ADAPTER_TILINGS (split-K scratch depends on it), the limits the
+H200's row of codegen/matmul_config.ADAPTER_TILINGS (split-K scratch depends on it), the limits the
 bench's Dawn device reported; its planned_bytes equal the "peak webgrad" figures that
 bench/gpt2_train.py printed on the H200 (680 / 6791 / 7151 MiB before this script's
 changes, bench/README.md). `--adapter lavapipe` plans as on a CPU adapter (no split-K, the

@@ -65,7 +65,7 @@ SHAPES = {QT.Q8_0: (5, 96), QT.Q4_0: (7, 160), QT.Q4_1: (3, 96), QT.Q5_0: (5, 16
 @pytest.mark.parametrize("backend", ["reference", "torch", WEBGPU])
 @pytest.mark.parametrize("qt", QTS, ids=lambda q: q.name)
 def test_matmul_and_gather_read_the_blocks(qt, backend):
-    from webgrad.codegen import KernelOptions, matmul
+    from webgrad.codegen import KernelOptions, matmul_config as matmul
     rng = np.random.default_rng(int(qt))
     N, K = SHAPES[qt]
     raw = small_blocks(qt, N * K // gguf.GGML_QUANT_SIZES[qt][0], rng)

@@ -234,7 +234,7 @@ def test_cached_decoding_equals_the_full_forward(kind, backend, built):
 
 @pytest.mark.parametrize("kind", ["llama"])   # every bias, llama3 rope scaling
 def test_decoding_through_the_matrix_vector_kernel(kind, built):
-    """Decoding's products (a few rows of C) through codegen/matmul.py's matrix-vector
+    """Decoding's products (a few rows of C) through codegen/matmul_gemv.py's matrix-vector
     kernel, forced onto this adapter (GPUs take it by default): the cached steps equal
     transformers' logits at every position, one id at a time and a chunk of 3."""
     pytest.importorskip("wgpu")

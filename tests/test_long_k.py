@@ -2,7 +2,7 @@
 
 lavapipe (Mesa's CPU Vulkan) stops an invocation's loops after 65535 iterations in all,
 silently (codegen/wgsl.CPU_LOOP_ITERATIONS): a [2, 70000] @ [70000, 3] product through the
-barrier-free kernel returned sums off by up to 43 (of 515) before matmul.cpu_splits cut K
+barrier-free kernel returned sums off by up to 43 (of 515) before matmul_config.cpu_splits cut K
 into chunks there. These records go through the oracle's whole compile path (forward and
 gradients) and are judged against torch in float64: a plain product and a weight gradient
 whose K runs over batch x rows (fusion's folded sum, K = 2 x 35001), both wrong without the
@@ -19,7 +19,7 @@ import oracle
 from backends import WEBGPU
 from oracle import Record, f32
 from webgrad.codegen import KernelOptions, Limits, lower
-from webgrad.codegen import matmul as mm
+from webgrad.codegen import matmul_config as mm
 from webgrad.codegen.wgsl import CPU_LOOP_ITERATIONS
 from webgrad.compile import build_train_graph, parse_inputs
 

@@ -511,7 +511,7 @@ def test_f16_storage_on_native_adapter(kernel):
         pytest.skip("this adapter has no shader-f16 (test_webgpu_needs_shader_f16 checks the error)")
     rng = np.random.RandomState(7)
     feed = {"x": rng.randn(5, 64).astype(np.float32), "y": rng.randn(5, 19).astype(np.float32)}
-    from webgrad.codegen.matmul import Config
+    from webgrad.codegen.matmul_config import Config
     vec4 = Config(4, 4, 16, vload=True) if kernel == "tiled_vec4" else None  # 64 x 64 tiles
     opts = KernelOptions(force_direct=kernel == "direct", force_config=vec4)
     runs, reports = {}, {}

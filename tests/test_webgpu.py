@@ -14,6 +14,7 @@ import gc
 import math
 import random
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -36,7 +37,8 @@ from webgrad.backends.gpu_host import DeviceLostError  # noqa: E402
 from webgrad.backends.webgpu import LOWERED_OPS, WebGPUBackend, is_cpu_adapter  # noqa: E402
 from webgrad.buffers import END, Live, plan_pool  # noqa: E402
 from webgrad.codegen import KernelOptions, LimitError  # noqa: E402
-from webgrad.codegen import matmul as mm  # noqa: E402
+from webgrad.codegen import matmul_config as mm  # noqa: E402
+from webgrad.codegen.matmul_direct import DIRECT_SMALL  # noqa: E402
 from webgrad.primitives import PRIMS, rand_bits  # noqa: E402
 
 
@@ -113,7 +115,7 @@ def test_oracle_under_both_matmul_kernels(record, kernel):
             words = n.split()
             size = math.prod(int(d) for d in words[1].split("x"))
             tm, tn = (int(d) for d in words[-1].split("x"))
-            assert (tm <= opts.small_block[0] and tn <= opts.small_block[1]) or size > mm.DIRECT_SMALL, n
+            assert (tm <= opts.small_block[0] and tn <= opts.small_block[1]) or size > DIRECT_SMALL, n
         wgsl = _lowered_wgsl(record, opts)
         assert any("for (var e = 0u;" in w for w in wgsl), "no epilogue loop in a direct product"
     oracle.check(record, "webgpu", opts)
@@ -142,7 +144,7 @@ def test_oracle_under_double_buffering(record, config):
     oracle.check(record, "webgpu", KernelOptions(force_config=config))
 
 
-# the H200 row's tilings (codegen/matmul.py ADAPTER_TILINGS) and smaller tiles of the same
+# the H200 row's tilings (codegen/matmul_config.py ADAPTER_TILINGS) and smaller tiles of the same
 # kinds, so that the matmul records span several tiles: workgroups of 256, 128, 64 and 16
 # threads, threads in warp tiles, 8 x 16 outputs per thread, K step 16, vec4 global loads,
 # tile rows in runs (the last one shorter), split-K
@@ -188,7 +190,7 @@ EPI_CONFIGS = {"rows1": mm.Config(4, 4, 8, wx=4, wy=4, vload=True, epi_rows=1),
 @pytest.mark.parametrize("name", ["matmul/gelu_mlp_odd", "matmul/aligned_epilogue"])
 def test_epilogue_loads_issued_first(name, config):
     """Config.epi_rows: the epilogue's loads (bias, GELU's pre-activation, an operand) of
-    several outputs issued before their stores (matmul._split_epilogue), on shapes no tile
+    several outputs issued before their stores (prefetch_epilogue), on shapes no tile
     divides, against torch; an epilogue with more loads than epi_max_loads keeps them."""
     opts = KernelOptions(force_config=EPI_CONFIGS[config])
     from webgrad.codegen import Limits, lower
@@ -198,7 +200,7 @@ def test_epilogue_loads_issued_first(name, config):
     wgsl = [p["wgsl"] for p in lower(g, Limits(options=opts))[0].plan["pipelines"] if " K=" in p["wgsl"]]
     assert any("fn epi_ld(" in w for w in wgsl)
     oracle.check(oracle.BY_NAME[name], "webgpu", opts)
-    opts = mm.replace(opts, epi_max_loads=0)
+    opts = replace(opts, epi_max_loads=0)
     wgsl = [p["wgsl"] for p in lower(g, Limits(options=opts))[0].plan["pipelines"] if " K=" in p["wgsl"]]
     assert not any("fn epi_ld(" in w for w in wgsl)
 
@@ -267,7 +269,7 @@ def test_transformer_training_under_h200_classes(classes):
     check, took 17 minutes here). 5 Adam steps against the reference executor."""
     row = dict(mm.ADAPTER_TILINGS[0][1])
     if classes == "wide_group":
-        row.update(slots=1, group=2, wide=mm.replace(row["wide"], tm=4, tn=4, wx=4, wy=4))
+        row.update(slots=1, group=2, wide=replace(row["wide"], tm=4, tn=4, wx=4, wy=4))
         del row["batched"]
     opts = KernelOptions(tiling_row=row, force_direct=False)
     c, r = models.compile_transformer("webgpu", kernel_options=opts), models.compile_transformer("reference")
@@ -304,15 +306,15 @@ def test_h200_shape_classes():
     # split where it was split (K chunks of 4096 or more into whole waves: 192 tiles x 11
     # = 8 x 264), in runs of tile rows where they were
     odd = mm.ADAPTER_TILINGS[0][1]["odd"]
-    assert mm.choose_config(4096, 768, 50257, 1, adapter=a) == mm.replace(odd, splits=11)
-    assert mm.choose_config(4096, 50257, 768, 1, adapter=a) == mm.replace(odd, group=32)
-    assert mm.choose_config(768, 50257, 4096, 1, adapter=a) == mm.replace(odd, group=32)
+    assert mm.choose_config(4096, 768, 50257, 1, adapter=a) == replace(odd, splits=11)
+    assert mm.choose_config(4096, 50257, 768, 1, adapter=a) == replace(odd, group=32)
+    assert mm.choose_config(768, 50257, 4096, 1, adapter=a) == replace(odd, group=32)
     # ... and on padded columns (codegen/align_match.py): the head's weight gradient takes
     # the 256 x 128 tile, the logits the wide one
     vw = mm.ADAPTER_TILINGS[0][1]["vocab_wgrad"]
     assert (vw.bm, vw.bn) == (256, 128)
-    assert mm.choose_config(768, 50304, 4096, 1, adapter=a) == mm.replace(vw, group=32)
-    assert mm.choose_config(4096, 50304, 768, 1, adapter=a) == mm.replace(wide, group=32)
+    assert mm.choose_config(768, 50304, 4096, 1, adapter=a) == replace(vw, group=32)
+    assert mm.choose_config(4096, 50304, 768, 1, adapter=a) == replace(wide, group=32)
     # under 3/4 of a wave of 128 x 128 tiles, a wave of 64 x 64 ones
     assert mm.choose_config(4096, 768, 768, 1, adapter=a) == mm.ADAPTER_TILINGS[0][1]["mid"]
     # few tiles: the shrinking rule, as on adapters without a row
@@ -365,7 +367,7 @@ def test_h200_step_takes_sums_in_its_products():
     assert not any(n.startswith("sum (pass 1)") for n in names), names
     # per layer 4 biases and 2 layer norms' 2 parameters, and the final layer norm's 2
     assert sum(n.startswith("sum (pass 2)") for n in names) == 2 * 8 + 2, names
-    plain = lower(graph, mm.replace(limits, options=KernelOptions(operand_sums=False, assemble=False)))[1]
+    plain = lower(graph, replace(limits, options=KernelOptions(operand_sums=False, assemble=False)))[1]
     assert sum(n.startswith("sum (pass 1)") for n in plain) == 2 * 8 + 2, plain
     assert len(plain) == len(names) + 2 * 8 + 2 + 2, (len(plain), len(names))
 

@@ -455,7 +455,7 @@ TILED_IN_BROWSER = ["attention/qkv_slices_T70_D32", "attention/tiled_odd_T37_D33
                     "attention/cache_position"]
 
 
-# The kinds of GPU tiling in codegen/matmul.py's ADAPTER_TILINGS (thread grids other than
+# The kinds of GPU tiling in codegen/matmul_config.py's ADAPTER_TILINGS (thread grids other than
 # 16 x 16, vec4 global loads with bounds tests, tile rows in runs, split-K), forced on the
 # matmul records in the worker: SwiftShader would otherwise run the barrier-free kernel, and
 # Tint (not naga) compiles these kernels here. Small blocks per thread: SwiftShader runs a
@@ -532,7 +532,7 @@ def test_matmul_records_under_gpu_tilings_in_browser(s):
     ship_module(s, "oracle", (REPO / "tests" / "oracle.py").read_text())
     got = s.run(f"""
 import oracle
-from webgrad.codegen import KernelOptions, matmul as mm
+from webgrad.codegen import KernelOptions, matmul_config as mm
 results = {{}}
 for tag, cfg in {H200_TILINGS!r}.items():
     opts = KernelOptions(force_config=eval(cfg))

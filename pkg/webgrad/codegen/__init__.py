@@ -10,7 +10,12 @@
   conv.py         unfold2d (expression), fold2d (kernel)
   rows.py         write_rows (kernel; in place into a state buffer: the KV cache step)
   reduce.py       sum, max_last, argmax_last, softmax/log_softmax/layer_norm (one kernel each)
-  matmul.py       the tiled, register-blocked matmul
+  matmul.py       matmul groups: which of the kernels below takes a product
+  matmul_config.py  the tilings: Config, ADAPTER_TILINGS, group_config (kernel and tile)
+  matmul_tiled.py   the tiled, register-blocked kernel (GPUs); matmul_direct.py the
+                  barrier-free one (CPU adapters); matmul_gemv.py matrix-vector
+                  (decoding); matmul_mma.py subgroup matrices (f16); matmul_splitk.py
+                  the sum of a split product's K chunks
   quant.py        dequantize: quantized blocks decoded in registers by their readers
                   (matmul operands, gathers); the f32 weights are never stored
   attention_match.py, attention.py   softmax(mask(q k^T)) v and its gradient found in the

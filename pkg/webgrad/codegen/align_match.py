@@ -1,7 +1,7 @@
 """The alignment pass: vocabulary-wide products computed on padded columns, for WebGPU.
 
 `program.lower` runs `align_products(graph, limits)` before fusion (after the row pass)
-on adapters whose tiling row (matmul.ADAPTER_TILINGS) has an "align" entry (A, MIN,
+on adapters whose tiling row (matmul_config.ADAPTER_TILINGS) has an "align" entry (A, MIN,
 ROWS). A matmul whose output has N >= MIN columns, N not a multiple of A, and at least
 ROWS rows (all its other axes together: a decoding step's logits, one row, would pay the
 padded copy of the head for nothing) reads its B operand padded with zero columns up to
@@ -36,7 +36,7 @@ from ..dce import dce
 from ..ir import Graph, Node
 from .kinds import VIEW_OPS
 from .layout import swaps_last_two
-from .matmul import adapter_tiling
+from .matmul_config import adapter_tiling
 
 
 def _align(limits) -> tuple[int, int, int] | None:

@@ -81,7 +81,7 @@ def _threads(op, opts: KernelOptions = DEFAULT) -> tuple[int, int]:
 def use_tiled(limits) -> bool:
     """GPUs get the tiled kernels; CPU adapters (lavapipe, SwiftShader: Limits.cpu) keep
     attention.py's barrier-free row kernels (a barrier there costs a fiber switch per
-    thread, as for codegen/matmul.py's direct kernel). KernelOptions.attn_tiled (tests):
+    thread, as for codegen/matmul_direct.py's kernel). KernelOptions.attn_tiled (tests):
     True / False forces the tiled / row kernels on any adapter."""
     if limits.options.attn_tiled is not None:
         return limits.options.attn_tiled

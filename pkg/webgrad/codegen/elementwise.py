@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from math import prod
 
-from .emit import STORE_LINE, Emitter, Idx, rule
+from .emit import Emitter, Idx, rule
 from .layout import swaps_last_two
 from .wgsl import WG, f32_lit, lit, wgsl_type
 
@@ -456,10 +456,9 @@ def build_elementwise(ctx) -> list:
         whole = (j + 1) * T <= n  # every thread's j-th element exists
         # past the end: the index is clamped (a valid address to load), the stores guarded
         em.emit(f"let i{j} = {f't + {j * T}u' if whole else f'min(t + {j * T}u, {n - 1}u)'};")
-        at = len(em.lines)
+        at = len(em.stmts)
         ctx.write_outputs(em, f"i{j}", None)
-        stores.append((whole, j, [ln for ln in em.lines[at:] if STORE_LINE.match(ln)]))
-        em.lines[at:] = [ln for ln in em.lines[at:] if not STORE_LINE.match(ln)]
+        stores.append((whole, j, em.take_stores(at)))
     for whole, j, mine in stores:
         if whole:
             em.lines += mine

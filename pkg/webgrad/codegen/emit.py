@@ -16,6 +16,11 @@ pad, slice, merge_heads, a row kernel's [row, j]) regroups those dims instead of
 (`_regroup`). Every `let` is deduplicated by its
 text within the enclosing blocks, which is common-subexpression elimination for free: the
 Adam update's three outputs share one computation of m' and v'.
+
+Besides its lines, an Emitter keeps its statements as data (`Stmt`: what kind, the name
+defined, the names it was built from, a load's element type and index), so that a kernel
+can regroup a body it emitted (the tiled matmul's epilogue loads, matmul_epilogue.py; the
+elementwise kernel's stores) without reading the WGSL text back.
 """
 from __future__ import annotations
 
@@ -23,11 +28,11 @@ import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from math import prod
+from typing import NamedTuple
 
-from .wgsl import Kernel
+from .wgsl import Kernel, wgsl_type
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z_0-9]*$|^\(?-?[0-9][0-9.eE+-]*[fiu]?\)?$")
-STORE_LINE = re.compile(r"^\s*b\d+\[.*\] = .*;$")  # a line Emitter.store emits
 
 EXPR_RULES: dict = {}  # op -> rule(em, node, idx) -> WGSL expression text
 
@@ -38,6 +43,47 @@ def rule(*ops):
             EXPR_RULES[op] = fn
         return fn
     return deco
+
+
+class Stmt(NamedTuple):
+    """One emitted statement as data. kind: "let" (an immutable name), "load" (a let whose
+    value is a storage read), "store" (Emitter.store) or "other" (anything else: a var,
+    a block's braces, a line a builder wrote). deps: the names its value is built from; for
+    a let an expression rule made, every name the emitter handed out to the rule while it
+    ran (a superset: enough to know what it may depend on, through those names' own deps).
+    A load also has `elem` (the element type of the array it reads; "f16" is read widened
+    to f32) and `at` (the flat index, before the storage's offset)."""
+    text: str
+    kind: str = "other"
+    name: str | None = None
+    deps: frozenset = frozenset()
+    elem: str | None = None
+    at: str | None = None
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """An epilogue function as data (program.GroupCtx.epilogue): `fn name(params, v: dtype)`
+    with the statements of its body, `flat` the name of its flat-index parameter (None:
+    it takes a grid index) and `slot` its place in its kernel's functions, where a builder
+    may put other functions in its stead (the tiled matmul's prefetching form)."""
+    name: str
+    params: str
+    dtype: str
+    stmts: tuple
+    flat: str | None
+    slot: int
+
+    def function(self, lines=None, extra: str = "") -> str:
+        """Its WGSL text: the body's lines (or `lines`), `extra` after the parameters."""
+        body = [s.text for s in self.stmts] if lines is None else lines
+        return (f"fn {self.name}({self.params}, v: {self.dtype}{extra}) {{\n"
+                + "\n".join(body) + "\n}\n")
+
+    @property
+    def line_count(self) -> int:
+        """Lines of the function: the header, the body and the closing brace."""
+        return len(self.stmts) + 2
 
 
 @dataclass(frozen=True)
@@ -91,6 +137,8 @@ class Emitter:
         self.compute = set(compute)
         self.bound = dict(bound or {})
         self.lines: list[str] = []
+        self.stmts: list[Stmt] = []  # the statements of `lines`, as emitted (see Stmt)
+        self._frames: list[set[str]] = []  # names handed out to each value() now running
         self._ind = indent
         self._scopes: list[dict[str, str]] = [{}]
         self._counter = [0]
@@ -102,34 +150,61 @@ class Emitter:
         return em
 
     # -- statements
-    def emit(self, line: str) -> None:
-        self.lines.append("  " * self._ind + line)
+    def emit(self, line: str, **stmt) -> None:
+        """Append a line (at the current indent); `stmt`: its Stmt fields (kind, name, ...)."""
+        text = "  " * self._ind + line
+        self.lines.append(text)
+        self.stmts.append(Stmt(text, **stmt) if stmt else Stmt(text))
+
+    def take_stores(self, at: int) -> list[str]:
+        """Remove the stores emitted since statement `at` (len(stmts) then) and return their
+        lines, so that a caller can place them later (after every value is computed)."""
+        assert len(self.stmts) == len(self.lines), "lines edited outside the emitter"
+        mine = [s.text for s in self.stmts[at:] if s.kind == "store"]
+        self.stmts[at:] = [s for s in self.stmts[at:] if s.kind != "store"]
+        self.lines[at:] = [s.text for s in self.stmts[at:]]
+        return mine
+
+    def _hand(self, name: str) -> str:
+        """A name given to a caller: a dependency of the value() (or load()) now running.
+        Only of the innermost one: what that value is built from is a dependency of its
+        own name, which the value() around it gets."""
+        if self._frames:
+            self._frames[-1].add(name)
+        return name
+
+    def _deps(self, deps) -> frozenset:
+        if deps is not None:
+            return frozenset(deps)
+        return frozenset(self._frames[-1]) if self._frames else frozenset()
 
     def fresh(self, prefix="v") -> str:
         self._counter[0] += 1
         return f"{prefix}{self._counter[0]}"
 
-    def let(self, expr: str) -> str:
+    def let(self, expr: str, deps=None, kind: str = "let", **stmt) -> str:
+        """A name for `expr` (deps: the names it is built from; None: those handed out
+        while the value() now running computed it)."""
         if _NAME.match(expr):
-            return expr
+            return self._hand(expr)
         for scope in reversed(self._scopes):
             if expr in scope:
-                return scope[expr]
+                return self._hand(scope[expr])
         name = self.fresh()
-        self.emit(f"let {name} = {expr};")
+        self.emit(f"let {name} = {expr};", kind=kind, name=name, deps=self._deps(deps), **stmt)
         self._scopes[-1][expr] = name
-        return name
+        return self._hand(name)
 
     def snapshot(self, expr: str) -> str:
         """A `let` that is never shared: for reads of memory that changes (shared arrays)."""
         name = self.fresh()
-        self.emit(f"let {name} = {expr};")
-        return name
+        self.emit(f"let {name} = {expr};", kind="let", name=name, deps=self._deps(None))
+        return self._hand(name)
 
     def var(self, ty: str, init: str, prefix="a") -> str:
         name = self.fresh(prefix)
         self.emit(f"var {name}: {ty} = {init};")
-        return name
+        return self._hand(name)
 
     @contextmanager
     def block(self, header: str):
@@ -154,7 +229,7 @@ class Emitter:
             terms.append(dims[k] if stride == 1 else f"{dims[k]} * {stride}u")
         if not terms:
             return "0u"
-        flat = self.let(" + ".join(terms))
+        flat = self.let(" + ".join(terms), deps=[dims[k] for k, d in enumerate(shape) if d != 1])
         if len(terms) > 1:
             # remembered in this scope (where every name in dims is visible): an unravel
             # of this index regroups dims instead of dividing it again
@@ -197,7 +272,7 @@ class Emitter:
                     pb *= B[j]
                     j += 1
             if len(ga) == 1 and len(gb) == 1:
-                out.append(ga[0][0])
+                out.append(self._hand(ga[0][0]))
                 continue
             f = ga[0][0] if len(ga) == 1 else self.ravel([d for d, _ in ga], [n for _, n in ga])
             out.extend([f] if len(gb) == 1 else self._unravel(f, gb))
@@ -214,7 +289,7 @@ class Emitter:
             e = flat if stride == 1 else f"({flat} / {stride}u)"
             if prod(shape[:k]) > 1:
                 e = f"{e} % {d}u"
-            out.append(self.let(e))
+            out.append(self.let(e, deps=[flat]))
         return out
 
     def bcast(self, idx: Idx, in_shape) -> Idx:
@@ -233,7 +308,7 @@ class Emitter:
         if b is not None:
             if idx.known_flat != b[0]:
                 raise AssertionError(f"kernel reads its own output %{n} at another index")
-            return b[1]
+            return self._hand(b[1])
         if n not in self.compute:
             st = self.storage(n)
             if st is not None:
@@ -242,7 +317,12 @@ class Emitter:
         fn = EXPR_RULES.get(node.op)
         if fn is None:
             raise AssertionError(f"%{n} {node.op} has no storage and no expression rule")
-        return self.let(fn(self, node, idx))
+        self._frames.append(set())
+        try:
+            expr = fn(self, node, idx)
+        finally:
+            deps = self._frames.pop()
+        return self.let(expr, deps=deps)
 
     def arg(self, node, k: int, idx: Idx) -> str:
         """Input k of an elementwise node at the broadcast index."""
@@ -251,15 +331,18 @@ class Emitter:
 
     def load(self, st: Storage, idx: Idx) -> str:
         name = self.k.binding(st.buffer, st.dtype, what=st.what, nbytes=st.nbytes)
-        flat = idx.flat(self)
+        self._frames.append(set())
+        try:
+            flat = idx.flat(self)
+        finally:
+            deps = self._frames.pop() | {flat}
         at = flat if st.offset == 0 else f"{st.offset}u + {flat}"
-        if st.dtype == "f16":
-            return self.let(f"f32({name}[{at}])")
-        return self.let(f"{name}[{at}]")
+        expr = f"f32({name}[{at}])" if st.dtype == "f16" else f"{name}[{at}]"
+        return self.let(expr, deps=deps, kind="load", elem=wgsl_type(st.dtype), at=flat)
 
     def store(self, st: Storage, flat: str, value: str) -> None:
         name = self.k.binding(st.buffer, st.dtype, write=True, what=st.what, nbytes=st.nbytes)
         at = flat if st.offset == 0 else f"{st.offset}u + {flat}"
         if st.dtype == "f16":
             value = f"f16({value})"
-        self.emit(f"{name}[{at}] = {value};")
+        self.emit(f"{name}[{at}] = {value};", kind="store")

@@ -57,7 +57,8 @@ from .elementwise import const_fill
 from .emit import EXPR_RULES
 from .kinds import ELEMENTWISE_OPS, KERNEL_OPS, LEAF_OPS, VIEW_OPS, cost_of, lowering_of
 from .layout import canon_digits, merge_batch_into_k, strided_view, swaps_last_two
-from .matmul import b_k_fast, group_config, matmul_dims
+from .matmul import b_k_fast, matmul_dims
+from .matmul_config import group_config
 from .quant import quant_base
 from .reduce import ReduceShape, scratch_specs
 from .wgsl import Limits
@@ -573,7 +574,7 @@ class Fusion:
         """A bias gradient is the column sum of the very tensor its weight gradient reads as
         an operand over the same rows (y = x W + b: dW = x^T dY, db = sum of dY's rows).
         The weight gradient's kernel stages every K step of dY in workgroup memory anyway:
-        it sums what it stages into K-chunk partials (codegen/matmul.py), and the sum keeps
+        it sums what it stages into K-chunk partials (codegen/matmul_tiled.py), and the sum keeps
         only its second pass, over those partials, where its epilogue (the bias' AdamW
         update) runs. self.operand_sums: sum group -> (matmul group, operand 0 / 1), the
         sum ordered after the matmul."""
@@ -627,7 +628,7 @@ class Fusion:
         index (layer norm's weight and bias gradients, sum(dY * y) and sum(dY), where dY is
         the next Linear's input gradient): the matmul's epilogue evaluates the expression,
         adds it over each thread's rows, then over its workgroup's threads, into partials
-        per tile row (codegen/matmul.py; a split product's chunk sum, per block of rows),
+        per tile row (codegen/matmul_tiled.py; a split product's chunk sum, per block of rows),
         and the sum keeps only its second pass. self.output_sums: sum group -> matmul
         group."""
         g = self.g

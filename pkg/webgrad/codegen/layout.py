@@ -231,3 +231,25 @@ def digits_addr(comps, i: str, total: int) -> list[str]:
             terms.append(e if st == 1 else f"{e} * {st}u")
         inner *= c
     return terms
+
+
+def nonunit_digits(digits) -> list[tuple[int, int]]:
+    """An axis' (size, stride) digits without those of size 1 (they address nothing)."""
+    return [(c, st) for c, st in digits if c > 1]
+
+
+def addr_sum(terms: list[str]) -> str:
+    """A WGSL sum of address terms, without the zeros."""
+    return " + ".join(t for t in terms if t != "0u") or "0u"
+
+
+def batch_base(em, batch, bdims, off, dims, shape) -> str:
+    """WGSL address of an operand's (broadcast) batch element `bdims` of C's batch (a
+    strided view's offset `off` and digits `dims` of an operand of `shape`: the matmul
+    kernels)."""
+    terms = [f"{off}u"] if off else []
+    r = len(batch) - (len(shape) - 2)
+    for k, d in enumerate(shape[:-2]):
+        if d != 1:
+            terms += digits_addr(dims[k], bdims[k + r], d)
+    return em.let(" + ".join(terms)) if terms else "0u"

@@ -109,6 +109,68 @@ def config_for(configs):
     return best and best[1]
 
 
+@dataclass(frozen=True)
+class Slab:
+    """One operand's slab of a K step, as mma_matmul_wgsl copies it: `name` ("a" / "b":
+    its registers p<name>* / r<name>*), storage array `arr`, workgroup arrays `shared`<b>;
+    as subgroup matrices (`matrix` type, `matrices` per subgroup, `per_row` of them per
+    slab row, each mr x mc), or as vec4<u32> loads of 8 halves (`vecs` per invocation,
+    `vec_row` per slab row); storage rows `ld` halves long, workgroup rows `stride`;
+    origin(kexpr): the slab's (first row, first column) in storage, as WGSL."""
+    name: str
+    arr: str
+    shared: str
+    matrix: str
+    matrices: int
+    per_row: int
+    mr: int
+    mc: int
+    ld: int
+    stride: int
+    vecs: int
+    vec_row: int
+    origin: object
+
+
+def slab_loads(t: MmaTiling, sl: Slab, kexpr: str) -> list[str]:
+    """The slab's storage loads into its registers, for the K step at `kexpr`."""
+    row0, col0 = sl.origin(kexpr)
+    out = []
+    if t.copy == "matrix":   # matrix q of the slab: uniform (subgroup_id, loop counter)
+        for r in range(sl.matrices):
+            q = f"(sg * {sl.matrices}u + {r}u)"
+            out.append(f"    p{sl.name}{r} = subgroupMatrixLoad<{sl.matrix}>(&{sl.arr}, ({row0} + "
+                       f"({q} / {sl.per_row}u) * {sl.mr}u) * {sl.ld}u + {col0} + ({q} % "
+                       f"{sl.per_row}u) * {sl.mc}u, false, {sl.ld}u);")
+        return out
+    for r in range(sl.vecs):
+        i = f"i{sl.name}{r}"
+        out += [f"    let {i} = li + {r * t.threads}u;",
+                f"    r{sl.name}{r} = {sl.arr}[({row0} + {i} / {sl.vec_row}u) * {sl.ld // 8}u + "
+                f"{col0} / 8u + {i} % {sl.vec_row}u];"]
+    return out
+
+
+def slab_stores(t: MmaTiling, sl: Slab, b: int) -> list[str]:
+    """The slab's registers stored into workgroup buffer `b` (As<b> / Bs<b>)."""
+    arr, out = f"{sl.shared}{b}", []
+    if t.copy == "matrix":
+        for r in range(sl.matrices):
+            q = f"(sg * {sl.matrices}u + {r}u)"
+            out.append(f"    subgroupMatrixStore(&{arr}, ({q} / {sl.per_row}u) * "
+                       f"{sl.mr * sl.stride}u + ({q} % {sl.per_row}u) * {sl.mc}u, "
+                       f"p{sl.name}{r}, false, {sl.stride}u);")
+        return out
+    for r in range(sl.vecs):
+        out.append(f"    {{ let i = li + {r * t.threads}u; let o = (i / {sl.vec_row}u) * "
+                   f"{sl.stride}u + (i % {sl.vec_row}u) * 8u;")
+        for c, comp in enumerate("xyzw"):
+            out.append(f"      let h{c} = bitcast<vec2<f16>>(r{sl.name}{r}.{comp}); "
+                       f"{arr}[o + {2 * c}u] = h{c}.x; {arr}[o + {2 * c + 1}u] = h{c}.y;")
+        out.append("    }")
+    return out
+
+
 def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
                     max_workgroup_bytes: int | None = None) -> tuple[str, tuple[int, int, int]]:
     """(WGSL, workgroups) of C = A @ B with tiling t (see the module docstring)."""
@@ -152,50 +214,17 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
     for i in range(t.tm):
         for j in range(t.tn):
             L.append(f"  var acc{i}_{j} = {res}();")
-    # one slab's storage loads into registers ra*, rb*, and their stores into buffer `b`
-    def loads(kexpr):
-        out = []
-        if t.copy == "matrix":   # matrix q of the slab: uniform (subgroup_id, loop counter)
-            for r in range(ma):
-                q = f"(sg * {ma}u + {r}u)"
-                out.append(f"    pa{r} = subgroupMatrixLoad<{left}>(&A, (m0 + ({q} / {t.bk // t.k}u) "
-                           f"* {t.m}u) * {K}u + ({kexpr}) + ({q} % {t.bk // t.k}u) * {t.k}u, false, {K}u);")
-            for r in range(mb):
-                q = f"(sg * {mb}u + {r}u)"
-                out.append(f"    pb{r} = subgroupMatrixLoad<{right}>(&B, (({kexpr}) + ({q} / "
-                           f"{t.bn // t.n}u) * {t.k}u) * {N}u + n0 + ({q} % {t.bn // t.n}u) * {t.n}u, "
-                           f"false, {N}u);")
-            return out
-        for r in range(va):
-            out += [f"    let ia{r} = li + {r * t.threads}u;",
-                    f"    ra{r} = A[(m0 + ia{r} / {rows_a}u) * {K // 8}u + ({kexpr}) / 8u + ia{r} % {rows_a}u];"]
-        for r in range(vb):
-            out += [f"    let ib{r} = li + {r * t.threads}u;",
-                    f"    rb{r} = B[(({kexpr}) + ib{r} / {rows_b}u) * {N // 8}u + n0 / 8u + ib{r} % {rows_b}u];"]
-        return out
+    # the two slabs a K step copies: A's bm x bk (m x k matrices) and B's bk x bn (k x n)
+    slabs = (Slab("a", "A", "As", left, ma, t.bk // t.k, t.m, t.k, K, sa, va, rows_a,
+                  lambda kexpr: ("m0", f"({kexpr})")),
+             Slab("b", "B", "Bs", right, mb, t.bn // t.n, t.k, t.n, N, sb, vb, rows_b,
+                  lambda kexpr: (f"({kexpr})", "n0")))
 
-    def stores(b):
-        out = []
-        if t.copy == "matrix":
-            for r in range(ma):
-                q = f"(sg * {ma}u + {r}u)"
-                out.append(f"    subgroupMatrixStore(&As{b}, ({q} / {t.bk // t.k}u) * {t.m * sa}u + "
-                           f"({q} % {t.bk // t.k}u) * {t.k}u, pa{r}, false, {sa}u);")
-            for r in range(mb):
-                q = f"(sg * {mb}u + {r}u)"
-                out.append(f"    subgroupMatrixStore(&Bs{b}, ({q} / {t.bn // t.n}u) * {t.k * sb}u + "
-                           f"({q} % {t.bn // t.n}u) * {t.n}u, pb{r}, false, {sb}u);")
-            return out
-        for name, count, per_row, stride, arr in (("a", va, rows_a, sa, f"As{b}"),
-                                                  ("b", vb, rows_b, sb, f"Bs{b}")):
-            for r in range(count):
-                out.append(f"    {{ let i = li + {r * t.threads}u; let o = (i / {per_row}u) * "
-                           f"{stride}u + (i % {per_row}u) * 8u;")
-                for c, comp in enumerate("xyzw"):
-                    out.append(f"      let h{c} = bitcast<vec2<f16>>(r{name}{r}.{comp}); "
-                               f"{arr}[o + {2 * c}u] = h{c}.x; {arr}[o + {2 * c + 1}u] = h{c}.y;")
-                out.append("    }")
-        return out
+    def loads(kexpr):  # one slab pair's storage loads into registers (pa*, pb* / ra*, rb*)
+        return [ln for sl in slabs for ln in slab_loads(t, sl, kexpr)]
+
+    def stores(b):  # ... and their stores into workgroup buffer `b`
+        return [ln for sl in slabs for ln in slab_stores(t, sl, b)]
 
     def products(b):
         out = []
@@ -212,12 +241,9 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
                                f"a{kk}_{i}, b{kk}_{j}, acc{i}_{j});")
         return out
 
-    if t.copy == "matrix":
-        L += [f"  var pa{r} = {left}();" for r in range(ma)]
-        L += [f"  var pb{r} = {right}();" for r in range(mb)]
-    else:
-        L += [f"  var ra{r}: vec4<u32>;" for r in range(va)]
-        L += [f"  var rb{r}: vec4<u32>;" for r in range(vb)]
+    for sl in slabs:
+        L += ([f"  var p{sl.name}{r} = {sl.matrix}();" for r in range(sl.matrices)]
+              if t.copy == "matrix" else [f"  var r{sl.name}{r}: vec4<u32>;" for r in range(sl.vecs)])
     steps = K // t.bk
     if t.double_buffer:
         L += ["  {"] + loads("0u") + stores(0) + ["  }", "  workgroupBarrier();"]

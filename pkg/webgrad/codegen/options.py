@@ -6,7 +6,7 @@ codegen reads a module global that a test or a bench could flip. The defaults ar
 measured choices (the comments in each builder say where they were measured); tests and
 benches take another set with `dataclasses.replace(KernelOptions(), field=value)` and pass
 it to `compile_module(..., kernel_options=...)`, `WebGPUBackend(options=...)`, or straight
-to `lower(graph, Limits(..., options=...))`. The adapter-specific rows (matmul.py's
+to `lower(graph, Limits(..., options=...))`. The adapter-specific rows (matmul_config.py's
 ADAPTER_TILINGS) stay tables keyed by the adapter's description.
 
 Switches that only change how the host runs a plan (webgpu_native's PIPELINE_THREADS,
@@ -30,7 +30,7 @@ ATTN_OPTS = (
     ("x_whole", True),
     # threads as 4 x 8 patches of 32 consecutive ids (a warp on NVIDIA GPUs), not rows of WX:
     # a warp's reads of a k then cover 4 row vectors and 8 column vectors (one 128-byte
-    # wavefront each) where 2 rows of 16 threads read 2 and 16 (codegen/matmul.py measured
+    # wavefront each) where 2 rows of 16 threads read 2 and 16 (codegen/matmul_tiled.py measured
     # 8-9% on its 8 x 8 tile)
     ("warp_tiles", True),
     # ops whose next D chunk's global loads are issued before the current chunk's products
@@ -50,24 +50,24 @@ class KernelOptions:
     subgroup_default: frozenset = frozenset({"pairs"})
 
     # ---- matmul.py
-    # a matmul.Config used for every product in place of choose_config (bench/matmul.py)
+    # a matmul_config.Config used for every product in place of choose_config (bench/matmul.py)
     force_config: object = None
     # True / False: the barrier-free / tiled kernel on any adapter; None: CPU adapters direct
     force_direct: bool | None = None
     # products of at most this many rows of C (decoding's M = 1 .. a few) against one B take
-    # the matrix-vector kernel (matmul._build_gemv) on GPUs; 0: never
+    # the matrix-vector kernel (matmul_gemv.py) on GPUs; 0: never
     gemv_rows: int = 4
     # True / False: the matrix-vector kernel for such products on any adapter (CPU ones too) /
     # on none; None: GPUs only, unless force_direct names a kernel
     force_gemv: bool | None = None
-    # ... also where B's N axis (not K) has stride 1 (matmul.use_gemv says why not by default)
+    # ... also where B's N axis (not K) has stride 1 (matmul_config.use_gemv says why not by default)
     gemv_n_fast: bool = False
     # adapters (substrings of Limits.adapter, lower case) whose small direct products take
     # small_block (SwiftShader: pipeline creation grows with the unrolled block)
     small_block_adapters: tuple = ("swiftshader",)
     small_block: tuple = (4, 4)
     # adapters whose barrier-free products call the epilogue in a loop over the block
-    # (the note at matmul.DIRECT_SMALL: SwiftShader inlines each call)
+    # (the note at matmul_direct.DIRECT_SMALL: SwiftShader inlines each call)
     epi_loop_adapters: tuple = ("swiftshader",)
     # ... when the epilogue function has more lines than this
     epi_loop_lines: int = 12
@@ -79,7 +79,7 @@ class KernelOptions:
     # output_sums); False: by reductions of their own
     operand_sums: bool = True
     # epilogues loading more values per output than this keep their loads in place
-    # (matmul._split_epilogue)
+    # (matmul_epilogue.prefetch_epilogue)
     epi_max_loads: int = 2
     # an ADAPTER_TILINGS row (a dict) used in place of the adapter's own (tests)
     tiling_row: dict | None = None

@@ -26,13 +26,14 @@ from .conv import build_fold
 from .cost import group_cost
 from .elementwise import build_elementwise
 from .empty import strip_empty
-from .emit import Emitter, Idx, Storage
+from .emit import Emitter, Epilogue, Idx, Storage
 from .fusion import Fusion
 from .index import build_scatter, scatter_scratch
 from .kinds import lowering_of
 from .layout import build_concat_pieces, strided_view
-from .matmul import (b_k_fast, build_matmul, group_config, matmul_dims, matmul_scratch_bytes,
-                     split_sum_parts)
+from .matmul import b_k_fast, build_matmul, matmul_dims, matmul_scratch_bytes
+from .matmul_config import group_config
+from .matmul_splitk import split_sum_parts
 from .quant import QuantOperand
 from .remat import plan_fusion
 from .reduce import build_reduce, scratch_specs
@@ -174,7 +175,13 @@ class GroupCtx:
 
     def epilogue_fn(self, kernel: Kernel, grid: tuple[int, ...] | None = None,
                     cols: tuple[int, int] | None = None) -> str:
-        """`fn epi(f: u32, v: T)`: the main result v at flat index f, and all fused outputs.
+        """The name of the group's epilogue function in `kernel` (see epilogue)."""
+        return self.epilogue(kernel, grid, cols).name
+
+    def epilogue(self, kernel: Kernel, grid: tuple[int, ...] | None = None,
+                 cols: tuple[int, int] | None = None) -> Epilogue:
+        """`fn epi(f: u32, v: T)`: the main result v at flat index f, and all fused outputs,
+        added to kernel's functions once and returned as data (emit.Epilogue).
         With `grid` (a shape of the output's elements: an attention kernel's [batch, row,
         column]) `fn epi(i0: u32, .., v: T)` takes the index in that shape, so that views
         of it (a piece's store into an assembled tensor) regroup it instead of dividing;
@@ -182,8 +189,8 @@ class GroupCtx:
         products), so a piece's slice of the columns is decided here, not per value
         (a function per range: epi_lo_hi)."""
         name = "epi" if cols is None else f"epi_{cols[0]}_{cols[1]}"
-        if any(fn.startswith(f"fn {name}(") for fn in kernel.functions):
-            return name
+        if name in kernel.epilogues:
+            return kernel.epilogues[name]
         em = self.emitter(kernel)
         if grid is None:
             args, flat = "f: u32", "f"
@@ -191,9 +198,11 @@ class GroupCtx:
             names = [f"i{k}" for k in range(len(grid))]
             args, flat = "".join(f"{n}: u32, " for n in names)[:-2], em.ravel(names, grid)
         self.write_outputs(em, flat, "v", None if cols is None else (f"i{len(grid) - 1}",) + cols)
-        kernel.functions.append(f"fn {name}({args}, v: {self.main_node.dtype}) {{\n"
-                                + "\n".join(em.lines) + "\n}\n")
-        return name
+        epi = Epilogue(name, args, self.main_node.dtype, tuple(em.stmts),
+                       "f" if grid is None else None, len(kernel.functions))
+        kernel.functions.append(epi.function())
+        kernel.epilogues[name] = epi
+        return epi
 
     def sum_fn(self, kernel: Kernel, x: int, name: str) -> str:
         """`fn name(f: u32, v: T) -> f32`: x at flat index f, where the group's main result

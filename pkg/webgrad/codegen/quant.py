@@ -9,7 +9,7 @@ words buffer, bound as array<u32>:
   * a matmul whose operand is a strided view of a dequantize (x @ W^T, GPT-2's linear layers
     and tied head) reads that operand through `operand_reader`: the tiled kernel decodes
     each element as it stages the tile in shared memory, the barrier-free kernel as it loads
-    its registers (codegen/matmul.py). fusion.py and program.GroupCtx treat such a view as
+    its registers (codegen/matmul_tiled.py, matmul_direct.py, matmul_gemv.py). fusion.py and program.GroupCtx treat such a view as
     a stored operand (`quant_base`), so no f32 copy of the weight is planned.
 
 Each helper is its format's WGSL (webgrad/quants/q*.py, the type's one definition) wrapped
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from ..quants import FORMATS
 from .emit import Emitter, Idx, Storage, rule
+from .layout import nonunit_digits
 
 
 def quant_base(g, n: int, has_storage) -> bool:
@@ -63,7 +64,7 @@ def group_helpers(kernel, st: "QuantOperand") -> tuple[str, str, bool, int]:
     values sharing a scale: `dqs_<b>(group) -> vec2<f32>` (scale, min) once per group,
     `dqq_<b>(e) -> vec4<f32>` the integers of elements e..e+3 (e a multiple of 4); value =
     scale * q - min. The barrier-free matmul hoists the scale out of its K loop this way
-    (codegen/matmul.py)."""
+    (codegen/matmul_direct.py, matmul_gemv.py)."""
     fmt = FORMATS[st.qtype]
     b = kernel.binding(st.words.buffer, "u32", what=st.what, nbytes=st.words.nbytes)
     scale, quant = fmt.wgsl_group(b, st.n)
@@ -92,4 +93,16 @@ def _dequantize_rule(em: Emitter, node, idx: Idx) -> str:
     return f"{helper(em.k, st, node.attrs['qtype'], node.size)}({idx.flat(em)})"
 
 
-__all__ = ["QuantOperand", "quant_base", "operand_reader", "helper", "group_helpers"]
+def grouped_quant(sb, offb, dimb, bsh, K) -> bool:
+    """Is a matmul's B (storage sb, offset offb, digits dimb, shape bsh) a quantized W^T
+    whose K runs along W's rows (stride 1) from group starts? Then the matmul kernels read
+    it a group of G values (one scale) at a time (group_helpers)."""
+    if not isinstance(sb, QuantOperand):
+        return False
+    G = sb.group
+    return (len(bsh) == 2 and K % G == 0 and offb % G == 0
+            and nonunit_digits(dimb[-2]) == [(K, 1)]
+            and all(st % G == 0 for c, st in dimb[-1] if c > 1))
+
+
+__all__ = ["QuantOperand", "grouped_quant", "quant_base", "operand_reader", "helper", "group_helpers"]

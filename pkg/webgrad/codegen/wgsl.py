@@ -33,7 +33,7 @@ WG = 256  # default workgroup size for one-thread-per-element kernels (WebGPU's 
 # invocation's loops after 65535 iterations in all, silently: in one shader, a loop of 40000
 # then another of 40000 ran 40000 and 25534 times, and every later loop (nested or not) once.
 # Kernels whose loops a long axis drives keep each invocation under this on those adapters
-# (reduce.py's tree for long rows, matmul.py's K chunks); a margin is left for small loops.
+# (reduce.py's tree for long rows, matmul_config.cpu_splits); a margin is left for small loops.
 CPU_LOOP_ITERATIONS = 60000
 # The reductions that take the subgroup form by default where the device has 'subgroups'
 # (use_subgroups; KernelOptions.subgroup_default, KernelOptions.subgroups forces either form):
@@ -63,7 +63,7 @@ class Limits:
     max_compute_workgroup_storage_size: int = 16384
     max_storage_buffers_per_shader_stage: int = 8
     cpu: bool = False  # a CPU-emulated adapter (SwiftShader, lavapipe): avoid barriers
-    adapter: str = ""  # the adapter's description (codegen/matmul.py's table of tilings)
+    adapter: str = ""  # the adapter's description (codegen/matmul_config.py's table of tilings)
     subgroups: bool = False  # the device was requested with the 'subgroups' feature
     shader_f16: bool = False  # ... with 'shader-f16' (f16 in WGSL)
     # ... with 'chromium-experimental-subgroup-matrix': the adapter's configurations, each
@@ -173,6 +173,7 @@ class Kernel:
         self.decls: list[str] = []          # module-scope declarations (shared memory, ...)
         self._helpers: dict[str, str] = {}  # helper functions by name (erf, hash, ...)
         self.functions: list[str] = []      # generated functions (epilogues)
+        self.epilogues: dict = {}           # name -> emit.Epilogue (program.GroupCtx.epilogue)
         self.workgroup_size = WG
         self.nx = self.ny = self.nz = 1
         self.subgroups = False  # the body uses subgroup operations (enable_subgroups)

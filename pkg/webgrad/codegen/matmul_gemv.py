@@ -1,0 +1,124 @@
+"""The matrix-vector matmul kernel (GPUs: matmul_config.use_gemv).
+
+Matrix-vector (`build_gemv`, GPUs: matmul_config.use_gemv): a product of at most KernelOptions.gemv_rows
+rows of C (decoding's Linear layers and LM head, M = 1) whose B has its K axis of stride 1
+takes neither tiled form: a workgroup of 256 threads owns 8 columns, 32 lanes per column walk
+its row of B (vec4 loads; a quantized row whole groups at a time) and add their partial sums
+in workgroup memory. One kernel, no split over K, B read once at close to bandwidth
+(bench/README.md, llama_decode.py: a Llama-3.2-1B-shaped decode step's products 8.8 -> 2.8
+ms).
+"""
+from __future__ import annotations
+
+from math import prod
+
+from .layout import addr_sum, batch_base, digits_addr, nonunit_digits
+from .quant import QuantOperand, group_helpers, grouped_quant, operand_reader
+
+GEMV_WG = 256  # threads per workgroup of the matrix-vector kernel
+
+
+def build_gemv(ctx, node, opa, opb, vec: bool) -> list:
+    """C[r, n] = sum_k A[r, k] B[k, n] for the R <= gemv_rows rows r of C (all batch
+    elements: B is shared), one kernel, no split: a workgroup of GEMV_WG threads owns CW
+    columns of C, and the KL = GEMV_WG / CW threads of a column each sum every KL-th part of
+    K for all R rows; the workgroup then adds the KL partial sums in a tree in workgroup
+    memory (fixed order: deterministic) and one thread per column runs the epilogue.
+
+    The lanes of a column walk B's fast axis: where B's K axis has stride 1 (x @ W^T of a
+    Linear's [out, in] weight, the tied LM head, a quantized W^T) 32 lanes read 32
+    consecutive vec4s of a row (CW = 8), a quantized row whole groups of G values that share
+    a scale (32 lanes, one group each); otherwise (B's N axis of stride 1, or any other
+    view) the 32 columns of a workgroup are adjacent and 8 lanes split K (CW = 32). Either
+    way a warp's loads are whole 128-byte lines, and B, the only large operand, is read once.
+    A's rows (R x K floats) are re-read by every workgroup from the cache."""
+    (sa, offa, dima, ash), (sb, offb, dimb, bsh) = opa, opb
+    M, K, N = ash[-2], ash[-1], bsh[-1]
+    batch = tuple(node.shape[:-2])
+    R = M * prod(batch)
+    k_fast = nonunit_digits(dimb[-2]) == [(K, 1)]
+    grouped = grouped_quant(sb, offb, dimb, bsh, K)
+    qb = isinstance(sb, QuantOperand)
+    CW = 8 if (k_fast or grouped) else 32
+    KL = GEMV_WG // CW
+    # vec4 loads of B's rows: plain f32, K in whole vec4s, every row start a multiple of 4
+    v4 = (vec and k_fast and not qb and K % 4 == 0 and offb % 4 == 0
+          and all(st % 4 == 0 for c, st in dimb[-1] if c > 1))
+    kernel = ctx.kernel(f"matmul {'x'.join(map(str, node.shape))} K={K} gemv {CW}x{KL}"
+                        + (" vec4" if v4 else ""))
+    A = operand_reader(kernel, sa)
+    if v4:
+        bname = kernel.binding(sb.buffer, "vec4_f32", what=sb.what, nbytes=sb.nbytes)
+        B4 = lambda at: f"{bname}[({at}) >> 2u]"   # noqa: E731
+    elif not grouped:
+        B = operand_reader(kernel, sb)
+    epi = ctx.epilogue_fn(kernel)
+    kernel.decls.append(f"var<workgroup> gv: array<f32, {R * GEMV_WG}>;")
+    em = ctx.emitter(kernel)
+    L = em.emit
+    tiles = -(-N // CW)
+    grid = kernel.workgroup_index(em, tiles, "w")
+    if CW == 8:
+        L(f"let kl = lid % {KL}u;")
+        L(f"let c = lid / {KL}u;")
+    else:
+        L(f"let c = lid % {CW}u;")
+        L(f"let kl = lid / {CW}u;")
+    L(f"let n = w * {CW}u + c;")
+    col = "n" if N % CW == 0 else em.let(f"min(n, {N - 1}u)")  # past N: a valid address
+    base_b = batch_base(em, batch, ["0u"] * len(batch), offb, dimb, bsh)
+    cb = em.let(addr_sum([base_b] + digits_addr(dimb[-1], f"({col})", N)))
+    ra = []
+    for r in range(R):
+        b, m = divmod(r, M)
+        bd = em.unravel(f"{b}u", batch) if batch else []
+        base_a = batch_base(em, batch, bd, offa, dima, ash)
+        ra.append(em.let(addr_sum([base_a] + digits_addr(dima[-2], f"{m}u", M))))
+    acc = [f"c{r}" for r in range(R)]
+    for a in acc:
+        L(f"var {a}: f32 = 0.0f;")
+
+    def k_term(k, y):
+        L(f"let ka = {addr_sum(digits_addr(dima[-1], k, K))};")
+        for r in range(R):
+            L(f"{acc[r]} = fma({A(f'{ra[r]} + ka')}, {y}, {acc[r]});")
+
+    if grouped:
+        sfn, qfn, has_min, G = group_helpers(kernel, sb)
+        sh = G.bit_length() - 1
+        with em.block(f"for (var kq = kl; kq < {K // G}u; kq += {KL}u)"):
+            L(f"let s = {sfn}(({cb} >> {sh}u) + kq);")
+            with em.block(f"for (var kk = 0u; kk < {G}u; kk += 4u)"):
+                L(f"let k0 = kq * {G}u + kk;")
+                L(f"let q = {qfn}({cb} + k0);")
+                for t in range(4):
+                    with em.block(""):
+                        L(f"let y = s.x * q[{t}]" + (" - s.y;" if has_min else ";"))
+                        k_term(f"(k0 + {t}u)" if t else "k0", "y")
+    elif v4:
+        with em.block(f"for (var k = kl * 4u; k < {K}u; k += {4 * KL}u)"):
+            L(f"let y = {B4(f'{cb} + k')};")
+            for t in range(4):
+                with em.block(""):
+                    k_term(f"(k + {t}u)" if t else "k", f"y[{t}]")
+    else:
+        with em.block(f"for (var k = kl; k < {K}u; k += {KL}u)"):
+            L(f"let y = {B(addr_sum([cb] + digits_addr(dimb[-2], 'k', K)))};")
+            k_term("k", "y")
+    # the KL lanes' partials of column c: gv[r * WG + c * KL + kl]
+    for r in range(R):
+        L(f"gv[{r * GEMV_WG}u + c * {KL}u + kl] = {acc[r]};")
+    L("workgroupBarrier();")
+    s = KL // 2
+    while s >= 1:
+        with em.block(f"if (kl < {s}u)"):
+            for r in range(R):
+                at = f"{r * GEMV_WG}u + c * {KL}u + kl"
+                L(f"gv[{at}] = gv[{at}] + gv[{at} + {s}u];")
+        L("workgroupBarrier();")
+        s //= 2
+    cond = "kl == 0u" + ("" if N % CW == 0 else f" && n < {N}u")
+    with em.block(f"if ({cond})"):
+        for r in range(R):
+            L(f"{epi}({r * N}u + n, gv[{r * GEMV_WG}u + c * {KL}u]);")
+    return [ctx.dispatch(kernel, em.lines, grid, GEMV_WG)]
