@@ -562,35 +562,79 @@ def _build_mma(ctx, node, opa, opb) -> list | None:
     """The subgroup-matrix kernel (matmul_mma.py: tensor cores, f16 operands, f32
     accumulation) for a product it can take, else None (the tiled or direct kernel then):
     the device offers f16 x f16 -> f32 subgroup matrices at a tiling that divides the shape
-    (matmul_mma.tiling_for), both operands are f16 in storage, row-major and unbatched,
-    and the group has no epilogue: it stores the product itself (C in f32) or only its f16
-    rounding (C in f16, as precision="mixed" stores every product), and nothing else."""
+    (matmul_mma.tiling_for), both operands are f16 in storage with row-major matrices, at
+    offsets of whole 16-byte units. A batch whose B is shared and whose A is contiguous over
+    it (a Linear of [B, T, d]) is one product of B*T rows; another batch (attention's, a
+    per-batch weight gradient) puts the batch element on workgroup_id.z. The group's
+    outputs: the product itself (C in f32), only its f16 rounding (C in f16, as
+    precision="mixed" stores every product), or anything else elementwise (bias, GELU, a
+    residual add) through the group's epilogue, called on each result from workgroup
+    memory. Split-K, sums taken on the way and assembled pieces keep the tiled kernel."""
     (sa, offa, dima, ash), (sb, offb, dimb, bsh) = opa, opb
-    if len(node.shape) != 2 or len(ash) != 2 or len(bsh) != 2 or not ctx.limits.subgroup_matrix:
+    if not ctx.limits.subgroup_matrix or len(ash) < 2 or len(bsh) < 2:
         return None
     if isinstance(sa, QuantOperand) or isinstance(sb, QuantOperand) or "f16" != sa.dtype or \
-            sb.dtype != "f16" or offa or offb:
-        return None
-    (M, K), N = ash, bsh[-1]
-    if [list(d) for d in dima] != [[(M, K)], [(K, 1)]] or [list(d) for d in dimb] != [[(K, N)], [(N, 1)]]:
+            sb.dtype != "f16":
         return None
     if ctx.scratch or ctx.operand_sum or ctx.output_sums or ctx.writes_pieces:
         return None
+    M, K, N = ash[-2], ash[-1], bsh[-1]
+    canon = _canon_digits
+    if canon(dima[-2]) != canon([(M, K)]) or canon(dima[-1]) != canon([(K, 1)]) or \
+            canon(dimb[-2]) != canon([(K, N)]) or canon(dimb[-1]) != canon([(N, 1)]):
+        return None
+    batch = tuple(node.shape[:-2])
+    nb = prod(batch)
+
+    def batch_digits(dims, shape):  # (axis of C's batch, digits) of an operand's batch axes
+        r = len(batch) - (len(shape) - 2)
+        return [(k + r, dims[k]) for k, d in enumerate(shape[:-2]) if d != 1]
+    bda, bdb = batch_digits(dima, ash), batch_digits(dimb, bsh)
+    if offa % 8 or offb % 8 or any(st % 8 for _, d in bda + bdb for _, st in d):
+        return None   # the kernel reads its operands 16 bytes (eight halves) at a time
+
+    def base(off, bd):  # WGSL offset (halves) of batch element wg.z in an operand
+        terms = [f"{off}u"] if off else []
+        for k, d in bd:
+            inner = prod(batch[k + 1:])
+            idx = "wg.z" if inner == 1 else f"(wg.z / {inner}u)"
+            terms += digits_addr(d, idx if k == 0 else f"({idx} % {batch[k]}u)", batch[k])
+        return " + ".join(terms)
+    shared_b = all(not canon([(c, st) for c, st in d if st]) for _, d in bdb)
+    if nb > 1 and shared_b and canon([dg for _, d in bda for dg in d]) == canon([(nb, M * K)]):
+        M, nb, bda, bdb = nb * M, 1, [], []   # one product of nb * M rows
+    elif nb > ctx.limits.max_compute_workgroups_per_dimension:
+        return None
+    a_base, b_base = base(offa, bda), base(offb, bdb)
     g = ctx.g
-    if ctx.outs == [node.id]:
+    if ctx.outs == [node.id] and ctx.storage(node.id).dtype == "f32":
         out = "f32"
     elif (len(ctx.outs) == 1 and g[ctx.outs[0]].op == "cast" and list(g[ctx.outs[0]].inputs) == [node.id]
           and g[ctx.outs[0]].attrs.get("dtype") == "f16" and ctx.storage(ctx.outs[0]).dtype == "f16"):
         out = "f16"
     else:
-        return None
-    t = tiling_for(ctx.limits, M, N, K, out)
+        out = None   # the epilogue
+    t = tiling_for(ctx.limits, M, N, K, out or "f32", epilogue=out is None)
     if t is None:
         return None
-    wgsl, groups = mma_matmul_wgsl(M, N, K, t, ctx.limits.max_compute_workgroup_storage_size)
-    c = ctx.storage(ctx.outs[0])
-    return [{"wgsl": wgsl, "bindings": [sa.buffer, sb.buffer, c.buffer], "workgroups": list(groups),
-             "name": f"matmul {M}x{N} K={K} mma {t.bm}x{t.bn}x{t.bk} -> {out}"}]
+    what = f"matmul {'x'.join(map(str, node.shape))} K={K} mma {t.bm}x{t.bn}x{t.bk} -> {out or 'epilogue'}"
+    kernel = ctx.kernel(what)
+    an = kernel.binding(sa.buffer, "vec4_u32", what=sa.what, nbytes=sa.nbytes)
+    bn = kernel.binding(sb.buffer, "vec4_u32", what=sb.what, nbytes=sb.nbytes)
+    epi, cn = None, ""
+    try:
+        if out is None:
+            epi = ctx.epilogue_fn(kernel)
+        else:
+            c = ctx.storage(ctx.outs[0])
+            cn = kernel.binding(c.buffer, out, write=True, what=c.what, nbytes=c.nbytes)
+    except BindingTypeClash:   # the epilogue reads an operand's buffer as f16 values
+        return None
+    wgsl, groups = mma_matmul_wgsl(M, N, K, t, ctx.limits.max_compute_workgroup_storage_size,
+                                   batch=nb, a_base=a_base, b_base=b_base,
+                                   header=kernel.module_scope(), names=(an, bn, cn), epi=epi)
+    return [{"wgsl": wgsl, "bindings": [b.buffer for b in kernel.bindings],
+             "workgroups": list(groups), "name": what}]
 
 
 def _build_tiled(ctx, node, cfg: Config, opa, opb) -> list:

@@ -110,9 +110,25 @@ def config_for(configs):
 
 
 def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
-                    max_workgroup_bytes: int | None = None) -> tuple[str, tuple[int, int, int]]:
-    """(WGSL, workgroups) of C = A @ B with tiling t (see the module docstring)."""
-    t.check(M, N, K, max_workgroup_bytes)
+                    max_workgroup_bytes: int | None = None, *, batch: int = 1,
+                    a_base: str = "", b_base: str = "", header: list[str] | None = None,
+                    names: tuple[str, str, str] = ("A", "B", "C"),
+                    epi: str | None = None) -> tuple[str, tuple[int, int, int]]:
+    """(WGSL, workgroups) of C = A @ B with tiling t (see the module docstring).
+
+    batch > 1: workgroup_id.z is the batch element; a_base / b_base are WGSL expressions of
+    `wg.z` giving that element's offset into A / B in halves (multiples of 8, for the
+    16-byte loads; "" for 0: a shared operand), and C's is wg.z * M * N. header: the
+    module's declarations in place of the three bindings (codegen's Kernel.module_scope,
+    binding names `names`); epi: the name of a WGSL `fn epi(f: u32, v: f32)` in it that
+    takes each result at its flat index f (the group's epilogue: bias, GELU, residual adds,
+    f16 stores), called per element from a per-subgroup f32 staging matrix."""
+    staging = 4 * t.m * t.n * t.sg_m * t.sg_n if epi is not None else 0
+    t.check(M, N, K, None if max_workgroup_bytes is None else max_workgroup_bytes - staging)
+    if epi is not None and (t.out != "f32" or (t.m * t.n) % t.subgroup_size):
+        raise ValueError(f"mma matmul with an epilogue: {t} must have out='f32' and m * n a "
+                         "multiple of the subgroup size")
+    An, Bn, Cn = names
     sa, sb = t.bk + t.pad, t.bn + t.pad           # workgroup row strides (halves)
     a_size, b_size = t.bm * sa, t.bk * sb
     va, vb = t.bm * t.bk // 8 // t.threads, t.bk * t.bn // 8 // t.threads   # vec4 loads each
@@ -121,15 +137,19 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
     elem = "vec4<u32>" if t.copy == "threads" else "f16"
     nsg = t.sg_m * t.sg_n
     ma, mb = (t.bm // t.m) * (t.bk // t.k) // nsg, (t.bk // t.k) * (t.bn // t.n) // nsg
-    L = [f"// webgrad mma matmul {M}x{K} @ {K}x{N} -> {t.out}: {t}",
-         "enable f16;", "enable subgroups;", "enable chromium_experimental_subgroup_matrix;", "",
-         f"@group(0) @binding(0) var<storage, read> A: array<{elem}>;",
-         f"@group(0) @binding(1) var<storage, read> B: array<{elem}>;",
-         f"@group(0) @binding(2) var<storage, read_write> C: array<{t.out}>;"]
+    what = (f"{batch} x " if batch > 1 else "") + f"{M}x{K} @ {K}x{N} -> " + ("epilogue" if epi else t.out)
+    L = [f"// webgrad mma matmul {what}: {t}",
+         "enable f16;", "enable subgroups;", "enable chromium_experimental_subgroup_matrix;", ""]
+    if header is None:
+        L += [f"@group(0) @binding(0) var<storage, read> A: array<{elem}>;",
+              f"@group(0) @binding(1) var<storage, read> B: array<{elem}>;",
+              f"@group(0) @binding(2) var<storage, read_write> C: array<{t.out}>;"]
+    else:
+        L += header
     for b in range(nbuf):
         L += [f"var<workgroup> As{b}: array<f16, {a_size}>;",
               f"var<workgroup> Bs{b}: array<f16, {b_size}>;"]
-    if t.out == "f16":
+    if t.out == "f16" or epi is not None:
         L.append(f"var<workgroup> Cs: array<f32, {t.m * t.n * t.sg_m * t.sg_n}>;")
     left = f"subgroup_matrix_left<f16, {t.k}, {t.m}>"
     right = f"subgroup_matrix_right<f16, {t.n}, {t.k}>"
@@ -149,6 +169,19 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
     L += [
           f"  let sm = (sg / {t.sg_n}u) * {t.bm // t.sg_m}u;   // this subgroup's block in the tile",
           f"  let sn = (sg % {t.sg_n}u) * {t.bn // t.sg_n}u;"]
+    # batch element wg.z: the operands' offsets (16-byte units for the thread copies, halves
+    # for matrix loads) and C's
+    unit = " / 8u" if t.copy == "threads" else ""
+    ao = f" + ab" if a_base else ""
+    bo = f" + bb" if b_base else ""
+    if a_base:
+        L.append(f"  let ab = ({a_base}){unit};")
+    if b_base:
+        L.append(f"  let bb = ({b_base}){unit};")
+    cb = ""
+    if batch > 1:
+        L.append(f"  let cb = wg.z * {M * N}u;")
+        cb = "cb + "
     for i in range(t.tm):
         for j in range(t.tn):
             L.append(f"  var acc{i}_{j} = {res}();")
@@ -158,20 +191,20 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
         if t.copy == "matrix":   # matrix q of the slab: uniform (subgroup_id, loop counter)
             for r in range(ma):
                 q = f"(sg * {ma}u + {r}u)"
-                out.append(f"    pa{r} = subgroupMatrixLoad<{left}>(&A, (m0 + ({q} / {t.bk // t.k}u) "
-                           f"* {t.m}u) * {K}u + ({kexpr}) + ({q} % {t.bk // t.k}u) * {t.k}u, false, {K}u);")
+                out.append(f"    pa{r} = subgroupMatrixLoad<{left}>(&{An}, (m0 + ({q} / {t.bk // t.k}u) "
+                           f"* {t.m}u) * {K}u + ({kexpr}) + ({q} % {t.bk // t.k}u) * {t.k}u{ao}, false, {K}u);")
             for r in range(mb):
                 q = f"(sg * {mb}u + {r}u)"
-                out.append(f"    pb{r} = subgroupMatrixLoad<{right}>(&B, (({kexpr}) + ({q} / "
-                           f"{t.bn // t.n}u) * {t.k}u) * {N}u + n0 + ({q} % {t.bn // t.n}u) * {t.n}u, "
+                out.append(f"    pb{r} = subgroupMatrixLoad<{right}>(&{Bn}, (({kexpr}) + ({q} / "
+                           f"{t.bn // t.n}u) * {t.k}u) * {N}u + n0 + ({q} % {t.bn // t.n}u) * {t.n}u{bo}, "
                            f"false, {N}u);")
             return out
         for r in range(va):
             out += [f"    let ia{r} = li + {r * t.threads}u;",
-                    f"    ra{r} = A[(m0 + ia{r} / {rows_a}u) * {K // 8}u + ({kexpr}) / 8u + ia{r} % {rows_a}u];"]
+                    f"    ra{r} = {An}[(m0 + ia{r} / {rows_a}u) * {K // 8}u + ({kexpr}) / 8u + ia{r} % {rows_a}u{ao}];"]
         for r in range(vb):
             out += [f"    let ib{r} = li + {r * t.threads}u;",
-                    f"    rb{r} = B[(({kexpr}) + ib{r} / {rows_b}u) * {N // 8}u + n0 / 8u + ib{r} % {rows_b}u];"]
+                    f"    rb{r} = {Bn}[(({kexpr}) + ib{r} / {rows_b}u) * {N // 8}u + n0 / 8u + ib{r} % {rows_b}u{bo}];"]
         return out
 
     def stores(b):
@@ -246,26 +279,31 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
     # the results
     for i in range(t.tm):
         for j in range(t.tn):
-            off = f"(m0 + sm + {i * t.m}u) * {N}u + n0 + sn + {j * t.n}u"
-            if t.out == "f32":
-                L.append(f"  subgroupMatrixStore(&C, {off}, acc{i}_{j}, false, {N}u);")
+            off = f"{cb}(m0 + sm + {i * t.m}u) * {N}u + n0 + sn + {j * t.n}u"
+            if t.out == "f32" and epi is None:
+                L.append(f"  subgroupMatrixStore(&{Cn}, {off}, acc{i}_{j}, false, {N}u);")
             else:
                 per = t.m * t.n // t.subgroup_size
+                flat = f"{off} + (q / {t.n}u) * {N}u + q % {t.n}u"
+                put = (f"    {epi}({flat}, Cs[sg * {t.m * t.n}u + q]);" if epi is not None else
+                       f"    {Cn}[{flat}] = f16(Cs[sg * {t.m * t.n}u + q]);")
                 L += [f"  subgroupMatrixStore(&Cs, sg * {t.m * t.n}u, acc{i}_{j}, false, {t.n}u);",
                       "  workgroupBarrier();",
                       f"  for (var e = 0u; e < {per}u; e++) {{",
                       f"    let q = lane * {per}u + e;",
-                      f"    C[{off} + (q / {t.n}u) * {N}u + q % {t.n}u] = f16(Cs[sg * {t.m * t.n}u + q]);",
+                      put,
                       "  }",
                       "  workgroupBarrier();"]
     L.append("}")
-    return "\n".join(L) + "\n", (N // t.bn, M // t.bm, 1)
+    return "\n".join(L) + "\n", (N // t.bn, M // t.bm, batch)
 
 
-def tiling_for(limits, M: int, N: int, K: int, out: str = "f32") -> MmaTiling | None:
+def tiling_for(limits, M: int, N: int, K: int, out: str = "f32",
+               epilogue: bool = False) -> MmaTiling | None:
     """The tiling for an [M, K] @ [K, N] f16 product on the device of codegen `limits`, or
     None where this kernel cannot run (no shader-f16, no f16 -> f32 subgroup-matrix
     configuration, or a shape no tiling divides): the caller keeps its f32 kernels then.
+    epilogue: the kernel also holds mma_matmul_wgsl's staging matrices for an epilogue.
     128x128x32 on 2x2 subgroups measured best at 4096^3 on the H200 (bench/README.md)."""
     if not getattr(limits, "shader_f16", False):
         return None
@@ -277,8 +315,9 @@ def tiling_for(limits, M: int, N: int, K: int, out: str = "f32") -> MmaTiling | 
     for bm, bn, sgm, sgn in ((128, 128, 2, 2), (64, 64, 2, 2), (32, 32, 1, 1)):
         t = MmaTiling(bm=bm, bn=bn, bk=32, sg_m=sgm, sg_n=sgn, m=m, n=n, k=k,
                       subgroup_size=size, out=out)
+        staging = 4 * m * n * sgm * sgn if epilogue else 0
         try:
-            t.check(M, N, K, room)
+            t.check(M, N, K, None if room is None else room - staging)
         except ValueError:
             continue
         if t.threads <= getattr(limits, "max_compute_invocations_per_workgroup", 256):
