@@ -344,13 +344,13 @@ def test_compiler_selects_the_mma_kernel_where_offered():
                    for p in plan["pipelines"])
 
 
-def _plan(fn, inputs, host=None):
+def _plan(fn, inputs, host=None, **kw):
     """The WebGPU plan of a precision="mixed" forward program on an H200-like adapter."""
     import webgrad as wg
     from webgrad.backends.webgpu import WebGPUBackend
     host = host or _PlanHost(_MMA_FEATURES, [_F16_CONFIG])
     with pytest.raises(_Planned):
-        wg.compile_forward(*fn, inputs=inputs, backend=WebGPUBackend(host), precision="mixed")
+        wg.compile_forward(*fn, inputs=inputs, backend=WebGPUBackend(host), precision="mixed", **kw)
     return host.plan
 
 
@@ -458,3 +458,36 @@ def test_native_adapter_without_subgroup_matrices_keeps_the_tiled_kernel():
         if backend == "webgpu":
             assert not any("mma" in n for n in prog._prog.exe.kernel_names)
     np.testing.assert_allclose(outs["webgpu"], outs["reference"], rtol=1e-5, atol=1e-6)
+
+
+def test_mma_kernel_takes_a_product_the_tiled_kernel_splits_over_k():
+    """x [128, 2048] @ W [2048, 128] + r with the tiled kernel's configuration forced to a
+    split over K into 4 chunks (as GPT-2's [4096, 3072] @ [3072, 768] splits on the H200's
+    tiling row: scratch and a second kernel). The plan gives it no scratch
+    (matmul.mma_takes): the subgroup-matrix kernel walks the whole K in one workgroup and
+    hands the sums, numpy's product, to the residual add's epilogue; without subgroup
+    matrices the same program still splits."""
+    from webgrad import Module, ops
+    from webgrad.codegen import KernelOptions
+    from webgrad.codegen.matmul import Config
+    opts = KernelOptions(force_config=Config(8, 8, 8, splits=4))
+
+    class Net(Module):
+        def __init__(self):
+            super().__init__()
+            self.W = self.param([2048, 128])
+
+    fn = (Net, lambda m, f: f["r"] + ops.matmul(f["x"], m.W))
+    inputs = {"x": [128, 2048], "r": [128, 128]}
+    plan = _plan(fn, inputs, kernel_options=opts)
+    (cmd, wgsl), = _mma_pipelines(plan)
+    assert "128x2048 @ 2048x128 -> epilogue" in wgsl.splitlines()[0]
+    assert not any("split" in p["wgsl"].splitlines()[0] for p in plan["pipelines"])
+    rng = np.random.default_rng(8)
+    A16 = rng.standard_normal((128, 2048)).astype(np.float16)
+    B16 = rng.standard_normal((2048, 128)).astype(np.float16)
+    got = _run_epilogue_kernel(cmd, wgsl, A16, B16, 128 * 128).reshape(128, 128)
+    want = A16.astype(np.float64) @ B16.astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    plain = _plan(fn, inputs, _PlanHost(("shader-f16",)), kernel_options=opts)
+    assert any(" split " in p["wgsl"].splitlines()[0] for p in plain["pipelines"])

@@ -540,6 +540,8 @@ def build_matmul(ctx, config: Config | None = None) -> list:
             return mma
     cfg = config or group_config(ctx.limits, M, K, N, nb, prod(bsh[:-2]) == 1,
                                  _canon_digits(dimb[-2]) == [(K, 1)])
+    if cfg is not None and cfg.splits > 1 and not ctx.scratch:
+        cfg = replace(cfg, splits=1)   # planned for the mma kernel (mma_takes), which declined
     if cfg is None:
         return _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh)
     ops = (sa, offa, dima, ash), (sb, offb, dimb, bsh)
@@ -558,37 +560,48 @@ def build_matmul(ctx, config: Config | None = None) -> list:
         return _build_tiled(ctx, node, replace(cfg, vload=False), *ops)
 
 
-def _build_mma(ctx, node, opa, opb) -> list | None:
-    """The subgroup-matrix kernel (matmul_mma.py: tensor cores, f16 operands, f32
-    accumulation) for a product it can take, else None (the tiled or direct kernel then):
-    the device offers f16 x f16 -> f32 subgroup matrices at a tiling that divides the shape
-    (matmul_mma.tiling_for), both operands are f16 in storage with row-major matrices, at
-    offsets of whole 16-byte units. A batch whose B is shared and whose A is contiguous over
-    it (a Linear of [B, T, d]) is one product of B*T rows; another batch (attention's, a
-    per-batch weight gradient) puts the batch element on workgroup_id.z. The group's
-    outputs: the product itself (C in f32), only its f16 rounding (C in f16, as
-    precision="mixed" stores every product), or anything else elementwise (bias, GELU, a
-    residual add) through the group's epilogue, called on each result from workgroup
-    memory. Split-K, sums taken on the way and assembled pieces keep the tiled kernel."""
-    (sa, offa, dima, ash), (sb, offb, dimb, bsh) = opa, opb
-    if not ctx.limits.subgroup_matrix or len(ash) < 2 or len(bsh) < 2:
-        return None
-    if isinstance(sa, QuantOperand) or isinstance(sb, QuantOperand) or "f16" != sa.dtype or \
-            sb.dtype != "f16":
-        return None
-    if ctx.scratch or ctx.operand_sum or ctx.output_sums or ctx.writes_pieces:
+def mma_takes(g, fu, main: int, limits, half) -> bool:
+    """Whether the subgroup-matrix kernel (_build_mma) will take the product of the group
+    whose main node is `main`, as far as the plan can tell before buffers exist (operands
+    f16 in storage: `half`, program.half_storage; row-major; a tiling that divides it; no
+    sums on the way): such a product needs no split-K scratch. Where the builder still
+    declines it (an operand's offset, an epilogue reading an operand's buffer), the tiled
+    kernel runs it unsplit."""
+    node = g[main]
+    if not limits.subgroup_matrix or node.op != "matmul" or main in fu.matmul_fold:
+        return False
+    gid = fu.group_of[main]
+    if any(mg == gid for mg, _ in fu.operand_sums.values()) or gid in fu.output_sums.values() \
+            or any(n in fu.assembled for n in fu.groups[gid].outputs):
+        return False
+    ops = []
+    for i in node.inputs:
+        base, off, dims = strided_view(g, i, fu.operand_base)
+        if base not in half:
+            return False
+        ops.append((off, dims, tuple(g[i].shape)))
+    shape = _mma_shape(tuple(node.shape), *ops, limits)
+    return shape is not None and tiling_for(limits, shape[0], shape[1], shape[2], "f32", epilogue=True) is not None
+
+
+def _mma_shape(shape, opa, opb, limits):
+    """(M, N, K, batch count, A's and B's offset expressions in wg.z) of a product the
+    subgroup-matrix kernel can read (row-major matrices at 16-byte offsets), else None.
+    opa, opb: (element offset, dims, shape) of the operands (layout.strided_view)."""
+    (offa, dima, ash), (offb, dimb, bsh) = opa, opb
+    if len(ash) < 2 or len(bsh) < 2:
         return None
     M, K, N = ash[-2], ash[-1], bsh[-1]
     canon = _canon_digits
     if canon(dima[-2]) != canon([(M, K)]) or canon(dima[-1]) != canon([(K, 1)]) or \
             canon(dimb[-2]) != canon([(K, N)]) or canon(dimb[-1]) != canon([(N, 1)]):
         return None
-    batch = tuple(node.shape[:-2])
+    batch = tuple(shape[:-2])
     nb = prod(batch)
 
-    def batch_digits(dims, shape):  # (axis of C's batch, digits) of an operand's batch axes
-        r = len(batch) - (len(shape) - 2)
-        return [(k + r, dims[k]) for k, d in enumerate(shape[:-2]) if d != 1]
+    def batch_digits(dims, sh):  # (axis of C's batch, digits) of an operand's batch axes
+        r = len(batch) - (len(sh) - 2)
+        return [(k + r, dims[k]) for k, d in enumerate(sh[:-2]) if d != 1]
     bda, bdb = batch_digits(dima, ash), batch_digits(dimb, bsh)
     if offa % 8 or offb % 8 or any(st % 8 for _, d in bda + bdb for _, st in d):
         return None   # the kernel reads its operands 16 bytes (eight halves) at a time
@@ -603,9 +616,35 @@ def _build_mma(ctx, node, opa, opb) -> list | None:
     shared_b = all(not canon([(c, st) for c, st in d if st]) for _, d in bdb)
     if nb > 1 and shared_b and canon([dg for _, d in bda for dg in d]) == canon([(nb, M * K)]):
         M, nb, bda, bdb = nb * M, 1, [], []   # one product of nb * M rows
-    elif nb > ctx.limits.max_compute_workgroups_per_dimension:
+    elif nb > limits.max_compute_workgroups_per_dimension:
         return None
-    a_base, b_base = base(offa, bda), base(offb, bdb)
+    return M, N, K, nb, base(offa, bda), base(offb, bdb)
+
+
+def _build_mma(ctx, node, opa, opb) -> list | None:
+    """The subgroup-matrix kernel (matmul_mma.py: tensor cores, f16 operands, f32
+    accumulation) for a product it can take, else None (the tiled or direct kernel then):
+    the device offers f16 x f16 -> f32 subgroup matrices at a tiling that divides the shape
+    (matmul_mma.tiling_for), both operands are f16 in storage with row-major matrices, at
+    offsets of whole 16-byte units. A batch whose B is shared and whose A is contiguous over
+    it (a Linear of [B, T, d]) is one product of B*T rows; another batch (attention's, a
+    per-batch weight gradient) puts the batch element on workgroup_id.z. The group's
+    outputs: the product itself (C in f32), only its f16 rounding (C in f16, as
+    precision="mixed" stores every product), or anything else elementwise (bias, GELU, a
+    residual add) through the group's epilogue, called on each result from workgroup
+    memory. Split-K, sums taken on the way and assembled pieces keep the tiled kernel."""
+    (sa, offa, dima, ash), (sb, offb, dimb, bsh) = opa, opb
+    if not ctx.limits.subgroup_matrix:
+        return None
+    if isinstance(sa, QuantOperand) or isinstance(sb, QuantOperand) or "f16" != sa.dtype or \
+            sb.dtype != "f16":
+        return None
+    if ctx.scratch or ctx.operand_sum or ctx.output_sums or ctx.writes_pieces:
+        return None
+    shape = _mma_shape(tuple(node.shape), (offa, dima, ash), (offb, dimb, bsh), ctx.limits)
+    if shape is None:
+        return None
+    M, N, K, nb, a_base, b_base = shape
     g = ctx.g
     if ctx.outs == [node.id] and ctx.storage(node.id).dtype == "f32":
         out = "f32"
@@ -1340,4 +1379,4 @@ def _build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh) -> list:
 
 
 __all__ = ["Config", "choose_config", "build_matmul", "use_direct", "use_gemv", "group_config",
-           "ADAPTER_TILINGS", "matmul_dims", "matmul_scratch_bytes", "b_k_fast"]
+           "ADAPTER_TILINGS", "matmul_dims", "matmul_scratch_bytes", "b_k_fast", "mma_takes"]

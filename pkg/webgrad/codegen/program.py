@@ -31,7 +31,7 @@ from .fusion import Fusion
 from .index import build_scatter, scatter_scratch
 from .layout import build_concat_pieces, strided_view
 from .matmul import (b_k_fast, build_matmul, group_config, matmul_dims, matmul_scratch_bytes,
-                     split_sum_parts)
+                     mma_takes, split_sum_parts)
 from .quant import QuantOperand
 from .remat import plan_fusion
 from .reduce import REDUCE_OPS, ROW_OPS, build_reduce, scratch_specs
@@ -236,16 +236,24 @@ def half_storage(g, fu, limits: Limits, half_names=()) -> set[int]:
     KernelOptions.f16_emulation is off, every stored temporary that is a cast to f16 (the
     graph holds f16 values as f32 nodes, precision.f16_in_f32; a cast's attrs keep "f16").
     Values read back or copied into the persistent store at the end of the step stay f32
-    (the host reads f32), as do values written in place into a persistent f32 buffer."""
+    (the host reads f32), as do values written in place into a persistent f32 buffer. A
+    stored zero padding of such a cast (align_match's padded operand of a vocabulary-wide
+    product) holds f16 values too: it is stored in f16 as well, so that the product reads
+    two f16 operands (the subgroup-matrix kernel, matmul_mma.py)."""
     out = {i for name, i in list(g.params.items()) + list(g.state.items()) if name in half_names}
     if not limits.shader_f16 or limits.options.f16_emulation:
         return out
     keep = {fu.storage_base(r) for r in list(g.outputs.values()) + list(g.writebacks.values())}
     keep |= {s for s, _ in fu.end_copies}
     keep |= set(fu.inplace)
+    def cast_to_f16(i):  # through views
+        while g[i].op in ("reshape", "transpose", "slice", "broadcast_to"):
+            i = g[i].inputs[0]
+        return g[i].op == "cast" and g[i].attrs.get("dtype") == "f16"
     for n in fu.needs_storage():
         node = g[n]
-        if node.op == "cast" and node.attrs.get("dtype") == "f16" and n not in keep:
+        if n not in keep and (cast_to_f16(n) if node.op == "cast" else
+                              node.op == "pad" and cast_to_f16(node.inputs[0])):
             out.add(n)
     return out
 
@@ -359,7 +367,7 @@ class _Lowering:
                                   pos[writer[gid]], pos[gid]))
                 scratch_dtype[(gid, 0)] = "f32"
             elif G.main is not None:
-                for k, (nb, dt) in enumerate(_scratch_specs(fu, G.main, limits)):
+                for k, (nb, dt) in enumerate(_scratch_specs(fu, G.main, limits, half)):
                     lives.append(Live(("s", (gid, k)), nb, pos[gid], pos[gid]))
                     scratch_dtype[(gid, k)] = dt
         slots, assign = plan_pool(lives)
@@ -465,10 +473,12 @@ def _donors(fu, need, pos, last, ends, half=frozenset()) -> dict[int, int]:
     return out
 
 
-def _scratch_specs(fu, main: int, limits) -> list[tuple[int, str]]:
+def _scratch_specs(fu, main: int, limits, half=()) -> list[tuple[int, str]]:
     """[(bytes, dtype)]: the scratch buffers a kernel op needs between its dispatches."""
     g = fu.g
     node = g[main]
+    if node.op == "matmul" and mma_takes(g, fu, main, limits, half):
+        return []   # the subgroup-matrix kernel splits no K
     if node.op == "matmul" or main in fu.matmul_fold:  # split-K partial sums
         nb = matmul_scratch_bytes(g, fu, main, limits)
         return [(nb, "f32")] if nb else []
