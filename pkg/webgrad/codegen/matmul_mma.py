@@ -122,8 +122,11 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
     module's declarations in place of the three bindings (codegen's Kernel.module_scope,
     binding names `names`); epi: the name of a WGSL `fn epi(f: u32, v: f32)` in it that
     takes each result at its flat index f (the group's epilogue: bias, GELU, residual adds,
-    f16 stores), called per element from a per-subgroup f32 staging matrix."""
-    staging = 4 * t.m * t.n * t.sg_m * t.sg_n if epi is not None else 0
+    f16 stores), called per element from workgroup memory: each subgroup stores a row of
+    its result matrices (tn of them, an m x tn n block), then its invocations take the
+    block's elements in order (32 neighbours a call: coalesced loads and stores in the
+    epilogue), two barriers per row."""
+    staging = epilogue_staging_bytes(t) if epi is not None else 0
     t.check(M, N, K, None if max_workgroup_bytes is None else max_workgroup_bytes - staging)
     if epi is not None and (t.out != "f32" or (t.m * t.n) % t.subgroup_size):
         raise ValueError(f"mma matmul with an epilogue: {t} must have out='f32' and m * n a "
@@ -149,7 +152,9 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
     for b in range(nbuf):
         L += [f"var<workgroup> As{b}: array<f16, {a_size}>;",
               f"var<workgroup> Bs{b}: array<f16, {b_size}>;"]
-    if t.out == "f16" or epi is not None:
+    if epi is not None:
+        L.append(f"var<workgroup> Cs: array<f32, {epilogue_staging_bytes(t) // 4}>;")
+    elif t.out == "f16":
         L.append(f"var<workgroup> Cs: array<f32, {t.m * t.n * t.sg_m * t.sg_n}>;")
     left = f"subgroup_matrix_left<f16, {t.k}, {t.m}>"
     right = f"subgroup_matrix_right<f16, {t.n}, {t.k}>"
@@ -277,16 +282,27 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
             L += [f"    if (s + 1u < {steps}u) {{"] + ["  " + x for x in loads(f"(s + 1u) * {t.bk}u")] + ["    }"]
         L += products(0) + ["    workgroupBarrier();", "  }"]
     # the results
-    for i in range(t.tm):
+    for i in range(t.tm if epi is not None else 0):   # the epilogue: a row of matrices at once
+        w = t.tn * t.n                                 # the staged block's width
+        base = f"sg * {t.m * w}u"
+        L += [f"  subgroupMatrixStore(&Cs, {base} + {j * t.n}u, acc{i}_{j}, false, {w}u);"
+              for j in range(t.tn)]
+        L += ["  workgroupBarrier();",
+              f"  for (var e = 0u; e < {t.m * w // t.subgroup_size}u; e++) {{",
+              f"    let q = e * {t.subgroup_size}u + lane;",
+              f"    {epi}({cb}(m0 + sm + {i * t.m}u + q / {w}u) * {N}u + n0 + sn + q % {w}u, "
+              f"Cs[{base} + q]);",
+              "  }",
+              "  workgroupBarrier();"]
+    for i in range(t.tm if epi is None else 0):
         for j in range(t.tn):
             off = f"{cb}(m0 + sm + {i * t.m}u) * {N}u + n0 + sn + {j * t.n}u"
-            if t.out == "f32" and epi is None:
+            if t.out == "f32":
                 L.append(f"  subgroupMatrixStore(&{Cn}, {off}, acc{i}_{j}, false, {N}u);")
             else:
                 per = t.m * t.n // t.subgroup_size
                 flat = f"{off} + (q / {t.n}u) * {N}u + q % {t.n}u"
-                put = (f"    {epi}({flat}, Cs[sg * {t.m * t.n}u + q]);" if epi is not None else
-                       f"    {Cn}[{flat}] = f16(Cs[sg * {t.m * t.n}u + q]);")
+                put = f"    {Cn}[{flat}] = f16(Cs[sg * {t.m * t.n}u + q]);"
                 L += [f"  subgroupMatrixStore(&Cs, sg * {t.m * t.n}u, acc{i}_{j}, false, {t.n}u);",
                       "  workgroupBarrier();",
                       f"  for (var e = 0u; e < {per}u; e++) {{",
@@ -296,6 +312,12 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
                       "  workgroupBarrier();"]
     L.append("}")
     return "\n".join(L) + "\n", (N // t.bn, M // t.bm, batch)
+
+
+def epilogue_staging_bytes(t: MmaTiling) -> int:
+    """Workgroup memory of mma_matmul_wgsl's epilogue staging: a row of tn result matrices
+    (f32) per subgroup."""
+    return 4 * t.m * t.n * t.tn * t.sg_m * t.sg_n
 
 
 def tiling_for(limits, M: int, N: int, K: int, out: str = "f32",
@@ -315,7 +337,7 @@ def tiling_for(limits, M: int, N: int, K: int, out: str = "f32",
     for bm, bn, sgm, sgn in ((128, 128, 2, 2), (64, 64, 2, 2), (32, 32, 1, 1)):
         t = MmaTiling(bm=bm, bn=bn, bk=32, sg_m=sgm, sg_n=sgn, m=m, n=n, k=k,
                       subgroup_size=size, out=out)
-        staging = 4 * m * n * sgm * sgn if epilogue else 0
+        staging = epilogue_staging_bytes(t) if epilogue else 0
         try:
             t.check(M, N, K, None if room is None else room - staging)
         except ValueError:
