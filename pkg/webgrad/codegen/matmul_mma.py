@@ -20,7 +20,11 @@ what to change otherwise). f16 C goes through a per-subgroup f32 staging matrix 
 workgroup memory, converted by the subgroup's own invocations.
 
 `mma_matmul_wgsl(M, N, K, tiling)` returns the WGSL and the dispatch size; bindings: 0 A
-(array<vec4<u32>>, f16 pairs), 1 B (likewise), 2 C (array<f32> or array<f16>).
+(array<vec4<u32>>, f16 pairs), 1 B (likewise), 2 C (array<f32> or array<f16>). The compiler
+(matmul._build_mma) passes its own declarations instead (Kernel.module_scope: the group's
+bindings and epilogue function), a batch (workgroup_id.z, with each operand's offset as a
+WGSL expression of it) and the epilogue's name: C's elements then go to `epi(flat, v)` from
+workgroup memory, a row of each subgroup's result matrices at a time.
 """
 from __future__ import annotations
 
