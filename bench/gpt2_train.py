@@ -107,7 +107,7 @@ def webgrad_model(d, layers, heads, vocab, context):
 
 # ---------------------------------------------------------------- the same model in torch
 
-def torch_model(torch, d, layers, heads, vocab, context):
+def torch_model(torch, d, layers, heads, vocab, context, sdpa=False):
     nn, F = torch.nn, torch.nn.functional
 
     class Block(nn.Module):
@@ -121,9 +121,12 @@ def torch_model(torch, d, layers, heads, vocab, context):
             B, T, _ = x.shape
             q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
             q, k, v = (t.view(B, T, heads, d // heads).transpose(1, 2) for t in (q, k, v))
-            s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(d // heads))
-            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
-            a = torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1) @ v
+            if sdpa:
+                a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                s = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(d // heads))
+                mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+                a = torch.softmax(s.masked_fill(mask, float("-inf")), dim=-1) @ v
             x = x + self.proj(a.transpose(1, 2).reshape(B, T, d))
             return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
@@ -193,7 +196,7 @@ def attention_options(mode: str, options):
     return options
 
 
-def run_webgrad(row, args, np, kernel_options=None):
+def run_webgrad(row, args, np, kernel_options=None, precision="f32"):
     import webgrad as wg
     from webgrad import optim
     d, layers, heads, vocab, context, B, T = ROWS[row]
@@ -204,12 +207,14 @@ def run_webgrad(row, args, np, kernel_options=None):
     t0 = time.perf_counter()
     c = wg.compile_module(factory, loss_fn, backend=args.backend,
                           inputs={names[0]: ([B, T], "i32"), names[1]: ([B, T], "i32")},
-                          optimizer=optim.AdamW(lr=LR, weight_decay=WD), kernel_options=kernel_options)
+                          optimizer=optim.AdamW(lr=LR, weight_decay=WD), kernel_options=kernel_options,
+                          precision=precision)
     t_compile = time.perf_counter() - t0
     feeds = [dict(zip(names, batch(np, vocab, B, T, s))) for s in range(4)]
     t0 = time.perf_counter()
     first_loss = c.step(feeds[0])
     t_first = time.perf_counter() - t0
+    losses = [first_loss] + [c.step(feeds[s % 4]) for s in range(1, args.track)]
     warm_up(lambda s: c.step(feeds[s % 4]), args.warmup)
     times = []
     for s in range(args.steps):
@@ -231,19 +236,27 @@ def run_webgrad(row, args, np, kernel_options=None):
             prof = c.profile(feeds[0])
         except NotImplementedError as e:
             prof = f"(no profile: {e})"
+    skipped = sum(bool(getattr(x, "skipped", False)) for x in losses)
     return dict(compile=t_compile, first=t_first, ms=1e3 * statistics.median(times),
                 kernels=c.kernel_count, bytes=planned, loss=first_loss, profile=prof,
-                params=sum(math.prod(s) for s in c.param_shapes.values()), c=c)
+                params=sum(math.prod(s) for s in c.param_shapes.values()), c=c,
+                losses=[float(x) for x in losses], skipped=skipped)
 
 
-def run_torch(row, args, np, torch):
+# torch peers (--peers): fp32 (TF32 off), autocast to bf16, autocast to fp16 with a GradScaler;
+# "-sdpa" after one: its attention through F.scaled_dot_product_attention(is_causal=True)
+PEERS = ("fp32", "bf16", "fp16", "fp32-sdpa", "bf16-sdpa", "fp16-sdpa")
+
+
+def run_torch(row, args, np, torch, peer="fp32"):
     d, layers, heads, vocab, context, B, T = ROWS[row]
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(0)
     if dev == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
-    model = torch_model(torch, d, layers, heads, vocab, context)
+    dtype, _, attn = peer.partition("-")
+    model = torch_model(torch, d, layers, heads, vocab, context, sdpa=attn == "sdpa")
     if args.model == "module":  # GPT2Module ties the head to the token table
         model.head.weight = model.wte.weight
     model = model.to(dev)
@@ -254,16 +267,29 @@ def run_torch(row, args, np, torch):
     feeds = [tuple(torch.from_numpy(a).long().to(dev) for a in batch(np, vocab, B, T, s))
              for s in range(4)]
 
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype)
+    scaler = torch.amp.GradScaler(dev) if dtype == "fp16" else None
+
     def step(f):
         opt.zero_grad(set_to_none=True)
-        loss = model(*f)
-        loss.backward()
-        opt.step()
+        if amp is None:
+            loss = model(*f)
+        else:  # torch.amp as people train: autocast the forward, the backward follows it
+            with torch.autocast(dev, dtype=amp):
+                loss = model(*f)
+        if scaler is None:
+            loss.backward()
+            opt.step()
+        else:   # GradScaler: the loss scaled by 2^16, a step with an inf/nan gradient skipped
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
         return loss.item()  # the loss as a float, as webgrad's step returns it
 
     t0 = time.perf_counter()
     first_loss = step(feeds[0])
     t_first = time.perf_counter() - t0
+    losses = [first_loss] + [step(feeds[s % 4]) for s in range(1, args.track)]
     warm_up(lambda s: step(feeds[s % 4]), args.warmup)
     kernels = None
     if dev == "cuda":
@@ -283,7 +309,7 @@ def run_torch(row, args, np, torch):
         times.append(time.perf_counter() - t0)
     peak = torch.cuda.max_memory_allocated() if dev == "cuda" else None
     out = dict(compile=t_compile, first=t_first, ms=1e3 * statistics.median(times),
-               kernels=kernels, bytes=peak, loss=first_loss)
+               kernels=kernels, bytes=peak, loss=first_loss, losses=losses)
     del model, opt, feeds
     if dev == "cuda":
         torch.cuda.empty_cache()
@@ -351,7 +377,21 @@ def main() -> None:
                     "literal) to time a codegen switch: --set tiled_transpose=False (the old "
                     "spelling webgrad.codegen.elementwise.TILED_TRANSPOSE=False means the same); "
                     "or a runtime MODULE.ATTR: --set webgrad.backends.webgpu_native.PREFETCH=False")
+    ap.add_argument("--precision", default="f32",
+                    help="comma-separated webgrad precisions (compile_module's precision=): f32, "
+                    "mixed (f16 products with f32 accumulation, loss scaling in the program)")
+    ap.add_argument("--peers", default="fp32",
+                    help=f"comma-separated torch peers, each its own run: {', '.join(PEERS)} (bf16 and "
+                    "fp16 under torch.autocast, fp16 with a GradScaler; -sdpa: attention through "
+                    "scaled_dot_product_attention)")
+    ap.add_argument("--track", type=int, default=1,
+                    help="print the losses of the first N steps of every run (same batches)")
     args = ap.parse_args()
+    precisions, peers = args.precision.split(","), args.peers.split(",")
+    if set(precisions) - {"f32", "mixed"}:
+        ap.error(f"--precision: choose from f32, mixed (got {args.precision})")
+    if set(peers) - set(PEERS):
+        ap.error(f"--peers: unknown {sorted(set(peers) - set(PEERS))}; choose from {', '.join(PEERS)}")
     from webgrad.codegen import KernelOptions
     args.kernel_options = KernelOptions()
     for item in args.set:
@@ -384,48 +424,55 @@ def main() -> None:
         torch.backends.cudnn.allow_tf32 = False
         torch.set_float32_matmul_precision("highest")
         print(f"torch {torch.__version__} on "
-              f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}, fp32, TF32 off")
+              f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}, peers {args.peers}, "
+              "TF32 off")
     table = []
+    variants = [(p, m) for p in precisions for m in modes]
     for row in args.rows.split(","):
         d, layers, heads, vocab, context, B, T = ROWS[row]
         ws = {}
-        for mode in modes:
-            ws[mode] = run_webgrad(row, args, np, attention_options(mode, args.kernel_options))
-            ws[mode]["c"].destroy()
-        t = run_torch(row, args, np, torch) if torch is not None else None
-        w = ws[modes[0]]
+        for prec, mode in variants:
+            ws[prec, mode] = run_webgrad(row, args, np, attention_options(mode, args.kernel_options),
+                                         precision=prec)
+            ws[prec, mode]["c"].destroy()
+        ts = {p: run_torch(row, args, np, torch, p) for p in peers} if torch is not None else {}
+        w = ws[variants[0]]
         print(f"\n== {row}: d {d}, {layers} layers, {heads} heads, vocab {vocab}, B x T = {B} x {T}, "
               f"{w['params'] / 1e6:.1f}M params")
-        named = [(f"webgrad {m}" if len(modes) > 1 else "webgrad", ws[m]) for m in modes]
-        for name, r in named + [("torch", t)]:
-            if r is None:
-                continue
-            print(f"  {name:8} {r['ms']:9.2f} ms/step  {B * T / r['ms'] * 1e3:10.0f} tok/s  "
+        named = [(" ".join(["webgrad"] + ([p] if len(precisions) > 1 else []) + ([m] if len(modes) > 1 else [])),
+                  ws[p, m]) for p, m in variants]
+        peer_named = [(f"torch {p}" if len(peers) > 1 else "torch", ts[p]) for p in ts]
+        for name, r in named + peer_named:
+            print(f"  {name:14} {r['ms']:9.2f} ms/step  {B * T / r['ms'] * 1e3:10.0f} tok/s  "
                   f"kernels {r['kernels'] if r['kernels'] is not None else '-':>5}  "
                   f"peak {_mb(r['bytes']):>10}  compile+init {r['compile']:6.2f} s  "
-                  f"first step {r['first']:6.2f} s  loss0 {r['loss']:.4f}", flush=True)
-        if t is not None:
+                  f"first step {r['first']:6.2f} s  loss0 {r['loss']:.4f}"
+                  + (f"  skipped {r['skipped']}" if r.get("skipped") else ""), flush=True)
+            if args.track > 1:
+                print("    losses " + " ".join(f"{x:.5f}" for x in r["losses"]))
+        for pname, t in peer_named:
             for name, r in named:
                 mem = (r["bytes"] / t["bytes"]) if r["bytes"] and t["bytes"] else None
-                print(f"  ratio {name}: time {r['ms'] / t['ms']:.2f}x"
+                print(f"  ratio {name} / {pname}: time {r['ms'] / t['ms']:.2f}x"
                       + (f"  memory {mem:.2f}x" if mem else ""))
         for name, r in named:
-            table.append((f"{row} ({name})" if len(modes) > 1 else row, r, t))
+            label = name[len("webgrad "):] if name != "webgrad" else ""
+            table.append((row, label, r, peer_named))
             if isinstance(r["profile"], str):
                 print("  " + r["profile"])
             elif r["profile"] is not None:
                 print(f"  {name}: " + r["profile"].text(top=args.profile))
-    print("\n| row | B x T | webgrad ms | kernels | torch ms | kernels | time ratio | webgrad peak "
-          "| torch peak | memory ratio | webgrad compile+init s | torch init s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for row, w, t in table:
-        d, layers, heads, vocab, context, B, T = ROWS[row.split(" ")[0]]
-        tt = t or {}
-        ratio = f"{w['ms'] / tt['ms']:.2f}" if t else "-"
-        mem = f"{w['bytes'] / tt['bytes']:.2f}" if t and w["bytes"] and tt.get("bytes") else "-"
-        print(f"| {row} | {B} x {T} | {w['ms']:.1f} | {w['kernels']} | "
-              f"{tt.get('ms', float('nan')):.1f} | {tt.get('kernels', '-')} | {ratio} | {_mb(w['bytes'])} | "
-              f"{_mb(tt.get('bytes'))} | {mem} | {w['compile']:.1f} | {tt.get('compile', float('nan')):.2f} |")
+    print("\n| row | B x T | webgrad | ms | kernels | peer | peer ms | kernels | time ratio | webgrad peak "
+          "| peer peak | memory ratio | webgrad compile+init s | peer init s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for row, label, w, peer_named in table:
+        d, layers, heads, vocab, context, B, T = ROWS[row]
+        for pname, t in peer_named or [("-", {})]:
+            ratio = f"{w['ms'] / t['ms']:.2f}" if t else "-"
+            mem = f"{w['bytes'] / t['bytes']:.2f}" if t and w["bytes"] and t.get("bytes") else "-"
+            print(f"| {row} | {B} x {T} | {label or '-'} | {w['ms']:.1f} | {w['kernels']} | {pname} | "
+                  f"{t.get('ms', float('nan')):.1f} | {t.get('kernels', '-')} | {ratio} | {_mb(w['bytes'])} | "
+                  f"{_mb(t.get('bytes'))} | {mem} | {w['compile']:.1f} | {t.get('compile', float('nan')):.2f} |")
 
 
 if __name__ == "__main__":

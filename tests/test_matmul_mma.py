@@ -35,8 +35,9 @@ def _expr(e: str) -> str:
     return e.replace("false", "False").replace("true", "True")
 
 
-def _python(wgsl: str) -> tuple[str, dict]:
-    """The kernel body as a generator function, and its workgroup arrays {name: (dtype, n)}."""
+def _python(wgsl: str, epi: str | None = None) -> tuple[str, dict]:
+    """The kernel body as a generator function, and its workgroup arrays {name: (dtype, n)};
+    `epi(...)` statements (the group's epilogue) call the emulator's `_epi`."""
     shared, out, depth = {}, ["def _subgroup(sg, li, lane, wg):", "  yield None"], 1
     body = wgsl[wgsl.index("fn main"):]
     body = body[body.index("{", body.index(") {")) + 1:]
@@ -67,6 +68,8 @@ def _python(wgsl: str) -> tuple[str, dict]:
                 depth -= 1
             elif stmt == "workgroupBarrier()":
                 out.append("  " * depth + "yield 'barrier'")
+            elif epi is not None and stmt.startswith(f"{epi}("):
+                out.append("  " * depth + "_epi(" + _expr(stmt[len(epi) + 1:]))
             elif stmt.startswith("subgroupMatrixStore("):
                 out.append("  " * depth + "_store(" + _expr(stmt[len("subgroupMatrixStore("):]))
             elif re.fullmatch(r"var \w+: vec4<u32>", stmt):
@@ -79,15 +82,19 @@ def _python(wgsl: str) -> tuple[str, dict]:
     return "\n".join(out), shared
 
 
-def emulate(wgsl: str, groups, t: MmaTiling, A16, B16):
-    """Run the kernel over the grid `groups`; returns C (flat, of the kernel's type)."""
+def emulate(wgsl: str, groups, t: MmaTiling, A16, B16, *, names=("A", "B", "C"), epi=None,
+            c_size: int | None = None):
+    """Run the kernel over the grid `groups`; returns C (flat, of the kernel's type).
+    A16, B16: the f16 operands (any shape: their bytes are what the bindings hold); epi:
+    (name, fn) where the kernel calls an epilogue, fn(flat, v) getting each lane's index and
+    value; c_size: C's elements (M x N by default)."""
     M, N = A16.shape[0], B16.shape[1]
-    code, shared = _python(wgsl)
+    code, shared = _python(wgsl, epi and epi[0])
     dims = {"left": (t.m, t.k), "right": (t.k, t.n), "result": (t.m, t.n)}
     mats = t.copy == "matrix"
     A = A16.reshape(-1) if mats else A16.view(np.uint32).reshape(-1, 4)
     B = B16.reshape(-1) if mats else B16.view(np.uint32).reshape(-1, 4)
-    C = np.zeros(M * N, np.float32 if t.out == "f32" else np.float16)
+    C = np.zeros(c_size or M * N, np.float32 if t.out == "f32" else np.float16)
 
     def at(off, shape, stride):
         r, c = shape
@@ -105,18 +112,20 @@ def emulate(wgsl: str, groups, t: MmaTiling, A16, B16):
     def unpack(u):
         return np.ascontiguousarray(u, dtype="<u4").view(np.float16).reshape(np.shape(u) + (2,))
 
-    env = {"A": A, "B": B, "C": C, "_load": load, "_store": store, "_unpack": unpack,
+    env = {names[0]: A, names[1]: B, names[2]: C, "_load": load, "_store": store, "_unpack": unpack,
+           "_epi": epi and epi[1],
            "_zero": lambda kind: np.zeros(dims[kind], np.float32),
            "_mma": lambda a, b, c: c + a.astype(np.float32) @ b.astype(np.float32),
            "_f16": lambda x: np.asarray(x).astype(np.float16)}
     nsg = t.sg_m * t.sg_n
-    for gy in range(groups[1]):
-        for gx in range(groups[0]):
+    for gx, gy, gz in ((x, y, z) for z in range(groups[2]) for y in range(groups[1])
+                       for x in range(groups[0])):
+        if True:
             for name, (ty, n) in shared.items():   # workgroup memory: fresh each workgroup
                 env[name] = np.full(n, np.nan, np.float16 if ty == "f16" else np.float32)
             exec(code, env)
             subs = [env["_subgroup"](sg, sg * t.subgroup_size + np.arange(t.subgroup_size),
-                                     np.arange(t.subgroup_size), np.array([gx, gy, 0])) for sg in range(nsg)]
+                                     np.arange(t.subgroup_size), np.array([gx, gy, gz])) for sg in range(nsg)]
             for s in subs:
                 next(s)
             live = True
@@ -293,14 +302,23 @@ def _mma_pipelines(plan):
                 "// webgrad mma matmul")]
 
 
+def _names(wgsl):
+    """The kernel's binding names in binding order."""
+    return re.findall(r"@binding\(\d+\) var<storage, [\w_]+> (\w+):", wgsl)
+
+
+def _tiling(wgsl):
+    """The MmaTiling named in the kernel's first line."""
+    return eval(wgsl.splitlines()[0].split(": ", 1)[1], {"MmaTiling": MmaTiling})
+
+
 def test_compiler_selects_the_mma_kernel_where_offered():
     """A precision="mixed" product with f16 operands and no epilogue (its f16 result read by
     a softmax) takes the subgroup-matrix kernel on an adapter whose Limits offer f16 x f16 ->
     f32 at 16x16x16: C is its f16 buffer (2 bytes an element), and the WGSL the compiler
     emitted, run by the emulator, is numpy's product. Without the feature (lavapipe,
-    SwiftShader), without an f32-accumulating configuration, with a shape no tiling divides,
-    or with an epilogue (the matmul's kernel writing the output's gelu), the tiled kernel
-    stays."""
+    SwiftShader), without an f32-accumulating configuration, or with a shape no tiling
+    divides, the tiled kernel stays."""
     host = _PlanHost(_MMA_FEATURES, [_F16_CONFIG])
     plan = _mixed_plan(host, 64)
     (cmd, wgsl), = _mma_pipelines(plan)
@@ -312,18 +330,111 @@ def test_compiler_selects_the_mma_kernel_where_offered():
     rng = np.random.default_rng(4)
     A16 = rng.standard_normal((64, 64)).astype(np.float16)
     B16 = rng.standard_normal((64, 128)).astype(np.float16)
-    got = emulate(wgsl, tuple(cmd["workgroups"]), t, A16, B16).reshape(64, 128).astype(np.float64)
+    got = emulate(wgsl, tuple(cmd["workgroups"]), t, A16, B16, names=_names(wgsl))
+    got = got.reshape(64, 128).astype(np.float64)
     want = A16.astype(np.float64) @ B16.astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=2e-3, atol=2e-3 * np.abs(want).max())
-    # the fallbacks: no subgroup matrices, no f16 -> f32 configuration, 60 rows, an epilogue
-    for h, rows, epilogue in ((_PlanHost(("shader-f16",)), 64, False),
-                          (_PlanHost(_MMA_FEATURES, [dict(_F16_CONFIG, result_component_type="f16")]), 64, False),
-                          (_PlanHost(_MMA_FEATURES, [_F16_CONFIG]), 60, False),
-                          (_PlanHost(_MMA_FEATURES, [_F16_CONFIG]), 64, True)):
-        plan = _mixed_plan(h, rows, epilogue)
-        assert not _mma_pipelines(plan), (rows, epilogue)
+    # the fallbacks: no subgroup matrices, no f16 -> f32 configuration, 60 rows
+    for h, rows in ((_PlanHost(("shader-f16",)), 64),
+                    (_PlanHost(_MMA_FEATURES, [dict(_F16_CONFIG, result_component_type="f16")]), 64),
+                    (_PlanHost(_MMA_FEATURES, [_F16_CONFIG]), 60)):
+        plan = _mixed_plan(h, rows)
+        assert not _mma_pipelines(plan), rows
         assert any("array<f16>" in p["wgsl"] and "matmul" in p["wgsl"].splitlines()[0]
                    for p in plan["pipelines"])
+
+
+def _plan(fn, inputs, host=None, **kw):
+    """The WebGPU plan of a precision="mixed" forward program on an H200-like adapter."""
+    import webgrad as wg
+    from webgrad.backends.webgpu import WebGPUBackend
+    host = host or _PlanHost(_MMA_FEATURES, [_F16_CONFIG])
+    with pytest.raises(_Planned):
+        wg.compile_forward(*fn, inputs=inputs, backend=WebGPUBackend(host), precision="mixed", **kw)
+    return host.plan
+
+
+def _run_epilogue_kernel(cmd, wgsl, A16, B16, c_size):
+    """Emulate a kernel that hands its results to the epilogue: {flat index: value}, each
+    index called once."""
+    seen = {}
+
+    def epi(flat, v):
+        for f, x in zip(np.broadcast_to(flat, (32,)).tolist(), np.broadcast_to(v, (32,)).tolist()):
+            assert f not in seen, f"element {f} handed to the epilogue twice"
+            seen[f] = x
+    fn = re.search(r"\b(epi\w*)\(", wgsl.split("fn main")[1]).group(1)
+    assert re.search(rf"fn {fn}\(f: u32, v: f32\)", wgsl)
+    emulate(wgsl, tuple(cmd["workgroups"]), _tiling(wgsl), A16, B16, names=_names(wgsl),
+            epi=(fn, epi), c_size=c_size)
+    assert sorted(seen) == list(range(c_size)), "every result element handed over once"
+    return np.array([seen[f] for f in range(c_size)])
+
+
+def test_mma_kernel_with_an_epilogue_and_a_merged_batch():
+    """gelu(x @ W + b) of x [2, 32, 64] under precision="mixed": the product of a batch over
+    one shared weight is one 64-row product, and its kernel hands every result (the f32
+    product, before the f16 rounding, bias and GELU that the epilogue does) to the group's
+    epilogue exactly once, from workgroup memory. The epilogue itself is the tiled kernel's
+    (program.epilogue_fn); the H200 checks the whole program against torch
+    (bench/mma_check.py)."""
+    from webgrad import Module, ops
+
+    class Net(Module):
+        def __init__(self):
+            super().__init__()
+            self.W = self.param([64, 128])
+            self.b = self.param([128], init="zeros")
+
+    plan = _plan((Net, lambda m, f: ops.gelu(ops.matmul(f["x"], m.W) + m.b)), {"x": [2, 32, 64]})
+    (cmd, wgsl), = _mma_pipelines(plan)
+    head = wgsl.splitlines()[0]
+    assert "64x64 @ 64x128 -> epilogue" in head and "out='f32'" in head, head
+    rng = np.random.default_rng(6)
+    A16 = rng.standard_normal((64, 64)).astype(np.float16)
+    B16 = rng.standard_normal((64, 128)).astype(np.float16)
+    got = _run_epilogue_kernel(cmd, wgsl, A16, B16, 64 * 128).reshape(64, 128)
+    want = A16.astype(np.float64) @ B16.astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_mma_kernel_over_a_batch_of_both_operands():
+    """x [3, 64, 64] @ y [3, 64, 128] (both batched, as attention's products are): the batch
+    element is workgroup_id.z, each operand's offset from it; the f16 results equal numpy's
+    per-element products."""
+    from webgrad import Module, ops
+
+    plan = _plan((Module, lambda m, f: ops.softmax_last(ops.matmul(f["x"], f["y"]))),
+                 {"x": [3, 64, 64], "y": [3, 64, 128]})
+    (cmd, wgsl), = _mma_pipelines(plan)
+    assert "3 x 64x64 @ 64x128 -> f16" in wgsl.splitlines()[0] and cmd["workgroups"][2] == 3
+    rng = np.random.default_rng(7)
+    A16 = rng.standard_normal((3, 64, 64)).astype(np.float16)
+    B16 = rng.standard_normal((3, 64, 128)).astype(np.float16)
+    got = emulate(wgsl, tuple(cmd["workgroups"]), _tiling(wgsl), A16.reshape(-1, 64),
+                  B16.reshape(-1, 128), names=_names(wgsl), c_size=3 * 64 * 128)
+    want = A16.astype(np.float64) @ B16.astype(np.float64)
+    np.testing.assert_allclose(got.reshape(3, 64, 128).astype(np.float64), want, rtol=2e-3,
+                               atol=2e-3 * np.abs(want).max())
+    # two batch axes, the second broadcast in y (attention's [B, H] has two): element z of
+    # x is (z / 3, z % 3), of y (z / 3)
+    plan = _plan((Module, lambda m, f: ops.softmax_last(ops.matmul(f["x"], f["y"]))),
+                 {"x": [2, 3, 64, 64], "y": [2, 1, 64, 128]})
+    (cmd2, wgsl2), = _mma_pipelines(plan)
+    assert cmd2["workgroups"][2] == 6
+    X16 = rng.standard_normal((2, 3, 64, 64)).astype(np.float16)
+    Y16 = rng.standard_normal((2, 1, 64, 128)).astype(np.float16)
+    got = emulate(wgsl2, tuple(cmd2["workgroups"]), _tiling(wgsl2), X16.reshape(-1, 64),
+                  Y16.reshape(-1, 128), names=_names(wgsl2), c_size=6 * 64 * 128)
+    want2 = X16.astype(np.float64) @ Y16.astype(np.float64)
+    np.testing.assert_allclose(got.reshape(2, 3, 64, 128).astype(np.float64), want2, rtol=2e-3,
+                               atol=2e-3 * np.abs(want2).max())
+    # the same kernel with every batch offset dropped reads element 0's matrices three times
+    bad = wgsl.replace("let ab = (wg.z * 4096u) / 8u;", "let ab = 0u;")
+    assert bad != wgsl
+    got = emulate(bad, tuple(cmd["workgroups"]), _tiling(bad), A16.reshape(-1, 64),
+                  B16.reshape(-1, 128), names=_names(bad), c_size=3 * 64 * 128)
+    assert not np.allclose(got.reshape(3, 64, 128), want, rtol=1e-2, atol=1e-1)
 
 
 @pytest.mark.webgpu
@@ -347,3 +458,36 @@ def test_native_adapter_without_subgroup_matrices_keeps_the_tiled_kernel():
         if backend == "webgpu":
             assert not any("mma" in n for n in prog._prog.exe.kernel_names)
     np.testing.assert_allclose(outs["webgpu"], outs["reference"], rtol=1e-5, atol=1e-6)
+
+
+def test_mma_kernel_takes_a_product_the_tiled_kernel_splits_over_k():
+    """x [128, 2048] @ W [2048, 128] + r with the tiled kernel's configuration forced to a
+    split over K into 4 chunks (as GPT-2's [4096, 3072] @ [3072, 768] splits on the H200's
+    tiling row: scratch and a second kernel). The plan gives it no scratch
+    (matmul.mma_takes): the subgroup-matrix kernel walks the whole K in one workgroup and
+    hands the sums, numpy's product, to the residual add's epilogue; without subgroup
+    matrices the same program still splits."""
+    from webgrad import Module, ops
+    from webgrad.codegen import KernelOptions
+    from webgrad.codegen.matmul import Config
+    opts = KernelOptions(force_config=Config(8, 8, 8, splits=4))
+
+    class Net(Module):
+        def __init__(self):
+            super().__init__()
+            self.W = self.param([2048, 128])
+
+    fn = (Net, lambda m, f: f["r"] + ops.matmul(f["x"], m.W))
+    inputs = {"x": [128, 2048], "r": [128, 128]}
+    plan = _plan(fn, inputs, kernel_options=opts)
+    (cmd, wgsl), = _mma_pipelines(plan)
+    assert "128x2048 @ 2048x128 -> epilogue" in wgsl.splitlines()[0]
+    assert not any("split" in p["wgsl"].splitlines()[0] for p in plan["pipelines"])
+    rng = np.random.default_rng(8)
+    A16 = rng.standard_normal((128, 2048)).astype(np.float16)
+    B16 = rng.standard_normal((2048, 128)).astype(np.float16)
+    got = _run_epilogue_kernel(cmd, wgsl, A16, B16, 128 * 128).reshape(128, 128)
+    want = A16.astype(np.float64) @ B16.astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    plain = _plan(fn, inputs, _PlanHost(("shader-f16",)), kernel_options=opts)
+    assert any(" split " in p["wgsl"].splitlines()[0] for p in plain["pipelines"])

@@ -545,3 +545,42 @@ def test_f16_storage_on_native_adapter(kernel):
     for k, v in runs["ref"][1].items():
         np.testing.assert_allclose(runs["gpu"][1][k], v, rtol=1e-3, atol=1e-4, err_msg=k)
     assert reports["gpu"]["pool_bytes"] < reports["emulated"]["pool_bytes"]
+
+
+@pytest.mark.webgpu
+def test_padded_operand_of_an_f16_cast_is_stored_in_f16():
+    """The alignment pass (align_match, forced here: 16 columns) pads l2's 19-column product
+    to 32: under precision="mixed" its padded operand is a zero padding of an f16 value, and
+    on an adapter with shader-f16 it is stored as f16, so the product's kernel reads two f16
+    operands (as the subgroup-matrix kernel needs). Its values are the f16 values padded
+    with exact zeros: three Adam steps track the reference executor's."""
+    import re
+    from backends import webgpu_available
+    from webgrad.codegen import KernelOptions
+    if not webgpu_available():
+        pytest.skip("no native WebGPU adapter")
+    be = wg.backends.get_backend("webgpu")
+    if "shader-f16" not in (getattr(be.host, "features", None) or ()):
+        pytest.skip("this adapter has no shader-f16 (test_webgpu_needs_shader_f16 checks the error)")
+    rng = np.random.RandomState(8)
+    feed = {"x": rng.randn(5, 64).astype(np.float32), "y": rng.randn(5, 19).astype(np.float32)}
+    runs = {}
+    for backend in ("reference", "webgpu"):
+        kw = {"kernel_options": KernelOptions(force_align=(16, 16, 1))} if backend == "webgpu" else {}
+        m = wg.compile_module(_OddMLP, _odd_loss, inputs={"x": [5, 64], "y": [5, 19]},
+                              optimizer=optim.Adam(lr=0.01), backend=backend, precision="mixed", **kw)
+        runs[backend] = [float(m.step(feed)) for _ in range(3)], {
+            k: np.asarray(v) for k, v in m.download_params().items()}
+        if backend == "webgpu":
+            exe = m._train.exe
+            dispatches = [c for c in exe.plan["commands"] if c["op"] == "dispatch"]
+            padded = [exe.plan["pipelines"][c["pipeline"]]["wgsl"] for c, n in
+                      zip(dispatches, exe.kernel_names) if n.startswith("matmul 5x32 ")]
+            assert padded, exe.kernel_names   # the forward product over the padded columns
+            for w in padded:
+                halves = re.findall(r"var<storage, read> b\d+: array<(?:vec4<f16>|f16)>", w)
+                assert len(halves) == 2, w
+    np.testing.assert_allclose(runs["webgpu"][0][0], runs["reference"][0][0], rtol=1e-6)
+    np.testing.assert_allclose(runs["webgpu"][0], runs["reference"][0], rtol=1e-4)
+    for k, v in runs["reference"][1].items():
+        np.testing.assert_allclose(runs["webgpu"][1][k], v, rtol=1e-3, atol=1e-4, err_msg=k)

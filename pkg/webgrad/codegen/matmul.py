@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import replace
 from math import prod
 
-from .layout import nonunit_digits, strided_view
+from .layout import digits_addr, nonunit_digits, strided_view
 from .matmul_config import Config, cpu_splits, group_config
 from .matmul_direct import build_direct
 from .matmul_gemv import build_gemv
@@ -75,6 +75,8 @@ def build_matmul(ctx, config: Config | None = None) -> list:
             return mma
     cfg = config or group_config(ctx.limits, M, K, N, nb, prod(bsh[:-2]) == 1,
                                  nonunit_digits(dimb[-2]) == [(K, 1)])
+    if cfg is not None and cfg.splits > 1 and not ctx.scratch:
+        cfg = replace(cfg, splits=1)   # planned for the mma kernel (mma_takes), which declined
     if cfg is None:
         return build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh)
     ops = (sa, offa, dima, ash), (sb, offb, dimb, bsh)
@@ -93,39 +95,120 @@ def build_matmul(ctx, config: Config | None = None) -> list:
         return build_tiled(ctx, node, replace(cfg, vload=False), *ops)
 
 
+def mma_takes(g, fu, main: int, limits, half) -> bool:
+    """Whether the subgroup-matrix kernel (_build_mma) will take the product of the group
+    whose main node is `main`, as far as the plan can tell before buffers exist (operands
+    f16 in storage: `half`, program.half_storage; row-major; a tiling that divides it; no
+    sums on the way): such a product needs no split-K scratch. Where the builder still
+    declines it (an operand's offset, an epilogue reading an operand's buffer), the tiled
+    kernel runs it unsplit."""
+    node = g[main]
+    if not limits.subgroup_matrix or node.op != "matmul" or main in fu.matmul_fold:
+        return False
+    gid = fu.group_of[main]
+    if any(mg == gid for mg, _ in fu.operand_sums.values()) or gid in fu.output_sums.values() \
+            or any(n in fu.assembled for n in fu.groups[gid].outputs):
+        return False
+    ops = []
+    for i in node.inputs:
+        base, off, dims = strided_view(g, i, fu.operand_base)
+        if base not in half:
+            return False
+        ops.append((off, dims, tuple(g[i].shape)))
+    shape = _mma_shape(tuple(node.shape), *ops, limits)
+    return shape is not None and tiling_for(limits, shape[0], shape[1], shape[2], "f32", epilogue=True) is not None
+
+
+def _mma_shape(shape, opa, opb, limits):
+    """(M, N, K, batch count, A's and B's offset expressions in wg.z) of a product the
+    subgroup-matrix kernel can read (row-major matrices at 16-byte offsets), else None.
+    opa, opb: (element offset, dims, shape) of the operands (layout.strided_view)."""
+    (offa, dima, ash), (offb, dimb, bsh) = opa, opb
+    if len(ash) < 2 or len(bsh) < 2:
+        return None
+    M, K, N = ash[-2], ash[-1], bsh[-1]
+    canon = nonunit_digits
+    if canon(dima[-2]) != canon([(M, K)]) or canon(dima[-1]) != canon([(K, 1)]) or \
+            canon(dimb[-2]) != canon([(K, N)]) or canon(dimb[-1]) != canon([(N, 1)]):
+        return None
+    batch = tuple(shape[:-2])
+    nb = prod(batch)
+
+    def batch_digits(dims, sh):  # (axis of C's batch, digits) of an operand's batch axes
+        r = len(batch) - (len(sh) - 2)
+        return [(k + r, dims[k]) for k, d in enumerate(sh[:-2]) if d != 1]
+    bda, bdb = batch_digits(dima, ash), batch_digits(dimb, bsh)
+    if offa % 8 or offb % 8 or any(st % 8 for _, d in bda + bdb for _, st in d):
+        return None   # the kernel reads its operands 16 bytes (eight halves) at a time
+
+    def base(off, bd):  # WGSL offset (halves) of batch element wg.z in an operand
+        terms = [f"{off}u"] if off else []
+        for k, d in bd:
+            inner = prod(batch[k + 1:])
+            idx = "wg.z" if inner == 1 else f"(wg.z / {inner}u)"
+            terms += digits_addr(d, idx if k == 0 else f"({idx} % {batch[k]}u)", batch[k])
+        return " + ".join(terms)
+    shared_b = all(not canon([(c, st) for c, st in d if st]) for _, d in bdb)
+    if nb > 1 and shared_b and canon([dg for _, d in bda for dg in d]) == canon([(nb, M * K)]):
+        M, nb, bda, bdb = nb * M, 1, [], []   # one product of nb * M rows
+    elif nb > limits.max_compute_workgroups_per_dimension:
+        return None
+    return M, N, K, nb, base(offa, bda), base(offb, bdb)
+
+
 def _build_mma(ctx, node, opa, opb) -> list | None:
     """The subgroup-matrix kernel (matmul_mma.py: tensor cores, f16 operands, f32
     accumulation) for a product it can take, else None (the tiled or direct kernel then):
     the device offers f16 x f16 -> f32 subgroup matrices at a tiling that divides the shape
-    (matmul_mma.tiling_for), both operands are f16 in storage, row-major and unbatched,
-    and the group has no epilogue: it stores the product itself (C in f32) or only its f16
-    rounding (C in f16, as precision="mixed" stores every product), and nothing else."""
+    (matmul_mma.tiling_for), both operands are f16 in storage with row-major matrices, at
+    offsets of whole 16-byte units. A batch whose B is shared and whose A is contiguous over
+    it (a Linear of [B, T, d]) is one product of B*T rows; another batch (attention's, a
+    per-batch weight gradient) puts the batch element on workgroup_id.z. The group's
+    outputs: the product itself (C in f32), only its f16 rounding (C in f16, as
+    precision="mixed" stores every product), or anything else elementwise (bias, GELU, a
+    residual add) through the group's epilogue, called on each result from workgroup
+    memory. Split-K, sums taken on the way and assembled pieces keep the tiled kernel."""
     (sa, offa, dima, ash), (sb, offb, dimb, bsh) = opa, opb
-    if len(node.shape) != 2 or len(ash) != 2 or len(bsh) != 2 or not ctx.limits.subgroup_matrix:
+    if not ctx.limits.subgroup_matrix:
         return None
     if isinstance(sa, QuantOperand) or isinstance(sb, QuantOperand) or "f16" != sa.dtype or \
-            sb.dtype != "f16" or offa or offb:
-        return None
-    (M, K), N = ash, bsh[-1]
-    if [list(d) for d in dima] != [[(M, K)], [(K, 1)]] or [list(d) for d in dimb] != [[(K, N)], [(N, 1)]]:
+            sb.dtype != "f16":
         return None
     if ctx.scratch or ctx.operand_sum or ctx.output_sums or ctx.writes_pieces:
         return None
+    shape = _mma_shape(tuple(node.shape), (offa, dima, ash), (offb, dimb, bsh), ctx.limits)
+    if shape is None:
+        return None
+    M, N, K, nb, a_base, b_base = shape
     g = ctx.g
-    if ctx.outs == [node.id]:
+    if ctx.outs == [node.id] and ctx.storage(node.id).dtype == "f32":
         out = "f32"
     elif (len(ctx.outs) == 1 and g[ctx.outs[0]].op == "cast" and list(g[ctx.outs[0]].inputs) == [node.id]
           and g[ctx.outs[0]].attrs.get("dtype") == "f16" and ctx.storage(ctx.outs[0]).dtype == "f16"):
         out = "f16"
     else:
-        return None
-    t = tiling_for(ctx.limits, M, N, K, out)
+        out = None   # the epilogue
+    t = tiling_for(ctx.limits, M, N, K, out or "f32", epilogue=out is None)
     if t is None:
         return None
-    wgsl, groups = mma_matmul_wgsl(M, N, K, t, ctx.limits.max_compute_workgroup_storage_size)
-    c = ctx.storage(ctx.outs[0])
-    return [{"wgsl": wgsl, "bindings": [sa.buffer, sb.buffer, c.buffer], "workgroups": list(groups),
-             "name": f"matmul {M}x{N} K={K} mma {t.bm}x{t.bn}x{t.bk} -> {out}"}]
+    what = f"matmul {'x'.join(map(str, node.shape))} K={K} mma {t.bm}x{t.bn}x{t.bk} -> {out or 'epilogue'}"
+    kernel = ctx.kernel(what)
+    an = kernel.binding(sa.buffer, "vec4_u32", what=sa.what, nbytes=sa.nbytes)
+    bn = kernel.binding(sb.buffer, "vec4_u32", what=sb.what, nbytes=sb.nbytes)
+    epi, cn = None, ""
+    try:
+        if out is None:
+            epi = ctx.epilogue_fn(kernel)
+        else:
+            c = ctx.storage(ctx.outs[0])
+            cn = kernel.binding(c.buffer, out, write=True, what=c.what, nbytes=c.nbytes)
+    except BindingTypeClash:   # the epilogue reads an operand's buffer as f16 values
+        return None
+    wgsl, groups = mma_matmul_wgsl(M, N, K, t, ctx.limits.max_compute_workgroup_storage_size,
+                                   batch=nb, a_base=a_base, b_base=b_base,
+                                   header=kernel.module_scope(), names=(an, bn, cn), epi=epi)
+    return [{"wgsl": wgsl, "bindings": [b.buffer for b in kernel.bindings],
+             "workgroups": list(groups), "name": what}]
 
 
-__all__ = ["build_matmul", "matmul_dims", "matmul_scratch_bytes", "b_k_fast"]
+__all__ = ["build_matmul", "matmul_dims", "matmul_scratch_bytes", "b_k_fast", "mma_takes"]

@@ -20,7 +20,11 @@ what to change otherwise). f16 C goes through a per-subgroup f32 staging matrix 
 workgroup memory, converted by the subgroup's own invocations.
 
 `mma_matmul_wgsl(M, N, K, tiling)` returns the WGSL and the dispatch size; bindings: 0 A
-(array<vec4<u32>>, f16 pairs), 1 B (likewise), 2 C (array<f32> or array<f16>).
+(array<vec4<u32>>, f16 pairs), 1 B (likewise), 2 C (array<f32> or array<f16>). The compiler
+(matmul._build_mma) passes its own declarations instead (Kernel.module_scope: the group's
+bindings and epilogue function), a batch (workgroup_id.z, with each operand's offset as a
+WGSL expression of it) and the epilogue's name: C's elements then go to `epi(flat, v)` from
+workgroup memory, a row of each subgroup's result matrices at a time.
 """
 from __future__ import annotations
 
@@ -116,7 +120,8 @@ class Slab:
     as subgroup matrices (`matrix` type, `matrices` per subgroup, `per_row` of them per
     slab row, each mr x mc), or as vec4<u32> loads of 8 halves (`vecs` per invocation,
     `vec_row` per slab row); storage rows `ld` halves long, workgroup rows `stride`;
-    origin(kexpr): the slab's (first row, first column) in storage, as WGSL."""
+    origin(kexpr): the slab's (first row, first column) in storage, as WGSL; `off`: the
+    batch element's offset added to each storage index ("" or " + ab", in the loads' units)."""
     name: str
     arr: str
     shared: str
@@ -130,6 +135,7 @@ class Slab:
     vecs: int
     vec_row: int
     origin: object
+    off: str = ""
 
 
 def slab_loads(t: MmaTiling, sl: Slab, kexpr: str) -> list[str]:
@@ -141,13 +147,13 @@ def slab_loads(t: MmaTiling, sl: Slab, kexpr: str) -> list[str]:
             q = f"(sg * {sl.matrices}u + {r}u)"
             out.append(f"    p{sl.name}{r} = subgroupMatrixLoad<{sl.matrix}>(&{sl.arr}, ({row0} + "
                        f"({q} / {sl.per_row}u) * {sl.mr}u) * {sl.ld}u + {col0} + ({q} % "
-                       f"{sl.per_row}u) * {sl.mc}u, false, {sl.ld}u);")
+                       f"{sl.per_row}u) * {sl.mc}u{sl.off}, false, {sl.ld}u);")
         return out
     for r in range(sl.vecs):
         i = f"i{sl.name}{r}"
         out += [f"    let {i} = li + {r * t.threads}u;",
                 f"    r{sl.name}{r} = {sl.arr}[({row0} + {i} / {sl.vec_row}u) * {sl.ld // 8}u + "
-                f"{col0} / 8u + {i} % {sl.vec_row}u];"]
+                f"{col0} / 8u + {i} % {sl.vec_row}u{sl.off}];"]
     return out
 
 
@@ -172,9 +178,28 @@ def slab_stores(t: MmaTiling, sl: Slab, b: int) -> list[str]:
 
 
 def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
-                    max_workgroup_bytes: int | None = None) -> tuple[str, tuple[int, int, int]]:
-    """(WGSL, workgroups) of C = A @ B with tiling t (see the module docstring)."""
-    t.check(M, N, K, max_workgroup_bytes)
+                    max_workgroup_bytes: int | None = None, *, batch: int = 1,
+                    a_base: str = "", b_base: str = "", header: list[str] | None = None,
+                    names: tuple[str, str, str] = ("A", "B", "C"),
+                    epi: str | None = None) -> tuple[str, tuple[int, int, int]]:
+    """(WGSL, workgroups) of C = A @ B with tiling t (see the module docstring).
+
+    batch > 1: workgroup_id.z is the batch element; a_base / b_base are WGSL expressions of
+    `wg.z` giving that element's offset into A / B in halves (multiples of 8, for the
+    16-byte loads; "" for 0: a shared operand), and C's is wg.z * M * N. header: the
+    module's declarations in place of the three bindings (codegen's Kernel.module_scope,
+    binding names `names`); epi: the name of a WGSL `fn epi(f: u32, v: f32)` in it that
+    takes each result at its flat index f (the group's epilogue: bias, GELU, residual adds,
+    f16 stores), called per element from workgroup memory: each subgroup stores a row of
+    its result matrices (tn of them, an m x tn n block), then its invocations take the
+    block's elements in order (32 neighbours a call: coalesced loads and stores in the
+    epilogue), two barriers per row."""
+    staging = epilogue_staging_bytes(t) if epi is not None else 0
+    t.check(M, N, K, None if max_workgroup_bytes is None else max_workgroup_bytes - staging)
+    if epi is not None and (t.out != "f32" or (t.m * t.n) % t.subgroup_size):
+        raise ValueError(f"mma matmul with an epilogue: {t} must have out='f32' and m * n a "
+                         "multiple of the subgroup size")
+    An, Bn, Cn = names
     sa, sb = t.bk + t.pad, t.bn + t.pad           # workgroup row strides (halves)
     a_size, b_size = t.bm * sa, t.bk * sb
     va, vb = t.bm * t.bk // 8 // t.threads, t.bk * t.bn // 8 // t.threads   # vec4 loads each
@@ -183,15 +208,21 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
     elem = "vec4<u32>" if t.copy == "threads" else "f16"
     nsg = t.sg_m * t.sg_n
     ma, mb = (t.bm // t.m) * (t.bk // t.k) // nsg, (t.bk // t.k) * (t.bn // t.n) // nsg
-    L = [f"// webgrad mma matmul {M}x{K} @ {K}x{N} -> {t.out}: {t}",
-         "enable f16;", "enable subgroups;", "enable chromium_experimental_subgroup_matrix;", "",
-         f"@group(0) @binding(0) var<storage, read> A: array<{elem}>;",
-         f"@group(0) @binding(1) var<storage, read> B: array<{elem}>;",
-         f"@group(0) @binding(2) var<storage, read_write> C: array<{t.out}>;"]
+    what = (f"{batch} x " if batch > 1 else "") + f"{M}x{K} @ {K}x{N} -> " + ("epilogue" if epi else t.out)
+    L = [f"// webgrad mma matmul {what}: {t}",
+         "enable f16;", "enable subgroups;", "enable chromium_experimental_subgroup_matrix;", ""]
+    if header is None:
+        L += [f"@group(0) @binding(0) var<storage, read> A: array<{elem}>;",
+              f"@group(0) @binding(1) var<storage, read> B: array<{elem}>;",
+              f"@group(0) @binding(2) var<storage, read_write> C: array<{t.out}>;"]
+    else:
+        L += header
     for b in range(nbuf):
         L += [f"var<workgroup> As{b}: array<f16, {a_size}>;",
               f"var<workgroup> Bs{b}: array<f16, {b_size}>;"]
-    if t.out == "f16":
+    if epi is not None:
+        L.append(f"var<workgroup> Cs: array<f32, {epilogue_staging_bytes(t) // 4}>;")
+    elif t.out == "f16":
         L.append(f"var<workgroup> Cs: array<f32, {t.m * t.n * t.sg_m * t.sg_n}>;")
     left = f"subgroup_matrix_left<f16, {t.k}, {t.m}>"
     right = f"subgroup_matrix_right<f16, {t.n}, {t.k}>"
@@ -211,14 +242,27 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
     L += [
           f"  let sm = (sg / {t.sg_n}u) * {t.bm // t.sg_m}u;   // this subgroup's block in the tile",
           f"  let sn = (sg % {t.sg_n}u) * {t.bn // t.sg_n}u;"]
+    # batch element wg.z: the operands' offsets (16-byte units for the thread copies, halves
+    # for matrix loads) and C's
+    unit = " / 8u" if t.copy == "threads" else ""
+    ao = f" + ab" if a_base else ""
+    bo = f" + bb" if b_base else ""
+    if a_base:
+        L.append(f"  let ab = ({a_base}){unit};")
+    if b_base:
+        L.append(f"  let bb = ({b_base}){unit};")
+    cb = ""
+    if batch > 1:
+        L.append(f"  let cb = wg.z * {M * N}u;")
+        cb = "cb + "
     for i in range(t.tm):
         for j in range(t.tn):
             L.append(f"  var acc{i}_{j} = {res}();")
     # the two slabs a K step copies: A's bm x bk (m x k matrices) and B's bk x bn (k x n)
-    slabs = (Slab("a", "A", "As", left, ma, t.bk // t.k, t.m, t.k, K, sa, va, rows_a,
-                  lambda kexpr: ("m0", f"({kexpr})")),
-             Slab("b", "B", "Bs", right, mb, t.bn // t.n, t.k, t.n, N, sb, vb, rows_b,
-                  lambda kexpr: (f"({kexpr})", "n0")))
+    slabs = (Slab("a", An, "As", left, ma, t.bk // t.k, t.m, t.k, K, sa, va, rows_a,
+                  lambda kexpr: ("m0", f"({kexpr})"), ao),
+             Slab("b", Bn, "Bs", right, mb, t.bn // t.n, t.k, t.n, N, sb, vb, rows_b,
+                  lambda kexpr: (f"({kexpr})", "n0"), bo))
 
     def loads(kexpr):  # one slab pair's storage loads into registers (pa*, pb* / ra*, rb*)
         return [ln for sl in slabs for ln in slab_loads(t, sl, kexpr)]
@@ -270,28 +314,50 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
             L += [f"    if (s + 1u < {steps}u) {{"] + ["  " + x for x in loads(f"(s + 1u) * {t.bk}u")] + ["    }"]
         L += products(0) + ["    workgroupBarrier();", "  }"]
     # the results
-    for i in range(t.tm):
+    for i in range(t.tm if epi is not None else 0):   # the epilogue: a row of matrices at once
+        w = t.tn * t.n                                 # the staged block's width
+        base = f"sg * {t.m * w}u"
+        L += [f"  subgroupMatrixStore(&Cs, {base} + {j * t.n}u, acc{i}_{j}, false, {w}u);"
+              for j in range(t.tn)]
+        L += ["  workgroupBarrier();",
+              f"  for (var e = 0u; e < {t.m * w // t.subgroup_size}u; e++) {{",
+              f"    let q = e * {t.subgroup_size}u + lane;",
+              f"    {epi}({cb}(m0 + sm + {i * t.m}u + q / {w}u) * {N}u + n0 + sn + q % {w}u, "
+              f"Cs[{base} + q]);",
+              "  }",
+              "  workgroupBarrier();"]
+    for i in range(t.tm if epi is None else 0):
         for j in range(t.tn):
-            off = f"(m0 + sm + {i * t.m}u) * {N}u + n0 + sn + {j * t.n}u"
+            off = f"{cb}(m0 + sm + {i * t.m}u) * {N}u + n0 + sn + {j * t.n}u"
             if t.out == "f32":
-                L.append(f"  subgroupMatrixStore(&C, {off}, acc{i}_{j}, false, {N}u);")
+                L.append(f"  subgroupMatrixStore(&{Cn}, {off}, acc{i}_{j}, false, {N}u);")
             else:
                 per = t.m * t.n // t.subgroup_size
+                flat = f"{off} + (q / {t.n}u) * {N}u + q % {t.n}u"
+                put = f"    {Cn}[{flat}] = f16(Cs[sg * {t.m * t.n}u + q]);"
                 L += [f"  subgroupMatrixStore(&Cs, sg * {t.m * t.n}u, acc{i}_{j}, false, {t.n}u);",
                       "  workgroupBarrier();",
                       f"  for (var e = 0u; e < {per}u; e++) {{",
                       f"    let q = lane * {per}u + e;",
-                      f"    C[{off} + (q / {t.n}u) * {N}u + q % {t.n}u] = f16(Cs[sg * {t.m * t.n}u + q]);",
+                      put,
                       "  }",
                       "  workgroupBarrier();"]
     L.append("}")
-    return "\n".join(L) + "\n", (N // t.bn, M // t.bm, 1)
+    return "\n".join(L) + "\n", (N // t.bn, M // t.bm, batch)
 
 
-def tiling_for(limits, M: int, N: int, K: int, out: str = "f32") -> MmaTiling | None:
+def epilogue_staging_bytes(t: MmaTiling) -> int:
+    """Workgroup memory of mma_matmul_wgsl's epilogue staging: a row of tn result matrices
+    (f32) per subgroup."""
+    return 4 * t.m * t.n * t.tn * t.sg_m * t.sg_n
+
+
+def tiling_for(limits, M: int, N: int, K: int, out: str = "f32",
+               epilogue: bool = False) -> MmaTiling | None:
     """The tiling for an [M, K] @ [K, N] f16 product on the device of codegen `limits`, or
     None where this kernel cannot run (no shader-f16, no f16 -> f32 subgroup-matrix
     configuration, or a shape no tiling divides): the caller keeps its f32 kernels then.
+    epilogue: the kernel also holds mma_matmul_wgsl's staging matrices for an epilogue.
     128x128x32 on 2x2 subgroups measured best at 4096^3 on the H200 (bench/README.md)."""
     if not getattr(limits, "shader_f16", False):
         return None
@@ -303,8 +369,9 @@ def tiling_for(limits, M: int, N: int, K: int, out: str = "f32") -> MmaTiling | 
     for bm, bn, sgm, sgn in ((128, 128, 2, 2), (64, 64, 2, 2), (32, 32, 1, 1)):
         t = MmaTiling(bm=bm, bn=bn, bk=32, sg_m=sgm, sg_n=sgn, m=m, n=n, k=k,
                       subgroup_size=size, out=out)
+        staging = epilogue_staging_bytes(t) if epilogue else 0
         try:
-            t.check(M, N, K, room)
+            t.check(M, N, K, None if room is None else room - staging)
         except ValueError:
             continue
         if t.threads <= getattr(limits, "max_compute_invocations_per_workgroup", 256):

@@ -31,7 +31,7 @@ from .fusion import Fusion
 from .index import build_scatter, scatter_scratch
 from .kinds import lowering_of
 from .layout import build_concat_pieces, strided_view
-from .matmul import b_k_fast, build_matmul, matmul_dims, matmul_scratch_bytes
+from .matmul import b_k_fast, build_matmul, matmul_dims, matmul_scratch_bytes, mma_takes
 from .matmul_config import group_config
 from .matmul_splitk import split_sum_parts
 from .quant import QuantOperand
@@ -246,16 +246,24 @@ def half_storage(g, fu, limits: Limits, half_names=()) -> set[int]:
     KernelOptions.f16_emulation is off, every stored temporary that is a cast to f16 (the
     graph holds f16 values as f32 nodes, precision.f16_in_f32; a cast's attrs keep "f16").
     Values read back or copied into the persistent store at the end of the step stay f32
-    (the host reads f32), as do values written in place into a persistent f32 buffer."""
+    (the host reads f32), as do values written in place into a persistent f32 buffer. A
+    stored zero padding of such a cast (align_match's padded operand of a vocabulary-wide
+    product) holds f16 values too: it is stored in f16 as well, so that the product reads
+    two f16 operands (the subgroup-matrix kernel, matmul_mma.py)."""
     out = {i for name, i in list(g.params.items()) + list(g.state.items()) if name in half_names}
     if not limits.shader_f16 or limits.options.f16_emulation:
         return out
     keep = {fu.storage_base(r) for r in list(g.outputs.values()) + list(g.writebacks.values())}
     keep |= {s for s, _ in fu.end_copies}
     keep |= set(fu.inplace)
+    def cast_to_f16(i):  # through views
+        while g[i].op in ("reshape", "transpose", "slice", "broadcast_to"):
+            i = g[i].inputs[0]
+        return g[i].op == "cast" and g[i].attrs.get("dtype") == "f16"
     for n in fu.needs_storage():
         node = g[n]
-        if node.op == "cast" and node.attrs.get("dtype") == "f16" and n not in keep:
+        if n not in keep and (cast_to_f16(n) if node.op == "cast" else
+                              node.op == "pad" and cast_to_f16(node.inputs[0])):
             out.add(n)
     return out
 
@@ -369,7 +377,7 @@ class _Lowering:
                                   pos[writer[gid]], pos[gid]))
                 scratch_dtype[(gid, 0)] = "f32"
             elif G.main is not None:
-                for k, (nb, dt) in enumerate(_scratch_specs(fu, G.main, limits)):
+                for k, (nb, dt) in enumerate(_scratch_specs(fu, G.main, limits, half)):
                     lives.append(Live(("s", (gid, k)), nb, pos[gid], pos[gid]))
                     scratch_dtype[(gid, k)] = dt
         slots, assign = plan_pool(lives)
@@ -489,17 +497,20 @@ KERNELS = {
 }
 
 
-def _matmul_scratch(fu, main: int, limits):  # split-K partial sums
+def _matmul_scratch(fu, main: int, limits, half):  # split-K partial sums
+    if mma_takes(fu.g, fu, main, limits, half):
+        return []   # the subgroup-matrix kernel splits no K
     nb = matmul_scratch_bytes(fu.g, fu, main, limits)
     return [(nb, "f32")] if nb else []
 
 
-# kernel kind -> (fu, main, limits) -> [(bytes, dtype)]: scratch between its dispatches
+# kernel kind -> (fu, main, limits, half) -> [(bytes, dtype)]: scratch between its dispatches
+# (half: the values stored in f16, half_storage)
 SCRATCH = {
     "matmul": _matmul_scratch,
-    "reduce": lambda fu, main, limits: scratch_specs(fu.g, fu.g[main], fu.sum_source.get(main),
+    "reduce": lambda fu, main, limits, half: scratch_specs(fu.g, fu.g[main], fu.sum_source.get(main),
                                                      limits.options),
-    "scatter": lambda fu, main, limits: scatter_scratch(fu.g, fu.g[main]),
+    "scatter": lambda fu, main, limits, half: scatter_scratch(fu.g, fu.g[main]),
 }
 
 
@@ -508,10 +519,10 @@ def _kind(fu, main: int) -> str:
     return "matmul" if main in fu.matmul_fold else lowering_of(fu.g[main].op)
 
 
-def _scratch_specs(fu, main: int, limits) -> list[tuple[int, str]]:
+def _scratch_specs(fu, main: int, limits, half=frozenset()) -> list[tuple[int, str]]:
     """[(bytes, dtype)]: the scratch buffers a kernel op needs between its dispatches."""
     rule = SCRATCH.get(_kind(fu, main))
-    return rule(fu, main, limits) if rule else []
+    return rule(fu, main, limits, half) if rule else []
 
 
 def _build_group(ctx: GroupCtx) -> list[dict]:

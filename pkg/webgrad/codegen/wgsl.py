@@ -129,7 +129,8 @@ def lit(v, dtype: str) -> str:
 
 def wgsl_type(dtype: str) -> str:
     return {"f32": "f32", "i32": "i32", "u32": "u32", "atomic_u32": "atomic<u32>",
-            "vec4_f32": "vec4<f32>", "f16": "f16", "vec4_f16": "vec4<f16>"}[dtype]
+            "vec4_f32": "vec4<f32>", "f16": "f16", "vec4_f16": "vec4<f16>",
+            "vec4_u32": "vec4<u32>"}[dtype]
 
 
 def zero(dtype: str) -> str:
@@ -265,6 +266,19 @@ class Kernel:
         return grid
 
     # -- assembly
+    def module_scope(self) -> list[str]:
+        """The module's declarations after its `enable` directives: bindings, private
+        constants, workgroup arrays, helpers and generated functions (a kernel that writes
+        its own entry point, matmul_mma.py, takes these)."""
+        out = []
+        for k, b in enumerate(self.bindings):
+            access = "read_write" if b.write else "read"
+            out.append(f"@group(0) @binding({k}) var<storage, {access}> b{k}: array<{b.elem}>;")
+        out += ["var<private> wg_pinf_bits: u32 = 0x7f800000u;",  # see f32_lit
+                "var<private> wg_ninf_bits: u32 = 0xff800000u;",
+                "var<private> wg_nan_bits: u32 = 0x7fc00000u;"]
+        return out + self.decls + list(self._helpers.values()) + self.functions
+
     def source(self, body: list[str], *, workgroup_size: int | None = None) -> str:
         wgs = workgroup_size or self.workgroup_size
         if wgs > self.limits.max_compute_invocations_per_workgroup:
@@ -280,15 +294,7 @@ class Kernel:
             out.append("enable f16;")
         if self.subgroups:
             out.append("enable subgroups;")
-        for k, b in enumerate(self.bindings):
-            access = "read_write" if b.write else "read"
-            out.append(f"@group(0) @binding({k}) var<storage, {access}> b{k}: array<{b.elem}>;")
-        out += ["var<private> wg_pinf_bits: u32 = 0x7f800000u;",  # see f32_lit
-                "var<private> wg_ninf_bits: u32 = 0xff800000u;",
-                "var<private> wg_nan_bits: u32 = 0x7fc00000u;"]
-        out += self.decls
-        out += self._helpers.values()
-        out += self.functions
+        out += self.module_scope()
         out.append(f"@compute @workgroup_size({wgs})")
         out.append("fn main(@builtin(workgroup_id) wid: vec3<u32>, "
                    "@builtin(local_invocation_index) lid: u32) {")
