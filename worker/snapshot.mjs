@@ -17,7 +17,8 @@
 // and one message out:
 //   {type: "stored", bytes, ms}   ms: {pyodide, imported, made, stored}, ms since this worker
 //                                 started at the end of each phase
-//   {type: "skipped", reason}     the key is stored already, or another page is making it
+//   {type: "skipped", reason, busy}  the key is stored already, or (busy: true) another page
+//                                 of the origin is making one
 //   {type: "failed", error}       error: the message, in words
 // worker.mjs terminates this worker when the answer comes.
 
@@ -27,7 +28,9 @@ const mark = (phase) => { ms[phase] = Math.round(performance.now() - started); }
 
 async function make({ indexURL, wheels, imports, cache: cacheName, key }) {
   const cache = await caches.open(cacheName);
-  if (await cache.match(key)) return { type: "skipped", reason: "a snapshot is stored already" };
+  if (await cache.match(key)) {
+    return { type: "skipped", reason: "a snapshot is stored already", busy: false };
+  }
   const { loadPyodide } = await import(new URL("pyodide.mjs", indexURL).href);
   const pyodide = await loadPyodide({ indexURL, _makeSnapshot: true });
   mark("pyodide");
@@ -51,7 +54,8 @@ self.addEventListener("message", async ({ data }) => {
   try {
     answer = !navigator.locks ? await make(data) : await navigator.locks.request(
       data.lock, { ifAvailable: true },
-      (lock) => lock ? make(data) : { type: "skipped", reason: "another page is making one" });
+      (lock) => lock ? make(data)
+        : { type: "skipped", reason: "another page is making one", busy: true });
   } catch (e) {
     answer = { type: "failed", error: String(e?.message ?? e) };
   }

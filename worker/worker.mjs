@@ -58,7 +58,9 @@
 //                                                  terminated, and starts again at the next idle
 //                                                  time), "stored" (with bytes and ms: the
 //                                                  maker's phases, snapshot.mjs), "skipped"
-//                                                  (with reason), "failed" (with error); at: ms
+//                                                  (with reason; busy: another page is making
+//                                                  one, so it tries again when idle), "failed"
+//                                                  (with error; not tried again); at: ms
 //                                                  since the worker started
 //     {type: "fatal", error: {type, message, traceback}}       boot failed or Pyodide died;
 //                                                  every later request is answered with an error
@@ -234,8 +236,8 @@ function scheduleSnapshot() {
   clearTimeout(snapshotJob.timer);
   snapshotJob.timer = setTimeout(() => {
     snapshotJob.timer = null;
-    startSnapshotMaker().catch((e) => {
-      snapshotJob.wanted = false;
+    startSnapshotMaker().catch((e) => {  // e.g. no nested workers
+      Object.assign(snapshotJob, { wanted: false, wheels: null });
       postSnapshot("failed", { error: String(e?.message ?? e) });
     });
   }, SNAPSHOT_IDLE_MS);
@@ -254,7 +256,7 @@ async function startSnapshotMaker() {
   const cache = await snapshotCache();
   const stored = cache && await cache.match(snapshotJob.key).catch(() => undefined);
   if (!cache || stored) {  // no Cache Storage, or another page stored it meanwhile
-    snapshotJob.wanted = false;
+    Object.assign(snapshotJob, { wanted: false, wheels: null });
     postSnapshot("skipped", { reason: cache ? "a snapshot is stored already" : "no Cache Storage" });
     return;
   }
@@ -267,7 +269,8 @@ async function startSnapshotMaker() {
     snapshotJob.maker = null;
     const { type, ...rest } = answer;
     // skipped because another page is making one: look again at the next idle time
-    snapshotJob.wanted = type === "skipped" && !/stored/.test(rest.reason);
+    snapshotJob.wanted = type === "skipped" && rest.busy === true;
+    if (!snapshotJob.wanted) snapshotJob.wheels = null;
     postSnapshot(type, rest);
     scheduleSnapshot();
   };
