@@ -11,6 +11,8 @@ records, from navigation start (performance.timeOrigin):
                 memory snapshot or not), wheels unpacked, ready
     warm        the worker's warm-up after ready (compiler imported, GPU device requested)
     first_step  the first progress event: compile + the first step's read-back done
+    snapshot    (a boot that found no snapshot) when the worker's idle-time snapshot maker
+                stored the Pyodide snapshot the next visit boots from, and its phases
 
 With --phases, the run's own time is split too: the worker wraps the compile stages
 (tracing with autograd and the optimizer, lowering to WGSL, loading the plan on the device =
@@ -19,7 +21,9 @@ run) with timers before Run is pressed, and prints when each began and ended.
 
 Each page is a new browser context (no HTTP cache, no Cache Storage carried over) unless
 --warm: then every page after the first reuses one context, as a person reloading the tab
-would (revalidated files, 304s, and the Pyodide snapshot the first boot cached). Prints one
+would (revalidated files, 304s, and the Pyodide snapshot the first visit cached: the page
+stays open after its run until the worker has stored it, as a person reading the result
+would; the worker makes it only once it is idle). Prints one
 line per run, the median, and the machine's load average (uptime's three figures) before
 and after, since on a shared machine CPU contention dominates every phase.
 
@@ -80,6 +84,10 @@ _timed(_CM.CompiledForward, "run_async", "forward_run", True)
 _MEASURE = """async ([wrap, example]) => {
   const t = {};
   const api = window.webgrad;
+  window.snapshotEvents = [];
+  api.onEvent((m) => {
+    if (m.type === "snapshot") window.snapshotEvents.push({ ...m, page_ms: performance.now() });
+  });
   api.ready.then((info) => {
     t.ready = performance.now(); t.boot = info.boot;
     if (wrap) api.run(wrap).catch((e) => { t.wrap_error = e; });
@@ -138,6 +146,10 @@ def main(argv=None) -> int:
                                    "window.playground.state !== 'stopping'", timeout=120_000)
             if args.phases:
                 t["phases"] = page.evaluate("window.webgrad.run('webgrad_phases')")
+            if args.warm and not (t.get("boot") or {}).get("from_snapshot"):
+                page.wait_for_function("""window.snapshotEvents.some((m) =>
+                    ["stored", "skipped", "failed"].includes(m.state))""", timeout=120_000)
+                t["snapshot"] = page.evaluate("window.snapshotEvents")
             page.close()
             if context is None:
                 ctx.close()
@@ -152,6 +164,13 @@ def main(argv=None) -> int:
                   f"first step {t['first_step'] / 1e3:.2f} s  (worker: {phases} s; "
                   f"{'from the cached snapshot' if boot.get('from_snapshot') else 'no snapshot'})",
                   flush=True)
+            for m in t.get("snapshot", []):
+                if m["state"] in ("stored", "skipped", "failed"):
+                    ms = ", ".join(f"{k} {v / 1e3:.2f}" for k, v in (m.get("ms") or {}).items())
+                    print(f"  snapshot {m['state']} at {m['page_ms'] / 1e3:.2f} s "
+                          f"({m.get('reason') or m.get('error') or f'maker: {ms} s'}; "
+                          f"{sum(e['state'] == 'stopped' for e in t['snapshot'])} stopped by requests)",
+                          flush=True)
             if t.get("wrap_error"):
                 print("  phases not measured:", t["wrap_error"].get("message"))
             if t.get("phases"):

@@ -41,8 +41,8 @@
 //                                                  (WGSL texts) it has generated so far, and
 //                                                  how many of their pipelines are made
 //     {type: "boot", phase, text}                 while booting, as each phase begins (phase:
-//                                                  "python", "snapshot", "install", "import";
-//                                                  text: what it is doing, in words)
+//                                                  "python", "install", "import"; text: what
+//                                                  it is doing, in words)
 //     {type: "weights", used}                      a run's new model started from the
 //                                                  weights loaded on the page (webgrad_worker)
 //     {type: "ready", python_version, webgrad_version, jspi, boot}   booted; requests now run
@@ -51,6 +51,17 @@
 //     {type: "warm", boot}                         the warm-up after ready is done (the
 //                                                  compiler imported, the GPU device there):
 //                                                  boot as in ready, with its phases added
+//     {type: "snapshot", state, at, ...}            the snapshot for the next boots (below), made
+//                                                  after a boot that found none, while the
+//                                                  worker is idle; state: "making" (the maker
+//                                                  started), "stopped" (a request came: it was
+//                                                  terminated, and starts again at the next idle
+//                                                  time), "stored" (with bytes and ms: the
+//                                                  maker's phases, snapshot.mjs), "skipped"
+//                                                  (with reason; busy: another page is making
+//                                                  one, so it tries again when idle), "failed"
+//                                                  (with error; not tried again); at: ms
+//                                                  since the worker started
 //     {type: "fatal", error: {type, message, traceback}}       boot failed or Pyodide died;
 //                                                  every later request is answered with an error
 // Values: None/bool/int/float/str/list/tuple/dict(str keys) become JS values, bytes/bytearray a
@@ -161,9 +172,11 @@ self.webgradFlushOutput = () => flushOutput();  // Python's progress() keeps out
 
 // --- Boot. Most of a cold start is Pyodide initializing Python (tens of seconds on a loaded
 // 2-core machine); loading a memory snapshot of an initialized Python costs a fraction of that.
-// So the first boot on an origin makes one and keeps it in Cache Storage, under a key that
-// changes with Pyodide's version and the wheels' bytes (manifest.boot_key); later boots (a
-// reload, the next visit) start from it. The snapshot may hold no reference to a JS object
+// So the origin keeps one in Cache Storage, under a key that changes with Pyodide's version
+// and the wheels' bytes (manifest.boot_key); boots (a reload, the next visit) start from it.
+// A boot that finds none initializes Python itself and goes ready; the snapshot is made after
+// it, off the first visit's critical path, by a worker of its own (snapshot.mjs, started
+// below once this worker is idle). The snapshot may hold no reference to a JS object
 // (loadPackage makes one, so the wheels are unpacked by unpackArchive instead): it is made
 // after Pyodide's own initialization, the wheels' unpacking and the import of the modules a
 // first run needs (SNAPSHOT_IMPORTS). The files do not live in it (the file system is on the
@@ -196,11 +209,80 @@ async function loadSnapshot(key) {
   return hit ? new Uint8Array(await hit.arrayBuffer()) : null;
 }
 
-async function storeSnapshot(key, bytes) {
+// --- The snapshot, made while the worker is idle. After a boot that found no snapshot, once
+// the warm-up is done and no request has been running or queued for SNAPSHOT_IDLE_MS, a
+// nested worker (snapshot.mjs) boots a second Pyodide, makes the snapshot and stores it under
+// this boot's key; the next boot on the origin loads it, as if this boot had made it. Making
+// one costs about a Python initialization of CPU (3-4 s on a quiet 2-core machine), so it
+// never runs beside a request: a request that arrives terminates the maker at once, and the
+// next idle time starts it again. One maker at a time per origin (a Web Lock in snapshot.mjs);
+// none where the key is stored already, where Cache Storage or nested workers are missing,
+// or after one failed.
+const SNAPSHOT_IDLE_MS = 2000;
+const snapshotJob = {
+  wanted: false,      // this boot found no snapshot, and has what the maker needs
+  key: null, wheels: null, indexURL: null,
+  timer: null,        // the idle countdown
+  maker: null,        // the running maker (a Worker), or null
+};
+let warmDone = false;  // the warm-up after ready has finished (or failed)
+let requestsInFlight = 0;  // requests received and not yet answered
+
+const postSnapshot = (state, extra = {}) =>
+  post({ type: "snapshot", state, at: Math.round(performance.now()), ...extra });
+
+function scheduleSnapshot() {
+  if (!snapshotJob.wanted || snapshotJob.maker || !warmDone || requestsInFlight > 0) return;
+  clearTimeout(snapshotJob.timer);
+  snapshotJob.timer = setTimeout(() => {
+    snapshotJob.timer = null;
+    startSnapshotMaker().catch((e) => {  // e.g. no nested workers
+      Object.assign(snapshotJob, { wanted: false, wheels: null });
+      postSnapshot("failed", { error: String(e?.message ?? e) });
+    });
+  }, SNAPSHOT_IDLE_MS);
+}
+
+function stopSnapshotMaker() {
+  clearTimeout(snapshotJob.timer);
+  snapshotJob.timer = null;
+  if (!snapshotJob.maker) return;
+  snapshotJob.maker.terminate();  // the Web Lock it held goes with it
+  snapshotJob.maker = null;
+  postSnapshot("stopped");
+}
+
+async function startSnapshotMaker() {
   const cache = await snapshotCache();
-  if (!cache) return;
-  for (const old of await cache.keys()) await cache.delete(old);  // one snapshot per origin
-  await cache.put(key, new Response(bytes, { headers: { "Content-Type": "application/octet-stream" } }));
+  const stored = cache && await cache.match(snapshotJob.key).catch(() => undefined);
+  if (!cache || stored) {  // no Cache Storage, or another page stored it meanwhile
+    Object.assign(snapshotJob, { wanted: false, wheels: null });
+    postSnapshot("skipped", { reason: cache ? "a snapshot is stored already" : "no Cache Storage" });
+    return;
+  }
+  if (requestsInFlight > 0 || snapshotJob.maker || !snapshotJob.wanted) return;  // came meanwhile
+  const maker = new Worker(here("./snapshot.mjs"), { type: "module", name: "webgrad-snapshot" });
+  snapshotJob.maker = maker;
+  const finish = (answer) => {
+    if (snapshotJob.maker !== maker) return;  // stopped already
+    maker.terminate();
+    snapshotJob.maker = null;
+    const { type, ...rest } = answer;
+    // skipped because another page is making one: look again at the next idle time
+    snapshotJob.wanted = type === "skipped" && rest.busy === true;
+    if (!snapshotJob.wanted) snapshotJob.wheels = null;
+    postSnapshot(type, rest);
+    scheduleSnapshot();
+  };
+  maker.addEventListener("message", ({ data }) => finish(data));
+  maker.addEventListener("error", (event) => {
+    event.preventDefault();
+    finish({ type: "failed", error: event.message || "the snapshot worker failed to load" });
+  });
+  maker.postMessage({ indexURL: snapshotJob.indexURL, wheels: snapshotJob.wheels,
+                      imports: SNAPSHOT_IMPORTS, cache: SNAPSHOT_CACHE, key: snapshotJob.key,
+                      lock: SNAPSHOT_CACHE });
+  postSnapshot("making");
 }
 
 // --- The GPU side of a cold start. The worker's WebGPU device is requested the moment the
@@ -331,8 +413,7 @@ async function boot() {
       pyodide = null;
     }
   }
-  const makeSnapshot = !pyodide && manifest.boot_key;
-  if (!pyodide) pyodide = await loadPyodide({ indexURL, _makeSnapshot: !!makeSnapshot });
+  if (!pyodide) pyodide = await loadPyodide({ indexURL });
   mark("pyodide");
   const sitePackages = pyodide.runPython("import sysconfig; sysconfig.get_path('purelib')");
   const wheelData = await Promise.all(wheelBytes);
@@ -340,43 +421,32 @@ async function boot() {
   booting("install", `Installing webgrad (${kB} kB)…`);
   // pure-Python wheels: unpacking is all an install is (loadPackage's bookkeeping took
   // seconds on a loaded machine, and makes the snapshot impossible, see above)
-  const unpackWheels = () => {
-    for (const bytes of wheelData) pyodide.unpackArchive(bytes, "wheel", { extractDir: sitePackages });
-  };
-  if (makeSnapshot) {  // before anything hands Python a JS object (loadPackage does)
-    booting("snapshot", `Installing webgrad (${kB} kB) and keeping a snapshot of Python ` +
-      "for the next visits…");
-    try {
-      // The modules a first run imports go into the snapshot, already imported (the files
-      // are not: the file system lives on the JS side, so every boot unpacks the wheels).
-      unpackWheels();
-      pyodide.runPython(SNAPSHOT_IMPORTS);
-      const bytes = pyodide.makeMemorySnapshot();
-      storeSnapshot(snapshotKey, bytes).catch((e) => console.warn("webgrad worker: snapshot not stored", e));
-      // The instance that made a snapshot is not fit for use (`js.location` raises "Illegal
-      // invocation" there): continue on one loaded from it, like every later boot.
-      pyodide = await loadPyodide({ indexURL, _loadSnapshot: bytes });
-    } catch (e) {
-      console.warn("webgrad worker: no Pyodide snapshot made", e);
-      pyodide = await loadPyodide({ indexURL });
-    }
-    mark("snapshot_made");
-  }
-  unpackWheels();
+  for (const bytes of wheelData) pyodide.unpackArchive(bytes, "wheel", { extractDir: sitePackages });
   mark("wheels");
+  if (!bootTimes.from_snapshot && manifest.boot_key) {  // made once this worker is idle
+    Object.assign(snapshotJob, { wanted: true, key: snapshotKey, wheels: wheelData, indexURL });
+  }
   pyodide.setStdout(writer("stdout"));
   pyodide.setStderr(writer("stderr"));
   pyodide.FS.writeFile(`${sitePackages}/webgrad_worker.py`, await helperReady);
   mark("helper");
 
   if (!bootTimes.from_snapshot) booting("import", "Importing webgrad…");  // (a snapshot has it)
-  // webgrad's version from the module the snapshot imported: importlib.metadata's search of
-  // the path took 1.2 s on the first Python run after a snapshot load
+  // webgrad's version from the module the snapshot imported, else from the METADATA of the
+  // wheel just unpacked: importlib.metadata's search of the path took 1.2 s on the first
+  // Python run after a snapshot load, and 0.4-4.7 s on a first visit (loaded machine)
   const info = await pyodide.runPythonAsync(`
-import sys, pyodide.ffi
+import os, sys, pyodide.ffi
 def _version():
     if "webgrad" in sys.modules:
         return sys.modules["webgrad"].__version__
+    site = ${JSON.stringify(sitePackages)}
+    for name in os.listdir(site):
+        if name.startswith("webgrad-") and name.endswith(".dist-info"):
+            with open(os.path.join(site, name, "METADATA"), encoding="utf-8") as f:
+                for line in f:
+                    if line.startswith("Version:"):
+                        return line.split(":", 1)[1].strip()
     import importlib.metadata
     return importlib.metadata.version("webgrad")
 [sys.version.split()[0], _version(), pyodide.ffi.can_run_sync()]
@@ -401,6 +471,8 @@ def _version():
   }).catch((e) => console.warn("webgrad worker: warm-up failed", e)).then(() => {
     mark("warm");
     post({ type: "warm", boot: bootTimes });
+    warmDone = true;
+    scheduleSnapshot();
   });
 }
 
@@ -494,11 +566,16 @@ self.addEventListener("message", (event) => {
     }
     return;
   }
+  requestsInFlight++;
+  stopSnapshotMaker();  // a request has the CPU to itself
   queue = queue.then(() => handle(request)).then((reply) => {
     try {
       post(reply);
     } catch (e) {  // e.g. DataCloneError: say so instead of leaving the caller waiting
       post({ id: request.id, ok: false, error: errorOf(e) });
     }
+  }).finally(() => {
+    requestsInFlight--;
+    scheduleSnapshot();
   });
 });
