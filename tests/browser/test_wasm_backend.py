@@ -112,6 +112,30 @@ rows = m.logits_all_step(ids[:3], c).tolist() + [m.logits_step([t], c).tolist() 
 
 
 @browser
+def test_gpt2_gguf_loads_on_the_cpu_backend(s, tmp_path):
+    """A GGUF file's weights go into the wasm backend's store (ort.Tensor there, which names
+    its shape `dims`): F32 and Q8_0 files, logits equal the reference executor's on the same
+    file in CPython."""
+    from tiny_files import gpt2_gguf
+    from webgrad.models import gpt2
+    ids = [1, 5, 2, 7, 3, 3, 9, 0]
+    s.run("""
+from webgrad.models import gpt2 as _gpt2
+async def gguf_logits_wasm(blob, ids):
+    m = await _gpt2.GPT2.from_gguf_async(blob, backend="wasm")
+    out = (await m.forward_async(ids)).tolist()
+    return [out, m.weight_bytes]
+""")
+    for q8 in (False, True):
+        blob = gpt2_gguf(tmp_path / f"tiny-{q8}.gguf", q8=q8)
+        got, nbytes = s.call("gguf_logits_wasm", blob, ids, timeout=60)
+        ref = gpt2.GPT2.from_gguf(blob, backend="reference")
+        np.testing.assert_allclose(got, np.asarray(ref.forward(ids)), rtol=1e-4, atol=1e-5,
+                                   err_msg=f"q8={q8}")
+        assert nbytes == ref.weight_bytes
+
+
+@browser
 def test_playground_mlp_example_runs_without_webgpu(s):
     page = s.page
     page.wait_for_function("window.playground && !['booting'].includes(window.playground.state)",

@@ -24,6 +24,12 @@ class Backend:
     async def read(self, name: str):
         raise NotImplementedError
 
+    def shape_of(self, name: str) -> tuple | None:
+        """The shape of persistent buffer `name` (None if there is none). Executors whose
+        store holds arrays without a `.shape` (the wasm backend's ort.Tensor) override it."""
+        slot = self.store.get(name)
+        return None if slot is None else tuple(slot.shape)
+
     def prepare(self, graph, options=None):
         """An executable of `graph`. options: the codegen.KernelOptions of a backend that
         generates kernels (None: the backend's own); executors that generate none ignore it."""

@@ -34,6 +34,7 @@ class OnnxRuntimeBackend(Backend):
         self.rt = _BrowserRuntime() if in_pyodide() else _PythonRuntime(threads)
         self.store: dict[str, object] = {}
         self.dtypes: dict[str, str] = {}
+        self.shapes: dict[str, tuple] = {}   # ort.Tensor names its shape `dims`, numpy `shape`
         self._decoded: dict[tuple, object] = {}
         self.sessions: list = []  # every program's session, released by destroy()
 
@@ -51,7 +52,11 @@ class OnnxRuntimeBackend(Backend):
     def write(self, name, host):
         self.store[name] = self.rt.from_host(host)
         self.dtypes[name] = host.dtype
+        self.shapes[name] = tuple(host.shape)
         self._decoded = {k: v for k, v in self._decoded.items() if k[0] != name}
+
+    def shape_of(self, name):
+        return self.shapes.get(name) if name in self.store else None
 
     async def read(self, name):
         return await self.rt.to_host(self.store[name], self.dtypes[name])
@@ -73,6 +78,7 @@ class OnnxRuntimeBackend(Backend):
             self.rt.release(sess)
         self.sessions.clear()
         self.store.clear()
+        self.shapes.clear()
 
 
 def _decode(qtype: str, words: bytes, shape) -> HostArray:

@@ -69,10 +69,10 @@ async def write_async(backend, name: str, tensor, *, transpose: bool = False) ->
         raise ValueError(f"gpu_dequant.write: transpose needs a 2-D tensor; {tensor.name!r} "
                          f"has shape {list(shape)}")
     want = tuple(reversed(shape)) if transpose else shape
-    slot = backend.store.get(name)
-    if slot is None:
+    have = backend.shape_of(name)
+    if have is None:
         raise KeyError(f"gpu_dequant.write: the backend has no parameter {name!r}")
-    have = tuple(slot.shape)
+    slot = backend.store[name]
     if have != want:
         raise ValueError(f"gpu_dequant.write: {tensor.name!r} {tensor.type_name}{list(shape)}"
                          f"{' transposed' if transpose else ''} does not fit parameter {name!r} "

@@ -419,7 +419,7 @@ class GPT2(CausalLM):
     @property
     def weight_bytes(self) -> int:
         """Bytes of the weights as held by the backend (quantized ones as their blocks)."""
-        return sum(4 * prod(self.backend.store[n].shape) for n in self.shapes)
+        return sum(4 * prod(self.backend.shape_of(n)) for n in self.shapes)
 
     def write_blocks(self, name: str, raw) -> None:
         """Write GGUF blocks (bytes) of the whole tensor `name` (a transformers name in

@@ -464,7 +464,7 @@ class Llama(CausalLM):
     @property
     def weight_bytes(self) -> int:
         """Bytes of the weights as held by the backend (quantized ones as their blocks)."""
-        return sum(4 * prod(self.backend.store[n].shape) for n in self.shapes)
+        return sum(4 * prod(self.backend.shape_of(n)) for n in self.shapes)
 
     # -- the network, for decoding.CausalLM's programs
     _network = Network(hidden, cached_hidden, head)
