@@ -207,6 +207,7 @@ def test_demo_runs_without_webgpu(s, example):
     assert len(losses) == len(want) == steps
     np.testing.assert_allclose(losses, want, rtol=1e-4, atol=1e-5)
     if example == "char_lm.py":
-        sample = printed.split("\n")[1]  # after "step     2  loss ..."
+        lines = printed.splitlines()
+        sample = lines[next(k for k, line in enumerate(lines) if line.startswith("step ")) + 1]
         assert sample.startswith("The ") and len(sample) == 4 + 24, printed
         assert sample in console, (sample, console)
