@@ -96,7 +96,10 @@ def _run_notebook(session, check=None):
                 re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(e["traceback"])) for e in errors)
             if done is not None:
                 assert done is True, f"running the cells failed: {done}"
-                break
+                # run-all's promise may settle while the last cell still runs (seen under
+                # load: no execution count yet, the plot at an early step): wait for it too
+                if all(n is not None for n, _ in state["cells"]) and state["kernel"] == "idle":
+                    break
             assert time.monotonic() < deadline, f"the notebook did not finish: {state}"
             time.sleep(1)
         rendered = page.locator("svg.webgrad-plot").count()
