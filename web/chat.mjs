@@ -206,35 +206,17 @@ async function useModel(what, call) {
 
 // --- models kept in this browser (modelcache.mjs; the surprisal page lists them too) ---------
 async function showCache() {
-  let entries;
-  try {
-    entries = (await modelCache.list()).filter((e) => e.meta?.model === "llama");
-  } catch (error) {
-    $("cache-note").textContent = `The model cache is unavailable here: ${error.message}`;
-    return;
-  }
-  const body = $("cache").tBodies[0];
-  body.textContent = "";
-  for (const e of entries) {
-    const row = body.insertRow();
-    row.dataset.key = e.key;
-    const c = e.meta.config;
-    for (const text of [e.name, `${c.num_hidden_layers}×${c.hidden_size}, ${c.vocab_size} tokens`,
-                        `${(e.size / 1e6).toFixed(1)} MB`, new Date(e.created).toLocaleString()]) {
-      row.insertCell().textContent = text;
-    }
-    const actions = row.insertCell();
-    for (const [label, act] of [
-      ["Load", () => useModel(e.name, () => webgrad.call("chat_load_key", [e.key]))],
-      ["Delete", async () => { await modelCache.remove(e.key); await showCache(); }]]) {
-      const b = Object.assign(document.createElement("button"),
-                              { textContent: label, className: label.toLowerCase() });
-      b.addEventListener("click", () => { if (state === "ready") act(); });
-      actions.append(b);
-    }
-  }
-  if (!entries.length) body.insertRow().insertCell().textContent = "(none yet)";
-  $("cache").dataset.count = entries.length;
+  const ready = (act) => (e) => { if (state === "ready") act(e); };
+  await modelCache.showTable($("cache"), {
+    filter: (e) => e.meta?.model === "llama",
+    columns: [(e) => e.name,
+              (e) => `${e.meta.config.num_hidden_layers}×${e.meta.config.hidden_size}, ` +
+                     `${e.meta.config.vocab_size} tokens`,
+              (e) => `${(e.size / 1e6).toFixed(1)} MB`, (e) => new Date(e.created).toLocaleString()],
+    actions: [["Load", ready((e) => useModel(e.name, () => webgrad.call("chat_load_key", [e.key])))],
+              ["Delete", ready(async (e) => { await modelCache.remove(e.key); await showCache(); })]],
+    note: $("cache-note"),
+  });
 }
 
 async function loadFiles() {

@@ -34,6 +34,12 @@
 //   readData(key, onProgress)  a record's data as a Uint8Array
 //   put(record, parts)         store record + parts (Uint8Arrays, in meta.tensors order)
 //   keyFor(name, size, version), sha256(bytes) -> "sha256:<hex>"
+//   showTable(table, {filter, columns, actions, note})   the pages' list of kept models (the
+//                              surprisal and chat pages): one row per entry that filter(entry)
+//                              keeps, a cell per column (entry) => text, a button per action
+//                              [label, (entry) => …] (class: the label in lower case); the
+//                              entries shown, or null when the cache is unavailable (then note's
+//                              text says why and the table is left as it was)
 // onProgress({phase, done, total}) hears "download", "hash" and "read", in bytes, at most
 // every PROGRESS_MS and at the end of each phase.
 
@@ -198,4 +204,36 @@ export async function put(record, parts) {
     for (const r of old) store.delete(r.key);
     return store.put({ ...record, created: Date.now(), nbytes: data.size, data });
   });
+}
+
+export async function showTable(table, { filter = () => true, columns, actions = [], note = null }) {
+  let entries;
+  try {
+    entries = (await list()).filter(filter);
+  } catch (error) {  // no IndexedDB here (a private window may refuse it)
+    if (note) note.textContent = `The model cache is unavailable here: ${error?.message || error}`;
+    return null;
+  }
+  const body = table.tBodies[0];
+  body.textContent = "";
+  for (const e of entries) {
+    const row = body.insertRow();
+    row.dataset.key = e.key;
+    for (const column of columns) {
+      const { text, className } = typeof column === "function" ? { text: column } : column;
+      const cell = row.insertCell();
+      cell.textContent = text(e);
+      if (className) cell.className = className;
+    }
+    const cell = row.insertCell();
+    for (const [label, act] of actions) {
+      const b = Object.assign(document.createElement("button"),
+                              { textContent: label, className: label.toLowerCase() });
+      b.addEventListener("click", () => act(e));
+      cell.append(b);
+    }
+  }
+  if (!entries.length) body.insertRow().insertCell().textContent = "(none yet)";
+  table.dataset.count = entries.length;
+  return entries;
 }

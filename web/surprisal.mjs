@@ -1,7 +1,8 @@
 // The surprisal page: the text is tokenised and scored in the worker by GPT2.surprisal_tracker()
 // (webgrad/models/gpt2.py), which recomputes only from the first changed token, through the KV
-// cache on the GPU. Each token becomes a <span> coloured by its bits, titled with the model's
-// own top guess there and its probability. Requests are serialised: an edit made while one is
+// cache on the GPU (where the browser has no WebGPU, on the CPU: backend "auto" picks "wasm",
+// and the status line says so). Each token becomes a <span> coloured by its bits, titled with
+// the model's own top guess there and its probability. Requests are serialised: an edit made while one is
 // scoring is scored right after it (the latest text wins).
 //
 // The model: a file picked from disk or a URL on the server, loaded through the browser's model
@@ -45,15 +46,16 @@ def _use(m, info, encoder=None, vocab=None, tok=None):
     _surprisal.update(model=m, tok=tok, tracker=m.surprisal_tracker(), info=info)
     c = m.cfg
     layers, width = (c.n_layer, c.n_embd) if hasattr(c, "n_layer") else (c.num_hidden_layers, c.hidden_size)
-    return {"n_layer": layers, "n_embd": width, "vocab": c.vocab_size, "n_ctx": c.n_ctx, **info}
+    return {"n_layer": layers, "n_embd": width, "vocab": c.vocab_size, "n_ctx": c.n_ctx,
+            "backend": m.backend.name, **info}
 
 async def surprisal_load(source, encoder=None, vocab=None):
     """source: a URL, a File picked from disk, or {"key": k, "model": family} of a cached model."""
     if isinstance(source, dict) and source.get("model") == "llama":
-        item, info = await llama_cache.load_key_async(source["key"], progress=_loading)
+        item, info = await llama_cache.load_key_async(source["key"], backend="auto", progress=_loading)
         return _use(item.model, info, tok=item.tokenizer())
     if isinstance(source, dict):
-        m, info = await gpt2_cache.load_key_async(source["key"], progress=_loading)
+        m, info = await gpt2_cache.load_key_async(source["key"], backend="auto", progress=_loading)
     else:
         m, info = await gpt2_cache.load_gpt2_async(source, backend="auto", progress=_loading)
     return _use(m, info, encoder, vocab)
@@ -243,8 +245,11 @@ function describe(info) {
     : info.kind === "trained" ? `trained here (${info.step} steps)${info.not_kept ? "" : " and kept"}`
     : `downloaded/read and parsed${info.not_kept ? "" : ", and kept in the cache,"} in ${secs}`;
   const layers = `${info.n_layer} layer${info.n_layer === 1 ? "" : "s"}`;
+  const where = info.backend === "wasm" ? "; runs on the CPU (WebAssembly: this browser offers no WebGPU)"
+    : info.backend === "webgpu" ? "" : `; runs on ${info.backend}`;
   return `Model: ${info.name} — ${layers}, n_embd ${info.n_embd}, ${info.vocab} tokens, ` +
-    `context ${info.n_ctx}; ${how}` + (info.not_kept ? ` (not kept in the cache: ${info.not_kept})` : "");
+    `context ${info.n_ctx}; ${how}` + (info.not_kept ? ` (not kept in the cache: ${info.not_kept})` : "") +
+    where;
 }
 
 function shown(info) {
@@ -349,40 +354,18 @@ async function download() {
 // --- the cache table ------------------------------------------------------------------------
 
 async function showCache() {
-  let entries;
-  try {
-    entries = await modelCache.list();
-  } catch (error) {
-    $("cache-usage").textContent = `The model cache is unavailable here: ${error.message}`;
-    return;
-  }
-  const body = $("cache").tBodies[0];
-  body.textContent = "";
-  for (const e of entries) {
-    const row = body.insertRow();
-    row.dataset.key = e.key;
-    const c = e.meta?.config || {};
-    const [layers, width] = e.meta?.model === "llama" ? [c.num_hidden_layers, c.hidden_size]
-      : [c.n_layer, c.n_embd];
-    const cells = [e.name, e.kind, `${layers}×${width}, ${c.vocab_size} tokens, ctx ${c.n_ctx}`,
-                   size(e.nbytes), new Date(e.created).toLocaleString()];
-    cells.forEach((text, i) => {
-      const cell = row.insertCell();
-      cell.textContent = text;
-      if (i === 3) cell.className = "num";
-    });
-    const actions = row.insertCell();
-    for (const [label, act] of [["Load", () => load({ key: e.key, model: e.meta?.model })],
-                                ["Delete", async () => { await modelCache.remove(e.key); await showCache(); }]]) {
-      const b = document.createElement("button");
-      b.textContent = label;
-      b.className = label.toLowerCase();
-      b.addEventListener("click", act);
-      actions.appendChild(b);
-    }
-  }
-  if (!entries.length) body.insertRow().insertCell().textContent = "(none yet)";
-  $("cache").dataset.count = entries.length;
+  const entries = await modelCache.showTable($("cache"), {
+    columns: [(e) => e.name, (e) => e.kind, (e) => {
+      const c = e.meta?.config || {};
+      const [layers, width] = e.meta?.model === "llama" ? [c.num_hidden_layers, c.hidden_size]
+        : [c.n_layer, c.n_embd];
+      return `${layers}×${width}, ${c.vocab_size} tokens, ctx ${c.n_ctx}`;
+    }, { text: (e) => size(e.nbytes), className: "num" }, (e) => new Date(e.created).toLocaleString()],
+    actions: [["Load", (e) => load({ key: e.key, model: e.meta?.model })],
+              ["Delete", async (e) => { await modelCache.remove(e.key); await showCache(); }]],
+    note: $("cache-usage"),
+  });
+  if (!entries) return;
   const u = await modelCache.usage().catch(() => null);
   $("cache-usage").textContent = `${entries.length} kept` +
     (u ? `; this site uses ${size(u.usage)} of ${size(u.quota)} the browser allows` : "");

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from playground_stop import stop_long_mlp_run, twin_errors
 from test_worker_interrupts import _reference_params
 
 pytestmark = pytest.mark.browser
@@ -154,42 +155,13 @@ def test_kernel_panel_times_every_kernel_and_leaves_the_model(page, browser_sess
 
 
 def test_stop_mid_run_keeps_last_step_and_runs_again(page, browser_session):
-    page.select_option("#examples", "mlp_sin.py")
-    page.wait_for_function("window.playground.code.includes('def fit(')")
-    long_run = page.evaluate("window.playground.code").replace(
-        "losses = fit(c, draw_every=25)", "losses = fit(c, max_steps=10**6, target=0.0, draw_every=25)")
-    assert "10**6" in long_run
-    page.evaluate("(text) => { window.playground.code = text; }", long_run)
-    page.click("#run")
-    page.wait_for_function("window.playground.losses.length >= 5", timeout=300_000)
-    page.click("#stop")
-    page.wait_for_function("['stopped', 'error', 'done'].includes(window.playground.state)",
-                           timeout=30_000)
-    assert page.evaluate("window.playground.state") == "stopped"
-    # the console renders its text on the next animation frame, after the state is set;
-    # Stop is a normal end: a note where it stopped, no traceback
-    page.wait_for_function(
-        "document.querySelector('#console').textContent.includes('[stopped at step')",
-        timeout=10_000)
-    assert "KeyboardInterrupt" not in page.eval_on_selector("#console", "e => e.textContent")
-    reported = len(page.evaluate("window.playground.losses"))
-    params = browser_session.run("{k: list(map(float, v)) for k, v in c.download_params().items()}")
+    reported, params = stop_long_mlp_run(page, browser_session)
     # the parameters are those after the last completed step (one more than reported if the
     # stop came between a step and its report): a twin on the same backend stepped as many
     # times from the same seed and batches gives them bit for bit; early on, the reference
     # executor's replay agrees too (later the two drift apart, as f32 sums in another order
     # do over a hundred Adam steps: 0.09 by step 124 between torch and the reference)
-    twins = browser_session.run(f"""
-import random as _random
-_twin, _rng, _at = compile_mlp(c.backend.name, 0), _random.Random(0), {{}}
-for _k in range({reported + 1}):
-    _twin.step(batch(_rng))
-    if _k + 1 >= {reported}:
-        _at[str(_k + 1)] = {{n: list(map(float, v)) for n, v in _twin.download_params().items()}}
-_twin.destroy()
-_at""")
-    errors = {int(k): max(float(np.max(np.abs(np.asarray(params[n]) - np.asarray(t[n]))))
-                          for n in t) for k, t in twins.items()}
+    errors = twin_errors(browser_session, params, reported)
     assert min(errors.values()) == 0, errors
     k = min(errors, key=errors.get)
     if k <= 40:

@@ -141,3 +141,59 @@ def test_train_a_small_model_on_the_page(browser_session, tmp_path):
         assert page.eval_on_selector_all("#view span", "els => els.map(e => +e.dataset.bits)") == shown
     finally:
         page.close()
+
+
+@browser
+def test_surprisal_page_without_webgpu_and_its_model_cache(browser_without_webgpu, tmp_path):
+    """In a Chromium without WebGPU the page scores on the CPU backend (wasm) and says so: the
+    bits equal the reference executor's here, an edit at the end goes through the KV cache, and
+    the model kept in the cache (IndexedDB) loads back from it, scoring the same."""
+    cfg = gpt2.GPT2Config(n_layer=1, n_head=2, n_embd=32, n_ctx=32, vocab_size=256)
+    model = gpt2.GPT2.init_random(cfg, seed=4, backend="reference")
+    path = tmp_path / "tiny.safetensors"
+    model.save_safetensors(path)
+    text = "Scored on the CPU."
+    s = browser_without_webgpu
+    page = s.browser.new_page()
+    try:
+        page.goto(s.url.rstrip("/") + "/surprisal.html")
+        page.wait_for_selector("body[data-ready='1']", timeout=60_000)
+        page.fill("#text", text)
+        page.set_input_files("#model", str(path))
+        page.wait_for_function(f"document.querySelectorAll('#view span').length === {len(text)}",
+                               timeout=60_000)
+
+        def shown():
+            return page.eval_on_selector_all("#view span", "els => els.map(e => +e.dataset.bits)")
+
+        info = json.loads(page.get_attribute("#view", "data-model"))
+        assert info["backend"] == "wasm" and info["cached"] is False and "not_kept" not in info, info
+        assert "runs on the CPU" in page.text_content("#status")
+        want = model.surprisal(list(text.encode())).bits
+        assert len(shown()) == len(want) and all(abs(b - w) < 2e-3 for b, w in zip(shown(), want))
+
+        page.fill("#text", text + " More")
+        page.wait_for_function(f"document.querySelectorAll('#view span').length === {len(text) + 5}",
+                               timeout=60_000)
+        assert page.get_attribute("#stats", "data-recomputed") == "6"
+        want = model.surprisal(list((text + " More").encode())).bits
+        first = shown()
+        assert all(abs(b - w) < 2e-3 for b, w in zip(first, want))
+
+        # kept in the cache as it was picked: listed in the table, and its Load restores it
+        # from there (no download, no parse), scoring the same
+        listed = page.evaluate("modelCache.list()")
+        assert [e["name"] for e in listed] == ["tiny.safetensors"] and listed[0]["key"] == info["key"]
+        assert page.get_attribute("#cache", "data-count") == "1"
+        assert page.text_content("#cache tbody tr td") == "tiny.safetensors"
+        page.evaluate("document.getElementById('view').textContent = ''")
+        page.locator("#cache tbody tr button.load").click()
+        page.wait_for_function("() => JSON.parse(document.getElementById('view').dataset.model "
+                               "|| '{}').cached === true", timeout=60_000)
+        page.wait_for_function(f"document.querySelectorAll('#view span').length === {len(text) + 5}",
+                               timeout=60_000)
+        again = json.loads(page.get_attribute("#view", "data-model"))
+        assert again["cached"] is True and again["key"] == info["key"] and again["backend"] == "wasm"
+        assert shown() == first
+    finally:
+        page.close()

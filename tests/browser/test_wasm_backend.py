@@ -7,7 +7,7 @@ onnxruntime-web (WebAssembly), judged in CPython against the reference executor.
   initial weights and batches;
 * the playground's MLP example trains to its target there (the page says it runs on the CPU),
   and Stop keeps the last completed step's parameters (the reference's, replayed);
-* the convnet and transformer demos (the char LM as a slow case), a few steps each, run in the
+* the convnet, transformer and char LM demos, a few steps each, run in the
   page there with the losses of the same source on the reference executor in CPython;
 * one oracle record per primitive (so every lowering runs in the WebAssembly engine) and
   GPT-2 tiny's logits and cached decode (the KV cache as the program's state) equal the
@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from playground_stop import stop_long_mlp_run, twin_errors
 from test_gpu_host import ship_module
 from test_worker_interrupts import _reference_params
 
@@ -143,28 +144,12 @@ def test_playground_mlp_example_runs_without_webgpu(s):
     page.wait_for_selector("#nogpu:not([hidden])", timeout=30_000)  # set once requestAdapter answers
     banner = page.eval_on_selector("#nogpu", "e => e.textContent")
     assert "WebGPU is unavailable" in banner and 'backend="wasm"' in banner, banner
-    # the page opens with mlp_sin.py; selecting it again would reload the file, and a reload
-    # landing after the edit below would undo it
-    if page.eval_on_selector("#examples", "e => e.value") != "mlp_sin.py":
-        page.select_option("#examples", "mlp_sin.py")
-    page.wait_for_function("window.playground.code.includes('def fit(')")
-    # Stop mid-run: the parameters are those after a completed step, as the reference computes
-    # them (a step or two more than the page counted if the stop came between a step and its
-    # report reaching the page)
-    long_run = page.evaluate("window.playground.code").replace(
-        "losses = fit(c, draw_every=25)", "losses = fit(c, max_steps=10**6, target=0.0, draw_every=25)")
-    assert "10**6" in long_run
-    page.evaluate("(text) => { window.playground.code = text; }", long_run)
-    page.wait_for_selector("#run:not([disabled])")
-    page.click("#run")
-    page.wait_for_function("window.playground.losses.length >= 5", timeout=30_000)
-    page.click("#stop")
-    page.wait_for_function("['stopped', 'error', 'done'].includes(window.playground.state)",
-                           timeout=20_000)
-    assert page.evaluate("window.playground.state") == "stopped", page.eval_on_selector(
-        "#console", "e => e.textContent")
-    reported = len(page.evaluate("window.playground.losses"))
-    params = s.run("{k: list(map(float, v)) for k, v in c.download_params().items()}")
+    # Stop mid-run: the parameters are those after a completed step, bit for bit those of a
+    # twin stepped as often on this backend, and the reference's (a step or two more than the
+    # page counted if the stop came between a step and its report reaching the page)
+    reported, params = stop_long_mlp_run(page, s, started_ms=30_000)
+    twins = twin_errors(s, params, reported, extra=2)
+    assert min(twins.values()) == 0, twins
     errors = {}
     for k in (reported, reported + 1, reported + 2):
         ref = _reference_params(k, 0)
@@ -189,40 +174,51 @@ def test_playground_mlp_example_runs_without_webgpu(s):
         assert abs(p - math.sin(x)) < 0.1, (x, p)
 
 
-DEMOS = {  # example -> (its STEPS line, a short run for the test)
-    "transformer_addition.py": ("STEPS = 1500", "STEPS = 3"),
-    "char_lm.py": ("STEPS = 3000", "STEPS = 2"),
-    "digits_convnet.py": ("STEPS = 600", "STEPS = 3"),
+DEMOS = {  # example -> (steps of the short run, its edits: the STEPS line first)
+    "transformer_addition.py": (3, [("STEPS = 1500", "STEPS = 3")]),
+    # a smaller batch and a short sample (one forward run per character) keep it brief
+    "char_lm.py": (2, [("STEPS = 3000", "STEPS = 2"), ("B = 32", "B = 4"),
+                       ("sample_chars: int = 240", "sample_chars: int = 24")]),
+    "digits_convnet.py": (3, [("STEPS = 600", "STEPS = 3")]),
 }
 
 
-def _reference_losses(source: str) -> list[float]:
-    """The example's __main__ run in CPython on the reference executor: its reported losses."""
+def _reference_run(source: str) -> tuple[list[float], str]:
+    """The example's __main__ run in CPython on the reference executor: its reported losses
+    and what it printed."""
+    import contextlib
+    import io
     import sys
     from webgrad import playground
     got: list[dict] = []
     argv, sys.argv = sys.argv, ["example", "reference"]
     playground.set_listener(got.append)
+    out = io.StringIO()
     try:
-        exec(compile(source, "example", "exec"), {"__name__": "__main__"})
+        with contextlib.redirect_stdout(out):
+            exec(compile(source, "example", "exec"), {"__name__": "__main__"})
     finally:
         playground.set_listener(None)
         sys.argv = argv
-    return [e["loss"] for e in got if e.get("loss") is not None]
+    return [e["loss"] for e in got if e.get("loss") is not None], out.getvalue()
 
 
 @browser
-@pytest.mark.parametrize("example", [pytest.param(e, marks=pytest.mark.slow) if e == "char_lm.py"
-                                     else e for e in sorted(DEMOS)])  # char_lm: 33 s (its corpus, twice)
+@pytest.mark.parametrize("example", sorted(DEMOS))
 def test_demo_runs_without_webgpu(s, example):
-    """Each demo, shortened to a few steps, runs in the page on the CPU backend; its losses are
-    those of the same source on the reference executor in CPython."""
+    """Each demo, shortened to a few steps, runs in the page on the CPU backend; its losses
+    are those of the same source on the reference executor in CPython, and the char LM's
+    sampled text (a forward program sharing the trained parameters) is the reference's."""
     page = s.page
     page.wait_for_function("window.playground && !['booting', 'running'].includes(window.playground.state)",
                            timeout=60_000)
+    steps, edits = DEMOS[example]
     page.select_option("#examples", example)
-    page.wait_for_function(f"window.playground.code.includes({DEMOS[example][0]!r})")
-    source = page.evaluate("window.playground.code").replace(*DEMOS[example])
+    page.wait_for_function(f"window.playground.code.includes({edits[0][0]!r})")
+    source = page.evaluate("window.playground.code")
+    for old, new in edits:
+        assert source.count(old) == 1, (example, old)
+        source = source.replace(old, new)
     page.evaluate("(t) => { window.playground.code = t; }", source)
     page.click("#run")
     page.wait_for_function("['done', 'error', 'stopped', 'dead'].includes(window.playground.state)",
@@ -231,6 +227,11 @@ def test_demo_runs_without_webgpu(s, example):
     assert page.evaluate("window.playground.state") == "done", console
     assert "compiled on wasm" in console, console
     losses = page.evaluate("window.playground.losses")
-    want = _reference_losses(source)
-    assert len(losses) == len(want) == int(DEMOS[example][1].split("=")[1])
+    want, printed = _reference_run(source)
+    assert len(losses) == len(want) == steps
     np.testing.assert_allclose(losses, want, rtol=1e-4, atol=1e-5)
+    if example == "char_lm.py":
+        lines = printed.splitlines()
+        sample = lines[next(k for k, line in enumerate(lines) if line.startswith("step ")) + 1]
+        assert sample.startswith("The ") and len(sample) == 4 + 24, printed
+        assert sample in console, (sample, console)

@@ -11,7 +11,8 @@ the requested outputs and then lands the graph's writebacks in the store.
   wasm        the graph exported to ONNX, run by ONNX Runtime on the CPU (onnxruntime-web's
               WebAssembly in the browser, the onnxruntime package in CPython)
   auto        webgpu when an adapter exists, else wasm in the browser and reference in
-              CPython (said once); device_info() says which and why
+              CPython (said once); device_info() says which and why; a notebook kernel
+              (no JSPI) first awaits prepare_async(), which readies the one it will use
 
 The Backend base class (base.py) is what they share; get_backend(spec) picks one by name.
 """
@@ -23,6 +24,7 @@ from .base import Backend
 
 _auto_said = False
 _auto_why = ""  # why the last backend='auto' chose what it chose (device_info)
+_no_webgpu = None  # why prepare_async() got no WebGPU device: 'auto' then asks no more
 
 
 def get_backend(spec, *, options=None) -> Backend:
@@ -48,6 +50,8 @@ def get_backend(spec, *, options=None) -> Backend:
     if name == "auto":
         global _auto_said, _auto_why
         try:
+            if _no_webgpu is not None:
+                raise RuntimeError(_no_webgpu)
             from .webgpu import WebGPUBackend
             b = WebGPUBackend(options=options)
             _auto_why = "a WebGPU adapter is available"
@@ -85,4 +89,26 @@ def device_info(spec="auto") -> dict:
             "reason": _auto_why if spec == "auto" else "asked for"}
 
 
-__all__ = ["Backend", "device_info", "get_backend"]
+async def prepare_async(spec="auto") -> dict:
+    """Make `spec` ready for code that cannot wait on the browser (a notebook kernel, where
+    Pyodide has no JSPI), then device_info(spec): in Pyodide, request the WebGPU device, and
+    where there is none ('auto') or for 'wasm', load onnxruntime-web (backends/onnx_runtime.py).
+    A page that is not webgrad's worker first sets where their JS lives (globalThis's
+    webgradReplayURL and webgradOrtURL). In CPython it only reports."""
+    global _no_webgpu
+    from .onnx_runtime import in_pyodide, load_async
+    if in_pyodide() and spec in ("auto", "webgpu"):
+        from .webgpu_browser import request_device
+        try:
+            await request_device()
+            _no_webgpu = None
+        except Exception as e:
+            if spec == "webgpu":
+                raise
+            _no_webgpu = str(e)
+    if in_pyodide() and (spec == "wasm" or (spec == "auto" and _no_webgpu is not None)):
+        await load_async()
+    return device_info(spec)
+
+
+__all__ = ["Backend", "device_info", "get_backend", "prepare_async"]

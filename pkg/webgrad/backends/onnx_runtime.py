@@ -2,7 +2,8 @@
 
 In the browser, where there is no WebGPU adapter and no numpy, the graph runs in ONNX
 Runtime Web's WebAssembly build (npm `onnxruntime-web`, loaded into the Pyodide worker:
-worker/ort.mjs); in CPython the same model runs in the `onnxruntime` package (its native CPU
+worker/ort.mjs; a notebook kernel imports the same module from the URL it sets and awaits
+load_async()); in CPython the same model runs in the `onnxruntime` package (its native CPU
 build), which is how the tests check this backend against the reference executor.
 
 The store holds each persistent buffer as the runtime's own array (an ort.Tensor in the
@@ -20,8 +21,42 @@ from ..onnx import export_graph
 from .base import Backend
 
 
+ORT_URL_GLOBAL = "webgradOrtURL"  # set globalThis[this] to load worker/ort.mjs from elsewhere
+_ort = None  # worker/ort.mjs, loaded (load_async)
+
+
 def in_pyodide() -> bool:
     return sys.platform == "emscripten"
+
+
+def _ort_import():
+    """The import of worker/ort.mjs (a Promise): the webgrad worker's own, or from the URL that
+    a page without it (a notebook kernel) put at globalThis[ORT_URL_GLOBAL]; None if neither."""
+    import js
+    if hasattr(js, "webgradOrt"):
+        return js.webgradOrt()
+    url = getattr(js.globalThis, ORT_URL_GLOBAL, None)
+    if url:
+        from pyodide.code import run_js
+        return run_js("(url) => import(url)")(str(url))
+    return None
+
+
+async def load_async() -> str:
+    """Import and load onnxruntime-web (worker/ort.mjs) without blocking; its description.
+    backend='wasm' does this itself where Python may block on a Promise (JSPI, as in webgrad's
+    worker); elsewhere (a notebook kernel) await this first (backends.prepare_async does)."""
+    global _ort
+    if _ort is None:
+        found = _ort_import()
+        if found is None:
+            raise RuntimeError("backend='wasm' needs onnxruntime-web: webgrad's worker "
+                               "(worker/worker.mjs) loads it from /assets/ort/; elsewhere set "
+                               f"globalThis.{ORT_URL_GLOBAL} to the URL of worker/ort.mjs")
+        module = await found
+        await module.load()
+        _ort = module
+    return str(_ort.engine())
 
 
 class OnnxRuntimeBackend(Backend):
@@ -160,13 +195,16 @@ class _BrowserRuntime:
     out; only what a step returns is copied to Python."""
 
     def __init__(self):
-        import js
         from .webgpu_browser import block
-        if not hasattr(js, "webgradOrt"):
-            raise RuntimeError("backend='wasm' needs webgrad's worker (worker/worker.mjs), which "
-                               "loads onnxruntime-web from /assets/ort/")
-        self.js = block(js.webgradOrt(), "backend='wasm' (importing onnxruntime-web)")
-        block(self.js.load(), "backend='wasm' (loading onnxruntime-web)")
+        if _ort is None:
+            from pyodide.ffi import can_run_sync
+            if not can_run_sync():
+                raise RuntimeError(
+                    "backend='wasm' has to load onnxruntime-web first, and this Python stack "
+                    "cannot wait for it (no JSPI here): `await webgrad.backends.prepare_async()` "
+                    "once before compiling")
+            block(load_async(), "backend='wasm' (loading onnxruntime-web)")
+        self.js = _ort
         self.engine = str(self.js.engine())
 
     def session(self, model: bytes):
