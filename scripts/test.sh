@@ -11,6 +11,10 @@ export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
 # documented there, fails the run; -rs prints every skip's reason; a test that hangs is
 # stopped after 300 s with every thread's stack (pytest-timeout)
 export WEBGRAD_STRICT=1
+# numpy's BLAS on one thread: the reference executor's products are small, and OpenBLAS's
+# spinning threads took the cores from Chromium and lavapipe (a char LM on the reference ran
+# 46 s with its default threads beside a busy browser, 4.3 s with one)
+export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
 # WEBGRAD_TEST_WORKERS=N: N pytest-xdist workers (lavapipe compiles a kernel on one thread, so
 # two keep two cores busy; the browser tests stay on one worker). Off by default: beside a
 # second worker the playground's weights download timed out twice (docs/testing.md)
