@@ -176,5 +176,86 @@ async def write_raw_async(backend, name: str, type_name: str, shape, data, *,
     await backend.run_into_async(name, plan, buffer=1, writes={0: raw})
 
 
+def _transcode_wgsl(fmt, nb: int, nx: int) -> str:
+    # word w of quants' layout (words.py): the blocks' bytes but the f16 scale, block by
+    # block, then the scales two a word; built from the file's bytes, read a byte at a time
+    return f"""
+const NB: u32 = {nb}u;
+const SIZE: u32 = {fmt.nbytes}u;
+const AT: u32 = {fmt.f16_at}u;
+const BODY: u32 = {(fmt.nbytes - 2) // 4}u;
+const WORDS: u32 = {nb * (fmt.nbytes - 2) // 4 + (nb + 1) // 2}u;
+@group(0) @binding(0) var<storage, read> raw: array<u32>;
+@group(0) @binding(1) var<storage, read_write> out: array<u32>;
+
+fn byte_at(p: u32) -> u32 {{
+    return (raw[p >> 2u] >> ((p & 3u) * 8u)) & 0xffu;
+}}
+
+fn body_byte(b: u32, j: u32) -> u32 {{
+    return byte_at(b * SIZE + select(j + 2u, j, j < AT));
+}}
+
+fn scale(b: u32) -> u32 {{
+    return byte_at(b * SIZE + AT) | (byte_at(b * SIZE + AT + 1u) << 8u);
+}}
+
+@compute @workgroup_size({_WG})
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {{
+    let w = (wg.y * {nx}u + wg.x) * {_WG}u + li;
+    if (w >= WORDS) {{
+        return;
+    }}
+    if (w < NB * BODY) {{
+        let b = w / BODY;
+        let j = (w % BODY) * 4u;
+        out[w] = body_byte(b, j) | (body_byte(b, j + 1u) << 8u) | (body_byte(b, j + 2u) << 16u)
+                 | (body_byte(b, j + 3u) << 24u);
+    }} else {{
+        let b = 2u * (w - NB * BODY);
+        out[w] = scale(b) | select(0u, scale(b + 1u) << 16u, b + 1u < NB);
+    }}
+}}
+"""
+
+
+async def write_blocks_async(backend, name: str, qtype: str, raw) -> None:
+    """Write GGUF blocks of `qtype` (bytes) into parameter `name` (quants' word layout, i32)
+    of a WebGPU backend: the file's bytes go up as they are and a kernel moves the f16
+    scales out (what quants.transcode does on the host, which costs seconds a model in the
+    browser worker without numpy)."""
+    fmt = FORMATS[qtype]
+    raw = memoryview(raw).cast("B")
+    nb = raw.nbytes // fmt.nbytes
+    slot = backend.store.get(name)
+    words = nb * (fmt.nbytes - 2) // 4 + (nb + 1) // 2 if fmt.f16_at is not None else raw.nbytes // 4
+    if slot is None or raw.nbytes % fmt.nbytes or 4 * prod(slot.shape) != 4 * words:
+        raise ValueError(f"gpu_dequant.write_blocks_async: {raw.nbytes} bytes of {qtype} blocks "
+                         f"do not fit parameter {name!r}")
+    if fmt.f16_at is None:                 # whole words already: the layout is the file's
+        backend.write(name, _words(raw))
+        return
+    if raw.nbytes % 4:
+        raw = memoryview(bytes(raw) + bytes(-raw.nbytes % 4))
+    groups = -(-words // _WG)
+    nx = min(groups, backend.limits.max_compute_workgroups_per_dimension)
+    ny = -(-groups // nx)
+    plan = {
+        "buffers": [{"size": max(raw.nbytes, 4), "label": f"{qtype} blocks of {name}"},
+                    {"size": 4 * words, "label": name}],
+        "pipelines": [{"wgsl": _transcode_wgsl(fmt, nb, nx)}],
+        "commands": [{"op": "dispatch", "pipeline": 0, "bindings": [0, 1],
+                      "workgroups": [nx, ny, 1]}],
+    }
+    await backend.run_into_async(name, plan, buffer=1, writes={0: raw})
+
+
+def _words(raw):
+    from ..arrays import HostArray
+    h = HostArray("i32", shape=(raw.nbytes // 4,))
+    h.frombytes(raw)
+    return h
+
+
 def write(backend, name: str, tensor, *, transpose: bool = False) -> None:
     return run_blocking(write_async(backend, name, tensor, transpose=transpose))

@@ -48,7 +48,8 @@ from ..module import Module
 from ..stateful import assign, state
 from .decoding import (Cache, CausalLM, Network, Surprisal, SurprisalTracker,  # noqa: F401
                        block_names, chunks_for, embed_rows, head_blocks, next_token_loss,
-                       quant_params, read_f32, row_split, table_parts, write_quant_blocks)
+                       quant_params, read_f32, row_split, table_parts, write_quant_blocks,
+                       write_quant_blocks_async)
 from .llama_config import LlamaConfig
 from .tokenizer import Tokenizer  # noqa: F401  (tokenizer.json / GGUF tokenizers)
 from . import llama_weights as _weights
@@ -460,6 +461,11 @@ class Llama(CausalLM):
         self.quant_full), transcoded to the GPU layout; a split table row block by row
         block."""
         write_quant_blocks(self, name, raw, row_split(self.cfg.vocab_size, self.table_chunks))
+
+    async def write_blocks_async(self, name: str, raw) -> None:
+        """write_blocks; on WebGPU the blocks go up as they are and a kernel lays them out."""
+        await write_quant_blocks_async(self, name, raw,
+                                       row_split(self.cfg.vocab_size, self.table_chunks))
 
     async def state_dict_async(self) -> dict:
         """The weights in transformers' names (tables whole), as the user's array type."""
