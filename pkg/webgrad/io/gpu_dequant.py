@@ -178,7 +178,13 @@ async def write_raw_async(backend, name: str, type_name: str, shape, data, *,
 
 def _transcode_wgsl(fmt, nb: int, nx: int) -> str:
     # word w of quants' layout (words.py): the blocks' bytes but the f16 scale, block by
-    # block, then the scales two a word; built from the file's bytes, read a byte at a time
+    # block, then the scales two a word. Blocks and the scale's offset are even, so a word
+    # of a block whose scale opens or closes it is one or two reads; others go byte by byte
+    if fmt.f16_at in (0, fmt.nbytes - 2):
+        body = f"\n    return word_at(b * SIZE + j + {2 if fmt.f16_at == 0 else 0}u);"
+    else:
+        body = ("\n    return body_byte(b, j) | (body_byte(b, j + 1u) << 8u) | (body_byte(b, j + 2u) << 16u)"
+                "\n           | (body_byte(b, j + 3u) << 24u);")
     return f"""
 const NB: u32 = {nb}u;
 const SIZE: u32 = {fmt.nbytes}u;
@@ -196,8 +202,21 @@ fn body_byte(b: u32, j: u32) -> u32 {{
     return byte_at(b * SIZE + select(j + 2u, j, j < AT));
 }}
 
+fn word_at(p: u32) -> u32 {{
+    // 4 bytes from an even offset: one aligned word or the halves of two
+    let i = p >> 2u;
+    if ((p & 2u) == 0u) {{
+        return raw[i];
+    }}
+    return (raw[i] >> 16u) | (raw[i + 1u] << 16u);
+}}
+
+fn body_word(b: u32, j: u32) -> u32 {{{body}
+}}
+
 fn scale(b: u32) -> u32 {{
-    return byte_at(b * SIZE + AT) | (byte_at(b * SIZE + AT + 1u) << 8u);
+    let p = b * SIZE + AT;
+    return (raw[p >> 2u] >> ((p & 2u) * 8u)) & 0xffffu;
 }}
 
 @compute @workgroup_size({_WG})
@@ -209,8 +228,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     if (w < NB * BODY) {{
         let b = w / BODY;
         let j = (w % BODY) * 4u;
-        out[w] = body_byte(b, j) | (body_byte(b, j + 1u) << 8u) | (body_byte(b, j + 2u) << 16u)
-                 | (body_byte(b, j + 3u) << 24u);
+        out[w] = body_word(b, j);
     }} else {{
         let b = 2u * (w - NB * BODY);
         out[w] = scale(b) | select(0u, scale(b + 1u) << 16u, b + 1u < NB);
