@@ -9,8 +9,10 @@ on a GPU machine): host time from a file on disk to a model whose weights are on
 The files are written once into .cache/bench/ (random weights of the real shapes; the GGUF
 as llama.cpp writes SmolLM2-360M at Q4_K_M: its 960-wide matrices are not whole 256-value
 blocks, so they are Q5_0, ffn_down is Q6_K, the tied token table Q8_0). Each run prints the
-time of the file's parse alone, then of the whole load (parse + conversion + upload), and
-with --profile N the N functions of most own time in a profiled load.
+time of the file's parse alone, then of the whole load (parse + conversion + upload, up to
+the GPU having done the work: one weight is read back), wall clock and CPU time of all the
+process's threads (lavapipe's included; on a loaded machine wall clock is mostly waiting for
+a core), --runs times, and with --profile N the N functions of most own time in a profiled load.
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "pkg"))
 
 import numpy as np  # noqa: E402
+
+from webgrad.blocking import run_blocking  # noqa: E402
 
 CACHE = ROOT / ".cache" / "bench"
 SMOL360 = dict(hidden_size=960, num_hidden_layers=32, num_attention_heads=15,
@@ -128,11 +132,17 @@ def bf16_folder(layers: int) -> Path:
     return folder
 
 
+def _wait(m) -> None:
+    """Until the GPU has done the load's work (a read of one weight waits for the queue)."""
+    run_blocking(m.backend.read(next(iter(m.shapes))))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("what", choices=["gguf", "bf16"])
     ap.add_argument("--layers", type=int, default=None, help="fewer layers than the real shape")
     ap.add_argument("--profile", type=int, default=0, metavar="N")
+    ap.add_argument("--runs", type=int, default=1, help="timed loads, one after another")
     a = ap.parse_args()
     from webgrad.io import gguf as wgg
     from webgrad.io import safetensors as wst
@@ -160,10 +170,17 @@ def main():
     parse()
     print(f"parse alone: {time.perf_counter() - t:.2f} s")
     llama.Llama.from_hf_state_dict  # noqa: B018 (imports done before timing)
-    t = time.perf_counter()
+    for run in range(a.runs):
+        t, cpu = time.perf_counter(), time.process_time()
+        m = load()
+        _wait(m)
+        print(f"load (parse + convert + upload), run {run + 1}: {time.perf_counter() - t:.2f} s "
+              f"(CPU {time.process_time() - cpu:.2f} s, all threads), {m.weight_bytes / 1e6:.0f} MB "
+              f"of weights on the GPU, {len(m.quant)} held quantized, "
+              f"{len(m.backend.programs)} upload programs")
+        m.backend.destroy()
+        del m
     m = load()
-    print(f"load (parse + convert + upload): {time.perf_counter() - t:.2f} s, "
-          f"{m.weight_bytes / 1e6:.0f} MB of weights on the GPU, {len(m.quant)} held quantized")
     m.backend.destroy()
     del m
     if a.profile:

@@ -109,3 +109,26 @@ def test_gpt2_from_gguf_on_webgpu(tmp_path, qtype):
     ids = [3, 1, 4, 1, 5, 9, 2, 6]
     a, b = np.asarray(gpu.forward(ids)), np.asarray(host.forward(ids))
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * np.abs(b).max())
+
+
+@pytest.mark.parametrize("qt", [q for q in FORMATS if q.name in ("Q4_0", "Q5_0", "Q8_0", "Q6_K", "Q4_K")],
+                         ids=lambda q: q.name)
+@pytest.mark.parametrize("blocks", [1, 7])
+def test_blocks_laid_out_on_the_gpu_equal_the_host_layout(qt, blocks):
+    """write_blocks_async sends the file's blocks as they are and a kernel moves the f16
+    scales out: the parameter holds quants.transcode's bytes (gguf's block sizes), an odd
+    block count included (the last scale word half empty)."""
+    from webgrad.backends import get_backend
+    from webgrad.blocking import run_blocking
+    from webgrad.quants import transcode, n_words
+    size = gguf.GGML_QUANT_SIZES[qt][1]
+    raw = np.random.default_rng(blocks).integers(0, 256, blocks * size, dtype=np.uint8).tobytes()
+    n = blocks * gguf.GGML_QUANT_SIZES[qt][0]
+    b = get_backend("webgpu")
+    try:
+        b.ensure("q", (n_words(qt.name, n),), "i32")
+        run_blocking(gpu_dequant.write_blocks_async(b, "q", qt.name, raw))
+        got = bytes(memoryview(run_blocking(b.read("q"))).cast("B"))
+        assert got == transcode(qt.name, raw, use_numpy=True)
+    finally:
+        b.destroy()

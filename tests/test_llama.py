@@ -330,6 +330,76 @@ def test_from_pretrained_reads_save_pretrained(how, built, tmp_path):
     close(m.forward(IDS), hf_logits(model, IDS))
 
 
+def _half_folder(tmp_path, dtype, *, nan_at=None):
+    """A bf16/f16 save_pretrained folder of the qwen2 row (tied table), the table's values
+    salted with the bit patterns a widening can get wrong (subnormals, -0, the largest
+    finite, the smallest normal), or a NaN at `nan_at` of q_proj."""
+    model = hf_model("qwen2")
+    bits = {torch.bfloat16: [0x0001, 0x807F, 0x8000, 0x7F7F, 0x0080, 0xFF7F],
+            torch.float16: [0x0001, 0x83FF, 0x8000, 0x7BFF, 0x0400, 0xFBFF]}[dtype]
+    half = copy.deepcopy(model).to(dtype)
+    with torch.no_grad():
+        table = half.model.embed_tokens.weight
+        table.view(-1)[:len(bits)].view(torch.int16).copy_(
+            torch.tensor(bits, dtype=torch.int32).to(torch.int16))
+        if nan_at is not None:
+            half.model.layers[1].self_attn.q_proj.weight[nan_at] = float("nan")
+    half.save_pretrained(tmp_path)
+    from safetensors.torch import load_file
+    return {k: v.float() for k, v in load_file(tmp_path / "model.safetensors").items()}
+
+
+@pytest.mark.parametrize("chunks", [1, 3])
+@pytest.mark.parametrize("half", ["bf16", "f16"])
+@pytest.mark.parametrize("backend", [WEBGPU])
+def test_from_pretrained_widens_half_files_on_the_gpu(backend, half, chunks, tmp_path, monkeypatch):
+    """A bf16/f16 folder on WebGPU: its bytes go up as they are and a kernel widens them;
+    the weights read back from the GPU equal torch's .float() of the same file bit for bit
+    (with the token table in 3 row blocks too), and no f32 copy is made on the host."""
+    from webgrad.models import llama_weights
+    dtype = {"bf16": torch.bfloat16, "f16": torch.float16}[half]
+    want = _half_folder(tmp_path, dtype)
+    if chunks > 1:
+        monkeypatch.setattr(llama, "chunks_for", lambda *a: chunks)
+
+    def no_host(*a):
+        raise AssertionError("widened on the host")
+    monkeypatch.setattr(llama_weights, "to_f32", no_host)
+    m = llama.Llama.from_pretrained(tmp_path, backend=backend)
+    assert m.table_chunks == chunks
+    got = m.state_dict()
+    for name, w in want.items():
+        if name == "lm_head.weight":
+            continue
+        g = np.ascontiguousarray(np.asarray(got[name], dtype=np.float32)).view(np.uint32)
+        np.testing.assert_array_equal(g.reshape(w.shape), w.numpy().view(np.uint32), err_msg=name)
+
+
+@pytest.mark.parametrize("backend", [WEBGPU])
+def test_from_pretrained_refuses_a_nan_half_weight_on_the_gpu(backend, tmp_path):
+    _half_folder(tmp_path, torch.bfloat16, nan_at=(3, 5))
+    with pytest.raises(ValueError, match=r"model.layers.1.self_attn.q_proj.weight.*NaN at index \[3, 5\]"):
+        llama.Llama.from_pretrained(tmp_path, backend=backend)
+
+
+def test_half_nonfinite_scan_with_and_without_numpy(tmp_path, monkeypatch):
+    """StoredTensor.first_nonfinite on F16/BF16 bits (numpy) agrees with the f32 scan."""
+    from webgrad.io import safetensors as st
+    from webgrad import arrays
+    for dtype, name in ((torch.bfloat16, "BF16"), (torch.float16, "F16")):
+        x = torch.randn(3000).to(dtype)
+        for at, bad in ((None, None), (2999, float("inf")), (1234, float("nan")), (7, -float("inf"))):
+            y = x.clone()
+            if at is not None:
+                y[at] = bad
+            t = st.StoredTensor(name, y.shape, y.view(torch.int16).numpy().tobytes())
+            assert t.first_nonfinite() == at, (name, at)
+            with monkeypatch.context() as mp:
+                mp.setattr(st, "numpy_or_none", lambda: None)
+                mp.setattr(arrays, "numpy_or_none", lambda: None)
+                assert t.first_nonfinite() == at, (name, at, "no numpy")
+
+
 def test_from_pretrained_names_what_is_missing(tmp_path):
     with pytest.raises(FileNotFoundError, match="no config.json"):
         llama.Llama.from_pretrained(tmp_path)

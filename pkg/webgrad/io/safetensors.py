@@ -134,6 +134,28 @@ class StoredTensor:
                                    f"range ({min(values)}..{max(values)}); read .data instead")
         return HostArray("i32", [int(v) for v in values], shape=self.shape)
 
+    def first_nonfinite(self) -> int | None:
+        """The flat position of the first NaN or inf of a float tensor, or None. F16/BF16
+        are checked on their bits (an all-ones exponent), with numpy in one pass over the
+        file's bytes and no f32 copy (what a loader that widens on the GPU needs); without
+        numpy, and for F32/F64, through to_host."""
+        np = numpy_or_none()
+        if self.dtype in ("F16", "BF16") and np is not None:
+            limit = 0x7C00 if self.dtype == "F16" else 0x7F80   # |bits| at or past inf
+            bits = np.frombuffer(self.data, "<u2")
+            step = 1 << 22
+            tmp = np.empty(min(step, bits.size), np.uint16)
+            for at in range(0, bits.size, step):
+                chunk = tmp[:min(step, bits.size - at)]
+                np.bitwise_and(bits[at:at + step], 0x7FFF, out=chunk)
+                if chunk.size and chunk.max() >= limit:
+                    return at + int(np.flatnonzero(chunk >= limit)[0])
+            return None
+        if self.dtype not in _FLOATS:
+            return None
+        from ..arrays import first_nonfinite
+        return first_nonfinite(self.to_host())
+
     def numpy(self):
         """A numpy array of the stored dtype (BF16 comes as float32: numpy has no bf16)."""
         np = numpy_or_none()

@@ -196,7 +196,27 @@ def write_quant_blocks(model, name: str, raw, split) -> None:
     """Write GGUF blocks (bytes) of the whole tensor `name` (in model.quant_full), transcoded
     to the GPU's word layout (model.quant: the parameters' specs); a table held in row blocks
     block by block, split: their row ranges (row_split)."""
-    from ..quants import FORMATS, transcode
+    from ..quants import transcode
+    qtype, parts = _quant_parts(model, name, raw, split)
+    for n, r in parts:
+        words = HostArray("i32", shape=(model.quant[n].words,))
+        words.frombytes(transcode(qtype, r))   # little-endian words, as the GPU reads
+        model.backend.write(n, words)
+
+
+async def write_quant_blocks_async(model, name: str, raw, split) -> None:
+    """write_quant_blocks, on WebGPU with the blocks sent as they are and transcoded by a
+    kernel (io/gpu_dequant.write_blocks_async); elsewhere on the host."""
+    if not model.backend.runs_plans:
+        return write_quant_blocks(model, name, raw, split)
+    from ..io import gpu_dequant
+    qtype, parts = _quant_parts(model, name, raw, split)
+    for n, r in parts:
+        await gpu_dequant.write_blocks_async(model.backend, n, qtype, r)
+
+
+def _quant_parts(model, name, raw, split):
+    from ..quants import FORMATS
     q = model.quant_full.get(name)
     what = f"{type(model).__name__}.write_blocks"
     if q is None:
@@ -208,14 +228,9 @@ def write_quant_blocks(model, name: str, raw, split) -> None:
         raise ValueError(f"{what}: {raw.nbytes} bytes are not {q.qtype}{list(q.shape)} "
                          f"({row * prod(q.shape[:-1])} bytes)")
     if name in model.quant:
-        parts = [(name, raw)]
-    else:
-        parts = [(pn, raw[a * row:b * row]) for pn, (a, b) in
-                 zip(block_names(name, len(split)), split)]
-    for n, r in parts:
-        words = HostArray("i32", shape=(model.quant[n].words,))
-        words.frombytes(transcode(q.qtype, r))   # little-endian words, as the GPU reads
-        model.backend.write(n, words)
+        return q.qtype, [(name, raw)]
+    return q.qtype, [(pn, raw[a * row:b * row]) for pn, (a, b) in
+                     zip(block_names(name, len(split)), split)]
 
 
 async def read_f32(backend, name: str, q=None) -> HostArray:
@@ -541,4 +556,5 @@ def _build_program(model: CausalLM, kind: str, T: int):
 
 __all__ = ["CausalLM", "Network", "Cache", "Surprisal", "SurprisalTracker", "head_stats", "cat_rows",
            "as_f32_array", "row_split", "chunks_for", "table_parts", "embed_rows", "head_blocks",
-           "block_names", "quant_params", "write_quant_blocks", "read_f32"]
+           "block_names", "quant_params", "write_quant_blocks", "write_quant_blocks_async",
+           "read_f32"]

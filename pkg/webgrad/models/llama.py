@@ -48,7 +48,8 @@ from ..module import Module
 from ..stateful import assign, state
 from .decoding import (Cache, CausalLM, Network, Surprisal, SurprisalTracker,  # noqa: F401
                        block_names, chunks_for, embed_rows, head_blocks, next_token_loss,
-                       quant_params, read_f32, row_split, table_parts, write_quant_blocks)
+                       quant_params, read_f32, row_split, table_parts, write_quant_blocks,
+                       write_quant_blocks_async)
 from .llama_config import LlamaConfig
 from .tokenizer import Tokenizer  # noqa: F401  (tokenizer.json / GGUF tokenizers)
 from . import llama_weights as _weights
@@ -342,18 +343,49 @@ class Llama(CausalLM):
         model.safetensors, or model.safetensors.index.json and its shards (F32/F16/BF16).
         n_ctx: the cache length (default min(max_position_embeddings, 2048));
         progress(done, total): tensor bytes written so far. Names and shapes are checked
-        before any tensor is converted; then each is widened to f32 and written in turn
-        (dtype "f16": held rounded to f16 again, as an F16 file's values are exactly)."""
+        before any tensor is converted; then each is written in turn: on WebGPU an F16/BF16
+        tensor's bytes go up as they are and are widened there (io/gpu_dequant.py), elsewhere
+        each is widened to f32 on the host (dtype "f16": held rounded to f16 again, as an
+        F16 file's values are exactly). A NaN or inf weight is refused, naming it."""
+        return run_blocking(cls.from_pretrained_async(path, backend, n_ctx=n_ctx,
+                                                      progress=progress, dtype=dtype))
+
+    @classmethod
+    async def from_pretrained_async(cls, path, backend="auto", *, n_ctx: int | None = None,
+                                    progress=None, dtype: str = "f32") -> "Llama":
         cfg, tensors = _weights.read_pretrained(path, n_ctx=n_ctx)
         m = cls(cfg, backend, dtype=dtype)
         values = _weights.check_state_dict(cfg, m.hf_shapes, tensors)
         done, total = 0, sum(v.nbytes for v in values.values())
         for n, v in values.items():
-            m.write_weight(n, _weights.to_f32(n, v, m.hf_shapes[n]))
+            if not await m._write_on_gpu_async(n, v):
+                m.write_weight(n, _weights.to_f32(n, v, m.hf_shapes[n]))
             done += v.nbytes
             if progress is not None:
                 progress(done, total)
         return m
+
+    async def _write_on_gpu_async(self, n: str, t) -> bool:
+        """Send a file's F16/BF16 tensor `t` (a safetensors StoredTensor) to the GPU as its
+        bytes and widen it there, a table row block by row block; False (nothing written)
+        where the backend cannot, and the caller widens on the host."""
+        from ..io import gpu_dequant
+        if self.table_chunks > 1 and n in _TABLES:
+            parts = list(zip(block_names(n, self.table_chunks),
+                             row_split(self.cfg.vocab_size, self.table_chunks)))
+        else:
+            parts = [(n, None)]
+        if not all(gpu_dequant.on_gpu(self.backend, pn, t.dtype) for pn, _ in parts):
+            return False
+        if t.first_nonfinite() is not None:
+            return False        # the host path refuses it, naming the value and its place
+        row = 2 * prod(self.hf_shapes[n][1:])
+        for pn, rows in parts:
+            shape = self.backend.store[pn].shape
+            data = t.data if rows is None else t.data[rows[0] * row:rows[1] * row]
+            await gpu_dequant.write_raw_async(self.backend, pn, t.dtype, shape, data,
+                                              label=n)
+        return True
 
     @classmethod
     def from_gguf(cls, path_or_bytes, backend="auto", *, keep_quantized: bool = True,
@@ -429,6 +461,11 @@ class Llama(CausalLM):
         self.quant_full), transcoded to the GPU layout; a split table row block by row
         block."""
         write_quant_blocks(self, name, raw, row_split(self.cfg.vocab_size, self.table_chunks))
+
+    async def write_blocks_async(self, name: str, raw) -> None:
+        """write_blocks; on WebGPU the blocks go up as they are and a kernel lays them out."""
+        await write_quant_blocks_async(self, name, raw,
+                                       row_split(self.cfg.vocab_size, self.table_chunks))
 
     async def state_dict_async(self) -> dict:
         """The weights in transformers' names (tables whole), as the user's array type."""

@@ -187,14 +187,14 @@ def unpermute(t: GGUFTensor, n_head: int, *, what: str = "unpermute") -> GGUFTen
 
 async def write_async(model, tensors: dict, *, progress=None) -> None:
     """Write tensors (from `tensors`) into a Llama built from their config: those it holds
-    quantized as their blocks (write_blocks); others on WebGPU uploaded as they are and
+    quantized as their blocks (write_blocks_async: on WebGPU laid out by a kernel); others on WebGPU uploaded as they are and
     dequantized by a kernel (io/gpu_dequant.py), a table in row blocks and other backends
     through the host. progress(done, total) hears the tensor bytes written so far."""
     from ..io import gpu_dequant
     done, total = 0, sum(t.data.nbytes for t in tensors.values())
     for hf, t in tensors.items():
         if hf in model.quant_full:
-            model.write_blocks(hf, t.data)
+            await model.write_blocks_async(hf, t.data)
         elif hf in model.shapes:
             await gpu_dequant.write_async(model.backend, hf, t)
         else:                                               # a table split in row blocks
