@@ -185,7 +185,7 @@ PATHS = {
     "X staged whole, a runtime offset": ("attention/cache_position", "prefetch", None,
                                          {"xw": True, "dyn": True}),
     "vec4 reads of X": ("attention/div_scale_D128", {}, None, {"XV": 4}),
-    "an epilogue per product": ("attention/qkv_slices_T70_D32", {}, 16384,
+    "an epilogue per product": ("attention/qkv_linear_T37_D16", {}, 16384,
                                 {"attn_fwd": {"red_in_as": True, "WR": 2}}),
 }
 
