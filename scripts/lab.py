@@ -289,10 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    import serve  # the webgrad wheel and npm's Pyodide come from serve.py's provisioning
+    import provisioning  # the webgrad wheel and npm's Pyodide (provisioning.py, beside serve.py)
     try:
-        serve.provision(ROOT)
-    except serve.ProvisionError as e:
+        provisioning.provision(ROOT)
+    except provisioning.ProvisionError as e:
         print(f"lab.py: {e}", file=sys.stderr)
         return 1
     try:

@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     from webgrad.browser import CHROMIUM_FLAGS, _chromium_path, load_serve
     serve = load_serve(ROOT)
     serve.provision(ROOT)
-    serve.load_lab(ROOT).build_lab(ROOT)
+    serve.provisioning.load_lab(ROOT).build_lab(ROOT)
     if not args.not_isolated:
         serve.NOT_ISOLATED = ()  # the page handler reads it per response
     server = serve.make_server("127.0.0.1", 0, ROOT)

@@ -34,8 +34,8 @@ LAYERS = [
                          "io.torch_interop"]),
     ("the driver", ["compile"]),
     ("models and the package", ["models", "models.*", "", "browser", "playground"]),
-    # models.*: bpe, sampling, decoding (CausalLM), gpt2, gpt2_cache, gpt2_gguf, llama,
-    # llama_config, llama_weights, llama_gguf
+    # models.*: bpe, sampling, decoding (CausalLM), gpt2, gpt2_cache, gpt2_gguf, gpt2_weights,
+    # llama, llama_config, llama_weights, llama_gguf
 ]
 
 KNOT = {"tensor", "ops", "primitives"}   # the op language: the one allowed cycle

@@ -44,7 +44,7 @@ _KERNEL_IDLE_JS = """() => {
 def lab_site(serve_module):
     pytest.importorskip("jupyterlite_core", reason="jupyterlite-core is not installed "
                         "(pip install -e '.[test]')")
-    lab = serve_module.load_lab()
+    lab = serve_module.provisioning.load_lab()
     serve_module.provision()
     try:
         return lab.build_lab()

@@ -158,7 +158,7 @@ def test_models_are_served_with_an_etag_that_follows_the_file(served):
 def test_lab_without_a_site_says_what_to_install(serve_module, tmp_path, monkeypatch):
     """Plain `python3 serve.py` (no jupyterlite installed) serves no notebook site: /lab/ then
     answers with a page naming what to install and the build's own reason, not a bare 404."""
-    monkeypatch.setattr(serve_module, "LAB_PROBLEM", "the notebook site needs jupyterlite-core")
+    monkeypatch.setattr(serve_module.provisioning, "LAB_PROBLEM", "the notebook site needs jupyterlite-core")
     srv = serve_module.make_server("127.0.0.1", 0, REPO)
     handler = srv.RequestHandlerClass.func
     handler.mounts = [(p, tmp_path / "no-site" if p == "/lab/" else f) for p, f in handler.mounts]

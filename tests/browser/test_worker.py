@@ -223,9 +223,9 @@ def test_serve_headers_and_mime_types(server):
 
 
 def test_webgrad_wheel_is_valid(serve_module):
-    name, data = serve_module.wheel_bytes(REPO)
+    name, data = serve_module.provisioning.wheel_bytes(REPO)
     assert name.endswith("-py3-none-any.whl")
-    assert serve_module.wheel_bytes(REPO)[1] == data  # deterministic: rebuilt only on change
+    assert serve_module.provisioning.wheel_bytes(REPO)[1] == data  # deterministic: rebuilt only on change
     with zipfile.ZipFile(io.BytesIO(data)) as zf:
         names = zf.namelist()
         dist_info = name.split("-py3")[0] + ".dist-info"

@@ -60,6 +60,7 @@ choices so that bench/attention.py --variants can measure it against its absence
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from math import prod
 
 from .emit import Idx
@@ -185,141 +186,307 @@ def _put(arr: str, w: int, q: str, v: str) -> str:
     return f"{{ let q = {q}; {arr}[q >> {sh}u][q & {w - 1}u] = {v}; }}"
 
 
-def build_tiled(ctx) -> list[dict]:
-    node, g = ctx.main_node, ctx.g
-    op = node.op
-    ins = node.inputs
-    a_, b_ = ins[0], ins[1]
-    T, D = g[a_].shape[-2], g[a_].shape[-1]
-    S = g[b_].shape[-1]
-    scale, off = node.attrs["scale"], node.attrs["offset"]
-    per_key = op in ("attn_dk", "attn_dv", "attn_dkv")
-    two_dots = op in ("attn_dq", "attn_dk", "attn_dkv")  # s = q.k and dp = g.v
-    batch = tuple(node.shape[:-1]) if op == "attn_lse" else tuple(node.shape[:-2])
-    nb = prod(batch)
-    # the softmax online: inference's attn_out, and attn_fwd (which also writes lse)
-    online = op == "attn_fwd" or (op == "attn_out" and node.attrs.get("online"))
-    # which inputs: V, G, lse, Drow (None where the op has none)
-    v_ = ins[2] if op in ("attn_out", "attn_fwd") or two_dots else None
-    g_ = ins[2] if op == "attn_dv" else ins[3] if two_dots else None
-    lse_n = {"attn_out": None if online else 3, "attn_dv": 3, "attn_dq": 4, "attn_dk": 4,
-             "attn_dkv": 4}.get(op)
-    lse_n = ins[lse_n] if lse_n is not None else None
-    dr_n = ins[5] if two_dots else None
-    Dv = g[v_].shape[-1] if v_ is not None else g[g_].shape[-1] if g_ is not None else D
-    # the output products: (width, output column offset, post-scale) of each
-    prods = {"attn_lse": [], "attn_out": [(Dv, 0, None)], "attn_fwd": [(Dv, 0, None)],
-             "attn_dq": [(D, 0, scale)],
-             "attn_dv": [(Dv, 0, None)], "attn_dk": [(D, 0, scale)],
-             "attn_dkv": [(Dv, D, None), (D, 0, scale)]}[op]
-    Eo = sum(w for w, _, _ in prods) + (op == "attn_fwd")  # the output's row width
+# ---------------------------------------------------------------- the plan (no WGSL yet)
+#
+# build_tiled is a driver over the pieces below, in the order they emit: plan_tiled picks the
+# blocks and code options of one op (pure: tests/test_attention_tiled.py checks its indices
+# and workgroup arrays by emulation); _TiledKernel emits the kernel's stages, one method each:
+# the workgroup's rows and causal range (open), the tile loads (fetch, put) and D-chunk
+# products (dot_tiles), the scores and softmax statistics of a streamed block (scores,
+# weights), the output products (accumulate), and the per-op epilogues (epilogue_lse for
+# attn_lse, epilogue_rows for the others: attn_fwd's O and lse columns, attn_dq's scaled
+# rows, attn_dkv's dK and dV pieces).
+
+PER_KEY = ("attn_dk", "attn_dv", "attn_dkv")      # own rows are keys, queries stream
+TWO_DOTS = ("attn_dq", "attn_dk", "attn_dkv")     # s = q.k and dp = g.v
+
+
+def _products(op: str, D: int, Dv: int, scale: float) -> tuple:
+    """The output products of an op: (width, output column offset, post-scale) of each."""
+    return {"attn_lse": (), "attn_out": ((Dv, 0, None),), "attn_fwd": ((Dv, 0, None),),
+            "attn_dq": ((D, 0, scale),),
+            "attn_dv": ((Dv, 0, None),), "attn_dk": ((D, 0, scale),),
+            "attn_dkv": ((Dv, D, None), (D, 0, scale))}[op]
+
+
+@dataclass(frozen=True)
+class Operands:
+    """The graph inputs of one attention node: q, k^T, then V, G, lse, Drow and the runtime
+    cache position (None where the op has none)."""
+    q: int
+    kt: int
+    v: int | None
+    g: int | None
+    lse: int | None
+    drow: int | None
+    pos: int | None
+
+
+def _online(op: str, attrs: dict) -> bool:
+    """The softmax online: inference's attn_out, and attn_fwd (which also writes lse)."""
+    return op == "attn_fwd" or (op == "attn_out" and bool(attrs.get("online")))
+
+
+def operands(node) -> Operands:
+    op, ins = node.op, node.inputs
+    two_dots = op in TWO_DOTS
+    lse = {"attn_out": None if _online(op, node.attrs) else 3, "attn_dv": 3, "attn_dq": 4,
+           "attn_dk": 4, "attn_dkv": 4}.get(op)
+    return Operands(q=ins[0], kt=ins[1],
+                    v=ins[2] if op in ("attn_out", "attn_fwd") or two_dots else None,
+                    g=ins[2] if op == "attn_dv" else ins[3] if two_dots else None,
+                    lse=ins[lse] if lse is not None else None,
+                    drow=ins[5] if two_dots else None,
+                    pos=ins[-1] if node.attrs.get("dyn") else None)
+
+
+@dataclass(frozen=True)
+class TilePlan:
+    """Everything build_tiled decides before it writes a line: the op and its extents, the
+    blocks (BR own rows x BC streamed, D chunks of DK, X rows XK at a time), the WY x WX
+    thread grid and the code options in force. The WGSL index expressions of a thread's
+    rows and columns (row, col, out_cols) and the workgroup arrays are its methods."""
+    op: str
+    T: int
+    S: int
+    D: int
+    Dv: int
+    batch: tuple
+    scale: float
+    off: int | None         # causal offset (None: no mask)
+    dyn: bool               # a runtime cache position adds to off
+    online: bool
+    prods: tuple
+    BR: int
+    BC: int
+    DK: int
+    XK: int
+    WY: int
+    WX: int
+    XV: int                 # output columns per vector read of X: 4, or 1
+    xw: bool                # X staged whole in As's and Bs's words (the "x_whole" option)
+    red_in_as: bool         # the online softmax's row reductions in As
+    prefetch_d: bool
+    prefetch_x: bool
+    opts: KernelOptions
+
+    per_key = property(lambda p: p.op in PER_KEY)
+    two_dots = property(lambda p: p.op in TWO_DOTS)
+    nb = property(lambda p: prod(p.batch))
+    NR = property(lambda p: p.S if p.per_key else p.T)    # own rows
+    NC = property(lambda p: p.T if p.per_key else p.S)    # streamed rows
+    Eo = property(lambda p: sum(w for w, _, _ in p.prods) + (p.op == "attn_fwd"))  # row width
+    E = property(lambda p: max((w for w, _, _ in p.prods), default=0))
+    EP = property(lambda p: _padded(p.E, p.WX))
+    NT = property(lambda p: p.WY * p.WX)
+    TR = property(lambda p: p.BR // p.WY)   # a thread's rows and columns of the W tile ...
+    TC = property(lambda p: p.BC // p.WX)
+    WR = property(lambda p: min(p.TR, 4))   # ... in vectors of WR (WC) adjacent ones
+    WC = property(lambda p: min(p.TC, 4))
+    LDA = property(lambda p: p.BR + PAD)
+    LDB = property(lambda p: p.BC + PAD)
+    LDW = property(lambda p: p.BR + PAD)
+    nblk = property(lambda p: -(-p.NR // p.BR))
+
+    @property
+    def name(self) -> str:
+        return (f"{self.op} [{'x'.join(map(str, self.batch)) or '1'}] T{self.T} S{self.S} "
+                f"D{self.D} tiled {self.BR}x{self.BC}")
+
+    @property
+    def alias(self) -> dict:
+        """Arrays that live in another's words: {name: (array, first word)}."""
+        return {"Bs": ("As", self.DK * self.LDA), "Xs": ("As", 0)} if self.xw else {}
+
+    @property
+    def causal_tail(self) -> bool:
+        """A key block's first query r0 - off (- dyn) may not start a BC block: the last is
+        short."""
+        return (self.per_key and self.off is not None
+                and bool(self.dyn or self.off % self.BC or self.BR % self.BC))
+
+    def row(self, a: int) -> str:
+        """The block-local index of a thread's row a (groups of WY WR rows apart)."""
+        WR, WY = self.WR, self.WY
+        return f"ty * {WR}u + {(a // WR) * WY * WR + a % WR}u"
+
+    def col(self, b: int) -> str:
+        """... and of its column b (groups of WX WC columns apart)."""
+        WC, WX = self.WC, self.WX
+        return f"tx * {WC}u + {(b // WC) * WX * WC + b % WC}u"
+
+    def out_cols(self, width: int) -> list[str]:
+        """A thread's output columns of a product `width` wide: 4 WX q + 4 tx + i (vec4
+        reads of X), or tx + WX e."""
+        n = _padded(width, self.WX) // self.WX
+        if self.XV == 4:
+            return [f"{4 * self.WX * (e // 4) + e % 4}u + tx * 4u" for e in range(n)]
+        return [f"tx + {self.WX * e}u" for e in range(n)]
+
+    def shared_arrays(self) -> list[tuple[str, int, int]]:
+        """The workgroup arrays, in declaration order: (name, vector width, length)."""
+        DK, LDA, LDB, LDW = self.DK, self.LDA, self.LDB, self.LDW
+        out = [("As", self.WR, (DK * LDA + (DK * LDB if self.xw else 0)) // self.WR)]
+        if not self.xw:
+            out.append(("Bs", self.WC, DK * LDB // self.WC))
+        if self.op != "attn_lse":  # W transposed: a thread's WR adjacent rows of one column
+            out.append(("Ws", self.WR, self.BC * LDW // self.WR))
+            if not self.xw:
+                out.append(("Xs", self.XV, self.XK * self.EP // self.XV))
+        if self.op == "attn_lse":
+            out += [("red_m", 1, self.WX * self.BR), ("red_l", 1, self.WX * self.BR)]
+        if self.online and not self.red_in_as:
+            out.append(("red", 1, self.WX * self.BR))
+        return out
+
+    def streamed_range(self) -> tuple[str, str]:
+        """[cbeg, cend) of the streamed rows a block visits (WGSL, over r0 and dyn): causal
+        blocks beyond the diagonal are never visited."""
+        NC, off, dyn = self.NC, self.off, " + dyn" if self.dyn else ""
+        if off is None:
+            return "0u", f"{NC}u"
+        if not self.per_key:  # the block's last query r0 + BR - 1 keeps keys < r0 + BR + off
+            return "0u", f"u32(clamp(i32(r0) + {self.BR + off}i{dyn}, 0i, {NC}i))"
+        # the block's first key r0 is kept by queries >= r0 - off
+        return f"u32(clamp(i32(r0) - {off}i{' - dyn' if dyn else ''}, 0i, {NC}i))", f"{NC}u"
+
+    def kept(self, r: str, c: str) -> str:
+        """Whether own row r and streamed row c meet (WGSL): c inside the streamed extent and,
+        causal, key j <= query i + off (+ dyn)."""
+        conds = [f"{c} < {self.NC}u"]
+        if self.off is not None:
+            i, j = (c, r) if self.per_key else (r, c)
+            conds.append(f"i32({j}) <= i32({i}) + {self.off}i{' + dyn' if self.dyn else ''}")
+        return " && ".join(conds)
+
+
+def plan_tiled(op: str, *, T: int, S: int, D: int, Dv: int, batch: tuple = (),
+               scale: float = 1.0, offset: int | None = None, online: bool = False,
+               dyn: bool = False, limits) -> TilePlan:
+    """The tiled kernel of `op` over these extents on an adapter of `limits`: its blocks
+    (choose_blocks), thread grid and code options."""
+    opts = limits.options
+    limit = limits.max_compute_workgroup_storage_size
+    prods = _products(op, D, Dv, scale)
     E = max((w for w, _, _ in prods), default=0)
-    NR, NC = (S, T) if per_key else (T, S)  # own rows, streamed rows
-    opts = ctx.limits.options
-    BR, BC, DK, XK = choose_blocks(op, NR, NC, E, ctx.limits.max_compute_workgroup_storage_size, opts)
+    NR, NC = (S, T) if op in PER_KEY else (T, S)
+    BR, BC, DK, XK = choose_blocks(op, NR, NC, E, limit, opts)
     WY, WX = _threads(op, opts)
-    NT = WY * WX
-    TR, TC = BR // WY, BC // WX  # a thread's rows and columns of the W tile
-    # ... in vectors of WR (WC) adjacent ones, groups of WY WR (WX WC) apart (rl, cl)
-    WR, WC = min(TR, 4), min(TC, 4)
+    WR, WC = min(BR // WY, 4), min(BC // WX, 4)
     EP = _padded(E, WX)
-    # output columns 4 WX q + 4 tx + i (vec4 reads of X), or tx + WX e
     XV = 4 if all(_padded(w, WX) % (4 * WX) == 0 for w, _, _ in prods) else 1
     LDA, LDB, LDW = BR + PAD, BC + PAD, BR + PAD
-    nblk = -(-NR // BR)
-    # X staged whole in As's and Bs's words (the "x_whole" option): one array of one vector type
-    # holds As, then Bs; the online softmax's row reductions then go to `red`, since X is
-    # stored into As right after them
-    xw = (opts.attn_opt("x_whole") and op != "attn_lse" and _prefetches(op, "prefetch_x", ctx.limits)
+    prefetch_x = _prefetches(op, "prefetch_x", limits)
+    # X staged whole in As's and Bs's words: one array of one vector type holds As, then
+    # Bs; the online softmax's row reductions then go to `red`, since X is stored into As
+    # right after them
+    xw = (opts.attn_opt("x_whole") and op != "attn_lse" and prefetch_x
           and WR == WC == XV and BC * EP <= DK * (LDA + LDB)
-          and 4 * (DK * (LDA + LDB) + BC * LDW + (WX * BR if online else 0))
-          <= ctx.limits.max_compute_workgroup_storage_size)
-    if xw:
-        XK = BC
-    alias = {"Bs": ("As", DK * LDA), "Xs": ("As", 0)} if xw else {}
+          and 4 * (DK * (LDA + LDB) + BC * LDW + (WX * BR if online else 0)) <= limit)
+    return TilePlan(op=op, T=T, S=S, D=D, Dv=Dv, batch=tuple(batch), scale=scale, off=offset,
+                    dyn=dyn, online=online, prods=prods, BR=BR, BC=BC, DK=DK,
+                    XK=BC if xw else XK, WY=WY, WX=WX, XV=XV, xw=bool(xw),
+                    red_in_as=_red_in_as(op, BR, DK, WX, opts) and not xw,
+                    prefetch_d=_prefetches(op, "prefetch_d", limits), prefetch_x=prefetch_x,
+                    opts=opts)
 
-    kernel = ctx.kernel(f"{op} [{'x'.join(map(str, batch)) or '1'}] T{T} S{S} D{D} "
-                        f"tiled {BR}x{BC}")
-    kernel.decls.append(f"var<workgroup> As: array<{_vty(WR)}, {(DK * LDA + (DK * LDB if xw else 0)) // WR}>;")
-    if not xw:
-        kernel.decls.append(f"var<workgroup> Bs: array<{_vty(WC)}, {DK * LDB // WC}>;")
-    if op != "attn_lse":  # W transposed: a thread's WR adjacent rows of one column, a vector
-        kernel.decls.append(f"var<workgroup> Ws: array<{_vty(WR)}, {BC * LDW // WR}>;")
-        if not xw:
-            kernel.decls.append(f"var<workgroup> Xs: array<{_vty(XV)}, {XK * EP // XV}>;")
-    if op == "attn_lse":
-        kernel.decls.append(f"var<workgroup> red_m: array<f32, {WX * BR}>;")
-        kernel.decls.append(f"var<workgroup> red_l: array<f32, {WX * BR}>;")
-    red_in_as = _red_in_as(op, BR, DK, WX, opts) and not xw
-    if online and not red_in_as:
-        kernel.decls.append(f"var<workgroup> red: array<f32, {WX * BR}>;")
-    # the epilogue takes (batch element, row, column): a store through views (the QKV
-    # gradient assembled in place, fusion._assemble) regroups them, not a flat index
-    # (or one per product: per_prod, below)
-    epi = ctx.epilogue_fn(kernel, (nb, T) if op == "attn_lse" else (nb, NR, Eo)) \
-        if len(prods) <= 1 or not ctx.writes_pieces else None
-    em = ctx.emitter(kernel)
-    L = em.emit
-    grid = kernel.workgroup_index(em, nb * nblk, "w")  # workgroup-uniform: barriers legal
-    if off is not None and opts.attn_opt("heavy_first") and nblk > 1:
-        # causal: block-major order, the blocks with the most streamed rows first (a query
-        # kernel's last blocks, a key kernel's first) so that the short ones fill the tail
-        L(f"let bo = w % {nb}u;")
-        L(f"let blk = {'' if per_key else f'{nblk - 1}u - '}w / {nb}u;")
-    else:
-        L(f"let blk = w % {nblk}u;")
-        L(f"let bo = w / {nblk}u;")
-    for line in thread_xy(WX, WY, opts.attn_opt("warp_tiles")):
-        L(line)
-    L(f"let r0 = blk * {BR}u;")
-    bdims = em.unravel("bo", batch) if batch else []
-    sc = f32_lit(scale)
-    ninf = f32_lit(float("-inf"))
 
-    def at(n, last):  # operand n at (its last two dims) = last, batch element bo
-        shape = g[n].shape
+def plan_of(node, g, limits) -> TilePlan:
+    """plan_tiled for an attention node of graph g."""
+    ops = operands(node)
+    T, D = g[ops.q].shape[-2], g[ops.q].shape[-1]
+    Dv = g[ops.v].shape[-1] if ops.v is not None else g[ops.g].shape[-1] if ops.g is not None else D
+    batch = node.shape[:-1] if node.op == "attn_lse" else node.shape[:-2]
+    return plan_tiled(node.op, T=T, S=g[ops.kt].shape[-1], D=D, Dv=Dv, batch=tuple(batch),
+                      scale=node.attrs["scale"], offset=node.attrs["offset"],
+                      online=_online(node.op, node.attrs), dyn=bool(node.attrs.get("dyn")),
+                      limits=limits)
+
+
+# ---------------------------------------------------------------- the kernel, stage by stage
+
+class _TiledKernel:
+    """The WGSL of one planned kernel, emitted stage by stage (build_tiled calls them in
+    order; the emitter's names follow that order, so the stages must keep it)."""
+
+    def __init__(self, ctx, plan: TilePlan, ops: Operands):
+        self.ctx, self.p, self.ops, self.g = ctx, plan, ops, ctx.g
+        p = plan
+        self.kernel = kernel = ctx.kernel(p.name)
+        for name, w, n in p.shared_arrays():
+            kernel.decls.append(f"var<workgroup> {name}: array<{_vty(w)}, {n}>;")
+        # the epilogue takes (batch element, row, column): a store through views (the QKV
+        # gradient assembled in place, fusion._assemble) regroups them, not a flat index
+        # (or one per product: epilogue_rows)
+        self.epi = ctx.epilogue_fn(kernel, (p.nb, p.T) if p.op == "attn_lse" else (p.nb, p.NR, p.Eo)) \
+            if len(p.prods) <= 1 or not ctx.writes_pieces else None
+        self.em = ctx.emitter(kernel)
+        self.L = self.em.emit
+        self.grid = kernel.workgroup_index(self.em, p.nb * p.nblk, "w")  # uniform: barriers legal
+        self.sc = f32_lit(p.scale)
+        self.ninf = f32_lit(float("-inf"))
+        if p.per_key:
+            self.own_load, self.str_load = self.K, self.Q
+            self.dp_own, self.dp_str = self.V, self.G
+            self.X_loads = {"attn_dv": [self.G], "attn_dk": [self.Q], "attn_dkv": [self.G, self.Q]}[p.op]
+        else:
+            self.own_load, self.str_load = self.Q, self.K
+            self.dp_own, self.dp_str = self.G, self.V
+            self.X_loads = {"attn_out": [self.V], "attn_fwd": [self.V], "attn_dq": [self.K]}.get(p.op, [])
+
+    # -- the workgroup: its block, threads, runtime offset, streamed range and own rows
+    def open(self) -> None:
+        p, em, L = self.p, self.em, self.L
+        nb, nblk = p.nb, p.nblk
+        if p.off is not None and p.opts.attn_opt("heavy_first") and nblk > 1:
+            # causal: block-major order, the blocks with the most streamed rows first (a query
+            # kernel's last blocks, a key kernel's first) so that the short ones fill the tail
+            L(f"let bo = w % {nb}u;")
+            L(f"let blk = {'' if p.per_key else f'{nblk - 1}u - '}w / {nb}u;")
+        else:
+            L(f"let blk = w % {nblk}u;")
+            L(f"let bo = w / {nblk}u;")
+        for line in thread_xy(p.WX, p.WY, p.opts.attn_opt("warp_tiles")):
+            L(line)
+        L(f"let r0 = blk * {p.BR}u;")
+        self.bdims = em.unravel("bo", p.batch) if p.batch else []
+        # the causal limit: key j is kept for query i iff j <= i + off (+ dyn)
+        if p.dyn:
+            pn = self.ops.pos
+            self.kernel.decls.append("var<workgroup> wdyn: i32;")
+            with em.block("if (lid == 0u)"):
+                L(f"wdyn = i32({em.value(pn, Idx(self.g[pn].shape, flat='0u'))});")
+            L("let dyn = workgroupUniformLoad(&wdyn);")
+        cbeg, cend = p.streamed_range()
+        self.cbeg = em.let(cbeg) if "clamp" in cbeg else cbeg
+        self.cend = em.let(cend) if "clamp" in cend else cend
+        self.own_rows = [em.let(f"r0 + {p.row(a)}") for a in range(p.TR)]
+
+    # -- operands at (their last two dims), batch element bo
+    def at(self, n, last):
+        shape = self.g[n].shape
         k0 = len(shape) - len(last)
-        r = len(batch) - k0
-        dims = ["0u" if shape[k] == 1 else bdims[r + k] for k in range(k0)] + last
-        return em.value(n, Idx(shape, dims=dims))
+        r = len(self.p.batch) - k0
+        dims = ["0u" if shape[k] == 1 else self.bdims[r + k] for k in range(k0)] + last
+        return self.em.value(n, Idx(shape, dims=dims))
 
-    def Q(i, d): return at(a_, [i, d])
-    def K(j, d): return at(b_, [d, j])
-    def Vv(j, e): return at(v_, [j, e])
-    def Gg(i, e): return at(g_, [i, e])
+    def Q(self, i, d): return self.at(self.ops.q, [i, d])
+    def K(self, j, d): return self.at(self.ops.kt, [d, j])
+    def V(self, j, e): return self.at(self.ops.v, [j, e])
+    def G(self, i, e): return self.at(self.ops.g, [i, e])
 
-    def stat(n, i):  # lse / Drow of query i ([batch.., T])
-        return em.value(n, Idx(g[n].shape, flat=em.let(f"bo * {T}u + {i}")))
+    def stat(self, n, i):  # lse / Drow of query i ([batch.., T])
+        return self.em.value(n, Idx(self.g[n].shape, flat=self.em.let(f"bo * {self.p.T}u + {i}")))
 
-    # the causal limit: key j is kept for query i iff j <= i + off (+ dyn)
-    dyn = ""
-    if node.attrs.get("dyn"):
-        pn = ins[-1]
-        kernel.decls.append("var<workgroup> wdyn: i32;")
-        with em.block("if (lid == 0u)"):
-            L(f"wdyn = i32({em.value(pn, Idx(g[pn].shape, flat='0u'))});")
-        L("let dyn = workgroupUniformLoad(&wdyn);")
-        dyn = " + dyn"
-
-    # the streamed range [cbeg, cend)
-    if off is None:
-        cbeg, cend = "0u", f"{NC}u"
-    elif not per_key:  # the block's last query r0 + BR - 1 keeps keys < r0 + BR + off
-        cbeg = "0u"
-        cend = em.let(f"u32(clamp(i32(r0) + {BR + off}i{dyn}, 0i, {NC}i))")
-    else:  # the block's first key r0 is kept by queries >= r0 - off
-        cbeg = em.let(f"u32(clamp(i32(r0) - {off}i{' - dyn' if dyn else ''}, 0i, {NC}i))")
-        cend = f"{NC}u"
-    # a key block's first query r0 - off (- dyn) may not start a BC block: the last is short
-    causal_tail = per_key and off is not None and bool(dyn or off % BC or BR % BC)
-
-    def fetch(store, nrows, nk, row0, rows_total, k0, k_total, load, rows_exact=False,
+    # -- loads and stores of tiles
+    def fetch(self, store, nrows, nk, row0, rows_total, k0, k_total, load, rows_exact=False,
               k_exact=False):
         """The global loads of a tile: word store(rr, kk) = load(row0 + rr, k0 + kk) for
         rr < nrows, kk < nk (kk fastest across threads: coalesced reads), zero outside
         rows_total x k_total (no test where rows_exact / k_exact say the tile lies inside).
         Returns [(condition or None, word, value)] for put: the loads are `let`s in the
         current scope, so they can be issued well before the stores (prefetch)."""
+        em, NT, opts = self.em, self.p.NT, self.p.opts
         n = nrows * nk
         rows_exact = rows_exact and opts.attn_opt("exact")
         k_exact = k_exact and opts.attn_opt("exact")
@@ -339,48 +506,52 @@ def build_tiled(ctx) -> list[dict]:
             items.append((f"{e} < {n}u" if partial else None, store(rr, kk), em.let(val)))
         return items
 
-    def put(arr, w, items):
+    def put(self, arr, w, items):
         """The stores of fetch's words into arr (of vec{w}; an alias: its words of As)."""
-        arr, base = alias.get(arr, (arr, 0))
+        arr, base = self.p.alias.get(arr, (arr, 0))
         for cond, q, v in items:
             q = f"{base}u + {q}" if base else q
             if cond:
-                with em.block(f"if ({cond})"):
-                    L(_put(arr, w, q, v))
+                with self.em.block(f"if ({cond})"):
+                    self.L(_put(arr, w, q, v))
             else:
-                L(_put(arr, w, q, v))
+                self.L(_put(arr, w, q, v))
 
-    def dot_tiles(accs, width, own_load, str_load):
+    def dot_tiles(self, accs, width, own_load, str_load):
         """accs[a][b] += own row a . streamed row b (the thread's), over width: D chunks of
         DK staged in As / Bs, the next chunk's loads issued before this one's products
         where the op prefetches and there are few chunks."""
-        def tiles(d0):
-            return (fetch(lambda rr, kk: f"{kk} * {LDA}u + {rr}", BR, DK, "r0", NR, d0,
-                          width, own_load, NR % BR == 0, width % DK == 0),
-                    fetch(lambda rr, kk: f"{kk} * {LDB}u + {rr}", BC, DK, "c0", NC, d0,
-                          width, str_load, NC % BC == 0 and not causal_tail, width % DK == 0))
+        p, em, L = self.p, self.em, self.L
+        DK, LDA, LDB, WR, WC, WY, WX = p.DK, p.LDA, p.LDB, p.WR, p.WC, p.WY, p.WX
 
-        bs, boff = alias.get("Bs", ("Bs", 0))
+        def tiles(d0):
+            return (self.fetch(lambda rr, kk: f"{kk} * {LDA}u + {rr}", p.BR, DK, "r0", p.NR, d0,
+                               width, own_load, p.NR % p.BR == 0, width % DK == 0),
+                    self.fetch(lambda rr, kk: f"{kk} * {LDB}u + {rr}", p.BC, DK, "c0", p.NC, d0,
+                               width, str_load, p.NC % p.BC == 0 and not p.causal_tail,
+                               width % DK == 0))
+
+        bs, boff = p.alias.get("Bs", ("Bs", 0))
 
         def products():
             for dd in range(DK):
-                xs = [em.fresh("x") for _ in range(TR // WR)]
-                ys = [em.fresh("y") for _ in range(TC // WC)]
+                xs = [em.fresh("x") for _ in range(p.TR // WR)]
+                ys = [em.fresh("y") for _ in range(p.TC // WC)]
                 for h, x in enumerate(xs):
                     L(f"let {x} = As[{dd * LDA // WR + WY * h}u + ty];")
                 for h, y in enumerate(ys):
                     L(f"let {y} = {bs}[{(boff + dd * LDB) // WC + WX * h}u + tx];")
-                for a in range(TR):
-                    for b in range(TC):
+                for a in range(p.TR):
+                    for b in range(p.TC):
                         L(f"{accs[a][b]} = fma({_comp(xs[a // WR], WR, a % WR)}, "
                           f"{_comp(ys[b // WC], WC, b % WC)}, {accs[a][b]});")
 
         nch = -(-width // DK)
-        if _prefetches(op, "prefetch_d", ctx.limits) and nch <= PREFETCH_D_MAX:
+        if p.prefetch_d and nch <= PREFETCH_D_MAX:
             cur = tiles("0u")
             for ci in range(nch):
-                put("As", WR, cur[0])
-                put("Bs", WC, cur[1])
+                self.put("As", WR, cur[0])
+                self.put("Bs", WC, cur[1])
                 L("workgroupBarrier();")
                 if ci + 1 < nch:
                     cur = tiles(f"{(ci + 1) * DK}u")
@@ -388,37 +559,31 @@ def build_tiled(ctx) -> list[dict]:
                 L("workgroupBarrier();")
             return
         with em.block(f"for (var d0 = 0u; d0 < {width}u; d0 += {DK}u)"):
-            a_, b_ = tiles("d0")
-            put("As", WR, a_)
-            put("Bs", WC, b_)
+            own, streamed = tiles("d0")
+            self.put("As", WR, own)
+            self.put("Bs", WC, streamed)
             L("workgroupBarrier();")
             products()
             L("workgroupBarrier();")
 
-    def rl(a):  # the block-local index of a thread's row a
-        return f"ty * {WR}u + {(a // WR) * WY * WR + a % WR}u"
-
-    def cl(b):  # ... and of its column b
-        return f"tx * {WC}u + {(b // WC) * WX * WC + b % WC}u"
-
-    own_rows = [em.let(f"r0 + {rl(a)}") for a in range(TR)]
-
-    def across_row(values, name, combine):
+    def across_row(self, values, name, combine):
         """Each own row's value (one per thread) combined over the row's WX threads through
         workgroup memory (red, or As where _red_in_as): one new variable per row,
         combine(r, x) folding the WX entries in order from the first."""
-        for a in range(TR):
-            q = f"({rl(a)}) * {WX}u + tx"
-            L(_put("As", WR, q, values[a]) if red_in_as else f"red[{q}] = {values[a]};")
+        p, em, L = self.p, self.em, self.L
+        WX, WR = p.WX, p.WR
+        for a in range(p.TR):
+            q = f"({p.row(a)}) * {WX}u + tx"
+            L(_put("As", WR, q, values[a]) if p.red_in_as else f"red[{q}] = {values[a]};")
         L("workgroupBarrier();")
         out = []
-        for a in range(TR):
-            base = f"({rl(a)}) * {WX}u"
+        for a in range(p.TR):
+            base = f"({p.row(a)}) * {WX}u"
             r = em.fresh(name)
-            if red_in_as and WR == 4:  # the row's WX entries as WX / 4 vec4 reads
-                vs = [em.let(f"As[({rl(a)}) * {WX // 4}u + {i}u]") for i in range(WX // 4)]
+            if p.red_in_as and WR == 4:  # the row's WX entries as WX / 4 vec4 reads
+                vs = [em.let(f"As[({p.row(a)}) * {WX // 4}u + {i}u]") for i in range(WX // 4)]
                 xs = [f"{v}.{c}" for v in vs for c in "xyzw"]
-            elif red_in_as:
+            elif p.red_in_as:
                 sh = {1: 0, 2: 1}[WR]
                 xs = [f"As[({base} + {t}u) >> {sh}u]" + (f"[({base} + {t}u) & 1u]" if WR == 2 else "")
                       for t in range(WX)]
@@ -435,78 +600,86 @@ def build_tiled(ctx) -> list[dict]:
             out.append(r)
         return out
 
-    def out_cols(width):
-        n = _padded(width, WX) // WX
-        if XV == 4:
-            return [f"{4 * WX * (e // 4) + e % 4}u + tx * 4u" for e in range(n)]
-        return [f"tx + {WX * e}u" for e in range(n)]
-    if per_key:
-        own_load, str_load = K, Q
-        dp_own, dp_str = Vv, Gg
-        X_loads = {"attn_dv": [Gg], "attn_dk": [Q], "attn_dkv": [Gg, Q]}[op]
-    else:
-        own_load, str_load = Q, K
-        dp_own, dp_str = Gg, Vv
-        X_loads = {"attn_out": [Vv], "attn_fwd": [Vv], "attn_dq": [K]}.get(op, [])
+    # -- own-row statistics and the accumulators, before the streamed loop
+    def accumulators(self) -> None:
+        p, em = self.p, self.em
+        self.own_lse = self.own_dr = None
+        if not p.per_key and self.ops.lse is not None:  # query kernels: read once
+            self.own_lse = [em.let(self.stat(self.ops.lse, f"min({r}, {p.T - 1}u)"))
+                            for r in self.own_rows]
+        if not p.per_key and self.ops.drow is not None:
+            self.own_dr = [em.let(self.stat(self.ops.drow, f"min({r}, {p.T - 1}u)"))
+                           for r in self.own_rows]
+        self.accs = [[[em.var("f32", "0.0f", "o") for _ in range(_padded(w, p.WX) // p.WX)]
+                      for _ in range(p.TR)] for w, _, _ in p.prods]
+        running = p.op == "attn_lse" or p.online
+        self.m_run = [em.var("f32", self.ninf, "m") for _ in range(p.TR)] if running else []
+        self.l_run = [em.var("f32", "0.0f", "l") for _ in range(p.TR)] if running else []
 
-    # own-row statistics (query kernels), read once
-    own_lse = own_dr = None
-    if not per_key and lse_n is not None:
-        own_lse = [em.let(stat(lse_n, f"min({r}, {T - 1}u)")) for r in own_rows]
-    if not per_key and dr_n is not None:
-        own_dr = [em.let(stat(dr_n, f"min({r}, {T - 1}u)")) for r in own_rows]
+    # -- one streamed block (inside the loop over c0)
+    def x_rows(self, k, x0):
+        """The loads of the XK rows x0.. of X for product k."""
+        p = self.p
+        width = p.prods[k][0]
+        x_exact = p.NC % p.BC == 0 and p.BC % p.XK == 0 and not p.causal_tail
+        return self.fetch(lambda rr, kk: f"{rr} * {p.EP}u + {kk}", p.XK, _padded(width, p.WX),
+                          f"c0 + {x0}", p.NC, "0u", width, self.X_loads[k], x_exact,
+                          _padded(width, p.WX) == width)
 
-    accs = [[[em.var("f32", "0.0f", "o") for _ in range(_padded(w, WX) // WX)] for _ in range(TR)]
-            for w, _, _ in prods]
-    acc = accs[0] if accs else []
-    TE = _padded(prods[0][0], WX) // WX if prods else 0
-    m_run = [em.var("f32", ninf, "m") for _ in range(TR)] if op == "attn_lse" or online else []
-    l_run = [em.var("f32", "0.0f", "l") for _ in range(TR)] if op == "attn_lse" or online else []
+    def prefetch_x(self):
+        """Every X row of the block, loaded before the scores (None where the op does not
+        prefetch). X rows past a causal block's last kept one are real rows times W = 0."""
+        p = self.p
+        if not p.prefetch_x:
+            return None
+        return [[self.x_rows(k, f"{x0}u") for x0 in range(0, p.BC, p.XK)]
+                for k in range(len(p.prods))]
 
-    with em.block(f"for (var c0 = {cbeg}; c0 < {cend}; c0 += {BC}u)"):
-        x_exact = NC % BC == 0 and BC % XK == 0 and not causal_tail
-
-        def x_rows(k, x0):  # the XK rows x0.. of X for product k
-            width = prods[k][0]
-            return fetch(lambda rr, kk: f"{rr} * {EP}u + {kk}", XK, _padded(width, WX), f"c0 + {x0}",
-                         NC, "0u", width, X_loads[k], x_exact, _padded(width, WX) == width)
-        # X rows past a causal block's last kept one are real rows times W = 0, or zeros
-        x_pre = ([[x_rows(k, f"{x0}u") for x0 in range(0, BC, XK)] for k in range(len(prods))]
-                 if _prefetches(op, "prefetch_x", ctx.limits) else None)
-        s = [[em.var("f32", "0.0f", "s") for _ in range(TC)] for _ in range(TR)]
-        dot_tiles(s, D, own_load, str_load)
+    def scores(self):
+        """The thread's scores s (own . streamed over D) and, for dq / dk / dkv, dp (g . v
+        over Dv); then the block's streamed columns and (key kernels) their statistics."""
+        p, em = self.p, self.em
+        s = [[em.var("f32", "0.0f", "s") for _ in range(p.TC)] for _ in range(p.TR)]
+        self.dot_tiles(s, p.D, self.own_load, self.str_load)
         dp = None
-        if two_dots:
-            dp = [[em.var("f32", "0.0f", "p") for _ in range(TC)] for _ in range(TR)]
-            dot_tiles(dp, Dv, dp_own, dp_str)
-        cols = [em.let(f"c0 + {cl(b)}") for b in range(TC)]
-        str_lse = str_dr = None
-        if per_key:
-            str_lse = [em.let(stat(lse_n, f"min({c}, {T - 1}u)")) for c in cols]
-            if dr_n is not None:
-                str_dr = [em.let(stat(dr_n, f"min({c}, {T - 1}u)")) for c in cols]
+        if p.two_dots:
+            dp = [[em.var("f32", "0.0f", "p") for _ in range(p.TC)] for _ in range(p.TR)]
+            self.dot_tiles(dp, p.Dv, self.dp_own, self.dp_str)
+        self.cols = [em.let(f"c0 + {p.col(b)}") for b in range(p.TC)]
+        self.str_lse = self.str_dr = None
+        if p.per_key:
+            self.str_lse = [em.let(self.stat(self.ops.lse, f"min({c}, {p.T - 1}u)")) for c in self.cols]
+            if self.ops.drow is not None:
+                self.str_dr = [em.let(self.stat(self.ops.drow, f"min({c}, {p.T - 1}u)"))
+                               for c in self.cols]
+        return s, dp
 
-        def kept(a, b):
-            r, c = own_rows[a], cols[b]
-            conds = [f"{c} < {NC}u"]
-            if off is not None:
-                i, j = (c, r) if per_key else (r, c)
-                conds.append(f"i32({j}) <= i32({i}) + {off}i{dyn}")
-            return em.let(" && ".join(conds))
+    def kept(self, a, b):
+        return self.em.let(self.p.kept(self.own_rows[a], self.cols[b]))
 
-        xsc = [[em.let(f"select({ninf}, {s[a][b]} * {sc}, {kept(a, b)})") for b in range(TC)]
-               for a in range(TR)] if op == "attn_lse" or online else None
+    def weights(self, s, dp):
+        """The softmax statistics of the block and the W tiles of its output products:
+        attn_lse's per-thread running (max, sum); the online softmax's rescaled p (its row
+        maximum across threads); else p from the saved lse, ds = p (dp - Drow) where dp is
+        there. Returns [W of each product] (attn_dkv: p for dV, ds for dK)."""
+        p, em, L, ninf, sc = self.p, self.em, self.L, self.ninf, self.sc
+        TR, TC = p.TR, p.TC
+        xsc = [[em.let(f"select({ninf}, {s[a][b]} * {sc}, {self.kept(a, b)})") for b in range(TC)]
+               for a in range(TR)] if p.op == "attn_lse" or p.online else None
         w = [[None] * TC for _ in range(TR)]
-        w2 = None  # attn_dkv: W = p for dV, then W2 = ds for dK
-        if op == "attn_lse":  # per-thread running (max, sum) over the thread's columns
+        w2 = None
+        if p.op == "attn_lse":  # per-thread running (max, sum) over the thread's columns
+            m_run, l_run = self.m_run, self.l_run
             for a in range(TR):
                 mn = em.let(f"max({m_run[a]}, {_max(xsc[a])})")
                 mz = em.let(f"select({mn}, 0.0f, {mn} == {ninf})")  # no -inf - -inf
                 terms = " + ".join(f"exp({x} - {mz})" for x in xsc[a])
                 L(f"{l_run[a]} = {l_run[a]} * exp({m_run[a]} - {mz}) + {terms};")
                 L(f"{m_run[a]} = {mn};")
-        elif online:  # the row's maximum over this block
-            row_max = across_row([_max(xsc[a]) for a in range(TR)], "rm", "max({r}, {x})")
+        elif p.online:  # the row's maximum over this block
+            m_run, l_run, acc = self.m_run, self.l_run, self.accs[0]
+            TE = _padded(p.prods[0][0], p.WX) // p.WX
+            row_max = self.across_row([_max(xsc[a]) for a in range(TR)], "rm", "max({r}, {x})")
             for a in range(TR):
                 mn = em.let(f"max({m_run[a]}, {row_max[a]})")
                 mz = em.let(f"select({mn}, 0.0f, {mn} == {ninf})")
@@ -518,78 +691,88 @@ def build_tiled(ctx) -> list[dict]:
                     L(f"{acc[a][e]} = {acc[a][e]} * {al};")
                 L(f"{m_run[a]} = {mn};")
         else:
-            if op == "attn_dkv":
+            if p.op == "attn_dkv":
                 w2 = [[None] * TC for _ in range(TR)]
             for a in range(TR):
                 for b in range(TC):
-                    lse = str_lse[b] if per_key else own_lse[a]
-                    p = em.let(f"select(0.0f, exp({s[a][b]} * {sc} - {lse}), {kept(a, b)})")
+                    lse = self.str_lse[b] if p.per_key else self.own_lse[a]
+                    pr = em.let(f"select(0.0f, exp({s[a][b]} * {sc} - {lse}), {self.kept(a, b)})")
                     if dp is not None:
-                        dr = str_dr[b] if per_key else own_dr[a]
-                        ds = em.let(f"{p} * ({dp[a][b]} - {dr})")
-                    if op == "attn_dkv":
-                        w[a][b], w2[a][b] = p, ds
+                        dr = self.str_dr[b] if p.per_key else self.own_dr[a]
+                        ds = em.let(f"{pr} * ({dp[a][b]} - {dr})")
+                    if p.op == "attn_dkv":
+                        w[a][b], w2[a][b] = pr, ds
                     else:
-                        w[a][b] = ds if dp is not None else p
-        for k, (width, _, _) in enumerate(prods):
-            wk = w if k == 0 else w2
-            acc = accs[k]
-            TE = _padded(width, WX) // WX
-            if opts.attn_opt("ws_vec"):  # a thread's rows are WR adjacent words per vector
-                for b in range(TC):
-                    for h in range(TR // WR):
-                        vals = [wk[h * WR + i][b] for i in range(WR)]
-                        L(f"Ws[({cl(b)}) * {LDW // WR}u + {WY * h}u + ty] = "
-                          f"{_vty(WR)}({', '.join(vals)});")
-            else:
-                for a in range(TR):
-                    for b in range(TC):
-                        L(_put("Ws", WR, f"({cl(b)}) * {LDW}u + {rl(a)}", wk[a][b]))
-            L("workgroupBarrier();")
+                        w[a][b] = ds if dp is not None else pr
+        return [w, w2][:len(p.prods)]
 
-            xs_name = alias.get("Xs", ("Xs", 0))[0]
+    def accumulate(self, k, wk, x_pre):
+        """Output product k: W to Ws (transposed), then acc += W @ X over X's rows staged
+        XK at a time (all of them already loaded where x_pre has them)."""
+        p, em, L = self.p, self.em, self.L
+        WR, WY, LDW, XK, EP, WX = p.WR, p.WY, p.LDW, p.XK, p.EP, p.WX
+        width = p.prods[k][0]
+        acc = self.accs[k]
+        TE = _padded(width, WX) // WX
+        if p.opts.attn_opt("ws_vec"):  # a thread's rows are WR adjacent words per vector
+            for b in range(p.TC):
+                for h in range(p.TR // WR):
+                    vals = [wk[h * WR + i][b] for i in range(WR)]
+                    L(f"Ws[({p.col(b)}) * {LDW // WR}u + {WY * h}u + ty] = "
+                      f"{_vty(WR)}({', '.join(vals)});")
+        else:
+            for a in range(p.TR):
+                for b in range(p.TC):
+                    L(_put("Ws", WR, f"({p.col(b)}) * {LDW}u + {p.row(a)}", wk[a][b]))
+        L("workgroupBarrier();")
 
-            def pv(x0):  # acc += W[:, x0 + xx] X[x0 + xx] over the XK staged rows
-                for xx in range(XK):
-                    wvs = [em.fresh("w") for _ in range(TR // WR)]
-                    for h, wv in enumerate(wvs):
-                        L(f"let {wv} = Ws[({x0} + {xx}u) * {LDW // WR}u + {WY * h}u + ty];")
-                    if XV == 4:
-                        xv = [em.fresh("x") for _ in range(TE // 4)]
-                        for q, nm in enumerate(xv):
-                            L(f"let {nm} = {xs_name}[{(xx * EP + 4 * WX * q) // 4}u + tx];")
-                        xe = [f"{xv[e // 4]}.{'xyzw'[e % 4]}" for e in range(TE)]
-                    else:
-                        xe = [em.fresh("x") for _ in range(TE)]
-                        for e, nm in enumerate(xe):
-                            L(f"let {nm} = {xs_name}[{xx * EP + WX * e}u + tx];")
-                    for a in range(TR):
-                        for e in range(TE):
-                            L(f"{acc[a][e]} = fma({_comp(wvs[a // WR], WR, a % WR)}, {xe[e]}, "
-                              f"{acc[a][e]});")
-            if x_pre is not None:  # every row of the block, loaded before the scores
-                for i, x0 in enumerate(range(0, BC, XK)):
-                    put("Xs", XV, x_pre[k][i])
-                    L("workgroupBarrier();")
-                    pv(f"{x0}u")
-                    L("workgroupBarrier();")
-            else:
-                xn = em.let(f"min({BC}u, {cend} - c0)")  # the last block may be short
-                with em.block(f"for (var x0 = 0u; x0 < {xn}; x0 += {XK}u)"):
-                    put("Xs", XV, x_rows(k, "x0"))
-                    L("workgroupBarrier();")
-                    pv("x0")
-                    L("workgroupBarrier();")
+        xs_name = p.alias.get("Xs", ("Xs", 0))[0]
 
-    if op == "attn_lse":  # combine the WX threads' (max, sum) of each row
-        for a in range(TR):
-            L(f"red_m[({rl(a)}) * {WX}u + tx] = {m_run[a]};")
-            L(f"red_l[({rl(a)}) * {WX}u + tx] = {l_run[a]};")
+        def pv(x0):  # acc += W[:, x0 + xx] X[x0 + xx] over the XK staged rows
+            for xx in range(XK):
+                wvs = [em.fresh("w") for _ in range(p.TR // WR)]
+                for h, wv in enumerate(wvs):
+                    L(f"let {wv} = Ws[({x0} + {xx}u) * {LDW // WR}u + {WY * h}u + ty];")
+                if p.XV == 4:
+                    xv = [em.fresh("x") for _ in range(TE // 4)]
+                    for q, nm in enumerate(xv):
+                        L(f"let {nm} = {xs_name}[{(xx * EP + 4 * WX * q) // 4}u + tx];")
+                    xe = [f"{xv[e // 4]}.{'xyzw'[e % 4]}" for e in range(TE)]
+                else:
+                    xe = [em.fresh("x") for _ in range(TE)]
+                    for e, nm in enumerate(xe):
+                        L(f"let {nm} = {xs_name}[{xx * EP + WX * e}u + tx];")
+                for a in range(p.TR):
+                    for e in range(TE):
+                        L(f"{acc[a][e]} = fma({_comp(wvs[a // WR], WR, a % WR)}, {xe[e]}, "
+                          f"{acc[a][e]});")
+        if x_pre is not None:  # every row of the block, loaded before the scores
+            for i, x0 in enumerate(range(0, p.BC, XK)):
+                self.put("Xs", p.XV, x_pre[k][i])
+                L("workgroupBarrier();")
+                pv(f"{x0}u")
+                L("workgroupBarrier();")
+        else:
+            xn = em.let(f"min({p.BC}u, {self.cend} - c0)")  # the last block may be short
+            with em.block(f"for (var x0 = 0u; x0 < {xn}; x0 += {XK}u)"):
+                self.put("Xs", p.XV, self.x_rows(k, "x0"))
+                L("workgroupBarrier();")
+                pv("x0")
+                L("workgroupBarrier();")
+
+    # -- the epilogues, after the streamed loop
+    def epilogue_lse(self) -> None:
+        """attn_lse: combine the WX threads' (max, sum) of each row into lse_i."""
+        p, em, L, ninf = self.p, self.em, self.L, self.ninf
+        WX = p.WX
+        for a in range(p.TR):
+            L(f"red_m[({p.row(a)}) * {WX}u + tx] = {self.m_run[a]};")
+            L(f"red_l[({p.row(a)}) * {WX}u + tx] = {self.l_run[a]};")
         L("workgroupBarrier();")
         with em.block("if (tx == 0u)"):
-            for a in range(TR):
-                base = f"({rl(a)}) * {WX}u"
-                with em.block(f"if ({own_rows[a]} < {NR}u)"):
+            for a in range(p.TR):
+                base = f"({p.row(a)}) * {WX}u"
+                with em.block(f"if ({self.own_rows[a]} < {p.NR}u)"):
                     L(f"var mm: f32 = red_m[{base}];")
                     with em.block(f"for (var t = 1u; t < {WX}u; t++)"):
                         L(f"mm = max(mm, red_m[{base} + t]);")
@@ -597,38 +780,65 @@ def build_tiled(ctx) -> list[dict]:
                     L("var ll: f32 = 0.0f;")
                     with em.block(f"for (var t = 0u; t < {WX}u; t++)"):
                         L(f"ll = ll + red_l[{base} + t] * exp(red_m[{base} + t] - mz);")
-                    L(f"{epi}(bo, {own_rows[a]}, mm + log(ll));")
-        return [ctx.dispatch(kernel, em.lines, grid, NT)]
+                    L(f"{self.epi}(bo, {self.own_rows[a]}, mm + log(ll));")
 
-    inv = [None] * TR
-    if online:  # the row sums: each thread holds its columns' part
-        row_sum = across_row(l_run, "ls", "{r} + {x}")
-        for a in range(TR):
-            ls = row_sum[a]
-            inv[a] = em.let(f"1.0f / {ls}")
-            if op == "attn_fwd":  # lse_i = m_i + log(sum), after the row's O
-                with em.block(f"if (tx == 0u && {own_rows[a]} < {NR}u)"):
-                    L(f"{epi}(bo, {own_rows[a]}, {Eo - 1}u, {m_run[a]} + log({ls}));")
-    # several products (attn_dkv's dK and dV columns) writing pieces of an assembled tensor:
-    # an epilogue per product, which knows which piece its columns go to (with one, each
-    # value tested its column: attn_dkv ran 7% slower on an H200)
-    per_prod = len(prods) > 1 and ctx.writes_pieces
-    epi_k = [ctx.epilogue_fn(kernel, (nb, NR, Eo), (col0, col0 + width)) if per_prod else epi
-             for width, col0, _ in prods]
-    for a in range(TR):
-        with em.block(f"if ({own_rows[a]} < {NR}u)"):
-            for k, (width, col0, post) in enumerate(prods):
-                for e, ce in enumerate(out_cols(width)):
-                    col = em.let(ce)
-                    v = accs[k][a][e]
-                    if inv[a] is not None:
-                        v = f"{v} * {inv[a]}"
-                    if post is not None:
-                        v = f"{v} * {sc}"
-                    at_ = f"{col0}u + {col}" if col0 else col
-                    call = f"{epi_k[k]}(bo, {own_rows[a]}, {at_}, {v});"
-                    L(f"if ({col} < {width}u) {{ {call} }}" if _padded(width, WX) != width else call)
-    return [ctx.dispatch(kernel, em.lines, grid, NT)]
+    def epilogue_rows(self) -> None:
+        """The other ops: each own row's products (O divided by the online row sum; attn_dq's
+        and dK's scaled; attn_dkv's dK and dV columns), and attn_fwd's lse_i = m_i + log(sum)
+        in the last column."""
+        p, em, L = self.p, self.em, self.L
+        inv = [None] * p.TR
+        if p.online:  # the row sums: each thread holds its columns' part
+            row_sum = self.across_row(self.l_run, "ls", "{r} + {x}")
+            for a in range(p.TR):
+                ls = row_sum[a]
+                inv[a] = em.let(f"1.0f / {ls}")
+                if p.op == "attn_fwd":  # lse_i = m_i + log(sum), after the row's O
+                    with em.block(f"if (tx == 0u && {self.own_rows[a]} < {p.NR}u)"):
+                        L(f"{self.epi}(bo, {self.own_rows[a]}, {p.Eo - 1}u, "
+                          f"{self.m_run[a]} + log({ls}));")
+        # several products (attn_dkv's dK and dV columns) writing pieces of an assembled
+        # tensor: an epilogue per product, which knows which piece its columns go to (with
+        # one, each value tested its column: attn_dkv ran 7% slower on an H200)
+        per_prod = len(p.prods) > 1 and self.ctx.writes_pieces
+        epi_k = [self.ctx.epilogue_fn(self.kernel, (p.nb, p.NR, p.Eo), (col0, col0 + width))
+                 if per_prod else self.epi for width, col0, _ in p.prods]
+        for a in range(p.TR):
+            with em.block(f"if ({self.own_rows[a]} < {p.NR}u)"):
+                for k, (width, col0, post) in enumerate(p.prods):
+                    for e, ce in enumerate(p.out_cols(width)):
+                        col = em.let(ce)
+                        v = self.accs[k][a][e]
+                        if inv[a] is not None:
+                            v = f"{v} * {inv[a]}"
+                        if post is not None:
+                            v = f"{v} * {self.sc}"
+                        at_ = f"{col0}u + {col}" if col0 else col
+                        call = f"{epi_k[k]}(bo, {self.own_rows[a]}, {at_}, {v});"
+                        L(f"if ({col} < {width}u) {{ {call} }}" if _padded(width, p.WX) != width
+                          else call)
+
+    def dispatch(self) -> dict:
+        return self.ctx.dispatch(self.kernel, self.em.lines, self.grid, self.p.NT)
 
 
-__all__ = ["build_tiled", "use_tiled", "choose_blocks"]
+def build_tiled(ctx) -> list[dict]:
+    """The tiled kernel of ctx's attention node: plan, then the stages in order."""
+    plan = plan_of(ctx.main_node, ctx.g, ctx.limits)
+    k = _TiledKernel(ctx, plan, operands(ctx.main_node))
+    k.open()
+    k.accumulators()
+    with k.em.block(f"for (var c0 = {k.cbeg}; c0 < {k.cend}; c0 += {plan.BC}u)"):
+        x_pre = k.prefetch_x()
+        s, dp = k.scores()
+        for i, w in enumerate(k.weights(s, dp)):
+            k.accumulate(i, w, x_pre)
+    if plan.op == "attn_lse":
+        k.epilogue_lse()
+    else:
+        k.epilogue_rows()
+    return [k.dispatch()]
+
+
+__all__ = ["build_tiled", "use_tiled", "choose_blocks", "plan_tiled", "plan_of", "TilePlan",
+           "operands", "Operands"]

@@ -13,7 +13,10 @@ without the "transformer." prefix: "wte.weight", "h.0.attn.c_attn.weight", ...):
                          generate / generate_stream sample (sampling.py); surprisal scores
                          text in bits. Every method has an awaitable *_async twin. The
                          programs and the decode loop are decoding.py's (shared with
-                         llama.py); this module gives them GPT-2's network.
+                         llama.py); this module gives them GPT-2's network. Weights in
+                         and out (state dicts, safetensors, the shapes of a GGUF file)
+                         are checked and converted by gpt2_weights.py; gpt2_gguf.py maps
+                         GGUF names, gpt2_cache.py writes the browser's model cache image.
 
 Layout (transformers' Conv1D): a linear layer's weight is [in, out] and y = x @ W + b; the
 LM head is tied to wte (logits = h @ wte^T). GELU is the tanh form ("gelu_new").
@@ -29,16 +32,16 @@ rows contribute exactly 0.
 """
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from math import prod
 
 from .. import init, lora, ops
-from ..arrays import HostArray, to_host
+from ..arrays import HostArray
 from ..blocking import run_blocking
 from ..module import Module
 from ..stateful import assign, state
+from . import gpt2_weights as _weights
 from .decoding import (Cache, CausalLM, Network, Surprisal, SurprisalTracker, as_f32_array,  # noqa: F401
                        cat_rows as _cat_rows, chunks_for, embed_rows, head_blocks, head_stats,
                        next_token_loss, quant_params, read_f32, row_split, table_parts,
@@ -48,9 +51,6 @@ try:  # the byte-level BPE tokenizer (bpe.py) may land after this module
     from .bpe import Tokenizer
 except ImportError:  # pragma: no cover
     Tokenizer = None
-
-
-_META_KEY = "webgrad.gpt2_config"  # safetensors metadata: the config, as JSON
 
 
 @dataclass(frozen=True)
@@ -279,10 +279,6 @@ def cached_hidden(m: GPT2Module, ids, pos, cfg: GPT2Config):
 
 # ---------------------------------------------------------------- inference
 
-def _strip(name: str) -> str:
-    return name[len("transformer."):] if name.startswith("transformer.") else name
-
-
 class GPT2(CausalLM):
     """GPT-2 inference on any backend; see the module header for the cache."""
 
@@ -336,43 +332,8 @@ class GPT2(CausalLM):
         save_safetensors recorded in the file's metadata, else the shapes give vocab, n_ctx,
         n_embd and n_layer, and n_head = n_embd / 64 (every released GPT-2 size).
         progress(done, total), if given, hears the file's tensor bytes read so far."""
-        from ..io import safetensors as st
-        tensors = st.load(path_or_bytes)
-        sd = {_strip(name): t for name, t in tensors.items()
-              if not _strip(name).endswith((".attn.bias", ".attn.masked_bias"))}
-        recorded = getattr(tensors, "metadata", {}).get(_META_KEY)
-        if cfg is None and recorded:
-            cfg = _recorded_config(recorded, tensors.name)
-        if cfg is None:
-            V, D = _shape_of(tensors, "wte.weight")
-            n_ctx = _shape_of(tensors, "wpe.weight")[0]
-            layers = {int(k.split(".")[1]) for k in sd if k.startswith("h.") and
-                      k.split(".")[1].isdigit()}
-            cfg = GPT2Config(len(layers), max(1, D // 64), D, n_ctx, V)
-        # the config against the tensors in the file, before anything is built from it (the
-        # layer count first: param_shapes walks every layer)
-        layers = {k.split(".")[1] for k in sd if k.startswith("h.")}
-        if len(layers) != cfg.n_layer or layers != {str(i) for i in range(cfg.n_layer)}:
-            raise st.SafetensorsError(
-                f"safetensors file {tensors.name}: the config says n_layer={cfg.n_layer} but "
-                f"the file holds {len(layers)} layers (h.0 ...); pass the right cfg= or fix "
-                f"metadata {_META_KEY!r}")
-        shapes = param_shapes(cfg)
-        bad = sorted(n for n in shapes if n in sd and tuple(sd[n].shape) != shapes[n])
-        missing = sorted(set(shapes) - set(sd))
-        if bad or missing:
-            n = (bad or missing)[0]
-            got = f"shape {list(sd[n].shape)}" if n in sd else "no such tensor"
-            raise st.SafetensorsError(
-                f"safetensors file {tensors.name}: the config {cfg} needs {n!r} of shape "
-                f"{list(shapes[n])}, the file has {got} ({len(bad)} wrong shapes, "
-                f"{len(missing)} missing); pass the right cfg= or fix metadata {_META_KEY!r}")
-        done, total = 0, sum(t.nbytes for t in sd.values())
-        for n, t in sd.items():
-            sd[n] = t.to_host()   # f32 HostArrays (F16/BF16 widened); checked by load_state_dict
-            done += t.nbytes
-            if progress is not None:
-                progress(done, total)
+        cfg, sd = _weights.read_safetensors(path_or_bytes, cfg, GPT2Config, param_shapes,
+                                            progress)
         return cls.from_hf_state_dict(cfg, sd, backend, dtype=dtype)
 
     @classmethod
@@ -405,7 +366,7 @@ class GPT2(CausalLM):
         from . import gpt2_gguf
         f = gguf.load(path_or_bytes)
         cfg = GPT2Config(**gpt2_gguf.config(f))      # checked against the file's tensors
-        _check_gguf_shapes(f, cfg)
+        _weights.check_gguf_shapes(f, cfg, param_shapes(cfg))
         gguf.check_values(f, allow_nonfinite=allow_nonfinite)
         quant = {}
         if keep_quantized:
@@ -445,20 +406,13 @@ class GPT2(CausalLM):
 
     def load_state_dict(self, state_dict) -> None:
         """Checks every tensor before writing any (a refused call changes nothing)."""
-        sd = {_strip(k): v for k, v in state_dict.items()}
         shapes = param_shapes(self.cfg)
-        ignored = {k for k in sd if k == "lm_head.weight" or k.endswith((".attn.bias", ".attn.masked_bias"))}
-        unknown = sorted(set(sd) - set(shapes) - ignored)
-        missing = sorted(set(shapes) - set(sd))
-        if unknown or missing:
-            raise ValueError(f"GPT2.from_hf_state_dict: unknown {unknown[:5]} / missing {missing[:5]} "
-                             f"for {self.cfg}")
+        sd = _weights.check_state_dict(self.cfg, shapes, state_dict)
         if self.quant_full:
             raise ValueError(f"GPT2.load_state_dict: this model holds {sorted(self.quant_full)[:3]} "
                              "quantized; f32 weights go into a model built without quant "
                              "(GPT2.from_hf_state_dict, or from_gguf(..., keep_quantized=False))")
-        self.write_weights({n: to_host(as_f32_array(sd[n]), shape=s, dtype="f32", what=f"GPT-2 weight '{n}'")
-                     for n, s in shapes.items()})
+        self.write_weights(_weights.to_f32(sd, shapes))
 
     def write_weights(self, hosts: dict) -> None:
         """Write f32 weights in full layout (name -> HostArray of the declared shape, one
@@ -479,12 +433,7 @@ class GPT2(CausalLM):
     async def save_safetensors_async(self, dst=None, metadata: dict | None = None):
         """Write the weights as a GPT-2 model.safetensors (transformers' names, lm_head tied so
         not stored) to `dst` (a path or binary file), or return the file's bytes."""
-        from ..io import safetensors as st
-        sd = await self.state_dict_async()
-        meta = {"format": "pt", _META_KEY: json.dumps(asdict(self.cfg)), **(metadata or {})}
-        if dst is None:
-            return st.dumps(sd, metadata=meta)
-        st.save(sd, dst, metadata=meta)
+        return _weights.write_safetensors(self.cfg, await self.state_dict_async(), dst, metadata)
 
     def save_safetensors(self, dst=None, metadata=None):
         return run_blocking(self.save_safetensors_async(dst, metadata))
@@ -522,59 +471,6 @@ class GPT2(CausalLM):
 
     def _module(self) -> GPT2Module:
         return self._held(GPT2Module(self.cfg, self.wte_chunks, self.quant))
-
-
-def _check_gguf_shapes(f, cfg: GPT2Config) -> None:
-    """Every tensor of a gpt2 GGUF has the shape cfg gives it (GGUFError naming the tensor),
-    and none is missing, before a model is built from the file."""
-    from ..io import gguf
-    from .gpt2_gguf import tensors as gguf_tensors
-    shapes = param_shapes(cfg)
-    tensors = gguf_tensors(f)
-    for hf, (t, transposed) in tensors.items():
-        want = shapes["wte.weight" if hf == "lm_head.weight" else hf]
-        got = tuple(reversed(t.shape)) if transposed else tuple(t.shape)
-        if got != tuple(want):
-            raise gguf.GGUFError(f"GGUF file {f.name}: tensor {t.name!r} has shape "
-                                 f"{list(t.shape)}; the metadata's config ({cfg}) needs "
-                                 f"{list(reversed(want)) if transposed else list(want)}")
-    missing = sorted(set(shapes) - set(tensors))
-    if missing:
-        raise gguf.GGUFError(f"GGUF file {f.name}: missing {', '.join(missing[:5])} for {cfg}")
-
-
-def _recorded_config(recorded: str, file: str) -> GPT2Config:
-    """The GPT2Config save_safetensors wrote into a file's metadata, checked (SafetensorsError
-    naming the file and the key)."""
-    from ..io.safetensors import SafetensorsError
-    where = f"safetensors file {file}: metadata {_META_KEY!r}"
-    try:
-        fields = json.loads(recorded)
-    except ValueError as e:
-        raise SafetensorsError(f"{where}: not JSON ({e}); pass cfg= or rewrite the file with "
-                         "GPT2.save_safetensors") from None
-    known = set(GPT2Config.__dataclass_fields__)
-    if not isinstance(fields, dict) or set(fields) - known:
-        extra = sorted(set(fields) - known) if isinstance(fields, dict) else type(fields).__name__
-        raise SafetensorsError(f"{where}: must be an object of GPT2Config's fields "
-                         f"({', '.join(sorted(known))}), got {extra}; pass cfg=")
-    try:
-        return GPT2Config(**fields)
-    except ValueError as e:
-        raise SafetensorsError(f"{where}: {e}; pass cfg=") from None
-
-
-def _shape_of(tensors, name):
-    """The 2-D shape of tensor `name` of a safetensors file (SafetensorsError otherwise)."""
-    from ..io.safetensors import SafetensorsError
-    for k, t in tensors.items():
-        if _strip(k) == name:
-            if len(t.shape) != 2:
-                raise SafetensorsError(f"safetensors file {tensors.name}: tensor {k!r} has shape "
-                                       f"{list(t.shape)}; a GPT-2 {name} is 2-D")
-            return tuple(t.shape)
-    raise SafetensorsError(f"safetensors file {tensors.name}: no tensor {name!r}: not a GPT-2 "
-                           "checkpoint")
 
 
 __all__ = ["GPT2Config", "GPT2Module", "GPT2", "Cache", "Surprisal", "lm_loss", "hidden",
