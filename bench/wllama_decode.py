@@ -4,7 +4,7 @@ compiled to WebAssembly) on the same GGUF file, in the same browser run.
 
     python3 bench/wllama_decode.py                        # both models, every file type
     python3 bench/wllama_decode.py --models smol --types Q8_0 --layers 4   # a quicker look
-    python3 bench/wllama_decode.py --models gpt2 --new 64 --reps 5 --json /tmp/wl.json
+    python3 bench/wllama_decode.py --models gpt2 --new 64 --reps 5 --json wllama.json
 
 Models (random weights of the real shape, written here with the gguf package in llama.cpp's
 tensor names and metadata, tied embeddings, a SentencePiece vocabulary of made-up pieces that

@@ -115,6 +115,8 @@ _SHIFT = 32   # a pair of symbol ids as one dict key: left << _SHIFT | right
 _LONG = 64    # words at least this many symbols long are cut at junctions first
 _BATCH = 4096  # symbols per _merge call when a long word's chunks are merged
 _SEP = -2     # between chunks of a batch: an id in no pair
+_SMALL = 1 << 15  # ids below this make one-digit junction keys (Merges._junctions_small)
+_LOW = (1 << _SHIFT) - 1
 _END = -3     # after a word's last symbol in _merge: an id in no pair
 
 
@@ -131,18 +133,37 @@ class Merges:
         # (None, x): a symbol that does not exist, so no merge joins there
         self.junctions = (None if junctions is None else frozenset(
             a << _SHIFT | b for a, b in junctions if a is not None and b is not None))
+        # the same pairs over small numbers (one-digit ints, quicker to make and hash: a long
+        # word's junction test is a pass over all of its pairs): the ids themselves where they
+        # fit in 15 bits (`_dense` None), else each junction symbol's rank in `_dense` (0:
+        # a symbol in no junction)
+        self._dense = self._junctions_small = None
+        if self.junctions is not None:
+            ends = {k >> _SHIFT for k in self.junctions} | {k & _LOW for k in self.junctions}
+            if max(ends, default=0) < _SMALL:
+                self._junctions_small = frozenset(
+                    (k >> _SHIFT) << 15 | (k & _LOW) for k in self.junctions)
+            elif len(ends) < _SMALL:
+                self._dense = {e: i + 1 for i, e in enumerate(sorted(ends))}
+                self._junctions_small = frozenset(
+                    self._dense[k >> _SHIFT] << 15 | self._dense[k & _LOW] for k in self.junctions)
 
     def apply(self, ids: list[int]) -> list[int]:
         """The ids after every merge (`ids`, the initial symbols, is consumed)."""
         n = len(ids)
         if n < 2:
             return ids
-        keys = list(map(or_, map(lshift, ids[:-1], repeat(_SHIFT)), ids[1:]))
         if n < _LONG or self.junctions is None:
-            return self._merge(ids, keys)
-        cuts = list(compress(range(1, n), map(not_, map(self.junctions.__contains__, keys))))
+            return self._merge(ids, self._pairs(ids))
+        small = ids if self._dense is None else list(map(self._dense.get, ids, repeat(0)))
+        if self._junctions_small is not None and (self._dense is not None or max(ids) < _SMALL):
+            joined = map(self._junctions_small.__contains__,
+                         map(or_, map(lshift, small[:-1], repeat(15)), small[1:]))
+        else:
+            joined = map(self.junctions.__contains__, self._pairs(ids))
+        cuts = list(compress(range(1, n), map(not_, joined)))
         if not cuts:
-            return self._merge(ids, keys)
+            return self._merge(ids, self._pairs(ids))
         # Chunks no merge crosses: each distinct one is merged once (when they repeat, as
         # the words of a Llama 2 text do), a few thousand symbols to a _merge call (_SEP
         # between them), so neither the calls' overhead nor one huge call's memory traffic
@@ -151,7 +172,7 @@ class Merges:
         chunks = [tuple(ids[a:b]) for a, b in zip(bounds, bounds[1:])]
         distinct = dict.fromkeys(chunks)
         if sum(map(len, distinct)) > n // 2:      # few repeats: one call is quicker
-            return self._merge(ids, keys)
+            return self._merge(ids, self._pairs(ids))
         done: dict[tuple, list[int]] = {}
         batch, batch_keys = [], []
         for chunk in distinct:
@@ -168,9 +189,13 @@ class Merges:
             out += done[chunk]
         return out
 
+    @staticmethod
+    def _pairs(ids: list[int]) -> list[int]:
+        """The pairs of neighbours in `ids`, as rank's keys."""
+        return list(map(or_, map(lshift, ids[:-1], repeat(_SHIFT)), ids[1:]))
+
     def _merge_batch(self, batch: list[int], keys: list[tuple], done: dict) -> None:
-        pairs = list(map(or_, map(lshift, batch[:-1], repeat(_SHIFT)), batch[1:]))
-        merged, start = self._merge(batch, pairs), 0
+        merged, start = self._merge(batch, self._pairs(batch)), 0
         for key in keys:
             end = merged.index(_SEP, start)
             done[key] = merged[start:end]
