@@ -29,7 +29,7 @@ from .empty import strip_empty
 from .emit import Emitter, Epilogue, Idx, Storage
 from .fusion import Fusion
 from .index import build_scatter, scatter_scratch
-from .kinds import lowering_of
+from .kinds import VIEW_OPS, lowering_of
 from .layout import build_concat_pieces, strided_view
 from .matmul import b_k_fast, build_matmul, matmul_dims, matmul_scratch_bytes, mma_takes
 from .matmul_config import group_config
@@ -257,7 +257,7 @@ def half_storage(g, fu, limits: Limits, half_names=()) -> set[int]:
     keep |= {s for s, _ in fu.end_copies}
     keep |= set(fu.inplace)
     def cast_to_f16(i):  # through views
-        while g[i].op in ("reshape", "transpose", "slice", "broadcast_to"):
+        while g[i].op in VIEW_OPS:
             i = g[i].inputs[0]
         return g[i].op == "cast" and g[i].attrs.get("dtype") == "f16"
     for n in fu.needs_storage():
