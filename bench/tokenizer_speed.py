@@ -7,9 +7,10 @@ in the same run, on the same texts.
 Tokenizers: Llama 3 and Qwen3 (byte-level BPE, regex pre-tokenizer), Llama 2 (SentencePiece
 BPE, the whole text one piece, cut at the junctions no merge crosses), GPT-2 (bpe.py).
 Texts (1 MB each): English prose (Python's docs, `pydoc_data.topics`), a multilingual mix
-(every tenth word from eight scripts, digits and emoji), and one word without spaces (the
-letters of the prose: issue 29's worst case). Each is encoded by a fresh tokenizer (cold:
-every piece goes through BPE once); the ids are checked equal to the library's first.
+(every tenth word from eight scripts, digits and emoji), one word without spaces (the
+letters of the prose: issue 29's worst case) and one of random letters (no chunk of it
+repeats). Each is encoded by a fresh tokenizer (cold: every piece goes through BPE once);
+the ids are checked equal to the library's first.
 """
 from __future__ import annotations
 
@@ -28,18 +29,18 @@ import tokenizers  # noqa: E402
 
 from gpt2_files import gpt2_vocab_files  # noqa: E402
 from lenml_files import tokenizer_folders  # noqa: E402
-from text_samples import long_word  # noqa: E402
+from text_samples import long_word, random_word  # noqa: E402
 from webgrad.models import bpe, llama  # noqa: E402
 
 MB = 1 << 20
 
 
 def texts() -> dict[str, str]:
-    """bench/bpe.py's English and multilingual MB, and the 1 MB word."""
+    """bench/bpe.py's English and multilingual MB, and the two 1 MB words."""
     spec = importlib.util.spec_from_file_location("bench_bpe", ROOT / "bench" / "bpe.py")
     bench_bpe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench_bpe)
-    return {**bench_bpe.texts(), "one word": long_word(MB)}
+    return {**bench_bpe.texts(), "one word": long_word(MB), "random word": random_word(MB)}
 
 
 def timed(fn):
