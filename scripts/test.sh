@@ -9,7 +9,8 @@ export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp}"
 "$PY" serve.py --provision-only
 # the suite's rules (tests/suite_rules.py): a test over 60 s, or one skipped for a reason not
 # documented there, fails the run; -rs prints every skip's reason; a test that hangs is
-# stopped after 300 s with every thread's stack (pytest-timeout)
+# stopped after 300 s with every thread's stack (pytest-timeout); --durations=25 prints the 25
+# longest tests, so a CI log shows which ones near the 60 s rule
 export WEBGRAD_STRICT=1
 # numpy's BLAS on one thread: the reference executor's products are small, and OpenBLAS's
 # spinning threads took the cores from Chromium and lavapipe (a char LM on the reference ran
@@ -22,7 +23,7 @@ workers="${WEBGRAD_TEST_WORKERS:-1}"
 par=()
 [ "$workers" -gt 1 ] && par=(-n "$workers" --dist loadgroup)
 set +e
-"$PY" -m pytest -q -rs --timeout=300 --timeout-method=thread "${par[@]}" "$@"
+"$PY" -m pytest -q -rs --durations=25 --timeout=300 --timeout-method=thread "${par[@]}" "$@"
 rc=$?
 set -e
 # pytest exits 5 when it collected nothing (a filter that matched no test, a broken
