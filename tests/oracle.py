@@ -406,13 +406,13 @@ def _dropout_check(p: float):
 
 
 def _rand_check(record, got, inputs):
-    from webgrad.primitives import _M32, lowbias32
+    from webgrad.primitives import M32, lowbias32
     u = got["out"]
     if len(got["rand"]) != 1:
         raise AssertionError(f"{record.name}: expected one rand_uniform node, got {got['rand']}")
     seed, _ = got["rand"][0]
     # the spec (primitives.rand_bits) in Python ints, at step counter 0
-    key = lowbias32(None, (seed + lowbias32(None, 0)) & _M32)
+    key = lowbias32(None, (seed + lowbias32(None, 0)) & M32)
     want = [(lowbias32(None, k + key) >> 8) * 2.0 ** -24 for k in range(len(u))]
     bad = [k for k, (a, b) in enumerate(zip(u, want)) if a != b]
     if bad:
