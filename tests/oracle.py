@@ -984,7 +984,7 @@ rec("attention/qkv_slices_T70_D32",
     f32(2, 70, 192), atol=2e-4)
 # q, k, v from one Linear: their gradients, padded into [B, T, 3C] and added, are the
 # Linear's output gradient, which the attention backward kernels write in place
-# (fusion._assemble) and its weight and bias gradients read
+# (fusion_sums._assemble) and its weight and bias gradients read
 rec("attention/qkv_linear_T37_D16",
     "lambda x, w, b: (lambda qkv: nn.merge_heads(ops.softmax_last(ops.where_causal("
     "nn.split_heads(ops.slice_last_range(qkv, 0, 32), 2)"

@@ -212,7 +212,7 @@ def test_attention_records_are_fused(record):
 def test_qkv_gradient_is_written_in_place(cpu):
     """The QKV Linear's output gradient (dQ, dK, dV padded into [B, T, 3C] and added) is
     written by the attention backward kernels into its buffer: no kernel adds the pads
-    (fusion._assemble), and the pieces get no buffer."""
+    (fusion_sums._assemble), and the pieces get no buffer."""
     from webgrad.codegen import KernelOptions
     factory, loss_fn, inputs, _ = oracle.build_record(oracle.BY_NAME["attention/qkv_linear_T37_D16"])
     g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]

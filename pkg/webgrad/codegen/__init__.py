@@ -26,7 +26,10 @@
   rowfuse_match.py, rowfuse.py   cross entropy as logits - logsumexp + a pick; layer-norm
                   backward as one row kernel
   empty.py        zero-size tensors leave the graph before anything is planned
-  fusion.py       storage decisions, kernel groups, merges, in-place writebacks, schedule
+  fusion.py       storage decisions, kernel groups, merges, in-place writebacks, schedule:
+                  the rules in order, over fusion_storage.py (what is stored),
+                  fusion_groups.py (groups, merges, writebacks, schedule) and
+                  fusion_sums.py (sums taken by the kernels of their terms)
   program.py      the driver: pattern passes, buffer plan (../buffers.py), kernels, commands
   kinds.py        each op's lowering and cost, read from primitives.PRIMS (and the passes'
                   own ops): fusion's kernel ops, views, recompute weights

@@ -47,7 +47,7 @@ class TiledKernel:
         for name, w, n in p.shared_arrays():
             kernel.decls.append(f"var<workgroup> {name}: array<{_vty(w)}, {n}>;")
         # the epilogue takes (batch element, row, column): a store through views (the QKV
-        # gradient assembled in place, fusion._assemble) regroups them, not a flat index
+        # gradient assembled in place, fusion_sums._assemble) regroups them, not a flat index
         # (or one per product: epilogue_rows)
         self.epi = ctx.epilogue_fn(kernel, (p.nb, p.T) if p.op == "attn_lse" else (p.nb, p.NR, p.Eo)) \
             if len(p.prods) <= 1 or not ctx.writes_pieces else None
