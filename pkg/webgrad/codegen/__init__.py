@@ -19,7 +19,8 @@
   quant.py        dequantize: quantized blocks decoded in registers by their readers
                   (matmul operands, gathers); the f32 weights are never stored
   attention_match.py, attention.py   softmax(mask(q k^T)) v and its gradient found in the
-                  graph, rewritten into flash-style kernels (no [T, S] tensor stored)
+                  graph (attention_pattern.py), rewritten into flash-style kernels (no
+                  [T, S] tensor stored)
   attention_tiled.py  those kernels on GPUs (workgroups of row blocks): build_tiled over
                   attention_tiled_plan.py (blocks, threads, options; no WGSL) and
                   attention_tiled_kernel.py (the WGSL, stage by stage)
