@@ -8,7 +8,7 @@
     python3 bench/compile_time.py --row gpt2 --model module --lower-only   # any machine
     python3 bench/compile_time.py --row gpt2 --model module --no-profile --pipeline-threads 0
 
---pipeline-threads N sets webgpu_native.PIPELINE_THREADS (0: createComputePipelineAsync,
+--pipeline-threads N sets webgpu_device.PIPELINE_THREADS (0: createComputePipelineAsync,
 Dawn's two worker threads), --no-prefetch leaves pipeline creation to load() instead of
 starting each kernel as lowering emits it; the run prints the seconds spent lowering and
 waiting for pipelines.
@@ -48,7 +48,7 @@ def main() -> None:
     ap.add_argument("--lower-only", action="store_true",
                     help="time lowering the step under an H200's limits (no GPU needed)")
     ap.add_argument("--pipeline-threads", type=int, default=None,
-                    help="threads creating pipelines (default: webgpu_native's choice)")
+                    help="threads creating pipelines (default: webgpu_device's choice)")
     ap.add_argument("--no-prefetch", action="store_true",
                     help="create pipelines at load, not while lowering emits them")
     args = ap.parse_args()
@@ -63,10 +63,10 @@ def main() -> None:
     if args.lower_only:
         return lower_only(factory, loss_fn, names, B, T)
     if args.backend == "webgpu":
-        from webgrad.backends import webgpu_native
+        from webgrad.backends import webgpu_device, webgpu_native
         webgpu_native.PREFETCH = not args.no_prefetch
         if args.pipeline_threads is not None:
-            webgpu_native.PIPELINE_THREADS = args.pipeline_threads
+            webgpu_device.PIPELINE_THREADS = args.pipeline_threads
         host = webgpu_native.NativeHost()  # the device is made before the clock starts
         print(f"webgpu: {host.info}; {host._dev.threads} pipeline threads, prefetch "
               f"{webgpu_native.PREFETCH}")
@@ -96,7 +96,7 @@ def main() -> None:
 def _time_phases() -> dict:
     """Wall seconds spent in lowering and in waiting for pipelines (pipelines_for), summed
     over the programs compile_module makes."""
-    from webgrad.backends import webgpu, webgpu_native
+    from webgrad.backends import webgpu, webgpu_device
     spent = {"lower": 0.0, "pipelines": 0.0}
 
     def timed(fn, key):
@@ -108,7 +108,7 @@ def _time_phases() -> dict:
                 spent[key] += time.perf_counter() - t0
         return wrapper
     webgpu.lower = timed(webgpu.lower, "lower")
-    webgpu_native._Device.pipelines_for = timed(webgpu_native._Device.pipelines_for, "pipelines")
+    webgpu_device.Device.pipelines_for = timed(webgpu_device.Device.pipelines_for, "pipelines")
     return spent
 
 

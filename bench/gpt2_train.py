@@ -323,7 +323,7 @@ def _mb(b):
 def apply_setting(item: str, options):
     """--set NAME=VALUE: a KernelOptions field (codegen/options.py; the old module attribute
     of one, webgrad.codegen.elementwise.TILED_TRANSPOSE, means its field) gives new options;
-    another MODULE.ATTR (a runtime setting: webgrad.backends.webgpu_native.PIPELINE_THREADS)
+    another MODULE.ATTR (a runtime setting: webgrad.backends.webgpu_device.PIPELINE_THREADS)
     is set on its module and must exist (a typo fails, not a silent no-op)."""
     import ast
     import importlib

@@ -8,7 +8,7 @@ accumulation) against torch's fp16 and fp32 matmuls on the same GPU, in one run.
     python3 bench/matmul_f16.py --robustness off        # only with disable_robustness
 
 Needs an adapter with shader-f16 and chromium-experimental-subgroup-matrix (Dawn through
-wgpudawn; webgpu_native asks for both, with the toggles NVIDIA's Vulkan driver needs); it
+wgpudawn; webgpu_device asks for both, with the toggles NVIDIA's Vulkan driver needs); it
 says so and stops elsewhere. Tilings: BMxBNxBK:SG_MxSG_N[:db][:nopre][:f16][:mx][:padP], the
 fields of matmul_mma.MmaTiling (swG workgroups in bands of G tile rows, n8 the 16x8x16 configuration, db double buffering, nopre no register prefetch, f16 an f16
 C, mx slabs copied with subgroup-matrix loads and stores, padP P halves of row padding). Each kernel is checked against float64 products of the same f16 inputs on sampled rows
@@ -94,7 +94,7 @@ def main():
     import numpy as np
     from matmul import pick_lib
     lib = pick_lib()
-    from webgrad.backends import webgpu_native as wn
+    from webgrad.backends import webgpu_device, webgpu_native as wn
     n = args.size
     rng = np.random.default_rng(0)
     A16 = rng.standard_normal((n, n)).astype(np.float16)
@@ -104,7 +104,7 @@ def main():
     print(f"{n}^3, f16 inputs N(0, 1); library {lib}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     results = []
     for mode in args.robustness.split(","):
-        wn.DEVICE_TOGGLES = ("disable_robustness",) if mode == "off" else ()
+        webgpu_device.DEVICE_TOGGLES = ("disable_robustness",) if mode == "off" else ()
         host = wn.NativeHost(private=True)
         print(f"\nrobustness {mode}: {host.info}; features {sorted(host.features)}")
         print(f"  subgroup matrix configs: {[(c['component_type'], c['result_component_type'], c['m'], c['n'], c['k'], c['max_subgroup_size']) for c in host.subgroup_matrix_configs]}")

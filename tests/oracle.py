@@ -406,13 +406,13 @@ def _dropout_check(p: float):
 
 
 def _rand_check(record, got, inputs):
-    from webgrad.primitives import _M32, lowbias32
+    from webgrad.primitives import M32, lowbias32
     u = got["out"]
     if len(got["rand"]) != 1:
         raise AssertionError(f"{record.name}: expected one rand_uniform node, got {got['rand']}")
     seed, _ = got["rand"][0]
     # the spec (primitives.rand_bits) in Python ints, at step counter 0
-    key = lowbias32(None, (seed + lowbias32(None, 0)) & _M32)
+    key = lowbias32(None, (seed + lowbias32(None, 0)) & M32)
     want = [(lowbias32(None, k + key) >> 8) * 2.0 ** -24 for k in range(len(u))]
     bad = [k for k, (a, b) in enumerate(zip(u, want)) if a != b]
     if bad:
@@ -984,7 +984,7 @@ rec("attention/qkv_slices_T70_D32",
     f32(2, 70, 192), atol=2e-4)
 # q, k, v from one Linear: their gradients, padded into [B, T, 3C] and added, are the
 # Linear's output gradient, which the attention backward kernels write in place
-# (fusion._assemble) and its weight and bias gradients read
+# (fusion_sums._assemble) and its weight and bias gradients read
 rec("attention/qkv_linear_T37_D16",
     "lambda x, w, b: (lambda qkv: nn.merge_heads(ops.softmax_last(ops.where_causal("
     "nn.split_heads(ops.slice_last_range(qkv, 0, 32), 2)"

@@ -77,7 +77,7 @@ def pytest_collection_modifyitems(config, items):
 def _native_pipelines():
     """The WGSL texts the process's shared native device has compiled, and whether it is a
     CPU adapter (None: no native device made yet)."""
-    native = sys.modules.get("webgrad.backends.webgpu_native")
+    native = sys.modules.get("webgrad.backends.webgpu_device")
     dev = getattr(native, "_shared", None) if native else None
     if dev is None:
         return None, False

@@ -212,7 +212,7 @@ def test_attention_records_are_fused(record):
 def test_qkv_gradient_is_written_in_place(cpu):
     """The QKV Linear's output gradient (dQ, dK, dV padded into [B, T, 3C] and added) is
     written by the attention backward kernels into its buffer: no kernel adds the pads
-    (fusion._assemble), and the pieces get no buffer."""
+    (fusion_sums._assemble), and the pieces get no buffer."""
     from webgrad.codegen import KernelOptions
     factory, loss_fn, inputs, _ = oracle.build_record(oracle.BY_NAME["attention/qkv_linear_T37_D16"])
     g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
@@ -271,12 +271,12 @@ def test_code_shape_follows_the_adapter(name, cpu, shape):
 def test_tiles_follow_the_workgroup_memory():
     """64-row blocks where the device gives 32 KiB of workgroup memory, 32 at WebGPU's
     default 16 KiB (attn_lse, with no output tile, 64 in both); a short side gets blocks of at least 16 rows; every choice fits."""
-    from webgrad.codegen.attention_tiled import _shared_bytes, choose_blocks
+    from webgrad.codegen.attention_tiled_plan import choose_blocks, shared_bytes
     for op in ("attn_lse", "attn_out", "attn_fwd", "attn_dq", "attn_dk", "attn_dv", "attn_dkv"):
         for E in (0 if op == "attn_lse" else 64, 80, 256):
             for limit in (16384, 32768):
                 BR, BC, DK, XK = choose_blocks(op, 512, 512, E, limit)
-                assert _shared_bytes(op, BR, BC, DK, XK, 16 * -(-E // 16)) <= limit
+                assert shared_bytes(op, BR, BC, DK, XK, 16 * -(-E // 16)) <= limit
                 if op == "attn_lse":  # no output tile: 64 rows fit even 16 KiB
                     assert (BR, BC) == (64, 64), (op, limit)
                 elif E <= 80:
@@ -285,7 +285,7 @@ def test_tiles_follow_the_workgroup_memory():
     # 48 KiB (the H200's Dawn adapter) and rows of 1024: 128-row blocks for the query kernels
     for op, br in (("attn_fwd", 128), ("attn_dq", 128), ("attn_dkv", 64)):
         blocks = choose_blocks(op, 1024, 1024, 64, 49152)
-        assert blocks[:2] == (br, 64) and _shared_bytes(op, *blocks, 64) <= 49152, (op, blocks)
+        assert blocks[:2] == (br, 64) and shared_bytes(op, *blocks, 64) <= 49152, (op, blocks)
 
 
 ATTN_NAMES = [r.name for r in ATTN_RECORDS]

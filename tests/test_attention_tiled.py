@@ -1,4 +1,4 @@
-"""The tiled attention kernels in parts (codegen/attention_tiled.py): its plan, each piece
+"""The tiled attention kernels in parts (codegen/attention_tiled*.py): its plan, each piece
 checked against an independent emulation, and each code path the plan picks run whole.
 
 Device-free: the plan's WGSL index expressions are evaluated in Python (integer arithmetic,
@@ -23,7 +23,7 @@ import pytest
 import oracle
 from webgrad.codegen import KernelOptions, Limits, lower
 from webgrad.codegen.attention_match import ATTN_OPS, rewrite_attention
-from webgrad.codegen.attention_tiled import _padded, _shared_bytes, plan_of, plan_tiled
+from webgrad.codegen.attention_tiled_plan import padded, plan_of, plan_tiled, shared_bytes
 from webgrad.compile import build_train_graph, parse_inputs
 
 OPS = ("attn_lse", "attn_out", "attn_fwd", "attn_dq", "attn_dv", "attn_dk", "attn_dkv")
@@ -81,8 +81,8 @@ def test_thread_indices_cover_the_tile_once():
         assert sorted(cols) == list(range(p.BC)), p
         for width, _, _ in p.prods:
             out = [wgsl_int(c, tx=tx) for tx in range(p.WX) for c in p.out_cols(width)]
-            assert sorted(out) == list(range(_padded(width, p.WX))), (p, width)
-            assert _padded(width, p.WX) <= p.EP and set(range(width)) <= set(out)
+            assert sorted(out) == list(range(padded(width, p.WX))), (p, width)
+            assert padded(width, p.WX) <= p.EP and set(range(width)) <= set(out)
             if p.XV == 4:
                 firsts = [wgsl_int(c, tx=tx) for tx in range(p.WX)
                           for e, c in enumerate(p.out_cols(width)) if e % 4 == 0]
@@ -97,7 +97,7 @@ def test_workgroup_arrays_fit_the_adapter():
         words = sum(w * n for _, w, n in p.shared_arrays())
         assert 4 * words <= mem, p
         if not p.xw:
-            assert 4 * words == _shared_bytes(p.op, p.BR, p.BC, p.DK, p.XK, p.EP, p.WX, p.opts), p
+            assert 4 * words == shared_bytes(p.op, p.BR, p.BC, p.DK, p.XK, p.EP, p.WX, p.opts), p
         else:
             as_words = dict((n, w * c) for n, w, c in p.shared_arrays())["As"]
             assert p.BC * p.EP <= as_words and p.XK == p.BC, p

@@ -48,7 +48,7 @@ def test_python_and_numpy_generators_agree_bitwise():
 
 
 def test_the_hash_is_the_in_graph_generators():
-    # values_numpy's u32 lanes against rand_bits' masked int64 lanes (primitives.py)
+    # values_numpy's u32 lanes against rand_bits' masked int64 lanes (primitives/random.py)
     key = init.param_key(5, "w")
     want = rand_bits(np, 0, 0, 4)  # H(i + H(0 + H(0)))
     base = init._hash(0 + init._hash(0))

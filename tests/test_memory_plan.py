@@ -3,7 +3,7 @@
 Three things cut the GPT bench's planned peak (bench/README.md, memory_plan.py): GELU's tanh
 is recomputed by its readers instead of stored (codegen/remat.py), the optimizer's scalars
 are scheduled before their first reader so that each weight gradient (and its fused AdamW
-update) runs as soon as its inputs exist (fusion._schedule), and the pool is packed largest
+update) runs as soon as its inputs exist (fusion_groups._schedule), and the pool is packed largest
 tensor first when that is smaller (buffers.plan_pool). Wrong liveness shows as wrong numbers:
 the training step is compared bit for bit with the same program given one buffer per
 temporary, and against the reference executor.

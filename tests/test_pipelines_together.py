@@ -109,8 +109,8 @@ class _Deferred:
 
 
 def test_all_are_issued_before_any_is_waited_for_and_a_rejection_names_its_kernel():
-    from webgrad.backends.webgpu_native import _Device
-    dev = _Device()
+    from webgrad.backends.webgpu_device import Device
+    dev = Device()
     dev.threads = 0  # the create_compute_pipeline_async path
     texts = _kernels(f"deferred {random.random()}", ["x[g.x]", "x[g.x] * 3.0", "x[g.x] - 2.0",
                                                      "x[g.x] * x[g.x]"])

@@ -1,6 +1,6 @@
 """The primitive registry stays complete: every rule a primitive needs has a home.
 
-`registry_problems()` is primitives.py's header checklist as code: it fails, naming the op,
+`registry_problems()` is the primitives package's header checklist as code: it fails, naming the op,
 when a primitive in primitives.PRIMS lacks a shape rule, a numpy reference, a decision about
 its derivative, a cost rule, a lowering that codegen has (an expression rule or a builder
 for its kernel kind), a public function in ops.py, a torch or an ONNX lowering — and when an
@@ -71,7 +71,7 @@ def registry_problems() -> list[str]:
         if (p.grad is None) != (name in NONDIFF) or not (p.grad is None or callable(p.grad)):
             problems.append(f"{name}: its derivative is undecided: grad= a rule, or grad=None "
                             "with the op in NONDIFF (tests/test_registry.py)")
-        problems += _lowering_problems(name, p.lowering, p.cost, "its defprim in primitives.py")
+        problems += _lowering_problems(name, p.lowering, p.cost, "its defprim in primitives/")
         if p.lowering == LEAF:
             continue  # bound by tracing (inputs, params, state), filled by each executor
         if f'bind("{name}"' not in OPS_SOURCE:
@@ -91,7 +91,7 @@ def registry_problems() -> list[str]:
 
 def test_every_primitive_has_every_piece():
     problems = registry_problems()
-    assert not problems, ("the registry's checklist (primitives.py header):\n  "
+    assert not problems, ("the registry's checklist (primitives/__init__.py header):\n  "
                           + "\n  ".join(problems))
 
 
@@ -166,7 +166,7 @@ def test_an_op_without_a_cost_rule_is_refused_not_counted(monkeypatch):
     low = lower(g, Limits())[0]
     assert sum(k["flops"] for k in low.kernels) > 0
     monkeypatch.setattr(PRIMS["erf"], "cost", None)
-    with pytest.raises(ValueError, match=r"'erf' has no cost rule.*primitives\.py"):
+    with pytest.raises(ValueError, match=r"'erf' has no cost rule.*primitives/"):
         lower(g, Limits())
 
 
@@ -190,7 +190,7 @@ def test_every_primitive_has_a_shape_rule_and_reference():
             problems.append(f"{name}: no shape rule (defprim(..., shape=...))")
         if name not in LEAVES and not callable(p.ref):
             problems.append(f"{name}: no numpy reference (defprim(..., ref=...))")
-    assert not problems, "primitives.py:\n  " + "\n  ".join(problems)
+    assert not problems, "primitives/:\n  " + "\n  ".join(problems)
 
 
 def test_every_primitive_decides_its_gradient():
@@ -198,8 +198,8 @@ def test_every_primitive_decides_its_gradient():
     for name, p in PRIMS.items():
         if p.grad is None and name not in NONDIFF:
             problems.append(f"{name}: grad=None but it is not in NONDIFF; write its derivative "
-                            "rule in primitives.py, or add it to NONDIFF in tests/test_registry.py "
-                            "if it truly has none")
+                            "rule in its family's module under primitives/, or add it to NONDIFF "
+                            "in tests/test_registry.py if it truly has none")
         if p.grad is not None and (name in NONDIFF or not callable(p.grad)):
             problems.append(f"{name}: has a grad rule but NONDIFF lists it (or it is not callable)")
     assert not problems, "\n".join(problems)

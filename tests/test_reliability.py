@@ -26,7 +26,7 @@ THIS = os.path.basename(__file__)
 
 def _webgpu_reason() -> str | None:
     try:
-        from webgrad.backends.webgpu_native import shared_device
+        from webgrad.backends.webgpu_device import shared_device
         shared_device()
         return None
     except Exception as e:  # no wgpu, no adapter

@@ -77,14 +77,14 @@ def test_slow_cases_run_on_request_or_by_slice(pytester, args, ran):
 
 FAKE_DEVICE = """
 import sys, types
-native = types.ModuleType("webgrad.backends.webgpu_native")
+native = types.ModuleType("webgrad.backends.webgpu_device")
 native._shared = types.SimpleNamespace(info="llvmpipe (LLVM 15.0.6, 256 bits) [wgpu]", pipelines={})
 sys.modules[native.__name__] = native
 """
 BIG_KERNEL = """
 import sys, pytest
 def _compile(n):
-    sys.modules["webgrad.backends.webgpu_native"]._shared.pipelines["x" * n] = object()
+    sys.modules["webgrad.backends.webgpu_device"]._shared.pipelines["x" * n] = object()
 def test_small_kernel():
     _compile(1000)
 def test_big_kernel():

@@ -4,7 +4,7 @@ The kernel is forced onto lavapipe here and judged against torch through the ora
 whole compile path (forward and gradients; the gradient of pad(x^T) is the transpose of
 a slice, a transposing copy too): shapes that do not divide the 32 x 32 tile, a batch of
 matrices, a pad and a slice along either axis, and a transpose that an elementwise op reads,
-which fusion stores (fusion._transposed_reads) so that this kernel writes it."""
+which fusion stores (fusion_storage._transposed_reads) so that this kernel writes it."""
 from __future__ import annotations
 
 import pytest
@@ -28,7 +28,7 @@ RECORDS = [
            lambda w: _t_pad(w.T, (0, 11)), (f32(37, 70),)),
     Record("transpose_copy/batched_odd", "lambda x: ops.pad(ops.swap_axes(x, 1, 2), 2, 0, 3)",
            lambda x: _t_pad(x.transpose(1, 2), (0, 3)), (f32(3, 45, 33),)),
-    # read by an elementwise op: stored by fusion._transposed_reads (its size threshold
+    # read by an elementwise op: stored by fusion_storage._transposed_reads (its size threshold
     # lowered below), then added along its rows
     Record("transpose_copy/read_by_an_add", "lambda x, z: ops.swap_axes(x, 0, 1) * 2.0 + z",
            lambda x, z: x.T * 2.0 + z, (f32(70, 37), f32(37, 70))),
@@ -61,7 +61,7 @@ def test_tiled_transposing_copies_match_torch(record, backend):
 
 
 def _stored_transposes(record, limits):
-    """The transposes fusion._transposed_reads stores in the record's training graph."""
+    """The transposes fusion_storage._transposed_reads stores in the record's training graph."""
     factory, loss_fn, inputs, _ = oracle.build_record(record)
     g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
     return [g[n].shape for n in fusion.Fusion(g, limits).transposed]

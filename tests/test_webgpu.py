@@ -879,7 +879,7 @@ def test_auto_backend_picks_webgpu():
 
 
 def test_pipelines_are_cached_by_wgsl_text():
-    from webgrad.backends.webgpu_native import shared_device
+    from webgrad.backends.webgpu_device import shared_device
     models.compile_mlp("webgpu")
     before = len(shared_device().pipelines)
     models.compile_mlp("webgpu")

@@ -4,7 +4,7 @@ Declare a Module, write a loss function, and `compile_module` traces it into a s
 IR, appends gradients and the optimizer to the same IR, and runs each training step as one
 compiled program on "reference" (numpy), "torch", "webgpu", or "wasm" (the graph exported to
 ONNX, run by ONNX Runtime: onnxruntime-web on the CPU where a page has no WebGPU). See compile.py for the
-pipeline, primitives.py for the op registry, docs/architecture.md for the layers (data and
+pipeline, primitives/ for the op registry, docs/architecture.md for the layers (data and
 specs, file formats, the op language, modules and autodiff, tracing, lowering, executors, the
 runtime API, the driver, models): a module imports only its own layer and those below
 (tests/test_layers.py).

@@ -1,7 +1,7 @@
 """Reverse-mode autodiff, appended to the same graph.
 
 Walks the forward nodes from the last to the first, asks each primitive's derivative rule
-(primitives.py) for the gradient of each input, sums a gradient down to its input's shape
+(webgrad.primitives) for the gradient of each input, sums a gradient down to its input's shape
 where broadcasting widened it, and accumulates contributions with `add`. The backward
 nodes are traced like user code, so they are ordinary IR nodes that later passes
 (DCE, fusion, codegen) treat no differently.

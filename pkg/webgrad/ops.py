@@ -4,7 +4,8 @@ Composite ops (no rules of their own; autograd and codegen see only primitives):
   sum_last, sum_all, mean_last, mean_all, gelu (tanh form), silu, swap_axes, unsqueeze,
   slice_last_range, broadcast binary ops with Python numbers, where_causal,
   softmax_causal_last, take_along_last, dropout, rope, conv2d, max_pool2d, categorical.
-Primitive ops are listed in primitives.py with the reason each one is primitive.
+Primitive ops are listed in webgrad.primitives (one module per family) with the reason
+each one is primitive.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ only at run time, with static shapes throughout. The pieces, all general:
   state(name, shape, dtype)        a persistent buffer of the backend's store read as a
                                    Tensor (created zero-filled by the first program naming it)
   ops.write_rows(base, rows, start)  base with rows start..start+T-1 replaced (a primitive,
-                                   primitives.py); start is an i32 Tensor, usually a feed, so
+                                   primitives/index.py); start is an i32 Tensor, usually a feed, so
                                    ONE program serves every position
   assign(name, value)              the buffer's value after the run (an IR writeback)
 

@@ -3,7 +3,7 @@
 `parse_inputs` checks the user's input specs; `trace(graph, factory, fn, inputs, seed)`
 builds the module inside the graph (its parameters become `param` leaves), binds the step
 counter and one `input` per feed, and runs fn(module, feeds), whose ops append nodes (the op
-language: tensor.py, ops.py, primitives.py). `build_forward_graph` is the whole forward trace
+language: tensor.py, ops.py, primitives/). `build_forward_graph` is the whole forward trace
 that compile_forward, CompiledModule.compile_forward and the tests lower. Consumers: the
 driver (compile.py, which adds gradients and the optimizer), the runtime objects that trace
 new programs over existing parameters (compiled.py, stateful.py).

@@ -5,7 +5,7 @@ counter), shared by all graphs compiled against it (a training step and its sibl
 forward graphs), and turns a Graph into an executable whose `run(feeds, fetch)` computes
 the requested outputs and then lands the graph's writebacks in the store.
 
-  reference   numpy interpreter, primitives.py's `ref` rules: the executable spec
+  reference   numpy interpreter, the primitives' `ref` rules: the executable spec
   torch       the same walk with torch ops, on any torch device ("torch:cuda")
   webgpu      WGSL kernels and a buffer plan, on wgpu-py/Dawn or navigator.gpu
   wasm        the graph exported to ONNX, run by ONNX Runtime on the CPU (onnxruntime-web's

@@ -5,7 +5,8 @@ into a `Plan` — plain, JSON-able data: buffer sizes, WGSL texts, and an ordere
 commands. A host loads a plan once and then runs it once per step with only the per-step
 data crossing over. Two hosts implement this protocol and nothing else differs between them:
 
-  NativeHost  (webgpu_native.py)   wgpu-py in CPython (lavapipe, Vulkan, Dawn via wgpudawn)
+  NativeHost  (webgpu_native.py)   wgpu-py in CPython (lavapipe, Vulkan, Dawn via wgpudawn),
+                                   on webgpu_device.py's process-wide device
   BrowserHost (webgpu_browser.py)  navigator.gpu in the Pyodide worker; the per-step loop
                                    is worker/replay.mjs, a short JS loop, because encoding
                                    300 dispatches through the FFI costs ~2.5 ms vs 0.14 ms

@@ -2,7 +2,7 @@
 
 `backend="torch"` runs on the CPU, `"torch:cuda"` (or any torch device string) elsewhere.
 Every primitive has one lowering in `TORCH_IMPLS`, `fn(attrs, *tensors)`, that reproduces
-primitives.py's numpy `ref` rule exactly: float32 values, i32 stays int32 (torch would
+the primitive's numpy `ref` rule exactly: float32 values, i32 stays int32 (torch would
 widen sums and indices to int64), comparisons return float32 0/1, `where` selects on
 cond != 0, and `rand_uniform` yields the same bits as `primitives.rand_bits` (the 32-bit
 hash runs in int64 lanes with masking, as the spec does). Only the summation order of
@@ -58,8 +58,8 @@ def _cast(a, x):
 
 
 def _matmul(a, x, y):
-    # f16 x f16 accumulates in f32 (primitives._matmul_ref): the products of two f16 values
-    # are exact in f32, and torch's CPU float16 matmul would round its result to f16
+    # f16 x f16 accumulates in f32 (primitives/matmul.py's _matmul_ref): the products of two
+    # f16 values are exact in f32, and torch's CPU float16 matmul would round its result to f16
     if x.dtype == torch.float16:
         return torch.matmul(x.float(), y.float())
     return torch.matmul(x, y)
@@ -169,7 +169,7 @@ def _rand_uniform(a, counter):
 
 def _taps(a, H, W, device):
     """(window, flat pixel index [kh, kw, oh, ow] (clamped), inside mask): the same index
-    arrays as primitives._unfold_ref, in torch."""
+    arrays as primitives/conv.py's _unfold_ref, in torch."""
     w = window(a, H, W)
     rows, cols = window_rows(torch, w)
     r = rows[:, None, :, None].expand(w.kh, w.kw, w.oh, w.ow)

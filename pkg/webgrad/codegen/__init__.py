@@ -19,11 +19,18 @@
   quant.py        dequantize: quantized blocks decoded in registers by their readers
                   (matmul operands, gathers); the f32 weights are never stored
   attention_match.py, attention.py   softmax(mask(q k^T)) v and its gradient found in the
-                  graph, rewritten into flash-style kernels (no [T, S] tensor stored)
+                  graph (attention_pattern.py), rewritten into flash-style kernels (no
+                  [T, S] tensor stored)
+  attention_tiled.py  those kernels on GPUs (workgroups of row blocks): build_tiled over
+                  attention_tiled_plan.py (blocks, threads, options; no WGSL) and
+                  attention_tiled_kernel.py (the WGSL, stage by stage)
   rowfuse_match.py, rowfuse.py   cross entropy as logits - logsumexp + a pick; layer-norm
                   backward as one row kernel
   empty.py        zero-size tensors leave the graph before anything is planned
-  fusion.py       storage decisions, kernel groups, merges, in-place writebacks, schedule
+  fusion.py       storage decisions, kernel groups, merges, in-place writebacks, schedule:
+                  the rules in order, over fusion_storage.py (what is stored),
+                  fusion_groups.py (groups, merges, writebacks, schedule) and
+                  fusion_sums.py (sums taken by the kernels of their terms)
   program.py      the driver: pattern passes, buffer plan (../buffers.py), kernels, commands
   kinds.py        each op's lowering and cost, read from primitives.PRIMS (and the passes'
                   own ops): fusion's kernel ops, views, recompute weights

@@ -359,7 +359,7 @@ def _arange_rule(em, node, idx):
 # for 2 x 154 MB on an H200, against 0.09 ms for the untied head's plain padded copy. On GPU
 # adapters such a group is evaluated a TT x TT tile per workgroup: read along the source's
 # rows (each warp one contiguous run), kept in workgroup memory (rows of TT + 1: both
-# phases conflict-free), then stored along the output's rows. fusion._transposed_reads
+# phases conflict-free), then stored along the output's rows. fusion_storage._transposed_reads
 # stores large transposes that elementwise ops read (the tied head's weight gradient, for
 # the token table's update) so that this kernel writes them. H200 through Dawn, 2026-12-01,
 # the GPT2Module step at 8 x 512 (bench/README.md): the two copies 0.187 ms together, the

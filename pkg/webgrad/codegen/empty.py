@@ -9,7 +9,7 @@ torch) need no help. `strip_empty(graph)` returns a graph without them:
     keeps its non-empty inputs;
   * zero-size inputs, params, state, outputs and writebacks are dropped: the runtime feeds,
     reads and writes them as the empty arrays they are (program.Lowered.empty_outputs).
-max_last / argmax_last over an empty axis are refused at trace time (primitives.py), as
+max_last / argmax_last over an empty axis are refused at trace time (primitives/reduce.py), as
 torch refuses them.
 """
 from __future__ import annotations

@@ -31,7 +31,7 @@ def cost_of(op: str) -> Cost:
     p = PRIMS.get(op)
     cost = p.cost if p is not None else CODEGEN_OPS.get(op, (None, None))[1]
     if not isinstance(cost, Cost):
-        raise ValueError(f"op {op!r} has no cost rule: give its defprim a cost= (primitives.py "
+        raise ValueError(f"op {op!r} has no cost rule: give its defprim a cost= (primitives/ "
                          "header, item 5) or its pattern pass's table a Cost")
     return cost
 

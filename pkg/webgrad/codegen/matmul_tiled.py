@@ -77,7 +77,7 @@ from .wgsl import thread_xy
 # (512, 2); but the products ran 5-8% slower with (512, 4) (2048: 0.428 -> 0.455 ms;
 # [4096 x 768] @ [768 x 3072]: 0.477 -> 0.516) and the vocabulary-wide "odd" tile 18% slower
 # (8.11 -> 9.54 ms), so training speed keeps the unrolled steps. Since pipelines are made on a
-# pool of threads (webgpu_native.PIPELINE_THREADS), the unrolled steps' cold compile + init is
+# pool of threads (webgpu_device.PIPELINE_THREADS), the unrolled steps' cold compile + init is
 # 1.5-1.7 s (bench/README.md, "Compile + init"): nothing is left to trade.
 
 

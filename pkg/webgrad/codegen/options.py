@@ -9,8 +9,9 @@ it to `compile_module(..., kernel_options=...)`, `WebGPUBackend(options=...)`, o
 to `lower(graph, Limits(..., options=...))`. The adapter-specific rows (matmul_config.py's
 ADAPTER_TILINGS) stay tables keyed by the adapter's description.
 
-Switches that only change how the host runs a plan (webgpu_native's PIPELINE_THREADS,
-PREFETCH, SUBMIT_FIRST, SPIN_WAIT, DAWN_TOGGLES) are not here: they never change the WGSL.
+Switches that only change how the host runs a plan (webgpu_device's PIPELINE_THREADS and
+DAWN_TOGGLES, webgpu_native's PREFETCH, SUBMIT_FIRST, SPIN_WAIT) are not here: they never
+change the WGSL.
 """
 from __future__ import annotations
 

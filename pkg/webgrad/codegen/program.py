@@ -89,7 +89,7 @@ class GroupCtx:
         # sums of expressions of its output, and their partials' scratch (fusion.output_sums)
         self.output_sums = [(fu.g[fu.groups[h].main].inputs[0], low.scratch[h][0])
                             for h, mg in fu.output_sums.items() if mg == gid]
-        # its epilogue stores pieces of an assembled tensor (fusion._assemble)
+        # its epilogue stores pieces of an assembled tensor (fusion_sums._assemble)
         self.writes_pieces = any(n in fu.assembled for n in G.outputs)
 
     def storage(self, n):
@@ -135,7 +135,7 @@ class GroupCtx:
             vals.append((self.storage(n), v))
         for st, v in vals:
             em.store(st, flat, v)
-        for n in G.outputs:  # pieces of an assembled tensor (fusion._assemble)
+        for n in G.outputs:  # pieces of an assembled tensor (fusion_sums._assemble)
             for z, chain in self._low.fu.assembled.get(n, ()):
                 v = main_val if n == G.main else em.value(n, Idx(self.g[n].shape, flat=flat))
                 self._store_piece(em, n, flat, v, z, chain, cols)
@@ -528,7 +528,7 @@ def _scratch_specs(fu, main: int, limits, half=frozenset()) -> list[tuple[int, s
 def _build_group(ctx: GroupCtx) -> list[dict]:
     m = ctx.main_node
     if ctx.group.id in ctx._low.fu.assembled_groups:
-        return []  # its pieces' kernels write it (fusion._assemble)
+        return []  # its pieces' kernels write it (fusion_sums._assemble)
     if m is None and ctx.group.anchors[0] in ctx._low.fu.piecewise:
         return build_concat_pieces(ctx)
     if m is None:

@@ -100,10 +100,11 @@ def build_row_kernel(ctx) -> list[dict]:
             return [ctx.dispatch(kernel, em.lines, grid, wgs)]
         em.emit(f"red[lid] = {m};")
         em.emit(f"red2[lid] = {sm};")
-        tree_reduce(em.lines, "  ", "red", wgs, lambda a, b: (
-            f"let ma = {a}; let mb = {b}; let mm = max(ma, mb); "
-            f"red2[lid] = {part('ma', 'red2[lid]', 'mm')} + {part('mb', b.replace('red', 'red2'), 'mm')}; "
-            f"{a} = mm;"))
+        # the pairs at indices i (this thread's) and j, in red (maxima) and red2 (sums)
+        tree_reduce(em.lines, "  ", "red", wgs, lambda i, j: (
+            f"let ma = red[{i}]; let mb = red[{j}]; let mm = max(ma, mb); "
+            f"red2[{i}] = {part('ma', f'red2[{i}]', 'mm')} + {part('mb', f'red2[{j}]', 'mm')}; "
+            f"red[{i}] = mm;"), by_index=True)
         with em.block("if (lid == 0u)"):
             em.emit(f"{epi}(row, red[0] + log(red2[0]));")
         return [ctx.dispatch(kernel, em.lines, grid, wgs)]

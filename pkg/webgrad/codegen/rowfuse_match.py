@@ -17,7 +17,7 @@ mathematics up to f32 rounding. Three rewrites, each local:
     backward's row sum of g * one_hot becomes a pick of g too.
     (The one-hot sum is NaN where a row of A holds an inf; the pick is not.)
  3. layer_norm_last's derivative, r * (g - mean(g) - o * mean(g * o)) with
-    r = rsqrt(mean((x - mean x)^2) + eps) (primitives._layer_norm_grad), ->
+    r = rsqrt(mean((x - mean x)^2) + eps) (primitives/reduce.py's _layer_norm_grad), ->
     layer_norm_grad(x, g): one row kernel for what was four row reductions and the
     elementwise rest.
 Kernels and the pick's expression rule: codegen/rowfuse.py.
@@ -93,7 +93,7 @@ class _Rewriter:
 
     # ------------------------------------------------------------ 3. layer norm backward
     def layer_norm_grad(self, n: int):
-        """(x, g, eps) for n = primitives._layer_norm_grad's result, else None."""
+        """(x, g, eps) for n = primitives/reduce.py's _layer_norm_grad result, else None."""
         gr = self.g
         node = gr[n]
         if node.op != "mul":

@@ -307,9 +307,11 @@ class Kernel:
 
 
 def tree_reduce(lines: list[str], ind: str, arr: str, wgs: int, combine,
-                pos: str = "lid", stride: int = 1) -> None:
+                pos: str = "lid", stride: int = 1, *, by_index: bool = False) -> None:
     """Append a shared-memory tree reduction over `arr[0..wgs)` (unrolled; result in arr[0]).
-    `combine(a, b)` -> WGSL statement(s) that fold element b into a (strings of lvalues).
+    `combine(a, b)` -> WGSL statement(s) that fold element b into a (strings of lvalues);
+    by_index: `combine(i, j)` gets the two indices instead, for a tree over several arrays
+    at once (rowfuse.py's (max, sum) pairs in red and red2).
     Several trees side by side: `pos` is the invocation's place in its tree (0..wgs) and
     `stride` the distance in `arr` between neighbours of one tree (each tree's result in its
     invocation at pos 0): a row's lanes (pos `lane`, stride 1), or a column's rows (pos
@@ -317,8 +319,9 @@ def tree_reduce(lines: list[str], ind: str, arr: str, wgs: int, combine,
     lines.append(f"{ind}workgroupBarrier();")
     s = wgs // 2
     while s >= 1:
-        lines.append(f"{ind}if ({pos} < {s}u) "
-                     f"{{ {combine(f'{arr}[lid]', f'{arr}[lid + {s * stride}u]')} }}")
+        i, j = "lid", f"lid + {s * stride}u"
+        step = combine(i, j) if by_index else combine(f"{arr}[{i}]", f"{arr}[{j}]")
+        lines.append(f"{ind}if ({pos} < {s}u) {{ {step} }}")
         lines.append(f"{ind}workgroupBarrier();")
         s //= 2
 

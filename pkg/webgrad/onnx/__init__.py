@@ -1,6 +1,6 @@
 """ONNX export: a webgrad graph (a training step or a forward program) as an ONNX model.
 
-Every primitive of the registry (primitives.py) is lowered to standard ONNX operators of
+Every primitive of the registry (webgrad.primitives) is lowered to standard ONNX operators of
 one opset, OPSET (lower.py's LOWERINGS; docs/onnx.md lists which). The model's inputs are
 the graph's feeds and persistent buffers (parameters, optimizer state, the step counter);
 its outputs are the graph's outputs (loss or output, captures) and, for a training step,

@@ -2,7 +2,7 @@
 
 One function per primitive in LOWERINGS, `fn(b, node, ins) -> value name`: `b` is the
 Builder (it names values and emits nodes and initializers), `ins` the ONNX names of the
-node's operands. The rules follow primitives.py's reference rules, edges included: gathers
+node's operands. The rules follow the primitives' reference rules, edges included: gathers
 read zeros outside the table, scatters drop rows outside it, comparisons return f32 masks,
 `where` takes any nonzero as true, `sign(NaN)` is 0. The counter-based random numbers are
 the same integer hash (primitives.lowbias32) written with ONNX's uint64 bit operators, so

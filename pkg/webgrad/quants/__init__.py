@@ -22,7 +22,7 @@ own module here, so a format is written in one file:
 
 This is the data-and-specs layer: of webgrad it imports only arrays.py. Above it, io/gguf.py
 parses files (types and sizes from GGML_TYPES), io/gpu_dequant.py and codegen/quant.py wrap
-the formats' WGSL in kernels, primitives.py and the executors call dequantize_numpy.
+the formats' WGSL in kernels, primitives/matmul.py and the executors call dequantize_numpy.
 
 Adding a quant format (tests/test_quant_formats.py fails until each piece is there):
   1. its row in format.GGML_TYPES exists already (every ggml type is listed);

@@ -19,7 +19,7 @@ words hold those bodies of all blocks first, then the f16 scales, two per word:
 
 The layout is a permutation of the file's bytes (the same bytes on the GPU as in the file,
 plus at most 2 bytes of padding), and `raw_blocks` inverts it, so dequantization is the
-formats' own decoders over the original blocks. Consumers: primitives.py (`dequantize`),
+formats' own decoders over the original blocks. Consumers: primitives/matmul.py (`dequantize`),
 codegen/quant.py, module.py (a quantized ParamSpec), models/gpt2.py (GPT2.from_gguf keeps
 quantized weights quantized), io/gpu_dequant.py, models/gpt2_cache.py.
 """

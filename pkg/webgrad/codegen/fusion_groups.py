@@ -1,0 +1,262 @@
+"""Fusion's kernel groups (codegen/fusion.py's rules 3 and 4): a group per stored tensor,
+merged into the kernel that writes what it reads at the same index, new parameter values
+written in place, and the groups' schedule.
+
+GroupRules is a mixin of fusion.Fusion: it runs after the storage rules (fusion_storage.py)
+and fills `groups`, `group_of`, `inplace`, `end_copies` and `order`; its queries (loads,
+deps, depends, binding_estimate) serve the sum rules (fusion_sums.py) and
+codegen/program.py, which builds one kernel per group.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .kinds import ELEMENTWISE_OPS, KERNEL_OPS, lowering_of
+from .reduce import scratch_specs
+
+
+@dataclass
+class Group:
+    id: int
+    main: int | None               # the kernel op's node (None: elementwise kernel)
+    anchors: list[int]             # fused tensors this kernel computes (in node order)
+    numel: int                     # elements of the domain every output is indexed by
+    order: int = 0                 # node order (for a stable schedule)
+    after: set[int] = field(default_factory=set)  # extra ordering edges (in-place writes)
+
+    @property
+    def outputs(self) -> list[int]:
+        return ([self.main] if self.main is not None else []) + self.anchors
+
+
+class GroupRules:
+    """Groups, merges, in-place writebacks and the schedule (a mixin of fusion.Fusion)."""
+
+    # ------------------------------------------------------------ groups
+    def _form_groups(self):
+        self.groups: dict[int, Group] = {}
+        self.group_of: dict[int, int] = {}
+        for n in self.g.nodes:
+            if n.id not in self.mat:
+                continue
+            gid = len(self.groups)
+            if n.op in KERNEL_OPS:
+                G = Group(gid, n.id, [], n.size, n.id)
+            else:
+                G = Group(gid, None, [n.id], n.size, n.id)
+            self.groups[gid] = G
+            self.group_of[n.id] = gid
+        self._loads_cache: dict[int, dict[int, bool]] = {}
+        self._leaves_of: dict[int, list[int]] | None = None  # binding_estimate's
+
+    def preserves(self, node, k: int) -> bool:
+        """Is input k read at the flat index node is read at?"""
+        x = self.g[node.inputs[k]]
+        if node.op in ELEMENTWISE_OPS or node.op in ("reshape", "broadcast_to"):
+            return x.size == node.size
+        if node.op == "transpose":
+            moved = [p for p in node.attrs["perm"] if x.shape[p] != 1]
+            return moved == sorted(moved)
+        return False
+
+    def loads(self, gid: int) -> dict[int, bool]:
+        """Stored tensors group gid reads -> whether every read is at the domain's index.
+        A read through pad(.., slice(x)) along the last axis, both at 0, with x as wide as
+        the pad (align_match.py's padded logits, read by the padded logit gradient) is at
+        the domain's index too: the state between the two is ("cols", width)."""
+        if gid in self._loads_cache:
+            return self._loads_cache[gid]
+        G, g = self.groups[gid], self.g
+        inside = set(G.anchors)
+        res: dict[int, bool] = {}
+        seen = set()
+        stack = [(a, True) for a in G.anchors]
+        if G.main is not None:
+            stack += [(i, False) for i in g[G.main].inputs]
+        while stack:
+            n, ident = stack.pop()
+            if (n, ident) in seen:
+                continue
+            seen.add((n, ident))
+            if n == G.main or (self.has_storage(n) and n not in inside):
+                res[n] = res.get(n, True) and ident is True
+                continue
+            node = g[n]
+            for k, i in enumerate(node.inputs):
+                stack.append((i, self._read_at(node, k, ident)))
+        self._loads_cache[gid] = res
+        return res
+
+    def _read_at(self, node, k: int, ident):
+        """Where node reads input k, given where node is read: True (the domain's index),
+        False, or ("cols", W): at the domain's index of a last axis W wide, cut short."""
+        x = self.g[node.inputs[k]]
+        last = len(node.shape) - 1
+        if ident is True and node.op == "pad" and node.attrs["axis"] == last \
+                and node.attrs["before"] == 0:
+            return ("cols", node.shape[-1])
+        if isinstance(ident, tuple):
+            if node.op == "slice" and node.attrs["axis"] == last and node.attrs["start"] == 0:
+                return x.shape[-1] == ident[1]
+            return ident if node.op in ELEMENTWISE_OPS and x.shape == node.shape else False
+        return ident and self.preserves(node, k)
+
+    def deps(self, gid: int) -> set[int]:
+        out = {self.group_of[s] for s in self.loads(gid) if s in self.mat}
+        out |= self.groups[gid].after
+        out.discard(gid)
+        return out
+
+    def depends(self, a: int, b: int) -> bool:
+        """Does group a (transitively) need group b?"""
+        stack, seen = [a], set()
+        while stack:
+            x = stack.pop()
+            for d in self.deps(x):
+                if d == b:
+                    return True
+                if d not in seen:
+                    seen.add(d)
+                    stack.append(d)
+        return False
+
+    def binding_estimate(self, outputs, loads) -> int:
+        if self._leaves_of is None:  # writeback value -> the persistent leaves it replaces
+            self._leaves_of = {}
+            for name, r in self.g.writebacks.items():
+                leaf = self.persist_leaf.get(name)
+                if leaf is not None:
+                    self._leaves_of.setdefault(r, []).append(leaf)
+        inplace = sum(1 for o in outputs
+                      if any(loads.get(leaf) for leaf in self._leaves_of.get(o, ())))
+        return len(set(loads) | set(outputs)) - inplace
+
+    def scratch_bindings(self, main: int | None) -> int:
+        """Scratch buffers that the last dispatch of kernel op `main` binds beside its
+        epilogue's: one for a split reduction's partials or scatter_add_rows' row lists."""
+        if main is None:
+            return 0
+        node = self.g[main]
+        kind = lowering_of(node.op)
+        if kind == "scatter":
+            return 1
+        if kind == "reduce":
+            return 1 if scratch_specs(self.g, node, self.sum_source.get(main), self.limits.options) else 0
+        return 0
+
+    def _merge(self):
+        limit = self.limits.max_storage_buffers_per_shader_stage
+        for gid in sorted(self.groups, key=lambda i: self.groups[i].order):
+            G = self.groups.get(gid)
+            if (G is None or G.main is not None or len(G.anchors) != 1
+                    or G.anchors[0] in self.piecewise):
+                continue
+            ld = self.loads(gid)
+            cands: dict[int, bool] = {}
+            reads: dict[int, int] = {}
+            for s, ident in ld.items():
+                h = self.group_of.get(s)
+                if h is not None and h != gid and self.groups[h].numel == G.numel:
+                    cands[h] = cands.get(h, True) and ident
+                    reads[h] = reads.get(h, 0) + 1
+            # prefer the kernel that computes most of what this one reads (Adam's p' reads
+            # m' and v': join their kernel), then the latest
+            for h in sorted(cands, key=lambda i: (-reads[i], -self.groups[i].order)):
+                if not cands[h]:
+                    continue
+                H = self.groups[h]
+                if any(a in self.piecewise or a in self.transposed for a in H.anchors):
+                    continue
+                if H.main is not None and self.g[H.main].op == "write_rows":
+                    continue  # its in-place form visits only the new rows: no epilogue
+                if any(self.depends(d, h) for d in self.deps(gid) if d != h):
+                    continue  # gid needs something that needs H: merging would form a cycle
+                merged_loads = dict(self.loads(h))
+                for s, ident in ld.items():
+                    merged_loads[s] = merged_loads.get(s, True) and ident
+                outs = H.outputs + G.anchors
+                for o in outs:
+                    merged_loads.pop(o, None)
+                if self.binding_estimate(outs, merged_loads) > limit - self.scratch_bindings(H.main):
+                    continue
+                H.anchors += G.anchors
+                H.after |= G.after
+                for a in G.anchors:
+                    self.group_of[a] = h
+                del self.groups[gid]
+                # a group's loads follow from its own anchors and main alone: only H's changed
+                self._loads_cache.pop(h, None)
+                self._loads_cache.pop(gid, None)
+                break
+
+    # ------------------------------------------------------------ in-place writebacks
+    def _inplace(self):
+        g = self.g
+        self.inplace: dict[int, str] = {}   # node -> persistent name it is computed into
+        self.end_copies: list[tuple[int, str]] = []  # (stored node, persistent name)
+        readers_of: dict[int, list[int]] = {}  # stored node -> the groups that load it
+        for h in self.groups:
+            for n in self.loads(h):
+                readers_of.setdefault(n, []).append(h)
+        for name, r in g.writebacks.items():
+            s = self.storage_base(r)
+            leaf = self.persist_leaf.get(name)
+            if s == leaf:
+                continue  # the value is the old value: nothing to do
+            if s in self.stored or s in self.inplace:
+                self.end_copies.append((s, name))
+                continue
+            gid = self.group_of[s]
+            ok = g[s].size == g[leaf].size if leaf is not None else True
+            readers = []
+            if ok and leaf is not None:
+                for h in readers_of.get(leaf, ()):
+                    ld = self.loads(h)
+                    if h == gid:  # write_rows of the leaf itself: written row by row, in place
+                        ok = ok and (ld[leaf] or (g[s].op == "write_rows" and g[s].inputs[0] == leaf))
+                    else:
+                        readers.append(h)
+                        ok = ok and not self.depends(h, gid)
+            if ok:
+                self.groups[gid].after |= set(readers)
+                self.inplace[s] = name
+            else:
+                self.end_copies.append((s, name))
+
+    # ------------------------------------------------------------ schedule
+    def _schedule(self):
+        """Groups in dependency order, ties by the node order of the earliest group that
+        needs them: a producer traced after its consumer's kernel op (the optimizer's
+        scalars, read by the weight gradients' kernels the Adam update joined) runs just
+        before that consumer, not after the whole backward pass, which would keep every
+        activation gradient a weight gradient reads alive until then."""
+        import heapq
+        deps = {gid: self.deps(gid) for gid in self.groups}
+        users: dict[int, list[int]] = {gid: [] for gid in self.groups}
+        for gid, ds in deps.items():
+            for d in ds:
+                users[d].append(gid)
+        prio = {gid: G.order for gid, G in self.groups.items()}
+        for gid in sorted(self.groups, key=lambda i: -self.groups[i].order):
+            for d in deps[gid]:  # deps mostly precede in node order: a few sweeps settle it
+                prio[d] = min(prio[d], prio[gid])
+        changed = True
+        while changed:
+            changed = False
+            for gid, ds in deps.items():
+                for d in ds:
+                    if prio[gid] < prio[d]:
+                        prio[d], changed = prio[gid], True
+        indeg = {gid: len(ds) for gid, ds in deps.items()}
+        ready = [(prio[gid], self.groups[gid].order, gid) for gid, k in indeg.items() if k == 0]
+        heapq.heapify(ready)
+        self.order: list[int] = []
+        while ready:
+            *_, gid = heapq.heappop(ready)
+            self.order.append(gid)
+            for u in users[gid]:
+                indeg[u] -= 1
+                if indeg[u] == 0:
+                    heapq.heappush(ready, (prio[u], self.groups[u].order, u))
+        if len(self.order) != len(self.groups):
+            raise AssertionError("fusion produced a cyclic schedule")
