@@ -320,6 +320,19 @@ def _mb(b):
     return "-" if b is None else f"{b / 2**20:.0f} MiB"
 
 
+def by_name(prof, top: int) -> str:
+    """A profile's GPU time summed over the kernels of each name, the `top` largest."""
+    sums: dict[str, list] = {}
+    for row in prof.rows:
+        acc = sums.setdefault(row.name, [0, 0.0])
+        acc[0] += 1
+        acc[1] += row.seconds or 0.0
+    lines = ["    ms   count  kernel name (summed)"]
+    for n, (c, sec) in sorted(sums.items(), key=lambda kv: -kv[1][1])[:top]:
+        lines.append(f"  {sec * 1e3:8.3f} {c:5d}  {n}")
+    return "\n".join(lines)
+
+
 def apply_setting(item: str, options):
     """--set NAME=VALUE: a KernelOptions field (codegen/options.py; the old module attribute
     of one, webgrad.codegen.elementwise.TILED_TRANSPOSE, means its field) gives new options;
@@ -364,6 +377,9 @@ def main() -> None:
                     "module: webgrad.models.gpt2.GPT2Module (head tied to wte), torch tied too")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--profile", type=int, default=10, help="top-N kernels of webgrad's profile")
+    ap.add_argument("--by-name", action="store_true",
+                    help="with --profile: also the GPU time summed over the kernels of each name "
+                    "(the top --profile names)")
     ap.add_argument("--dump", default=None, metavar="DIR",
                     help="write DIR/<row>_webgrad.json and DIR/<row>_torch.json.gz, every kernel "
                     "of a step with its GPU time, for bench/step_breakdown.py")
@@ -462,6 +478,8 @@ def main() -> None:
                 print("  " + r["profile"])
             elif r["profile"] is not None:
                 print(f"  {name}: " + r["profile"].text(top=args.profile))
+                if args.by_name:
+                    print(by_name(r["profile"], args.profile))
     print("\n| row | B x T | webgrad | ms | kernels | peer | peer ms | kernels | time ratio | webgrad peak "
           "| peer peak | memory ratio | webgrad compile+init s | peer init s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")

@@ -150,6 +150,7 @@ TILINGS = [
     MmaTiling(bm=64, bn=64, bk=16, sg_m=1, sg_n=2, copy="matrix"),
     MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, copy="matrix", double_buffer=True),
     MmaTiling(bm=32, bn=64, bk=32, sg_m=2, sg_n=1, out="f16"),
+    MmaTiling(bm=32, bn=128, bk=32, sg_m=1, sg_n=2, out="f16", stage=2),   # two rounds a row
     MmaTiling(bm=64, bn=32, bk=32, sg_m=2, sg_n=1, m=16, n=8, k=16),   # a 16x8x16 configuration
 ]
 
@@ -325,7 +326,8 @@ def test_compiler_selects_the_mma_kernel_where_offered():
     assert "-> f16" in wgsl.splitlines()[0]
     a, b, c = cmd["bindings"]
     assert [plan["buffers"][k]["size"] for k in (a, b, c)] == [2 * 64 * 64, 2 * 64 * 128, 2 * 64 * 128]
-    t = MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, out="f16")
+    # 16 KB of workgroup memory: a row of f16 staging matrices does not fit beside the slabs
+    t = MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, out="f16", stage=1)
     assert f"{t}" in wgsl.splitlines()[0]
     rng = np.random.default_rng(4)
     A16 = rng.standard_normal((64, 64)).astype(np.float16)
@@ -463,14 +465,15 @@ def test_native_adapter_without_subgroup_matrices_keeps_the_tiled_kernel():
 def test_mma_kernel_takes_a_product_the_tiled_kernel_splits_over_k():
     """x [128, 2048] @ W [2048, 128] + r with the tiled kernel's configuration forced to a
     split over K into 4 chunks (as GPT-2's [4096, 3072] @ [3072, 768] splits on the H200's
-    tiling row: scratch and a second kernel). The plan gives it no scratch
-    (matmul.mma_takes): the subgroup-matrix kernel walks the whole K in one workgroup and
-    hands the sums, numpy's product, to the residual add's epilogue; without subgroup
-    matrices the same program still splits."""
+    tiling row: scratch and a second kernel). With the kernel's own split off
+    (mma_split_below=0) the plan gives it no scratch (matmul.mma_takes): the
+    subgroup-matrix kernel walks the whole K in one workgroup and hands the sums, numpy's
+    product, to the residual add's epilogue; without subgroup matrices the same program
+    still splits."""
     from webgrad import Module, ops
     from webgrad.codegen import KernelOptions
     from webgrad.codegen.matmul import Config
-    opts = KernelOptions(force_config=Config(8, 8, 8, splits=4))
+    opts = KernelOptions(force_config=Config(8, 8, 8, splits=4), mma_split_below=0)
 
     class Net(Module):
         def __init__(self):
@@ -491,3 +494,33 @@ def test_mma_kernel_takes_a_product_the_tiled_kernel_splits_over_k():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     plain = _plan(fn, inputs, _PlanHost(("shader-f16",)), kernel_options=opts)
     assert any(" split " in p["wgsl"].splitlines()[0] for p in plain["pipelines"])
+
+
+def test_mma_kernel_splits_a_product_of_few_tiles_over_k():
+    """x [128, 2048] @ W [2048, 128] + r is 4 tiles of 64 x 64, under mma_split_below's 256:
+    the subgroup-matrix kernel computes 8 chunks of K = 256 (matmul_mma.mma_splits), chunk
+    wg.z's partial product into scratch (A's rows read 2048 halves long, lda), and the
+    split kernel's chunk sum (matmul_splitk.py) runs the residual add. The emulated
+    partials are numpy's products of the chunks, and their sum numpy's whole product."""
+    from webgrad import Module, ops
+
+    class Net(Module):
+        def __init__(self):
+            super().__init__()
+            self.W = self.param([2048, 128])
+
+    fn = (Net, lambda m, f: f["r"] + ops.matmul(f["x"], m.W))
+    plan = _plan(fn, {"x": [128, 2048], "r": [128, 128]})
+    (cmd, wgsl), = _mma_pipelines(plan)
+    assert "8 x 128x256 @ 256x128 -> f32" in wgsl.splitlines()[0]
+    assert cmd["workgroups"] == [2, 2, 8]
+    assert any("sum of 8 K chunks" in p["wgsl"] for p in plan["pipelines"])
+    rng = np.random.default_rng(9)
+    A16 = rng.standard_normal((128, 2048)).astype(np.float16)
+    B16 = rng.standard_normal((2048, 128)).astype(np.float16)
+    part = emulate(wgsl, tuple(cmd["workgroups"]), _tiling(wgsl), A16, B16, names=_names(wgsl),
+                   c_size=8 * 128 * 128).reshape(8, 128, 128)
+    A, B = A16.astype(np.float64), B16.astype(np.float64)
+    want = np.stack([A[:, k * 256:(k + 1) * 256] @ B[k * 256:(k + 1) * 256] for k in range(8)])
+    np.testing.assert_allclose(part, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    np.testing.assert_allclose(part.sum(0), A @ B, rtol=1e-5, atol=1e-5 * np.abs(A @ B).max())

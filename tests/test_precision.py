@@ -584,3 +584,23 @@ def test_padded_operand_of_an_f16_cast_is_stored_in_f16():
     np.testing.assert_allclose(runs["webgpu"][0], runs["reference"][0], rtol=1e-4)
     for k, v in runs["reference"][1].items():
         np.testing.assert_allclose(runs["webgpu"][1][k], v, rtol=1e-3, atol=1e-4, err_msg=k)
+
+
+def test_mixed_weight_gradient_over_a_batch_rounds_once():
+    """sum_b x_b^T g_b is one f16 product over all B x T rows (precision._batch_sums), rounded
+    once, as torch.amp's. Each row's scaled gradient is 16; batch 0's sum alone, 16 + 2^-6 +
+    2^-7, is a tie that rounds up to 16 + 2^-5 (then + 2^-7 for batch 1), the whole sum is
+    16 + 2^-5. Against torch.autocast("cpu", float16) with a GradScaler."""
+    x = np.zeros((2, 2048, 1), np.float32)
+    x[0, 0, 0], x[0, 1, 0], x[1, 0, 0] = 1 + 2.0 ** -10, 2.0 ** -11, 2.0 ** -11
+    c = wg.compile_module(lambda: nn.Linear(1, 1, bias=False), lambda m, f: ops.mean_all(m(f["x"])),
+                          inputs={"x": [2, 2048, 1]}, optimizer=optim.SGD(lr=0.0), precision="mixed")
+    c.step({"x": x})
+    W = torch.ones(1, 1, requires_grad=True)
+    scaler, topt = torch.amp.GradScaler("cpu"), torch.optim.SGD([W], lr=0.0)
+    with torch.autocast("cpu", dtype=torch.float16):
+        loss = torch.matmul(torch.from_numpy(x), W).float().mean()
+    scaler.scale(loss).backward()
+    scaler.unscale_(topt)
+    assert W.grad.item() * 65536 == 16 + 2.0 ** -5
+    np.testing.assert_array_equal(np.asarray(c.download_param_grads()["W"]), W.grad.numpy())

@@ -9,7 +9,9 @@ WebGPU kernel stores f16. The modes:
   mixed  every matmul reads its operands as f16 and accumulates in f32, and its result is
          stored in f16 (as under torch.amp's fp16 autocast, where a matmul returns f16); the
          parameters (f32 master weights), the optimizer, reductions, norm and softmax
-         statistics and the loss stay f32. Attention is written with matmuls, so its two
+         statistics and the loss stay f32. A weight gradient over a batch, sum_b x_b^T g_b,
+         is one product over all B x T rows, rounded once after the whole sum (torch.amp's
+         single product; _batch_sums). Attention is written with matmuls, so its two
          products are rounded the same way and its softmax is not. A quantized weight
          (dequantize) keeps its exact decoded value: its matmul rounds only the other
          operand, so that WebGPU still decodes the blocks in the matmul's registers.
@@ -23,9 +25,10 @@ Consumers: the driver (compile.py) for compile_module / compile_forward, and tes
 from __future__ import annotations
 
 import math
+from math import prod
 
 from . import ops
-from .ir import Graph
+from .ir import Graph, Node
 from .optim import STATE_PREFIX
 from .primitives import bind
 from .tensor import Tensor, tracing
@@ -65,6 +68,24 @@ def _decoded(g: Graph, i: int) -> bool:
     return g[i].op == "dequantize"
 
 
+def _batch_sums(g: Graph) -> dict[int, int]:
+    """{sum node: the batched matmul it sums over every batch axis}, where nothing else reads
+    the product and neither operand is broadcast: a weight gradient, sum_b x_b^T g_b."""
+    cons, roots = g.consumers(), set(g.outputs.values()) | set(g.writebacks.values())
+    out = {}
+    for n in g.nodes:
+        if n.op != "sum" or g[n.inputs[0]].op != "matmul":
+            continue
+        mm = g[n.inputs[0]]
+        nb = len(mm.shape) - 2
+        if (nb and cons[mm.id] == [n.id] and mm.id not in roots
+                and tuple(sorted(n.attrs["axes"])) == tuple(range(nb))
+                and all(tuple(g[i].shape[:-2]) == tuple(mm.shape[:-2]) and not _decoded(g, i)
+                        for i in mm.inputs)):
+            out[n.id] = mm.id
+    return out
+
+
 def apply_precision(g: Graph, precision: str) -> tuple[Graph, dict[int, int]]:
     """(the rebuilt graph, old node id -> the new id holding that value, as f32 where it was
     f32). precision="f32" returns g itself and the identity map."""
@@ -98,7 +119,39 @@ def apply_precision(g: Graph, precision: str) -> tuple[Graph, dict[int, int]]:
         h = as_f16(i)
         return new.add("cast", [h], g[i].shape, "f32", {"dtype": "f32"}, g[i].loc)
 
+    def folded(mm: Node) -> int:
+        # sum_b A_b B_b as one product [M, nb*K] @ [nb*K, N]: B's rows are its f16 value's
+        # (a view, shared with the input gradient's product), A's columns a rounded copy of
+        # A laid out along them (for A = x^T, the transpose of x's rows: the tiled
+        # transposing copy writes it). Rounded once, after the whole sum, as torch.amp's
+        # single product over the batch is: not once per batch element and summed in f32,
+        # which also held nb f16 products and ran a sum kernel of its own
+        a, b = (g[i] for i in mm.inputs)
+        M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
+        r, rows = len(a.shape), prod(a.shape[:-1]) // M * K
+        if a.op == "transpose" and tuple(a.attrs["perm"]) == (*range(r - 2), r - 1, r - 2):
+            x = a.inputs[0]
+            xr = new.add("reshape", [val[x]], (rows, M), a.dtype, {"shape": (rows, M)}, a.loc)
+            at = new.add("transpose", [xr], (M, rows), a.dtype, {"perm": (1, 0)}, a.loc)
+        else:
+            perm = (r - 2, *range(r - 2), r - 1)
+            tp = new.add("transpose", [val[a.id]], tuple(a.shape[k] for k in perm), a.dtype,
+                         {"perm": perm}, a.loc)
+            at = new.add("reshape", [tp], (M, rows), a.dtype, {"shape": (M, rows)}, a.loc)
+        a16 = new.add("cast", [at], (M, rows), "f16", {"dtype": "f16"}, a.loc)
+        b16 = new.add("reshape", [as_f16(b.id)], (rows, N), "f16", {"shape": (rows, N)}, b.loc)
+        return new.add("matmul", [a16, b16], (M, N), mm.dtype, mm.attrs, mm.loc)
+
+    sums = _batch_sums(g)
+    summed = set(sums.values())
     for n in g.nodes:
+        if n.id in summed:   # computed by its sum (folded)
+            continue
+        if n.id in sums:
+            nid = folded(g[sums[n.id]])
+            half[n.id] = new.add("cast", [nid], n.shape, "f16", {"dtype": "f16"}, n.loc)
+            val[n.id] = new.add("cast", [half[n.id]], n.shape, "f32", {"dtype": "f32"}, n.loc)
+            continue
         ins = [val[i] for i in n.inputs]
         if n.op == "matmul":
             quant = [_decoded(g, i) for i in n.inputs]

@@ -23,8 +23,10 @@ step, and the weight gradient's optimizer update no longer fused into the produc
 domain is the sliced one). A matmul reading a padded tensor as A (along its K axis) reads
 the padded copy whole where its B is the transpose of a padded tensor (the untied head's
 W^T) or a tensor whose transpose is padded (a tied head's token table): the input
-gradient [4096 x 50257] @ [50257 x 768] 8.39 ms, over K = 50304 7.72; else it reads A
-through a slice of the padded copy, so the tensor is stored once. The reference and torch
+gradient [4096 x 50257] @ [50257 x 768] 8.39 ms, over K = 50304 7.72; where B is a cast to
+f16 (precision="mixed" rounds W^T into a tensor of its own) that copy is padded with zero
+rows instead, so the product runs on the subgroup-matrix kernel over K = 50304; else it
+reads A through a slice of the padded copy, so the tensor is stored once. The reference and torch
 executors keep the plain IR; the padded entries are zeros, so the products' first N
 columns are the same sums.
 """
@@ -54,6 +56,11 @@ def _quantized(g: Graph, n: int) -> bool:
     return g[n].op == "dequantize"
 
 
+def flat_view(g: Graph, n: Node) -> bool:
+    """Is n a reshape that keeps the last axis (merges or splits the leading ones)?"""
+    return n.op == "reshape" and bool(n.shape) and n.shape[-1:] == g[n.inputs[0]].shape[-1:]
+
+
 def align_products(g: Graph, limits) -> Graph:
     """The graph with every qualifying product computed on padded columns (else g)."""
     rule = _align(limits)
@@ -61,9 +68,20 @@ def align_products(g: Graph, limits) -> Graph:
         return g
     A, MIN, ROWS = rule
 
+    def rounded(b: int) -> bool:  # a cast to f16 (precision.f16_in_f32 keeps its attrs)
+        return g[b].op == "cast" and g[b].attrs.get("dtype") == "f16"
+
     def wide(n: Node) -> bool:
-        return (n.op == "matmul" and n.shape[-1] >= MIN and n.shape[-1] % A != 0
-                and prod(n.shape[:-1]) >= ROWS and not _quantized(g, n.inputs[1]))
+        # fewer rows qualify where B is rounded to f16 by a kernel of its own anyway (the
+        # folded weight gradient of precision="mixed": 768 rows over K = 4096), which
+        # then writes the zero columns too
+        if n.op != "matmul":
+            return False
+        b = n.inputs[1]
+        return (n.shape[-1] >= MIN and n.shape[-1] % A != 0
+                and (prod(n.shape[:-1]) >= ROWS
+                     or rounded(g[b].inputs[0] if flat_view(g, g[b]) else b))
+                and not _quantized(g, b))
     cons = g.consumers()
     padded: dict[int, int] = {}  # B operand -> its padded width
     for n in g.nodes:
@@ -71,6 +89,11 @@ def align_products(g: Graph, limits) -> Graph:
             padded[n.inputs[1]] = -(-n.shape[-1] // A) * A
     if not padded:
         return g
+    # a reshape of leading axes pads as its source does (the weight gradient's B, the
+    # [B * T, N] rows of the logit gradient whose [B, T, N] form the input gradient reads)
+    for x, w in list(padded.items()):
+        if flat_view(g, g[x]):
+            padded.setdefault(g[x].inputs[0], w)
     # a sum over leading (batch) axes of such a product takes the slice after it
     def batch_sum(s: Node, mm: Node) -> bool:
         return s.op == "sum" and len(mm.shape) - 1 not in s.attrs["axes"]
@@ -83,7 +106,12 @@ def align_products(g: Graph, limits) -> Graph:
     add = out.add
 
     def pad(x: int, loc) -> int:
-        """The padded copy of original tensor x (made once)."""
+        """The padded copy of original tensor x (made once; a reshape of leading axes
+        the same view of its source's)."""
+        if x not in pad_of and flat_view(g, g[x]) and padded.get(g[x].inputs[0]) == padded[x]:
+            src = pad(g[x].inputs[0], loc)
+            shape = g[x].shape[:-1] + (padded[x],)
+            pad_of[x] = add("reshape", [src], shape, out[src].dtype, {"shape": shape}, loc)
         if x not in pad_of:
             s = out[remap[x]].shape
             pad_of[x] = add("pad", [remap[x]], s[:-1] + (padded[x],), out[remap[x]].dtype,
@@ -128,6 +156,13 @@ def align_products(g: Graph, limits) -> Graph:
             # B's rows can be padded the same way (both pads are zeros: the same sums),
             # else A through a slice of the padded copy (the tensor is stored once)
             kb = k_padded_b(n.inputs[1], padded[a])
+            if kb is None and rounded(n.inputs[1]):
+                # B is an f16 copy already (precision="mixed": the head's W^T rounded, a
+                # tensor of its own): the copy takes the zero rows, so that both operands
+                # are whole and row-major (the subgroup-matrix kernel, matmul_mma.py)
+                s = out[ins[1]].shape
+                kb = add("pad", [ins[1]], s[:-2] + (padded[a], s[-1]), out[ins[1]].dtype,
+                         {"axis": len(s) - 2, "before": 0, "after": padded[a] - s[-2]}, n.loc)
             if kb is not None:
                 remap[n.id] = add("matmul", [pad(a, n.loc), kb], n.shape, n.dtype, n.attrs, n.loc)
                 continue

@@ -28,7 +28,8 @@ from .layout import digits_addr, nonunit_digits, strided_view
 from .matmul_config import Config, cpu_splits, group_config
 from .matmul_direct import build_direct
 from .matmul_gemv import build_gemv
-from .matmul_mma import mma_matmul_wgsl, tiling_for
+from .matmul_mma import mma_matmul_wgsl, mma_splits, tiling_for
+from .matmul_splitk import build_split_sum
 from .matmul_tiled import build_tiled
 from .quant import QuantOperand
 from .wgsl import BindingTypeClash
@@ -75,7 +76,7 @@ def build_matmul(ctx, config: Config | None = None) -> list:
             return mma
     cfg = config or group_config(ctx.limits, M, K, N, nb, prod(bsh[:-2]) == 1,
                                  nonunit_digits(dimb[-2]) == [(K, 1)])
-    if cfg is not None and cfg.splits > 1 and not ctx.scratch:
+    if cfg is not None and cfg.splits > 1 and (not ctx.scratch or _mma_planned(ctx)):
         cfg = replace(cfg, splits=1)   # planned for the mma kernel (mma_takes), which declined
     if cfg is None:
         return build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh)
@@ -99,24 +100,54 @@ def mma_takes(g, fu, main: int, limits, half) -> bool:
     """Whether the subgroup-matrix kernel (_build_mma) will take the product of the group
     whose main node is `main`, as far as the plan can tell before buffers exist (operands
     f16 in storage: `half`, program.half_storage; row-major; a tiling that divides it; no
-    sums on the way): such a product needs no split-K scratch. Where the builder still
+    sums on the way). Its split-K scratch: mma_scratch_bytes. Where the builder still
     declines it (an operand's offset, an epilogue reading an operand's buffer), the tiled
     kernel runs it unsplit."""
+    return _mma_plan(g, fu, main, limits, half) is not None
+
+
+def mma_scratch_bytes(g, fu, main: int, limits, half) -> int:
+    """The K chunks' partial sums (f32) of a product the subgroup-matrix kernel splits
+    (matmul_mma.mma_splits), else 0."""
+    plan = _mma_plan(g, fu, main, limits, half)
+    return 4 * plan[0] * plan[1] * plan[2] if plan and plan[0] > 1 else 0
+
+
+def _mma_plan(g, fu, main: int, limits, half):
+    """(K chunks, M, N) of the subgroup-matrix kernel's product of group `main`, or None
+    where it will not take it (mma_takes)."""
     node = g[main]
     if not limits.subgroup_matrix or node.op != "matmul" or main in fu.matmul_fold:
-        return False
+        return None
     gid = fu.group_of[main]
     if any(mg == gid for mg, _ in fu.operand_sums.values()) or gid in fu.output_sums.values() \
             or any(n in fu.assembled for n in fu.groups[gid].outputs):
-        return False
+        return None
     ops = []
     for i in node.inputs:
         base, off, dims = strided_view(g, i, fu.operand_base)
         if base not in half:
-            return False
+            return None
         ops.append((off, dims, tuple(g[i].shape)))
     shape = _mma_shape(tuple(node.shape), *ops, limits)
-    return shape is not None and tiling_for(limits, shape[0], shape[1], shape[2], "f32", epilogue=True) is not None
+    if shape is None:
+        return None
+    S = _mma_split(limits, *shape[:4])
+    return None if S is None else (S, shape[0], shape[1])
+
+
+def _mma_planned(ctx) -> bool:
+    """Was the group's scratch planned for the subgroup-matrix kernel's split (which then
+    declined the product: the tiled kernel runs it unsplit)?"""
+    low = ctx._low
+    return ctx.group.main is not None and mma_takes(ctx.g, low.fu, ctx.group.main, ctx.limits, low.half)
+
+
+def _mma_split(limits, M: int, N: int, K: int, nb: int) -> int | None:
+    """K chunks of the subgroup-matrix kernel's [M, K] @ [K, N] (x nb), None where no
+    tiling divides it: the planner (_mma_plan) and the builder (_build_mma) agree on it."""
+    t = tiling_for(limits, M, N, K, "f32", epilogue=True)
+    return None if t is None else mma_splits(t, M, N, K, nb, limits.options.mma_split_below)
 
 
 def _mma_shape(shape, opa, opb, limits):
@@ -167,19 +198,25 @@ def _build_mma(ctx, node, opa, opb) -> list | None:
     outputs: the product itself (C in f32), only its f16 rounding (C in f16, as
     precision="mixed" stores every product), or anything else elementwise (bias, GELU, a
     residual add) through the group's epilogue, called on each result from workgroup
-    memory. Split-K, sums taken on the way and assembled pieces keep the tiled kernel."""
+    memory. A product of few tiles is split over K (matmul_mma.mma_splits,
+    _build_mma_split); sums taken on the way and assembled pieces keep the tiled kernel."""
     (sa, offa, dima, ash), (sb, offb, dimb, bsh) = opa, opb
     if not ctx.limits.subgroup_matrix:
         return None
     if isinstance(sa, QuantOperand) or isinstance(sb, QuantOperand) or "f16" != sa.dtype or \
             sb.dtype != "f16":
         return None
-    if ctx.scratch or ctx.operand_sum or ctx.output_sums or ctx.writes_pieces:
+    if ctx.operand_sum or ctx.output_sums or ctx.writes_pieces:
         return None
     shape = _mma_shape(tuple(node.shape), (offa, dima, ash), (offb, dimb, bsh), ctx.limits)
     if shape is None:
         return None
     M, N, K, nb, a_base, b_base = shape
+    S = _mma_split(ctx.limits, M, N, K, nb) or 1
+    if (S > 1) != bool(ctx.scratch):
+        return None   # scratch planned for another kernel's split
+    if S > 1:
+        return _build_mma_split(ctx, node, sa, sb, M, N, K, S, a_base)
     g = ctx.g
     if ctx.outs == [node.id] and ctx.storage(node.id).dtype == "f32":
         out = "f32"
@@ -211,4 +248,27 @@ def _build_mma(ctx, node, opa, opb) -> list | None:
              "workgroups": list(groups), "name": what}]
 
 
-__all__ = ["build_matmul", "matmul_dims", "matmul_scratch_bytes", "b_k_fast", "mma_takes"]
+def _build_mma_split(ctx, node, sa, sb, M: int, N: int, K: int, S: int, a_base: str) -> list | None:
+    """A product split into S chunks of K (matmul_mma.mma_splits): the subgroup-matrix
+    kernel writes chunk wg.z's partial product to scratch (A's columns and B's rows of the
+    chunk), then matmul_splitk's kernel adds them in order and runs the epilogue."""
+    Kc = K // S
+    t = tiling_for(ctx.limits, M, N, Kc, "f32")
+    if t is None or a_base:
+        return None
+    part = ctx.scratch[0]
+    what = f"matmul {'x'.join(map(str, node.shape))} K={K} mma {t.bm}x{t.bn}x{t.bk} split {S}"
+    kernel = ctx.kernel(what)
+    an = kernel.binding(sa.buffer, "vec4_u32", what=sa.what, nbytes=sa.nbytes)
+    bn = kernel.binding(sb.buffer, "vec4_u32", what=sb.what, nbytes=sb.nbytes)
+    cn = kernel.binding(part.buffer, "f32", write=True, what=part.what, nbytes=part.nbytes)
+    wgsl, groups = mma_matmul_wgsl(M, N, Kc, t, ctx.limits.max_compute_workgroup_storage_size,
+                                   batch=S, a_base=f"wg.z * {Kc}u", b_base=f"wg.z * {Kc * N}u",
+                                   header=kernel.module_scope(), names=(an, bn, cn), lda=K)
+    return [{"wgsl": wgsl, "bindings": [b.buffer for b in kernel.bindings],
+             "workgroups": list(groups), "name": what, "cost": True},   # the profile's FLOPs
+            build_split_sum(ctx, node, S, M * N)]
+
+
+__all__ = ["build_matmul", "matmul_dims", "matmul_scratch_bytes", "b_k_fast", "mma_takes",
+           "mma_scratch_bytes"]

@@ -16,8 +16,11 @@ Tint wants every matrix load and store offset uniform: they are built only from
 workgroup_id, @builtin(subgroup_id) and loop counters (never local_invocation_index). The
 kernel assumes subgroups of exactly `subgroup_size` invocations (the configuration's min ==
 max on NVIDIA: 32), and shapes that are whole multiples of the tile (MmaTiling.check says
-what to change otherwise). f16 C goes through a per-subgroup f32 staging matrix in
-workgroup memory, converted by the subgroup's own invocations.
+what to change otherwise). f16 C goes through per-subgroup f32 staging matrices in
+workgroup memory, a row of them at a time (as the epilogue's), converted and stored by the
+subgroup's own invocations, 32 neighbouring elements a store (one matrix at a time, eight
+neighbours per invocation, took 0.23 ms for GPT-2's [96 x 512 x 512] attention scores, 14
+TFLOP/s).
 
 `mma_matmul_wgsl(M, N, K, tiling)` returns the WGSL and the dispatch size; bindings: 0 A
 (array<vec4<u32>>, f16 pairs), 1 B (likewise), 2 C (array<f32> or array<f16>). The compiler
@@ -51,6 +54,7 @@ class MmaTiling:
     copy: str = "threads"    # storage -> workgroup memory: "threads" (16-byte loads, f16
                              # stores) or "matrix" (subgroupMatrixLoad from storage, then
                              # subgroupMatrixStore: the driver's own wide accesses)
+    stage: int = 0           # f16 C: result matrices staged at a time (0: a row of tn)
 
     @property
     def threads(self) -> int:
@@ -64,9 +68,13 @@ class MmaTiling:
     def tn(self) -> int:
         return self.bn // self.sg_n // self.n
 
+    @property
+    def staged(self) -> int:  # f16 C's matrices per staging round
+        return self.stage or self.tn
+
     def workgroup_bytes(self) -> int:
         slabs = 2 * (self.bm * (self.bk + self.pad) + self.bk * (self.bn + self.pad))
-        staging = 4 * self.m * self.n * self.sg_m * self.sg_n if self.out == "f16" else 0
+        staging = 4 * self.m * self.n * self.staged * self.sg_m * self.sg_n if self.out == "f16" else 0
         return slabs * (2 if self.double_buffer else 1) + staging
 
     def check(self, M: int, N: int, K: int, max_workgroup_bytes: int | None = None) -> None:
@@ -94,6 +102,7 @@ class MmaTiling:
                      f"{self.sg_m * self.sg_n} subgroups")
         if self.out == "f16":
             need((self.m * self.n) % self.subgroup_size == 0, "m * n must split over a subgroup")
+            need(self.tn % self.staged == 0, f"stage must divide the {self.tn} matrices of a row")
         if max_workgroup_bytes is not None:
             need(self.workgroup_bytes() <= max_workgroup_bytes,
                  f"{self.workgroup_bytes()} bytes of workgroup memory, the device allows "
@@ -181,7 +190,7 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
                     max_workgroup_bytes: int | None = None, *, batch: int = 1,
                     a_base: str = "", b_base: str = "", header: list[str] | None = None,
                     names: tuple[str, str, str] = ("A", "B", "C"),
-                    epi: str | None = None) -> tuple[str, tuple[int, int, int]]:
+                    epi: str | None = None, lda: int | None = None) -> tuple[str, tuple[int, int, int]]:
     """(WGSL, workgroups) of C = A @ B with tiling t (see the module docstring).
 
     batch > 1: workgroup_id.z is the batch element; a_base / b_base are WGSL expressions of
@@ -193,7 +202,8 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
     f16 stores), called per element from workgroup memory: each subgroup stores a row of
     its result matrices (tn of them, an m x tn n block), then its invocations take the
     block's elements in order (32 neighbours a call: coalesced loads and stores in the
-    epilogue), two barriers per row."""
+    epilogue), two barriers per row. lda: A's row length in halves where it is longer than
+    K (a K chunk of a split product, mma_splits: chunk wg.z at a_base = wg.z * K)."""
     staging = epilogue_staging_bytes(t) if epi is not None else 0
     t.check(M, N, K, None if max_workgroup_bytes is None else max_workgroup_bytes - staging)
     if epi is not None and (t.out != "f32" or (t.m * t.n) % t.subgroup_size):
@@ -223,7 +233,7 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
     if epi is not None:
         L.append(f"var<workgroup> Cs: array<f32, {epilogue_staging_bytes(t) // 4}>;")
     elif t.out == "f16":
-        L.append(f"var<workgroup> Cs: array<f32, {t.m * t.n * t.sg_m * t.sg_n}>;")
+        L.append(f"var<workgroup> Cs: array<f32, {t.m * t.n * t.staged * t.sg_m * t.sg_n}>;")
     left = f"subgroup_matrix_left<f16, {t.k}, {t.m}>"
     right = f"subgroup_matrix_right<f16, {t.n}, {t.k}>"
     res = f"subgroup_matrix_result<f32, {t.n}, {t.m}>"
@@ -259,7 +269,7 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
         for j in range(t.tn):
             L.append(f"  var acc{i}_{j} = {res}();")
     # the two slabs a K step copies: A's bm x bk (m x k matrices) and B's bk x bn (k x n)
-    slabs = (Slab("a", An, "As", left, ma, t.bk // t.k, t.m, t.k, K, sa, va, rows_a,
+    slabs = (Slab("a", An, "As", left, ma, t.bk // t.k, t.m, t.k, lda or K, sa, va, rows_a,
                   lambda kexpr: ("m0", f"({kexpr})"), ao),
              Slab("b", Bn, "Bs", right, mb, t.bn // t.n, t.k, t.n, N, sb, vb, rows_b,
                   lambda kexpr: (f"({kexpr})", "n0"), bo))
@@ -314,34 +324,27 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
             L += [f"    if (s + 1u < {steps}u) {{"] + ["  " + x for x in loads(f"(s + 1u) * {t.bk}u")] + ["    }"]
         L += products(0) + ["    workgroupBarrier();", "  }"]
     # the results
-    for i in range(t.tm if epi is not None else 0):   # the epilogue: a row of matrices at once
-        w = t.tn * t.n                                 # the staged block's width
+    def put(flat, v):  # one element from the staging matrices: the epilogue, or f16 C
+        return f"    {epi}({flat}, {v});" if epi is not None else f"    {Cn}[{flat}] = f16({v});"
+    staged = epi is not None or t.out == "f16"
+    c = t.tn if epi is not None else t.staged        # matrices a round: a row, or t.stage
+    for i, j0 in ((i, j0) for i in range(t.tm if staged else 0) for j0 in range(0, t.tn, c)):
+        w = c * t.n                                    # the staged block's width
         base = f"sg * {t.m * w}u"
-        L += [f"  subgroupMatrixStore(&Cs, {base} + {j * t.n}u, acc{i}_{j}, false, {w}u);"
-              for j in range(t.tn)]
+        L += [f"  subgroupMatrixStore(&Cs, {base} + {j * t.n}u, acc{i}_{j0 + j}, false, {w}u);"
+              for j in range(c)]
         L += ["  workgroupBarrier();",
               f"  for (var e = 0u; e < {t.m * w // t.subgroup_size}u; e++) {{",
               f"    let q = e * {t.subgroup_size}u + lane;",
-              f"    {epi}({cb}(m0 + sm + {i * t.m}u + q / {w}u) * {N}u + n0 + sn + q % {w}u, "
-              f"Cs[{base} + q]);",
+              put(f"{cb}(m0 + sm + {i * t.m}u + q / {w}u) * {N}u + n0 + sn + {j0 * t.n}u + q % {w}u"
+                  if j0 else f"{cb}(m0 + sm + {i * t.m}u + q / {w}u) * {N}u + n0 + sn + q % {w}u",
+                  f"Cs[{base} + q]"),
               "  }",
               "  workgroupBarrier();"]
-    for i in range(t.tm if epi is None else 0):
+    for i in range(t.tm if not staged else 0):
         for j in range(t.tn):
             off = f"{cb}(m0 + sm + {i * t.m}u) * {N}u + n0 + sn + {j * t.n}u"
-            if t.out == "f32":
-                L.append(f"  subgroupMatrixStore(&{Cn}, {off}, acc{i}_{j}, false, {N}u);")
-            else:
-                per = t.m * t.n // t.subgroup_size
-                flat = f"{off} + (q / {t.n}u) * {N}u + q % {t.n}u"
-                put = f"    {Cn}[{flat}] = f16(Cs[sg * {t.m * t.n}u + q]);"
-                L += [f"  subgroupMatrixStore(&Cs, sg * {t.m * t.n}u, acc{i}_{j}, false, {t.n}u);",
-                      "  workgroupBarrier();",
-                      f"  for (var e = 0u; e < {per}u; e++) {{",
-                      f"    let q = lane * {per}u + e;",
-                      put,
-                      "  }",
-                      "  workgroupBarrier();"]
+            L.append(f"  subgroupMatrixStore(&{Cn}, {off}, acc{i}_{j}, false, {N}u);")
     L.append("}")
     return "\n".join(L) + "\n", (N // t.bn, M // t.bm, batch)
 
@@ -366,9 +369,12 @@ def tiling_for(limits, M: int, N: int, K: int, out: str = "f32",
         return None
     m, n, k, size = cfg
     room = getattr(limits, "max_compute_workgroup_storage_size", None)
-    for bm, bn, sgm, sgn in ((128, 128, 2, 2), (64, 64, 2, 2), (32, 32, 1, 1)):
+    for bm, bn, sgm, sgn, stage in ((128, 128, 2, 2, 0), (64, 64, 2, 2, 0), (64, 64, 2, 2, 1),
+                                    (32, 32, 1, 1, 0)):
+        if stage and out != "f16":
+            continue   # (f16 C staged a matrix at a time where a row does not fit)
         t = MmaTiling(bm=bm, bn=bn, bk=32, sg_m=sgm, sg_n=sgn, m=m, n=n, k=k,
-                      subgroup_size=size, out=out)
+                      subgroup_size=size, out=out, stage=stage)
         staging = epilogue_staging_bytes(t) if epilogue else 0
         try:
             t.check(M, N, K, None if room is None else room - staging)
@@ -377,3 +383,20 @@ def tiling_for(limits, M: int, N: int, K: int, out: str = "f32",
         if t.threads <= getattr(limits, "max_compute_invocations_per_workgroup", 256):
             return t
     return None
+
+
+def mma_splits(t: MmaTiling, M: int, N: int, K: int, batch: int, below: int) -> int:
+    """K chunks (a power of two) for a product of tiling t: one where it has `below` tiles
+    or more (KernelOptions.mma_split_below; 0: never), or a batch; else doubled while the
+    tiles number under 2 * below and chunks stay whole slabs of at least 256. A product of
+    fewer tiles than the GPU has multiprocessors leaves some idle and the rest running one
+    tile each, whose loads nothing hides: the folded weight gradients of GPT-2 124M on the
+    H200, [768 x 4096] @ [4096 x 3072] on 144 tiles, 42 TFLOP/s, against 103 for
+    [4096 x 3072] @ [3072 x 768] on 192 (bench/README.md)."""
+    tiles = (M // t.bm) * (N // t.bn) * batch
+    S = 1
+    if batch != 1 or not below or tiles >= below:
+        return S
+    while tiles * S < 2 * below and K % (2 * S * t.bk) == 0 and K // (2 * S) >= 256:
+        S *= 2
+    return S

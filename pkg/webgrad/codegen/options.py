@@ -137,6 +137,11 @@ class KernelOptions:
     # f32(f16(x)) and refuses an adapter without shader-f16: the fallback for those adapters
     f16_emulation: bool = False
 
+    # ---- matmul.py / matmul_mma.py
+    # a 2-D product on subgroup matrices with fewer tiles than this is split along K into
+    # chunks (a power of two) until it has twice as many (0: never split; mma_splits)
+    mma_split_below: int = 256
+
     # ---- index.py
     # True / False: the tiled / chunked scan (scatter_add_rows' counts); None: GPUs tiled
     scan_tiled: bool | None = None

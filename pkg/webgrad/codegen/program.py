@@ -31,7 +31,8 @@ from .fusion import Fusion
 from .index import build_scatter, scatter_scratch
 from .kinds import VIEW_OPS, lowering_of
 from .layout import build_concat_pieces, strided_view
-from .matmul import b_k_fast, build_matmul, matmul_dims, matmul_scratch_bytes, mma_takes
+from .matmul import (b_k_fast, build_matmul, matmul_dims, matmul_scratch_bytes, mma_scratch_bytes,
+                     mma_takes)
 from .matmul_config import group_config
 from .matmul_splitk import split_sum_parts
 from .quant import QuantOperand
@@ -498,8 +499,9 @@ KERNELS = {
 
 
 def _matmul_scratch(fu, main: int, limits, half):  # split-K partial sums
-    if mma_takes(fu.g, fu, main, limits, half):
-        return []   # the subgroup-matrix kernel splits no K
+    if mma_takes(fu.g, fu, main, limits, half):   # the subgroup-matrix kernel's own split
+        nb = mma_scratch_bytes(fu.g, fu, main, limits, half)
+        return [(nb, "f32")] if nb else []
     nb = matmul_scratch_bytes(fu.g, fu, main, limits)
     return [(nb, "f32")] if nb else []
 
