@@ -10,9 +10,11 @@ cache (IndexedDB), same file, same run.
 serve.py's page runs in headless Chromium (WebGPU on SwiftShader). The file is written into
 models/ (served with an ETag) and removed afterwards. In the worker, from an empty cache:
 fetch the file (pyfetch), Llama.from_gguf_async (parse, blocks transcoded and uploaded,
-kept quantized), wait for the GPU (one weight read back); then keep the file in the cache
-(llama_cache.store_async, as the chat page does) and load it back by key
-(llama_cache.load_key_async), again up to the GPU's work done. A warm-up load of the same
+kept quantized), wait for the GPU (one weight read back); then keep it in the cache
+(llama_cache.store_async, as the chat page does: the image is the GPU's words, read back,
+and the file's metadata) and load it back by key (llama_cache.load_key_async: the words
+uploaded as they are), again up to the GPU's work done, and time the parse of the kept
+metadata that Chat.tokenizer() starts with. A warm-up load of the same
 file comes first (Pyodide's imports, the device). Times are taken in the worker.
 """
 from __future__ import annotations
@@ -30,7 +32,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 CODE = """
 import time
 from pyodide.http import pyfetch
-from webgrad.io import modelcache
+from webgrad.io import gguf, modelcache
 from webgrad.models import llama, llama_cache
 
 async def _done(m):
@@ -71,6 +73,9 @@ async def bench_llama(url, profile):
     out["cached_gpu"] = time.perf_counter() - t1
     out["cached"] = time.perf_counter() - t
     out["cached_phases"] = dict(got.get("phases") or {})
+    t = time.perf_counter()      # what Chat.tokenizer() parses first (this file has no
+    gguf.load(item.gguf)         # tokenizer model to build): the kept metadata
+    out["tokenizer_metadata"] = time.perf_counter() - t
     item.model.backend.destroy()
     if prof is not None:
         import io, pstats
@@ -104,7 +109,8 @@ def main() -> int:
               f"{r['from_gguf']:.2f} s, then the GPU's work {r['gpu']:.2f} s); keeping it in the cache {r['store']:.2f} s")
         phases = " ".join(f"{k} {v:.2f}" for k, v in r["cached_phases"].items())
         print(f"from the cache: {r['cached']:.2f} s ({phases}, then the GPU's work "
-              f"{r['cached_gpu']:.2f} s)")
+              f"{r['cached_gpu']:.2f} s); its tokenizer's metadata parsed in "
+              f"{r['tokenizer_metadata']:.2f} s")
         if r.get("profile"):
             print(r["profile"])
     finally:

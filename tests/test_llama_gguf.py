@@ -362,6 +362,20 @@ def test_webgpu_reads_the_blocks(tmp_path, backend):
     assert all(b["size"] < smallest for k, b in enumerate(exe.plan["buffers"]) if k not in feeds)
 
 
+@pytest.mark.parametrize("backend", [WEBGPU])
+def test_webgpu_blocks_of_an_odd_word_count(tmp_path, backend):
+    """A Q8_0 token table of 66 rows of 64 holds 1122 words, not a whole number of 16-byte
+    units: the layout kernel's buffer is sized as compiled programs size it (it was 8 bytes
+    short, and the first compile refused the shared buffer)."""
+    size = dict(SMALL, intermediate_size=64, num_hidden_layers=1, vocab_size=66)
+    model = hf_model("llama", size)
+    path, sd = llama_cpp_gguf(tmp_path, model, "llama", qtype=QT.Q8_0)
+    m = llama.Llama.from_gguf(path, backend=backend)
+    assert m.quant["model.embed_tokens.weight"].words % 4 == 2
+    ids = [3, 17, 5, 65, 0]
+    close(m.forward(ids), hf_logits(model, ids, sd))
+
+
 # ---------------------------------------------------------------- errors
 
 def test_errors(tmp_path):

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from webgrad.io import modelcache
-from webgrad.models import gpt2, gpt2_cache
+from webgrad.models import cache_image, gpt2, gpt2_cache
 from backends import WEBGPU
 
 CFG = gpt2.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_ctx=16, vocab_size=50)
@@ -124,7 +124,7 @@ def test_quantized_image_keeps_the_gpu_words(tmp_path, qt, backend, monkeypatch)
     def no_transcode(*a):
         raise AssertionError("restore transcoded blocks")
     monkeypatch.setattr(quants, "transcode", no_transcode)
-    monkeypatch.setattr(gpt2_cache, "transcode", no_transcode)   # imported by name there
+    monkeypatch.setattr(cache_image, "transcode", no_transcode)   # imported by name there
     back = gpt2_cache.restore(meta, data, backend=backend)
     monkeypatch.undo()
     assert back.quant_full == m.quant_full and back.quant == m.quant

@@ -148,7 +148,8 @@ def test_models_load_from_the_cache_the_second_time(browser_session, tmp_path, c
 def test_python_api_in_the_worker(browser_session):
     """webgrad.io.modelcache and models.gpt2_cache from Python in the worker: bytes in, a hit
     the second time, stored trained models listed, removed and cleared; the image restores the
-    same weights."""
+    same weights; entries another version wrote are replaced (a URL or file) or dropped (by
+    key)."""
     cfg = gpt2.GPT2Config(n_layer=1, n_head=2, n_embd=32, n_ctx=16, vocab_size=256)
     src = gpt2.GPT2.init_random(cfg, seed=23, backend="reference")
     s = browser_session
@@ -177,8 +178,19 @@ async def cache_api(blob):
     stale = [d["cached"], e["cached"], (await store.entry(b["key"])).meta.format]
     await modelcache.remove_async(b["key"])
     after = [e["name"] for e in await modelcache.list_async()]
+    # one loaded by key (no file to load again) is refused, saying so, and dropped
+    rec = (await store.entry(t["key"])).to_py()
+    rec["meta"]["format"] = 99
+    await store.put(to_js(rec, dict_converter=js.Object.fromEntries),
+                    to_js([await store.readData(t["key"])]))
+    try:
+        await gpt2_cache.load_key_async(t["key"])
+        refused = None
+    except modelcache.ModelCacheError as err:
+        refused = [str(err), [e["name"] for e in await modelcache.list_async()]]
     await modelcache.clear_async()
     return {"a": a, "b": b, "c": c, "names": sorted(e["name"] for e in listed), "after": after,
+            "refused": refused,
             "phases": sorted({p["phase"] for p in seen}), "same": same, "stale": stale,
             "empty": await modelcache.list_async(),
             "w": list(m3.state_dict()["h.0.mlp.c_fc.weight"])}
@@ -187,6 +199,8 @@ async def cache_api(blob):
     assert got["a"]["cached"] is False and got["b"]["cached"] is True and got["c"]["cached"] is True
     assert got["a"]["key"] == got["b"]["key"] and got["phases"] == ["hash", "lookup", "parse", "store"]
     assert got["names"] == ["api.safetensors", "copy"] and got["after"] == ["copy"]
+    assert "format: 99" in got["refused"][0] and "dropped" in got["refused"][0], got["refused"]
+    assert got["refused"][1] == []
     assert got["same"] and got["empty"] == [] and got["stale"] == [False, True, gpt2_cache.FORMAT]
     want = np.asarray(src.state_dict()["h.0.mlp.c_fc.weight"]).ravel()
     assert np.array_equal(np.asarray(got["w"], np.float32), want)

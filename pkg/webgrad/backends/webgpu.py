@@ -20,6 +20,7 @@ from math import prod
 
 from ..arrays import HostArray, device_result
 from ..blocking import run_blocking
+from ..buffers import align
 from ..codegen import LOWERED_OPS, Limits, lower
 from ..codegen.options import DEFAULT as DEFAULT_OPTIONS
 from ..precision import (f16_bytes, f16_in_f32, f32_from_f16_bytes, half_feature_error,
@@ -117,6 +118,37 @@ class WebGPUBackend(Backend):
             self.host.write(slot.home[0], slot.home[1], data)
         else:
             slot.shadow = data
+
+    def upload(self, values: dict) -> None:
+        """Put parameters' bytes on the device now (write() leaves a value on the host until
+        a program holding it is loaded): values maps a name to the buffer's bytes as they are
+        (f32 values, a quantized weight's i32 words), a bytes-like or, in the browser worker,
+        a JS typed array, which goes to the GPU without a copy through Python. Parameters no
+        program holds yet get their buffers from one plan without kernels. The model cache
+        restores its images through it (models/cache_image.py)."""
+        sizes = {}
+        for name, data in values.items():
+            slot = self.store.get(name)
+            if slot is None:
+                raise KeyError(f"upload: the backend has no parameter {name!r}")
+            n = int(data.byteLength) if hasattr(data, "byteLength") else memoryview(data).nbytes
+            if slot.half or slot.dtype == "f16" or n != 4 * prod(slot.shape):
+                raise ValueError(f"upload of {n} bytes into '{name}' {slot.dtype}"
+                                 f"{list(slot.shape)}{' (an f16 buffer)' if slot.half else ''}: "
+                                 "upload takes whole f32/i32 buffers; write() converts")
+            if n:       # zero-size: never on the GPU (codegen/empty.py)
+                sizes[name] = n
+        fresh = [n for n in sizes if self.store[n].home is None]
+        if fresh:
+            # sized as codegen sizes them (buffers.align), so compiled programs share them
+            plan = {"buffers": [{"size": align(sizes[n]), "label": n, "persistent": self._key(n)}
+                                for n in fresh], "pipelines": [], "commands": []}
+            program = self.host.load(plan)
+            self.programs.append(program)
+            for i, n in enumerate(fresh):
+                self.store[n].home, self.store[n].shadow = (program, i), None
+        for name in sizes:
+            self.host.write(*self.store[name].home, values[name])
 
     async def read(self, name):
         slot = self.store[name]

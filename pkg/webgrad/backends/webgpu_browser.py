@@ -246,16 +246,22 @@ class BrowserHost(GPUHost):
         return program
 
     def write(self, program: int, buffer: int, data, offset: int = 0) -> None:
+        """data: a bytes-like, or a JS typed array (a JsProxy, e.g. a view of a model cache
+        entry's bytes), written as it is without a copy through Python."""
         sizes = self._check(program)
         size = self._buffer(program, buffer, sizes)
-        view = memoryview(data).cast("B")
-        if offset < 0 or offset % 4 or view.nbytes % 4 or offset + view.nbytes > size:
-            raise GPUError(f"write of {view.nbytes} bytes at offset {offset} into buffer {buffer} "
+        js_data = hasattr(data, "byteLength")
+        nbytes = int(data.byteLength) if js_data else memoryview(data).nbytes
+        if offset < 0 or offset % 4 or nbytes % 4 or offset + nbytes > size:
+            raise GPUError(f"write of {nbytes} bytes at offset {offset} into buffer {buffer} "
                            f"({self._labels[program][buffer]!r}, {size} bytes) of program "
                            f"{program}: offset and size must be multiples of 4 and fit")
-        import js
-        blob = js.Uint8Array.new(view.nbytes)
-        blob.assign(view)
+        if js_data:
+            blob = data
+        else:
+            import js
+            blob = js.Uint8Array.new(nbytes)
+            blob.assign(memoryview(data).cast("B"))
         try:
             self._gpu.write(program, buffer, blob, offset)
         except Exception as e:

@@ -20,6 +20,8 @@ which map llama.cpp's names and metadata to a model; the tests; the browser page
     t.data                        # zero-copy memoryview of the raw blocks
     t.dequantize()                # HostArray f32 with t.shape (any type of
                                   #  gguf.DEQUANTIZABLE: floats, webgrad.quants.FORMATS)
+    gguf.metadata_only(src)       # bytes: a GGUF file of src's metadata and no tensors (what
+                                  #  a tokenizer is read from; the model cache keeps it)
     gguf.dequantize(type_name, raw, n)  # array('f') of n values from raw blocks
 
 This module only parses: the block types' sizes (GGML_TYPES) and their decoding
@@ -95,9 +97,10 @@ class GGUFTensor:
 class GGUFFile:
     """A parsed GGUF file: version, alignment, metadata and tensors (name -> GGUFTensor)."""
 
-    def __init__(self, name, version, alignment, metadata, tensors):
+    def __init__(self, name, version, alignment, metadata, tensors, metadata_span=None):
         self.name, self.version, self.alignment = name, version, alignment
         self.metadata, self.tensors = metadata, tensors
+        self.metadata_span = metadata_span     # (start, end) of the metadata's bytes in the file
 
     def __repr__(self):
         return f"GGUFFile({self.name}, v{self.version}, {len(self.tensors)} tensors)"
@@ -210,6 +213,7 @@ def load(src) -> GGUFFile:
         cur.fail("version", f"{version} is not supported (GGUF v2 and v3 are)")
     n_tensors = cur.count("tensor count", 8 + 4 + 4 + 8)   # name length, n_dims, type, offset
     n_kv = cur.count("metadata count", 8 + 4)                # key length, value type
+    kv_start = cur.pos
     metadata = {}
     for i in range(n_kv):
         key = cur.string(f"metadata[{i}].key")
@@ -217,6 +221,7 @@ def load(src) -> GGUFFile:
             cur.fail(f"metadata {key!r}", "the key appears twice")
         vtype = cur.scalar("I", f"metadata {key!r} (value type)")
         metadata[key] = cur.value(vtype, f"metadata {key!r}")
+    kv_end = cur.pos
     alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
     if not (type(alignment) is int and alignment > 0 and alignment & (alignment - 1) == 0):
         cur.fail("metadata 'general.alignment'", f"must be a positive power of two, got {alignment!r}")
@@ -266,7 +271,16 @@ def load(src) -> GGUFFile:
         if b0 < a1:
             cur.fail(f"tensor {bn!r}.offset", f"bytes [{b0}, {b1}) overlap tensor {an!r} "
                      f"[{a0}, {a1})")
-    return GGUFFile(name, version, alignment, metadata, tensors)
+    return GGUFFile(name, version, alignment, metadata, tensors, (kv_start, kv_end))
+
+
+def metadata_only(src) -> bytes:
+    """A GGUF file of `src`'s metadata (its bytes as they are) and no tensors: a few MB that a
+    tokenizer (models/tokenizer.py's Tokenizer.from_gguf) is read from without the weights."""
+    buf, _ = _source(src, "gguf.metadata_only", GGUFError)
+    f = load(buf)
+    a, b = f.metadata_span
+    return MAGIC + struct.pack("<IQQ", f.version, 0, len(f.metadata)) + bytes(buf[a:b])
 
 
 # ----------------------------------------------------------------------------- dequantizing

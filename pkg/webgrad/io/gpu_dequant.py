@@ -32,6 +32,7 @@ from __future__ import annotations
 from math import prod
 
 from ..blocking import run_blocking
+from ..buffers import align     # the parameter's buffer sized as compiled programs size it
 from ..quants import FORMATS, f16_wgsl, transcode
 
 SUPPORTED = ("F16", "BF16") + tuple(FORMATS)
@@ -168,7 +169,7 @@ async def write_raw_async(backend, name: str, type_name: str, shape, data, *,
     wgsl = _widen_wgsl(type_name, n // 8, nx) if wide else _wgsl(type_name, n, rows, cols, transpose, nx)
     plan = {
         "buffers": [{"size": max(len(raw), 4), "label": f"{type_name} bytes of {label}"},
-                    {"size": 4 * n, "label": name}],
+                    {"size": align(4 * n), "label": name}],
         "pipelines": [{"wgsl": wgsl}],
         "commands": [{"op": "dispatch", "pipeline": 0, "bindings": [0, 1],
                       "workgroups": [nx, ny, 1]}],
@@ -260,7 +261,7 @@ async def write_blocks_async(backend, name: str, qtype: str, raw) -> None:
     ny = -(-groups // nx)
     plan = {
         "buffers": [{"size": max(raw.nbytes, 4), "label": f"{qtype} blocks of {name}"},
-                    {"size": 4 * words, "label": name}],
+                    {"size": align(4 * words), "label": name}],
         "pipelines": [{"wgsl": _transcode_wgsl(fmt, nb, nx)}],
         "commands": [{"op": "dispatch", "pipeline": 0, "bindings": [0, 1],
                       "workgroups": [nx, ny, 1]}],

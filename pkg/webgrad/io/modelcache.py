@@ -3,7 +3,8 @@
 Loading a model in the browser costs a download, a parse and an upload; the *image* of a
 loaded model is what the GPU holds after all that, and a cached image turns the next load of
 the same file into an upload. This module is the cache and knows no model: an ImageFormat
-(models/gpt2_cache.py's GPT2_IMAGES for GPT-2) says how a model family's images are made
+(models/gpt2_cache.py's GPT2_IMAGES for GPT-2, llama_cache.py's LLAMA_IMAGES; both build
+on models/cache_image.py) says how a model family's images are made
 (image_async: (meta, parts), parts one bytes-like per tensor), restored (restore) and parsed
 from a file (parse_async). The IndexedDB half, with the record format and the cache key, is
 web/modelcache.mjs; the worker exposes it as `webgradModelCache`.
@@ -20,10 +21,12 @@ web/modelcache.mjs; the worker exposes it as `webgradModelCache`.
         progress(dict) hears {phase, done, total} (bytes) for the phases "lookup", then
         "hash" / "download" / "parse" / "store" (a miss) or "read" / "upload" (a hit).
     model, info = await load_key_async(key, fmt, backend="webgpu", progress=fn)   # a listed entry
+        (one that no longer restores is dropped, and its ModelCacheError raised)
     info = await store_async(model, fmt, name=..., kind="trained")   # e.g. one trained here
     entries = await list_async();  await remove_async(key);  await clear_async()
 
-Consumers: models/gpt2_cache.py, and through it the surprisal page (web/surprisal.mjs).
+Consumers: models/gpt2_cache.py and models/llama_cache.py, and through them the surprisal
+and chat pages (web/surprisal.mjs, web/chat.mjs).
 """
 from __future__ import annotations
 
@@ -106,10 +109,14 @@ class _Clock:
         return now - self.t0
 
 
-async def _store(cache, meta, parts, record, clock) -> None:
+def _js_parts(parts) -> list:
     js_parts = []
     while parts:     # each tensor's Python copy goes as soon as JS holds its own
         js_parts.append(_uint8(parts.pop(0)))
+    return js_parts
+
+
+async def _store(cache, meta, js_parts, record, clock) -> None:
     await cache.put(_to_js({**record, "meta": meta}), _to_js(js_parts))
     clock("store", meta["nbytes"], meta["nbytes"])
 
@@ -134,6 +141,9 @@ async def load_key_async(key: str, fmt: ImageFormat, *, backend="webgpu", progre
     on_js = create_proxy(lambda p: clock(str(p.phase), p.done, p.total))
     try:
         return await _restore_entry(cache, record, fmt, backend, clock, on_js)
+    except ModelCacheError as e:   # written by another version: no use to keep listing it
+        await cache.remove(key)
+        raise ModelCacheError(f"{e} (the entry is dropped from the cache)") from None
     finally:
         on_js.destroy()
 
@@ -176,7 +186,7 @@ async def load_async(source, fmt: ImageFormat, *, backend="webgpu", name: str | 
         try:     # a full disk or a missing database costs the next load, not this one
             clock("store", 0, fmt.nbytes(model))
             meta, parts = await fmt.image_async(model)
-            await _store(cache, meta, parts, record, clock)
+            await _store(cache, meta, _js_parts(parts), record, clock)
         except Exception as e:
             info["not_kept"] = str(e)
         if _js_value(found.unavailable) is not None:
@@ -198,10 +208,11 @@ async def store_async(model, fmt: ImageFormat, *, name: str, kind: str = "traine
     for p in parts:
         digest.update(p)
     version = "sha256:" + digest.hexdigest()
+    js_parts = _js_parts(parts)
     key = str(cache.keyFor(name, meta["nbytes"], version))
     record = {"key": key, "name": name, "size": meta["nbytes"], "version": version,
               "source": f"{kind}:{key}", "kind": kind}
-    await _store(cache, meta, parts, record, clock)
+    await _store(cache, meta, js_parts, record, clock)
     return {"key": key, "name": name, "kind": kind, "cached": False, "seconds": clock.seconds(),
             "phases": clock.phases}
 

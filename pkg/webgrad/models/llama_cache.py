@@ -1,6 +1,7 @@
 """A Llama and its tokenizer as an image for the browser's model cache (io/modelcache.py), as
-gpt2_cache.py is GPT-2's: the chat page keeps its models (the demo model, a picked folder, a
-fine-tuned one) with it and loads them back without download or parse.
+gpt2_cache.py is GPT-2's: the chat page keeps its models (the demo model, a picked folder or
+GGUF file, a fine-tuned one) with it and loads them back without download, parse or
+transcode.
 
     item = Chat(model, tokenizer_json_bytes, tokenizer_config_dict)
     item = Chat(model, b"", {}, gguf=file_bytes)                  # a model loaded from GGUF
@@ -8,16 +9,19 @@ fine-tuned one) with it and loads them back without download or parse.
     item, info = await load_key_async(key, backend="webgpu")      # a listed entry
     meta, parts = await image_async(item); item = restore(meta, data, backend)   # any Python
 
-The image: every parameter in transformers' names as f32 (a split token table joined, as
-Llama.state_dict_async gives it), then the tokenizer.json's bytes as one more part (dtype
-"bytes": meta stays small, the cache lists entries without reading it); meta holds the
-LlamaConfig and tokenizer_config.json.
+The image (format 2) is what the GPU holds after a load (models/cache_image.py): every
+parameter in transformers' names, whole, as f32 values or, held quantized (a GGUF file's
+blocks), as its GPU words with its QuantSpec; the q/k rows already in transformers' order.
+Then the tokenizer as one more part (dtype "bytes": meta stays small, the cache lists
+entries without reading it): "tokenizer.json" with meta's tokenizer_config, or for a model
+from GGUF (meta["source"] = "gguf") "tokenizer.gguf", the file's metadata as a GGUF file of
+no tensors (io/gguf.metadata_only), which Chat.tokenizer() reads when asked. Meta holds the
+LlamaConfig. Restoring uploads the bytes as they are: on WebGPU one plan of buffers, no
+kernel, no host pass over the weights.
 
-A model loaded from a GGUF file (quantized or not) is kept as the file itself: one part,
-"model.gguf" (dtype "bytes"), meta["source"] = "gguf". Its blocks go to the GPU as they are
-(Llama.from_gguf keeps them quantized) and its tokenizer is read from the same metadata, so
-a hit costs a read and a parse of the header, no download. Other models holding quantized
-weights are not imaged: store_async refuses them, saying so.
+Format 1 kept a GGUF model as its whole file, re-parsed and laid out again on every restore
+(seconds in the worker); such an entry is refused (ModelCacheError: load the file again). A
+format-1 entry of f32 weights has the layout format 2 gives it, and is read as it is.
 """
 from __future__ import annotations
 
@@ -25,21 +29,23 @@ from dataclasses import asdict
 from math import prod
 from typing import NamedTuple
 
-from ..arrays import HostArray
+from ..io import gguf as gguf_io
 from ..io import modelcache
 from ..io.modelcache import ImageFormat, ModelCacheError
+from . import cache_image
 from .llama import Llama, param_shapes
 from .llama_config import LlamaConfig
 from .tokenizer import Tokenizer
 
-FORMAT = 1
+FORMAT = 2     # 2: the GPU's words and f32 values (1 kept a GGUF model as its file)
 
 
 class Chat(NamedTuple):
     model: Llama
     tokenizer_json: bytes
     tokenizer_config: dict
-    gguf: bytes | None = None     # the GGUF file the model was loaded from (kept as it is)
+    gguf: bytes | None = None     # the GGUF file the model came from, or its metadata alone
+                                  # (a restored entry): where its tokenizer is read from
 
     def tokenizer(self) -> Tokenizer:
         if self.gguf is not None:
@@ -55,106 +61,67 @@ def _config_dict(cfg: LlamaConfig) -> dict:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
 
-def _gguf_image(item: Chat) -> tuple[dict, list]:
-    data = memoryview(item.gguf).cast("B")
-    tensors = [{"name": "model.gguf", "dtype": "bytes", "shape": [data.nbytes], "offset": 0,
-                "nbytes": data.nbytes}]
-    return {"format": FORMAT, "model": "llama", "source": "gguf", "config": _config_dict(item.model.cfg),
-            "tensors": tensors, "nbytes": data.nbytes}, [data]
+def _tokenizer_part(item: Chat) -> tuple[str, bytes]:
+    if item.gguf is not None:
+        return "tokenizer.gguf", gguf_io.metadata_only(item.gguf)
+    return "tokenizer.json", bytes(item.tokenizer_json)
 
 
 async def image_async(item: Chat) -> tuple[dict, list]:
+    """(meta, parts) of a Chat on any backend: its weights read back as the GPU holds them,
+    then its tokenizer's bytes."""
     m = item.model
-    if item.gguf is not None:
-        return _gguf_image(item)
-    if m.quant_full:
-        raise ValueError("this model holds quantized weights, which the model cache does not "
-                         "keep for Llama models yet; it is used all the same")
-    sd = await m.state_dict_async()
-    tensors, parts, at = [], [], 0
-    for name, shape in param_shapes(m.cfg).items():
-        view = memoryview(sd[name]).cast("B")
-        tensors.append({"name": name, "dtype": "f32", "shape": list(shape), "offset": at,
-                        "nbytes": view.nbytes})
-        parts.append(view)
-        at += view.nbytes
-    tj = bytes(item.tokenizer_json)
-    tensors.append({"name": "tokenizer.json", "dtype": "bytes", "shape": [len(tj)],
-                    "offset": at, "nbytes": len(tj)})
-    parts.append(tj)
+    entries, parts = await cache_image.tensors_async(m, param_shapes(m.cfg), m.table_chunks)
+    name, tok = _tokenizer_part(item)
+    entries.append({"name": name, "dtype": "bytes", "shape": [len(tok)], "nbytes": len(tok)})
+    parts.append(tok)
+    at = 0
+    for e in entries:
+        e["offset"] = at
+        at += e["nbytes"]
     meta = {"format": FORMAT, "model": "llama", "config": _config_dict(m.cfg),
-            "tokenizer_config": item.tokenizer_config, "tensors": tensors, "nbytes": at + len(tj)}
+            "tensors": entries, "nbytes": at}
+    if item.gguf is not None:
+        meta["source"] = "gguf"
+    else:
+        meta["tokenizer_config"] = item.tokenizer_config
     return meta, parts
 
 
 def restore(meta: dict, data, backend="auto", *, progress=None, what: str = "<image>") -> Chat:
+    """A Chat on `backend` from an image (meta as image_async wrote it, data the parts back
+    to back: a bytes-like, or in the worker the JS Uint8Array itself, whose views go to the
+    GPU as they are). progress(done, total) hears the weight bytes written. Raises
+    ModelCacheError naming `what` and the field at fault; nothing is built before every field
+    has been checked."""
     def fail(field, msg):
         raise ModelCacheError(f"model cache entry {what}: {field}: {msg}")
 
     if not isinstance(meta, dict) or meta.get("model") != "llama":
         fail("model", f"{meta.get('model') if isinstance(meta, dict) else meta!r}; expected 'llama'")
-    if meta.get("format") != FORMAT:
+    gguf = meta.get("source") == "gguf"
+    if meta.get("format") == 1 and gguf:
+        fail("format", "1: kept as its GGUF file by an older webgrad, which this one no longer "
+                       "reads; load the .gguf file again (it is kept in the new format)")
+    if meta.get("format") not in (1, FORMAT):
         fail("format", f"{meta.get('format')!r}; this webgrad reads format {FORMAT}")
     try:
         cfg = LlamaConfig(**{k: tuple(v) if k in ("rope_freq_factors",) and v is not None else v
                              for k, v in meta.get("config", {}).items()})
     except (TypeError, ValueError) as e:
         fail("config", str(e))
-    if hasattr(data, "subarray"):     # a JS typed array (JsProxy)
-        size = int(data.length)
-
-        def piece(off, n):
-            return data.subarray(off, off + n).to_bytes()
-    else:
-        data = memoryview(data).cast("B")
-        size = data.nbytes
-
-        def piece(off, n):
-            return bytes(data[off:off + n])
-    if meta.get("source") == "gguf":
-        return _restore_gguf(meta, cfg, piece, size, backend, progress, fail)
-    got = {t.get("name"): t for t in meta.get("tensors") or [] if isinstance(t, dict)}
     want = param_shapes(cfg)
-    missing = sorted((set(want) | {"tokenizer.json"}) - set(got))
-    if missing:
-        fail("tensors", f"missing {missing[:5]}")
-    sd = {}
-    for name, shape in want.items():
-        t = got[name]
-        off, n = t.get("offset"), t.get("nbytes")
-        if t.get("dtype") != "f32" or list(t.get("shape") or ()) != list(shape):
-            fail(f"tensors[{name!r}]", f"{t.get('dtype')}{t.get('shape')}; {cfg.model_type} "
-                                        f"needs f32{list(shape)}")
-        if not (isinstance(off, int) and n == 4 * prod(shape) and 0 <= off and off + n <= size):
-            fail(f"tensors[{name!r}].offset", f"{off!r} (+{n!r} bytes) is not inside the "
-                                               f"{size} bytes of data")
-        h = HostArray("f32", shape=shape)
-        h.frombytes(piece(off, n))
-        sd[name] = h
-    t = got["tokenizer.json"]
-    tj = piece(t["offset"], t["nbytes"])
-    model = Llama.from_hf_state_dict(cfg, sd, backend=backend)
-    if progress is not None:
-        progress(size, size)
-    return Chat(model, tj, dict(meta.get("tokenizer_config") or {}))
-
-
-def _restore_gguf(meta, cfg, piece, size, backend, progress, fail) -> Chat:
-    t = next((t for t in meta.get("tensors") or [] if isinstance(t, dict)
-              and t.get("name") == "model.gguf"), None)
-    if t is None or t.get("dtype") != "bytes":
-        fail("tensors", "a GGUF entry holds one 'model.gguf' part of dtype 'bytes'")
-    off, n = t.get("offset"), t.get("nbytes")
-    if not (isinstance(off, int) and isinstance(n, int) and 0 <= off and off + n <= size):
-        fail("tensors['model.gguf'].offset", f"{off!r} (+{n!r} bytes) is not inside the {size} "
-                                             "bytes of data")
-    blob = piece(off, n)
-    model = Llama.from_gguf(blob, backend=backend)
-    if model.cfg != cfg:
-        fail("config", "differs from the one the kept GGUF file gives")
-    if progress is not None:
-        progress(size, size)
-    return Chat(model, b"", {}, gguf=blob)
+    tok_name = "tokenizer.gguf" if gguf else "tokenizer.json"
+    size, piece = cache_image.pieces(data)
+    got, quant = cache_image.check(meta.get("tensors"), want, size, fail, extra=(tok_name,))
+    t = got[tok_name]
+    tok = bytes(cache_image.as_bytes(piece(t["offset"], t["nbytes"])))
+    model = Llama(cfg, backend, quant=quant)
+    cache_image.write(model, want, got, quant, piece, write_f32=model.write_weight,
+                      progress=progress)
+    if gguf:
+        return Chat(model, b"", {}, gguf=tok)
+    return Chat(model, tok, dict(meta.get("tokenizer_config") or {}))
 
 
 async def _parse_async(data, backend="auto", *, progress=None):
@@ -163,9 +130,11 @@ async def _parse_async(data, backend="auto", *, progress=None):
 
 
 def nbytes(item: Chat) -> int:
-    if item.gguf is not None:
-        return memoryview(item.gguf).nbytes
-    return 4 * sum(prod(s) for s in param_shapes(item.model.cfg).values()) + len(item.tokenizer_json)
+    """The image's size: the weights as the GPU holds them, and the tokenizer's bytes."""
+    q = item.model.quant_full
+    weights = 4 * sum(q[n].words if n in q else prod(s)
+                      for n, s in param_shapes(item.model.cfg).items())
+    return weights + len(_tokenizer_part(item)[1])
 
 
 LLAMA_IMAGES = ImageFormat(image_async=image_async, restore=restore, parse_async=_parse_async,
