@@ -16,6 +16,17 @@ from math import prod
 
 TYPECODE = {"f32": "f", "i32": "i"}
 
+# Device buffer sizes are multiples of ALIGN bytes (vec4 views stay possible). Here, with the
+# data, because every layer that makes a GPU buffer sizes it so: the planner (buffers.py),
+# the backends, and the file formats' upload paths (io/gpu_dequant.py), which must give a
+# parameter the size compiled programs expect.
+ALIGN = 16
+
+
+def align(nbytes: int) -> int:
+    """nbytes rounded up to a whole number of ALIGN-byte units (at least one)."""
+    return max(ALIGN, -(-int(nbytes) // ALIGN) * ALIGN)
+
 
 class FeedError(ValueError):
     """A value passed to step/run/upload_params does not match what was declared."""

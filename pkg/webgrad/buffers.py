@@ -21,12 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ALIGN = 16  # bytes: buffer sizes are multiples of this (vec4 views stay possible)
+from .arrays import ALIGN, align  # noqa: F401  (the planner's sizes; re-exported)
+
 END = 1 << 60  # "read at the end of the step" (outputs, end-of-step copies)
-
-
-def align(nbytes: int) -> int:
-    return max(ALIGN, -(-int(nbytes) // ALIGN) * ALIGN)
 
 
 @dataclass

@@ -32,7 +32,7 @@ from __future__ import annotations
 from math import prod
 
 from ..blocking import run_blocking
-from ..buffers import align     # the parameter's buffer sized as compiled programs size it
+from ..arrays import align      # the parameter's buffer sized as compiled programs size it
 from ..quants import FORMATS, f16_wgsl, transcode
 
 SUPPORTED = ("F16", "BF16") + tuple(FORMATS)
