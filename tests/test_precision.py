@@ -175,16 +175,19 @@ def _torch_block(params):
     return P, fwd
 
 
-def test_mixed_training_tracks_torch_amp():
+@pytest.mark.parametrize("backend", ["reference", WEBGPU])
+def test_mixed_training_tracks_torch_amp(backend):
     """12 Adam steps of a transformer block in precision="mixed" on the reference executor
-    against torch.autocast("cpu", float16) with torch.amp.GradScaler, from the same weights:
-    the same losses (within f16 rounding), the same skipped steps and scales, and at step 6
-    a batch whose embedding overflows f16 (an f16 matmul operand becomes inf): both skip it,
-    keep every parameter and Adam moment, and halve the scale."""
+    (and on WebGPU, where each parameter's update behind the skip is one kernel and the
+    finiteness check sums several gradients at once: fusion_groups._merge_siblings,
+    precision.unscale) against torch.autocast("cpu", float16) with torch.amp.GradScaler,
+    from the same weights: the same losses (within f16 rounding), the same skipped steps and
+    scales, and at step 6 a batch whose embedding overflows f16 (an f16 matmul operand
+    becomes inf): both skip it, keep every parameter and Adam moment, and halve the scale."""
     B = 2
     opt = optim.Adam(lr=3e-3)
     c = wg.compile_module(Block, _loss, inputs={"tokens": ([B, T], "i32"), "targets": ([B, T], "i32")},
-                          optimizer=opt, precision="mixed", seed=3)
+                          optimizer=opt, precision="mixed", seed=3, backend=backend)
     P, fwd = _torch_block(c.download_params())
     topt = torch.optim.Adam(P.values(), lr=3e-3)
     scaler = torch.amp.GradScaler("cpu")

@@ -187,17 +187,33 @@ def loss_scale(g: Graph) -> Tensor:
     return ops.pow(2.0, exp + float(INIT_EXP))
 
 
+# gradients a finiteness check reads in one reduction: with the output and a split
+# reduction's partials, 4 buffers stay within the 8 bindings WebGPU guarantees a kernel
+CHECK_GROUP = 4
+_F32_MAX = 3.4028234663852886e38
+
+
 def unscale(grads: dict[int, Tensor], scale: Tensor) -> tuple[dict[int, Tensor], Tensor]:
-    """(gradients divided by the scale, ok): ok is 1.0 when every gradient is finite. An
-    inf or NaN anywhere makes g * 0 a NaN, so the sum of all of them is 0 only when none is."""
+    """(gradients divided by the scale, ok): ok is 1.0 when every gradient is finite.
+    The test is m = max |g| over all of them (max propagates NaN) and ok = (sign(m - F32_MAX)
+    == -1): -1 for a finite m, 1 for inf, 0 for NaN (sign's NaN rule). On WebGPU both read
+    the bits (isnan_f), so a shader compiler that assumes no NaN or inf cannot fold the test
+    away, as lavapipe's folds g * 0 to 0 (the sum of g * 0 this replaced let NaN gradients
+    through there). The max is taken CHECK_GROUP gradients at a time, flattened and
+    concatenated (a concat of expressions is read by the reduction's kernel itself): on
+    WebGPU one reduction per group, not one per gradient (in GPT-2 124M: 410 kernels)."""
     inv = 1.0 / scale
     out = {i: gr * inv for i, gr in grads.items()}
-    total = None
-    for gr in out.values():
-        s = ops.sum_all(gr * 0.0)
-        total = s if total is None else total + s
-    ok = ops.equal(total, 0.0) if total is not None else ops.constant(1.0)
-    return out, ok
+    # the last parameters' gradients come first in the backward: grouped in that order, a
+    # group's gradients are produced close together, and its check runs soon after
+    flat = [ops.reshape(gr, (gr.node.size,)) for gr in reversed(out.values())]
+    top = None
+    for k in range(0, len(flat), CHECK_GROUP):
+        m = ops.max(ops.abs(ops.concat(flat[k:k + CHECK_GROUP], axis=0)))
+        top = m if top is None else ops.maximum(top, m)
+    if top is None:
+        return out, ops.constant(1.0)
+    return out, ops.equal(ops.sign(top - _F32_MAX), -1.0)
 
 
 def append_loss_scaling(g: Graph, ok: Tensor, trainable: list[str]) -> None:
@@ -206,19 +222,53 @@ def append_loss_scaling(g: Graph, ok: Tensor, trainable: list[str]) -> None:
     parameters, the optimizer state and the step counter, and halves the scale; the 2000th
     good step in a row doubles it. Outputs: amp/skipped (1.0 for a skipped step) and
     amp/scale (the scale the next step uses)."""
+    # every kept writeback reads the flag through the stored output amp/skipped: one
+    # buffer a kernel (ok itself is an expression of the check's last two maxima: two, and
+    # AdamW's p' then needed one binding more than the 8 WebGPU guarantees)
+    skipped = 1.0 - ok
+    g.outputs["amp/skipped"] = skipped.id
+    ok = ops.equal(skipped, 0.0)
     keep = set(trainable) | {"step"}
+    kept = {}  # a new value -> where(ok, it, the old value)
     for name, i in list(g.writebacks.items()):
         if name in keep or (name.startswith(STATE_PREFIX) and name not in (SCALE_EXP, GOOD_STEPS)):
             old = g.params.get(name, g.state.get(name))
-            if old is not None:
-                g.writebacks[name] = ops.where(ok, Tensor(g, i), Tensor(g, old)).id
+            if old is not None and i not in kept:
+                kept[i] = ops.where(ok, Tensor(g, i), Tensor(g, old)).id
+    # a new value that reads another's (AdamW's p' reads m' and v') reads its kept form: the
+    # same value where ok = 1, and where ok = 0 its own where keeps the old value anyway. So
+    # m' and v' each have one reader, their where, and are not stored for p' to reread:
+    # on WebGPU a parameter's whole update is one kernel (codegen/fusion_groups.py)
+    redo: dict[int, int] = {}
+
+    def rebuilt(n: int) -> int:
+        if n in kept:
+            return kept[n]
+        if n not in redo:
+            node = g[n]
+            ins = [rebuilt(i) for i in node.inputs]
+            redo[n] = n if ins == list(node.inputs) else g.add(
+                node.op, ins, node.shape, node.dtype, dict(node.attrs), node.loc)
+        return redo[n]
+
+    # nodes traced before the first new value cannot read one: never rebuilt
+    redo.update({j: j for j in range(min(kept, default=0))})
+    for name, i in list(g.writebacks.items()):
+        if i in kept:
+            node = g[i]
+            ins = [rebuilt(j) for j in node.inputs]
+            if ins != list(node.inputs):
+                i2 = g.add(node.op, ins, node.shape, node.dtype, dict(node.attrs), node.loc)
+                old = g.params.get(name, g.state.get(name))
+                g.writebacks[name] = ops.where(ok, Tensor(g, i2), Tensor(g, old)).id
+            else:
+                g.writebacks[name] = kept[i]
     exp = Tensor(g, g.state[SCALE_EXP])
     good = _state(g, GOOD_STEPS)
     grow = ops.greater_equal(good + 1.0, float(GROWTH_INTERVAL))
     new_exp = ops.where(ok, exp + grow, exp - 1.0)
     g.writebacks[SCALE_EXP] = new_exp.id
     g.writebacks[GOOD_STEPS] = ops.where(ok, (good + 1.0) * (1.0 - grow), 0.0).id
-    g.outputs["amp/skipped"] = (1.0 - ok).id
     g.outputs["amp/scale"] = ops.pow(2.0, new_exp + float(INIT_EXP)).id
 
 

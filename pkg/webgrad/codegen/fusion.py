@@ -25,7 +25,9 @@ outside it reads. The rules, in order:
     relu join their matmul (an epilogue), the loss chain joins its sum, and the whole Adam
     update of a parameter (m', v', p') joins the kernel that produced the gradient - one
     kernel writing several tensors. A merge is refused if it would form a cycle or exceed
-    the binding limit.
+    the binding limit. Siblings first (_merge_siblings): kernels of new parameter values that
+    read one stored tensor at their index but cannot join its kernel (they also read what
+    needs it: the loss-scale flag under precision="mixed") become one kernel.
  4. Writebacks in place. A new value of a param/state is computed straight into the
     persistent buffer when every other reader of the old value can run before the writing
     kernel and the writer itself reads the old value only at the same index (or is a
@@ -90,6 +92,7 @@ class Fusion(StorageRules, GroupRules, SumRules):
                 del self.sum_source[sid]
         self._roots()
         self._form_groups()
+        self._merge_siblings()
         self._merge()
         self._assemble()
         self._inplace()

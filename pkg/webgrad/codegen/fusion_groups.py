@@ -189,6 +189,53 @@ class GroupRules:
                 self._loads_cache.pop(gid, None)
                 break
 
+    def _merge_siblings(self):
+        """Rule 3's siblings, before its merges: elementwise kernels that compute new
+        parameter/state values, of one size, whose only stored input of that size read at
+        their own index is one tensor s, and that cannot join s's kernel (they also read
+        something that needs s's kernel: merging would form a cycle), become one kernel that
+        reads s once. Under precision="mixed" a parameter's update (p', m', v', each
+        where(ok, new, old) behind the loss-scale skip) reads the gradient, but ok needs
+        every gradient first: merged, the update is one kernel a parameter, not three that
+        each reread the gradient. In an f32 step the update joins the gradient's kernel."""
+        g = self.g
+        limit = self.limits.max_storage_buffers_per_shader_stage
+        written = set(g.writebacks.values())
+        by_source: dict[int, list[int]] = {}
+        for gid in sorted(self.groups, key=lambda i: self.groups[i].order):
+            G = self.groups[gid]
+            if (G.main is not None or G.numel <= 1 or not any(a in written for a in G.anchors)
+                    or any(a in self.piecewise or a in self.transposed for a in G.anchors)):
+                continue
+            src = [s for s, ident in self.loads(gid).items()
+                   if ident and s in self.mat and g[s].size == G.numel]
+            if len(src) != 1:
+                continue
+            h = self.group_of[src[0]]
+            if any(self.depends(d, h) for d in self.deps(gid) if d != h):
+                by_source.setdefault(src[0], []).append(gid)
+        for gids in by_source.values():
+            h = gids[0]
+            for gid in gids[1:]:
+                H, G = self.groups[h], self.groups[gid]
+                if G.numel != H.numel or self.depends(gid, h) or self.depends(h, gid):
+                    continue
+                loads = dict(self.loads(h))
+                for s, ident in self.loads(gid).items():
+                    loads[s] = loads.get(s, True) and ident
+                outs = H.outputs + G.anchors
+                for o in outs:
+                    loads.pop(o, None)
+                if self.binding_estimate(outs, loads) > limit:
+                    continue
+                H.anchors = sorted(H.anchors + G.anchors)
+                H.after |= G.after
+                for a in G.anchors:
+                    self.group_of[a] = h
+                del self.groups[gid]
+                self._loads_cache.pop(h, None)
+                self._loads_cache.pop(gid, None)
+
     # ------------------------------------------------------------ in-place writebacks
     def _inplace(self):
         g = self.g

@@ -196,9 +196,10 @@ class StorageRules:
             if n.size <= 1 or not self.cons[n.id]:
                 continue
             # read through a broadcast: each element recomputed many times (a pad reads
-            # each once, so the padded logit gradient computes the gradient in its kernel)
-            expand = any(g[c2].op not in KERNEL_OPS and g[c2].op != "pad" and g[c2].size > n.size
-                         for c2 in self.cons[n.id])
+            # each once, so the padded logit gradient computes the gradient in its kernel;
+            # so does a concat: the loss-scale check's flattened gradients, read by its max)
+            expand = any(g[c2].op not in KERNEL_OPS and g[c2].op not in ("pad", "concat")
+                         and g[c2].size > n.size for c2 in self.cons[n.id])
             if expand and c >= 3:
                 store(n.id)
             elif len(self.cons[n.id]) >= 2 and c >= 8 and not (self.remat and self.remat.skip(n.id, ls)):
