@@ -347,7 +347,8 @@ def use_gemv(limits, M: int, K: int, nb: int, shared_b: bool,
              k_fast: bool | None = None) -> bool:
     """Whether an [nb x] [M, K] @ [K, N] product takes the matrix-vector kernel: at most
     KernelOptions.gemv_rows rows of C in all against one B (a decoding step's Linear layers
-    and LM head, M = 1), on GPUs (KernelOptions.force_gemv: on any adapter / none).
+    and LM head, M = 1), on every adapter (KernelOptions.force_gemv: on any adapter / none;
+    CPU adapters take its barrier-free form, gemv_cpu_form).
 
     Through the tiled kernel such a product ran on 16 x 16-thread tiles of which one row of
     threads had a row of C, split over K with a second kernel adding the chunks: a step of
@@ -367,13 +368,22 @@ def use_gemv(limits, M: int, K: int, nb: int, shared_b: bool,
         return False
     if opts.force_direct is not None and opts.force_gemv is None:
         return False  # a kernel asked for by name (tests)
-    if opts.force_gemv is None and limits.cpu:
-        return False
     if nb > 1 and not shared_b:
         return False
     if limits.cpu and K > CPU_LOOP_ITERATIONS:  # one lane's K loop must stay bounded there
         return False
     return M * nb <= opts.gemv_rows
+
+
+def gemv_cpu_form(limits) -> bool:
+    """Does a product the matrix-vector kernel takes run its CPU form (matmul_gemv_cpu.py)?
+    On CPU adapters, unless KernelOptions.force_gemv asks for the kernel by name (its
+    workgroup form, as on GPUs) or gemv_cpu says otherwise. The CPU form took a 2-layer
+    SmolLM2-shaped decode step on lavapipe from 69 to ... ms (bench/README.md, decode_cpu.py)."""
+    opts = limits.options
+    if opts.gemv_cpu is not None:
+        return opts.gemv_cpu
+    return bool(limits.cpu) and opts.force_gemv is None
 
 
 def cpu_splits(K: int) -> tuple[int, int]:

@@ -58,9 +58,14 @@ class KernelOptions:
     # products of at most this many rows of C (decoding's M = 1 .. a few) against one B take
     # the matrix-vector kernel (matmul_gemv.py) on GPUs; 0: never
     gemv_rows: int = 4
-    # True / False: the matrix-vector kernel for such products on any adapter (CPU ones too) /
-    # on none; None: GPUs only, unless force_direct names a kernel
+    # True / False: the matrix-vector kernel for such products on any adapter / on none;
+    # None: every adapter, unless force_direct names a kernel
     force_gemv: bool | None = None
+    # True / False: the matrix-vector kernel's CPU form (matmul_gemv_cpu.py: no barriers) /
+    # its workgroup form (matmul_gemv.py) on any adapter; None: CPU adapters the CPU form,
+    # except where force_gemv=True asks for the matrix-vector kernel by name (tests of the
+    # workgroup form on lavapipe)
+    gemv_cpu: bool | None = None
     # ... also where B's N axis (not K) has stride 1 (matmul_config.use_gemv says why not by default)
     gemv_n_fast: bool = False
     # adapters (substrings of Limits.adapter, lower case) whose small direct products take
