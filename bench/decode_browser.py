@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """decode_cpu.py's measurement in headless Chromium (WebGPU on SwiftShader): greedy decoding
 of the SmolLM2-135M-shaped Llama under one or more kernel option sets in one browser run,
-tokens/s and one decode step's GPU time per kernel class. Issue 24: which decode kernels
-SwiftShader is slow at (wllama_decode.py measures the whole comparison with wllama).
+tokens/s (median of --reps calls) and one decode step's GPU time per kernel class (each
+kernel's median over --reps profiled steps), the sets' runs interleaved. Issue 24: which
+decode kernels SwiftShader is slow at (wllama_decode.py compares the whole with wllama).
 
-    python3 bench/decode_browser.py                                  # 2 layers, Q8_0 and F32
-    python3 bench/decode_browser.py --sets ",force_gemv=False"       # defaults against the
-                                                                     # barrier-free kernel
+    python3 bench/decode_browser.py                              # 2 layers, Q8_0 and F32:
+                                                                 # defaults against the CPU
+                                                                 # form (gemv_cpu=True)
+    python3 bench/decode_browser.py --sets ",force_gemv=False;gemv_cpu=False"
 
-Each option set is a comma-free list of `NAME=VALUE` KernelOptions fields joined by ";"
+Each option set is a list of `NAME=VALUE` KernelOptions fields joined by ";"
 (the empty set: the defaults); --sets separates sets by ",". The file is wllama_decode.py's
 (random weights of the real shape, `--layers` layers), served from models/ by serve.py.
 """
@@ -29,39 +31,45 @@ from webgrad.browser import BrowserSession  # noqa: E402
 WORKER_CODE = """
 import time
 from collections import defaultdict
+from statistics import median
 from pyodide.http import pyfetch
 from webgrad.models import llama
 from webgrad.backends.webgpu import WebGPUBackend
 from webgrad.codegen.options import KernelOptions, with_setting
 blob = await (await pyfetch(URL)).bytes()
-out = []
+models = []
 for sets in SETS:
     opts = KernelOptions()
     for item in [i for i in sets.split(";") if i]:
         opts = with_setting(opts, item)
     m = await llama.Llama.from_gguf_async(blob, backend=WebGPUBackend(options=opts), n_ctx=64)
     await m.generate_async(PROMPT, max_new_tokens=NEW, temperature=0, stop_at_eos=False)
-    times = []
-    for _ in range(REPS):
+    models.append(m)
+del blob
+times, profs, toks = defaultdict(list), defaultdict(list), {}
+for _ in range(REPS):   # the sets interleaved: the shared machine's load moves them alike
+    for k, m in enumerate(models):
         t0 = time.perf_counter()
-        toks = await m.generate_async(PROMPT, max_new_tokens=NEW, temperature=0, stop_at_eos=False)
-        times.append(time.perf_counter() - t0)
-    prog = m._program("step", 1)._prog
-    prof = await prog.profile({"ids": [1], "pos": [len(PROMPT) + NEW]}, "profile")
+        out = await m.generate_async(PROMPT, max_new_tokens=NEW, temperature=0, stop_at_eos=False)
+        times[k].append(time.perf_counter() - t0)
+        toks[k] = out[len(PROMPT):]
+        prog = m._program("step", 1)._prog
+        profs[k].append(await prog.profile({"ids": [1], "pos": [len(PROMPT) + NEW]}, "profile"))
+out = []
+for k, sets in enumerate(SETS):
+    rows = profs[k][0].rows
+    ms = [1e3 * median(p.rows[i].seconds or 0.0 for p in profs[k]) for i in range(len(rows))]
     by = defaultdict(lambda: [0, 0.0])
-    for r in prof.rows:
+    for r, t in zip(rows, ms):
         name = r.name
         kind = ("matmul " + name.split(" K=")[1].split(" ", 1)[1] if name.startswith("matmul")
                 else name.split()[0])
         by[kind][0] += 1
-        by[kind][1] += r.seconds or 0.0
-    top = sorted(prof.rows, key=lambda r: -(r.seconds or 0.0))[:4]
-    out.append({"set": sets, "tokens_per_s": NEW / min(times), "times": times,
-                "tokens": toks[len(PROMPT):], "kernels": len(prof.rows), "timing": prof.timing,
-                "gpu_ms": 1e3 * (prof.total_seconds or 0.0),
-                "by": {k: [c, 1e3 * t] for k, (c, t) in by.items()},
-                "top": [[r.name, 1e3 * (r.seconds or 0.0)] for r in top]})
-    del m
+        by[kind][1] += t
+    top = sorted(zip(ms, [r.name for r in rows]), reverse=True)[:4]
+    out.append({"set": sets, "tokens_per_s": NEW / median(times[k]), "times": times[k],
+                "tokens": toks[k], "kernels": len(rows), "timing": profs[k][0].timing,
+                "gpu_ms": sum(ms), "by": dict(by), "top": [[n, t] for t, n in top]})
 {"runs": out, "host": str(getattr(WebGPUBackend().host, "info", ""))}
 """
 
@@ -71,8 +79,8 @@ def main() -> int:
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--types", default="Q8_0,F32")
     ap.add_argument("--new", type=int, default=8)
-    ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--sets", default=",force_gemv=False",
+    ap.add_argument("--reps", type=int, default=3, help="timed calls and profiled steps per set (medians)")
+    ap.add_argument("--sets", default=",gemv_cpu=True",
                     help="option sets separated by ',' (fields within a set by ';')")
     ap.add_argument("--timeout", type=float, default=1200.0)
     args = ap.parse_args()
@@ -91,7 +99,7 @@ def main() -> int:
                 res = s.run(head + WORKER_CODE, timeout=args.timeout)
             finally:
                 (MODELS_DIR / name).unlink(missing_ok=True)
-            print(f"{qt}, {args.layers} layers, {args.new} new tokens after 8, best of {args.reps} "
+            print(f"{qt}, {args.layers} layers, {args.new} new tokens after 8, median of {args.reps} "
                   f"({res['host']}; {time.perf_counter() - t0:.0f} s):")
             for r in res["runs"]:
                 print(f"  [{r['set'] or 'defaults'}] {r['tokens_per_s']:.2f} tokens/s; one step "
