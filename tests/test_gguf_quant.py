@@ -88,11 +88,13 @@ def test_matmul_and_gather_read_the_blocks(qt, backend):
     # split over K (the H200's long-K rule: partial sums, then a second kernel)
     # and the H200's wide tile with vec4 loads (x read as vec4, the blocks decoded per element)
     # and the matrix-vector kernel (M = 3: decoding's products), whole groups per lane
-    kernels = ("direct", "tiled", "split", "vec4", "gemv") if backend == "webgpu" else (None,)
+    # and its barrier-free CPU form (a thread per 8 columns, the words 4 values at a time)
+    kernels = (("direct", "tiled", "split", "vec4", "gemv", "gemv_cpu") if backend == "webgpu"
+               else (None,))
     for kind in kernels:
         opts = KernelOptions(
             force_direct={"direct": True, "tiled": False}.get(kind),
-            force_gemv=True if kind == "gemv" else None,
+            force_gemv=True if kind == "gemv" else None, gemv_cpu=kind == "gemv_cpu" or None,
             force_config={"split": matmul.Config(2, 2, 16, splits=2),
                           "vec4": matmul.Config(8, 16, 8, wx=8, wy=16, vload=True)}.get(kind))
         p = compile_program(backend, M, fn, inputs={"x": ([3, K], "f32"), "i": ([2], "i32")},
@@ -111,10 +113,11 @@ def test_matmul_and_gather_read_the_blocks(qt, backend):
             mm = [pl["wgsl"] for pl in plan["pipelines"] if " K=" in pl["wgsl"].split("\n")[0]]
             # the barrier-free and matrix-vector kernels read a scale per group of 32 and 4
             # values per word
-            grouped = bool(opts.force_direct or opts.force_gemv)
+            grouped = bool(opts.force_direct or opts.force_gemv or opts.gemv_cpu)
             assert mm and all(("dqs_" in w) == grouped and ("dq_" in w or grouped) for w in mm)
-            if kind == "gemv":
-                assert any(" gemv " in k for k in p._prog.exe.kernel_names)
+            if kind in ("gemv", "gemv_cpu"):
+                names = p._prog.exe.kernel_names
+                assert any((" gemv cpu " if kind == "gemv_cpu" else " gemv ") in k for k in names)
 
 
 def test_quantized_params_are_not_trainable_but_run_forward():

@@ -232,16 +232,18 @@ def test_cached_decoding_equals_the_full_forward(kind, backend, built):
     close(np.stack(rows), full)
 
 
+@pytest.mark.parametrize("form", ["workgroup", "cpu"])
 @pytest.mark.parametrize("kind", ["llama"])   # every bias, llama3 rope scaling
-def test_decoding_through_the_matrix_vector_kernel(kind, built):
-    """Decoding's products (a few rows of C) through codegen/matmul_gemv.py's matrix-vector
-    kernel, forced onto this adapter (GPUs take it by default): the cached steps equal
-    transformers' logits at every position, one id at a time and a chunk of 3."""
+def test_decoding_through_the_matrix_vector_kernel(kind, form, built):
+    """Decoding's products (a few rows of C) through the matrix-vector kernel, forced onto
+    this adapter in either form (matmul_gemv.py, GPUs' default; matmul_gemv_cpu.py, CPU
+    adapters'): the cached steps equal transformers' logits at every position, one id at a
+    time and a chunk of 3."""
     pytest.importorskip("wgpu")
     from webgrad.backends.webgpu import WebGPUBackend
     from webgrad.codegen import KernelOptions
     try:
-        be = WebGPUBackend(options=KernelOptions(force_gemv=True))
+        be = WebGPUBackend(options=KernelOptions(force_gemv=True, gemv_cpu=form == "cpu"))
     except Exception as e:
         pytest.skip(f"no WebGPU adapter: {e}")
     model, cfg, sd = built(kind)
@@ -251,6 +253,7 @@ def test_decoding_through_the_matrix_vector_kernel(kind, built):
     rows += [np.asarray(m.logits_step([t], cache)) for t in IDS[3:8]]
     names = m._program("step", 1)._prog.exe.kernel_names
     assert sum(" gemv " in n for n in names) >= 7 * cfg.num_hidden_layers, names
+    assert all((" gemv cpu " in n) == (form == "cpu") for n in names if " gemv " in n), names
     close(np.stack(rows), hf_logits(model, IDS[:8]))
 
 

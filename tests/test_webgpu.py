@@ -990,10 +990,16 @@ GEMV_CASES = {
 }
 
 
+# the matrix-vector kernel's CPU form (matmul_gemv_cpu.py: a thread per 8 columns, no barrier)
+GEMV_CPU = KernelOptions(force_gemv=True, gemv_n_fast=True, gemv_cpu=True)
+
+
+@pytest.mark.parametrize("form", ["workgroup", "cpu"])
 @pytest.mark.parametrize("case", list(GEMV_CASES))
-def test_gemv_kernel_matches_numpy(case):
+def test_gemv_kernel_matches_numpy(case, form):
     """Products of a few rows of C (decoding's Linear layers) through the matrix-vector
-    kernel, forced onto this adapter: equal float64 numpy's, epilogue (a bias) included."""
+    kernel, forced onto this adapter in either form: equal float64 numpy's, epilogue (a
+    bias) included."""
     xs, ws, how, bias = GEMV_CASES[case]
     rng = np.random.default_rng(len(case))
     N = ws[0] if how == "t" else ws[1]
@@ -1004,9 +1010,10 @@ def test_gemv_kernel_matches_numpy(case):
     def fn(x, w, b):
         y = x @ (ops.swap_axes(w, 0, 1) if how == "t" else w)
         return y + b if bias else y
-    f = forward(fn, {"x": xs, "w": ws, "b": [N]}, options=GEMV)
+    f = forward(fn, {"x": xs, "w": ws, "b": [N]}, options=GEMV if form == "workgroup" else GEMV_CPU)
     names = [n for n in exe(f).kernel_names if n.startswith("matmul")]
     assert len(names) == 1 and " gemv " in names[0], exe(f).kernel_names
+    assert (" gemv cpu " in names[0]) == (form == "cpu"), names
     assert (" vec4" in names[0]) == (how == "t" and xs[-1] % 4 == 0)
     got = f.run({"x": x, "w": w, "b": b})
     B = w.T if how == "t" else w

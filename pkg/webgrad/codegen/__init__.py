@@ -14,7 +14,7 @@
   matmul_config.py  the tilings: Config, ADAPTER_TILINGS, group_config (kernel and tile)
   matmul_tiled.py   the tiled, register-blocked kernel (GPUs); matmul_direct.py the
                   barrier-free one (CPU adapters); matmul_gemv.py matrix-vector
-                  (decoding); matmul_mma.py subgroup matrices (f16); matmul_splitk.py
+                  (decoding; matmul_gemv_cpu.py its CPU adapters' form); matmul_mma.py subgroup matrices (f16); matmul_splitk.py
                   the sum of a split product's K chunks
   quant.py        dequantize: quantized blocks decoded in registers by their readers
                   (matmul operands, gathers); the f32 weights are never stored

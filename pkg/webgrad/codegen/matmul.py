@@ -3,7 +3,8 @@
 `build_matmul` lowers a matmul group to one of four kernels, in this order:
   matmul_mma.py     subgroup matrices (tensor cores) for f16 operands where the device has
                     them and the group is the bare product (`_build_mma`)
-  matmul_gemv.py    matrix-vector: a few rows of C against one B (decoding), GPUs
+  matmul_gemv.py    matrix-vector: a few rows of C against one B (decoding), GPUs;
+  matmul_gemv_cpu.py  its barrier-free form on CPU adapters
   matmul_direct.py  barrier-free: each thread a block of C straight from global memory,
                     CPU adapters (a barrier costs a fiber switch per thread there)
   matmul_tiled.py   tiled in shared memory, every GPU
@@ -25,9 +26,10 @@ from dataclasses import replace
 from math import prod
 
 from .layout import digits_addr, nonunit_digits, strided_view
-from .matmul_config import Config, cpu_splits, group_config
+from .matmul_config import Config, cpu_splits, gemv_cpu_form, group_config
 from .matmul_direct import build_direct
 from .matmul_gemv import build_gemv
+from .matmul_gemv_cpu import build_gemv_cpu
 from .matmul_mma import mma_matmul_wgsl, mma_splits, tiling_for
 from .matmul_splitk import build_split_sum
 from .matmul_tiled import build_tiled
@@ -82,10 +84,11 @@ def build_matmul(ctx, config: Config | None = None) -> list:
         return build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh)
     ops = (sa, offa, dima, ash), (sb, offb, dimb, bsh)
     if cfg.gemv:  # (fusion gives this kernel no sums to take on the way)
+        build = build_gemv_cpu if gemv_cpu_form(ctx.limits) else build_gemv
         try:
-            return build_gemv(ctx, node, *ops, vec=True)
+            return build(ctx, node, *ops, vec=True)
         except BindingTypeClash:  # B's buffer is also read or written as f32
-            return build_gemv(ctx, node, *ops, vec=False)
+            return build(ctx, node, *ops, vec=False)
     try:
         return build_tiled(ctx, node, cfg, *ops)
     except BindingTypeClash:

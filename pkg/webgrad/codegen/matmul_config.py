@@ -3,8 +3,9 @@
 build_matmul (matmul.py) asks `group_config` for the kernel of an [nb x] [M, K] @ [K, N]
 product on an adapter, and so do fusion.py and program.py (whether the kernel takes sums on
 the way, how much split-K scratch it needs): the matrix-vector kernel (`use_gemv`,
-matmul_gemv.py), the barrier-free one (None: `use_direct`, matmul_direct.py) or a Config
-of the tiled one (matmul_tiled.py), chosen by `choose_config` from ADAPTER_TILINGS.
+matmul_gemv.py; on lavapipe matmul_gemv_cpu.py), the barrier-free one (None: `use_direct`,
+matmul_direct.py) or a Config of the tiled one (matmul_tiled.py), chosen by `choose_config`
+from ADAPTER_TILINGS.
 
 Split-K: a long K over too few output tiles to fill the GPU's waves (a weight gradient,
 K = B*T; the LM head's input gradient, K = vocabulary) keeps the large tile and gives each
@@ -347,7 +348,9 @@ def use_gemv(limits, M: int, K: int, nb: int, shared_b: bool,
              k_fast: bool | None = None) -> bool:
     """Whether an [nb x] [M, K] @ [K, N] product takes the matrix-vector kernel: at most
     KernelOptions.gemv_rows rows of C in all against one B (a decoding step's Linear layers
-    and LM head, M = 1), on GPUs (KernelOptions.force_gemv: on any adapter / none).
+    and LM head, M = 1), on every adapter (KernelOptions.force_gemv: on any adapter / none;
+    lavapipe takes its barrier-free form, gemv_cpu_form; SwiftShader the barrier-free
+    kernel, matmul_direct.py).
 
     Through the tiled kernel such a product ran on 16 x 16-thread tiles of which one row of
     threads had a row of C, split over K with a second kernel adding the chunks: a step of
@@ -367,13 +370,28 @@ def use_gemv(limits, M: int, K: int, nb: int, shared_b: bool,
         return False
     if opts.force_direct is not None and opts.force_gemv is None:
         return False  # a kernel asked for by name (tests)
-    if opts.force_gemv is None and limits.cpu:
-        return False
     if nb > 1 and not shared_b:
         return False
+    if opts.force_gemv is None and limits.cpu and not gemv_cpu_form(limits):
+        return False   # SwiftShader: the barrier-free kernel (KernelOptions.gemv_cpu_adapters)
     if limits.cpu and K > CPU_LOOP_ITERATIONS:  # one lane's K loop must stay bounded there
         return False
     return M * nb <= opts.gemv_rows
+
+
+def gemv_cpu_form(limits) -> bool:
+    """Does a product the matrix-vector kernel takes run its CPU form (matmul_gemv_cpu.py)?
+    On the CPU adapters of KernelOptions.gemv_cpu_adapters (lavapipe), unless force_gemv
+    asks for the kernel by name (its workgroup form, as on GPUs) or gemv_cpu says otherwise.
+    The CPU form took a SmolLM2-135M-shaped decode (30 layers) on lavapipe from 2.55 to 3.41
+    tokens/s (F32) and 4.72 to 5.12 (Q8_0), where the barrier-free kernel (matmul_direct.py)
+    took these products before (bench/README.md, decode_cpu.py)."""
+    opts = limits.options
+    if opts.gemv_cpu is not None:
+        return opts.gemv_cpu
+    adapter = str(getattr(limits, "adapter", "")).lower()
+    return (bool(limits.cpu) and opts.force_gemv is None
+            and any(a in adapter for a in opts.gemv_cpu_adapters))
 
 
 def cpu_splits(K: int) -> tuple[int, int]:

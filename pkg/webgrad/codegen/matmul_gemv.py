@@ -1,4 +1,5 @@
-"""The matrix-vector matmul kernel (GPUs: matmul_config.use_gemv).
+"""The matrix-vector matmul kernel (GPUs: matmul_config.use_gemv; CPU adapters take
+matmul_gemv_cpu.py's form).
 
 Matrix-vector (`build_gemv`, GPUs: matmul_config.use_gemv): a product of at most KernelOptions.gemv_rows
 rows of C (decoding's Linear layers and LM head, M = 1) whose B has its K axis of stride 1

@@ -58,9 +58,17 @@ class KernelOptions:
     # products of at most this many rows of C (decoding's M = 1 .. a few) against one B take
     # the matrix-vector kernel (matmul_gemv.py) on GPUs; 0: never
     gemv_rows: int = 4
-    # True / False: the matrix-vector kernel for such products on any adapter (CPU ones too) /
-    # on none; None: GPUs only, unless force_direct names a kernel
+    # True / False: the matrix-vector kernel for such products on any adapter / on none;
+    # None: GPUs and the CPU adapters of gemv_cpu_adapters, unless force_direct names a kernel
     force_gemv: bool | None = None
+    # True / False: the matrix-vector kernel's CPU form (matmul_gemv_cpu.py: no barriers) /
+    # not, on any adapter; None: the CPU adapters of gemv_cpu_adapters take it, except where
+    # force_gemv=True asks for the matrix-vector kernel by name (tests of the workgroup form
+    # on lavapipe); other CPU adapters keep the barrier-free kernel (matmul_direct.py)
+    gemv_cpu: bool | None = None
+    # lavapipe; not SwiftShader, where it ran 10% slower than matmul_direct.py's 1 x 8 / 1 x 4
+    # blocks (bench/README.md, decode_browser.py)
+    gemv_cpu_adapters: tuple = ("llvmpipe", "lavapipe")
     # ... also where B's N axis (not K) has stride 1 (matmul_config.use_gemv says why not by default)
     gemv_n_fast: bool = False
     # adapters (substrings of Limits.adapter, lower case) whose small direct products take
