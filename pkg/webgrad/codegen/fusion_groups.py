@@ -171,23 +171,33 @@ class GroupRules:
                     continue  # its in-place form visits only the new rows: no epilogue
                 if any(self.depends(d, h) for d in self.deps(gid) if d != h):
                     continue  # gid needs something that needs H: merging would form a cycle
-                merged_loads = dict(self.loads(h))
-                for s, ident in ld.items():
-                    merged_loads[s] = merged_loads.get(s, True) and ident
-                outs = H.outputs + G.anchors
-                for o in outs:
-                    merged_loads.pop(o, None)
-                if self.binding_estimate(outs, merged_loads) > limit - self.scratch_bindings(H.main):
+                if self._merged_bindings(h, gid) > limit - self.scratch_bindings(H.main):
                     continue
-                H.anchors += G.anchors
-                H.after |= G.after
-                for a in G.anchors:
-                    self.group_of[a] = h
-                del self.groups[gid]
-                # a group's loads follow from its own anchors and main alone: only H's changed
-                self._loads_cache.pop(h, None)
-                self._loads_cache.pop(gid, None)
+                self._absorb(h, gid)
                 break
+
+    def _merged_bindings(self, h: int, gid: int) -> int:
+        """The bindings group h's kernel would need with group gid's elementwise work in it."""
+        H, G = self.groups[h], self.groups[gid]
+        loads = dict(self.loads(h))
+        for s, ident in self.loads(gid).items():
+            loads[s] = loads.get(s, True) and ident
+        outs = H.outputs + G.anchors
+        for o in outs:
+            loads.pop(o, None)
+        return self.binding_estimate(outs, loads)
+
+    def _absorb(self, h: int, gid: int) -> None:
+        """Group gid's anchors join group h (appended to h's); gid is gone."""
+        H, G = self.groups[h], self.groups[gid]
+        H.anchors += G.anchors
+        H.after |= G.after
+        for a in G.anchors:
+            self.group_of[a] = h
+        del self.groups[gid]
+        # a group's loads follow from its own anchors and main alone: only H's changed
+        self._loads_cache.pop(h, None)
+        self._loads_cache.pop(gid, None)
 
     def _merge_siblings(self):
         """Rule 3's siblings, before its merges: elementwise kernels that compute new
@@ -220,21 +230,10 @@ class GroupRules:
                 H, G = self.groups[h], self.groups[gid]
                 if G.numel != H.numel or self.depends(gid, h) or self.depends(h, gid):
                     continue
-                loads = dict(self.loads(h))
-                for s, ident in self.loads(gid).items():
-                    loads[s] = loads.get(s, True) and ident
-                outs = H.outputs + G.anchors
-                for o in outs:
-                    loads.pop(o, None)
-                if self.binding_estimate(outs, loads) > limit:
+                if self._merged_bindings(h, gid) > limit:
                     continue
-                H.anchors = sorted(H.anchors + G.anchors)
-                H.after |= G.after
-                for a in G.anchors:
-                    self.group_of[a] = h
-                del self.groups[gid]
-                self._loads_cache.pop(h, None)
-                self._loads_cache.pop(gid, None)
+                self._absorb(h, gid)
+                H.anchors.sort()
 
     # ------------------------------------------------------------ in-place writebacks
     def _inplace(self):
