@@ -46,3 +46,19 @@ def test_unravel_of_a_raveled_index(src, dst):
         got = [0 if d == "0u" else env[d] for d in dims]
         want = np.unravel_index(np.ravel_multi_index(at, src), dst)
         assert got == [int(w) for w in want], (src, dst, at, em.lines)
+
+
+def test_a_value_is_its_own_name_by_data_not_by_its_text():
+    """let() names a value as it is only where it is a name the emitter made or was told of
+    (fresh, declare, the entry point's builtins) or a literal of wgsl.py's helpers: text
+    that merely looks like a name or a number still gets a `let`."""
+    from webgrad.codegen.wgsl import f32_lit, u32_lit
+    em = Emitter(None, None, None)
+    em.declare("row")
+    made = em.fresh()
+    for given in (made, "row", "lid", u32_lit(7), f32_lit(-2.5), f32_lit(0.0)):
+        assert em.let(given) == given and em.lines == [], (given, em.lines)
+    assert f32_lit(float("inf")) == "bitcast<f32>(wg_pinf_bits)"  # an expression: named
+    for text in ("v99", "7u", "(-2.5f)", f32_lit(float("inf"))):
+        name = em.let(text)
+        assert name != text and em.lines[-1].strip() == f"let {name} = {text};"

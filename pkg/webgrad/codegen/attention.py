@@ -41,7 +41,7 @@ from __future__ import annotations
 from math import prod
 
 from .emit import Idx
-from .wgsl import f32_lit
+from .wgsl import f32_lit, u32_lit
 
 from .attention_match import ATTN_OPS
 from .attention_tiled import build_tiled, use_tiled
@@ -75,7 +75,7 @@ class _Rows:
         shape = self.g[n].shape
         nb = len(shape) - len(last)
         r = len(self.batch) - nb
-        dims = ["0u" if shape[k] == 1 else self.bdims[r + k] for k in range(nb)] + last
+        dims = [u32_lit(0) if shape[k] == 1 else self.bdims[r + k] for k in range(nb)] + last
         return self.em.value(n, Idx(shape, dims=dims))
 
     @staticmethod
@@ -184,6 +184,7 @@ def _build_rows(ctx) -> list[dict]:
     grid = kernel.thread_index(em, nb * rows, "o", WGS)
     em.emit(f"let r = o % {rows}u;")
     em.emit(f"let bo = o / {rows}u;")
+    em.declare("r", "bo")
     R = _Rows(ctx, em, batch, em.unravel("bo", batch) if batch else [], loop)
     row = R.row
     sc = f32_lit(scale)
@@ -198,7 +199,7 @@ def _build_rows(ctx) -> list[dict]:
     dyn = None
     if node.attrs.get("dyn"):  # offset + a runtime scalar (a cache position), read once
         pn = node.inputs[-1]
-        dyn = em.let(f"i32({em.value(pn, Idx(g[pn].shape, flat='0u'))})")
+        dyn = em.let(f"i32({em.value(pn, Idx(g[pn].shape, flat=u32_lit(0)))})")
 
     if not per_key:
         # query i = r: keys j < jend
@@ -206,6 +207,7 @@ def _build_rows(ctx) -> list[dict]:
         if dyn is not None:
             jend = em.let(f"u32(clamp(i32(r) + {off + 1}i + {dyn}, 0i, {S}i))")
         keys = f"for (var j = 0u; j < {jend}; j++)"
+        em.declare("j")
         q = R.regs(D, row(a, "r"))
         if op == "attn_lse":
             m, l_ = em.var("f32", neg_inf), em.var("f32", "0.0f")
@@ -249,10 +251,11 @@ def _build_rows(ctx) -> list[dict]:
         return done()
 
     # key j = r: queries i >= istart (kept iff j <= i + off)
-    istart = "0u" if off is None else (f"select(0u, r - {off}u, r > {off}u)" if off else "r")
+    istart = u32_lit(0) if off is None else (f"select(0u, r - {off}u, r > {off}u)" if off else "r")
     if dyn is not None:
         istart = em.let(f"u32(clamp(i32(r) - {off}i - {dyn}, 0i, {T}i))")
     queries = f"for (var i = {istart}; i < {T}u; i++)"
+    em.declare("i")
     k = R.regs(D, row(b, "r", True))
     if op == "attn_dv":
         gg, lse_n = node.inputs[2], node.inputs[3]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .attention_tiled_plan import PREFETCH_D_MAX, Operands, TilePlan, padded
 from .emit import Idx
-from .wgsl import f32_lit, thread_xy
+from .wgsl import f32_lit, thread_xy, u32_lit
 
 
 def _max(xs: list[str]) -> str:
@@ -80,17 +80,17 @@ class TiledKernel:
         for line in thread_xy(p.WX, p.WY, p.opts.attn_opt("warp_tiles")):
             L(line)
         L(f"let r0 = blk * {p.BR}u;")
+        em.declare("bo", "r0")
         self.bdims = em.unravel("bo", p.batch) if p.batch else []
         # the causal limit: key j is kept for query i iff j <= i + off (+ dyn)
         if p.dyn:
             pn = self.ops.pos
             self.kernel.decls.append("var<workgroup> wdyn: i32;")
             with em.block("if (lid == 0u)"):
-                L(f"wdyn = i32({em.value(pn, Idx(self.g[pn].shape, flat='0u'))});")
+                L(f"wdyn = i32({em.value(pn, Idx(self.g[pn].shape, flat=u32_lit(0)))});")
             L("let dyn = workgroupUniformLoad(&wdyn);")
         cbeg, cend = p.streamed_range()
-        self.cbeg = em.let(cbeg) if "clamp" in cbeg else cbeg
-        self.cend = em.let(cend) if "clamp" in cend else cend
+        self.cbeg, self.cend = em.let(cbeg), em.let(cend)
         self.own_rows = [em.let(f"r0 + {p.row(a)}") for a in range(p.TR)]
 
     # -- operands at (their last two dims), batch element bo
@@ -98,7 +98,7 @@ class TiledKernel:
         shape = self.g[n].shape
         k0 = len(shape) - len(last)
         r = len(self.p.batch) - k0
-        dims = ["0u" if shape[k] == 1 else self.bdims[r + k] for k in range(k0)] + last
+        dims = [u32_lit(0) if shape[k] == 1 else self.bdims[r + k] for k in range(k0)] + last
         return self.em.value(n, Idx(shape, dims=dims))
 
     def Q(self, i, d): return self.at(self.ops.q, [i, d])

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from math import prod
 
 from .options import DEFAULT, KernelOptions
-from .wgsl import pow2ceil
+from .wgsl import pow2ceil, u32_lit
 
 # The workgroup: WY x WX threads (WY along the own rows, WX along the streamed ones and the
 # output columns); KernelOptions.attn_threads per op (bench/attention.py, tests), else (16, 16).
@@ -261,11 +261,11 @@ class TilePlan:
         blocks beyond the diagonal are never visited."""
         NC, off, dyn = self.NC, self.off, " + dyn" if self.dyn else ""
         if off is None:
-            return "0u", f"{NC}u"
+            return u32_lit(0), u32_lit(NC)
         if not self.per_key:  # the block's last query r0 + BR - 1 keeps keys < r0 + BR + off
-            return "0u", f"u32(clamp(i32(r0) + {self.BR + off}i{dyn}, 0i, {NC}i))"
+            return u32_lit(0), f"u32(clamp(i32(r0) + {self.BR + off}i{dyn}, 0i, {NC}i))"
         # the block's first key r0 is kept by queries >= r0 - off
-        return f"u32(clamp(i32(r0) - {off}i{' - dyn' if dyn else ''}, 0i, {NC}i))", f"{NC}u"
+        return f"u32(clamp(i32(r0) - {off}i{' - dyn' if dyn else ''}, 0i, {NC}i))", u32_lit(NC)
 
     def kept(self, r: str, c: str) -> str:
         """Whether own row r and streamed row c meet (WGSL): c inside the streamed extent and,

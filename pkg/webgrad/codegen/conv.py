@@ -12,7 +12,7 @@ from math import prod
 
 from .emit import Emitter, Idx, rule
 from ..primitives import window
-from .wgsl import WG, f32_lit, zero
+from .wgsl import WG, f32_lit, u32_lit, zero
 
 
 @rule("unfold2d")
@@ -22,9 +22,9 @@ def _unfold_rule(em: Emitter, node, idx: Idx) -> str:
     w = window(node.attrs, H, W)
     n, c, kk, p = idx.dims(em)
     i = em.let(f"{kk} / {w.kw}u") if w.kw > 1 else kk
-    j = em.let(f"{kk} % {w.kw}u") if w.kw > 1 else "0u"
+    j = em.let(f"{kk} % {w.kw}u") if w.kw > 1 else u32_lit(0)
     oy = em.let(f"{p} / {w.ow}u") if w.ow > 1 else p
-    ox = em.let(f"{p} % {w.ow}u") if w.ow > 1 else "0u"
+    ox = em.let(f"{p} % {w.ow}u") if w.ow > 1 else u32_lit(0)
     y = em.let(f"i32({oy} * {w.sh}u + {i} * {w.dh}u) - {w.ph}i")
     xx = em.let(f"i32({ox} * {w.sw}u + {j} * {w.dw}u) - {w.pw}i")
     inside = em.let(f"{y} >= 0i && {y} < {H}i && {xx} >= 0i && {xx} < {W}i")
@@ -58,7 +58,7 @@ def build_fold(ctx) -> list:
                 conds.append(f"{tx} % {w.sw}i == 0i")
             with em.block(f"if ({' && '.join(conds)})"):
                 p = em.let(f"u32({ty} / {w.sh}i) * {w.ow}u + u32({tx} / {w.sw}i)")
-                v = em.value(g_in, Idx(em.g[g_in].shape, dims=[n, c, f"{i * w.kw + j}u", p]))
+                v = em.value(g_in, Idx(em.g[g_in].shape, dims=[n, c, u32_lit(i * w.kw + j), p]))
                 em.emit(f"{acc} += {v};")
     em.emit(f"{epi}(o, {acc});")
     return [ctx.dispatch(kernel, em.lines, grid, WG)]

@@ -24,7 +24,7 @@ from math import prod
 
 from .emit import Emitter, Idx, rule
 from .layout import swaps_last_two
-from .wgsl import WG, f32_lit, lit, wgsl_type
+from .wgsl import WG, Literal, f32_lit, lit, wgsl_type
 
 # erf(x) for |x| < 0.75 is x * P(x^2); for 0.75 <= |x| < 4 it is 1 - exp(-x^2) Q(s), where
 # Q approximates erfc(x) exp(x^2) in s = (1/x - 0.79167) / 0.54167 in [-1, 1]; beyond 4,
@@ -86,7 +86,7 @@ TANH_WGSL = f"""fn tanh_f(x: f32) -> f32 {{
 
 def _pow(x: str, p: float) -> str:
     if p == 0:
-        return "1.0f"
+        return f32_lit(1.0)
     if p == int(p) and abs(p) <= 4:
         n = int(abs(p))
         e = " * ".join([x] * n)
@@ -222,7 +222,7 @@ POW_WGSL = """fn pow_f(x: f32, y: f32) -> f32 {
 """
 
 _UNARY = {
-    "neg": lambda x, a: f"(-{x})",
+    "neg": lambda x, a: x.negated() if isinstance(x, Literal) else f"(-{x})",
     "exp": lambda x, a: _keep_nan(x, f"exp({x})"),
     # SwiftShader's log(-2) is log(2) and log(-0) is -88: zeros and negatives explicitly
     "log": lambda x, a: (f"select(select(log({x}), bitcast<f32>(wg_ninf_bits), {x} == 0.0f), "
@@ -456,6 +456,7 @@ def build_elementwise(ctx) -> list:
         whole = (j + 1) * T <= n  # every thread's j-th element exists
         # past the end: the index is clamped (a valid address to load), the stores guarded
         em.emit(f"let i{j} = {f't + {j * T}u' if whole else f'min(t + {j * T}u, {n - 1}u)'};")
+        em.declare(f"i{j}")
         at = len(em.stmts)
         ctx.write_outputs(em, f"i{j}", None)
         stores.append((whole, j, em.take_stores(at)))

@@ -15,7 +15,12 @@ remembered with its dims, so that unraveling it again (a view reached through re
 pad, slice, merge_heads, a row kernel's [row, j]) regroups those dims instead of dividing
 (`_regroup`). Every `let` is deduplicated by its
 text within the enclosing blocks, which is common-subexpression elimination for free: the
-Adam update's three outputs share one computation of m' and v'.
+Adam update's three outputs share one computation of m' and v'. A value that is already a
+name or a literal gets no `let`; the emitter knows which those are from data, never by
+reading the text: the names it made or was told of (`Emitter.names`: fresh names, the
+entry point's builtins, and what builders `declare`: their own lets, loop variables,
+function parameters) and the literals, which wgsl.py's f32_lit / u32_lit / zero mark
+(`wgsl.Literal`).
 
 Besides its lines, an Emitter keeps its statements as data (`Stmt`: what kind, the name
 defined, the names it was built from, a load's element type and index), so that a kernel
@@ -24,15 +29,14 @@ elementwise kernel's stores) without reading the WGSL text back.
 """
 from __future__ import annotations
 
-import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from math import prod
 from typing import NamedTuple
 
-from .wgsl import Kernel, wgsl_type
+from .wgsl import ENTRY_NAMES, Kernel, Literal, u32_lit, wgsl_type
 
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z_0-9]*$|^\(?-?[0-9][0-9.eE+-]*[fiu]?\)?$")
+_ZERO = u32_lit(0)  # the index of a size-1 axis
 
 EXPR_RULES: dict = {}  # op -> rule(em, node, idx) -> WGSL expression text
 
@@ -142,11 +146,15 @@ class Emitter:
         self._ind = indent
         self._scopes: list[dict[str, str]] = [{}]
         self._counter = [0]
+        # the names of this body that let() hands back as they are (no `let` of a bare
+        # name): those fresh() made and those declared (entry-point builtins, a builder's)
+        self.names: set[str] = set(ENTRY_NAMES)
 
     def fork(self, indent=1) -> "Emitter":
         """A fresh body (another function) over the same kernel and tensors."""
         em = Emitter(self.k, self.g, self.storage, self.compute, self.bound, indent)
         em._counter = self._counter  # names stay unique across the module
+        em.names = self.names
         return em
 
     # -- statements
@@ -180,12 +188,21 @@ class Emitter:
 
     def fresh(self, prefix="v") -> str:
         self._counter[0] += 1
-        return f"{prefix}{self._counter[0]}"
+        name = f"{prefix}{self._counter[0]}"
+        self.names.add(name)
+        return name
+
+    def declare(self, *names: str) -> None:
+        """Names a builder wrote itself (its own `let`s, loop variables, function parameters)
+        that may come back to let() or be returned by a rule: let() then hands them back as
+        they are. A name not declared is still correct WGSL, only one `let` longer."""
+        self.names.update(names)
 
     def let(self, expr: str, deps=None, kind: str = "let", **stmt) -> str:
         """A name for `expr` (deps: the names it is built from; None: those handed out
-        while the value() now running computed it)."""
-        if _NAME.match(expr):
+        while the value() now running computed it). A name of this module (fresh or
+        declared) or a literal (wgsl.Literal) is its own name."""
+        if isinstance(expr, Literal) or expr in self.names:
             return self._hand(expr)
         for scope in reversed(self._scopes):
             if expr in scope:
@@ -228,7 +245,7 @@ class Emitter:
             stride = prod(shape[k + 1:])
             terms.append(dims[k] if stride == 1 else f"{dims[k]} * {stride}u")
         if not terms:
-            return "0u"
+            return _ZERO
         flat = self.let(" + ".join(terms), deps=[dims[k] for k, d in enumerate(shape) if d != 1])
         if len(terms) > 1:
             # remembered in this scope (where every name in dims is visible): an unravel
@@ -277,13 +294,13 @@ class Emitter:
             f = ga[0][0] if len(ga) == 1 else self.ravel([d for d, _ in ga], [n for _, n in ga])
             out.extend([f] if len(gb) == 1 else self._unravel(f, gb))
         it = iter(out)
-        return ["0u" if n == 1 else next(it) for n in dst]
+        return [_ZERO if n == 1 else next(it) for n in dst]
 
     def _unravel(self, flat, shape) -> list[str]:
         out = []
         for k, d in enumerate(shape):
             if d == 1:
-                out.append("0u")
+                out.append(_ZERO)
                 continue
             stride = prod(shape[k + 1:])
             e = flat if stride == 1 else f"({flat} / {stride}u)"
@@ -299,7 +316,7 @@ class Emitter:
             return Idx(in_shape, flat=idx.flat(self))
         dims = idx.dims(self)
         r = len(idx.shape) - len(in_shape)
-        return Idx(in_shape, dims=["0u" if in_shape[k] == 1 else dims[r + k]
+        return Idx(in_shape, dims=[_ZERO if in_shape[k] == 1 else dims[r + k]
                                    for k in range(len(in_shape))])
 
     # -- values

@@ -17,7 +17,7 @@ from __future__ import annotations
 from math import prod
 
 from .emit import Emitter, Idx, rule
-from .wgsl import WG, zero
+from .wgsl import WG, u32_lit, zero
 
 
 @rule("one_hot")
@@ -119,6 +119,7 @@ def build_scatter(ctx) -> list:
     gl = bind(k, grouped, "u32")
     with em.block(f"if (q < {s}[{V}u])"):
         em.emit(f"let j = {gl}[q];")
+        em.declare("j")
         t = em.value(i_in, Idx(G[i_in].shape, flat="j"))
         em.emit(f"let row = u32({t});")
         em.emit(f"let a = {s}[row];")
@@ -135,10 +136,11 @@ def build_scatter(ctx) -> list:
     grid = k.thread_index(em, V * D, "o")
     s = od = bind(k, rows, "u32")
     r = em.let(f"o / {D}u") if D > 1 else "o"
-    d = em.let(f"o % {D}u") if D > 1 else "0u"
+    d = em.let(f"o % {D}u") if D > 1 else u32_lit(0)
     acc = em.var(node.dtype, zero(node.dtype))
     with em.block(f"for (var q = {s}[{r}]; q < {s}[{r} + 1u]; q++)"):
         em.emit(f"let j = {od}[{V + 1}u + q];")
+        em.declare("j")
         v = em.value(g_in, Idx(G[g_in].shape, flat=em.let(f"j * {D}u + {d}") if D > 1 else "j"))
         em.emit(f"{acc} += {v};")
     em.emit(f"{epi}(o, {acc});")

@@ -17,7 +17,7 @@ from __future__ import annotations
 from math import prod
 
 from .emit import Emitter, Idx, rule
-from .wgsl import wgsl_type, zero
+from .wgsl import u32_lit, wgsl_type, zero
 
 LAYOUT_OPS = {"reshape", "transpose", "broadcast_to", "slice", "pad", "concat"}
 
@@ -239,17 +239,19 @@ def nonunit_digits(digits) -> list[tuple[int, int]]:
 
 
 def addr_sum(terms: list[str]) -> str:
-    """A WGSL sum of address terms, without the zeros."""
-    return " + ".join(t for t in terms if t != "0u") or "0u"
+    """A WGSL sum of address terms, without the zeros (a term alone is itself: a name or
+    a literal stays one)."""
+    terms = [t for t in terms if t != "0u"]
+    return terms[0] if len(terms) == 1 else " + ".join(terms) or u32_lit(0)
 
 
 def batch_base(em, batch, bdims, off, dims, shape) -> str:
     """WGSL address of an operand's (broadcast) batch element `bdims` of C's batch (a
     strided view's offset `off` and digits `dims` of an operand of `shape`: the matmul
     kernels)."""
-    terms = [f"{off}u"] if off else []
+    terms = [u32_lit(off)] if off else []
     r = len(batch) - (len(shape) - 2)
     for k, d in enumerate(shape[:-2]):
         if d != 1:
             terms += digits_addr(dims[k], bdims[k + r], d)
-    return em.let(" + ".join(terms)) if terms else "0u"
+    return em.let(addr_sum(terms))

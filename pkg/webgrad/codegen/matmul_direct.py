@@ -15,6 +15,7 @@ from .layout import addr_sum, batch_base, digits_addr
 from .matmul_config import cpu_splits
 from .matmul_splitk import build_split_sum
 from .quant import group_helpers, grouped_quant, operand_reader
+from .wgsl import u32_lit
 
 DIRECT_WG = 64             # threads per workgroup of the barrier-free kernel
 # C block per thread of the barrier-free kernel: 8 x 8 (16 loads per 64 FMAs). In headless
@@ -75,8 +76,9 @@ def build_direct(ctx, node, sa, offa, dima, ash, sb, offb, dimb, bsh) -> list:
     L(f"let m0 = ((t / {tiles_n}u) % {tiles_m}u) * {TM}u;")
     L(f"let n0 = (t % {tiles_n}u) * {TN}u;")
     L(f"let bt = t / {tiles_m * tiles_n}u;")
+    em.declare("bt")
     kbeg, kend = ("sk * {KS}u".format(KS=KS), f"min(sk * {KS}u + {KS}u, {K}u)") if S > 1 \
-        else ("0u", f"{K}u")
+        else (u32_lit(0), u32_lit(K))
     bdims = em.unravel("bt", batch) if batch else []
 
     base_a = batch_base(em, batch, bdims, offa, dima, ash)

@@ -15,6 +15,7 @@ from math import prod
 
 from .layout import addr_sum, batch_base, digits_addr, nonunit_digits
 from .quant import QuantOperand, group_helpers, grouped_quant, operand_reader
+from .wgsl import u32_lit
 
 GEMV_WG = 256  # threads per workgroup of the matrix-vector kernel
 
@@ -67,14 +68,14 @@ def build_gemv(ctx, node, opa, opb, vec: bool) -> list:
         L(f"let kl = lid / {CW}u;")
     L(f"let n = w * {CW}u + c;")
     col = "n" if N % CW == 0 else em.let(f"min(n, {N - 1}u)")  # past N: a valid address
-    base_b = batch_base(em, batch, ["0u"] * len(batch), offb, dimb, bsh)
+    base_b = batch_base(em, batch, [u32_lit(0)] * len(batch), offb, dimb, bsh)
     cb = em.let(addr_sum([base_b] + digits_addr(dimb[-1], f"({col})", N)))
     ra = []
     for r in range(R):
         b, m = divmod(r, M)
-        bd = em.unravel(f"{b}u", batch) if batch else []
+        bd = em.unravel(u32_lit(b), batch) if batch else []
         base_a = batch_base(em, batch, bd, offa, dima, ash)
-        ra.append(em.let(addr_sum([base_a] + digits_addr(dima[-2], f"{m}u", M))))
+        ra.append(em.let(addr_sum([base_a] + digits_addr(dima[-2], u32_lit(m), M))))
     acc = [f"c{r}" for r in range(R)]
     for a in acc:
         L(f"var {a}: f32 = 0.0f;")

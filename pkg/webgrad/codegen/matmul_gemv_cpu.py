@@ -19,6 +19,7 @@ from math import prod
 
 from .layout import addr_sum, batch_base, digits_addr, nonunit_digits
 from .quant import QuantOperand, group_helpers, grouped_quant, operand_reader
+from .wgsl import u32_lit
 
 GEMV_CPU_WG = 64    # threads per workgroup
 # columns of C (rows of W) per thread: on lavapipe (2-layer decode, bench/decode_cpu.py) the
@@ -62,7 +63,7 @@ def build_gemv_cpu(ctx, node, opa, opb, vec: bool) -> list:
     threads = -(-N // CT)
     grid = kernel.thread_index(em, threads, "t", GEMV_CPU_WG)
     L(f"let n0 = t * {CT}u;")
-    base_b = batch_base(em, batch, ["0u"] * len(batch), offb, dimb, bsh)
+    base_b = batch_base(em, batch, [u32_lit(0)] * len(batch), offb, dimb, bsh)
     cb = []
     for j in range(CT):
         col = f"n0 + {j}u" if N % CT == 0 or j == 0 else f"min(n0 + {j}u, {N - 1}u)"
@@ -70,9 +71,9 @@ def build_gemv_cpu(ctx, node, opa, opb, vec: bool) -> list:
     ra = []
     for r in range(R):
         b, m = divmod(r, M)
-        bd = em.unravel(f"{b}u", batch) if batch else []
+        bd = em.unravel(u32_lit(b), batch) if batch else []
         base_a = batch_base(em, batch, bd, offa, dima, ash)
-        ra.append(em.let(addr_sum([base_a] + digits_addr(dima[-2], f"{m}u", M))))
+        ra.append(em.let(addr_sum([base_a] + digits_addr(dima[-2], u32_lit(m), M))))
 
     def a_vec(r, k0):  # A's four values at k0 .. k0+3 (one address for every lane)
         if a4:

@@ -62,7 +62,7 @@ from .matmul_config import Config, Tile, tile_of
 from .matmul_epilogue import column_totals, output_sum_partials, prefetch_epilogue, write_block
 from .matmul_splitk import build_split_sum
 from .quant import QuantOperand, operand_reader
-from .wgsl import thread_xy
+from .wgsl import thread_xy, u32_lit
 
 # The tiled kernel's k loop is a WGSL loop when a K step has more FMAs per thread than this
 # (0: always unrolled in the WGSL). H200 through Dawn, 2026-11-30, on a fresh machine (no
@@ -285,6 +285,7 @@ def k_loop(em, t: Tile, acc, stg: Staging, options, *, prefetch: bool, double: b
     double (with prefetch): two shared buffers, one barrier per step."""
     BK, L = t.BK, em.emit
     regs = [f"p{r}" for r in range(len(stg.reads))] if prefetch else []
+    em.declare(*regs)  # stage() takes them as they are
     for reg, v, rd in zip(regs, stg.fetch(kbeg), stg.reads):
         L(f"var {reg}: {'vec4<f32>' if rd.mode else 'f32'} = {v};")
     if double:
@@ -403,10 +404,11 @@ def build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
         L(f"let w = ws % {total}u;")
         kbeg, kend = f"sk * {KS}u", em.let(f"min({K}u, sk * {KS}u + {KS}u)")
     else:
-        kbeg, kend = "0u", f"{K}u"
+        kbeg, kend = u32_lit(0), u32_lit(K)
     for line in tile_order(tiles_m, tiles_n, cfg.group):
         L(line)
     L(f"let bt = w / {tiles_m * tiles_n}u;")
+    em.declare("bt")
     for line in thread_xy(t.WX, t.WY, cfg.warp_tiles):
         L(line)
     L(f"let row0 = tm * {BM}u;")

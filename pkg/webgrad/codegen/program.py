@@ -195,8 +195,10 @@ class GroupCtx:
         em = self.emitter(kernel)
         if grid is None:
             args, flat = "f: u32", "f"
+            em.declare("f", "v")
         else:
             names = [f"i{k}" for k in range(len(grid))]
+            em.declare(*names, "v")
             args, flat = "".join(f"{n}: u32, " for n in names)[:-2], em.ravel(names, grid)
         self.write_outputs(em, flat, "v", None if cols is None else (f"i{len(grid) - 1}",) + cols)
         epi = Epilogue(name, args, self.main_node.dtype, tuple(em.stmts),
@@ -209,6 +211,7 @@ class GroupCtx:
         """`fn name(f: u32, v: T) -> f32`: x at flat index f, where the group's main result
         there is v (an output sum's term, fusion.output_sums)."""
         em = self.emitter(kernel)
+        em.declare("f", "v")
         em.bound[self.group.main] = ("f", "v")
         val = em.value(x, Idx(self.g[x].shape, flat="f"))
         kernel.functions.append(f"fn {name}(f: u32, v: {self.main_node.dtype}) -> f32 {{\n"

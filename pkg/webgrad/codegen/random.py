@@ -24,7 +24,7 @@ HASH_WGSL = """fn lowbias32(x0: u32) -> u32 {
 def _rand_rule(em: Emitter, node, idx: Idx) -> str:
     em.k.helper("lowbias32", HASH_WGSL)
     c = node.inputs[0]
-    counter = em.value(c, Idx(em.g[c].shape, flat="0u"))
+    counter = em.value(c, Idx(em.g[c].shape, flat=u32_lit(0)))
     key = em.let(f"lowbias32({u32_lit(node.attrs['seed'] & 0xFFFFFFFF)} + lowbias32(u32({counter})))")
     h = em.let(f"lowbias32({idx.flat(em)} + {key})")
     return f"(f32({h} >> 8u) * 5.9604644775390625e-08f)"

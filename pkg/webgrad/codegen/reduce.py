@@ -181,6 +181,7 @@ class RowPasses:
         self.unrolled = wg and -(-D // wgs) <= ROW_REGS
         self.loop = (f"for (var j = lid; j < {D}u; j += {wgs}u)" if wg
                      else f"for (var j = 0u; j < {D}u; j++)")
+        em.declare("j")  # the loop's index, and `row` the caller's
         self.slots = []  # (flat index, in range: None (always) or a WGSL bool)
         if self.unrolled:
             for e in range(-(-D // wgs)):
@@ -293,6 +294,7 @@ def _thread_reduce(ctx, node, s):
     grid = kernel.thread_index(em, s.O, "o")
     acc = em.var(xdt, _init(s.kind, xdt))
     acci = em.var("u32", "0u") if s.kind == "argmax" else None
+    em.declare("r")
     with em.block(f"for (var r = 0u; r < {s.R}u; r++)"):
         _accumulate(em, s, s.kind, acc, acci, "o", "r")
     em.emit(f"{epi}(o, {'i32(' + acci + ')' if s.kind == 'argmax' else acc});")
@@ -314,6 +316,7 @@ def _tree_argmax(em, wgs):
 def _wg_body(ctx, kernel, em, s, kind, dtype, o, r_from, r_to, wgs, finish):
     acc = em.var(dtype, _init(kind, dtype))
     acci = em.var("u32", "0u") if kind == "argmax" else None
+    em.declare("r")
     with em.block(f"for (var r = {r_from} + lid; r < {r_to}; r += {wgs}u)"):
         _accumulate(em, s, kind, acc, acci, o, "r")
     if kind == "sum":  # subgroups where the device has them (max must propagate NaN)
@@ -380,6 +383,7 @@ def _wg_rows(ctx, node, s):
     grid = kernel.workgroup_index(em, -(-s.O // RPW), "w")  # uniform: barriers stay legal
     em.emit(f"let lane = lid % {L}u;")
     em.emit(f"let row = w * {RPW}u + lid / {L}u;")
+    em.declare("row", "r")  # and the loop's r below
     acc = em.var(xdt, _init(s.kind, xdt))
     with em.block(f"if (row < {s.O}u)" if s.O % RPW else ""):
         with em.block(f"for (var r = lane; r < {s.R}u; r += {L}u)"):
@@ -403,6 +407,7 @@ def _wg_split(ctx, node, s, P):
     grid1 = k1.workgroup_index(em, s.O * P, "w")
     em.emit(f"let o = w / {P}u;")
     em.emit(f"let p = w % {P}u;")
+    em.declare("o")
     em.emit(f"let r0 = p * {C}u;")
     em.emit(f"let r1 = min(r0 + {C}u, {s.R}u);")
     _wg_body(ctx, k1, em, s, s.kind, xdt, "o", "r0", "r1", wgs,
@@ -449,6 +454,7 @@ def _col_split(ctx, node, s, P):
     em.emit(f"let r1 = min(p * {C}u + {C}u, {s.R}u);")
     accs = [em.var(xdt, zero(xdt)) for _ in range(U)]
     em.emit(f"var r = p * {C}u + ty;")
+    em.declare("o", "r")
     with em.block(f"if (o < {s.O}u)" if s.O % wx else ""):
         # U rows wy apart per step, their loads independent; then the rest one at a time
         with em.block(f"for (; r + {(U - 1) * wy}u < r1; r += {U * wy}u)"):
@@ -480,6 +486,7 @@ def _thread_split(ctx, node, s, P):
     em.emit(f"let o = t % {s.O}u;")
     em.emit(f"let r0 = (t / {s.O}u) * {C}u;")
     em.emit(f"let r1 = min(r0 + {C}u, {s.R}u);")
+    em.declare("o", "r")  # and the loop's r below
     acc = em.var(xdt, _init(s.kind, xdt))
     with em.block("for (var r = r0; r < r1; r++)"):
         _accumulate(em, s, s.kind, acc, None, "o", "r")

@@ -64,6 +64,8 @@ def build_row_kernel(ctx) -> list[dict]:
         grid = kernel.workgroup_index(em, rows, "row")  # workgroup-uniform: barriers stay legal
         loop = f"for (var j = lid; j < {D}u; j += {wgs}u)"
 
+    em.declare("j")  # the loops' index
+
     def flat():
         return em.ravel(["row", "j"], (rows, D))  # remembered: views regroup [row, j]
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from math import prod
 
 from .emit import Idx
-from .wgsl import WG
+from .wgsl import WG, u32_lit
 
 
 def build_write_rows(ctx) -> list:
@@ -29,9 +29,9 @@ def build_write_rows(ctx) -> list:
     kernel = ctx.kernel("write_rows" + ("_in_place" if in_place else ""))
     em = ctx.emitter(kernel)
     grid = kernel.thread_index(em, (t_rows if in_place else n_rows) * D, "o")
-    s = em.value(start, Idx(G[start].shape, flat="0u"))
+    s = em.value(start, Idx(G[start].shape, flat=u32_lit(0)))
     row = em.let(f"o / {D}u") if D > 1 else "o"
-    col = em.let(f"o % {D}u") if D > 1 else "0u"
+    col = em.let(f"o % {D}u") if D > 1 else u32_lit(0)
     if in_place:
         dst = em.let(f"{s} + i32({row})")
         v = em.value(vals, Idx(G[vals].shape, flat="o"))

@@ -15,7 +15,8 @@ Everything else in codegen/ writes kernel *bodies* as text and asks a `Kernel` f
     `thread_index` / `workgroup_index` emit that preamble for the two kernel shapes (one
     thread per item / one workgroup per item), so builders never spell it out;
   * literals: f32 values are written so that they round back to the same float32
-    (inf/nan through bitcast, negative numbers parenthesised so `a - -1` never forms `--`);
+    (inf/nan through bitcast, negative numbers parenthesised so `a - -1` never forms `--`),
+    as `Literal`s, which the emitter names as they are (no `let`);
   * workgroup reductions (`workgroup_reduce`): a shared-memory tree, or subgroup operations
     where the device was requested with the 'subgroups' feature and they measured faster
     (`use_subgroups`, KernelOptions.subgroup_default).
@@ -28,6 +29,8 @@ from dataclasses import dataclass
 
 from .options import DEFAULT, KernelOptions
 
+# the entry point's parameters (Kernel.source): names in every body (emit.Emitter.names)
+ENTRY_NAMES = ("wid", "lid")
 WG = 256  # default workgroup size for one-thread-per-element kernels (WebGPU's default max)
 # Loop iterations one invocation may run on a CPU adapter (Limits.cpu). lavapipe stops an
 # invocation's loops after 65535 iterations in all, silently: in one shader, a loop of 40000
@@ -83,6 +86,17 @@ class Limits:
 
 # ---------------------------------------------------------------- literals
 
+class Literal(str):
+    """The WGSL text of a literal (f32_lit, i32_lit, u32_lit, zero): the emitter takes it
+    as a value's name as it is (emit.Emitter.let), where any other expression gets a `let`.
+    What is text made from it (an f-string, a concatenation) is a plain str again."""
+
+    def negated(self) -> str:
+        """-self: a literal where self has no sign (f32_lit writes a negative number as
+        "(-2.5f)"), else an expression."""
+        return Literal(f"(-{self})") if not self.startswith("(") else f"(-{self})"
+
+
 def f32_lit(v: float) -> str:
     """A WGSL f32 literal that rounds back to float32(v)."""
     v = float(v)
@@ -98,13 +112,13 @@ def f32_lit(v: float) -> str:
     if math.isinf(v):
         return "bitcast<f32>(wg_pinf_bits)" if v > 0 else "bitcast<f32>(wg_ninf_bits)"
     if v == 0.0:
-        return "(-0.0f)" if math.copysign(1.0, v) < 0 else "0.0f"
+        return Literal("(-0.0f)" if math.copysign(1.0, v) < 0 else "0.0f")
     text = repr(v)
     if "e" not in text and "." not in text:
         text += ".0"
     if "inf" in text or "nan" in text:  # unreachable: handled above
         raise ValueError(v)
-    return f"({text}f)" if v < 0 else f"{text}f"
+    return Literal(f"({text}f)" if v < 0 else f"{text}f")
 
 
 def i32_lit(v: int) -> str:
@@ -113,14 +127,14 @@ def i32_lit(v: int) -> str:
         return "bitcast<i32>(0x80000000u)"
     if not -2**31 < v < 2**31:
         raise LimitError(f"integer constant {v} does not fit in i32")
-    return f"({v}i)" if v < 0 else f"{v}i"
+    return Literal(f"({v}i)" if v < 0 else f"{v}i")
 
 
 def u32_lit(v: int) -> str:
     v = int(v)
     if not 0 <= v < 2**32:
         raise LimitError(f"index constant {v} does not fit in u32")
-    return f"{v}u"
+    return Literal(f"{v}u")
 
 
 def lit(v, dtype: str) -> str:
@@ -134,7 +148,7 @@ def wgsl_type(dtype: str) -> str:
 
 
 def zero(dtype: str) -> str:
-    return "0.0f" if dtype == "f32" else "0i"
+    return Literal("0.0f" if dtype == "f32" else "0i")
 
 
 def pow2ceil(n: int) -> int:
@@ -253,6 +267,7 @@ class Kernel:
         not workgroup-uniform: kernels using it must not barrier afterwards."""
         grid = self.grid(-(-total // wgs))
         em.emit(f"let {var} = ({self.wg_linear()}) * {wgs}u + lid;")
+        em.declare(var)
         em.emit(f"if ({var} >= {total}u) {{ return; }}")
         return grid
 
@@ -262,6 +277,7 @@ class Kernel:
         workgroup-uniform test, so barriers after it stay legal). Returns the grid."""
         grid = self.grid(total)
         em.emit(f"let {var} = {self.wg_linear()};")
+        em.declare(var)
         em.emit(f"if ({var} >= {total}u) {{ return; }}")
         return grid
 
