@@ -1,6 +1,6 @@
 // A live loss chart (uPlot from the UI bundle that serve.py builds, web/ui.src.mjs): points
 // arrive one by one, the plot is redrawn at most once per frame, old points are thinned past
-// maxPoints. Used by the playground (main.mjs) and the chat page's fine-tune (chat.mjs).
+// maxPoints. Used by the playground (playground/output.mjs) and the chat page's fine-tune (chat.mjs).
 //
 //   const chart = new LossChart(el, nowEl);   chart.init(uPlot);   // without init: no plot
 //   chart.add(step, loss); chart.clear(); chart.resize(); chart.steps, chart.losses

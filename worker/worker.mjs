@@ -558,7 +558,7 @@ self.addEventListener("message", (event) => {
     interruptBuffer = request.interruptBuffer ?? null;
     interruptedUpTo = request.interruptedUpTo ?? null;
     if (worker_py && interruptBuffer) pyodide.setInterruptBuffer(interruptBuffer);  // booted
-    if (request.lifeLock && navigator.locks) {  // held until this worker is gone (see main.mjs)
+    if (request.lifeLock && navigator.locks) {  // held until this worker is gone (see webgrad.mjs)
       navigator.locks.request(request.lifeLock, () => {
         post({ type: "alive", lifeLock: request.lifeLock });
         return new Promise(() => {});

@@ -2,9 +2,9 @@
 
 The demos in examples/ run unchanged in CPython and in the page's Pyodide worker. While they
 train they call ``report(step=..., loss=..., figure=...)``: in the worker that becomes a
-``{type: "progress", ...}`` message, which the page (web/main.mjs) turns into a point of the
-live loss chart and a drawing; in CPython it goes to the listener set with ``set_listener``
-(tests use it to check the figures) and otherwise nowhere.
+``{type: "progress", ...}`` message, which the page (web/playground/bridge.mjs) turns into a
+point of the live loss chart and a drawing; in CPython it goes to the listener set with
+``set_listener`` (tests use it to check the figures) and otherwise nowhere.
 
 Figures are plain data, one of:
 
