@@ -161,7 +161,7 @@ def test_training_is_the_same_whether_pipelines_are_made_together_or_one_by_one(
     assert len(together._dev.pipelines) > 1  # a fresh device: every pipeline was made here
     assert len(alone._dev.pipelines) == len(together._dev.pipelines)
     assert a == b  # the same WGSL, so the same kernels: bit for bit
-    # against the numpy executor: f32 noise, test_webgpu's standard for training steps
+    # against the numpy executor: f32 noise, test_webgpu_programs.py's standard for training steps
     # (Adam's first steps amplify the rounding of near-zero gradients)
     np.testing.assert_allclose(a, _losses("reference"), rtol=1e-3, atol=1e-6)
 

@@ -5,7 +5,7 @@ target instead of scanning the vocabulary; layer_norm_last's gradient is one
 layer_norm_grad kernel; a log_softmax that is itself an output stays. The values are
 checked against torch by the oracle records (nn.cross_entropy_last/*, nn.LayerNorm/*,
 layer_norm_last/*, take_along_last/*) on every executor, lavapipe and the browser, and the
-whole test transformer against the reference executor (tests/test_webgpu.py).
+whole test transformer against the reference executor (tests/test_webgpu_programs.py).
 """
 from __future__ import annotations
 

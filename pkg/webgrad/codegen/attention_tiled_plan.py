@@ -65,8 +65,8 @@ PREFETCH_D_MAX = 4  # D chunks unrolled (and prefetched) at most; more: a loop
 # Adapters whose kernels issue the prefetches: those they were measured on (bench/README.md).
 # They double the kernels' WGSL (attn_fwd of the T 37, D 33 record: 15 -> 31 KB), and
 # SwiftShader, which creates a pipeline with LLVM inside Chrome's GPU process, lost its device
-# creating them in headless Chromium (tests/browser/test_gpu_host.py, test_webgpu.py's Tint
-# check); other GPUs' compilers are unmeasured. Those adapters are
+# creating them in headless Chromium (tests/browser/test_gpu_host.py, test_webgpu_limits.py's
+# Tint check); other GPUs' compilers are unmeasured. Those adapters are
 # KernelOptions.prefetch_adapters (h200, h100); KernelOptions.attn_prefetch (tests): True /
 # False on any.
 def _prefetches(op: str, kind: str, limits) -> bool:

@@ -1,0 +1,83 @@
+"""What the WebGPU test modules share (tests/test_webgpu*.py): the module-level skip where
+no native adapter exists, forward programs over feeds, the lowered kernels of an oracle
+record, and the KernelOptions that force each matmul kernel or an H200 tiling."""
+from __future__ import annotations
+
+import pytest
+
+import oracle
+from backends import native_adapter_is_cpu
+import webgrad as wg
+from webgrad import Module
+from webgrad.codegen import KernelOptions
+from webgrad.codegen import matmul_config as mm
+
+
+def require_native_adapter() -> None:
+    """Skip the calling test module, at its import, where there is no native adapter."""
+    try:
+        from webgrad.backends.webgpu_native import NativeHost
+        NativeHost()
+    except Exception as e:  # no wgpu, no adapter: nothing here can run
+        pytest.skip(f"no native WebGPU adapter: {e}", allow_module_level=True)
+
+
+def forward(fn, inputs, backend="webgpu", options=None):
+    """A forward program with no parameters: fn(feeds) over the declared inputs (its kernels
+    generated with `options`, a KernelOptions, where given)."""
+    return wg.compile_forward(Module, lambda m, i: fn(**i), inputs=inputs, backend=backend,
+                              kernel_options=options)
+
+
+def exe(c):
+    """The WebGPUProgram behind a compiled module or forward program."""
+    prog = c._train if hasattr(c, "_train") else c._prog
+    return prog.exe
+
+
+def lowered_kernel_names(record, options: KernelOptions = KernelOptions()) -> list[str]:
+    """The kernel names of an oracle record's step (forward and gradients), lowered for
+    WebGPU's default limits with `options`."""
+    from webgrad.codegen import Limits, lower
+    from webgrad.compile import build_train_graph, parse_inputs
+    factory, loss_fn, inputs, _ = oracle.build_record(record)
+    return lower(build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1],
+                 Limits(options=options))[1]
+
+
+def lowered_wgsl(record, options: KernelOptions = KernelOptions()) -> list[str]:
+    """The WGSL of every pipeline of that step."""
+    from webgrad.codegen import Limits, lower
+    from webgrad.compile import build_train_graph, parse_inputs
+    factory, loss_fn, inputs, _ = oracle.build_record(record)
+    g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
+    return [p["wgsl"] for p in lower(g, Limits(options=options))[0].plan["pipelines"]]
+
+
+# KernelOptions forcing codegen/matmul.py's kernels: barrier-free, tiled, and barrier-free
+# with SwiftShader's small blocks and looped epilogue on every adapter ("" is in every
+# description)
+MATMUL_KERNELS = {"direct": KernelOptions(force_direct=True), "tiled": KernelOptions(force_direct=False),
+                  "direct_small": KernelOptions(force_direct=True, small_block_adapters=("",),
+                                                epi_loop_adapters=("",), epi_loop_lines=0)}
+if native_adapter_is_cpu():  # its default is the direct kernel: test_oracle runs that form
+    del MATMUL_KERNELS["direct"]
+
+
+# the H200 row's tilings (codegen/matmul_config.py ADAPTER_TILINGS) and smaller tiles of the same
+# kinds, so that the matmul records span several tiles: workgroups of 256, 128, 64 and 16
+# threads, threads in warp tiles, 8 x 16 outputs per thread, K step 16, vec4 global loads,
+# tile rows in runs (the last one shorter), split-K
+H200_CONFIGS = {
+    "wide": mm.Config(8, 8, 8, vload=True, epi_rows=1, warp_tiles=True),
+    "split_group": mm.Config(8, 8, 8, vload=True, group=2, splits=3, warp_tiles=True),
+    "wide_bk16_group_split": mm.Config(8, 16, 16, wx=8, wy=16, group=2, splits=3),
+    "small_warp_tiles": mm.Config(4, 4, 8, wx=16, wy=8, vload=True, warp_tiles=True),
+    "batched": mm.Config(8, 8, 8, wx=8, wy=8, vload=True),
+    "mid": mm.Config(8, 8, 16, wx=8, wy=8, vload=True),
+    "small_group": mm.Config(4, 4, 8, wx=4, wy=4, group=3, vload=True),
+    "small_split_group": mm.Config(4, 8, 16, wx=4, wy=8, splits=2, group=4, vload=True),
+    "odd_split": mm.Config(8, 8, 16, vload=True, splits=3, warp_tiles=True),
+    "odd_group": mm.Config(8, 8, 16, vload=True, group=2, warp_tiles=True),
+    "vocab_wgrad_group": mm.Config(16, 8, 8, vload=True, group=2, warp_tiles=True),
+}
