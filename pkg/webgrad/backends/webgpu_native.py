@@ -72,6 +72,7 @@ class NativeHost(GPUHost):
         self.lib = self._dev.lib
         self.limits = dict(self._dev.limits)
         self.info = self._dev.info
+        self.device_toggles = self._dev.device_toggles  # Dawn's device toggles asked for
         self.features = frozenset(self._dev.features)  # optional features the device has
         self.subgroup_matrix_configs = tuple(self._dev.subgroup_matrix_configs)
         self._programs: dict[int, _Program] = {}

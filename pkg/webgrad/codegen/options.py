@@ -140,9 +140,10 @@ class KernelOptions:
     # True / False: the tiled transposing copy regardless of the adapter
     force_tiled_transpose: bool | None = None
 
-    # precision="mixed"/"f16" programs (precision.py) round with integer arithmetic on the
-    # f32 bits (wg_round_f16: the same values, no f16 type), where False rounds with
-    # f32(f16(x)) and refuses an adapter without shader-f16: the fallback for those adapters
+    # precision="mixed"/"f16" programs (precision.py) keep their f16 values in f32 buffers
+    # (rounded with integer arithmetic on the f32 bits, elementwise.wg_round_f16, as every
+    # program does), so they run without shader-f16; False stores them in f16 and refuses
+    # an adapter without shader-f16: the fallback for those adapters
     f16_emulation: bool = False
 
     # ---- matmul.py / matmul_mma.py
