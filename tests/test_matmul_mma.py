@@ -449,7 +449,8 @@ def test_native_adapter_without_subgroup_matrices_keeps_the_tiled_kernel():
     be = wg.backends.get_backend("webgpu")
     if "shader-f16" not in (getattr(be.host, "features", None) or ()):
         pytest.skip("this adapter has no shader-f16")
-    assert be.limits.subgroup_matrix == ()
+    if be.limits.subgroup_matrix:
+        pytest.skip("this adapter has subgroup matrices (a GPU, not lavapipe)")
     x = np.random.default_rng(5).standard_normal((64, 64)).astype(np.float32)
     outs = {}
     for backend in ("reference", "webgpu"):
