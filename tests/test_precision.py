@@ -585,6 +585,11 @@ def test_padded_operand_of_an_f16_cast_is_stored_in_f16():
             for w in padded:
                 halves = re.findall(r"var<storage, read> b\d+: array<(?:vec4<f16>|f16)>", w)
                 assert len(halves) == 2, w
+            # the padded product's f16 rounding is stored as f16 (slice(f16(x @ pad(W))))
+            forward = [w for w, n in zip(padded, [n for n in exe.kernel_names
+                                                   if n.startswith("matmul 5x32 ")]) if "K=66" in n]
+            assert forward and re.search(r"var<storage, read_write> b\d+: array<(?:vec4<f16>|f16)>",
+                                         forward[0]), exe.kernel_names
     np.testing.assert_allclose(runs["webgpu"][0][0], runs["reference"][0][0], rtol=1e-6)
     np.testing.assert_allclose(runs["webgpu"][0], runs["reference"][0], rtol=1e-4)
     for k, v in runs["reference"][1].items():
