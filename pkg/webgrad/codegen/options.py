@@ -150,6 +150,9 @@ class KernelOptions:
     # a 2-D product on subgroup matrices with fewer tiles than this is split along K into
     # chunks (a power of two) until it has twice as many (0: never split; mma_splits)
     mma_split_below: int = 256
+    # an epilogue that streams a tensor (GELU's pre-activation in its backward) has its
+    # loads issued for this many elements before their stores (0: element by element)
+    mma_epi_prefetch: int = 8
 
     # ---- index.py
     # True / False: the tiled / chunked scan (scatter_add_rows' counts); None: GPUs tiled
