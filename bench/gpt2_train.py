@@ -16,6 +16,7 @@ Rows (model x batch):
   small64  the same model, 64 x 256
   gpt2     GPT-2 124M (d 768, 12 layers, 12 heads, vocab 50257, context 1024), 8 x 512
   gpt2ctx  the same model at its full context: 8 x 1024 (not in the default rows)
+  medium   GPT-2 medium (d 1024, 24 layers, 16 heads, 355M params), 8 x 1024 (not in the default rows)
   tiny     d 64, 2 layers, 2 heads, vocab 256, 2 x 32 (smoke test on CPU adapters)
 
 The model is the same in both libraries: learned token and position embeddings, pre-LN
@@ -57,6 +58,7 @@ ROWS = {  # name: (d, layers, heads, vocab, context, B, T)
     "small64": (512, 8, 8, 4096, 256, 64, 256),
     "gpt2": (768, 12, 12, 50257, 1024, 8, 512),
     "gpt2ctx": (768, 12, 12, 50257, 1024, 8, 1024),
+    "medium": (1024, 24, 16, 50257, 1024, 8, 1024),
     "tiny": (64, 2, 2, 256, 32, 2, 32),
 }
 LR, WD = 3e-4, 0.01
@@ -432,7 +434,8 @@ def main() -> None:
         from webgrad.backends.webgpu_native import NativeHost
         import os
         print(f"webgpu: {NativeHost().info}  (library {lib}; Dawn toggles "
-              f"{os.environ.get('WEBGRAD_DAWN_TOGGLES', 'default') if lib == 'wgpudawn' else '-'})")
+              f"{os.environ.get('WEBGRAD_DAWN_TOGGLES', 'default') if lib == 'wgpudawn' else '-'}; device "
+              f"toggles {','.join(NativeHost().device_toggles) or 'none'})")
     torch = None
     if not args.no_torch:
         import torch

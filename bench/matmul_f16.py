@@ -6,6 +6,7 @@ accumulation) against torch's fp16 and fp32 matmuls on the same GPU, in one run.
                                                         # robustness on and off
     python3 bench/matmul_f16.py --size 2048 --tilings 128x128x32:2x2,64x64x32:2x2:db
     python3 bench/matmul_f16.py --robustness off        # only with disable_robustness
+    python3 bench/matmul_f16.py --shapes 4096x2304x768,4096x768x3072   # M x N x K each
 
 Needs an adapter with shader-f16 and chromium-experimental-subgroup-matrix (Dawn through
 wgpudawn; webgpu_device asks for both, with the toggles NVIDIA's Vulkan driver needs); it
@@ -56,12 +57,12 @@ def parse_tiling(text: str, cfg):
     return MmaTiling(**kw)
 
 
-def run_kernel(host, np, A16, B16, want_rows, rows, tiling, reps, size):
+def run_kernel(host, np, A16, B16, want_rows, rows, tiling, reps, shape):
     from matmul import time_webgpu
     from webgrad.codegen.matmul_mma import mma_matmul_wgsl
-    n = size
-    wgsl, groups = mma_matmul_wgsl(n, n, n, tiling, host.limits.get("max_compute_workgroup_storage_size"))
-    cbytes = n * n * (2 if tiling.out == "f16" else 4)
+    M, N, K = shape
+    wgsl, groups = mma_matmul_wgsl(M, N, K, tiling, host.limits.get("max_compute_workgroup_storage_size"))
+    cbytes = M * N * (2 if tiling.out == "f16" else 4)
     plan = {"buffers": [{"size": A16.nbytes}, {"size": B16.nbytes}, {"size": cbytes}],
             "pipelines": [{"wgsl": wgsl}],
             "commands": [{"op": "dispatch", "pipeline": 0, "bindings": [0, 1, 2],
@@ -73,17 +74,19 @@ def run_kernel(host, np, A16, B16, want_rows, rows, tiling, reps, size):
     host.write(prog, 1, B16.tobytes())
     from webgrad.blocking import run_blocking
     raw = run_blocking(host.run(prog, {}, [2]))[0]
-    C = np.frombuffer(raw, dtype=np.float16 if tiling.out == "f16" else np.float32).reshape(n, n)
+    C = np.frombuffer(raw, dtype=np.float16 if tiling.out == "f16" else np.float32).reshape(M, N)
     got = C[rows].astype(np.float64)
     err = float(np.abs(got - want_rows).max() / np.abs(want_rows).max())
     sec = time_webgpu(host, prog, reps, 1)
     host.unload(prog)
-    return 2 * n ** 3 / sec / 1e12, err, t_compile
+    return 2 * M * N * K / sec / 1e12, err, t_compile
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", type=int, default=4096)
+    ap.add_argument("--shapes", default=None, help="MxNxK,... (C is M x N, K inner); default "
+                    "--size cubed")
     ap.add_argument("--tilings", default="128x128x32:2x2,128x128x32:2x2:mx,128x256x32:2x4,"
                     "128x256x32:2x4:mx,256x128x32:4x2,256x128x32:4x2:mx,128x128x32:2x2:db,"
                     "128x128x32:2x2:f16")
@@ -95,13 +98,16 @@ def main():
     from matmul import pick_lib
     lib = pick_lib()
     from webgrad.backends import webgpu_device, webgpu_native as wn
-    n = args.size
+    shapes = ([tuple(int(v) for v in t.split("x")) for t in args.shapes.split(",")]
+              if args.shapes else [(args.size,) * 3])
     rng = np.random.default_rng(0)
-    A16 = rng.standard_normal((n, n)).astype(np.float16)
-    B16 = rng.standard_normal((n, n)).astype(np.float16)
-    rows = np.sort(rng.choice(n, size=min(n, 64), replace=False))
-    want_rows = A16[rows].astype(np.float64) @ B16.astype(np.float64)
-    print(f"{n}^3, f16 inputs N(0, 1); library {lib}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    data = {}
+    for M, N, K in shapes:
+        A16 = rng.standard_normal((M, K)).astype(np.float16)
+        B16 = rng.standard_normal((K, N)).astype(np.float16)
+        rows = np.sort(rng.choice(M, size=min(M, 64), replace=False))
+        data[(M, N, K)] = (A16, B16, rows, A16[rows].astype(np.float64) @ B16.astype(np.float64))
+    print(f"shapes {shapes}, f16 inputs N(0, 1); library {lib}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     results = []
     for mode in args.robustness.split(","):
         webgpu_device.DEVICE_TOGGLES = ("disable_robustness",) if mode == "off" else ()
@@ -114,26 +120,33 @@ def main():
         cfg = config_for(limits.subgroup_matrix)
         if not ("shader-f16" in host.features and cfg):
             sys.exit("this adapter offers no f16 subgroup matrices with f32 results: nothing to time")
-        for text in args.tilings.split(","):
-            t = parse_tiling(text, cfg)
-            try:
-                tf, err, tc = run_kernel(host, np, A16, B16, want_rows, rows, t, args.reps, n)
-            except Exception as e:
-                print(f"  {text:24} FAILED: {type(e).__name__}: {str(e)[:600]}")
-                continue
-            results.append((mode, text, tf, err))
-            print(f"  {text:24} {tf:7.1f} TFLOP/s  rel err {err:.2e}  pipeline {tc:.2f} s", flush=True)
+        for shape in shapes:
+            A16, B16, rows, want_rows = data[shape]
+            label = "x".join(map(str, shape))
+            for text in args.tilings.split(","):
+                t = parse_tiling(text, cfg)
+                try:
+                    tf, err, tc = run_kernel(host, np, A16, B16, want_rows, rows, t, args.reps, shape)
+                except Exception as e:
+                    print(f"  {label} {text:24} FAILED: {type(e).__name__}: {str(e)[:600]}")
+                    continue
+                results.append((mode, f"{label} {text}", tf, err))
+                print(f"  {label} {text:24} {tf:7.1f} TFLOP/s  rel err {err:.2e}  pipeline {tc:.2f} s", flush=True)
     if not args.no_torch:
         import torch
         from matmul import time_torch
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.set_float32_matmul_precision("highest")
         dev = "cuda" if torch.cuda.is_available() else "cpu"
-        a, b = torch.from_numpy(A16).to(dev), torch.from_numpy(B16).to(dev)
-        for name, (x, y) in (("fp16", (a, b)), ("fp32", (a.float(), b.float()))):
-            s = time_torch(torch, x, y, args.reps, 3)
-            print(f"torch {name} ({dev}): {2 * n ** 3 / s / 1e12:7.1f} TFLOP/s")
-            results.append(("torch", name, 2 * n ** 3 / s / 1e12, 0.0))
+        for shape in shapes:
+            A16, B16 = data[shape][:2]
+            M, N, K = shape
+            a, b = torch.from_numpy(A16).to(dev), torch.from_numpy(B16).to(dev)
+            for name, (x, y) in (("fp16", (a, b)), ("fp32", (a.float(), b.float()))):
+                s = time_torch(torch, x, y, args.reps, 3)
+                tf = 2 * M * N * K / s / 1e12
+                print(f"torch {name} ({dev}) {'x'.join(map(str, shape))}: {tf:7.1f} TFLOP/s")
+                results.append(("torch", f"{'x'.join(map(str, shape))} torch {name}", tf, 0.0))
     print("\n| kernel | robustness | TFLOP/s | rel err |\n|---|---|---|---|")
     for mode, text, tf, err in results:
         print(f"| {text} | {mode if mode != 'torch' else '-'} | {tf:.1f} | {err:.1e} |")

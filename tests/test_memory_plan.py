@@ -97,6 +97,28 @@ def test_gelu_tanh_is_recomputed_not_stored(monkeypatch):
     assert low.report["pool_bytes"] < before.report["pool_bytes"]
 
 
+def test_gelu_tanh_is_recomputed_under_mixed_precision(monkeypatch):
+    """Under precision="mixed" the weight gradient of the layer after a GELU reads an f16
+    copy of the GELU's output transposed, cast(transpose(gelu(h))): a reader of the tanh not
+    at its own index, but once per element (remat._read_once), so the tanh is recomputed
+    there too and not stored (GPT-2 124M's mixed step on the H200's plan: 576 MiB)."""
+    from webgrad.precision import f16_in_f32
+    g = f16_in_f32(build_train_graph(models.Transformer, models.transformer_loss,
+                                     parse_inputs(models.TF_INPUTS), optim.AdamW(lr=1e-3),
+                                     precision="mixed")[1])
+    limits = Limits(shader_f16=True)
+
+    def stored_ops(low):
+        pg = low.pool["graph"]
+        return [pg[lv.key[1]].op for lv in low.pool["lives"] if lv.key[0] == "t"]
+    low = lower(g, limits)[0]
+    assert "tanh" not in stored_ops(low)
+    monkeypatch.setattr(remat_mod, "_read_once", lambda fu, gid, e: False)
+    before = lower(g, limits)[0]
+    assert stored_ops(before).count("tanh") == models.N_LAYERS
+    assert low.report["pool_bytes"] < before.report["pool_bytes"]
+
+
 @pytest.mark.parametrize("adapter", ["", "NVIDIA H200 (DiscreteGPU)"])
 def test_weight_gradients_run_inside_the_backward(adapter):
     """The weight gradients' kernels (AdamW fused into them) read scalars the optimizer

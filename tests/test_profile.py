@@ -122,3 +122,22 @@ def test_a_host_without_timing_still_gives_the_static_columns(monkeypatch):
         [(r.name, r.ops, r.bytes, r.flops) for r in timed.rows]
     assert "GPU time -" in bare.text()
     np.testing.assert_array_equal(a.download_params()["l1.W"], b.download_params()["l1.W"])
+
+
+def test_a_step_of_more_dispatches_than_one_query_set_holds(monkeypatch):
+    """A query set holds 4096 timestamps (GPT-2 medium's step has 2135 dispatches, two
+    timestamps each): the host times the step over several sets. With sets of 3 dispatches,
+    every kernel of the MLP's step still gets a time, and the rows are the one-set profile's."""
+    from webgrad.backends import webgpu_native
+    c = models.compile_mlp("webgpu")
+    batch = models.sin_batch(random.Random(3))
+    whole = c.profile(batch)
+    if whole.timing != "timestamp":
+        pytest.skip("this adapter has no timestamp-query")
+    monkeypatch.setattr(webgpu_native, "_PROFILE_SET", 3)
+    split = c.profile(batch)
+    assert c.kernel_count > 3 * 2
+    assert split.timing == "timestamp"
+    assert [r.name for r in split.rows] == [r.name for r in whole.rows]
+    assert all(r.seconds is not None and r.seconds >= 0 for r in split.rows if r.workgroups)
+    assert sum(r.seconds > 0 for r in split.rows if r.workgroups) > c.kernel_count // 2

@@ -63,6 +63,9 @@ class _Program:
         self.staging: dict[int, object] = {}
 
 
+_PROFILE_SET = 2048  # dispatches timed per query set (2 timestamps each; 4096 at most)
+
+
 class NativeHost(GPUHost):
     """A GPUHost on wgpu-py (or wgpudawn)."""
 
@@ -72,6 +75,7 @@ class NativeHost(GPUHost):
         self.lib = self._dev.lib
         self.limits = dict(self._dev.limits)
         self.info = self._dev.info
+        self.device_toggles = self._dev.device_toggles  # Dawn's device toggles asked for
         self.features = frozenset(self._dev.features)  # optional features the device has
         self.subgroup_matrix_configs = tuple(self._dev.subgroup_matrix_configs)
         self._programs: dict[int, _Program] = {}
@@ -248,25 +252,39 @@ class NativeHost(GPUHost):
                     out.append(time.perf_counter() - t0)
                 return out, "wall"
             nd = sum(1 for c in p.commands if c[0] == "dispatch")
-            qs = dev.create_query_set(type=lib.QueryType.timestamp, count=2 * max(nd, 1))
-            resolve = dev.create_buffer(size=16 * max(nd, 1), usage=lib.BufferUsage.QUERY_RESOLVE
-                                        | lib.BufferUsage.COPY_SRC)
+            # a query set holds at most 4096 timestamps (WebGPU's limit): one set per
+            # _PROFILE_SET dispatches (GPT-2 medium's step has 2135), each resolved into its
+            # own part of the buffer (offsets must be multiples of 256)
+            nsets = max(1, -(-nd // _PROFILE_SET))
+            sets = [dev.create_query_set(type=lib.QueryType.timestamp, count=2 * _PROFILE_SET)
+                    for _ in range(nsets)]
+            stride = -(-16 * _PROFILE_SET // 256) * 256
+            resolve = dev.create_buffer(size=stride * nsets,
+                                        usage=lib.BufferUsage.QUERY_RESOLVE | lib.BufferUsage.COPY_SRC)
             enc = dev.create_command_encoder()
             k = 0
             for c in p.commands:
                 if c[0] == "dispatch":
-                    self._encode(enc, [c], timestamps={"query_set": qs,
-                                                       "beginning_of_pass_write_index": 2 * k,
-                                                       "end_of_pass_write_index": 2 * k + 1})
+                    j = k % _PROFILE_SET
+                    self._encode(enc, [c], timestamps={"query_set": sets[k // _PROFILE_SET],
+                                                       "beginning_of_pass_write_index": 2 * j,
+                                                       "end_of_pass_write_index": 2 * j + 1})
                     k += 1
                 else:
                     self._encode(enc, [c])
-            if nd:
-                enc.resolve_query_set(qs, 0, 2 * nd, resolve, 0)
+            used = [min(_PROFILE_SET, nd - i * _PROFILE_SET) for i in range(nsets)]
+            for i, qs in enumerate(sets):
+                if used[i] > 0:
+                    enc.resolve_query_set(qs, 0, 2 * used[i], resolve, stride * i)
             q.submit([enc.finish()])
-            ticks = struct.unpack(f"<{2 * nd}Q", bytes(q.read_buffer(resolve))[:16 * nd])
+            raw = bytes(q.read_buffer(resolve))
+            ticks = []
+            for i, n in enumerate(used):
+                if n > 0:
+                    ticks += struct.unpack_from(f"<{2 * n}Q", raw, stride * i)
             resolve.destroy()
-            qs.destroy()
+            for qs in sets:
+                qs.destroy()
             out, k = [], 0
             for c in p.commands:
                 if c[0] == "dispatch":

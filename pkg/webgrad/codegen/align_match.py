@@ -9,6 +9,7 @@ the next multiple of A, and its readers see the first N columns of the padded pr
 through a slice (a view: no copy). The LM head of a GPT-2 step:
 
   logits  = x @ W               -> slice(x @ pad(W))           W: [d, 50257] -> [d, 50304]
+  f16(x @ W)                    -> slice(f16(x @ pad(W)))      (precision="mixed")
   dW      = sum_b(x_b^T @ dl_b)   -> slice(sum_b(x_b^T @ pad(dl)))   (the slice after the
                                                                     batch sum it feeds)
   dx      = dl @ W^T              -> pad(dl) @ pad(W)^T          K = 50304: zeros times zeros
@@ -151,6 +152,14 @@ def align_products(g: Graph, limits) -> Graph:
             remap[n.id] = sliced(mm, n.shape[-1], n.loc)
             continue
         a = n.inputs[0] if n.inputs else None
+        if rounded(n.id) and a in mm_padded:
+            # the f16 rounding of a padded product (precision="mixed": the logits) rounds
+            # the padded product and slices that: the product's kernel stores f16 (half
+            # the bytes of the f32 product the slice would otherwise keep)
+            mp = mm_padded[a]
+            c = add("cast", [mp], out[mp].shape, n.dtype, n.attrs, n.loc)
+            remap[n.id] = sliced(c, n.shape[-1], n.loc)
+            continue
         if n.op == "matmul" and a in padded:
             # A read along K from a tensor padded for another product: K padded too where
             # B's rows can be padded the same way (both pads are zeros: the same sums),

@@ -28,6 +28,7 @@ from math import prod
 from .layout import digits_addr, nonunit_digits, strided_view
 from .matmul_config import Config, cpu_splits, gemv_cpu_form, group_config
 from .matmul_direct import build_direct
+from .matmul_epilogue import prefetch_epilogue
 from .matmul_gemv import build_gemv
 from .matmul_gemv_cpu import build_gemv_cpu
 from .matmul_mma import mma_matmul_wgsl, mma_splits, tiling_for
@@ -235,10 +236,16 @@ def _build_mma(ctx, node, opa, opb) -> list | None:
     kernel = ctx.kernel(what)
     an = kernel.binding(sa.buffer, "vec4_u32", what=sa.what, nbytes=sa.nbytes)
     bn = kernel.binding(sb.buffer, "vec4_u32", what=sb.what, nbytes=sb.nbytes)
-    epi, cn = None, ""
+    epi, cn, ld = None, "", 0
     try:
         if out is None:
-            epi = ctx.epilogue_fn(kernel)
+            ep = ctx.epilogue(kernel)
+            epi = ep.name
+            # the loads of several elements before their stores (matmul_epilogue)
+            ld = ctx.limits.options.mma_epi_prefetch
+            if ld and not prefetch_epilogue(kernel, ep, ctx.limits.options.epi_max_loads,
+                                            widened=True):
+                ld = 0
         else:
             c = ctx.storage(ctx.outs[0])
             cn = kernel.binding(c.buffer, out, write=True, what=c.what, nbytes=c.nbytes)
@@ -246,7 +253,8 @@ def _build_mma(ctx, node, opa, opb) -> list | None:
         return None
     wgsl, groups = mma_matmul_wgsl(M, N, K, t, ctx.limits.max_compute_workgroup_storage_size,
                                    batch=nb, a_base=a_base, b_base=b_base,
-                                   header=kernel.module_scope(), names=(an, bn, cn), epi=epi)
+                                   header=kernel.module_scope(), names=(an, bn, cn), epi=epi,
+                                   epi_ld=ld)
     return [{"wgsl": wgsl, "bindings": [b.buffer for b in kernel.bindings],
              "workgroups": list(groups), "name": what}]
 

@@ -93,7 +93,7 @@ def write_block(em, acc, rows_a, cols_b, M: int, N: int, need_m: bool, need_n: b
                 em.emit(guarded(call, block_conds(ri, cj, M, N, need_m, need_n)))
 
 
-def prefetch_epilogue(kernel, epi, max_loads: int) -> bool:
+def prefetch_epilogue(kernel, epi, max_loads: int, widened: bool = False) -> bool:
     """Put the epilogue `fn epi(f, v)` (program.GroupCtx.epilogue, emit.Epilogue) in
     kernel's functions as two where it loads anything (a bias, a pre-activation):
     `epi_ld(f)` makes those loads, which depend on f alone, and returns them in a struct;
@@ -104,13 +104,15 @@ def prefetch_epilogue(kernel, epi, max_loads: int) -> bool:
     streams a tensor of the output's size (read at f): a broadcast bias alone is a cache
     hit, and prefetching it measured slower (the GPT-2 MLP's GELU forward, 0.546 -> 0.554
     ms). False (nothing changed): no such load, or more than max_loads loads
-    (KernelOptions.epi_max_loads), or a body that is not straight-line lets and stores."""
-    got = epilogue_loads(epi, max_loads)
+    (KernelOptions.epi_max_loads), or a body that is not straight-line lets and stores.
+    widened: f16 loads too (their f32 values in the struct): the subgroup-matrix kernel's
+    epilogue under precision="mixed" streams f16 pre-activations."""
+    got = epilogue_loads(epi, max_loads, widened)
     if got is None:
         return False
     keep, loads = got
     names = [s.name for s in loads]
-    fields = ", ".join(f"{s.name}: {s.elem}" for s in loads)
+    fields = ", ".join(f"{s.name}: {'f32' if s.elem == 'f16' else s.elem}" for s in loads)
     kernel.functions[epi.slot:epi.slot + 1] = [
         f"struct EpiLoads {{ {fields} }}\n",
         f"fn {epi.name}_ld({epi.params}) -> EpiLoads {{\n" + "\n".join(s.text for s in keep)
@@ -120,12 +122,12 @@ def prefetch_epilogue(kernel, epi, max_loads: int) -> bool:
     return True
 
 
-def epilogue_loads(epi, max_loads: int):
+def epilogue_loads(epi, max_loads: int, widened: bool = False):
     """(the statements epi_ld keeps: its loads and what their indices are computed from,
     the loads) of prefetch_epilogue's split of `epi`, or None where it does not split.
     A statement depends on the value v where any name it is built from does (Stmt.deps);
     the loads are those that do not, except loads widened from f16 (their value is a
-    conversion, computed in place)."""
+    conversion, computed in place) unless `widened`."""
     if epi.flat is None or any(s.kind not in ("let", "load", "store") for s in epi.stmts):
         return None  # anything but straight-line lets and stores: left as it is
     dep, loads, pure = {"v"}, [], []
@@ -136,7 +138,7 @@ def epilogue_loads(epi, max_loads: int):
             dep.add(s.name)
             continue
         pure.append(s)
-        if s.kind == "load" and s.elem != "f16":
+        if s.kind == "load" and (widened or s.elem != "f16"):
             loads.append(s)
     if len(loads) > max_loads or not any(s.at == epi.flat for s in loads):
         return None  # nothing streamed from memory at f: a broadcast bias stays in cache

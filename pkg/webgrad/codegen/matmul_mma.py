@@ -190,7 +190,8 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
                     max_workgroup_bytes: int | None = None, *, batch: int = 1,
                     a_base: str = "", b_base: str = "", header: list[str] | None = None,
                     names: tuple[str, str, str] = ("A", "B", "C"),
-                    epi: str | None = None, lda: int | None = None) -> tuple[str, tuple[int, int, int]]:
+                    epi: str | None = None, lda: int | None = None,
+                    epi_ld: int = 0) -> tuple[str, tuple[int, int, int]]:
     """(WGSL, workgroups) of C = A @ B with tiling t (see the module docstring).
 
     batch > 1: workgroup_id.z is the batch element; a_base / b_base are WGSL expressions of
@@ -203,7 +204,12 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
     its result matrices (tn of them, an m x tn n block), then its invocations take the
     block's elements in order (32 neighbours a call: coalesced loads and stores in the
     epilogue), two barriers per row. lda: A's row length in halves where it is longer than
-    K (a K chunk of a split product, mma_splits: chunk wg.z at a_base = wg.z * K)."""
+    K (a K chunk of a split product, mma_splits: chunk wg.z at a_base = wg.z * K).
+    epi_ld: the epilogue was split (matmul_epilogue.prefetch_epilogue: `epi_ld(f)` loads,
+    `epi(f, v, p)` the rest): each invocation calls epi_ld for that many of its elements
+    before their epi calls, so their loads are in flight together (the GPU's compiler keeps
+    a load after any earlier storage store: one element after another waits out a memory
+    latency)."""
     staging = epilogue_staging_bytes(t) if epi is not None else 0
     t.check(M, N, K, None if max_workgroup_bytes is None else max_workgroup_bytes - staging)
     if epi is not None and (t.out != "f32" or (t.m * t.n) % t.subgroup_size):
@@ -333,12 +339,23 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
         base = f"sg * {t.m * w}u"
         L += [f"  subgroupMatrixStore(&Cs, {base} + {j * t.n}u, acc{i}_{j0 + j}, false, {w}u);"
               for j in range(c)]
+        def flat(q):
+            col = f" + {j0 * t.n}u" if j0 else ""
+            return f"{cb}(m0 + sm + {i * t.m}u + {q} / {w}u) * {N}u + n0 + sn{col} + {q} % {w}u"
+        count = t.m * w // t.subgroup_size
+        u = next((u for u in (epi_ld, 4, 2, 1) if u and count % u == 0), 1) if epi_ld else 0
+        if u:
+            body = [f"    let q{k} = (e + {k}u) * {t.subgroup_size}u + lane;\n"
+                    f"    let p{k} = {epi}_ld({flat(f'q{k}')});" for k in range(u)]
+            body += [f"    {epi}({flat(f'q{k}')}, Cs[{base} + q{k}], p{k});" for k in range(u)]
+            L += ["  workgroupBarrier();",
+                  f"  for (var e = 0u; e < {count}u; e += {u}u) {{", *body, "  }",
+                  "  workgroupBarrier();"]
+            continue
         L += ["  workgroupBarrier();",
-              f"  for (var e = 0u; e < {t.m * w // t.subgroup_size}u; e++) {{",
+              f"  for (var e = 0u; e < {count}u; e++) {{",
               f"    let q = e * {t.subgroup_size}u + lane;",
-              put(f"{cb}(m0 + sm + {i * t.m}u + q / {w}u) * {N}u + n0 + sn + {j0 * t.n}u + q % {w}u"
-                  if j0 else f"{cb}(m0 + sm + {i * t.m}u + q / {w}u) * {N}u + n0 + sn + q % {w}u",
-                  f"Cs[{base} + q]"),
+              put(flat("q"), f"Cs[{base} + q]"),
               "  }",
               "  workgroupBarrier();"]
     for i in range(t.tm if not staged else 0):

@@ -140,15 +140,19 @@ class KernelOptions:
     # True / False: the tiled transposing copy regardless of the adapter
     force_tiled_transpose: bool | None = None
 
-    # precision="mixed"/"f16" programs (precision.py) round with integer arithmetic on the
-    # f32 bits (wg_round_f16: the same values, no f16 type), where False rounds with
-    # f32(f16(x)) and refuses an adapter without shader-f16: the fallback for those adapters
+    # precision="mixed"/"f16" programs (precision.py) keep their f16 values in f32 buffers
+    # (rounded with integer arithmetic on the f32 bits, elementwise.wg_round_f16, as every
+    # program does), so they run without shader-f16; False stores them in f16 and refuses
+    # an adapter without shader-f16: the fallback for those adapters
     f16_emulation: bool = False
 
     # ---- matmul.py / matmul_mma.py
     # a 2-D product on subgroup matrices with fewer tiles than this is split along K into
     # chunks (a power of two) until it has twice as many (0: never split; mma_splits)
     mma_split_below: int = 256
+    # an epilogue that streams a tensor (GELU's pre-activation in its backward) has its
+    # loads issued for this many elements before their stores (0: element by element)
+    mma_epi_prefetch: int = 8
 
     # ---- index.py
     # True / False: the tiled / chunked scan (scatter_add_rows' counts); None: GPUs tiled

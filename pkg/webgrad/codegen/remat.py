@@ -9,7 +9,8 @@ activations at 64 x 256), to save a few ALU operations per element in one backwa
 
 `remat_candidates(fu)` names the expressions whose storage buys only that: stored by the
 cost test alone (not as a matmul operand, an output or to bound a kernel's bindings), every
-reader reads them at its own index (so each recomputes an element once), every stored
+reader reads them at its own index or through permuting views (so each recomputes an
+element once: _read_once), every stored
 tensor they are computed from stays live at least as long as they would (so recomputing
 extends no lifetime), and each reader loads all of those tensors already but at most one
 (which it then loads instead of the expression: no more bytes or bindings than before).
@@ -23,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..buffers import END
+from .kinds import ELEMENTWISE_OPS
 
 
 def _expression_loads(fu, e: int) -> set[int]:
@@ -41,6 +43,41 @@ def _expression_loads(fu, e: int) -> set[int]:
         else:
             stack.extend(g[n].inputs)
     return out
+
+
+def _read_once(fu, gid: int, e: int) -> bool:
+    """Whether group gid reads each element of e at most once though not at its own index:
+    only through same-size elementwise ops and permuting views (reshape, transpose) from
+    its anchors, never from its main's inputs (a product rereads its operands). Under
+    precision="mixed" the transposed f16 copy of a GELU's output for the weight gradient,
+    cast(transpose(gelu(h))), reads the tanh so."""
+    g = fu.g
+    G = fu.groups[gid]
+    if G.main is not None and e in _expression_loads(fu, G.main) | {G.main}:
+        return False
+    stack, seen, hit = list(G.anchors), set(), False
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        node = g[n]
+        for i in node.inputs:
+            x = g[i]
+            once = x.size == node.size and (node.op in ELEMENTWISE_OPS or node.op in _PERMUTE) \
+                or x.size == 1
+            if i == e:
+                if not once:
+                    return False
+                hit = True
+            elif not fu.has_storage(i) or i in G.anchors:
+                if not once and e in _expression_loads(fu, i) | {i}:
+                    return False
+                stack.append(i)
+    return hit
+
+
+_PERMUTE = ("reshape", "transpose")
 
 
 def remat_candidates(fu) -> frozenset:
@@ -65,7 +102,7 @@ def remat_candidates(fu) -> frozenset:
     out = set()
     for e in fu.cost_stored:
         rs = readers.get(e)
-        if e in roots or not rs or not all(ident for _, ident in rs):
+        if e in roots or not rs or not all(ident or _read_once(fu, h, e) for h, ident in rs):
             continue
         loads = _expression_loads(fu, e)
         if not loads:
