@@ -85,25 +85,25 @@ class _Rows:
     def _width(self, v) -> int:
         return v[2] if v[0] == "arr" else self.g[v[1]].shape[-2 if v[3] else -1]
 
-    def _chunk(self, v, s: str, c: int) -> str:
-        """Chunk starting at element s (a WGSL u32 expression) of c elements of v."""
+    def _chunk(self, v, s, c: int) -> str:
+        """Chunk starting at element s (a WGSL u32 expression in a loop, else an int) of c
+        elements of v."""
         if v[0] == "arr":
-            return f"{v[1]}[{s}]" if self.loop else v[1][int(s.rstrip('u')) // 4]
+            return f"{v[1]}[{s}]" if self.loop else v[1][s // 4]
         _, n, idx, tr = v
-        vals = [self.at(n, [f"{s} + {k}u" if self.loop else f"{int(s.rstrip('u')) + k}u", idx]
-                        if tr else
-                        [idx, f"{s} + {k}u" if self.loop else f"{int(s.rstrip('u')) + k}u"])
-                for k in range(c)]
+        at = [f"{s} + {k}u" if self.loop else f"{s + k}u" for k in range(c)]
+        vals = [self.at(n, [a, idx] if tr else [idx, a]) for a in at]
         return self.em.let(vals[0] if c == 1 else f"{_vty(c)}({', '.join(vals)})")
 
     def _over(self, width, body):
-        """body(chunk start, chunk size, array index) for every chunk of a row."""
+        """body(chunk start, chunk size, array index) for every chunk of a row (the start
+        a WGSL expression in a loop, else an int)."""
         if self.loop:
             with self.em.block(f"for (var c = 0u; c < {width // 4}u; c++)"):
                 body("c * 4u", 4, "c")
         else:
             for s, c in _chunks(width):
-                body(f"{s}u", c, s // 4)
+                body(s, c, s // 4)
 
     def regs(self, width: int, src=None):
         """A register vector: zeros, or a copy of the lazy row src."""
@@ -118,7 +118,7 @@ class _Rows:
         if src is None:
             names = [em.var(_vty(c), f"{_vty(c)}()") for _, c in _chunks(width)]
         else:
-            names = [self._chunk(src, f"{s}u", c) for s, c in _chunks(width)]
+            names = [self._chunk(src, s, c) for s, c in _chunks(width)]
         return ("arr", names if not self.loop else None, width)
 
     def _get(self, v, s, c, i):
@@ -154,8 +154,9 @@ class _Rows:
 
         def body(s, c, i):
             a = self._get(acc, s, c, i)
+            start = s if self.loop else f"{s}u"
             for k in range(c):
-                self.em.emit(f"{epi}(o * {width}u + {s} + {k}u, {_comp(a, c, k)}{mul});")
+                self.em.emit(f"{epi}(o * {width}u + {start} + {k}u, {_comp(a, c, k)}{mul});")
         self._over(width, body)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from math import prod
 
 from .emit import Emitter, Idx, rule
-from .wgsl import u32_lit, wgsl_type, zero
+from .wgsl import Literal, u32_lit, wgsl_type, zero
 
 LAYOUT_OPS = {"reshape", "transpose", "broadcast_to", "slice", "pad", "concat"}
 
@@ -241,7 +241,7 @@ def nonunit_digits(digits) -> list[tuple[int, int]]:
 def addr_sum(terms: list[str]) -> str:
     """A WGSL sum of address terms, without the zeros (a term alone is itself: a name or
     a literal stays one)."""
-    terms = [t for t in terms if t != "0u"]
+    terms = [t for t in terms if not (isinstance(t, Literal) and t == "0u")]
     return terms[0] if len(terms) == 1 else " + ".join(terms) or u32_lit(0)
 
 
