@@ -427,15 +427,15 @@ class Tokenizer:
         else:
             self._byte_ids = [vocab.get(f"<0x{b:02X}>") for b in range(256)]
             symbol = {s: i for s, i in vocab.items() if len(s) == 1}
-        # A merge joins the last initial symbol of a to the first of b; a long piece is cut
-        # wherever its neighbours are no such pair (bpe.Merges). A character with no symbol
-        # never merges; a merge of byte-fallback tokens (spelled "<0x..>", not as their
-        # characters) leaves the junctions unknown.
-        junctions = [(symbol.get(a[-1]), symbol.get(b[0])) for a, b in pairs]
+        # A long piece is cut where no merge's parts, spelled by their characters' symbols,
+        # match its symbols around the cut (bpe.Merges). A character with no symbol never
+        # merges; merges of byte-fallback tokens (spelled "<0x..>", not as their
+        # characters) leave the spellings unknown.
         if not self.byte_level and any(_BYTE_TOKEN.fullmatch(a) or _BYTE_TOKEN.fullmatch(b)
-                                       for a, b in pairs if a[0] == "<" or b[0] == "<"):
-            junctions = None
-        self.merges = Merges(triples, junctions=junctions)
+                                       for a, b in pairs if a[:1] == "<" or b[:1] == "<"):
+            pairs = None
+        self.merges = Merges(triples, parts=pairs,
+                             symbols={c: i for c, i in symbol.items() if i is not None})
 
     def _merge_error(self, merges: list):
         """Raises for the first entry of model.merges that is not two symbols of the vocabulary."""
