@@ -114,7 +114,7 @@ def split_words(text: str) -> list[str]:
 
 
 _SHIFT = 32   # a pair of symbol ids as one dict key: left << _SHIFT | right
-_LONG = 64    # words at least this many symbols long are cut where no merge joins first
+_SHORT = 64   # words and chunks this short merge on their own (Merges._merge_short)
 _END = -3     # after a word's last symbol in _merge: an id in no pair
 _COMPACT = 1024  # _merge calls at least this long link their symbols in arrays
 # Chunks are strings of one character per symbol id (C-speed slices, keys and joins):
@@ -171,13 +171,16 @@ class Merges:
         self.rank = {a << _SHIFT | b: r for r, (a, b, _) in enumerate(self.info)}
         # chunks as strings need every id a merge makes to be a character other than _SEP
         chars = all(0 <= new < _SEP for _, _, new in self.info)
+        self._none = len(self.info)      # a rank above every merge's: _merge_short's "none"
         self._windows = (_Windows.build(parts, symbols)
                          if chars and parts is not None and symbols is not None else None)
 
     def apply(self, ids: list[int]) -> list[int]:
         """The ids after every merge (`ids`, the initial symbols, is consumed)."""
         n = len(ids)
-        if n < _LONG or self._windows is None:
+        if n <= _SHORT:
+            return self._merge_short(ids, [n], self._ranks(ids, self._none))
+        if self._windows is None:
             return self._merge(ids)
         try:
             text = _text_of(ids)
@@ -185,24 +188,75 @@ class Merges:
             return self._merge(ids)
         if _SEP_CHAR in text:
             return self._merge(ids)
-        cuts = self._windows.cuts(text)
+        alphabet = _Alphabet.of(ids)
+        cuts = self._windows.cuts(text, alphabet)
         if not cuts:
             return self._merge(ids)
         bounds = [0, *cuts, n]
-        chunks = list(map(text.__getitem__, map(slice, bounds, bounds[1:])))
+        chunks = [text[a:b] for a, b in zip(bounds, bounds[1:])]
         done = dict.fromkeys(chunks)
-        distinct = list(done)
-        merged = self._merge(_ids_of(_SEP_CHAR.join(distinct)))
-        done.update(zip(distinct, _text_of(merged).split(_SEP_CHAR)))
+        short = [c for c in done if len(c) <= _SHORT]
+        long = [c for c in done if len(c) > _SHORT]
+        for group, missing in ((short, self._none), (long, None)):
+            if group:
+                batch = _SEP_CHAR.join(group)
+                ids = _ids_of(batch)
+                first = self._ranks(ids, missing, batch, alphabet)
+                merged = (self._merge_short(ids, list(map(len, group)), first) if missing
+                          else self._merge(ids, first))
+                done.update(zip(group, _text_of(merged).split(_SEP_CHAR)))
         return _ids_of("".join(map(done.__getitem__, chunks)))
 
-    def _merge(self, ids: list[int]) -> list[int]:
-        """Every merge on `ids` (consumed), in tokenizers' order (the class's docstring)."""
+    def _ranks(self, ids: list[int], missing, text: str | None = None,
+               alphabet: "_Alphabet | None" = None) -> list:
+        """The rank of each pair of neighbours in ids (`missing` where none); from text's
+        alphabet, where given, at C speed."""
+        get = self.rank.get
+        if alphabet is None:
+            return list(map(get, map(or_, map(lshift, ids[:-1], repeat(_SHIFT)), ids[1:]),
+                            repeat(missing)))
+        return alphabet.pairs(text, lambda p: get(ord(p[0]) << _SHIFT | ord(p[1]), missing))
+
+    def _merge_short(self, ids: list[int], lens: list[int], first: list[int]) -> list[int]:
+        """Every merge on each chunk of ids (`lens`: their lengths, one _SEP between two),
+        a chunk at a time, in tokenizers' order: its lowest-ranked pair (leftmost among
+        equals) merges, and the two pairs that makes are looked up. O(L^2) for a chunk of L
+        symbols, in C but for one step per merge: quicker than _merge for the few symbols
+        of a chunk (at most _SHORT), whose lists stay in cache where _merge reaches its
+        entries in rank order. `first`: the ranks of ids' pairs, self._none where none."""
+        none, get, info = self._none, self.rank.get, self.info
+        out: list[int] = []
+        a = 0
+        for n in lens:
+            b = a + n
+            chunk, ranks = ids[a:b], first[a:b - 1]
+            a = b + 1
+            while ranks:
+                r = min(ranks)
+                if r == none:
+                    break
+                i = ranks.index(r)
+                new = info[r][2]
+                chunk[i] = new
+                del chunk[i + 1], ranks[i]
+                if i:
+                    ranks[i - 1] = get(chunk[i - 1] << _SHIFT | new, none)
+                if i < len(ranks):
+                    ranks[i] = get(new << _SHIFT | chunk[i + 1], none)
+            out += chunk
+            out.append(_SEP)
+        out.pop()
+        return out
+
+    def _merge(self, ids: list[int], first: list | None = None) -> list[int]:
+        """Every merge on `ids` (consumed), in tokenizers' order (the class's docstring);
+        `first`, when known, the ranks of its pairs of neighbours."""
         n = len(ids)
         if n < 2:
             return ids
         get, info = self.rank.get, self.info
-        first = list(map(get, map(or_, map(lshift, ids[:-1], repeat(_SHIFT)), ids[1:])))
+        if first is None:
+            first = self._ranks(ids, None)
         # _END after the last symbol (and, as ids[-1], before the first): it is in no pair,
         # so the loop needs no bounds checks. A long word's links are C ints: a fifth
         # quicker there (fewer cache misses than a list of int objects), slower to make
@@ -299,10 +353,11 @@ class _Windows:
         self.right3 = self.right2 | {k[1:] for k in self.both2}
         return self
 
-    def cuts(self, text: str) -> list[int]:
+    def cuts(self, text: str, alphabet: "_Alphabet | None") -> list[int]:
         """The positions i (1..len - 1) where no merge joins text[:i] to text[i:]."""
         n = len(text)
-        kinds = self._kinds(text)
+        kinds = alphabet and alphabet.pairs(text, self._kind)
+        kinds = bytes(kinds or map(self.pair.get, map(add, text, text[1:]), repeat(2)))
         cuts = compress(range(1, n), kinds.translate(_IS_CUT))
         weak = compress(range(1, n), kinds.translate(_IS_WEAK))
         # _SEP_CHAR (in no window) pads both ends: t[j] is text[j - 1]
@@ -315,31 +370,48 @@ class _Windows:
                         or t[i - 1:i + 3] in both2)]
         return sorted([*cuts, *more])      # two sorted runs: a linear merge
 
-    def _kinds(self, text: str) -> bytes:
-        """self.pair's kind (2 for a cut) of each pair of neighbours in text."""
+    def _kind(self, pair: str) -> int:
+        return self.pair.get(pair, 2)
+
+
+class _Alphabet:
+    """The few distinct symbols of a long word, for C-speed work on its pairs of neighbours:
+    a byte per symbol (a charmap codec), so that each pair is a 16-bit number read from a
+    memoryview (the even pairs from the bytes, the odd ones from them shifted by one) and
+    looked up in a table of the alphabet's pairs. _SEP_CHAR is in every alphabet (it
+    separates chunks)."""
+
+    @classmethod
+    def of(cls, ids: list[int]) -> "_Alphabet | None":
+        """None where the symbols are too many for a byte each, or for a table that
+        costs less than the word (or beyond U+FFFF, where the codec's table does not go)."""
+        distinct = set(ids)
+        if len(distinct) > 254 or len(distinct) ** 2 > len(ids) or max(distinct) > 0xFFFF:
+            return None
+        self = cls()
+        # The codec's quick table wants 256 characters up to U+FFFF, U+0000 first: a spare
+        # character stands for _SEP_CHAR.
+        distinct.discard(0)
+        spare = [c for c in map(chr, range(1, 512)) if ord(c) not in distinct]
+        self.sep = spare.pop()
+        self.chars = ["\0", _SEP_CHAR, *map(chr, distinct)]
+        self.codec = codecs.charmap_build("".join(["\0", self.sep, *self.chars[2:],
+                                                   *spare[:256 - len(self.chars)]]))
+        return self
+
+    def pairs(self, text: str, value) -> list:
+        """[value(text[i] + text[i + 1]) for i in range(len(text) - 1)], text's characters
+        all in the alphabet."""
         n = len(text)
-        alphabet = set(text)
-        if len(alphabet) > 255 or len(alphabet) ** 2 > n or max(alphabet) > "\uffff":
-            return bytes(map(self.pair.get, map(add, text, text[1:]), repeat(2)))
-        # A byte per symbol, its place in this text's alphabet (a charmap codec: C speed),
-        # and the kinds of the pairs of bytes in a table: each pair is then a 16-bit number
-        # read from a memoryview, the even pairs from the bytes, the odd ones from them
-        # shifted by one. The codec's fast table wants U+0000 first and 256 characters.
-        alphabet.discard("\0")
-        order = ["\0", *alphabet]
-        order += [c for c in map(chr, range(1, 512)) if c not in alphabet][:256 - len(order)]
-        codes = codecs.charmap_encode(text, "strict", codecs.charmap_build("".join(order)))[0]
-        get, table = self.pair.get, bytearray(b"\2") * 65536
-        for x, cx in enumerate(order[:len(alphabet) + 1]):
-            for y, cy in enumerate(order[:len(alphabet) + 1]):
-                kind = get(cx + cy)
-                if kind is not None:
-                    table[x | y << 8 if _LITTLE else x << 8 | y] = kind
-        kinds = bytearray(n - 1)
-        kinds[0::2] = bytes(map(table.__getitem__, memoryview(codes[:n - n % 2]).cast("H")))
-        kinds[1::2] = bytes(map(table.__getitem__,
-                                memoryview(codes[1:n - (n - 1) % 2]).cast("H")))
-        return kinds
+        codes = codecs.charmap_encode(text.replace(_SEP_CHAR, self.sep), "strict", self.codec)[0]
+        table = [None] * 65536
+        for x, cx in enumerate(self.chars):
+            for y, cy in enumerate(self.chars):
+                table[x | y << 8 if _LITTLE else x << 8 | y] = value(cx + cy)
+        out = [None] * (n - 1)
+        out[0::2] = map(table.__getitem__, memoryview(codes[:n - n % 2]).cast("H"))
+        out[1::2] = map(table.__getitem__, memoryview(codes[1:n - (n - 1) % 2]).cast("H"))
+        return out
 
 
 _IS_CUT = bytes.maketrans(b"\0\1\2", b"\0\0\1")
