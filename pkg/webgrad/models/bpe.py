@@ -479,6 +479,8 @@ class Tokenizer:
         self.byte_encoder = bytes_to_unicode()
         self.byte_decoder = {c: b for b, c in self.byte_encoder.items()}
         self._byte_ids = [self._id(self.byte_encoder[b], "byte") for b in range(256)]
+        self._byte_table = (bytes(self._byte_ids) if all(0 <= i < 256 for i in self._byte_ids)
+                            else None)
         # symbols start as single bytes: a merge's edges are its parts' end bytes
         initial = {c: self._byte_ids[b] for b, c in self.byte_encoder.items()}
         self.merges = Merges(
@@ -524,8 +526,11 @@ class Tokenizer:
     def _bpe(self, word: str) -> list[int]:
         """Ids of one word: its bytes, spelled by bytes_to_unicode, merged the lowest-ranked
         adjacent pair first (leftmost first among equals) until no pair has a rank."""
+        raw = word.encode("utf-8")
+        if self._byte_table is not None:             # every byte an id below 256: in C
+            return self.merges.apply(list(raw.translate(self._byte_table)))
         byte_ids = self._byte_ids
-        return self.merges.apply([byte_ids[b] for b in word.encode("utf-8")])
+        return self.merges.apply([byte_ids[b] for b in raw])
 
     def _encode_ordinary(self, text: str, out: list[int]) -> None:
         cache = self._cache
