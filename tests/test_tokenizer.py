@@ -22,7 +22,7 @@ from hypothesis import given, settings, strategies as st
 
 from lenml_files import tokenizer_folders
 from text_samples import growth, long_word, prose
-from webgrad.models import llama
+from webgrad.models import bpe, llama
 
 tokenizers = pytest.importorskip("tokenizers")
 NAMES = ("llama3", "qwen3", "llama2")
@@ -412,12 +412,48 @@ TOY_BPES = [
 
 @pytest.mark.parametrize("case", TOY_BPES, ids=[c[0] for c in TOY_BPES])
 def test_merge_order_follows_tokenizers(case):
-    """The merge loop's order where it matters (bpe.Merges: a bucket per rank, a heap of the
-    ranks, a merge that makes a lower-ranked pair hands the turn to it)."""
+    """The merge loops' order where it matters. bpe.Merges has two: _merge_short (a chunk at
+    a time, its lowest-ranked pair first) for words and chunks of at most bpe._SHORT
+    symbols, and _merge (a bucket per rank, a heap of the ranks, a merge that makes a
+    lower-ranked pair hands the turn to it) for longer ones; each is checked on its own,
+    on the texts and on them repeated past bpe._SHORT, and encode as a whole."""
     _, symbols, merges, texts = case
     ours, theirs = _toy(symbols, merges)
-    for text in texts:
-        assert ours.encode(text) == theirs.encode(text).ids, text
+    m = ours.merges
+    for text in texts + [t * (3 * bpe._SHORT // len(t)) for t in texts]:
+        want = theirs.encode(text).ids
+        assert ours.encode(text) == want, text
+        ids = [ours.vocab[c] for c in text]
+        assert m._merge(list(ids)) == want, text
+        assert m._merge_short(list(ids), [len(ids)], m._ranks(ids, m._none)) == want, text
+
+
+def _random_bpe(rng: random.Random, letters: str, n_merges: int):
+    """A merge table over `letters` in random order: parts of one to four letters, a token
+    often made by more than one merge, merges that need a token made only by a later one;
+    long words are cut (bpe._Windows) and merged wherever such tables make them differ."""
+    vocab, merges = list(letters), []
+    while len(merges) < n_merges:
+        a, b = rng.choice(vocab), rng.choice(vocab)
+        if len(a + b) <= 5 and f"{a} {b}" not in merges:
+            merges.append(f"{a} {b}")
+            if a + b not in vocab:
+                vocab.append(a + b)
+    rng.shuffle(merges)
+    return vocab, merges
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_merge_tables_follow_tokenizers(seed):
+    """Random tables (few letters and many merges: long chunks for _merge; more letters
+    and few merges: many cuts and short chunks) on random words up to 400 letters."""
+    rng = random.Random(seed)
+    letters = "abcdefghij"[:3 + seed]
+    vocab, merges = _random_bpe(rng, letters, rng.choice([8, 30, 120]))
+    ours, theirs = _toy(vocab, merges)
+    for _ in range(60):
+        text = "".join(rng.choice(letters) for _ in range(rng.choice([5, 70, 400])))
+        assert ours.encode(text) == theirs.encode(text).ids, (merges, text)
 
 
 def test_added_tokens_match_the_longest_first(folders):

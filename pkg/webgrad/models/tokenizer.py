@@ -422,20 +422,22 @@ class Tokenizer:
             self._merge_error(merges)
         if self.byte_level:
             self._byte_ids = [vocab.get(_BYTE_CHARS[b]) for b in range(256)]
+            self._byte_table = (bytes(self._byte_ids) if all(
+                i is not None and 0 <= i < 256 for i in self._byte_ids) else None)
             self._spell_table = {b: ord(c) for b, c in _BYTE_CHARS.items()}
             symbol = {c: self._byte_ids[b] for b, c in _BYTE_CHARS.items()}
         else:
             self._byte_ids = [vocab.get(f"<0x{b:02X}>") for b in range(256)]
             symbol = {s: i for s, i in vocab.items() if len(s) == 1}
-        # A merge joins the last initial symbol of a to the first of b; a long piece is cut
-        # wherever its neighbours are no such pair (bpe.Merges). A character with no symbol
-        # never merges; a merge of byte-fallback tokens (spelled "<0x..>", not as their
-        # characters) leaves the junctions unknown.
-        junctions = [(symbol.get(a[-1]), symbol.get(b[0])) for a, b in pairs]
+        # A long piece is cut where no merge's parts, spelled by their characters' symbols,
+        # match its symbols around the cut (bpe.Merges). A character with no symbol never
+        # merges; merges of byte-fallback tokens (spelled "<0x..>", not as their
+        # characters) leave the spellings unknown.
         if not self.byte_level and any(_BYTE_TOKEN.fullmatch(a) or _BYTE_TOKEN.fullmatch(b)
-                                       for a, b in pairs if a[0] == "<" or b[0] == "<"):
-            junctions = None
-        self.merges = Merges(triples, junctions=junctions)
+                                       for a, b in pairs if a[:1] == "<" or b[:1] == "<"):
+            pairs = None
+        self.merges = Merges(triples, parts=pairs,
+                             symbols={c: i for c, i in symbol.items() if i is not None})
 
     def _merge_error(self, merges: list):
         """Raises for the first entry of model.merges that is not two symbols of the vocabulary."""
@@ -533,6 +535,8 @@ class Tokenizer:
                 whole = self.vocab.get(raw.decode("latin-1").translate(self._spell_table))
                 if whole is not None:
                     return [whole]
+            if self._byte_table is not None:        # every byte an id below 256: in C
+                return self.merges.apply(list(raw.translate(self._byte_table)))
             byte_ids = self._byte_ids
             ids = [byte_ids[b] for b in raw]
             if None in ids:
@@ -540,6 +544,14 @@ class Tokenizer:
             return self.merges.apply(ids)
         if self.ignore_merges and piece in self.vocab:
             return [self.vocab[piece]]
+        ids = list(map(self.vocab.get, piece))
+        if None in ids:
+            ids = self._unknown(self._fallback(piece))
+        return self.merges.apply(ids)
+
+    def _fallback(self, piece: str) -> list:
+        """The symbols of a piece with characters outside the vocabulary: their UTF-8 bytes'
+        <0xXX> tokens with byte_fallback, else None (unknown)."""
         vocab, ids = self.vocab, []
         for ch in piece:
             i = vocab.get(ch)
@@ -548,9 +560,7 @@ class Tokenizer:
                 continue
             fallback = [self._byte_ids[b] for b in ch.encode("utf-8")] if self.byte_fallback else [None]
             ids.extend(fallback if None not in fallback else [None])
-        if None in ids:
-            ids = self._unknown(ids)
-        return self.merges.apply(ids)
+        return ids
 
     def _unknown(self, ids: list) -> list[int]:
         """Symbols outside the vocabulary become unk_token (runs fused when fuse_unk)."""
