@@ -35,7 +35,8 @@ import re
 import unicodedata
 
 from . import pretokenize
-from .bpe import Merges, bytes_to_unicode
+from .bpe import bytes_to_unicode
+from .merges import Merges
 
 _BYTE_CHARS = bytes_to_unicode()
 _BYTE_OF = {c: b for b, c in _BYTE_CHARS.items()}
@@ -430,8 +431,8 @@ class Tokenizer:
             self._byte_ids = [vocab.get(f"<0x{b:02X}>") for b in range(256)]
             symbol = {s: i for s, i in vocab.items() if len(s) == 1}
         # A long piece is cut where no merge's parts, spelled by their characters' symbols,
-        # match its symbols around the cut (bpe.Merges). A character with no symbol never
-        # merges; merges of byte-fallback tokens (spelled "<0x..>", not as their
+        # match its symbols around the cut (merges.Merges). A character with no symbol
+        # never merges; merges of byte-fallback tokens (spelled "<0x..>", not as their
         # characters) leave the spellings unknown.
         if not self.byte_level and any(_BYTE_TOKEN.fullmatch(a) or _BYTE_TOKEN.fullmatch(b)
                                        for a, b in pairs if a[:1] == "<" or b[:1] == "<"):
