@@ -408,16 +408,18 @@ TOY_BPES = [
     ("right neighbour first", ["a", "b", "ab", "aba"], ["ab a", "a b"], ["abab", "ababab", "babab"]),
     # equal ranks merge leftmost first: "aaa" is "aa a", not "a aa"
     ("leftmost among equals", ["a", "aa", "aaaa"], ["a a", "aa aa"], ["aaa", "aaaaa", "aaaaaaa"]),
+    # no merges at all: every pair a cut, every chunk one symbol
+    ("no merges", ["a", "b"], [], ["ab", "bba"]),
 ]
 
 
 @pytest.mark.parametrize("case", TOY_BPES, ids=[c[0] for c in TOY_BPES])
 def test_merge_order_follows_tokenizers(case):
-    """The merge loops' order where it matters. merges.Merges has two: _merge_short (a chunk at
-    a time, its lowest-ranked pair first) for words and chunks of at most merges._SHORT
-    symbols, and _merge (a bucket per rank, a heap of the ranks, a merge that makes a
-    lower-ranked pair hands the turn to it) for longer ones; each is checked on its own,
-    on the texts and on them repeated past merges._SHORT, and encode as a whole."""
+    """The merge loops' order where it matters. merges.Merges has two: _merge_short (a
+    chunk at a time, its lowest-ranked pair first) for words and chunks of at most
+    merges._SHORT symbols, and _merge (a bucket per rank, a heap of the ranks, a merge that
+    makes a lower-ranked pair hands the turn to it) for longer ones; each is checked on its
+    own, on the texts and on them repeated past merges._SHORT, and encode as a whole."""
     _, symbols, merges, texts = case
     ours, theirs = _toy(symbols, merges)
     m = ours.merges

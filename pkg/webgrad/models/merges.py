@@ -36,7 +36,7 @@ import sys
 from functools import partial
 from heapq import heappop, heappush
 from itertools import compress, count, repeat
-from operator import add, and_, getitem, is_, is_not, itemgetter, lshift, not_, or_
+from operator import add, and_, getitem, is_not, itemgetter, lshift, not_, or_
 
 _SHIFT = 32   # a pair of symbol ids as one dict key: left << _SHIFT | right
 _SHORT = 64   # words and chunks at most this long merge on their own (Merges._merge_short)
@@ -97,17 +97,24 @@ class Merges:
         bounds = [0, *cuts, n]
         chunks = [text[a:b] for a, b in zip(bounds, bounds[1:])]
         done = dict.fromkeys(chunks)
-        short = [c for c in done if len(c) <= _SHORT]
-        long = [c for c in done if len(c) > _SHORT]
-        for group, missing in ((short, self._none), (long, None)):
+        for short in (True, False):
+            group = [c for c in done if (len(c) <= _SHORT) == short]
             if group:
-                batch = _SEP_CHAR.join(group)
-                ids = _ids_of(batch)
-                first = self._ranks(ids, missing, batch, alphabet)
-                merged = (self._merge_short(ids, list(map(len, group)), first) if missing
-                          else self._merge(ids, first))
-                done.update(zip(group, _text_of(merged).split(_SEP_CHAR)))
+                done.update(zip(group, self._merge_chunks(group, alphabet, short)))
         return _ids_of("".join(map(done.__getitem__, chunks)))
+
+    def _merge_chunks(self, chunks: list[str], alphabet: _Alphabet | None,
+                      short: bool) -> list[str]:
+        """Chunks (strings of one character per id) merged, all in one call: by
+        _merge_short (each at most _SHORT symbols) or by _merge."""
+        batch = _SEP_CHAR.join(chunks)
+        ids = _ids_of(batch)
+        if short:
+            first = self._ranks(ids, self._none, batch, alphabet)
+            merged = self._merge_short(ids, list(map(len, chunks)), first)
+        else:
+            merged = self._merge(ids, self._ranks(ids, None, batch, alphabet))
+        return _text_of(merged).split(_SEP_CHAR)
 
     def _ranks(self, ids: list[int], missing, text: str | None = None,
                alphabet: _Alphabet | None = None) -> list:
