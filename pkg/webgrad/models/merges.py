@@ -15,7 +15,7 @@ Rescanning the word after each merge is O(n^2) (issue 29: a 20 KB word without s
      match, a set lookup of the three or four symbols around i. No merge ever crosses a
      cut, so the chunks between cuts merge independently.
   2. Deduplicate: equal chunks merge once (dict keys). A 1 MB word of random letters is
-     then about 600 K chunks of mostly two to six symbols, 65-110 K of them distinct; a
+     then 450-650 K chunks of mostly two to six symbols, 65-110 K of them distinct; a
      prose word's chunks repeat with its words.
   3. Merge each distinct chunk. One of at most _SHORT (64) symbols, as every short word,
      merges on its own (`_merge_short`): its lowest-ranked pair merges and the two pairs
@@ -26,7 +26,7 @@ Rescanning the word after each merge is O(n^2) (issue 29: a 20 KB word without s
 Cutting, deduplicating and joining run in C on strings of one character per symbol id
 (UTF-32 through `array`), and pairs of neighbours are read 16 bits at a time from the word
 spelled in a byte per symbol (`_Alphabet`, a charmap codec). bench/tokenizer_speed.py has
-the figures (1 MB in 0.5-0.7 s of CPython on the 2-core VM, random letters or prose).
+the figures (a 1 MB word in 0.4-0.7 s of CPython on the 2-core VM, random letters or prose).
 """
 from __future__ import annotations
 
