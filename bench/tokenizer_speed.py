@@ -6,11 +6,11 @@ in the same run, on the same texts.
     python3 bench/tokenizer_speed.py --reps 5 --tokenizers gpt2,llama2 --texts "random word"
 
 Tokenizers: Llama 3 and Qwen3 (byte-level BPE, regex pre-tokenizer), Llama 2 (SentencePiece
-BPE, the whole text one piece, cut at the junctions no merge crosses), GPT-2 (bpe.py).
-Texts (1 MB each): English prose (Python's docs, `pydoc_data.topics`), a multilingual mix
-(every tenth word from eight scripts, digits and emoji), one word without spaces (the
-letters of the prose: issue 29's worst case) and one of random letters (no chunk of it
-repeats). Each is encoded by a fresh tokenizer (cold: every piece goes through BPE once);
+BPE, the whole text one piece, cut where no merge can join: models/merges.py), GPT-2
+(bpe.py). Texts (1 MB each): English prose (Python's docs, `pydoc_data.topics`), a
+multilingual mix (every tenth word from eight scripts, digits and emoji), one word without
+spaces (the letters of the prose: issue 29's worst case) and one of random letters (only its
+shortest chunks repeat). Each is encoded by a fresh tokenizer (cold: every piece goes through BPE once);
 the ids are checked equal to the library's first. With --reps N each cell is the best of N
 runs (a fresh tokenizer each), for a machine that other jobs share.
 """

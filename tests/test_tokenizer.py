@@ -22,7 +22,8 @@ from hypothesis import given, settings, strategies as st
 
 from lenml_files import tokenizer_folders
 from text_samples import growth, long_word, prose
-from webgrad.models import bpe, llama
+from webgrad.models import llama
+from webgrad.models.merges import _SHORT
 
 tokenizers = pytest.importorskip("tokenizers")
 NAMES = ("llama3", "qwen3", "llama2")
@@ -407,20 +408,22 @@ TOY_BPES = [
     ("right neighbour first", ["a", "b", "ab", "aba"], ["ab a", "a b"], ["abab", "ababab", "babab"]),
     # equal ranks merge leftmost first: "aaa" is "aa a", not "a aa"
     ("leftmost among equals", ["a", "aa", "aaaa"], ["a a", "aa aa"], ["aaa", "aaaaa", "aaaaaaa"]),
+    # no merges at all: every pair a cut, every chunk one symbol
+    ("no merges", ["a", "b"], [], ["ab", "bba"]),
 ]
 
 
 @pytest.mark.parametrize("case", TOY_BPES, ids=[c[0] for c in TOY_BPES])
 def test_merge_order_follows_tokenizers(case):
-    """The merge loops' order where it matters. bpe.Merges has two: _merge_short (a chunk at
-    a time, its lowest-ranked pair first) for words and chunks of at most bpe._SHORT
-    symbols, and _merge (a bucket per rank, a heap of the ranks, a merge that makes a
-    lower-ranked pair hands the turn to it) for longer ones; each is checked on its own,
-    on the texts and on them repeated past bpe._SHORT, and encode as a whole."""
+    """The merge loops' order where it matters. merges.Merges has two: _merge_short (a
+    chunk at a time, its lowest-ranked pair first) for words and chunks of at most
+    merges._SHORT symbols, and _merge (a bucket per rank, a heap of the ranks, a merge that
+    makes a lower-ranked pair hands the turn to it) for longer ones; each is checked on its
+    own, on the texts and on them repeated past merges._SHORT, and encode as a whole."""
     _, symbols, merges, texts = case
     ours, theirs = _toy(symbols, merges)
     m = ours.merges
-    for text in texts + [t * (3 * bpe._SHORT // len(t)) for t in texts]:
+    for text in texts + [t * (3 * _SHORT // len(t)) for t in texts]:
         want = theirs.encode(text).ids
         assert ours.encode(text) == want, text
         ids = [ours.vocab[c] for c in text]
@@ -431,7 +434,7 @@ def test_merge_order_follows_tokenizers(case):
 def _random_bpe(rng: random.Random, letters: str, n_merges: int):
     """A merge table over `letters` in random order: parts of one to four letters, a token
     often made by more than one merge, merges that need a token made only by a later one;
-    long words are cut (bpe._Windows) and merged wherever such tables make them differ."""
+    long words are cut (merges._Windows) and merged wherever such tables make them differ."""
     vocab, merges = list(letters), []
     while len(merges) < n_merges:
         a, b = rng.choice(vocab), rng.choice(vocab)

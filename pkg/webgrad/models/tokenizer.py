@@ -14,8 +14,8 @@ tokenizers runs them:
   2. normalizer (NFC, Prepend "▁", Replace " " -> "▁", Lowercase, ...) on each other segment;
   3. pre-tokenizer: Split by a regex (pretokenize.py runs tokenizers' \\p{L}/\\p{N} patterns
      on Python's re), ByteLevel (GPT-2's bytes_to_unicode), Metaspace;
-  4. BPE (bpe.Merges: linear-ish, cached per piece) on bytes (byte-level) or characters
-     (SentencePiece style, with <0xXX> byte fallback for characters outside the vocabulary);
+  4. BPE (merges.Merges: linear in the piece, cached per piece) on bytes (byte-level) or
+     characters (SentencePiece style, <0xXX> byte fallback for those outside the vocabulary);
   5. post-processor: TemplateProcessing adds "<s>" / "<|begin_of_text|>" when asked.
 decode runs the decoder chain (ByteLevel, or Replace/ByteFallback/Fuse/Strip for Llama 2).
 Anything of tokenizer.json this module does not implement raises ValueError naming the file
@@ -35,7 +35,8 @@ import re
 import unicodedata
 
 from . import pretokenize
-from .bpe import Merges, bytes_to_unicode
+from .bpe import bytes_to_unicode
+from .merges import Merges
 
 _BYTE_CHARS = bytes_to_unicode()
 _BYTE_OF = {c: b for b, c in _BYTE_CHARS.items()}
@@ -430,9 +431,8 @@ class Tokenizer:
             self._byte_ids = [vocab.get(f"<0x{b:02X}>") for b in range(256)]
             symbol = {s: i for s, i in vocab.items() if len(s) == 1}
         # A long piece is cut where no merge's parts, spelled by their characters' symbols,
-        # match its symbols around the cut (bpe.Merges). A character with no symbol never
-        # merges; merges of byte-fallback tokens (spelled "<0x..>", not as their
-        # characters) leave the spellings unknown.
+        # match its symbols (merges.Merges); merges of byte-fallback tokens (spelled "<0x..>",
+        # not as their characters) leave the spellings unknown.
         if not self.byte_level and any(_BYTE_TOKEN.fullmatch(a) or _BYTE_TOKEN.fullmatch(b)
                                        for a, b in pairs if a[:1] == "<" or b[:1] == "<"):
             pairs = None
@@ -545,13 +545,12 @@ class Tokenizer:
         if self.ignore_merges and piece in self.vocab:
             return [self.vocab[piece]]
         ids = list(map(self.vocab.get, piece))
-        if None in ids:
+        if None in ids:                        # characters outside the vocabulary
             ids = self._unknown(self._fallback(piece))
         return self.merges.apply(ids)
 
     def _fallback(self, piece: str) -> list:
-        """The symbols of a piece with characters outside the vocabulary: their UTF-8 bytes'
-        <0xXX> tokens with byte_fallback, else None (unknown)."""
+        """piece's symbols; a character outside the vocabulary as its bytes' <0xXX> or None."""
         vocab, ids = self.vocab, []
         for ch in piece:
             i = vocab.get(ch)
