@@ -433,9 +433,10 @@ def main() -> None:
                 t for t in (os.environ.get("WEBGRAD_DAWN_TOGGLES", ""), extra) if t)
         from webgrad.backends.webgpu_native import NativeHost
         import os
-        print(f"webgpu: {NativeHost().info}  (library {lib}; Dawn toggles "
+        host = NativeHost()
+        print(f"webgpu: {host.info}  (library {lib}; Dawn toggles "
               f"{os.environ.get('WEBGRAD_DAWN_TOGGLES', 'default') if lib == 'wgpudawn' else '-'}; device "
-              f"toggles {','.join(NativeHost().device_toggles) or 'none'})")
+              f"toggles {','.join(host.device_toggles) or 'none'})")
     torch = None
     if not args.no_torch:
         import torch

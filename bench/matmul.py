@@ -280,7 +280,7 @@ def main() -> None:
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     print(f"webgpu: {host.info}  (library {lib}; Dawn toggles "
           f"{os.environ.get('WEBGRAD_DAWN_TOGGLES', 'default') if lib == 'wgpudawn' else '-'}; device "
-              f"toggles {','.join(NativeHost().device_toggles) or 'none'})")
+              f"toggles {','.join(host.device_toggles) or 'none'})")
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name() if dev == 'cuda' else 'cpu'}, "
           "fp32, TF32 off")
     print(f"{'shape':>16} {'kernel':>34} {'webgrad ms':>10} {'GFLOP/s':>8} {'torch ms':>9} "

@@ -343,20 +343,16 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
             col = f" + {j0 * t.n}u" if j0 else ""
             return f"{cb}(m0 + sm + {i * t.m}u + {q} / {w}u) * {N}u + n0 + sn{col} + {q} % {w}u"
         count = t.m * w // t.subgroup_size
-        u = next((u for u in (epi_ld, 4, 2, 1) if u and count % u == 0), 1) if epi_ld else 0
-        if u:
+        if epi_ld:   # u elements' loads, then their calls (u divides count)
+            u = next(u for u in (epi_ld, 4, 2, 1) if count % u == 0)
             body = [f"    let q{k} = (e + {k}u) * {t.subgroup_size}u + lane;\n"
                     f"    let p{k} = {epi}_ld({flat(f'q{k}')});" for k in range(u)]
             body += [f"    {epi}({flat(f'q{k}')}, Cs[{base} + q{k}], p{k});" for k in range(u)]
-            L += ["  workgroupBarrier();",
-                  f"  for (var e = 0u; e < {count}u; e += {u}u) {{", *body, "  }",
-                  "  workgroupBarrier();"]
-            continue
-        L += ["  workgroupBarrier();",
-              f"  for (var e = 0u; e < {count}u; e++) {{",
-              f"    let q = e * {t.subgroup_size}u + lane;",
-              put(flat("q"), f"Cs[{base} + q]"),
-              "  }",
+            step = f"e += {u}u"
+        else:
+            body = [f"    let q = e * {t.subgroup_size}u + lane;", put(flat("q"), f"Cs[{base} + q]")]
+            step = "e++"
+        L += ["  workgroupBarrier();", f"  for (var e = 0u; e < {count}u; {step}) {{", *body, "  }",
               "  workgroupBarrier();"]
     for i in range(t.tm if not staged else 0):
         for j in range(t.tn):
