@@ -14,7 +14,7 @@ from __future__ import annotations
 from math import prod
 
 from .layout import addr_sum, batch_base, digits_addr, nonunit_digits
-from .quant import QuantOperand, group_helpers, grouped_quant, operand_reader
+from .quant import QuantOperand, group_helpers, grouped_quant, operand_reader, vec4_reader
 from .wgsl import u32_lit
 
 GEMV_WG = 256  # threads per workgroup of the matrix-vector kernel
@@ -43,15 +43,14 @@ def build_gemv(ctx, node, opa, opb, vec: bool) -> list:
     qb = isinstance(sb, QuantOperand)
     CW = 8 if (k_fast or grouped) else 32
     KL = GEMV_WG // CW
-    # vec4 loads of B's rows: plain f32, K in whole vec4s, every row start a multiple of 4
+    # vec4 loads of B's rows: plain f32 or f16, K in whole vec4s, every row start a multiple of 4
     v4 = (vec and k_fast and not qb and K % 4 == 0 and offb % 4 == 0
           and all(st % 4 == 0 for c, st in dimb[-1] if c > 1))
     kernel = ctx.kernel(f"matmul {'x'.join(map(str, node.shape))} K={K} gemv {CW}x{KL}"
                         + (" vec4" if v4 else ""))
     A = operand_reader(kernel, sa)
     if v4:
-        bname = kernel.binding(sb.buffer, "vec4_f32", what=sb.what, nbytes=sb.nbytes)
-        B4 = lambda at: f"{bname}[({at}) >> 2u]"   # noqa: E731
+        B4 = vec4_reader(kernel, sb)   # f32, or f16 widened as it is read
     elif not grouped:
         B = operand_reader(kernel, sb)
     epi = ctx.epilogue_fn(kernel)

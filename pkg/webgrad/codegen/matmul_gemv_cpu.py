@@ -18,7 +18,7 @@ from __future__ import annotations
 from math import prod
 
 from .layout import addr_sum, batch_base, digits_addr, nonunit_digits
-from .quant import QuantOperand, group_helpers, grouped_quant, operand_reader
+from .quant import QuantOperand, group_helpers, grouped_quant, operand_reader, vec4_reader
 from .wgsl import u32_lit
 
 GEMV_CPU_WG = 64    # threads per workgroup
@@ -47,14 +47,13 @@ def build_gemv_cpu(ctx, node, opa, opb, vec: bool) -> list:
     form = "q" if grouped else "vec4" if v4 else "scalar"
     kernel = ctx.kernel(f"matmul {'x'.join(map(str, node.shape))} K={K} gemv cpu {CT} {form}")
     # A's rows as vec4s where they start at multiples of 4 (one load of four values)
-    a4 = (vec and (v4 or grouped) and not isinstance(sa, QuantOperand) and sa.dtype == "f32"
+    a4 = (vec and (v4 or grouped) and not isinstance(sa, QuantOperand)
           and offa % 4 == 0 and nonunit_digits(dima[-1]) == [(K, 1)]
           and all(st % 4 == 0 for d in dima[:-1] for c, st in d if c > 1))
-    if a4:
-        aname = kernel.binding(sa.buffer, "vec4_f32", what=sa.what, nbytes=sa.nbytes)
+    A4 = vec4_reader(kernel, sa) if a4 else None   # f32, or f16 widened as it is read
     A = operand_reader(kernel, sa) if not a4 else None
     if v4:
-        bname = kernel.binding(sb.buffer, "vec4_f32", what=sb.what, nbytes=sb.nbytes)
+        B4 = vec4_reader(kernel, sb)
     elif not grouped:
         B = operand_reader(kernel, sb)
     epi = ctx.epilogue_fn(kernel)
@@ -77,7 +76,7 @@ def build_gemv_cpu(ctx, node, opa, opb, vec: bool) -> list:
 
     def a_vec(r, k0):  # A's four values at k0 .. k0+3 (one address for every lane)
         if a4:
-            return f"{aname}[({ra[r]} + {k0}) >> 2u]"
+            return A4(f"{ra[r]} + {k0}")
         vals = []
         for t in range(4):
             k = f"({k0} + {t}u)" if t else k0
@@ -111,7 +110,7 @@ def build_gemv_cpu(ctx, node, opa, opb, vec: bool) -> list:
         else:
             with em.block(f"for (var k = 0u; k < {K}u; k += 4u)"):
                 for j in range(CT):
-                    L(f"let y{j} = {bname}[({cb[j]} + k) >> 2u];")
+                    L(f"let y{j} = {B4(f'{cb[j]} + k')};")
                 step("k", [f"y{j}" for j in range(CT)])
         sums = [[f"dot({acc[r][j]}, vec4<f32>(1.0f))" for j in range(CT)] for r in range(R)]
     else:

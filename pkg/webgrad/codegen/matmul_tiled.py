@@ -61,7 +61,7 @@ from .layout import batch_base, digits_addr
 from .matmul_config import Config, Tile, tile_of
 from .matmul_epilogue import column_totals, output_sum_partials, prefetch_epilogue, write_block
 from .matmul_splitk import build_split_sum
-from .quant import QuantOperand, operand_reader
+from .quant import QuantOperand, operand_reader, vec4_reader
 from .wgsl import thread_xy, u32_lit
 
 # The tiled kernel's k loop is a WGSL loop when a K step has more FMAs per thread than this
@@ -377,11 +377,7 @@ def build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
     def reader(st, mode):  # at -> WGSL: an f32 load, a vec4 load, or a decode of blocks
         if mode is None:
             return operand_reader(kernel, st)
-        if st.dtype == "f16":  # four f16 values (8 bytes) widened to f32 as they are read
-            name = kernel.binding(st.buffer, "vec4_f16", what=st.what, nbytes=st.nbytes)
-            return lambda at: f"vec4<f32>({name}[({at}) >> 2u])"
-        name = kernel.binding(st.buffer, "vec4_f32", what=st.what, nbytes=st.nbytes)
-        return lambda at: f"{name}[({at}) >> 2u]"
+        return vec4_reader(kernel, st)  # f16 storage: four values (8 bytes) widened
     A, B = reader(sa, mode_a), reader(sb, mode_b)
     db = (cfg.double and cfg.prefetch
           and 8 * BK * (t.LDA + t.LDB) <= ctx.limits.max_compute_workgroup_storage_size)

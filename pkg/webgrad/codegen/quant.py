@@ -85,6 +85,16 @@ def operand_reader(kernel, st):
     return lambda at: f"{name}[{at}]"
 
 
+def vec4_reader(kernel, st):
+    """at -> WGSL of the four f32 values at address `at` (a multiple of 4) of plain storage:
+    one vec4 load, of f32 or of f16 widened as it is read."""
+    kind = "vec4_f16" if st.dtype == "f16" else "vec4_f32"
+    name = kernel.binding(st.buffer, kind, what=st.what, nbytes=st.nbytes)
+    if st.dtype == "f16":
+        return lambda at: f"vec4<f32>({name}[({at}) >> 2u])"
+    return lambda at: f"{name}[({at}) >> 2u]"
+
+
 @rule("dequantize")
 def _dequantize_rule(em: Emitter, node, idx: Idx) -> str:
     st = em.storage(node.inputs[0])
@@ -105,4 +115,4 @@ def grouped_quant(sb, offb, dimb, bsh, K) -> bool:
             and all(st % G == 0 for c, st in dimb[-1] if c > 1))
 
 
-__all__ = ["QuantOperand", "grouped_quant", "quant_base", "operand_reader", "helper", "group_helpers"]
+__all__ = ["QuantOperand", "grouped_quant", "quant_base", "operand_reader", "vec4_reader", "helper", "group_helpers"]
