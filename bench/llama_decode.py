@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
 """Prefill and decode tokens/s of a Llama-3.2-1B-shaped model (random weights): webgrad on
 WebGPU (Dawn), F32 and Q4_K_M kept quantized on the GPU, against transformers' generate()
-in fp32 and bf16 on the same GPU, in the same run. Issue 24 ("Speed, in bench/"): the
-target is webgrad >= 2x transformers bf16 at decoding.
+in fp32 and bf16 on the same GPU, in the same run, and (--llama-bench) against llama.cpp's
+own CUDA build reading the same Q4_K_M file. Issue 24 ("Speed, in bench/"): the targets are
+webgrad >= 2x transformers bf16 at decoding and >= 0.5x llama.cpp's CUDA decode.
 
     source .device/env.sh; python3 bench/llama_decode.py     # 1B shape, on the GPU machine
     python3 bench/llama_decode.py --small                     # tiny config; CPU executors
                                                               # (torch) where no GPU is
+    python3 bench/llama_decode.py --types Q4_K_M --llama-bench /tmp/lc/build/bin/llama-bench
+                                   # and llama.cpp's CUDA build on the same Q4_K_M file
+                                   # (bench/llama_cpp_cuda.sh builds llama-bench)
 
 The model: hidden 2048, 16 layers, 32 heads (8 K/V heads, head_dim 64), intermediate 8192,
 vocab 128256, rope_theta 500000 with llama3 rope scaling, embeddings tied to the head, as
@@ -139,6 +143,7 @@ def write_q4_k_m(path, cfg_d, n_ctx: int, seed: int = 0) -> dict:
     """A random Q4_K_M GGUF of the config in llama.cpp's llama layout; -> {type: count}."""
     import numpy as np
     import gguf
+    from gguf_vocab import spm_vocab
     from webgrad.models import llama, llama_gguf
     rng = np.random.default_rng(seed)
     cfg = llama.LlamaConfig.from_hf(cfg_d, n_ctx=n_ctx)
@@ -154,7 +159,7 @@ def write_q4_k_m(path, cfg_d, n_ctx: int, seed: int = 0) -> dict:
     w.add_rope_freq_base(cfg_d["rope_theta"])
     w.add_rope_dimension_count(cfg.head_dim)
     w.add_vocab_size(cfg.vocab_size)
-    w.add_token_list([f"<t{i}>" for i in range(cfg.vocab_size)])
+    spm_vocab(w, cfg.vocab_size)   # llama.cpp refuses a file without a tokenizer
     w.add_tensor("rope_freqs.weight", rope_factors(cfg))
     counts = {}
     for hf, shape in llama.param_shapes(cfg).items():
@@ -194,6 +199,30 @@ def kind_of(name: str) -> str:
     return name.split()[0]
 
 
+def llama_bench_row(binary: str, path: str, n: int, P: int, reps: int) -> tuple:
+    """llama.cpp's own figures for the same GGUF file: llama-bench (a CUDA build:
+    bench/llama_cpp_cuda.sh) with every layer on the GPU, tg = n decode tokens after no prompt,
+    pp = a P-token prompt, `reps` repetitions each (its mean). A row for the table."""
+    import json
+    import subprocess
+    cmd = [binary, "-m", path, "-ngl", "99", "-p", str(P), "-n", str(n), "-r", str(reps), "-o", "json"]
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise SystemExit(f"llama-bench failed ({done.returncode}): {' '.join(cmd)}\n{done.stderr[-2000:]}")
+    runs = json.loads(done.stdout)
+    tg = next(r for r in runs if r["n_gen"] == n and r["n_prompt"] == 0)
+    pp = next(r for r in runs if r["n_prompt"] == P and r["n_gen"] == 0)
+    where = tg.get("backends") or "?"
+    note = (f"llama-bench {tg.get('build_commit', '?')} (build {tg.get('build_number', '?')}), "
+            f"backend {where}" + (f" on {tg['gpu_info']}" if tg.get("gpu_info") else "")
+            + f", flash_attn {tg.get('flash_attn', '?')}, {reps} reps, "
+            f"{time.perf_counter() - t0:.1f} s; tg {n} has no prompt, pp {P} no new token")
+    name = f"llama.cpp {where} Q4_K_M"
+    print(f"  {name}: decode {tg['avg_ts']:.1f} tok/s, prefill {pp['avg_ts']:.1f} tok/s", flush=True)
+    return (name, tg["avg_ts"], pp["avg_ts"], None, note)
+
+
 def profile_step(m, top: int, pos: int) -> None:
     """One decode step (T = 1, at `pos`) kernel by kernel: the `top` longest and the sums
     per kernel class."""
@@ -226,6 +255,9 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--types", default="F32,Q4_K_M", help="webgrad weight types to run")
     ap.add_argument("--no-torch", action="store_true", help="webgrad only")
+    ap.add_argument("--llama-bench", default=None, metavar="PATH",
+                    help="llama.cpp's llama-bench binary (bench/llama_cpp_cuda.sh builds it): run "
+                    "it on the Q4_K_M file too, and print webgrad's ratio to it")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="a kernel option of webgrad's programs (codegen/options.py's "
                     "KernelOptions field, a Python literal): --set gemv_rows=0 decodes without "
@@ -303,6 +335,8 @@ def main():
                 path = os.path.join(tmp, "llama-q4_k_m.gguf")
                 counts = write_q4_k_m(path, cfg_d, n_ctx)
                 t_write = time.perf_counter() - t0
+                if args.llama_bench:
+                    rows.append(llama_bench_row(args.llama_bench, path, n, P, args.reps))
                 t0 = time.perf_counter()
                 m = llama.Llama.from_gguf(path, backend=backend, n_ctx=n_ctx)
             note = f"{', '.join(f'{c} {t}' for t, c in sorted(counts.items()))} matrices; file written in {t_write:.1f} s"
@@ -353,6 +387,12 @@ def main():
     for name, _, _, _, note in rows:
         if note:
             print(f"{name}: {note}")
+    lc = next((r for r in rows if r[0].startswith("llama.cpp")), None)
+    wq = next((r for r in rows if r[0] == "webgrad Q4_K_M"), None)
+    if lc and wq:
+        print(f"webgrad Q4_K_M / {lc[0]}, same file: decode {wq[1] / lc[1]:.2f}x, "
+              f"prefill {wq[2] / lc[2]:.2f}x (target decode 0.5x or better: "
+              f"{'meets' if wq[1] >= 0.5 * lc[1] else 'misses'} it)")
     if bf:
         for name, d, *_ in rows:
             if name.startswith("webgrad"):

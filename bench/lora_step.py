@@ -7,6 +7,7 @@ webgrad's step time <= 1.0x PEFT's.
     python3 bench/lora_step.py --rows 360m,1b                           # and Llama-3.2-1B's shape
     python3 bench/lora_step.py --small                                  # tiny config; CPU executors
                                                                         # (torch) where no GPU is
+    python3 bench/lora_step.py --rows 1b --profile 25                   # and where webgrad's time goes
 
 The step, the same on both sides: r = 16 adapters (lora_alpha 32, no dropout) on q, k, v, o,
 gate, up and down of every layer, the base frozen; next-token cross entropy over every
@@ -109,6 +110,13 @@ def run_webgrad(row, args, np):
         return c.step(feeds[s % 4])
     warm_up(step, 2, args.warmup)
     ms = timed(step, args.steps)
+    if args.profile and hasattr(c, "profile"):   # one step kernel by kernel (webgpu)
+        from gpt2_train import by_name
+        prof = c.profile(feeds[0])
+        print(f"  {row} webgrad profile, {len(prof.rows)} kernels, "
+              f"{(prof.total_seconds or 0.0) * 1e3:.1f} ms of GPU time:")
+        print(prof.text(top=args.profile))
+        print(by_name(prof, args.profile), flush=True)
     try:
         planned = c.memory_report()["planned_bytes"]
     except (NotImplementedError, AttributeError, KeyError):
@@ -190,6 +198,9 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="timed steps (10; 3 small)")
     ap.add_argument("--warmup", type=float, default=None, help="warm-up seconds (1.5; 0 small)")
     ap.add_argument("--no-torch", action="store_true", help="webgrad only")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="print webgrad's N longest kernels of one step and its GPU time per "
+                    "kernel name (webgpu)")
     args = ap.parse_args()
     import numpy as np
     import torch

@@ -56,6 +56,7 @@ MODELS_DIR = REPO / "models"          # git-ignored; serve.py serves it at /mode
 sys.path.insert(0, str(REPO / "pkg"))
 sys.path.insert(0, str(REPO / "bench"))
 
+from gguf_vocab import PIECE_BASE, spm_vocab  # noqa: E402  (a vocabulary llama.cpp loads)
 from mlp_browser import npm_install, run_peer  # noqa: E402  (the npm peers' provisioning, page runner)
 from webgrad.browser import BrowserSession, load_serve  # noqa: E402
 
@@ -68,26 +69,6 @@ TYPES = ("F32", "Q8_0")
 
 
 # ---------------------------------------------------------------------------------- the files
-
-# Token i (from 3 on) is the one character chr(PIECE_BASE + i) (private-use code points), so
-# that a text of those characters is exactly those ids for llama.cpp's tokenizer: wllama's
-# completion takes text only, webgrad's generate takes ids.
-PIECE_BASE = 0xF0000
-
-
-def spm_vocab(w, vocab_size: int) -> None:
-    """A SentencePiece vocabulary that llama.cpp loads (<unk>, <s>, </s>, then one made-up
-    character per id, no byte pieces), with no space prefix and no BOS added, so that
-    prompt_text(ids) tokenizes to ids and every generated piece reads back as its id."""
-    w.add_tokenizer_model("llama")
-    w.add_token_list(["<unk>", "<s>", "</s>"] + [chr(PIECE_BASE + i) for i in range(3, vocab_size)])
-    w.add_token_scores([0.0] * 3 + [-float(i) for i in range(3, vocab_size)])
-    w.add_token_types([2, 3, 3] + [1] * (vocab_size - 3))
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(False)
-    w.add_add_space_prefix(False)
-
 
 def prompt_text(ids) -> str:
     return "".join(chr(PIECE_BASE + i) for i in ids)
