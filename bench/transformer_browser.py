@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
-"""webgrad's small transformers (and MLP-sin) trained in headless Chromium beside jax-js, one run.
+"""webgrad's small transformers (and MLP-sin) trained in headless Chromium beside jax-js and
+TensorFlow.js, one run.
 
     python3 bench/transformer_browser.py                       # mlp, tiny, adder; 40 steps each
     python3 bench/transformer_browser.py --rounds 3            # each library's best of 3 rounds
     python3 bench/transformer_browser.py --models tiny --steps 50 --json /tmp/tf.json
 
-The models (every row: webgrad and jax-js on the same WebGPU adapter of one Chromium):
+The models (every row: webgrad, jax-js and TensorFlow.js on the same WebGPU adapter of one
+Chromium; --cpu: a Chromium with WebGPU off, webgrad on `wasm`, the peers on their
+WebAssembly backends):
 - mlp:   examples/mlp_sin.py, B 256, 1-64-64-1, Adam lr 0.005 (bench/mlp_browser.py's row; that
          script also runs TF.js);
 - tiny:  tests/models.py's Transformer, the test suite's small causal transformer: vocab 12,
@@ -15,16 +18,19 @@ The models (every row: webgrad and jax-js on the same WebGPU adapter of one Chro
          4 heads, B 128, T 8, AdamW (wd 0.01) with its warm-up + cosine schedule; batches
          drawn as its train() draws them.
 
-Equal work: jax-js (bench/peers/jaxjs_transformer.mjs; jaxjs.mjs for the MLP) starts from
-webgrad's own initial parameters (webgrad.init.generate for the seed, by name), trains on the
+Equal work: jax-js (bench/peers/jaxjs_transformer.mjs; jaxjs.mjs for the MLP) and TensorFlow.js
+(tfjs_transformer.mjs, eager with tf.variableGrads; tfjs.mjs for the MLP) start from
+webgrad's own initial parameters (webgrad.init.generate for the seed, by name), train on the
 batches webgrad's worker draws (checked by a checksum), with the same optimizer formula and the
-same learning rate at every step, so the two loss curves agree to float32 rounding (the table
-prints the largest relative gap over the first 20 steps). The whole jax-js step is one jit().
+same learning rate at every step, so the loss curves agree to float32 rounding (the table
+prints each peer's largest relative gap over the first 20 steps). The whole jax-js step is one
+jit().
 
 Timing (as bench/mlp_browser.py): wall time of one step() -- host batch in, optimizer update,
 loss read back as a number -- median over the steps after --warmup; dispatches: webgrad's
-kernel_count, jax-js's compute-pass dispatches counted on the last warm-up step. The ratio
-is webgrad's ms/step over jax-js's (the target is <= 0.7).
+kernel_count, the peers' compute-pass dispatches counted on the last warm-up step. The ratio,
+on each peer's row, is webgrad's ms/step over the peer's (issue 25's target without WebGPU:
+1.0 or less against both).
 """
 from __future__ import annotations
 
@@ -51,7 +57,7 @@ DATA_SEED = 1000  # tiny: batch i is reversal_batch(seed=DATA_SEED + i), fresh d
 ADAM = {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8}  # webgrad's optim.Adam / AdamW defaults
 
 # Per model: the file shipped into the worker (imported under `module`), the webgrad build and
-# batch expressions run there, and what the jax-js page needs to build the same model.
+# batch expressions run there, and what the peers' pages need to build the same model.
 MODELS = {
     "tiny": {
         "file": REPO / "tests" / "models.py", "module": "models",
@@ -82,8 +88,13 @@ MODELS = {
     },
 }
 
+# The peers' pages in bench/peers/: [transformer pages, MLP pages] (PEERS[name == "mlp"])
+PEERS = ([("jax-js", "jaxjs_transformer.html"), ("TensorFlow.js", "tfjs_transformer.html")],
+         [("jax-js", "jaxjs.html"), ("TensorFlow.js", "tfjs.html")])
+
+
 def batches_here(name: str, steps: int, seed: int) -> list[dict]:
-    """The batches the worker's BATCHES expression draws, drawn here for jax-js."""
+    """The batches the worker's BATCHES expression draws, drawn here for the peers."""
     if name == "tiny":
         return [models.reversal_batch(seed=DATA_SEED + i) for i in range(steps)]
     pairs, rng = adder.split(seed)[0], random.Random(seed + 1)
@@ -91,7 +102,7 @@ def batches_here(name: str, steps: int, seed: int) -> list[dict]:
 
 
 def make_config(name: str, steps: int, warmup: int, seed: int) -> dict:
-    """webgrad's initial parameters, batches and per-step learning rates, for jax-js."""
+    """webgrad's initial parameters, batches and per-step learning rates, for the peers."""
     m = MODELS[name]
     params, shapes, decays = {}, {}, {}
     for pname, spec in m["spec"]().named_specs():
@@ -124,7 +135,7 @@ def run_webgrad(s: BrowserSession, name: str, steps: int, warmup: int, seed: int
 
 
 def run_model(s, url: str | None, name: str, args) -> list[dict]:
-    """webgrad's then jax-js's result for one model; a failure becomes {"library", "error"}."""
+    """webgrad's then each peer's result for one model; a failure becomes {"library", "error"}."""
     out = []
     backend = "wasm" if args.cpu else "webgpu"
     try:
@@ -136,19 +147,21 @@ def run_model(s, url: str | None, name: str, args) -> list[dict]:
     except Exception as e:  # keep going: the peer's figures are still worth having
         out.append({"library": "webgrad", "error": f"{type(e).__name__}: {e}"})
     if url is not None:
-        if name == "mlp":
-            config, page = mlp_browser.make_config(args.steps, args.warmup, args.seed), "jaxjs.html"
-        else:
-            config, page = make_config(name, args.steps, args.warmup, args.seed), \
-                "jaxjs_transformer.html"
-            if "checksum" in out[0] and out[0]["checksum"] != config["checksum"]:
-                print(f"warning: {name}: webgrad's worker drew other batches than jax-js gets",
-                      file=sys.stderr)
-        try:
-            out.append(mlp_browser.run_peer(s, url + page + ("?device=wasm" if args.cpu else ""),
-                                            config))
-        except Exception as e:
-            out.append({"library": "jax-js", "error": f"{type(e).__name__}: {e}"})
+        for library, page in PEERS[name == "mlp"]:
+            if library not in args.peers:
+                continue
+            if name == "mlp":
+                config = mlp_browser.make_config(args.steps, args.warmup, args.seed)
+            else:
+                config = make_config(name, args.steps, args.warmup, args.seed)
+                if "checksum" in out[0] and out[0]["checksum"] != config["checksum"]:
+                    print(f"warning: {name}: webgrad's worker drew other batches than "
+                          f"{library} gets", file=sys.stderr)
+            try:
+                out.append(mlp_browser.run_peer(
+                    s, url + page + ("?device=wasm" if args.cpu else ""), config))
+            except Exception as e:
+                out.append({"library": library, "error": f"{type(e).__name__}: {e}"})
     return out
 
 
@@ -163,33 +176,32 @@ def loss_gap(a: dict, b: dict) -> float | None:
 def print_table(results: dict[str, list[dict]], args) -> None:
     what = f"median of the last {args.steps - args.warmup} of {args.steps} steps" + (
         f", lowest of {args.rounds} rounds" if args.rounds > 1 else "")
-    print(f"\nms/step = {what}; ratio = webgrad / jax-js (target <= 0.70)")
-    head = (f"{'model':<7} {'library':<8} {'version':<8} {'ms/step':>8} {'p10-p90':>13} "
+    print(f"\nms/step = {what}; ratio (on each peer's row) = webgrad's ms/step / the peer's")
+    head = (f"{'model':<7} {'library':<13} {'version':<8} {'ms/step':>8} {'p10-p90':>13} "
             f"{'dispatches':>10} {'loss@1':>9} {'loss@end':>9} {'ratio':>6}")
     print(head)
     print("-" * len(head))
     for name, rows in results.items():
         base = next((r for r in rows if r["library"] == "webgrad" and "error" not in r), None)
-        peer = next((r for r in rows if r["library"] != "webgrad" and "error" not in r), None)
         for r in rows:
             if "error" in r:
-                print(f"{name:<7} {r['library']:<8} FAILED: {r['error'].splitlines()[0]}")
+                print(f"{name:<7} {r['library']:<13} FAILED: {r['error'].splitlines()[0]}")
                 continue
-            ratio = (f"{base['ms_per_step'] / peer['ms_per_step']:.2f}"
-                     if base and peer and r is base else "")
+            ratio = (f"{base['ms_per_step'] / r['ms_per_step']:.2f}"
+                     if base and r is not base else "")
             spread = f"{r['ms_p10']:.1f}-{r['ms_p90']:.1f}"
             each = ("  rounds: " + " / ".join(mlp_browser.fmt(x, ".1f")
                                               for x in r.get("round_medians", []))
                     if args.rounds > 1 else "")
-            print(f"{name:<7} {r['library']:<8} {r.get('version', '?'):<8} "
+            print(f"{name:<7} {r['library']:<13} {r.get('version', '?'):<8} "
                   f"{r['ms_per_step']:>8.2f} {spread:>13} "
                   f"{mlp_browser.fmt(r.get('dispatches'), 'd'):>10} {r['first_loss']:>9.4f} "
                   f"{r['loss']:>9.4f} {ratio:>6}{each}")
-        if base and peer:
+        for peer in (r for r in rows if base and r is not base and "error" not in r):
             gap = loss_gap(base, peer)
             if gap is not None:
-                print(f"{'':<7} losses over the first {min(20, args.steps)} steps agree to "
-                      f"{gap:.1e} (largest relative gap)")
+                print(f"{'':<7} {peer['library']}'s losses over the first {min(20, args.steps)} "
+                      f"steps agree with webgrad's to {gap:.1e} (largest relative gap)")
     for name in results:
         title = (MODELS[name]["title"] if name in MODELS else
                  f"MLP-sin (examples/mlp_sin.py: B {mlp_browser.mlp_sin.B}, 1-64-64-1, Adam "
@@ -208,9 +220,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="run everything this many times (same browser); report each "
                              "library's lowest median")
     parser.add_argument("--no-peer", action="store_true", help="webgrad alone (no npm install)")
+    parser.add_argument("--peers", default="jax-js,TensorFlow.js",
+                        help="comma-separated, from jax-js,TensorFlow.js")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cpu", action="store_true",
-                        help="a Chromium without WebGPU: webgrad on 'wasm', jax-js on 'wasm'")
+                        help="a Chromium without WebGPU: webgrad on 'wasm', the peers on WebAssembly")
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
@@ -221,10 +235,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("need 0 < --warmup < --steps and --steps >= 20")
     if args.rounds < 1:
         parser.error("need --rounds >= 1")
+    args.peers = [p for p in args.peers.split(",") if p]
+    if not set(args.peers) <= {"jax-js", "TensorFlow.js"}:
+        parser.error("--peers: choose from jax-js,TensorFlow.js")
 
     install_error = None if args.no_peer else mlp_browser.npm_install()
     if install_error:
-        print(f"jax-js cannot run: {install_error}", file=sys.stderr)
+        print(f"the peers cannot run: {install_error}", file=sys.stderr)
     t0 = time.perf_counter()
     print("starting headless Chromium and webgrad's Pyodide worker...", flush=True)
     rounds: list[dict[str, list[dict]]] = []
@@ -250,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {n: mlp_browser.best_of([r[n] for r in rounds]) for n in names}
     if install_error:
         for n in names:
-            results[n].append({"library": "jax-js", "error": install_error})
+            results[n].extend({"library": p, "error": install_error} for p in args.peers)
     for n, rows in results.items():
         for r in rows:
             if "error" in r:
