@@ -132,6 +132,21 @@ export async function requireWebGPU() {
   return [info.vendor, info.architecture, info.device, info.description].filter(Boolean).join(" ");
 }
 
+/** Start TensorFlow.js (the global `tf` of the UMD bundles) on "webgpu" or "wasm"; resolves
+ * to the adapter's description ("cpu" for wasm). */
+export async function tfjsBackend(tf, device) {
+  if (!tf) throw new Error("the TensorFlow.js bundles did not load (global tf is missing)");
+  let adapter = "cpu";
+  if (device === "wasm") {
+    tf.wasm.setWasmPaths("./node_modules/@tensorflow/tfjs-backend-wasm/dist/");
+  } else {
+    adapter = await requireWebGPU();
+  }
+  if (!(await tf.setBackend(device))) throw new Error(`tf.setBackend('${device}') failed`);
+  await tf.ready();
+  return adapter;
+}
+
 /** The installed version of an npm package (from node_modules/NAME/package.json). */
 export async function packageVersion(name) {
   try {

@@ -2,22 +2,14 @@
 // optimizer.minimize() records the forward pass on a tape, backpropagates and applies Adam
 // (tf.train.adam with webgrad's betas and eps; TF.js's default eps would be 1e-7).
 // `tf` is the global the UMD bundles in tfjs.html define.
-import { ADAM, LAYERS, packageVersion, register, requireWebGPU } from "./common.mjs";
+import { ADAM, LAYERS, packageVersion, register, tfjsBackend } from "./common.mjs";
 
 const tf = globalThis.tf;
 // ?device=wasm: tfjs-backend-wasm (bench/mlp_browser.py --cpu, WebGPU off)
 const DEVICE = new URLSearchParams(location.search).get("device") ?? "webgpu";
 
 async function setup(config) {
-  if (!tf) throw new Error("the TensorFlow.js bundles did not load (global tf is missing)");
-  let adapter = "cpu";
-  if (DEVICE === "wasm") {
-    tf.wasm.setWasmPaths("./node_modules/@tensorflow/tfjs-backend-wasm/dist/");
-  } else {
-    adapter = await requireWebGPU();
-  }
-  if (!(await tf.setBackend(DEVICE))) throw new Error(`tf.setBackend('${DEVICE}') failed`);
-  await tf.ready();
+  const adapter = await tfjsBackend(tf, DEVICE);
   const B = config.batch;
   const vars = {};
   for (const [name, values] of Object.entries(config.params))

@@ -6,7 +6,7 @@
 // corrections of step t computed in JavaScript. TF.js has no attention op and no GELU: both are
 // written out (softmax(q k^T / sqrt(Dh) + causal mask) v; GELU's tanh form).
 // `tf` is the global the UMD bundles in tfjs_transformer.html define.
-import { packageVersion, register, requireWebGPU } from "./common.mjs";
+import { packageVersion, register, tfjsBackend } from "./common.mjs";
 
 const tf = globalThis.tf;
 // ?device=wasm: tfjs-backend-wasm (bench/transformer_browser.py --cpu, WebGPU off)
@@ -71,15 +71,7 @@ function lossFn(p, idx, target, m, mask) {
 }
 
 async function setup(config) {
-  if (!tf) throw new Error("the TensorFlow.js bundles did not load (global tf is missing)");
-  let adapter = "cpu";
-  if (DEVICE === "wasm") {
-    tf.wasm.setWasmPaths("./node_modules/@tensorflow/tfjs-backend-wasm/dist/");
-  } else {
-    adapter = await requireWebGPU();
-  }
-  if (!(await tf.setBackend(DEVICE))) throw new Error(`tf.setBackend('${DEVICE}') failed`);
-  await tf.ready();
+  const adapter = await tfjsBackend(tf, DEVICE);
   const m = config.model;  // {kind, B, T, D, heads, layers, vocab, answer: [from, to]}
   const { beta1, beta2, eps, weight_decay: wd, decoupled } = config.optimizer;
   const A = m.answer[1] - m.answer[0];
