@@ -56,16 +56,8 @@ def close(got, want):
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-4 * np.abs(want).max())
 
 
-@pytest.fixture(params=["webgpu", "wasm"])
-def backend(request):
-    """A backend name; the session whose browser backend 'auto' picks it in is booted here,
-    in set-up (WebGPU, or the Chromium without it for the CPU backend)."""
-    request.getfixturevalue("browser_session" if request.param == "webgpu" else "browser_without_webgpu")
-    return request.param
-
-
 @browser
-def test_models_load_from_the_cache_the_second_time(backend, request, tmp_path, capsys):
+def test_models_load_from_the_cache_the_second_time(backend, page_session, tmp_path, capsys):
     """On WebGPU, and in the Chromium without WebGPU on the CPU backend (wasm), where the
     image is written through the host (cache_image.write) and the GGUF's words go into
     onnxruntime-web's tensors."""
@@ -81,9 +73,7 @@ def test_models_load_from_the_cache_the_second_time(backend, request, tmp_path, 
                          qtype=QT.Q8_0)
     gg_host = gpt2.GPT2.from_gguf(gg_path, backend="reference")   # dequantized on the host
 
-    session = request.getfixturevalue(
-        "browser_session" if backend == "webgpu" else "browser_without_webgpu")
-    page, requests = open_page(session)
+    page, requests = open_page(page_session)
     times = {}
     try:
         def by_url():
@@ -161,7 +151,7 @@ def test_models_load_from_the_cache_the_second_time(backend, request, tmp_path, 
 
 
 @browser
-def test_python_api_in_the_worker(backend, request):
+def test_python_api_in_the_worker(backend, page_session):
     """webgrad.io.modelcache and models.gpt2_cache from Python in the worker: bytes in, a hit
     the second time, stored trained models listed, removed and cleared; the image restores the
     same weights; entries another version wrote are replaced (a URL or file) or dropped (by
@@ -169,7 +159,7 @@ def test_python_api_in_the_worker(backend, request):
     Chromium without it."""
     cfg = gpt2.GPT2Config(n_layer=1, n_head=2, n_embd=32, n_ctx=16, vocab_size=256)
     src = gpt2.GPT2.init_random(cfg, seed=23, backend="reference")
-    s = request.getfixturevalue("browser_session" if backend == "webgpu" else "browser_without_webgpu")
+    s = page_session
     s.run("""
 from webgrad.io import modelcache
 from webgrad.models import gpt2, gpt2_cache
