@@ -21,6 +21,9 @@
 // or pydoc_data.topics, in calls of a few steps each (Stop ends it after the current call);
 // the held-out loss before and after, then the chat uses the merged model.
 //
+// Every model is made on backend "auto": WebGPU, or in a browser without it the CPU backend
+// ("wasm", onnxruntime-web in the worker); #model-info says when it runs on the CPU.
+//
 // For tests: window.webgrad, window.chat = {state, messages, losses, held}; #messages'
 // assistant elements carry data-ids (the reply's token ids), #status data-state.
 const PY = `
@@ -50,7 +53,8 @@ def _describe(m, tok, name):
     c = m.cfg
     return {"name": name, "model_type": c.model_type, "layers": c.num_hidden_layers,
             "hidden": c.hidden_size, "vocab": c.vocab_size, "n_ctx": c.n_ctx,
-            "quantized": len(m.quant_full), "template": tok.chat_template is not None}
+            "quantized": len(m.quant_full), "template": tok.chat_template is not None,
+            "backend": m.backend.name}
 
 async def _keep(m, name):
     """Store m in the browser's model cache: {key, kept} or {not_kept: why}."""
@@ -184,6 +188,11 @@ const failed = (error) => setState(webgrad.dead ? "dead" : "ready",
                                    `${error.type || "Error"}: ${error.message}`, "error");
 
 // --- the model ------------------------------------------------------------------------------
+// Where it runs, when that is not WebGPU (backend "auto" picks "wasm" in a browser without it)
+const where = (backend) => backend === "wasm"
+  ? "; runs on the CPU (WebAssembly: this browser offers no WebGPU)"
+  : backend === "webgpu" || !backend ? "" : `; runs on ${backend}`;
+
 async function useModel(what, call) {
   setState("loading", `Loading ${what}…`);
   try {
@@ -194,7 +203,7 @@ async function useModel(what, call) {
     $("model-info").textContent = `${m.name}: ${m.model_type}, ${m.layers} layers, hidden ` +
       `${m.hidden}, ${m.vocab} tokens, context ${m.n_ctx}` +
       (m.quantized ? `, ${m.quantized} quantized weights` : "") +
-      (m.template ? "" : " (no chat template: chat needs one)");
+      (m.template ? "" : " (no chat template: chat needs one)") + where(m.backend);
     $("model-info").dataset.model = JSON.stringify(m);
     setState("ready", `Ready: ${m.name}` + (m.cached ? " (from this browser's cache)" : "") +
              (m.not_kept && m.template ? ` (not kept in the cache: ${m.not_kept})` : ""), "ok");

@@ -3,7 +3,10 @@
 template, Stop ends a reply, a LoRA fine-tune of a few steps lowers the held-out loss, and the
 site header links every page. The page's tokens are judged against llama.generate on the
 reference backend in CPython (the same seed gives the same weights), its losses against the
-same fine-tune steps run here on the reference backend (models/finetune.py)."""
+same fine-tune steps run here on the reference backend (models/finetune.py). The tests on the
+page run twice: on WebGPU, and in the Chromium without WebGPU, where backend 'auto' puts every
+model (the demo's, picked files, the fine-tune, the model cache's) on the CPU backend and the
+page says so."""
 from __future__ import annotations
 
 import asyncio
@@ -17,11 +20,20 @@ from webgrad.models import finetune, llama_demo
 browser = pytest.mark.browser
 
 
+@pytest.fixture(scope="module", params=["webgpu", "wasm"])
+def chat_backend(request):
+    """The backend the page's models run on: WebGPU, or in the Chromium without WebGPU the CPU
+    backend (onnxruntime-web), which backend 'auto' picks there."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def chat_page(browser_session):
-    context = browser_session.browser.new_context()   # its own IndexedDB, for two pages
+def chat_page(chat_backend, request):
+    session = request.getfixturevalue(
+        "browser_session" if chat_backend == "webgpu" else "browser_without_webgpu")
+    context = session.browser.new_context()   # its own IndexedDB, for two pages
     page = context.new_page()
-    page.goto(browser_session.url.rstrip("/") + "/chat.html")
+    page.goto(session.url.rstrip("/") + "/chat.html")
     page.wait_for_selector("#status[data-state='ready']", timeout=120_000)
     yield page
     context.close()
@@ -81,9 +93,11 @@ def test_the_header_links_every_page(browser_session):
 
 
 @browser
-def test_a_message_streams_the_greedy_reply(chat_page):
+def test_a_message_streams_the_greedy_reply(chat_page, chat_backend):
     page = chat_page
-    assert json.loads(page.get_attribute("#model-info", "data-model"))["layers"] == 2
+    info = json.loads(page.get_attribute("#model-info", "data-model"))
+    assert info["layers"] == 2 and info["backend"] == chat_backend, info
+    assert ("runs on the CPU" in page.text_content("#model-info")) == (chat_backend == "wasm")
     page.evaluate("() => { window._chatEvents = 0; webgrad.onEvent((m) => { "
                   "if (m.what === 'chat') window._chatEvents++; }); }")
     reply = _send(page, "Hello there", 16)
@@ -115,11 +129,17 @@ def test_stop_ends_a_reply(chat_page):
     assert 3 <= len(got) < 200
     page.wait_for_selector("#status[data-state='ready']")
     assert "Stopped after" in page.text_content("#status")
-    # the conversation goes on: the next reply comes, starting from the stopped one
+    # the conversation goes on: the next reply comes, starting from the stopped one (the
+    # stopped reply's text in the template), as generate gives it here
     again = _send(page, "Go on", 2)
     page.wait_for_function("document.querySelector('.msg.assistant:last-child').dataset.done === '1'",
                            timeout=30_000)
-    assert len(_ids(again)) == 2
+    said = page.evaluate("chat.messages")[:-1]
+    assert said[-2]["content"] == reply.locator(".text").text_content() and said[-1]["content"] == "Go on"
+    tok = llama_demo.tokenizer()
+    ids = tok.encode(tok.apply_chat_template(said, add_generation_prompt=True), add_special_tokens=False)
+    want = llama_demo.model(0, backend="reference").generate(ids, max_new_tokens=2, temperature=0)
+    assert _ids(again) == want[len(ids):]
     page.click("#clear")
     assert page.evaluate("chat.messages") == []
 

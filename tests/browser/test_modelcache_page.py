@@ -57,7 +57,10 @@ def close(got, want):
 
 
 @browser
-def test_models_load_from_the_cache_the_second_time(browser_session, tmp_path, capsys):
+def test_models_load_from_the_cache_the_second_time(backend, page_session, tmp_path, capsys):
+    """On WebGPU, and in the Chromium without WebGPU on the CPU backend (wasm), where the
+    image is written through the host (cache_image.write) and the GGUF's words go into
+    onnxruntime-web's tensors."""
     pytest.importorskip("gguf")
     from gguf import GGMLQuantizationType as QT
     from test_modelcache import gguf_of
@@ -70,7 +73,7 @@ def test_models_load_from_the_cache_the_second_time(browser_session, tmp_path, c
                          qtype=QT.Q8_0)
     gg_host = gpt2.GPT2.from_gguf(gg_path, backend="reference")   # dequantized on the host
 
-    page, requests = open_page(browser_session)
+    page, requests = open_page(page_session)
     times = {}
     try:
         def by_url():
@@ -86,6 +89,7 @@ def test_models_load_from_the_cache_the_second_time(browser_session, tmp_path, c
         # safetensors from the server: downloaded, parsed, kept ...
         first = loaded(page, by_url)
         assert first["cached"] is False and first["kind"] == "safetensors", first
+        assert first["backend"] == backend, first
         assert {"download", "parse", "store"} <= set(first["phases"]), first
         assert len(gets()) == 1 and len(heads()) == 1
         fresh = logits(page)
@@ -93,6 +97,7 @@ def test_models_load_from_the_cache_the_second_time(browser_session, tmp_path, c
         # ... and the second time only the HEAD goes out: no download, no parse
         second = loaded(page, by_url)
         assert second["cached"] is True and second["key"] == first["key"], second
+        assert second["backend"] == backend, second
         assert set(second["phases"]) <= {"lookup", "read", "upload"} and "upload" in second["phases"], second
         assert len(gets()) == 1 and len(heads()) == 2
         assert np.array_equal(logits(page), fresh)
@@ -107,6 +112,7 @@ def test_models_load_from_the_cache_the_second_time(browser_session, tmp_path, c
         page.set_input_files("#model", [])
         second = loaded(page, lambda: page.set_input_files("#model", str(gg_path)))
         assert second["cached"] is True and "parse" not in second["phases"], second
+        assert first["backend"] == second["backend"] == backend
         assert np.array_equal(logits(page), fresh)
         times["gguf"] = (first["seconds"], second["seconds"])
 
@@ -141,18 +147,19 @@ def test_models_load_from_the_cache_the_second_time(browser_session, tmp_path, c
         served.unlink(missing_ok=True)
     with capsys.disabled():
         for kind, (a, b) in times.items():
-            print(f"\n  model cache, {kind}: first load {a:.3f} s, second (cached) {b:.3f} s")
+            print(f"\n  model cache on {backend}, {kind}: first load {a:.3f} s, second (cached) {b:.3f} s")
 
 
 @browser
-def test_python_api_in_the_worker(browser_session):
+def test_python_api_in_the_worker(backend, page_session):
     """webgrad.io.modelcache and models.gpt2_cache from Python in the worker: bytes in, a hit
     the second time, stored trained models listed, removed and cleared; the image restores the
     same weights; entries another version wrote are replaced (a URL or file) or dropped (by
-    key)."""
+    key). With no backend named the loads run on 'auto': WebGPU, or the CPU backend in the
+    Chromium without it."""
     cfg = gpt2.GPT2Config(n_layer=1, n_head=2, n_embd=32, n_ctx=16, vocab_size=256)
     src = gpt2.GPT2.init_random(cfg, seed=23, backend="reference")
-    s = browser_session
+    s = page_session
     s.run("""
 from webgrad.io import modelcache
 from webgrad.models import gpt2, gpt2_cache
@@ -192,7 +199,7 @@ async def cache_api(blob):
     return {"a": a, "b": b, "c": c, "names": sorted(e["name"] for e in listed), "after": after,
             "refused": refused,
             "phases": sorted({p["phase"] for p in seen}), "same": same, "stale": stale,
-            "empty": await modelcache.list_async(),
+            "empty": await modelcache.list_async(), "backends": [m.backend.name for m in (m1, m2, m3, m4)],
             "w": list(m3.state_dict()["h.0.mlp.c_fc.weight"])}
 """)
     got = s.call("cache_api", src.save_safetensors())
@@ -202,5 +209,6 @@ async def cache_api(blob):
     assert "format: 99" in got["refused"][0] and "dropped" in got["refused"][0], got["refused"]
     assert got["refused"][1] == []
     assert got["same"] and got["empty"] == [] and got["stale"] == [False, True, gpt2_cache.FORMAT]
+    assert got["backends"] == [backend] * 4
     want = np.asarray(src.state_dict()["h.0.mlp.c_fc.weight"]).ravel()
     assert np.array_equal(np.asarray(got["w"], np.float32), want)

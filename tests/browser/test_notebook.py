@@ -159,18 +159,37 @@ def _reference_losses(steps: int) -> list[float]:
 
 def test_mlp_notebook_trains_without_webgpu(browser_without_webgpu, lab_site):
     """In a Chromium without WebGPU the same notebook says it runs on the CPU (backend 'wasm':
-    onnxruntime-web, loaded into the kernel from the site) and trains to its target; its first
-    steps' losses, read from the kernel, are the reference executor's here."""
+    onnxruntime-web, loaded into the kernel from the site by its prepare cell) and trains to
+    its target; its first steps' losses, read from the kernel, are the reference executor's
+    here. Unprepared, 'auto' raises saying how to prepare (the kernel has no numpy for the
+    reference executor it would otherwise fall back to)."""
     got = {}
 
     def check(run):
         got["losses"] = json.loads(run("import json\nprint(json.dumps(losses[:5]))"))
         got["backend"] = run("print(c.backend.name)").strip()
+        # as before the prepare cell (onnxruntime-web not loaded, no URL for it): 'auto' says
+        # what to do, not that the reference executor needs numpy (this Pyodide has none)
+        got["unprepared"] = run("""
+import js
+import webgrad.backends as _b
+from webgrad.backends import onnx_runtime as _o
+_o._ort, _b._no_webgpu = None, "no adapter"
+del js.globalThis.webgradOrtURL
+try:
+    _b.get_backend("auto")
+except Exception as e:
+    print(f"{type(e).__name__}: {e}")
+""")
 
     cells = _run_notebook(browser_without_webgpu, check)
     said = _said(cells, 1)
     assert "backend 'wasm'" in said and "onnxruntime-web" in said and "no WebGPU adapter" in said, said
     assert got["backend"] == "wasm"
+    said = got["unprepared"]   # and the cell, which caught it, shows no error of its own
+    assert said.startswith("RuntimeError: backend='auto' has nothing to run on here") and (
+        "await webgrad.backends.prepare_async('auto')" in said and "webgradOrtURL" in said), said
+    assert "ERROR" not in said, said
     assert len(got["losses"]) == 5
     np.testing.assert_allclose(got["losses"], _reference_losses(5), rtol=1e-5)
 

@@ -4,7 +4,9 @@ an edit at the end recomputes only the new suffix (through the KV cache in the w
 A model trained on the page (pydoc_data.topics, stopped after a few steps) colours the text,
 downloads as safetensors and reloads from the model cache. The bits shown are judged against
 the same model's surprisal computed here in CPython (the page's loading through the model
-cache: test_modelcache_page.py)."""
+cache: test_modelcache_page.py). Each test runs twice (the `backend` fixture): on WebGPU, and
+in the Chromium without WebGPU on the CPU backend (wasm), where the page says it runs on the
+CPU."""
 from __future__ import annotations
 
 import json
@@ -17,15 +19,15 @@ browser = pytest.mark.browser
 
 
 @browser
-def test_surprisal_page_colours_tokens_and_updates_the_suffix(browser_session, tmp_path):
+def test_surprisal_page_colours_tokens_and_updates_the_suffix(backend, page_session, tmp_path):
     cfg = gpt2.GPT2Config(n_layer=2, n_head=2, n_embd=64, n_ctx=64, vocab_size=256)
     model = gpt2.GPT2.init_random(cfg, seed=9, backend="reference")
     path = tmp_path / "model.safetensors"
     model.save_safetensors(path)
 
-    page = browser_session.browser.new_page()
+    page = page_session.browser.new_page()
     try:
-        page.goto(browser_session.url.rstrip("/") + "/surprisal.html")
+        page.goto(page_session.url.rstrip("/") + "/surprisal.html")
         page.wait_for_selector("body[data-ready='1']", timeout=600_000)
         page.set_input_files("#model", str(path))
         page.wait_for_function("document.querySelectorAll('#view span').length > 0", timeout=300_000)
@@ -36,6 +38,9 @@ def test_surprisal_page_colours_tokens_and_updates_the_suffix(browser_session, t
 
         text = page.input_value("#text")
         spans = shown()
+        info = json.loads(page.get_attribute("#view", "data-model"))
+        assert info["backend"] == backend and info["cached"] is False and "not_kept" not in info, info
+        assert ("runs on the CPU" in page.text_content("#status")) == (backend == "wasm")
         want = model.surprisal(list(text.encode()))
         assert "".join(s[0] for s in spans) == text and len(spans) == len(want.bits)
         for (piece, bits, title), w, top, p in zip(spans, want.bits, want.top, want.top_p):
@@ -80,6 +85,8 @@ def test_surprisal_page_colours_tokens_and_updates_the_suffix(browser_session, t
                                timeout=300_000)
         assert page.input_value("#text") == long
         assert all(abs(b - w) < 2e-3 for (_, b, _), w in zip(shown(), want))
+        info = json.loads(page.get_attribute("#view", "data-model"))
+        assert info["cached"] is True and info["backend"] == backend, info
         # the coloured text is on the first screen of a laptop-sized window
         page.set_viewport_size({"width": 1280, "height": 720})
         assert page.evaluate("document.getElementById('view').getBoundingClientRect().top") < 600
@@ -96,13 +103,13 @@ def test_surprisal_page_colours_tokens_and_updates_the_suffix(browser_session, t
 
 
 @browser
-def test_train_a_small_model_on_the_page(browser_session, tmp_path):
+def test_train_a_small_model_on_the_page(backend, page_session, tmp_path):
     """Train here (a tiny config, stopped after a few steps), then the page scores the text
     with that model: the bits shown equal those of from_safetensors(the downloaded file),
     computed here in CPython; the model is kept in the cache and reloads from it unchanged."""
-    page = browser_session.browser.new_page()
+    page = page_session.browser.new_page()
     try:
-        page.goto(browser_session.url.rstrip("/") + "/surprisal.html")
+        page.goto(page_session.url.rstrip("/") + "/surprisal.html")
         page.wait_for_selector("body[data-ready='1']", timeout=600_000)
         for field, value in (("layers", 1), ("width", 32), ("ctx", 32), ("steps", 100_000)):
             page.fill(f"#train-{field}", str(value))
@@ -115,6 +122,7 @@ def test_train_a_small_model_on_the_page(browser_session, tmp_path):
         page.wait_for_selector("#train-line[data-done='1']", timeout=300_000)
         info = json.loads(page.get_attribute("#view", "data-model"))
         assert info["kind"] == "trained" and 8 <= info["step"] < 100_000
+        assert info["backend"] == backend, info
         assert "held-out loss" in page.text_content("#train-text")
         page.wait_for_function(f"document.querySelectorAll('#view span').length === {len(text)}",
                                timeout=300_000)
@@ -137,63 +145,7 @@ def test_train_a_small_model_on_the_page(browser_session, tmp_path):
         page.wait_for_function(f"document.querySelectorAll('#view span').length === {len(text)}",
                                timeout=300_000)
         again = json.loads(page.get_attribute("#view", "data-model"))
-        assert again["cached"] is True and again["key"] == info["key"]
+        assert again["cached"] is True and again["key"] == info["key"] and again["backend"] == backend
         assert page.eval_on_selector_all("#view span", "els => els.map(e => +e.dataset.bits)") == shown
-    finally:
-        page.close()
-
-
-@browser
-def test_surprisal_page_without_webgpu_and_its_model_cache(browser_without_webgpu, tmp_path):
-    """In a Chromium without WebGPU the page scores on the CPU backend (wasm) and says so: the
-    bits equal the reference executor's here, an edit at the end goes through the KV cache, and
-    the model kept in the cache (IndexedDB) loads back from it, scoring the same."""
-    cfg = gpt2.GPT2Config(n_layer=1, n_head=2, n_embd=32, n_ctx=32, vocab_size=256)
-    model = gpt2.GPT2.init_random(cfg, seed=4, backend="reference")
-    path = tmp_path / "tiny.safetensors"
-    model.save_safetensors(path)
-    text = "Scored on the CPU."
-    s = browser_without_webgpu
-    page = s.browser.new_page()
-    try:
-        page.goto(s.url.rstrip("/") + "/surprisal.html")
-        page.wait_for_selector("body[data-ready='1']", timeout=60_000)
-        page.fill("#text", text)
-        page.set_input_files("#model", str(path))
-        page.wait_for_function(f"document.querySelectorAll('#view span').length === {len(text)}",
-                               timeout=60_000)
-
-        def shown():
-            return page.eval_on_selector_all("#view span", "els => els.map(e => +e.dataset.bits)")
-
-        info = json.loads(page.get_attribute("#view", "data-model"))
-        assert info["backend"] == "wasm" and info["cached"] is False and "not_kept" not in info, info
-        assert "runs on the CPU" in page.text_content("#status")
-        want = model.surprisal(list(text.encode())).bits
-        assert len(shown()) == len(want) and all(abs(b - w) < 2e-3 for b, w in zip(shown(), want))
-
-        page.fill("#text", text + " More")
-        page.wait_for_function(f"document.querySelectorAll('#view span').length === {len(text) + 5}",
-                               timeout=60_000)
-        assert page.get_attribute("#stats", "data-recomputed") == "6"
-        want = model.surprisal(list((text + " More").encode())).bits
-        first = shown()
-        assert all(abs(b - w) < 2e-3 for b, w in zip(first, want))
-
-        # kept in the cache as it was picked: listed in the table, and its Load restores it
-        # from there (no download, no parse), scoring the same
-        listed = page.evaluate("modelCache.list()")
-        assert [e["name"] for e in listed] == ["tiny.safetensors"] and listed[0]["key"] == info["key"]
-        assert page.get_attribute("#cache", "data-count") == "1"
-        assert page.text_content("#cache tbody tr td") == "tiny.safetensors"
-        page.evaluate("document.getElementById('view').textContent = ''")
-        page.locator("#cache tbody tr button.load").click()
-        page.wait_for_function("() => JSON.parse(document.getElementById('view').dataset.model "
-                               "|| '{}').cached === true", timeout=60_000)
-        page.wait_for_function(f"document.querySelectorAll('#view span').length === {len(text) + 5}",
-                               timeout=60_000)
-        again = json.loads(page.get_attribute("#view", "data-model"))
-        assert again["cached"] is True and again["key"] == info["key"] and again["backend"] == "wasm"
-        assert shown() == first
     finally:
         page.close()

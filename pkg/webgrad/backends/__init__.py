@@ -66,11 +66,24 @@ def get_backend(spec, *, options=None) -> Backend:
                     fallback = "wasm"
                 except Exception as e2:  # another Pyodide (a notebook kernel): numpy, if any
                     _auto_why += f"; no onnxruntime-web ({e2})"
+            if fallback == "reference":
+                try:
+                    b = get_backend("reference")
+                except ImportError:  # a notebook kernel not yet prepared: say how, not numpy
+                    if not in_pyodide():
+                        raise
+                    raise RuntimeError(
+                        f"backend='auto' has nothing to run on here: {_auto_why}; and "
+                        "'reference' needs numpy, which this Pyodide lacks. Outside webgrad's "
+                        "worker (a notebook kernel) set globalThis.webgradReplayURL and "
+                        "webgradOrtURL to serve.py's /worker/replay.mjs and /worker/ort.mjs, then "
+                        "`await webgrad.backends.prepare_async('auto')` once before compiling "
+                        "(notebooks/mlp_sin.ipynb's second cell)") from None
             if not _auto_said:
                 warnings.warn(f"webgrad: {_auto_why}; backend='auto' uses {fallback!r}",
                               stacklevel=3)
                 _auto_said = True
-            return b if fallback == "wasm" else get_backend("reference")
+            return b
     raise ValueError(f"unknown backend {spec!r}: use 'reference', 'torch', 'torch:cuda', "
                      "'webgpu', 'wasm' or 'auto'")
 

@@ -42,18 +42,27 @@ def _ort_import():
     return None
 
 
+def _no_ort() -> RuntimeError | None:
+    """The error to raise where worker/ort.mjs cannot be imported (neither the worker's own
+    nor a URL at globalThis[ORT_URL_GLOBAL]), raised before any Promise is made: a failed
+    coroutine under run_sync shows as a cell's error in a JupyterLite kernel even when caught."""
+    import js
+    if hasattr(js, "webgradOrt") or getattr(js.globalThis, ORT_URL_GLOBAL, None):
+        return None
+    return RuntimeError("backend='wasm' needs onnxruntime-web: webgrad's worker "
+                        "(worker/worker.mjs) loads it from /assets/ort/; elsewhere set "
+                        f"globalThis.{ORT_URL_GLOBAL} to the URL of worker/ort.mjs")
+
+
 async def load_async() -> str:
     """Import and load onnxruntime-web (worker/ort.mjs) without blocking; its description.
     backend='wasm' does this itself where Python may block on a Promise (JSPI, as in webgrad's
     worker); elsewhere (a notebook kernel) await this first (backends.prepare_async does)."""
     global _ort
     if _ort is None:
-        found = _ort_import()
-        if found is None:
-            raise RuntimeError("backend='wasm' needs onnxruntime-web: webgrad's worker "
-                               "(worker/worker.mjs) loads it from /assets/ort/; elsewhere set "
-                               f"globalThis.{ORT_URL_GLOBAL} to the URL of worker/ort.mjs")
-        module = await found
+        if (missing := _no_ort()) is not None:
+            raise missing
+        module = await _ort_import()
         await module.load()
         _ort = module
     return str(_ort.engine())
@@ -198,6 +207,8 @@ class _BrowserRuntime:
         from .webgpu_browser import block
         if _ort is None:
             from pyodide.ffi import can_run_sync
+            if (missing := _no_ort()) is not None:
+                raise missing
             if not can_run_sync():
                 raise RuntimeError(
                     "backend='wasm' has to load onnxruntime-web first, and this Python stack "

@@ -18,7 +18,8 @@ class ReferenceBackend(Interpreter):
             import numpy as np
         except ImportError:
             raise ImportError("backend='reference' needs numpy (pip install numpy); in the "
-                              "browser use backend='webgpu'") from None
+                              "browser use backend='auto' (WebGPU, or without it the CPU "
+                              "backend 'wasm')") from None
         super().__init__()
         self.np = np
         self.impls = {name: (lambda ref: lambda attrs, *xs: ref(np, attrs, *xs))(p.ref)

@@ -9,7 +9,9 @@ on models/cache_image.py) says how a model family's images are made
 from a file (parse_async). The IndexedDB half, with the record format and the cache key, is
 web/modelcache.mjs; the worker exposes it as `webgradModelCache`.
 
-    model, info = await load_async(source, fmt, backend="webgpu", progress=fn)
+    model, info = await load_async(source, fmt, backend="auto", progress=fn)
+        backend: where the model goes ("auto", the default: WebGPU, or in a browser without
+        it the CPU backend "wasm", whose restore writes the image through the host);
         source: a URL (str: a HEAD request's ETag keys the cache, so a hit downloads nothing),
         a JS File or Blob (picked from disk: its SHA-256 keys it), or bytes (with name=...).
         A hit reads the image and uploads it; a miss downloads, parses, and stores the image.
@@ -20,7 +22,7 @@ web/modelcache.mjs; the worker exposes it as `webgradModelCache`.
         loaded all the same;
         progress(dict) hears {phase, done, total} (bytes) for the phases "lookup", then
         "hash" / "download" / "parse" / "store" (a miss) or "read" / "upload" (a hit).
-    model, info = await load_key_async(key, fmt, backend="webgpu", progress=fn)   # a listed entry
+    model, info = await load_key_async(key, fmt, backend="auto", progress=fn)   # a listed entry
         (one that no longer restores is dropped, and its ModelCacheError raised)
     info = await store_async(model, fmt, name=..., kind="trained")   # e.g. one trained here
     entries = await list_async();  await remove_async(key);  await clear_async()
@@ -130,7 +132,7 @@ async def _restore_entry(cache, record, fmt, backend, clock, on_js):
                    "seconds": clock.seconds(), "phases": clock.phases}
 
 
-async def load_key_async(key: str, fmt: ImageFormat, *, backend="webgpu", progress=None):
+async def load_key_async(key: str, fmt: ImageFormat, *, backend="auto", progress=None):
     """(model, info) of the cached entry `key` (one of list_async()'s), restored by `fmt`."""
     from pyodide.ffi import create_proxy
     cache = await _cache()
@@ -148,7 +150,7 @@ async def load_key_async(key: str, fmt: ImageFormat, *, backend="webgpu", progre
         on_js.destroy()
 
 
-async def load_async(source, fmt: ImageFormat, *, backend="webgpu", name: str | None = None,
+async def load_async(source, fmt: ImageFormat, *, backend="auto", name: str | None = None,
                      progress=None):
     """(model, info) from a URL, a JS File/Blob or bytes, through the cache (module header):
     a hit restored by `fmt`, a miss parsed by it and its image stored."""

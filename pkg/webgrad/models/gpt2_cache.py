@@ -28,10 +28,10 @@ Pure Python, any backend (CPython too; the tests check the round trip here):
 
 In the browser worker, through the cache (io/modelcache.py says what info and progress hold):
 
-    model, info = await load_gpt2_async(source, backend="webgpu", progress=fn)
+    model, info = await load_gpt2_async(source, backend="auto", progress=fn)
         source: a URL, a JS File or Blob, or bytes (with name=...); safetensors or GGUF, told
         apart by the magic bytes
-    model, info = await load_key_async(key, backend="webgpu", progress=fn)   # a listed entry
+    model, info = await load_key_async(key, backend="auto", progress=fn)     # a listed entry
     info = await store_async(model, name=..., kind="trained")   # any GPT2, e.g. one trained here
 
 Consumers: the surprisal page (web/surprisal.mjs) and tests/browser/test_modelcache_page.py.
@@ -109,13 +109,13 @@ GPT2_IMAGES = ImageFormat(image_async=image_async, restore=restore, parse_async=
                           nbytes=nbytes)
 
 
-async def load_gpt2_async(source, *, backend="webgpu", name: str | None = None, progress=None):
+async def load_gpt2_async(source, *, backend="auto", name: str | None = None, progress=None):
     """(GPT2, info) from a URL, a JS File/Blob or bytes, through the cache (module header)."""
     return await modelcache.load_async(source, GPT2_IMAGES, backend=backend, name=name,
                                        progress=progress)
 
 
-async def load_key_async(key: str, *, backend="webgpu", progress=None):
+async def load_key_async(key: str, *, backend="auto", progress=None):
     """(GPT2, info) of the cached entry `key` (one of modelcache.list_async()'s)."""
     return await modelcache.load_key_async(key, GPT2_IMAGES, backend=backend, progress=progress)
 

@@ -6,7 +6,7 @@ transcode.
     item = Chat(model, tokenizer_json_bytes, tokenizer_config_dict)
     item = Chat(model, b"", {}, gguf=file_bytes)                  # a model loaded from GGUF
     info = await store_async(item, name=..., kind="llama")        # in the worker
-    item, info = await load_key_async(key, backend="webgpu")      # a listed entry
+    item, info = await load_key_async(key, backend="auto")        # a listed entry
     meta, parts = await image_async(item); item = restore(meta, data, backend)   # any Python
 
 The image (format 2) is what the GPU holds after a load (models/cache_image.py): every
@@ -145,7 +145,7 @@ async def store_async(item: Chat, *, name: str, kind: str = "llama", progress=No
     return await modelcache.store_async(item, LLAMA_IMAGES, name=name, kind=kind, progress=progress)
 
 
-async def load_key_async(key: str, *, backend="webgpu", progress=None):
+async def load_key_async(key: str, *, backend="auto", progress=None):
     return await modelcache.load_key_async(key, LLAMA_IMAGES, backend=backend, progress=progress)
 
 
