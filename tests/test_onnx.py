@@ -12,7 +12,11 @@
 * a forward program's export (parameters embedded), GPT-2 tiny's logits and cached decode
   (backend="wasm", and its exported file in onnxruntime), the Llama demo model's cached decode
   and greedy generation, and a Q8_0 weight (decoded by the runtime, and at export) equal the
-  reference.
+  reference;
+* parameters a program only reads are resident in its session (external initializers): an
+  upload or a training step is seen by the next run, a parameter written twice after the
+  session was made is fed from then on; GPT-2 tiny's decode step holds every weight so and
+  feeds and writes back its KV cache, equal to the reference before and after new weights.
 """
 from __future__ import annotations
 
@@ -175,6 +179,88 @@ def test_gpt2_tiny_logits_and_cached_decode(tmp_path):
     check_model(path.read_bytes())
     got = _ort_session(path.read_bytes()).run(["logits.0"], {"ids": np.asarray(ids, np.int32)})[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def _resident(fwd) -> tuple[set, set]:
+    """(resident, fed) persistent buffers of a wasm program's current export."""
+    ex = fwd._prog.exe.ex
+    return {v[1] for v in ex.resident.values()}, set(ex.persistent)
+
+
+def test_resident_parameters_follow_every_write():
+    # a forward program holds the parameters it only reads in its session (external
+    # initializers, not feeds); every upload is seen by the next run, and a parameter written
+    # twice after the session was made is fed from then on, with the same results
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((models.MLP_B, 1)).astype(np.float32)
+    fwds = {}
+    for be in ("reference", "wasm"):
+        c = models.compile_mlp(be, seed=3)
+        fwds[be] = c.compile_forward(lambda m, f: models.mlp_forward(m, f["x"]),
+                                     inputs={"x": ([models.MLP_B, 1], "f32")})
+    names = fwds["reference"].param_names
+    resident, fed = _resident(fwds["wasm"])
+    assert resident == set(names) and not fed & set(names)
+    np.testing.assert_allclose(fwds["wasm"].run({"x": x}), fwds["reference"].run({"x": x}),
+                               rtol=1e-5, atol=1e-6)
+    for k in range(3):
+        new = {n: rng.standard_normal(v.shape).astype(np.float32)
+               for n, v in fwds["reference"].download_params().items() if n.startswith("l2")}
+        for f in fwds.values():
+            f.upload_params(new, partial=True)
+        np.testing.assert_allclose(fwds["wasm"].run({"x": x}), fwds["reference"].run({"x": x}),
+                                   rtol=1e-5, atol=1e-6, err_msg=f"after upload {k}")
+    resident, fed = _resident(fwds["wasm"])
+    assert set(new) <= fed and not set(new) & resident   # written twice: fed now
+    assert resident == set(names) - set(new)
+
+
+def test_resident_parameters_see_training_steps():
+    # a training step writes the parameters that a forward program of the same store holds
+    # resident: every evaluation between steps sees the step before it, as on the reference
+    rng = random.Random(2)
+    batches = [models.sin_batch(rng) for _ in range(4)]
+    x = np.linspace(-3, 3, models.MLP_B, dtype=np.float32).reshape(-1, 1)
+    outs = {}
+    for be in ("reference", "wasm"):
+        c = models.compile_mlp(be, seed=1)
+        fwd = c.compile_forward(lambda m, f: models.mlp_forward(m, f["x"]),
+                                inputs={"x": ([models.MLP_B, 1], "f32")})
+        outs[be] = [np.asarray(fwd.run({"x": x}))]
+        for b in batches:
+            c.step(b)
+            outs[be].append(np.asarray(fwd.run({"x": x})))
+    for k, (got, want) in enumerate(zip(outs["wasm"], outs["reference"])):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5, err_msg=f"after step {k}")
+    assert len({o.tobytes() for o in outs["wasm"]}) == len(outs["wasm"])  # each step moved them
+
+
+def test_decode_step_holds_its_weights_resident():
+    # GPT-2 tiny's cached step: the weights are the session's, the KV cache is fed and
+    # written back; the greedy tokens equal the reference's, before and after new weights
+    from webgrad.models import gpt2
+    cfg = gpt2.GPT2Config(n_layer=2, n_head=2, n_embd=64, n_ctx=32, vocab_size=11,
+                          layer_norm_epsilon=1e-5)
+    ids = [1, 5, 2, 7]
+    ref, w = (gpt2.GPT2.init_random(cfg, seed=3, backend=b) for b in ("reference", "wasm"))
+    assert w.generate(ids, max_new_tokens=8, temperature=0) == ref.generate(ids, max_new_tokens=8, temperature=0)
+    ex = w._programs[("step", 1)]._prog.exe.ex
+    written = set(ex.writebacks.values())
+    assert written and written <= set(ex.persistent)       # the cache: fed, written back
+    assert {v[1] for v in ex.resident.values()} == set(w.shapes)   # every weight resident
+    other = gpt2.GPT2.init_random(cfg, seed=4, backend="reference")
+    for n in w.shapes:
+        h = run_blocking_read(other.backend, n)
+        w.backend.write(n, h)
+        ref.backend.write(n, h)
+    cache_w, cache_r = w.new_cache(), ref.new_cache()
+    np.testing.assert_allclose(w.logits_step(ids, cache_w), ref.logits_step(ids, cache_r),
+                               rtol=1e-4, atol=1e-5)
+
+
+def run_blocking_read(backend, name):
+    from webgrad.blocking import run_blocking
+    return run_blocking(backend.read(name))
 
 
 def test_bad_export_arguments_are_refused():

@@ -1,8 +1,10 @@
 // ONNX Runtime Web in the Pyodide worker: the engine of webgrad's CPU backend "wasm"
 // (pkg/webgrad/backends/onnx_runtime.py, whose _BrowserRuntime is the only caller).
 //
-// Python exports a program to ONNX (webgrad/onnx) and hands the model's bytes to create();
-// each step it passes the feeds and persistent buffers as tensors made by tensor() and gets
+// Python exports a program to ONNX (webgrad/onnx) and hands the model's bytes to create(),
+// with the store's tensors of the parameters the program only reads (the model's external
+// initializers: copied into onnxruntime's heap once, here, not on every run); each step it
+// passes the feeds and the other persistent buffers as tensors made by tensor() and gets
 // the requested outputs back as ort.Tensors (.data, .dims), which it keeps as the store's
 // buffers: parameters stay in JS between steps, only what a step returns is copied to
 // Python. The WebAssembly files come from /assets/ort/ (serve.py provisions the npm
@@ -11,7 +13,8 @@
 //   await load()                      import the runtime (once); its description
 //   engine()                          "onnxruntime-web 1.30.0 (WebAssembly, SIMD, 4 threads)"
 //   tensor(dtype, bytes, dims)        a tensor of "f32"/"i32" values from their raw bytes
-//   await create(modelBytes)          a session id
+//   await create(modelBytes, paths, tensors)   a session id; tensors[i]: the bytes of the
+//                                     model's external data location paths[i]
 //   await run(id, inNames, inValues, outNames)   [ort.Tensor] of the outputs outNames
 //   release(id)                       drop a session
 
@@ -52,10 +55,15 @@ export function tensor(dtype, bytes, dims) {
   return new ort.Tensor(dtype === "f32" ? "float32" : "int32", data, Array.from(dims));
 }
 
-export async function create(model) {
+export async function create(model, paths = [], tensors = []) {
   await load();
+  const externalData = paths.map((path, i) => {
+    const d = tensors[i].data;
+    return { path, data: new Uint8Array(d.buffer, d.byteOffset, d.byteLength) };
+  });
   const session = await ort.InferenceSession.create(model, {
     executionProviders: ["wasm"], graphOptimizationLevel: "all", logSeverityLevel: 3,
+    externalData,
   });
   const id = nextId++;
   sessions.set(id, session);

@@ -9,6 +9,9 @@ onnxruntime-web (WebAssembly), judged in CPython against the reference executor.
   and Stop keeps the last completed step's parameters (the reference's, replayed);
 * the convnet, transformer and char LM demos, a few steps each, run in the
   page there with the losses of the same source on the reference executor in CPython;
+* a forward program of the MLP between training steps and after an upload equals the
+  reference (the weights it only reads are resident in onnxruntime-web's session, made
+  again from the store when they change);
 * one oracle record per primitive (so every lowering runs in the WebAssembly engine) and
   GPT-2 tiny's logits and cached decode (the KV cache as the program's state) equal the
   reference executor's in CPython (a slow case: --run-slow).
@@ -134,6 +137,45 @@ async def gguf_logits_wasm(blob, ids):
         np.testing.assert_allclose(got, np.asarray(ref.forward(ids)), rtol=1e-4, atol=1e-5,
                                    err_msg=f"q8={q8}")
         assert nbytes == ref.weight_bytes
+
+
+@browser
+def test_resident_weights_see_uploads_and_training_in_the_browser(s):
+    """onnxruntime-web holds the parameters a program only reads in its session (external
+    data, handed over from the store's ort.Tensors): a forward program of the MLP between
+    training steps, and after an upload, gives the reference executor's outputs."""
+    import models
+    import random
+    x = [[v] for v in np.linspace(-3, 3, models.MLP_B).tolist()]
+    new_l2 = (0.1 * np.random.default_rng(0).standard_normal((64, 64))).astype(np.float32)
+    code = f"""
+import random, models
+c = models.compile_mlp("wasm", seed=1)
+fwd = c.compile_forward(lambda m, f: models.mlp_forward(m, f["x"]), inputs={{"x": ([models.MLP_B, 1], "f32")}})
+x = {x!r}
+outs = [fwd.run({{"x": x}}).tolist()]
+rng = random.Random(2)
+for _ in range(3):
+    c.step(models.sin_batch(rng))
+    outs.append(fwd.run({{"x": x}}).tolist())
+fwd.upload_params({{"l2.W": {new_l2.tolist()!r}}}, partial=True)
+outs.append(fwd.run({{"x": x}}).tolist())
+outs
+"""
+    got = s.run(code, timeout=120)
+    c = models.compile_mlp("reference", seed=1)
+    fwd = c.compile_forward(lambda m, f: models.mlp_forward(m, f["x"]),
+                            inputs={"x": ([models.MLP_B, 1], "f32")})
+    assert "l2.W" in fwd.param_names
+    want = [fwd.run({"x": x})]
+    rng = random.Random(2)
+    for _ in range(3):
+        c.step(models.sin_batch(rng))
+        want.append(fwd.run({"x": x}))
+    fwd.upload_params({"l2.W": new_l2}, partial=True)
+    want.append(fwd.run({"x": x}))
+    for k, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-5, err_msg=f"run {k}")
 
 
 @browser

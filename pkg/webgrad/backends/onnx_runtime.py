@@ -11,6 +11,17 @@ browser, a numpy array in CPython): a step feeds the model its feeds and every b
 reads, and the model's `<name>:new` outputs replace the buffers it writes, after the run
 (interpreter.py's rule: a step sees the values from before it). A quantized parameter is
 decoded on the host once per write (quants.dequantize_words) and fed as f32.
+
+Parameters that a program only reads (the weights of a decode step, the frozen base of a
+LoRA step) are resident instead: exported as initializers with external data (onnx
+export_graph's `resident`), their bytes handed to the runtime once, when the session is
+made. onnxruntime copies every fed tensor into its heap on each run (onnxruntime-web into
+the WebAssembly memory), and pre-packs or folds (the head's transpose) only initializers,
+so feeding them cost a decode step time in proportion to the weights. Every store write
+stamps the buffer; a run whose session holds an older stamp of a resident buffer makes its
+session again from the store, so a write (upload_params, another program's training step)
+is seen by the next run. A buffer that made a program's session stale twice is fed by that
+program from then on (a parameter trained between its runs), the rest stay resident.
 """
 from __future__ import annotations
 
@@ -80,7 +91,9 @@ class OnnxRuntimeBackend(Backend):
         self.dtypes: dict[str, str] = {}
         self.shapes: dict[str, tuple] = {}   # ort.Tensor names its shape `dims`, numpy `shape`
         self._decoded: dict[tuple, object] = {}
-        self.sessions: list = []  # every program's session, released by destroy()
+        self.stamps: dict[str, int] = {}  # buffer -> the count of store writes at its last write
+        self._writes = 0
+        self.runs: list = []  # every prepared program, whose sessions destroy() releases
 
     @property
     def engine(self) -> str:
@@ -94,10 +107,18 @@ class OnnxRuntimeBackend(Backend):
         return True
 
     def write(self, name, host):
-        self.store[name] = self.rt.from_host(host)
+        self.replace(name, self.rt.from_host(host))
         self.dtypes[name] = host.dtype
         self.shapes[name] = tuple(host.shape)
-        self._decoded = {k: v for k, v in self._decoded.items() if k[0] != name}
+
+    def replace(self, name: str, value) -> None:
+        """Put a new value of buffer `name` in the store (a write or a writeback): the
+        sessions that hold it resident see the new stamp and are made again."""
+        self.store[name] = value
+        self._writes += 1
+        self.stamps[name] = self._writes
+        if self._decoded:
+            self._decoded = {k: v for k, v in self._decoded.items() if k[0] != name}
 
     def shape_of(self, name):
         return self.shapes.get(name) if name in self.store else None
@@ -106,7 +127,7 @@ class OnnxRuntimeBackend(Backend):
         return await self.rt.to_host(self.store[name], self.dtypes[name])
 
     def prepare(self, graph, options=None):  # options: no kernels here to generate
-        return _Run(self, graph, export_graph(graph, name="webgrad_program"))
+        return _Run(self, graph)
 
     def decoded(self, name: str, qtype: str, shape) -> object:
         """The f32 values of quantized parameter `name`, decoded on the host (cached until
@@ -118,9 +139,9 @@ class OnnxRuntimeBackend(Backend):
         return self._decoded[key]
 
     def destroy(self):
-        for sess in self.sessions:
-            self.rt.release(sess)
-        self.sessions.clear()
+        for run in self.runs:
+            run.release()
+        self.runs.clear()
         self.store.clear()
         self.shapes.clear()
 
@@ -138,24 +159,64 @@ def _size(shape) -> int:
 
 
 class _Run:
-    def __init__(self, backend: OnnxRuntimeBackend, graph, ex):
-        self.b, self.g, self.ex = backend, graph, ex
-        self.session = backend.rt.session(ex.model)
-        self.kernel_count = ex.n_nodes  # what the runtime executes: the model's nodes
-        backend.sessions.append(self.session)
+    """A program on this backend: its model and the session that runs it, made on the first
+    run (the parameters are written by then) and again when a resident buffer changed."""
+
+    def __init__(self, backend: OnnxRuntimeBackend, graph):
+        self.b, self.g = backend, graph
+        # parameters this program only reads: resident in the session (the module header)
+        self.readonly = [n.attrs["name"] for n in graph.nodes
+                         if n.op == "param" and n.attrs["name"] not in graph.writebacks]
+        self.stale_count: dict[str, int] = {}   # buffer -> sessions it made stale
+        self.session = None
+        self.held: dict[str, int] = {}          # resident buffer -> its stamp in the session
+        self._export()
+        backend.runs.append(self)
+
+    def _export(self) -> None:
+        fed = {k for k, c in self.stale_count.items() if c >= 2}
+        self.ex = export_graph(self.g, name="webgrad_program",
+                               resident=[n for n in self.readonly if n not in fed])
+        self.kernel_count = self.ex.n_nodes  # what the runtime executes: the model's nodes
+
+    def _current_session(self):
+        b = self.b
+        stale = [n for n, st in self.held.items() if b.stamps.get(n) != st]
+        if self.session is not None and not stale:
+            return self.session
+        if stale:
+            for n in stale:
+                self.stale_count[n] = self.stale_count.get(n, 0) + 1
+            if any(self.stale_count[n] == 2 for n in stale):
+                self._export()   # those buffers fed from now on
+            self.release()
+        externals = {}
+        self.held = {}
+        for loc, (kind, name, qtype, shape) in self.ex.resident.items():
+            externals[loc] = b.store[name] if qtype is None else b.decoded(name, qtype, shape)
+            self.held[name] = b.stamps.get(name)
+        self.session = b.rt.session(self.ex.model, externals)
+        return self.session
+
+    def release(self) -> None:
+        if self.session is not None:
+            self.b.rt.release(self.session)
+            self.session = None
 
     async def run(self, feeds: dict[str, HostArray], fetch: list[str]) -> dict[str, HostArray]:
-        b, ex = self.b, self.ex
+        b = self.b
+        session = self._current_session()
+        ex = self.ex
         ins = {k: b.rt.from_host(feeds[k]) for k in ex.feeds}
         ins.update({k: b.store[buf] for k, buf in ex.persistent.items()})
         for k, (kind, name, qtype, shape) in ex.dequantized.items():
             ins[k] = (b.decoded(name, qtype, shape) if kind != "input" else
                       b.rt.from_host(_decode(qtype, bytes(memoryview(feeds[name]).cast("B")), shape)))
         names = list(dict.fromkeys([*fetch, *ex.writebacks]))
-        outs = await b.rt.run(self.session, ins, names)
+        outs = await b.rt.run(session, ins, names)
         res = {k: await b.rt.to_host(outs[k], self.g[self.g.outputs[k]].dtype) for k in fetch}
         for o, buf in ex.writebacks.items():  # after every read: a step sees old values
-            b.store[buf] = outs[o]
+            b.replace(buf, outs[o])
         return res
 
 
@@ -173,11 +234,19 @@ class _PythonRuntime:
         self.np, self.ort = np, ort
         self.engine = f"onnxruntime {ort.__version__} (CPU)"
 
-    def session(self, model: bytes):
+    def session(self, model: bytes, externals: dict):
+        """externals: {location: numpy array}, the bytes of the model's external initializers
+        (copied by onnxruntime; the arrays are kept with the session all the same)."""
         opts = self.ort.SessionOptions()
         opts.intra_op_num_threads = self.threads
         opts.log_severity_level = 3  # unused inputs (a program's declared feeds) are not news
-        return self.ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+        if externals:
+            arrays = [self.np.ascontiguousarray(v) for v in externals.values()]
+            opts.add_external_initializers_from_files_in_memory(
+                list(externals), arrays, [a.nbytes for a in arrays])
+        sess = self.ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+        sess.webgrad_externals = externals
+        return sess
 
     def from_host(self, h: HostArray):
         from ..arrays import to_numpy
@@ -218,8 +287,8 @@ class _BrowserRuntime:
         self.js = _ort
         self.engine = str(self.js.engine())
 
-    def session(self, model: bytes):
-        return _Session(self.js, model)
+    def session(self, model: bytes, externals: dict):
+        return _Session(self.js, model, externals)
 
     def from_host(self, h: HostArray):
         from pyodide.ffi import to_js
@@ -244,10 +313,13 @@ class _BrowserRuntime:
 
 class _Session:
     """A model's session in worker/ort.mjs, created on its first run. Names cross to JS once
-    (cached per list of names); values cross as one array each way."""
+    (cached per list of names); values cross as one array each way. externals: {location:
+    ort.Tensor} of the model's external initializers, whose bytes JS hands to onnxruntime-web
+    as they are (they do not pass through Python)."""
 
-    def __init__(self, ort, model: bytes):
+    def __init__(self, ort, model: bytes, externals: dict):
         self.ort, self.model, self.id = ort, model, None
+        self.externals = externals
         self._names: dict[tuple, object] = {}
 
     def _js_names(self, names) -> object:
@@ -260,7 +332,9 @@ class _Session:
     async def run(self, ins: dict, names: list[str]) -> dict:
         from pyodide.ffi import to_js
         if self.id is None:
-            self.id = await self.ort.create(to_js(self.model))
+            self.id = await self.ort.create(to_js(self.model), to_js(list(self.externals)),
+                                            to_js(list(self.externals.values())))
+            self.model = self.externals = None   # onnxruntime-web holds its own copies
         res = await self.ort.run(self.id, self._js_names(ins), to_js(list(ins.values())),
                                  self._js_names(names))
         return dict(zip(names, res.to_py(depth=1)))

@@ -383,6 +383,10 @@ class Exported:
     dequantized: ONNX input name -> (kind, name, qtype, shape): quantized blocks (a feed or a
                  persistent buffer: kind "input", "param" or "state") that the runtime
                  decodes on the host and feeds as f32 (the dequantize node it was)
+    resident:    external data location -> (kind, name, qtype, shape): the persistent buffers
+                 exported as initializers whose bytes the runtime hands over with the model
+                 (export_graph's `resident`); qtype None: the buffer's own values, else its
+                 f32 decoding, as in `dequantized`
     outputs:     ONNX output name -> the graph's output key ("loss", "output", "capture:x")
     writebacks:  ONNX output name ("<buffer>:new") -> the persistent buffer it replaces
     ops:         the ONNX operators the model uses
@@ -392,6 +396,7 @@ class Exported:
     feeds: dict[str, str] = field(default_factory=dict)
     persistent: dict[str, str] = field(default_factory=dict)
     dequantized: dict[str, tuple] = field(default_factory=dict)
+    resident: dict[str, tuple] = field(default_factory=dict)
     outputs: dict[str, str] = field(default_factory=dict)
     writebacks: dict[str, str] = field(default_factory=dict)
     ops: tuple[str, ...] = ()
@@ -410,7 +415,7 @@ def _raw(h, dtype: str) -> bytes:
 
 
 def export_graph(graph: Graph, *, name: str = "webgrad", values=None, decode=None,
-                 outputs=None, writebacks: bool = True, doc: str = "") -> Exported:
+                 outputs=None, writebacks: bool = True, resident=(), doc: str = "") -> Exported:
     """Lower `graph` to an ONNX model.
 
     values:     buffer name -> HostArray (or flat sequence) to embed as an initializer
@@ -420,8 +425,14 @@ def export_graph(graph: Graph, *, name: str = "webgrad", values=None, decode=Non
                 an f32 model input (`<buffer>:f32`) that the runtime feeds
     outputs:    the graph outputs to export (default: all)
     writebacks: export the new value of each written persistent buffer (`<buffer>:new`)
+    resident:   persistent buffers to export as initializers with external data (locations
+                "w0", "w1", ...: Exported.resident), not as model inputs: a runtime hands
+                their bytes over once, when it makes the session, instead of on every run,
+                and may fold and pre-pack them (backends/onnx_runtime.py: parameters that a
+                program only reads). A quantized one becomes its decoding (`<buffer>:f32`)
     """
     values = values or {}
+    resident = set(resident)
     b = Builder()
     ex = Exported(b"")
     inputs: list[bytes] = []
@@ -435,6 +446,12 @@ def export_graph(graph: Graph, *, name: str = "webgrad", values=None, decode=Non
         taken.add(s)
         return s
 
+    def external(name: str, n, elem: int, key: tuple) -> str:
+        loc = f"w{len(ex.resident)}"
+        ex.resident[loc] = key
+        b.inits.append(proto.external_tensor(name, n.shape, elem, loc, 4 * prod(n.shape)))
+        return name
+
     quant_reads = {n.inputs[0]: n for n in graph.nodes
                    if n.op == "dequantize" and graph[n.inputs[0]].op in LEAVES}
     for n in graph.nodes:
@@ -445,6 +462,9 @@ def export_graph(graph: Graph, *, name: str = "webgrad", values=None, decode=Non
                 continue  # read only through its dequantize node: that node is the input
             if buf in values:
                 names[n.id] = b.init(claim(buf), n.shape, proto.ELEM[n.dtype], _raw(values[buf], n.dtype))
+                continue
+            if buf in resident and n.op != "input":
+                names[n.id] = external(claim(buf), n, proto.ELEM[n.dtype], (n.op, buf, None, n.shape))
                 continue
             names[n.id] = claim(buf)
             inputs.append(proto.value_info(buf, proto.ELEM[n.dtype], n.shape))
@@ -457,6 +477,8 @@ def export_graph(graph: Graph, *, name: str = "webgrad", values=None, decode=Non
             if buf in values and decode is not None:
                 names[n.id] = b.init(claim(f"{buf}:f32"), n.shape, proto.FLOAT,
                                      _raw(decode(*key[1:]), "f32"))
+            elif buf in resident and leaf.op != "input":
+                names[n.id] = external(claim(f"{buf}:f32"), n, proto.FLOAT, key)
             else:
                 names[n.id] = claim(f"{buf}:f32")
                 inputs.append(proto.value_info(names[n.id], proto.FLOAT, n.shape))

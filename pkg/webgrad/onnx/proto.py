@@ -47,6 +47,16 @@ def tensor(name: str, dims, elem: int, raw: bytes) -> bytes:
             + f_bytes(9, raw))
 
 
+def external_tensor(name: str, dims, elem: int, location: str, nbytes: int) -> bytes:
+    """TensorProto whose values lie outside the model: external_data=13 (StringStringEntryProto
+    {key=1, value=2}: location, offset, length), data_location=14 (EXTERNAL = 1). The runtime
+    is handed the bytes of each location with the model (in memory, no file)."""
+    entries = (("location", location), ("offset", "0"), ("length", str(nbytes)))
+    return (b"".join(f_int(1, d) for d in dims) + f_int(2, elem) + f_bytes(8, name)
+            + b"".join(f_bytes(13, f_bytes(1, k) + f_bytes(2, v)) for k, v in entries)
+            + f_int(14, 1))
+
+
 def value_info(name: str, elem: int, dims) -> bytes:
     """ValueInfoProto{name=1, type=2: TypeProto{tensor_type=1: {elem_type=1, shape=2:
     TensorShapeProto{dim=1: Dimension{dim_value=1}}}}}"""
