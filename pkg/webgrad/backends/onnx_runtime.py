@@ -90,9 +90,11 @@ class OnnxRuntimeBackend(Backend):
         self.store: dict[str, object] = {}
         self.dtypes: dict[str, str] = {}
         self.shapes: dict[str, tuple] = {}   # ort.Tensor names its shape `dims`, numpy `shape`
-        self._decoded: dict[tuple, object] = {}
+        self._decoded: dict[str, dict] = {}   # name -> {(qtype, shape): its f32 decoding}
         self.stamps: dict[str, int] = {}  # buffer -> the count of store writes at its last write
         self._writes = 0
+        self.resident: set[str] = set()   # the buffers some session holds
+        self.resident_writes = 0          # writes to those: a session checks its stamps on change
         self.runs: list = []  # every prepared program, whose sessions destroy() releases
 
     @property
@@ -117,8 +119,9 @@ class OnnxRuntimeBackend(Backend):
         self.store[name] = value
         self._writes += 1
         self.stamps[name] = self._writes
-        if self._decoded:
-            self._decoded = {k: v for k, v in self._decoded.items() if k[0] != name}
+        self._decoded.pop(name, None)
+        if name in self.resident:
+            self.resident_writes += 1
 
     def shape_of(self, name):
         return self.shapes.get(name) if name in self.store else None
@@ -132,11 +135,12 @@ class OnnxRuntimeBackend(Backend):
     def decoded(self, name: str, qtype: str, shape) -> object:
         """The f32 values of quantized parameter `name`, decoded on the host (cached until
         the next write)."""
-        key = (name, qtype, tuple(shape))
-        if key not in self._decoded:
+        known = self._decoded.setdefault(name, {})
+        key = (qtype, tuple(shape))
+        if key not in known:
             words = self.rt.host_words(self.store[name])
-            self._decoded[key] = self.rt.from_host(_decode(qtype, words, shape))
-        return self._decoded[key]
+            known[key] = self.rt.from_host(_decode(qtype, words, shape))
+        return known[key]
 
     def destroy(self):
         for run in self.runs:
@@ -170,6 +174,7 @@ class _Run:
         self.stale_count: dict[str, int] = {}   # buffer -> sessions it made stale
         self.session = None
         self.held: dict[str, int] = {}          # resident buffer -> its stamp in the session
+        self.seen = -1                          # backend.resident_writes at the last check
         self._export()
         backend.runs.append(self)
 
@@ -181,6 +186,9 @@ class _Run:
 
     def _current_session(self):
         b = self.b
+        if self.session is not None and self.seen == b.resident_writes:
+            return self.session   # no resident buffer of any session written since the last run
+        self.seen = b.resident_writes
         stale = [n for n, st in self.held.items() if b.stamps.get(n) != st]
         if self.session is not None and not stale:
             return self.session
@@ -195,6 +203,7 @@ class _Run:
         for loc, (kind, name, qtype, shape) in self.ex.resident.items():
             externals[loc] = b.store[name] if qtype is None else b.decoded(name, qtype, shape)
             self.held[name] = b.stamps.get(name)
+        b.resident.update(self.held)
         self.session = b.rt.session(self.ex.model, externals)
         return self.session
 
