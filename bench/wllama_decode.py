@@ -11,12 +11,15 @@ tensor names and metadata, tied embeddings, a SentencePiece vocabulary of made-u
 llama.cpp needs to load a file but no run here uses: every run is fed token ids):
 - smol: SmolLM2-135M's shape (30 layers, 576 wide, 9 query and 3 key/value heads of 64, MLP
   1536, 49152 tokens, rope_theta 1e5), files F32 and Q8_0 (576 is not a whole number of
-  256-value k-quant blocks, so Q4_K does not apply to most of its matrices). webgrad runs it on
-  WebGPU (SwiftShader in this headless Chromium), the matrices of the Q8_0 file kept as blocks.
+  256-value k-quant blocks, so Q4_K does not apply to most of its matrices).
 - gpt2: bench/gpt2_decode.py's tiny GPT-2 (2 layers, 64 wide, 2 heads, 1000 tokens, n_ctx 128),
-  files F32 and Q8_0. webgrad runs it twice: backend "wasm" (its program exported to ONNX and
-  run by onnxruntime-web) in a second Chromium started with WebGPU off
-  (BrowserSession.without_webgpu), and on WebGPU.
+  files F32 and Q8_0.
+
+webgrad runs each file twice (--backends): backend "wasm" (its programs exported to ONNX and
+run by onnxruntime-web, the weights resident in the session) in a second Chromium started
+with WebGPU off (BrowserSession.without_webgpu), and on WebGPU (SwiftShader in this headless
+Chromium: a software adapter on the same CPU cores; the Q8_0 matrices kept as blocks there,
+decoded to f32 once on the host for "wasm").
 
 wllama runs on its CPU backend (n_gpu_layers 0) in pages of its own (bench/peers/wllama.html),
 served by a server of this script twice: with cross-origin isolation (COOP/COEP, as serve.py
@@ -28,10 +31,12 @@ worker and this script's servers to wllama's pages: both read the same bytes.
 The work is the same for every row: --prompt token ids (deterministic, below the vocabulary
 size), then --new tokens greedily (temperature 0; wllama with ignore_eos and top_k 1, webgrad
 with stop_at_eos=False), a cache of --n-ctx positions; wllama with cache_prompt false, so no
-run reuses the previous one's prefill. One warm-up run (webgrad compiles its programs there),
-then --reps timed runs; tokens/s = new / median wall time of one whole generate call (prefill
-included, as bench/gpt2_decode.py counts it). wllama's own decode-only figure (llama.cpp's
-predicted_per_second) is printed beside it. The greedy tokens of webgrad and wllama are
+run reuses the previous one's prefill. --warmup warm-up runs (1; webgrad compiles its programs
+in the first; the first rows in a fresh Chromium run WebAssembly that V8 has not yet tiered up,
+which took webgrad's "wasm" 2-3 calls of 32 tokens: --warmup 3 measures the steady state),
+then --reps timed runs; tokens/s = new / median wall time of one whole generate
+call (prefill included, as bench/gpt2_decode.py counts it). wllama's own decode-only figure
+(llama.cpp's predicted_per_second) is printed beside it. The greedy tokens of webgrad and wllama are
 compared (same file, same arithmetic up to rounding: on random weights two logits may nearly
 tie, and llama.cpp's CPU matmuls round the activations to 8 bits for quantized weights, so
 Q8_0 tokens may part early; the shared prefix is printed).
@@ -205,7 +210,7 @@ def peers_server(serve, isolated: bool):
 
 # ---------------------------------------------------------------------------------- the runs
 
-# Runs in webgrad's Pyodide worker: the file from serve.py's /models/, one warm-up, REPS timed
+# Runs in webgrad's Pyodide worker: the file from serve.py's /models/, WARMUP warm-ups, REPS timed
 # generate calls, the wall time of each.
 WORKER_CODE = """
 import time
@@ -219,7 +224,8 @@ else:
     m = await gpt2.GPT2.from_gguf_async(blob, backend=BACKEND)
 del blob
 load_ms = 1e3 * (time.perf_counter() - t0)
-await m.generate_async(PROMPT, max_new_tokens=NEW, temperature=0, stop_at_eos=False)
+for _ in range(WARMUP):
+    await m.generate_async(PROMPT, max_new_tokens=NEW, temperature=0, stop_at_eos=False)
 times = []
 for _ in range(REPS):
     t0 = time.perf_counter()
@@ -234,7 +240,7 @@ host = getattr(getattr(m.backend, "host", None), "info", None)
 def run_webgrad(s: BrowserSession, kind: str, fname: str, backend: str, prompt, args) -> dict:
     head = "".join(f"{k} = {v!r}\n" for k, v in dict(
         URL=f"{s.url.rstrip('/')}/models/{fname}", KIND=kind, BACKEND=backend, N_CTX=args.n_ctx,
-        PROMPT=prompt, NEW=args.new, REPS=args.reps).items())
+        PROMPT=prompt, NEW=args.new, REPS=args.reps, WARMUP=args.warmup).items())
     out = s.run(head + WORKER_CODE, timeout=args.timeout)
     out["library"] = f"webgrad ({backend})"
     return out
@@ -294,7 +300,7 @@ def wllama_rows(s, urls: dict, fname: str, prompt, args) -> list[dict]:
     for where, threads in variants:
         config = {"url": f"{urls[where]}models/{fname}", "prompt": prompt_text(prompt),
                   "prompt_ids": len(prompt), "new": args.new,
-                  "reps": args.reps, "threads": threads, "n_ctx": args.n_ctx,
+                  "reps": args.reps, "warmup": args.warmup, "threads": threads, "n_ctx": args.n_ctx,
                   "timeout_s": args.timeout, "steps": 0}
         try:
             r = run_peer(s, urls[where] + "wllama.html", config)
@@ -318,15 +324,19 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", type=int, default=8, help="prompt tokens")
     ap.add_argument("--new", type=int, default=32, help="tokens generated per call")
     ap.add_argument("--n-ctx", type=int, default=64, help="cache length, both sides")
-    ap.add_argument("--reps", type=int, default=3, help="timed calls after one warm-up")
+    ap.add_argument("--reps", type=int, default=3, help="timed calls after the warm-up")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed calls first (webgrad and wllama)")
+    ap.add_argument("--backends", default="wasm,webgpu", help="webgrad's rows, from wasm,webgpu")
     ap.add_argument("--threads", type=int, default=2, help="wllama's threads where isolated")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per library run")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     types = [t for t in args.types.split(",") if t]
-    if not set(models) <= {"smol", "gpt2"} or not set(types) <= set(TYPES):
-        ap.error("--models from smol,gpt2; --types from F32,Q8_0")
+    backends = [b for b in args.backends.split(",") if b]
+    if not set(models) <= {"smol", "gpt2"} or not set(types) <= set(TYPES) or not set(
+            backends) <= {"wasm", "webgpu"}:
+        ap.error("--models from smol,gpt2; --types from F32,Q8_0; --backends from wasm,webgpu")
     if args.prompt + args.new > min(args.n_ctx, GPT2_TINY["n_ctx"]):
         ap.error("need --prompt + --new <= --n-ctx (and <= the tiny GPT-2's 128)")
 
@@ -355,14 +365,15 @@ def main(argv=None) -> int:
             for where in ("isolated", "not isolated"):
                 servers[where] = peers_server(serve, where == "isolated")
             urls = {k: v[1] for k, v in servers.items()}
-            cpu = s.without_webgpu() if "gpt2" in models else None
+            cpu = s.without_webgpu() if "wasm" in backends or "gpt2" in models else None
             try:
                 for kind, qt, name in files:
                     vocab = SMOL["vocab_size"] if kind == "smol" else GPT2_TINY["vocab_size"]
                     prompt = prompt_ids(vocab, args.prompt)
                     rows = []
-                    sessions = [("webgpu", s)] if kind == "smol" else [("wasm", cpu), ("webgpu", s)]
-                    for backend, sess in sessions:
+                    for backend, sess in [("wasm", cpu), ("webgpu", s)]:
+                        if backend not in backends:
+                            continue
                         try:
                             r = run_webgrad(sess, kind, name, backend, prompt, args)
                             r["row"] = f"webgrad {backend}" + (" (WebGPU off)" if backend == "wasm" else "")
@@ -390,7 +401,8 @@ def main(argv=None) -> int:
         shape = (f"SmolLM2-135M shape, {args.layers} layers" if kind == "smol"
                  else "tiny GPT-2 (2 layers, 64 wide, 1000 tokens)")
         print_table(f"{shape}, {qt} GGUF; prompt {args.prompt} ids, {args.new} new tokens greedy, "
-                    f"n_ctx {args.n_ctx}; median of {args.reps} calls after a warm-up", rows, args.new)
+                    f"n_ctx {args.n_ctx}; median of {args.reps} calls after {args.warmup} warm-up",
+                    rows, args.new)
         for r in rows:
             if "error" in r:
                 print(f"\n{r['row']} failed:\n{r['error']}", file=sys.stderr)

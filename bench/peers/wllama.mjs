@@ -2,7 +2,7 @@
 // backend compiled to WebAssembly (n_gpu_layers 0: no WebGPU), timed as webgrad's worker times
 // its own generate().
 //
-//   window.peerBench.run({url, prompt, prompt_ids, new, reps, threads, n_ctx}) -> Promise<result>
+//   window.peerBench.run({url, prompt, prompt_ids, new, reps, warmup, threads, n_ctx}) -> Promise<result>
 //
 // The model is fetched from `url` and loaded from a Blob. Each run is one createCompletion
 // call on the text `prompt`: wllama takes text only, so bench/wllama_decode.py writes files
@@ -10,7 +10,7 @@
 // (checked here against llama.cpp's prompt token count). Greedy (temperature 0, top_k 1),
 // exactly `new` tokens (ignore_eos), no prompt cache reuse between runs (cache_prompt false),
 // so every run does the same work as webgrad's generate(prompt, new, temperature=0): one
-// prefill of the prompt and `new` - 1 single-token steps. One warm-up run, then `reps` timed
+// prefill of the prompt and `new` - 1 single-token steps. `warmup` warm-up runs (1 if not given), then `reps` timed
 // runs; the wall time of each call (performance.now() around it) and llama.cpp's own
 // prompt/decode timings are returned.
 //
@@ -53,7 +53,7 @@ async function run(config) {
     });
     return { ms: performance.now() - start, r };
   };
-  await once();   // warm-up
+  for (let i = 0; i < (config.warmup ?? 1); i++) await once();   // warm-up
   const times = [], timings = [];
   let text = null, usage = null;
   for (let i = 0; i < config.reps; i++) {
