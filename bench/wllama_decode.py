@@ -233,7 +233,7 @@ for _ in range(REPS):
     times.append(1e3 * (time.perf_counter() - t0))
 host = getattr(getattr(m.backend, "host", None), "info", None)
 {"load_ms": load_ms, "times_ms": times, "tokens": out[len(PROMPT):], "n_ctx": m.cfg.n_ctx,
- "host": str(host) if host else type(m.backend).__name__}
+ "host": str(host) if host else getattr(m.backend, "engine", type(m.backend).__name__)}
 """
 
 
@@ -327,6 +327,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3, help="timed calls after the warm-up")
     ap.add_argument("--warmup", type=int, default=1, help="untimed calls first (webgrad and wllama)")
     ap.add_argument("--backends", default="wasm,webgpu", help="webgrad's rows, from wasm,webgpu")
+    ap.add_argument("--ort-threads", type=int, default=0, metavar="N",
+                    help="also a webgrad wasm row with onnxruntime-web on N threads (a fresh "
+                    "worker of the isolated page; its default here is half the cores)")
     ap.add_argument("--threads", type=int, default=2, help="wllama's threads where isolated")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per library run")
     ap.add_argument("--json", type=Path, help="also write the results here")
@@ -371,18 +374,28 @@ def main(argv=None) -> int:
                     vocab = SMOL["vocab_size"] if kind == "smol" else GPT2_TINY["vocab_size"]
                     prompt = prompt_ids(vocab, args.prompt)
                     rows = []
-                    for backend, sess in [("wasm", cpu), ("webgpu", s)]:
+                    plan = [("wasm", cpu, None), ("webgpu", s, None)]
+                    if args.ort_threads > 1:   # a fresh worker asks onnxruntime-web for them
+                        plan.insert(1, ("wasm", cpu, args.ort_threads))
+                    for backend, sess, threads in plan:
                         if backend not in backends:
                             continue
                         try:
-                            r = run_webgrad(sess, kind, name, backend, prompt, args)
-                            r["row"] = f"webgrad {backend}" + (" (WebGPU off)" if backend == "wasm" else "")
+                            if threads is None:
+                                r = run_webgrad(sess, kind, name, backend, prompt, args)
+                            else:
+                                with sess.another_worker() as w:
+                                    w.run("from webgrad.backends import onnx_runtime\n"
+                                          f"onnx_runtime.set_threads({threads})")
+                                    r = run_webgrad(w, kind, name, backend, prompt, args)
+                            r["row"] = f"webgrad {backend}" + (" (WebGPU off)" if backend == "wasm" else "") + (
+                                f", {threads} threads" if threads else "")
                         except Exception as e:
                             r = {"library": f"webgrad ({backend})", "row": f"webgrad {backend}",
                                  "error": f"{type(e).__name__}: {e}"}
                         rows.append(summarize(r, args.new))
                         print(f"  {kind} {qt} {rows[-1]['row']}: "
-                              f"{rows[-1].get('tokens_per_s', 'failed')}", flush=True)
+                              f"{rows[-1].get('tokens_per_s', 'failed')} ({r.get('host', '?')})", flush=True)
                     # GPT-2 (issue 25's comparison) in the Chromium without WebGPU, as webgrad's wasm row
                     rows += wllama_rows(cpu if kind == "gpt2" else s, urls, name, prompt, args)
                     results[f"{kind} {qt}"] = rows

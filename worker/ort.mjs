@@ -30,8 +30,12 @@ export async function load() {
       ort = m.default ?? m;
       ort.env.wasm.wasmPaths = here("../assets/ort/");
       ort.env.wasm.proxy = false;  // already off the main thread
-      ort.env.wasm.numThreads = self.crossOriginIsolated ?
-        Math.max(1, Math.min(4, (self.navigator.hardwareConcurrency || 2) >> 1)) : 1;
+      // threads: as many as webgrad.backends.onnx_runtime.set_threads(n) asked before this
+      // first load (globalThis.webgradOrtThreads), else half the cores, at most 4; without
+      // cross-origin isolation (no SharedArrayBuffer) always one
+      const asked = Math.floor(Number(self.webgradOrtThreads) || 0);
+      ort.env.wasm.numThreads = !self.crossOriginIsolated ? 1 : asked > 0 ? asked :
+        Math.max(1, Math.min(4, (self.navigator.hardwareConcurrency || 2) >> 1));
       ort.env.logLevel = "error";
       return engine();
     });

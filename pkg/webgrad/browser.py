@@ -212,6 +212,18 @@ class BrowserSession:
         page.wait_for_function("() => window.webgrad !== undefined", timeout=30_000)
         return page
 
+    def another_worker(self, boot_timeout: float = 120.0) -> "WorkerPage":
+        """A second page of the app in this browser, with a worker of its own, booted: for
+        code that needs a fresh worker (one whose onnxruntime-web has not loaded yet, say).
+        Its run() is this session's; close() closes the page."""
+        page = self.new_page()
+        try:
+            info = self._request(page, "ready", [], boot_timeout, "booting a second worker")
+        except BaseException:
+            page.close()
+            raise
+        return WorkerPage(self, page, info)
+
     def _request(self, page, method: str, args: list, timeout: float, what: str):
         if page is None:
             raise BrowserError("this BrowserSession is closed")
@@ -265,6 +277,28 @@ class BrowserSession:
         self._playwright = self.browser = self.page = self.server = None
 
     def __enter__(self) -> "BrowserSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class WorkerPage:
+    """A page of a BrowserSession's browser with its own worker (BrowserSession.another_worker)."""
+
+    def __init__(self, session: BrowserSession, page, info: dict):
+        self.session, self.page, self.info, self.url = session, page, info, session.url
+
+    def run(self, code: str, timeout: float = 300.0):
+        """Run Python source in this page's worker; returns its last expression's value."""
+        return self.session._request(self.page, "run", [code], timeout, "running code")
+
+    def close(self) -> None:
+        if self.page is not None:
+            self.page.close()
+            self.page = None
+
+    def __enter__(self) -> "WorkerPage":
         return self
 
     def __exit__(self, *exc) -> None:

@@ -277,3 +277,40 @@ def test_demo_runs_without_webgpu(s, example):
         sample = lines[next(k for k, line in enumerate(lines) if line.startswith("step ")) + 1]
         assert sample.startswith("The ") and len(sample) == 4 + 24, printed
         assert sample in console, (sample, console)
+
+
+@browser
+def test_onnxruntime_threads_are_asked_before_it_loads(s):
+    """onnx_runtime.set_threads(2) in a fresh worker of the (cross-origin isolated) page gives
+    onnxruntime-web two threads where it would take one on this machine's default (half the
+    cores); the MLP's steps on two threads equal the reference's; asking again once it is
+    loaded, or for a bad count, is refused with a message."""
+    import models
+    with s.another_worker() as w:
+        ship_module(w, "models", models.source())
+        got = w.run("""
+import random, js, models
+from webgrad.backends import onnx_runtime as ort
+errors = []
+for bad in (0, 1.5, True):
+    try:
+        ort.set_threads(bad)
+    except ValueError as e:
+        errors.append(str(e))
+ort.set_threads(2)
+c = models.compile_mlp("wasm", seed=0)
+rng = random.Random(1)
+losses = [c.step(models.sin_batch(rng)) for _ in range(3)]
+try:
+    ort.set_threads(1)
+except RuntimeError as e:
+    errors.append(str(e))
+[bool(js.crossOriginIsolated), c.backend.engine, losses, errors]
+""", timeout=60)
+    isolated, engine, losses, errors = got
+    assert isolated and "2 threads" in engine, engine
+    ref = models.compile_mlp("reference", seed=0)
+    rng = random.Random(1)
+    np.testing.assert_allclose(losses, [ref.step(models.sin_batch(rng)) for _ in range(3)], rtol=1e-5)
+    assert len(errors) == 4 and all("set_threads" in e for e in errors), errors
+    assert "loaded already" in errors[-1], errors

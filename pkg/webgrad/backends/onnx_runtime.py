@@ -65,6 +65,24 @@ def _no_ort() -> RuntimeError | None:
                         f"globalThis.{ORT_URL_GLOBAL} to the URL of worker/ort.mjs")
 
 
+def set_threads(n: int) -> None:
+    """onnxruntime-web's WebAssembly threads for this worker, asked before it loads (the first
+    backend='wasm' program; load_async): a cross-origin isolated page gets n, one that is not
+    gets one whatever is asked (threads share memory: SharedArrayBuffer needs the isolation
+    serve.py's headers give). Unset: half the cores, at most 4. engine() says what it got.
+    In CPython, OnnxRuntimeBackend(threads=n) sets onnxruntime's intra-op threads instead."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 64:
+        raise ValueError(f"set_threads: give a whole number of threads from 1 to 64, not {n!r}")
+    if not in_pyodide():
+        raise RuntimeError("set_threads is for onnxruntime-web in the browser; in CPython pass "
+                           "OnnxRuntimeBackend(threads=n)")
+    if _ort is not None:
+        raise RuntimeError(f"set_threads({n}): onnxruntime-web is loaded already "
+                           f"({_ort.engine()}); call it before the first backend='wasm' program")
+    import js
+    js.globalThis.webgradOrtThreads = n
+
+
 async def load_async() -> str:
     """Import and load onnxruntime-web (worker/ort.mjs) without blocking; its description.
     backend='wasm' does this itself where Python may block on a Promise (JSPI, as in webgrad's
