@@ -489,7 +489,7 @@ def test_works_without_numpy():
                        text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert "numpy" in out["reference_error"] and "webgpu" in out["reference_error"]
+    assert "numpy" in out["reference_error"] and "backend='auto'" in out["reference_error"]
     assert out["ir_has_matmul"] and out["numpy_absent"]
     assert out["type"] == "HostArray" and out["shape"] == [3, 4]
     assert out["buffer"] == ["f", 48]
