@@ -87,7 +87,7 @@ def test_matmul_and_gather_read_the_blocks(qt, backend):
     # webgpu: the barrier-free kernel (CPU adapters), the tiled one (GPUs) and the tiled one
     # split over K (the H200's long-K rule: partial sums, then a second kernel)
     # and the H200's wide tile with vec4 loads (x read as vec4, the blocks decoded per element)
-    # and the matrix-vector kernel (M = 3: decoding's products), whole groups per lane
+    # and the matrix-vector kernel (M = 3: decoding's products), lanes reading chunks
     # and its barrier-free CPU form (a thread per 8 columns, the words 4 values at a time)
     kernels = (("direct", "tiled", "split", "vec4", "gemv", "gemv_cpu") if backend == "webgpu"
                else (None,))
@@ -111,13 +111,53 @@ def test_matmul_and_gather_read_the_blocks(qt, backend):
             plan, feeds = p._prog.exe.plan, set(p._prog.exe.lowered.feeds.values())
             assert all(b["size"] < 4 * N * K for k, b in enumerate(plan["buffers"]) if k not in feeds)
             mm = [pl["wgsl"] for pl in plan["pipelines"] if " K=" in pl["wgsl"].split("\n")[0]]
-            # the barrier-free and matrix-vector kernels read a scale per group of 32 and 4
-            # values per word
-            grouped = bool(opts.force_direct or opts.force_gemv or opts.gemv_cpu)
-            assert mm and all(("dqs_" in w) == grouped and ("dq_" in w or grouped) for w in mm)
+            # the barrier-free kernel and the CPU matrix-vector one read a scale per group of
+            # 32 and 4 values per word; the GPU matrix-vector one reads its format's chunks
+            grouped = bool(opts.force_direct or opts.gemv_cpu)
+            chunks = kind == "gemv"
+            assert mm and all(("dqs_" in w) == grouped and ("dq_" in w) != chunks
+                              if not grouped else "dqs_" in w for w in mm)
             if kind in ("gemv", "gemv_cpu"):
                 names = p._prog.exe.kernel_names
-                assert any((" gemv cpu " if kind == "gemv_cpu" else " gemv ") in k for k in names)
+                assert any((" gemv cpu " if kind == "gemv_cpu" else " gemv q ") in k for k in names)
+
+
+# (N, K) of the matrix-vector kernel's chunked form: N no multiple of a workgroup's columns,
+# K several blocks (an odd count of super-blocks: rows with fewer chunks than lanes, too)
+GEMV_SHAPES = [(37, 3 * 256), (70, 8 * 256)]
+
+
+@pytest.mark.webgpu
+@pytest.mark.skipif(not webgpu_available(), reason="no WebGPU adapter")
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("qt", QTS, ids=lambda q: q.name)
+def test_gemv_reads_the_blocks_in_chunks(qt, rows):
+    """The GPU matrix-vector kernel's quantized form (matmul_gemv.build_gemv_chunks: lanes
+    read consecutive chunks of the blocks), run on lavapipe by name, against gguf's values
+    times x in float64; a shape of its block options that leaves lanes idle too."""
+    from webgrad.codegen import KernelOptions
+    rng = np.random.default_rng(int(qt) + rows)
+    for (N, K), shape in zip(GEMV_SHAPES, [(128, 32, 2), (64, 16, 3)]):
+        raw = small_blocks(qt, N * K // gguf.GGML_QUANT_SIZES[qt][0], rng)
+        W = gguf.quants.dequantize(raw.reshape(N, -1), qt)
+        words = np.frombuffer(quants.transcode(qt.name, raw.tobytes()), np.int32)
+        spec = quants.QuantSpec(qt.name, (N, K), transposed=True)
+
+        class M(Module):
+            def __init__(self):
+                super().__init__()
+                self.w = self.param([K, N])
+                self.w.quant = spec
+
+        x = rng.standard_normal((rows, K)).astype(np.float32)
+        want = x.astype(np.float64) @ W.T.astype(np.float64)
+        opts = KernelOptions(force_gemv=True, gemv_cpu=False, gemv_quant=shape)
+        p = compile_program("webgpu", M, lambda m, f: {"y": f["x"] @ m.w},
+                            inputs={"x": ([rows, K], "f32")}, kernel_options=opts)
+        assert any(" gemv q " in k for k in p._prog.exe.kernel_names), p._prog.exe.kernel_names
+        p._prog.backend.write("w", HostArray("i32", words.tolist(), shape=words.shape))
+        got = p.run({"x": x}, ["y"])["y"]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
 def test_quantized_params_are_not_trainable_but_run_forward():

@@ -316,6 +316,26 @@ def test_q4_k_m_mix(tmp_path, backend):
     close(m.forward(IDS), hf_logits(model, IDS, sd))
 
 
+@pytest.mark.parametrize("backend", [WEBGPU])
+def test_q4_k_m_decode_through_the_chunked_gemv(tmp_path, backend):
+    """A Q4_K_M file's decode steps through the GPU matrix-vector kernel's quantized form
+    (matmul_gemv.build_gemv_chunks, forced onto lavapipe): every product of a step, the
+    Q6_K head included, reads its blocks in chunks, and the cached steps give
+    transformers' logits of gguf's values."""
+    from webgrad.backends.webgpu import WebGPUBackend
+    from webgrad.codegen import KernelOptions
+    be = WebGPUBackend(options=KernelOptions(force_gemv=True, gemv_cpu=False))
+    model = hf_model("llama", WIDE)
+    path, sd = llama_cpp_gguf(tmp_path, model, "llama", qtype=QT.Q4_K, mix=q4_k_m(2))
+    m = llama.Llama.from_gguf(path, backend=be)
+    cache = m.new_cache()
+    rows = list(np.asarray(m.logits_all_step(IDS[:3], cache)))
+    rows += [np.asarray(m.logits_step([t], cache)) for t in IDS[3:6]]
+    names = m._program("step", 1)._prog.exe.kernel_names
+    assert sum(" gemv q " in n for n in names) == 7 * WIDE["num_hidden_layers"] + 1, names
+    close(np.stack(rows), hf_logits(model, IDS[:6], sd))
+
+
 def test_keep_quantized_false_and_split_tables(tmp_path):
     """keep_quantized=False: f32 parameters, the same logits. Token table and head in row
     blocks (as the binding limit splits them) take their blocks' rows."""

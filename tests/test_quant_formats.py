@@ -2,7 +2,7 @@
 
 Fails when a ggml type the GGUF reader names (quants.GGML_TYPES) is neither decoded (a
 float type, or a format of quants.FORMATS) nor listed in NOT_SUPPORTED with the reason; when
-a format lacks a piece (Python spec, numpy path, the two WGSL decoders, a documented layout)
+a format lacks a piece (Python spec, numpy path, the three WGSL decoders, a documented layout)
 or its geometry disagrees with the gguf package; when a reader (io/gguf.py, io/gpu_dequant.py,
 quantized parameters, the tests' block generators) does not take a format; when code outside
 webgrad/quants names a format (a per-type special case); and when the quants layer imports
@@ -65,10 +65,13 @@ def test_every_format_has_every_piece():
         if name not in (module.__doc__ or ""):
             problems.append(f"{where}: module {module.__name__} has no docstring giving the "
                             "block layout, the formula and the word layout")
-        for piece in ("python", "numpy", "wgsl", "wgsl_group"):
+        for piece in ("python", "numpy", "wgsl", "wgsl_group", "wgsl_chunk"):
             if not callable(getattr(fmt, piece)):
                 problems.append(f"{where}: {piece} is not a function")
         n = 3 * fmt.block
+        ch = fmt.wgsl_chunk(n)
+        if not (isinstance(ch, quants.Chunk) and ch.runs * ch.run * ch.per_block == fmt.block):
+            problems.append(f"{where}: wgsl_chunk's chunks do not cover a block once")
         body = fmt.wgsl("w", n)
         scale, quant = fmt.wgsl_group("w", n)
         for what, text in (("wgsl", body), ("wgsl_group's scale", scale),

@@ -4,17 +4,22 @@ matmul_gemv_cpu.py's form).
 Matrix-vector (`build_gemv`, GPUs: matmul_config.use_gemv): a product of at most KernelOptions.gemv_rows
 rows of C (decoding's Linear layers and LM head, M = 1) whose B has its K axis of stride 1
 takes neither tiled form: a workgroup of 256 threads owns 8 columns, 32 lanes per column walk
-its row of B (vec4 loads; a quantized row whole groups at a time) and add their partial sums
-in workgroup memory. One kernel, no split over K, B read once at close to bandwidth
-(bench/README.md, llama_decode.py: a Llama-3.2-1B-shaped decode step's products 8.8 -> 2.8
-ms).
+its row of B (vec4 loads) and add their partial sums in workgroup memory. One kernel, no
+split over K, B read once at close to bandwidth (bench/README.md, llama_decode.py: a
+Llama-3.2-1B-shaped decode step's products 8.8 -> 2.8 ms).
+
+A quantized W^T whose rows start at block starts takes `build_gemv_chunks`: consecutive
+lanes read consecutive aligned chunks of the blocks (each format's Chunk, webgrad/quants),
+where the grouped form gave each lane a whole group of values sharing a scale and a warp's
+loads scattered over 32 groups (Q4_K on an H200: 120 GB/s, against 2500 for f32 rows).
 """
 from __future__ import annotations
 
 from math import prod
 
 from .layout import addr_sum, batch_base, digits_addr, nonunit_digits
-from .quant import QuantOperand, group_helpers, grouped_quant, operand_reader, vec4_reader
+from .quant import (QuantOperand, chunk_reader, chunked_quant, group_helpers, grouped_quant,
+                    operand_reader, vec4_reader)
 from .wgsl import u32_lit
 
 GEMV_WG = 256  # threads per workgroup of the matrix-vector kernel
@@ -36,6 +41,8 @@ def build_gemv(ctx, node, opa, opb, vec: bool) -> list:
     A's rows (R x K floats) are re-read by every workgroup from the cache."""
     (sa, offa, dima, ash), (sb, offb, dimb, bsh) = opa, opb
     M, K, N = ash[-2], ash[-1], bsh[-1]
+    if vec and chunked_quant(sb, offb, dimb, bsh, K):
+        return build_gemv_chunks(ctx, node, opa, opb)
     batch = tuple(node.shape[:-2])
     R = M * prod(batch)
     k_fast = nonunit_digits(dimb[-2]) == [(K, 1)]
@@ -69,12 +76,7 @@ def build_gemv(ctx, node, opa, opb, vec: bool) -> list:
     col = "n" if N % CW == 0 else em.let(f"min(n, {N - 1}u)")  # past N: a valid address
     base_b = batch_base(em, batch, [u32_lit(0)] * len(batch), offb, dimb, bsh)
     cb = em.let(addr_sum([base_b] + digits_addr(dimb[-1], f"({col})", N)))
-    ra = []
-    for r in range(R):
-        b, m = divmod(r, M)
-        bd = em.unravel(u32_lit(b), batch) if batch else []
-        base_a = batch_base(em, batch, bd, offa, dima, ash)
-        ra.append(em.let(addr_sum([base_a] + digits_addr(dima[-2], u32_lit(m), M))))
+    ra = row_bases(em, opa, batch, R)
     acc = [f"c{r}" for r in range(R)]
     for a in acc:
         L(f"var {a}: f32 = 0.0f;")
@@ -123,3 +125,128 @@ def build_gemv(ctx, node, opa, opb, vec: bool) -> list:
         for r in range(R):
             L(f"{epi}({r * N}u + n, gv[{r * GEMV_WG}u + c * {KL}u]);")
     return [ctx.dispatch(kernel, em.lines, grid, GEMV_WG)]
+
+
+def row_bases(em, opa, batch: tuple, R: int) -> list[str]:
+    """The address of each of A's R rows (batch elements times M) at k = 0."""
+    sa, offa, dima, ash = opa
+    M = ash[-2]
+    out = []
+    for r in range(R):
+        b, m = divmod(r, M)
+        bd = em.unravel(u32_lit(b), batch) if batch else []
+        base_a = batch_base(em, batch, bd, offa, dima, ash)
+        out.append(em.let(addr_sum([base_a] + digits_addr(dima[-2], u32_lit(m), M))))
+    return out
+
+
+def a_vec4_reader(kernel, opa):
+    """(row base, k) -> WGSL vec4<f32> of A[row, k .. k+3] (k a multiple of 4): one vec4
+    load where A's rows are plain storage of stride-1 K starting at multiples of 4, else
+    four loads."""
+    sa, offa, dima, ash = opa
+    K = ash[-1]
+    if (not isinstance(sa, QuantOperand) and offa % 4 == 0
+            and nonunit_digits(dima[-1]) == [(K, 1)]
+            and all(st % 4 == 0 for d in dima[:-1] for c, st in d if c > 1)):
+        A4 = vec4_reader(kernel, sa)
+        return lambda ra, k: A4(f"{ra} + {k}")
+    A = operand_reader(kernel, sa)
+    return lambda ra, k: "vec4<f32>({})".format(", ".join(
+        A(addr_sum([ra] + digits_addr(dima[-1], f"({k} + {t}u)", K))) for t in range(4)))
+
+
+def build_gemv_chunks(ctx, node, opa, opb) -> list:
+    """The quantized form: C = A B for a B that is a quantized W^T read in its format's
+    chunks (quants/format.Chunk). A workgroup of WG threads (KernelOptions.gemv_quant) has
+    WG / LC groups of LC lanes; each group owns RW adjacent columns of C, and lane kl takes
+    chunks kl, kl + LC, ... of their rows of W: consecutive lanes load consecutive aligned
+    chunks (a warp's load is one contiguous span, every quant byte read once, where one
+    lane per group of values read scattered words). Each lane decodes its chunk's runs with
+    their scales, loads A's values for them as vec4s once for its RW columns, and adds
+    scale * sum(a q) - min * sum(a) per run. The LC partials of a column are then added in
+    workgroup memory, a fixed tree of fan-in 8 (deterministic), and lane 0 runs the
+    epilogue."""
+    (sa, offa, dima, ash), (sb, offb, dimb, bsh) = opa, opb
+    M, K, N = ash[-2], ash[-1], bsh[-1]
+    batch = tuple(node.shape[:-2])
+    R = M * prod(batch)
+    WG, lanes, RW = ctx.limits.options.gemv_quant
+    kernel = ctx.kernel("")   # named below, once the shape is known
+    ch, word, vec = chunk_reader(kernel, sb)
+    block = sb.block
+    lpb = ch.per_block.bit_length() - 1
+    nch = K // block * ch.per_block         # chunks per row of W
+    LC = min(lanes, 1 << (nch.bit_length() - 1), WG)
+    CW = WG // LC * RW                      # columns per workgroup
+    kernel.name = (f"matmul {'x'.join(map(str, node.shape))} K={K} gemv q "
+                   f"{WG // LC}x{LC}x{RW}")
+    A4 = a_vec4_reader(kernel, opa)
+    epi = ctx.epilogue_fn(kernel)
+    kernel.decls.append(f"var<workgroup> gv: array<f32, {R * CW * LC}>;")
+    em = ctx.emitter(kernel)
+    L = em.emit
+    grid = kernel.workgroup_index(em, -(-N // CW), "w")
+    L(f"let kl = lid % {LC}u;")
+    L(f"let n0 = w * {CW}u + (lid / {LC}u) * {RW}u;")
+    base_b = batch_base(em, batch, [u32_lit(0)] * len(batch), offb, dimb, bsh)
+    rb = []   # each column's first block of W
+    for j in range(RW):
+        col = f"n0 + {j}u" if N % CW == 0 else f"min(n0 + {j}u, {N - 1}u)"
+        cb = addr_sum([base_b] + digits_addr(dimb[-1], f"({col})", N))
+        rb.append(em.let(f"({cb}) / {block}u"))
+    ra = row_bases(em, opa, batch, R)
+    acc = [[f"c{r}_{j}" for j in range(RW)] for r in range(R)]
+    for row in acc:
+        for a in row:
+            L(f"var {a}: f32 = 0.0f;")
+    has_min = sb.has_min
+    with em.block(f"for (var ch = kl; ch < {nch}u; ch += {LC}u)"):
+        L(f"let kb = ch >> {lpb}u;")
+        L(f"let c = ch & {ch.per_block - 1}u;")
+        for j in range(RW):   # every column's loads first: all in flight together
+            for line in ch.load(word, vec, f"{rb[j]} + kb", "c", f"q{j}_").strip("\n").split("\n"):
+                L(line.removeprefix("  "))
+        for r in range(ch.runs):
+            with em.block(""):
+                L(f"let k = kb * {block}u + {ch.at(r, 'c')};")
+                pieces = range(ch.run // 4)
+                for x in range(R):
+                    for i in pieces:
+                        L(f"let a{x}_{i} = {A4(ra[x], f'k + {4 * i}u' if i else 'k')};")
+                    if has_min:   # sum(a) of the run, once for all RW columns
+                        total = " + ".join(f"a{x}_{i}" for i in pieces)
+                        L(f"let as{x} = dot({total}, vec4<f32>(1.0f));")
+                for j in range(RW):
+                    for i in pieces:
+                        L(f"let y{j}_{i} = {ch.quant(f'q{j}_', r, i)};")
+                    s_ = f"q{j}_s{r}"
+                    for x in range(R):
+                        dots = " + ".join(f"a{x}_{i} * y{j}_{i}" for i in pieces)
+                        term = f"{s_}.x * dot({dots}, vec4<f32>(1.0f))"
+                        if has_min:
+                            term += f" - {s_}.y * as{x}"
+                        L(f"{acc[x][j]} = {acc[x][j]} + ({term});")
+    # the LC partials of row r, column j of the lane's: gv[(r * CW + column) * LC + kl]
+    L(f"let gs = (lid / {LC}u) * {RW * LC}u;")
+    slot = [[f"gs + {(r * CW + j) * LC}u" for j in range(RW)] for r in range(R)]
+    for r in range(R):
+        for j in range(RW):
+            L(f"gv[{slot[r][j]} + kl] = {acc[r][j]};")
+    L("workgroupBarrier();")
+    s = LC
+    while s > 1:
+        f = min(8, s)
+        s //= f
+        with em.block(f"if (kl < {s}u)"):
+            for r in range(R):
+                for j in range(RW):
+                    at = f"{slot[r][j]} + kl"
+                    L(f"gv[{at}] = " + " + ".join(
+                        f"gv[{at}{f' + {t * s}u' if t else ''}]" for t in range(f)) + ";")
+        L("workgroupBarrier();")
+    with em.block("if (kl == 0u)"):
+        for j in range(RW):
+            calls = " ".join(f"{epi}({r * N}u + n0 + {j}u, gv[{slot[r][j]}]);" for r in range(R))
+            L(f"if (n0 + {j}u < {N}u) {{ {calls} }}" if N % CW else calls)
+    return [ctx.dispatch(kernel, em.lines, grid, WG)]

@@ -69,6 +69,10 @@ class KernelOptions:
     # lavapipe; not SwiftShader, where it ran 10% slower than matmul_direct.py's 1 x 8 / 1 x 4
     # blocks (bench/README.md, decode_browser.py)
     gemv_cpu_adapters: tuple = ("llvmpipe", "lavapipe")
+    # the matrix-vector kernel's quantized form (matmul_gemv.build_gemv_chunks): threads per
+    # workgroup, lanes per column (consecutive lanes read consecutive chunks of a row's
+    # blocks; fewer where a row has fewer chunks) and columns per lane (sharing A's loads)
+    gemv_quant: tuple = (128, 32, 2)
     # ... also where B's N axis (not K) has stride 1 (matmul_config.use_gemv says why not by default)
     gemv_n_fast: bool = False
     # adapters (substrings of Limits.adapter, lower case) whose small direct products take

@@ -46,6 +46,14 @@ class QuantOperand:
         return FORMATS[self.qtype].group
 
     @property
+    def block(self) -> int:
+        return FORMATS[self.qtype].block
+
+    @property
+    def has_min(self) -> bool:
+        return FORMATS[self.qtype].has_min
+
+    @property
     def what(self) -> str:
         return f"{self.qtype} blocks of {self.words.what}"
 
@@ -107,12 +115,38 @@ def grouped_quant(sb, offb, dimb, bsh, K) -> bool:
     """Is a matmul's B (storage sb, offset offb, digits dimb, shape bsh) a quantized W^T
     whose K runs along W's rows (stride 1) from group starts? Then the matmul kernels read
     it a group of G values (one scale) at a time (group_helpers)."""
-    if not isinstance(sb, QuantOperand):
-        return False
-    G = sb.group
+    return isinstance(sb, QuantOperand) and _rows_from(sb.group, offb, dimb, bsh, K)
+
+
+def chunked_quant(sb, offb, dimb, bsh, K) -> bool:
+    """Is B such a W^T whose rows start at block starts (and its words at their buffer's
+    start)? Then the matrix-vector kernel reads it in its formats' chunks (chunk_reader)."""
+    return (isinstance(sb, QuantOperand) and sb.words.offset == 0
+            and _rows_from(FORMATS[sb.qtype].block, offb, dimb, bsh, K))
+
+
+def _rows_from(G, offb, dimb, bsh, K) -> bool:
     return (len(bsh) == 2 and K % G == 0 and offb % G == 0
             and nonunit_digits(dimb[-2]) == [(K, 1)]
             and all(st % G == 0 for c, st in dimb[-1] if c > 1))
 
 
-__all__ = ["QuantOperand", "grouped_quant", "quant_base", "operand_reader", "vec4_reader", "helper", "group_helpers"]
+def chunk_reader(kernel, st: "QuantOperand"):
+    """(format's Chunk, word, vec) for a kernel reading `st` in chunks: the words bound in
+    the chunk's load unit (vec4<u32>, vec2<u32> or u32), word(at) / vec(at) the WGSL of word
+    `at` / of words at..at+3 (at a multiple of the unit), as Chunk.load takes them."""
+    ch = FORMATS[st.qtype].wgsl_chunk(st.n)
+    kind = {4: "vec4_u32", 2: "vec2_u32", 1: "u32"}[ch.unit]
+    b = kernel.binding(st.words.buffer, kind, what=st.what, nbytes=st.words.nbytes)
+    if ch.unit == 1:
+        words = lambda at: ", ".join(f"{b}[({at}) + {t}u]" for t in range(4))
+        return ch, (lambda at: f"{b}[{at}]"), (lambda at: f"vec4<u32>({words(at)})")
+    sh = ch.unit.bit_length() - 1
+    if ch.unit == 2:
+        vec = lambda at: f"vec4<u32>({b}[({at}) >> 1u], {b}[(({at}) >> 1u) + 1u])"
+    else:
+        vec = lambda at: f"{b}[({at}) >> 2u]"
+    return ch, (lambda at: f"{b}[({at}) >> {sh}u][({at}) & {ch.unit - 1}u]"), vec
+
+
+__all__ = ["QuantOperand", "chunk_reader", "chunked_quant", "grouped_quant", "quant_base", "operand_reader", "vec4_reader", "helper", "group_helpers"]

@@ -144,7 +144,7 @@ def lit(v, dtype: str) -> str:
 def wgsl_type(dtype: str) -> str:
     return {"f32": "f32", "i32": "i32", "u32": "u32", "atomic_u32": "atomic<u32>",
             "vec4_f32": "vec4<f32>", "f16": "f16", "vec4_f16": "vec4<f16>",
-            "vec4_u32": "vec4<u32>"}[dtype]
+            "vec4_u32": "vec4<u32>", "vec2_u32": "vec2<u32>"}[dtype]
 
 
 def zero(dtype: str) -> str:

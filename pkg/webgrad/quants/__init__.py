@@ -28,9 +28,10 @@ Adding a quant format (tests/test_quant_formats.py fails until each piece is the
   1. its row in format.GGML_TYPES exists already (every ggml type is listed);
   2. a module qX.py (the name in lower case) with a docstring giving the file block's
      layout, the formula and the GPU word layout, and FORMAT = QuantFormat(name,
-     f16_at=..., scales_at=..., python=, numpy=, wgsl=, wgsl_group=, group=, has_min=): see QuantFormat
-     for what each piece takes and returns; the Python decoder is the spec (Python floats,
-     rounded once to f32), the others compute the same values;
+     f16_at=..., scales_at=..., python=, numpy=, wgsl=, wgsl_group=, wgsl_chunk=, group=,
+     has_min=): see QuantFormat (and Chunk) for what each piece takes and returns; the
+     Python decoder is the spec (Python floats, rounded once to f32), the others compute
+     the same values;
   3. its module in registry.py's list;
   4. test data: its f16 fields' offsets in tests/test_gguf.py's F16_FIELDS (random blocks
      with finite scales; QUANTIZABLE if gguf can quantize it), its weight scale and test
@@ -44,11 +45,11 @@ FORMATS quantized), the matmul kernels and the model cache go by FORMATS.
 from __future__ import annotations
 
 from .decode import DEQUANTIZABLE, dequantize, f16_wgsl
-from .format import GGML_TYPES, TYPE_IDS, QuantFormat
+from .format import GGML_TYPES, TYPE_IDS, Chunk, QuantFormat
 from .registry import FLOATS, FORMATS
 from .words import (QuantSpec, check, dequantize_numpy, dequantize_words, n_words, raw_blocks,
                     transcode)
 
-__all__ = ["DEQUANTIZABLE", "FLOATS", "FORMATS", "GGML_TYPES", "QuantFormat", "QuantSpec",
-           "TYPE_IDS", "check", "dequantize", "dequantize_numpy", "dequantize_words",
+__all__ = ["Chunk", "DEQUANTIZABLE", "FLOATS", "FORMATS", "GGML_TYPES", "QuantFormat",
+           "QuantSpec", "TYPE_IDS", "check", "dequantize", "dequantize_numpy", "dequantize_words",
            "f16_wgsl", "n_words", "raw_blocks", "transcode"]

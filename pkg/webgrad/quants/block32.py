@@ -11,7 +11,8 @@ bodies (f16_at = 0).
 """
 from __future__ import annotations
 
-from .format import f16
+from .format import Chunk, bytes_f32, f16
+from .q8_0 import tail_scale
 
 
 def python(raw: memoryview, nblocks: int, out, *, size: int, qs_at: int, qh_at: int | None,
@@ -85,3 +86,33 @@ def wgsl_group(w: str, n: int, *, words: int, qs_w: int, qh_w: int | None, has_m
   return vec4<f32>(f32(i32(v & 255u){o}), f32(i32((v >> 8u) & 255u){o}),
                    f32(i32((v >> 16u) & 255u){o}), f32(i32(v >> 24u){o}));"""
     return scale, quant
+
+
+def wgsl_chunk(n: int, *, words: int, qs_w: int, qh_w: int | None, has_min: bool,
+               offset: int) -> Chunk:
+    """One chunk a block: its 16 nibble bytes, run 0 the low nibbles (values 0-15), run 1
+    the high ones (16-31), loaded in the widest unit the block's words allow."""
+    unit = next(u for u in (4, 2, 1) if words % u == 0 and qs_w % u == 0)
+
+    def load(word, vec, blk, c, p):
+        text = f"\n  let {p}o = ({blk}) * {words}u;\n  let {p}q = {vec(f'{p}o + {qs_w}u')};"
+        if qh_w is not None:
+            text += f"\n  let {p}qh = {word(f'{p}o + {qh_w}u')};"
+        if has_min:          # value = scale * q - min: the min goes in negated (exact)
+            text += (f"\n  let {p}dm = unpack2x16float({word(f'{p}o')});"
+                     f"\n  let {p}s0 = vec2<f32>({p}dm.x, -{p}dm.y);")
+        else:
+            text += (tail_scale(word, blk, words * (n // 32), p)
+                     + f"\n  let {p}s0 = vec2<f32>({p}d, 0.0f);")
+        return text + f"\n  let {p}s1 = {p}s0;"
+
+    def quant(p, r, i):
+        v = f"(({p}q[{i}] >> {4 * r}u) & 0x0f0f0f0fu)"
+        if qh_w is not None:   # fifth bits 16 r + 4 i .. + 3 spread to bit 4 of each byte
+            h = f"({p}qh >> {16 * r + 4 * i}u)"
+            v = (f"({v} | ((({h} & 1u) | (({h} & 2u) << 7u) | (({h} & 4u) << 14u)"
+                 f" | (({h} & 8u) << 21u)) << 4u))")
+        return bytes_f32(v, offset)
+
+    return Chunk(per_block=1, unit=unit, runs=2, run=16, load=load, quant=quant,
+                 at=lambda r, c: f"{16 * r}u")

@@ -3,7 +3,8 @@
 A QuantFormat holds every piece webgrad needs of one GGUF block type: its block geometry
 (from GGML_TYPES), how its blocks become aligned u32 words on the GPU (`f16_at`), and its
 decoders: pure Python (the executable spec), numpy (the same formulas vectorized in f32),
-and two WGSL decoders over the words (one element; a group of values sharing a scale). Each
+and three WGSL decoders over the words (one element; a group of values sharing a scale;
+the chunks of one aligned load each that the GPU matrix-vector kernel reads, Chunk). Each
 type's module (q8_0.py, q4_k.py, ...) builds one; registry.py lists them. Imports nothing of
 webgrad's: the file parser (io/gguf.py), the codegen and the executors all sit above it.
 """
@@ -38,6 +39,50 @@ def f16(raw) -> float:
     return struct.unpack("<e", raw)[0]
 
 
+def bytes_f32(v: str, bias: int = 0) -> str:
+    """WGSL: the vec4<f32> of the four bytes of u32 `v` (byte 0 first), each minus `bias`.
+    A byte ORed into the mantissa of 2^23 is the float 2^23 + byte, and subtracting 2^23 +
+    bias is exact: two ALU operations a value where GPUs convert integers to floats at a
+    quarter rate or less, which would bound a quantized product below memory bandwidth."""
+    return (f"(bitcast<vec4<f32>>(((vec4<u32>({v}) >> vec4<u32>(0u, 8u, 16u, 24u)) & "
+            f"vec4<u32>(255u)) | vec4<u32>(0x4b000000u)) - vec4<f32>({float(2 ** 23 + bias)}f))")
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """How the GPU matrix-vector kernel (codegen/matmul_gemv.py) reads a format's blocks:
+    consecutive lanes take consecutive chunks, each one aligned load of `unit` words of quant
+    bytes (plus the block's scales and any bytes the chunk's values share with others, read
+    again from the cache), so a warp's load instruction covers one contiguous span and every
+    quant byte comes from memory once. A chunk holds `runs` runs of `run` consecutive values,
+    each run one (scale, min).
+
+    per_block  chunks per block (a power of two); chunk c < per_block of block blk
+    unit       words per aligned load, 4, 2 or 1: the kernel binds the words as vec4<u32>,
+               vec2<u32> or u32 (every block start and load offset is a multiple of it)
+    runs, run  runs per chunk, values per run (a multiple of 4)
+    at         (r, c) -> WGSL u32: the index within its block of run r's first value
+    load       (word, vec, blk, c, p) -> WGSL statements: lets named p..., among them
+               `{p}s{r}`, run r's vec2<f32> (scale, min) as in wgsl_group; word(at) and
+               vec(at) give the WGSL of word `at` (a u32) and of words at..at+3 (a
+               vec4<u32>, `at` a multiple of unit) of the words
+    quant      (p, r, i) -> WGSL vec4<f32>: the integers of run r's values 4 i .. 4 i + 3
+               (value = scale * q - min, the quants wgsl_group gives)
+    """
+    per_block: int
+    unit: int
+    runs: int
+    run: int
+    at: Callable[[int, str], str]
+    load: Callable[..., str]
+    quant: Callable[[str, int, int], str]
+
+    def __post_init__(self):
+        if self.per_block & (self.per_block - 1) or self.unit not in (1, 2, 4) or self.run % 4:
+            raise ValueError(f"Chunk: per_block {self.per_block} must be a power of two, unit "
+                             f"{self.unit} 1, 2 or 4, run {self.run} a multiple of 4")
+
+
 @dataclass(frozen=True)
 class QuantFormat:
     """One GGUF block type, every piece of it (the package docstring's checklist).
@@ -55,6 +100,7 @@ class QuantFormat:
               vec2<f32>` the (scale, min) of group gi of `group` values, and `fn(e: u32) ->
               vec4<f32>` the integers of elements e..e+3 (e a multiple of 4); a value is
               scale * q - min, the same f32 operations as `wgsl`'s
+    wgsl_chunk (n values) -> Chunk: how the GPU matrix-vector kernel reads the blocks
     scales_at the byte offsets in a file block of its f16 fields (the scales, and the mins
               where there are): with these finite every value of the block is, so
               `first_nonfinite_block` checks a file's blocks without decoding them
@@ -67,6 +113,7 @@ class QuantFormat:
     numpy: Callable
     wgsl: Callable[[str, int], str]
     wgsl_group: Callable[[str, int], tuple[str, str]]
+    wgsl_chunk: Callable[[int], "Chunk"]
     scales_at: tuple[int, ...]
     group: int = 32
     has_min: bool = False
@@ -106,4 +153,4 @@ class QuantFormat:
         return GGML_TYPES[TYPE_IDS[self.name]][2]
 
 
-__all__ = ["GGML_TYPES", "TYPE_IDS", "QuantFormat", "f16"]
+__all__ = ["GGML_TYPES", "TYPE_IDS", "Chunk", "QuantFormat", "bytes_f32", "f16"]

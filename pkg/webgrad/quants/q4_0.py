@@ -7,6 +7,9 @@
 """
 from __future__ import annotations
 
+from functools import partial
+
+from . import block32
 from .format import QuantFormat, f16
 from .q8_0 import group_scale
 
@@ -50,4 +53,6 @@ def wgsl_group(w: str, n: int) -> tuple[str, str]:
 
 
 FORMAT = QuantFormat("Q4_0", f16_at=0, scales_at=(0,), python=python, numpy=numpy, wgsl=wgsl,
-                     wgsl_group=wgsl_group)
+                     wgsl_group=wgsl_group,
+                     wgsl_chunk=partial(block32.wgsl_chunk, words=4, qs_w=0, qh_w=None,
+                                        has_min=False, offset=8))

@@ -18,4 +18,5 @@ FORMAT = QuantFormat(
     python=partial(block32.python, size=20, qs_at=4, qh_at=None, **_AT),
     numpy=partial(block32.numpy, qs_at=4, qh_at=None, **_AT),
     wgsl=partial(block32.wgsl, words=5, qs_w=1, qh_w=None, **_AT),
-    wgsl_group=partial(block32.wgsl_group, words=5, qs_w=1, qh_w=None, **_AT))
+    wgsl_group=partial(block32.wgsl_group, words=5, qs_w=1, qh_w=None, **_AT),
+    wgsl_chunk=partial(block32.wgsl_chunk, words=5, qs_w=1, qh_w=None, **_AT))

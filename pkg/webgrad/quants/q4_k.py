@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import struct
 
-from .format import QuantFormat
+from .format import Chunk, QuantFormat, bytes_f32
 
 
 def k_scales(s) -> tuple[list[int], list[int]]:
@@ -41,18 +41,24 @@ def scale_min_wgsl(w: str) -> str:
     """WGSL: sub-block `sub`'s 6-bit scale `sc` and min `mn`, and the super-block's f16 pair
     `dm`, of the super-block at word `base` of `w` (words 1-3 hold the 12 scale bytes:
     bytes t, 4 + t and 8 + t, t = sub % 4, are byte t of words 1, 2, 3)."""
+    return unpack_scale_min(*(f"{w}[base{f' + {j}u' if j else ''}]" for j in range(4)))
+
+
+def unpack_scale_min(w0: str, w1: str, w2: str, w3: str, sub: str = "sub", p: str = "") -> str:
+    """WGSL: lets {p}sc, {p}mn (sub-block `sub`'s 6-bit scale and min) and {p}dm (d, dmin)
+    from a super-block's first four words w0..w3 (the packing in the module docstring)."""
     return f"""
-  let sh = (sub & 3u) << 3u;
-  let b0 = ({w}[base + 1u] >> sh) & 255u;
-  let mlo = ({w}[base + 2u] >> sh) & 255u;
-  let top = ({w}[base + 3u] >> sh) & 255u;
-  var sc = b0 & 63u;
-  var mn = mlo & 63u;
-  if (sub >= 4u) {{
-    sc = (top & 15u) | ((b0 >> 6u) << 4u);
-    mn = (top >> 4u) | ((mlo >> 6u) << 4u);
+  let {p}sh = ({sub} & 3u) << 3u;
+  let {p}b0 = ({w1} >> {p}sh) & 255u;
+  let {p}mlo = ({w2} >> {p}sh) & 255u;
+  let {p}top = ({w3} >> {p}sh) & 255u;
+  var {p}sc = {p}b0 & 63u;
+  var {p}mn = {p}mlo & 63u;
+  if ({sub} >= 4u) {{
+    {p}sc = ({p}top & 15u) | (({p}b0 >> 6u) << 4u);
+    {p}mn = ({p}top >> 4u) | (({p}mlo >> 6u) << 4u);
   }}
-  let dm = unpack2x16float({w}[base]);"""
+  let {p}dm = unpack2x16float({w0});"""
 
 
 def group_scale_wgsl(w: str, words: int) -> str:
@@ -124,6 +130,37 @@ def group_quant_wgsl(w: str, words: int, qs_at: int, high: str = "") -> str:
   return vec4<f32>(f32(v & 255u), f32((v >> 8u) & 255u), f32((v >> 16u) & 255u), f32(v >> 24u));"""
 
 
+def k_chunk(words: int, qs_w: int, qh_w: int | None = None) -> Chunk:
+    """The chunks of super-blocks of `words` words whose nibbles start at word qs_w, and
+    with qh_w, whose fifth bits (32 bytes) start at word qh_w (Q5_K). Chunk c < 8 is the 16
+    nibble bytes 16 c .. 16 c + 15, half c % 2 of group g = c / 2: run 0 their low nibbles
+    (sub-block 2 g), run 1 their high ones (2 g + 1), values 64 g + 32 r + 16 (c % 2) + j;
+    their fifth bits are bit 2 g + r of qh bytes 16 (c % 2) + j (read by the 4 chunks of
+    that half)."""
+    def load(word, vec, blk, c, p):
+        text = f"""
+  let {p}o = ({blk}) * {words}u;
+  let {p}hd = {vec(f"{p}o")};
+  let {p}q = {vec(f"{p}o + {qs_w}u + 4u * {c}")};"""
+        if qh_w is not None:
+            text += f"\n  let {p}qh = {vec(f'{p}o + {qh_w}u + 4u * ({c} & 1u)')};"
+        for r in (0, 1):
+            pr = f"{p}{r}"
+            text += f"\n  let {pr}sub = 2u * ({c} >> 1u) + {r}u;"
+            text += unpack_scale_min(f"{p}hd.x", f"{p}hd.y", f"{p}hd.z", f"{p}hd.w", f"{pr}sub", pr)
+            text += f"\n  let {p}s{r} = vec2<f32>({pr}dm.x * f32({pr}sc), {pr}dm.y * f32({pr}mn));"
+        return text
+
+    def quant(p, r, i):
+        v = f"(({p}q[{i}] >> {4 * r}u) & 0x0f0f0f0fu)"
+        if qh_w is not None:
+            v = f"({v} | ((({p}qh[{i}] >> {p}{r}sub) & 0x01010101u) << 4u))"
+        return bytes_f32(v)
+
+    return Chunk(per_block=8, unit=4, runs=2, run=16, load=load, quant=quant,
+                 at=lambda r, c: f"(64u * ({c} >> 1u) + {32 * r}u + 16u * ({c} & 1u))")
+
+
 def wgsl(w: str, n: int) -> str:
     return element_wgsl(w, 36, 16)
 
@@ -133,4 +170,5 @@ def wgsl_group(w: str, n: int) -> tuple[str, str]:
 
 
 FORMAT = QuantFormat("Q4_K", f16_at=None, scales_at=(0, 2), python=python, numpy=numpy,
-                     wgsl=wgsl, wgsl_group=wgsl_group, has_min=True)
+                     wgsl=wgsl, wgsl_group=wgsl_group, wgsl_chunk=lambda n: k_chunk(36, 4),
+                     has_min=True)

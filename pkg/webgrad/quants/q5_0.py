@@ -19,4 +19,5 @@ FORMAT = QuantFormat(
     python=partial(block32.python, size=22, qs_at=6, qh_at=2, **_AT),
     numpy=partial(block32.numpy, qs_at=6, qh_at=2, **_AT),
     wgsl=partial(block32.wgsl, words=5, qs_w=1, qh_w=0, **_AT),
-    wgsl_group=partial(block32.wgsl_group, words=5, qs_w=1, qh_w=0, **_AT))
+    wgsl_group=partial(block32.wgsl_group, words=5, qs_w=1, qh_w=0, **_AT),
+    wgsl_chunk=partial(block32.wgsl_chunk, words=5, qs_w=1, qh_w=0, **_AT))

@@ -19,4 +19,5 @@ FORMAT = QuantFormat(
     python=partial(block32.python, size=24, qs_at=8, qh_at=4, **_AT),
     numpy=partial(block32.numpy, qs_at=8, qh_at=4, **_AT),
     wgsl=partial(block32.wgsl, words=6, qs_w=2, qh_w=1, **_AT),
-    wgsl_group=partial(block32.wgsl_group, words=6, qs_w=2, qh_w=1, **_AT))
+    wgsl_group=partial(block32.wgsl_group, words=6, qs_w=2, qh_w=1, **_AT),
+    wgsl_chunk=partial(block32.wgsl_chunk, words=6, qs_w=2, qh_w=1, **_AT))

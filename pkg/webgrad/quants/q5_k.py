@@ -11,8 +11,8 @@
 from __future__ import annotations
 
 from .format import QuantFormat
-from .q4_k import (element_wgsl, group_quant_wgsl, group_scale_wgsl, k_heads, k_scales_numpy,
-                   nibbles_numpy)
+from .q4_k import (element_wgsl, group_quant_wgsl, group_scale_wgsl, k_chunk, k_heads,
+                   k_scales_numpy, nibbles_numpy)
 
 
 def python(raw: memoryview, nblocks: int, out) -> None:
@@ -52,4 +52,5 @@ def wgsl_group(w: str, n: int) -> tuple[str, str]:
 
 
 FORMAT = QuantFormat("Q5_K", f16_at=None, scales_at=(0, 2), python=python, numpy=numpy,
-                     wgsl=wgsl, wgsl_group=wgsl_group, has_min=True)
+                     wgsl=wgsl, wgsl_group=wgsl_group, wgsl_chunk=lambda n: k_chunk(44, 12, 4),
+                     has_min=True)

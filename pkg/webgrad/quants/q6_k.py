@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import struct
 
-from .format import QuantFormat, f16
+from .format import Chunk, QuantFormat, bytes_f32, f16
+from .q8_0 import tail_scale
 
 
 def python(raw: memoryview, nblocks: int, out) -> None:
@@ -93,5 +94,33 @@ def wgsl_group(w: str, n: int) -> tuple[str, str]:
     return scale, quant
 
 
+def wgsl_chunk(n: int) -> Chunk:
+    # chunk c = 4 h + 2 t1 + u (< 8) is ql's 16 bytes 16 c = 64 h + 32 t1 + 16 u: run r its
+    # low (r = 0, t = t1) or high (r = 1, t = t1 + 2) nibbles, values 128 h + 32 t + 16 u + j
+    # (sub-block ks = 8 h + 2 t + u: scale byte 4 (2 h + r) + c % 4); their top bits are
+    # bits 2 t of qh's 16 bytes 32 h + 16 u (words 32 + 8 h + 4 u, shared with chunk c ^ 2)
+    def load(word, vec, blk, c, p):
+        text = f"""
+  let {p}o = ({blk}) * 52u;
+  let {p}ql = {vec(f"{p}o + 4u * {c}")};
+  let {p}qh = {vec(f"{p}o + 32u + 8u * ({c} >> 2u) + 4u * ({c} & 1u)")};
+  let {p}sw = {vec(f"{p}o + 48u")};{tail_scale(word, blk, 52 * (n // 256), p)}
+  let {p}t2 = 2u * (({c} >> 1u) & 1u);"""
+        for r in (0, 1):
+            text += f"""
+  let {p}sc{r} = bitcast<i32>({p}sw[2u * ({c} >> 2u) + {r}u] << (24u - (({c} & 3u) << 3u))) >> 24u;
+  let {p}s{r} = vec2<f32>({p}d * f32({p}sc{r}), 0.0f);"""
+        return text
+
+    def quant(p, r, i):
+        low = f"(({p}ql[{i}] >> {4 * r}u) & 0x0f0f0f0fu)"
+        high = f"((({p}qh[{i}] >> ({p}t2 + {4 * r}u)) & 0x03030303u) << 4u)"
+        return bytes_f32(f"{low} | {high}", 32)
+
+    return Chunk(per_block=8, unit=4, runs=2, run=16, load=load, quant=quant,
+                 at=lambda r, c: (f"(128u * ({c} >> 2u) + 32u * (({c} >> 1u) & 1u) + {64 * r}u"
+                                  f" + 16u * ({c} & 1u))"))
+
+
 FORMAT = QuantFormat("Q6_K", f16_at=208, scales_at=(208,), python=python, numpy=numpy,
-                     wgsl=wgsl, wgsl_group=wgsl_group, group=16)
+                     wgsl=wgsl, wgsl_group=wgsl_group, wgsl_chunk=wgsl_chunk, group=16)

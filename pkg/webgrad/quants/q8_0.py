@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import struct
 
-from .format import QuantFormat, f16
+from .format import Chunk, QuantFormat, bytes_f32, f16
 
 
 def python(raw: memoryview, nblocks: int, out) -> None:
@@ -51,5 +51,24 @@ def wgsl_group(w: str, n: int) -> tuple[str, str]:
     return group_scale(w, 8 * (n // 32)), quant
 
 
+def tail_scale(word, blk: str, s: int, p: str) -> str:
+    """WGSL: let {p}d, the scale of block blk whose f16 is at word s + blk / 2 (the layout
+    of the formats whose f16_at moves d after the bodies)."""
+    return f"""
+  let {p}d2 = unpack2x16float({word(f"{s}u + (({blk}) >> 1u)")});
+  let {p}d = select({p}d2.x, {p}d2.y, (({blk}) & 1u) == 1u);"""
+
+
+def wgsl_chunk(n: int) -> Chunk:
+    # chunk c < 2: quants 16 c .. 16 c + 15 of the block (one run); int8 as byte ^ 0x80 - 128
+    def load(word, vec, blk, c, p):
+        return (f"\n  let {p}q = {vec(f'8u * ({blk}) + 4u * {c}')};{tail_scale(word, blk, 8 * (n // 32), p)}"
+                f"\n  let {p}s0 = vec2<f32>({p}d, 0.0f);")
+
+    return Chunk(per_block=2, unit=4, runs=1, run=16, load=load,
+                 quant=lambda p, r, i: bytes_f32(f"{p}q[{i}] ^ 0x80808080u", 128),
+                 at=lambda r, c: f"(16u * {c})")
+
+
 FORMAT = QuantFormat("Q8_0", f16_at=0, scales_at=(0,), python=python, numpy=numpy, wgsl=wgsl,
-                     wgsl_group=wgsl_group)
+                     wgsl_group=wgsl_group, wgsl_chunk=wgsl_chunk)
