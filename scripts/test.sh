@@ -16,12 +16,12 @@ export WEBGRAD_STRICT=1
 # spinning threads took the cores from Chromium and lavapipe (a char LM on the reference ran
 # 46 s with its default threads beside a busy browser, 4.3 s with one)
 export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
-# WEBGRAD_TEST_WORKERS=N: N pytest-xdist workers (lavapipe compiles a kernel on one thread, so
-# two keep two cores busy; the browser tests stay on one worker). Off by default: beside a
-# second worker the playground's weights download timed out twice (docs/testing.md)
-workers="${WEBGRAD_TEST_WORKERS:-1}"
+# WEBGRAD_TEST_WORKERS=N: N pytest-xdist workers, 2 unless set (lavapipe compiles a kernel on
+# one thread, so two keep two cores busy); the browser tests stay on one worker, in file
+# order, and every other file on one worker (tests/suite_rules.py's scheduler, docs/testing.md)
+workers="${WEBGRAD_TEST_WORKERS:-2}"
 par=()
-[ "$workers" -gt 1 ] && par=(-n "$workers" --dist loadgroup)
+[ "$workers" -gt 1 ] && par=(-n "$workers" --dist loadscope)
 set +e
 "$PY" -m pytest -q -rs --durations=25 --timeout=300 --timeout-method=thread "${par[@]}" "$@"
 rc=$?

@@ -16,7 +16,12 @@ K-th of N slices of them (CI runs one slice per landing, .ci/run).
 
 With pytest-xdist (scripts/test.sh runs a worker per core), the browser tests stay together
 on one worker, in file order: they share one Chromium and one Pyodide boot, and some build on
-the test before them (the playground's trained model).
+the test before them (the playground's trained model). Every other file runs whole on one
+worker, in file order, as it does without xdist. The grouping is this plugin's scheduler
+(`pytest_xdist_make_scheduler`, `scope_of`), not xdist's `xdist_group` marker: pytest 9 keeps
+a node's id where xdist 3.8 no longer writes the group into it, so `--dist loadgroup` split
+the browser tests over both workers and the playground's tests after the training one found
+no model.
 """
 from __future__ import annotations
 
@@ -50,11 +55,30 @@ def pytest_addoption(parser):
                     help="run only the K-th (0-based) of N slices of the slow cases")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's loadgroup reads the groups
+BROWSER_GROUP = "browser"   # scope_of's one scope for every test under tests/browser/
+
+
+def scope_of(nodeid: str) -> str:
+    """The unit of work a test belongs to under xdist: a worker runs a unit whole, in
+    collection order. The browser tests are one unit; any other test's unit is its file."""
+    path = nodeid.split("::", 1)[0]
+    return BROWSER_GROUP if path.startswith("tests/browser/") else path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByScope(LoadScopeScheduling):
+        """xdist's scope scheduling with scope_of's units (the largest units go first)."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return scope_of(nodeid)
+
+    return ByScope(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    for it in items:
-        if it.get_closest_marker("browser") or "/browser/" in it.nodeid:
-            it.add_marker(pytest.mark.xdist_group("browser"))
     shard = config.getoption("--slow-shard")
     if shard:
         try:

@@ -106,3 +106,34 @@ def test_a_big_kernel_on_a_cpu_adapter_fails_the_run_unless_slow(pytester, monke
     assert res.ret == 1
     res.stdout.fnmatch_lines(["*1 test(s) outside the `slow` marker compiled a kernel*",
                               "*test_small.py::test_big_kernel: 150000 characters"])
+
+
+RECORD = """
+import os
+def _note(name):
+    with open(os.environ["ORDER_LOG"], "a") as f:
+        f.write(f"{os.environ.get('PYTEST_XDIST_WORKER', '-')} {name}\\n")
+"""
+
+
+def test_xdist_keeps_the_browser_tests_together_in_file_order(pytester, monkeypatch, tmp_path):
+    """Under two xdist workers (scripts/test.sh), every test under tests/browser/ runs on
+    one worker, in collection order, and each other file whole on one worker (scope_of),
+    so a browser test can build on the one before it. Without the plugin's scheduler xdist
+    spreads them over both workers (pytest 9 with xdist's `loadgroup`)."""
+    pytest.importorskip("xdist")
+    log = tmp_path / "order.txt"
+    monkeypatch.setenv("ORDER_LOG", str(log))
+    body = RECORD + "".join(f"def test_{i}():\n    _note(__name__ + '.{i}')\n" for i in range(6))
+    pytester.makepyfile(**{"tests/browser/test_a": body, "tests/browser/test_b": body,
+                           "tests/test_c": body, "tests/test_d": body})
+    res = pytester.runpytest_subprocess("-p", "suite_rules", "-q", "-n", "2",
+                                        "--dist", "loadscope", "tests")
+    assert res.ret == 0, res.stdout.str()
+    runs = [line.split() for line in log.read_text().splitlines()]
+    assert len(runs) == 24 and {w for w, _ in runs} == {"gw0", "gw1"}
+    for group in (("test_a", "test_b"), ("test_c",), ("test_d",)):
+        mine = [(w, name) for w, name in runs if name.split(".")[0] in group]
+        assert len({w for w, _ in mine}) == 1, mine          # one worker
+        expect = [f"{m}.{i}" for m in group for i in range(6)]
+        assert [name for _, name in mine] == expect          # in collection order
