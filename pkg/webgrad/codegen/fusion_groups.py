@@ -141,7 +141,8 @@ class GroupRules:
         if kind == "scatter":
             return 1
         if kind == "reduce":
-            return 1 if scratch_specs(self.g, node, self.sum_source.get(main), self.limits.options) else 0
+            return 1 if scratch_specs(self.g, node, self.sum_source.get(main), self.limits.options,
+                                   cpu=self.limits.cpu) else 0
         return 0
 
     def _merge(self):

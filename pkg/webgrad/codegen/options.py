@@ -123,6 +123,9 @@ class KernelOptions:
     # True / False: row kernels loop over a row in one thread / a workgroup per row, on any
     # adapter; None: one thread on CPU adapters (rows up to reduce.CPU_ROW_MAX)
     row_per_thread: bool | None = None
+    # True / False: a long argmax_last row split over workgroups (two passes) / one
+    # workgroup per row, on any adapter; None: split on GPUs only
+    argmax_split: bool | None = None
 
     # ---- fusion.py
     # False: a tensor _assemble would assemble from pieces is computed by a kernel of its own

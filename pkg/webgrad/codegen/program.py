@@ -514,7 +514,7 @@ def _matmul_scratch(fu, main: int, limits, half):  # split-K partial sums
 SCRATCH = {
     "matmul": _matmul_scratch,
     "reduce": lambda fu, main, limits, half: scratch_specs(fu.g, fu.g[main], fu.sum_source.get(main),
-                                                     limits.options),
+                                                     limits.options, cpu=limits.cpu),
     "scatter": lambda fu, main, limits, half: scatter_scratch(fu.g, fu.g[main]),
 }
 
