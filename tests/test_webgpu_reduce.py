@@ -129,15 +129,17 @@ def _argmax_rows(n: int) -> np.ndarray:
     return x
 
 
-@pytest.mark.parametrize("split", [True, False], ids=["split", "one_wg"])
-def test_long_argmax_split(split):
-    """argmax_last over rows of 70001 (not a multiple of ARGMAX_CHUNK) in both forms, forced
-    on this adapter, against numpy's argmax: ties to the lowest index, the first NaN; the
-    lowered kernels are the ones forced."""
+@pytest.mark.parametrize("split, chunk", [(True, 1024), (True, 64), (False, 1024)],
+                         ids=["split", "split_1024_chunks", "one_wg"])
+def test_long_argmax_split(split, chunk):
+    """argmax_last over rows of 70001 (not a multiple of the chunk) in both forms, forced on
+    this adapter, against numpy's argmax: ties to the lowest index, the first NaN; the
+    lowered kernels are the ones forced. Chunks of 64 are 1024 of 69 elements: pass 2's
+    threads then take 4 partials each."""
     from webgrad.codegen import Limits, lower
     from webgrad.compile import build_forward_graph
     n = 70_001
-    opts = KernelOptions(argmax_split=split)
+    opts = KernelOptions(argmax_split=split, argmax_chunk=chunk)
     fn = lambda x: ops.cast(ops.argmax_last(x), "f32") + 1.0  # noqa: E731 (an epilogue)
     g = build_forward_graph(Module, lambda _, i: fn(i["x"]), {"x": ((6, n), "f32")})[1]
     names = lower(g, Limits(cpu=True, options=opts))[1]

@@ -21,7 +21,8 @@ Strategies, by the shape of the reduction (R elements reduced into each of O out
             a 2 x 50257 log-softmax wrote its first 15k values only).
   split     very long reductions with few outputs: pass 1 reduces chunks into a scratch
             buffer, pass 2 reduces the partials and runs the epilogue (2 dispatches).
-            argmax too on GPUs, in chunks of ARGMAX_CHUNK: each chunk's (max, first index)
+            argmax too on GPUs, in chunks of KernelOptions.argmax_chunk (1024: 4 elements a
+            thread, 126 workgroups for 128256 logits): each chunk's (max, first index)
             pair, then the pairs by the same rule (the lowest index among equal maxima or
             NaNs). A greedy decode's argmax over 128256 logits was 0.18 ms in one workgroup
             on an H200. CPU adapters keep the workgroup per row
@@ -58,7 +59,6 @@ from .wgsl import WG, f32_lit, pow2ceil, tree_reduce, use_subgroups, workgroup_r
 _NEG_INF = f32_lit(float("-inf"))
 
 SPLIT_CHUNK = 4096     # elements per workgroup in pass 1 of a split row reduction
-ARGMAX_CHUNK = 1024    # ... of a split argmax: 4 a thread, 126 workgroups for 128256 logits
 CPU_ROW_WG = 32        # threads (rows) per workgroup of a row op on a CPU adapter: small, so
                        # that even a few hundred rows spread over the CPU's cores
 CPU_ROW_MAX = 4096     # longest row a CPU adapter loops over in one thread (4 passes at most)
@@ -82,6 +82,7 @@ class ReduceShape:
         self.col_split_min_r = options.col_split_min_r
         forced = options.argmax_split
         self.argmax_split = forced if forced is not None else not cpu
+        self.argmax_chunk = options.argmax_chunk
         self.x = source[0] if source else node.inputs[0]
         self.xs = tuple(g[self.x].shape)
         if source:
@@ -107,8 +108,8 @@ class ReduceShape:
         if self.trailing and self.R >= 64:
             if self.kind != "argmax" and self.R >= 8 * SPLIT_CHUNK and self.O <= 64:
                 return "wg_split", min(-(-self.R // SPLIT_CHUNK), 1024)
-            if self.argmax_split and self.R >= 8 * ARGMAX_CHUNK and self.O <= 64:
-                return "wg_split", min(-(-self.R // ARGMAX_CHUNK), 1024)
+            if self.argmax_split and self.R >= 8 * self.argmax_chunk and self.O <= 64:
+                return "wg_split", min(-(-self.R // self.argmax_chunk), 1024)
             return "wg", None
         if self.kind == "sum" and not self.trailing and self.R >= self.col_split_min_r and self.O <= 8192:
             return "col_split", self.col_chunks()
