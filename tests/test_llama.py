@@ -257,6 +257,37 @@ def test_decoding_through_the_matrix_vector_kernel(kind, form, built):
     close(np.stack(rows), hf_logits(model, IDS[:8]))
 
 
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])   # GQA 2 query heads a K/V head; 4, head 24
+def test_decoding_through_the_split_kernels(kind, built):
+    """Decoding's attention over chunks of keys (codegen/attention_split.py) and its argmax
+    over chunks of the vocabulary (reduce.py), GPUs' forms forced onto this adapter (chunks
+    of 16 keys and 16 logits, so that this cache of 48 and vocabulary of 100 split): the
+    cached steps equal transformers' logits, and greedy generate equals its generate."""
+    pytest.importorskip("wgpu")
+    from webgrad.backends.webgpu import WebGPUBackend
+    from webgrad.codegen import KernelOptions
+    try:
+        be = WebGPUBackend(options=KernelOptions(attn_split=True, attn_split_chunk=16,
+                                                 argmax_split=True, argmax_chunk=8))
+    except Exception as e:
+        pytest.skip(f"no WebGPU adapter: {e}")
+    model, cfg, sd = built(kind)
+    m = llama.Llama.from_hf_state_dict(cfg, sd, backend=be)
+    cache = m.new_cache()
+    rows = list(np.asarray(m.logits_all_step(IDS[:3], cache)))
+    rows += [np.asarray(m.logits_step([t], cache)) for t in IDS[3:8]]
+    for T in (1, 3):
+        names = m._program("step", T)._prog.exe.kernel_names
+        assert sum(" split 3x16 (pass 1)" in n for n in names) == cfg.num_hidden_layers, names
+    close(np.stack(rows), hf_logits(model, IDS[:8]))
+    prompt = IDS[:5]
+    with torch.no_grad():
+        want = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, 5, dtype=torch.long),
+                              max_new_tokens=6, do_sample=False)[0].tolist()
+    assert m.generate(prompt, max_new_tokens=6, temperature=0) == want
+    assert "argmax_last (pass 2)" in m._program("step", 1)._prog.exe.kernel_names
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_greedy_generate_equals_transformers(kind, built):
     model, cfg, sd = built(kind)

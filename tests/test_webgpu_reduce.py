@@ -113,3 +113,37 @@ def test_short_row_reduction_propagates_nan():
                   options=KernelOptions(rows_tiled=True)).run({"x": x})
     assert np.isnan(got[3]) and not np.isnan(np.delete(got, 3)).any()
     np.testing.assert_array_equal(np.delete(got, 3), np.delete(x.max(-1), 3))
+
+
+def _argmax_rows(n: int) -> np.ndarray:
+    """Rows for the split argmax: random; equal maxima in several chunks (and twice in one);
+    NaNs after a first NaN (numpy and torch pick the first); all -inf (index 0); the
+    maximum in the short last chunk."""
+    x = np.random.default_rng(3).standard_normal((6, n)).astype(np.float32)
+    x[1, [60_000, 3000, 3001, 40_000]] = 9.0
+    x[2, [50_000, 20_000, 20_001]] = np.nan
+    x[2, 100] = 9.0
+    x[3] = -np.inf
+    x[4, n - 1] = 9.0
+    x[5, [2047, 2048, 1024, 1023]] = 9.0  # at chunk edges
+    return x
+
+
+@pytest.mark.parametrize("split, chunk", [(True, 1024), (True, 64), (False, 1024)],
+                         ids=["split", "split_1024_chunks", "one_wg"])
+def test_long_argmax_split(split, chunk):
+    """argmax_last over rows of 70001 (not a multiple of the chunk) in both forms, forced on
+    this adapter, against numpy's argmax: ties to the lowest index, the first NaN; the
+    lowered kernels are the ones forced. Chunks of 64 are 1024 of 69 elements: pass 2's
+    threads then take 4 partials each."""
+    from webgrad.codegen import Limits, lower
+    from webgrad.compile import build_forward_graph
+    n = 70_001
+    opts = KernelOptions(argmax_split=split, argmax_chunk=chunk)
+    fn = lambda x: ops.cast(ops.argmax_last(x), "f32") + 1.0  # noqa: E731 (an epilogue)
+    g = build_forward_graph(Module, lambda _, i: fn(i["x"]), {"x": ((6, n), "f32")})[1]
+    names = lower(g, Limits(cpu=True, options=opts))[1]
+    assert any("(pass 1)" in k for k in names) == split, names
+    x = _argmax_rows(n)
+    got = forward(fn, {"x": [6, n]}, options=opts).run({"x": x})
+    np.testing.assert_array_equal(got, np.argmax(x, -1).astype(np.float32) + 1.0)

@@ -23,7 +23,8 @@
                   [T, S] tensor stored)
   attention_tiled.py  those kernels on GPUs (workgroups of row blocks): build_tiled over
                   attention_tiled_plan.py (blocks, threads, options; no WGSL) and
-                  attention_tiled_kernel.py (the WGSL, stage by stage)
+                  attention_tiled_kernel.py (the WGSL, stage by stage); attention_split.py
+                  decoding's attn_out over chunks of keys, then their combination
   rowfuse_match.py, rowfuse.py   cross entropy as logits - logsumexp + a pick; layer-norm
                   backward as one row kernel
   empty.py        zero-size tensors leave the graph before anything is planned

@@ -22,7 +22,9 @@ thread per key) are separate kernels, each with its rows' vectors in registers.
 
 Which code: on GPUs, attention_tiled.py's tiled kernels (workgroups of row blocks through
 workgroup memory; there the forward is one kernel, attn_fwd, and dK / dV one, attn_dkv);
-on CPU adapters (Limits.cpu) the row kernels below, which use no barriers.
+on CPU adapters (Limits.cpu) the row kernels below, which use no barriers. A decoding
+step's attn_out (few query rows, a long cache) on GPUs: attention_split.py's two passes
+over chunks of keys.
 
 Every row kernel is one thread per row (query or key): the thread holds its row's vectors in
 registers and loops over the other side's rows, which all threads of a workgroup read at
@@ -44,6 +46,7 @@ from .emit import Idx
 from .wgsl import f32_lit, u32_lit
 
 from .attention_match import ATTN_OPS
+from .attention_split import build_split, use_split
 from .attention_tiled import build_tiled, use_tiled
 
 WGS = 64  # threads per workgroup (rows of one head side by side)
@@ -161,6 +164,8 @@ class _Rows:
 
 
 def build_attention(ctx) -> list[dict]:
+    if use_split(ctx.g, ctx.main_node, ctx.limits):  # decoding on GPUs: chunks of keys
+        return build_split(ctx)
     if use_tiled(ctx.limits):  # GPUs: workgroups of row blocks (attention_tiled.py)
         return build_tiled(ctx)
     return _build_rows(ctx)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .attention_split import split_scratch
 from .kinds import ELEMENTWISE_OPS, KERNEL_OPS, lowering_of
 from .reduce import scratch_specs
 
@@ -133,15 +134,19 @@ class GroupRules:
 
     def scratch_bindings(self, main: int | None) -> int:
         """Scratch buffers that the last dispatch of kernel op `main` binds beside its
-        epilogue's: one for a split reduction's partials or scatter_add_rows' row lists."""
+        epilogue's: one for a split reduction's partials, a split attention's or
+        scatter_add_rows' row lists."""
         if main is None:
             return 0
         node = self.g[main]
         kind = lowering_of(node.op)
         if kind == "scatter":
             return 1
+        if kind == "attention":
+            return 1 if split_scratch(self.g, node, self.limits) else 0
         if kind == "reduce":
-            return 1 if scratch_specs(self.g, node, self.sum_source.get(main), self.limits.options) else 0
+            return 1 if scratch_specs(self.g, node, self.sum_source.get(main), self.limits.options,
+                                   cpu=self.limits.cpu) else 0
         return 0
 
     def _merge(self):

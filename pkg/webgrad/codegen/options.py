@@ -105,6 +105,11 @@ class KernelOptions:
     fuse_rows: bool = True
     # True / False: the tiled / row attention kernels on any adapter; None: GPUs tiled
     attn_tiled: bool | None = None
+    # True / False: an inference attn_out split over chunks of keys (attention_split.py) /
+    # not, on any adapter; None: GPUs, for few query rows over a long cache (use_split)
+    attn_split: bool | None = None
+    # keys per workgroup of its first pass (and threads: one per key)
+    attn_split_chunk: int = 64
     # {op: (BR, BC, DK, XK)} in place of choose_blocks (bench/attention.py)
     attn_blocks: dict | None = None
     # {op: (WY, WX)} threads per workgroup of an op's tiled kernel; others take (16, 16)
@@ -127,6 +132,11 @@ class KernelOptions:
     # True / False: row kernels loop over a row in one thread / a workgroup per row, on any
     # adapter; None: one thread on CPU adapters (rows up to reduce.CPU_ROW_MAX)
     row_per_thread: bool | None = None
+    # True / False: a long argmax_last row split over workgroups (two passes) / one
+    # workgroup per row, on any adapter; None: split on GPUs only
+    argmax_split: bool | None = None
+    # elements per workgroup of a split argmax's first pass (reduce.py)
+    argmax_chunk: int = 1024
 
     # ---- fusion.py
     # False: a tensor _assemble would assemble from pieces is computed by a kernel of its own

@@ -28,6 +28,7 @@ from .elementwise import build_elementwise
 from .empty import strip_empty
 from .emit import Emitter, Epilogue, Idx, Storage
 from .fusion import Fusion
+from .attention_split import split_scratch
 from .index import build_scatter, scatter_scratch
 from .kinds import VIEW_OPS, lowering_of
 from .layout import build_concat_pieces, strided_view
@@ -514,8 +515,9 @@ def _matmul_scratch(fu, main: int, limits, half):  # split-K partial sums
 SCRATCH = {
     "matmul": _matmul_scratch,
     "reduce": lambda fu, main, limits, half: scratch_specs(fu.g, fu.g[main], fu.sum_source.get(main),
-                                                     limits.options),
+                                                     limits.options, cpu=limits.cpu),
     "scatter": lambda fu, main, limits, half: scatter_scratch(fu.g, fu.g[main]),
+    "attention": lambda fu, main, limits, half: split_scratch(fu.g, fu.g[main], limits),
 }
 
 

@@ -21,6 +21,12 @@ Strategies, by the shape of the reduction (R elements reduced into each of O out
             a 2 x 50257 log-softmax wrote its first 15k values only).
   split     very long reductions with few outputs: pass 1 reduces chunks into a scratch
             buffer, pass 2 reduces the partials and runs the epilogue (2 dispatches).
+            argmax too on GPUs, in chunks of KernelOptions.argmax_chunk (1024: 4 elements a
+            thread, 126 workgroups for 128256 logits): each chunk's (max, first index)
+            pair, then the pairs by the same rule (the lowest index among equal maxima or
+            NaNs). A greedy decode's argmax over 128256 logits was 0.18 ms in one workgroup
+            on an H200. CPU adapters keep the workgroup per row
+            (KernelOptions.argmax_split forces either).
   col_split reduced axes in front and R long (every bias and LayerNorm gradient of a
             training step: [B*T, D] summed over B*T, then AdamW in the epilogue): pass 1
             gives each workgroup a block of COL_WX columns and a chunk of rows; its threads
@@ -69,9 +75,14 @@ ROWS_MAX_R = 512        # trailing rows up to this long: several per workgroup (
 class ReduceShape:
     """What is reduced: x's shape, the reduced axes, O outputs of R elements each."""
 
-    def __init__(self, g, node, source=None, options: KernelOptions = DEFAULT):
-        """source: (x, axes) when fusion folded sum(sum(x)) into one reduction of x."""
+    def __init__(self, g, node, source=None, options: KernelOptions = DEFAULT, *,
+                 cpu: bool = False):
+        """source: (x, axes) when fusion folded sum(sum(x)) into one reduction of x; cpu:
+        a CPU adapter's (Limits.cpu), which keeps argmax in one workgroup per row."""
         self.col_split_min_r = options.col_split_min_r
+        forced = options.argmax_split
+        self.argmax_split = forced if forced is not None else not cpu
+        self.argmax_chunk = options.argmax_chunk
         self.x = source[0] if source else node.inputs[0]
         self.xs = tuple(g[self.x].shape)
         if source:
@@ -87,6 +98,9 @@ class ReduceShape:
         self.kept = tuple(d for k, d in enumerate(self.xs) if k not in self.axes)
         self.red = tuple(self.xs[a] for a in self.axes)
         self.kind = {"sum": "sum", "max_last": "max", "argmax_last": "argmax"}.get(node.op, "row")
+        # a split argmax keeps its chunks' indices as f32 beside their maxima: exact below 2^24
+        self.argmax_split = (self.argmax_split and self.kind == "argmax"
+                             and g[self.x].dtype == "f32" and self.R <= 1 << 24)
 
     def strategy(self):
         if self.kind == "row":
@@ -94,6 +108,8 @@ class ReduceShape:
         if self.trailing and self.R >= 64:
             if self.kind != "argmax" and self.R >= 8 * SPLIT_CHUNK and self.O <= 64:
                 return "wg_split", min(-(-self.R // SPLIT_CHUNK), 1024)
+            if self.argmax_split and self.R >= 8 * self.argmax_chunk and self.O <= 64:
+                return "wg_split", min(-(-self.R // self.argmax_chunk), 1024)
             return "wg", None
         if self.kind == "sum" and not self.trailing and self.R >= self.col_split_min_r and self.O <= 8192:
             return "col_split", self.col_chunks()
@@ -125,14 +141,18 @@ class ReduceShape:
                                   for k in range(len(self.xs))])
 
 
-def scratch_specs(g, node, source=None, options: KernelOptions = DEFAULT) -> list[tuple[int, str]]:
+def scratch_specs(g, node, source=None, options: KernelOptions = DEFAULT, *,
+                  cpu: bool = False) -> list[tuple[int, str]]:
     """[(bytes, dtype)] of scratch a reduction needs between its two passes (none: one
-    pass); the partials have the reduced tensor's dtype (i32 sums stay i32)."""
+    pass); the partials have the reduced tensor's dtype (i32 sums stay i32); a split
+    argmax's O * P maxima are followed by their O * P indices (as f32)."""
     if node.op not in REDUCE_OPS:
         return []
-    s = ReduceShape(g, node, source, options)
+    s = ReduceShape(g, node, source, options, cpu=cpu)
     strat, P = s.strategy()
-    return [(4 * s.O * P, g[s.x].dtype)] if strat in ("wg_split", "col_split") else []
+    if strat not in ("wg_split", "col_split"):
+        return []
+    return [(4 * s.O * P * (2 if s.kind == "argmax" else 1), g[s.x].dtype)]
 
 
 def _wgsize(ctx, n: int) -> int:
@@ -254,7 +274,7 @@ def _init(kind: str, dtype: str) -> str:
 
 def build_reduce(ctx) -> list:
     node = ctx.main_node
-    s = ReduceShape(ctx.g, node, ctx.sum_source, ctx.limits.options)
+    s = ReduceShape(ctx.g, node, ctx.sum_source, ctx.limits.options, cpu=ctx.limits.cpu)
     if ctx.operand_parts:  # a matmul wrote the partials (fusion.operand_sums): pass 2 alone
         return [_split_pass2(ctx, node, s, ctx.operand_parts)]
     strat, P = s.strategy()
@@ -399,10 +419,14 @@ def _wg_split(ctx, node, s, P):
     xdt = ctx.g[s.x].dtype
     scratch = ctx.scratch[0]
     C = -(-s.R // P)
-    # pass 1: workgroup (o, p) reduces x[o, p*C : (p+1)*C] into scratch[o*P + p]
+    arg = s.kind == "argmax"
+    # pass 1: workgroup (o, p) reduces x[o, p*C : (p+1)*C] into scratch[o*P + p] (argmax:
+    # its first index in scratch[O*P + o*P + p])
     k1 = _kernel(ctx, node.op + " (pass 1)", s.kind)
     wgs = _wgsize(ctx, C)
     k1.decls.append(f"var<workgroup> red: array<{xdt}, {wgs}>;")
+    if arg:
+        k1.decls.append(f"var<workgroup> redi: array<u32, {wgs}>;")
     em = ctx.emitter(k1)
     grid1 = k1.workgroup_index(em, s.O * P, "w")
     em.emit(f"let o = w / {P}u;")
@@ -410,23 +434,43 @@ def _wg_split(ctx, node, s, P):
     em.declare("o")
     em.emit(f"let r0 = p * {C}u;")
     em.emit(f"let r1 = min(r0 + {C}u, {s.R}u);")
-    _wg_body(ctx, k1, em, s, s.kind, xdt, "o", "r0", "r1", wgs,
-             lambda v: em.store(scratch, "w", v))
+
+    def finish(v):
+        em.store(scratch, "w", "red[0]" if arg else v)
+        if arg:
+            em.store(scratch, f"{s.O * P}u + w", "f32(redi[0])")
+    _wg_body(ctx, k1, em, s, s.kind, xdt, "o", "r0", "r1", wgs, finish)
     d1 = ctx.dispatch(k1, em.lines, grid1, wgs)
     # pass 2: workgroup o reduces the P partials, then the epilogue
     k2 = _kernel(ctx, node.op + " (pass 2)", s.kind)
     wgs2 = _wgsize(ctx, P)
     k2.decls.append(f"var<workgroup> red: array<{xdt}, {wgs2}>;")
+    if arg:
+        k2.decls.append(f"var<workgroup> redi: array<u32, {wgs2}>;")
     epi = ctx.epilogue_fn(k2)
     em = ctx.emitter(k2)
     grid2 = k2.workgroup_index(em, s.O, "o")
     acc = em.var(xdt, _init(s.kind, xdt))
+    acci = em.var("u32", "0u") if arg else None
     comb = _combine(s.kind, xdt)
+    words = s.O * P * (2 if arg else 1)
     with em.block(f"for (var r = lid; r < {P}u; r += {wgs2}u)"):
-        v = em.load(scratch, Idx((s.O * P,), flat=em.let(f"o * {P}u + r")))
-        em.emit(comb(acc, v))
+        at = em.let(f"o * {P}u + r")
+        v = em.load(scratch, Idx((words,), flat=at))
+        if arg:  # the chunks in order: an equal maximum later is never taken
+            with em.block(f"if ({v} > {acc} || (isnan_f({v}) && !isnan_f({acc})))"):
+                em.emit(f"{acc} = {v};")
+                i = em.load(scratch, Idx((words,), flat=em.let(f"{s.O * P}u + {at}")))
+                em.emit(f"{acci} = u32({i});")
+        else:
+            em.emit(comb(acc, v))
     if s.kind == "sum":
         total = workgroup_reduce(em, wgs2, acc, "sum", comb, xdt)
+    elif arg:
+        em.emit(f"red[lid] = {acc};")
+        em.emit(f"redi[lid] = {acci};")
+        _tree_argmax(em, wgs2)
+        total = "i32(redi[0])"
     else:
         em.emit(f"red[lid] = {acc};")
         tree_reduce(em.lines, "  ", "red", wgs2, comb)
