@@ -1,5 +1,5 @@
 """Decoding's attention split over chunks of keys (codegen/attention_split.py), forced on
-the native adapter (KernelOptions.attn_split: GPUs take it by default, CPU adapters never),
+the native adapter (KernelOptions.attn_split; no adapter takes it by default),
 against torch in float64: GQA heads sharing K/V, a runtime cache position that masks the
 rows past it (whole chunks too), several query rows, S and Dv that are not multiples of
 the chunk, no mask. Also which kernels each adapter gets.
@@ -45,19 +45,21 @@ def _names(fn, shapes, limits):
     return lower(build_forward_graph(Module, lambda _, i: fn(**i), shapes)[1], limits)[1]
 
 
-def test_the_split_takes_decoding_on_gpus_only():
-    """An H200 splits one query row over 513 keys (9 chunks); a CPU adapter keeps the row
-    kernel, and short caches or many rows keep the tiled kernel."""
+def test_the_split_is_taken_on_request_only():
+    """By default an H200 keeps the tiled kernel for one query row over 513 keys (the split
+    measured no quicker there, attention_split.use_split) and a CPU adapter the row kernel;
+    KernelOptions.attn_split=True splits it (9 chunks of 64 keys), on either."""
+    from dataclasses import replace
     dec = _shapes(8, 4, 1, 513, 64, 64)
     fn = lambda q, k, v, p: _cached(q, k, v, p, 0.125)  # noqa: E731
     dec["p"] = ([1], "i32")
-    assert _names(fn, dec, H200) == ["attn_out [8x4] T1 S513 D64 split 9x64 (pass 1)",
-                                     "attn_out [8x4] T1 S513 D64 split 9x64 (pass 2)"]
+    assert "tiled" in _names(fn, dec, H200)[0]
     assert _names(fn, dec, Limits(cpu=True)) == ["attn_out [8x4] T1 S513 D64"]
-    short = dict(_shapes(8, 4, 1, 100, 64, 64), p=([1], "i32"))
-    assert [n.split(" tiled")[0] for n in _names(fn, short, H200)] == ["attn_out [8x4] T1 S100 D64"]
-    rows = dict(_shapes(2, 1, 16, 513, 64, 64), p=([1], "i32"))
-    assert "tiled" in _names(fn, rows, H200)[0]
+    split = ["attn_out [8x4] T1 S513 D64 split 9x64 (pass 1)",
+             "attn_out [8x4] T1 S513 D64 split 9x64 (pass 2)"]
+    on = KernelOptions(attn_split=True)
+    assert _names(fn, dec, replace(H200, options=on)) == split
+    assert _names(fn, dec, Limits(cpu=True, options=on)) == split
 
 
 CASES = [

@@ -1,5 +1,7 @@
-"""Decoding's attention split over the keys (flash-decoding), on GPUs: an inference attn_out
-(softmax online, attention.py) with few query rows over a long K/V cache.
+"""Decoding's attention split over the keys (flash-decoding), on request
+(KernelOptions.attn_split): an inference attn_out (softmax online, attention.py) with few
+query rows over a long K/V cache. Not taken by default: measured no quicker on an H200 at a
+cache of 513 rows (use_split).
 
 Why: the tiled kernel (attention_tiled.py) gives each (batch element, block of query rows)
 one workgroup that walks every key block in turn. A decoding step has one query row per
@@ -19,20 +21,16 @@ workgroup of C threads:
   pass 2, a thread per output element: M = max_p m_p, then
           O = sum_p O~_p exp(m_p - M) / sum_p l_p exp(m_p - M), through the group's epilogue.
 That is the online softmax of the tiled kernel with its blocks side by side instead of in
-sequence: the same value up to f32 rounding. CPU adapters keep attention.py's row
-kernels, which have no barriers; KernelOptions.attn_split forces either form.
+sequence: the same value up to f32 rounding.
 """
 from __future__ import annotations
 
 from math import prod
 
-from .attention_tiled_plan import use_tiled
 from .emit import Idx
 from .wgsl import f32_lit, u32_lit
 
 DK = 32           # K's columns staged in workgroup memory at a time
-SPLIT_MAX_T = 4   # query rows at most (decoding's 1, a few speculated tokens)
-SPLIT_MIN_S = 256  # keys at least: shorter caches keep the tiled kernel
 PASS2_WG = 64     # threads per workgroup of pass 2
 
 
@@ -60,19 +58,19 @@ class _Split:
 
 
 def use_split(g, node, limits) -> bool:
-    """Whether attention node `node` takes the split kernels: an inference attn_out with at
-    most SPLIT_MAX_T query rows over at least SPLIT_MIN_S keys, on adapters that get the
-    tiled kernels (attention_tiled_plan.use_tiled); KernelOptions.attn_split (tests): True /
-    False forces it on any adapter / off, for every such attn_out that fits."""
+    """Whether attention node `node` takes the split kernels: an inference attn_out whose
+    chunk fits in workgroup memory, where KernelOptions.attn_split asks for it (True, on any
+    adapter; meant for few query rows over a long cache). Off by default (None): on an
+    H200 (Dawn) the Llama-3.2-1B-shaped decode's 16 attention layers at S 513 took 0.42 ms as
+    32 split dispatches against 0.37 ms as 16 tiled ones, and the step was no quicker
+    (bench/README.md, 2026-12-03): at this cache length a dispatch costs more than the
+    tiled kernel's idle workgroups."""
     if node.op != "attn_out" or not node.attrs.get("online"):
         return False
     sp = _Split(g, node, limits.options.attn_split_chunk)
     if sp.shared > limits.max_compute_workgroup_storage_size:
         return False
-    forced = limits.options.attn_split
-    if forced is not None:
-        return forced
-    return use_tiled(limits) and sp.T <= SPLIT_MAX_T and sp.S >= SPLIT_MIN_S
+    return bool(limits.options.attn_split)
 
 
 def split_scratch(g, node, limits) -> list[tuple[int, str]]:

@@ -72,7 +72,7 @@ class KernelOptions:
     # the matrix-vector kernel's quantized form (matmul_gemv.build_gemv_chunks): threads per
     # workgroup, lanes per column (consecutive lanes read consecutive chunks of a row's
     # blocks; fewer where a row has fewer chunks) and columns per lane (sharing A's loads)
-    gemv_quant: tuple = (128, 32, 2)
+    gemv_quant: tuple = (64, 32, 4)
     # ... also where B's N axis (not K) has stride 1 (matmul_config.use_gemv says why not by default)
     gemv_n_fast: bool = False
     # adapters (substrings of Limits.adapter, lower case) whose small direct products take
@@ -106,7 +106,7 @@ class KernelOptions:
     # True / False: the tiled / row attention kernels on any adapter; None: GPUs tiled
     attn_tiled: bool | None = None
     # True / False: an inference attn_out split over chunks of keys (attention_split.py) /
-    # not, on any adapter; None: GPUs, for few query rows over a long cache (use_split)
+    # not, on any adapter; None: not (measured no quicker on an H200 at S 513: use_split)
     attn_split: bool | None = None
     # keys per workgroup of its first pass (and threads: one per key)
     attn_split_chunk: int = 64
