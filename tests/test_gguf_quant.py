@@ -62,12 +62,10 @@ SHAPES = {QT.Q8_0: (5, 96), QT.Q4_0: (7, 160), QT.Q4_1: (3, 96), QT.Q5_0: (5, 16
           QT.Q5_1: (7, 96), QT.Q4_K: (3, 512), QT.Q5_K: (5, 512), QT.Q6_K: (7, 768)}
 
 
-@pytest.mark.parametrize("backend", ["reference", "torch", WEBGPU])
-@pytest.mark.parametrize("qt", QTS, ids=lambda q: q.name)
-def test_matmul_and_gather_read_the_blocks(qt, backend):
-    from webgrad.codegen import KernelOptions, matmul_config as matmul
-    rng = np.random.default_rng(int(qt))
-    N, K = SHAPES[qt]
+def quantized_linear(qt, N: int, K: int, rng):
+    """(a Module whose weight `w` is declared [K, N], as a Conv1D's, and stored as qt's blocks
+    of an [N, K] matrix; gguf's dequantization of those blocks, [N, K]; the blocks as the
+    GPU words to write into `w`)."""
     raw = small_blocks(qt, N * K // gguf.GGML_QUANT_SIZES[qt][0], rng)
     W = gguf.quants.dequantize(raw.reshape(N, -1), qt)
     words = np.frombuffer(quants.transcode(qt.name, raw.tobytes()), np.int32)
@@ -76,8 +74,19 @@ def test_matmul_and_gather_read_the_blocks(qt, backend):
     class M(Module):
         def __init__(self):
             super().__init__()
-            self.w = self.param([K, N])       # declared as a Conv1D weight, stored [N, K]
+            self.w = self.param([K, N])
             self.w.quant = spec
+
+    return M, W, words
+
+
+@pytest.mark.parametrize("backend", ["reference", "torch", WEBGPU])
+@pytest.mark.parametrize("qt", QTS, ids=lambda q: q.name)
+def test_matmul_and_gather_read_the_blocks(qt, backend):
+    from webgrad.codegen import KernelOptions, matmul_config as matmul
+    rng = np.random.default_rng(int(qt))
+    N, K = SHAPES[qt]
+    M, W, words = quantized_linear(qt, N, K, rng)
 
     def fn(m, f):
         return {"y": f["x"] @ m.w + 1.0, "rows": ops.gather_rows(ops.swap_axes(m.w, 0, 1), f["i"])}
@@ -138,17 +147,7 @@ def test_gemv_reads_the_blocks_in_chunks(qt, rows):
     from webgrad.codegen import KernelOptions
     rng = np.random.default_rng(int(qt) + rows)
     for (N, K), shape in zip(GEMV_SHAPES, [(128, 32, 2), (64, 16, 3)]):
-        raw = small_blocks(qt, N * K // gguf.GGML_QUANT_SIZES[qt][0], rng)
-        W = gguf.quants.dequantize(raw.reshape(N, -1), qt)
-        words = np.frombuffer(quants.transcode(qt.name, raw.tobytes()), np.int32)
-        spec = quants.QuantSpec(qt.name, (N, K), transposed=True)
-
-        class M(Module):
-            def __init__(self):
-                super().__init__()
-                self.w = self.param([K, N])
-                self.w.quant = spec
-
+        M, W, words = quantized_linear(qt, N, K, rng)
         x = rng.standard_normal((rows, K)).astype(np.float32)
         want = x.astype(np.float64) @ W.T.astype(np.float64)
         opts = KernelOptions(force_gemv=True, gemv_cpu=False, gemv_quant=shape)

@@ -232,6 +232,16 @@ def test_cached_decoding_equals_the_full_forward(kind, backend, built):
     close(np.stack(rows), full)
 
 
+def _cached_rows(cfg, sd, backend):
+    """The model on `backend` and its cached logits for IDS[:8]: a chunk of 3, then one id a
+    step."""
+    m = llama.Llama.from_hf_state_dict(cfg, sd, backend=backend)
+    cache = m.new_cache()
+    rows = list(np.asarray(m.logits_all_step(IDS[:3], cache)))
+    rows += [np.asarray(m.logits_step([t], cache)) for t in IDS[3:8]]
+    return m, rows
+
+
 @pytest.mark.parametrize("form", ["workgroup", "cpu"])
 @pytest.mark.parametrize("kind", ["llama"])   # every bias, llama3 rope scaling
 def test_decoding_through_the_matrix_vector_kernel(kind, form, built):
@@ -247,10 +257,7 @@ def test_decoding_through_the_matrix_vector_kernel(kind, form, built):
     except Exception as e:
         pytest.skip(f"no WebGPU adapter: {e}")
     model, cfg, sd = built(kind)
-    m = llama.Llama.from_hf_state_dict(cfg, sd, backend=be)
-    cache = m.new_cache()
-    rows = list(np.asarray(m.logits_all_step(IDS[:3], cache)))
-    rows += [np.asarray(m.logits_step([t], cache)) for t in IDS[3:8]]
+    m, rows = _cached_rows(cfg, sd, be)
     names = m._program("step", 1)._prog.exe.kernel_names
     assert sum(" gemv " in n for n in names) >= 7 * cfg.num_hidden_layers, names
     assert all((" gemv cpu " in n) == (form == "cpu") for n in names if " gemv " in n), names
@@ -272,10 +279,7 @@ def test_decoding_through_the_split_kernels(kind, built):
     except Exception as e:
         pytest.skip(f"no WebGPU adapter: {e}")
     model, cfg, sd = built(kind)
-    m = llama.Llama.from_hf_state_dict(cfg, sd, backend=be)
-    cache = m.new_cache()
-    rows = list(np.asarray(m.logits_all_step(IDS[:3], cache)))
-    rows += [np.asarray(m.logits_step([t], cache)) for t in IDS[3:8]]
+    m, rows = _cached_rows(cfg, sd, be)
     for T in (1, 3):
         names = m._program("step", T)._prog.exe.kernel_names
         assert sum(" split 3x16 (pass 1)" in n for n in names) == cfg.num_hidden_layers, names
