@@ -293,6 +293,82 @@ def test_decoding_through_the_split_kernels(kind, built):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_decoding_with_the_norms_in_the_products(kind, built):
+    """Decoding's RMSNorms summed and applied by the matrix-vector products that read them
+    (fusion's rule 8, codegen/gemv_prologue.py; GPUs' default), forced onto this adapter
+    with the products' workgroup form: no `sum` kernel is left in a step (Qwen3's q/k
+    norms feed rope, not a product: theirs stay), the cached steps equal transformers'
+    logits (3 rows a product, then 1), and greedy generate equals its generate."""
+    pytest.importorskip("wgpu")
+    from webgrad.backends.webgpu import WebGPUBackend
+    from webgrad.codegen import KernelOptions
+    try:
+        be = WebGPUBackend(options=KernelOptions(force_gemv=True, gemv_prologue=True))
+    except Exception as e:
+        pytest.skip(f"no WebGPU adapter: {e}")
+    model, cfg, sd = built(kind)
+    m = llama.Llama.from_hf_state_dict(cfg, sd, backend=be)
+    cache = m.new_cache()
+    rows = list(np.asarray(m.logits_all_step(IDS[:3], cache)))
+    rows += [np.asarray(m.logits_step([t], cache)) for t in IDS[3:8]]
+    for T in (1, 3):
+        names = m._program("step", T)._prog.exe.kernel_names
+        sums = 2 * cfg.num_hidden_layers if cfg.qk_norm else 0
+        assert sum(n.split(" ")[0] == "sum" for n in names) == sums, names
+    close(np.stack(rows), hf_logits(model, IDS[:8]))
+    prompt = IDS[:5]
+    with torch.no_grad():
+        want = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, 5, dtype=torch.long),
+                              max_new_tokens=6, do_sample=False)[0].tolist()
+    assert m.generate(prompt, max_new_tokens=6, temperature=0) == want
+
+
+def test_h200_decode_step_reads_the_norms_in_its_products():
+    """A Llama-3.2-1B-shaped decode step (hidden 2048, 16 layers, 32 / 8 heads,
+    intermediate 8192, vocabulary 128256; the graph only, no weights) lowered for an H200:
+    its 33 RMSNorms (2 a layer and the final one) were a `sum` kernel and an elementwise
+    kernel each, 247 kernels in all (bench/llama_decode.py measured them so); rule 8 leaves
+    181 (no sum, 18 elementwise: the rotary angles' cos and sin and each layer's q rope).
+    KernelOptions(gemv_prologue=False) gives the 247 back, and a CPU adapter keeps its
+    kernels."""
+    from collections import Counter
+    from dataclasses import replace
+    from webgrad import ops
+    from webgrad.codegen import KernelOptions, Limits, lower
+    from webgrad.compile import parse_inputs
+    from webgrad.dce import dce
+    from webgrad.ir import Graph
+    from webgrad.models.decoding import head_stats
+    from webgrad.trace import cse, trace
+    cfg = llama.LlamaConfig.from_hf(dict(
+        model_type="llama", hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
+        num_key_value_heads=8, intermediate_size=8192, vocab_size=128256,
+        max_position_embeddings=2048, rms_norm_eps=1e-5, tie_word_embeddings=True))
+
+    def step(m, f):   # decoding._build_program's "step", T = 1
+        blocks = llama.head(m, llama.cached_hidden(m, f["ids"], f["pos"], cfg))
+        lasts = [(ops.reshape(ops.slice(b, 0, 0, 1), (b.shape[-1],)), a) for b, a in blocks]
+        return {**{f"logits.{k}": b for k, (b, _) in enumerate(blocks)}, "next": head_stats(lasts)[2]}
+    g = Graph(training=False)
+    _, outs = trace(g, lambda: llama.LlamaModule(cfg), step,
+                    parse_inputs({"ids": ([1], "i32"), "pos": ([1], "i32")}), 0)
+    g.outputs.update((k, v.id) for k, v in outs.items())
+    g = dce(cse(g))
+    h200 = Limits(adapter="NVIDIA H200 (DiscreteGPU)", max_storage_buffer_binding_size=(1 << 32) - 4,
+                  max_buffer_size=1 << 40, max_compute_workgroup_storage_size=49152, subgroups=True,
+                  max_storage_buffers_per_shader_stage=16)   # Dawn's, as measured
+    names = lower(g, h200)[1]
+    kinds = Counter(n.split(" ")[0] for n in names)
+    assert len(names) == 181 and "sum" not in kinds and kinds["elementwise"] == 18, kinds
+    assert sum(" gemv " in n for n in names) == 7 * 16 + 1
+    before = lower(g, replace(h200, options=KernelOptions(gemv_prologue=False)))[1]
+    assert len(before) == 247 and Counter(n.split(" ")[0] for n in before)["sum"] == 33
+    cpu = Limits(adapter="llvmpipe (LLVM 15.0.6, 256 bits) (CPU)", cpu=True,
+                 max_storage_buffer_binding_size=1 << 31, max_buffer_size=1 << 40)
+    assert Counter(n.split(" ")[0] for n in lower(g, cpu)[1])["sum"] == 33
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_greedy_generate_equals_transformers(kind, built):
     model, cfg, sd = built(kind)
     m = llama.Llama.from_hf_state_dict(cfg, sd, backend="reference")

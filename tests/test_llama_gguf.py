@@ -336,6 +336,32 @@ def test_q4_k_m_decode_through_the_chunked_gemv(tmp_path, backend):
     close(np.stack(rows), hf_logits(model, IDS[:6], sd))
 
 
+@pytest.mark.parametrize("backend", [WEBGPU])
+def test_q4_k_m_decode_with_the_norms_in_the_chunked_gemv(tmp_path, backend):
+    """The same steps with each RMSNorm summed and applied by the products that read it
+    (fusion's rule 8, codegen/gemv_prologue.py, forced onto lavapipe): no `sum` kernel is
+    left, the products after the first layer read the normalized rows as vec4s (the first
+    layer's token rows, a gather, four scalars at a time), and the logits are
+    transformers'."""
+    from webgrad.backends.webgpu import WebGPUBackend
+    from webgrad.codegen import KernelOptions
+    be = WebGPUBackend(options=KernelOptions(force_gemv=True, gemv_cpu=False, gemv_prologue=True))
+    model = hf_model("llama", WIDE)
+    path, sd = llama_cpp_gguf(tmp_path, model, "llama", qtype=QT.Q4_K, mix=q4_k_m(2))
+    m = llama.Llama.from_gguf(path, backend=be)
+    cache = m.new_cache()
+    rows = list(np.asarray(m.logits_all_step(IDS[:3], cache)))
+    rows += [np.asarray(m.logits_step([t], cache)) for t in IDS[3:6]]
+    exe = m._program("step", 1)._prog.exe
+    assert not any(n.split(" ")[0] == "sum" for n in exe.kernel_names), exe.kernel_names
+    plan, L = exe.plan, WIDE["num_hidden_layers"]
+    heads = [plan["pipelines"][c["pipeline"]]["wgsl"].split("var c0_0")[0]   # before the product
+             for c, n in zip(plan["commands"], exe.kernel_names) if " gemv q " in n]
+    norms = [h for h in heads if "for (var pk" in h]   # q, k, v, gate, up a layer; the head
+    assert len(norms) == 5 * L + 1 and sum("dot(" in h for h in norms) == len(norms) - 3
+    close(np.stack(rows), hf_logits(model, IDS[:6], sd))
+
+
 def test_keep_quantized_false_and_split_tables(tmp_path):
     """keep_quantized=False: f32 parameters, the same logits. Token table and head in row
     blocks (as the binding limit splits them) take their blocks' rows."""

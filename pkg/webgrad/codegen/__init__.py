@@ -30,8 +30,10 @@
   empty.py        zero-size tensors leave the graph before anything is planned
   fusion.py       storage decisions, kernel groups, merges, in-place writebacks, schedule:
                   the rules in order, over fusion_storage.py (what is stored),
-                  fusion_groups.py (groups, merges, writebacks, schedule) and
-                  fusion_sums.py (sums taken by the kernels of their terms)
+                  fusion_groups.py (groups, merges, writebacks, schedule),
+                  fusion_sums.py (sums taken by the kernels of their terms) and
+                  fusion_prologue.py (normalized rows left to the matrix-vector products
+                  that read them, which sum and apply them: gemv_prologue.py)
   program.py      the driver: pattern passes, buffer plan (../buffers.py), kernels, commands
   kinds.py        each op's lowering and cost, read from primitives.PRIMS (and the passes'
                   own ops): fusion's kernel ops, views, recompute weights

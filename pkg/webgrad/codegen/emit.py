@@ -134,12 +134,16 @@ class Emitter:
                own fused outputs: read at the same index they are computed, never loaded)
     bound:     {node: (flat index text, WGSL name)}: a kernel's main result, valid at
                exactly that index (the epilogue)
+    given:     {node: WGSL name}: a value the builder computed itself, read wherever the
+               node is read (the row sum of the matrix-vector kernel's A, gemv_prologue.py,
+               which sets it to the row's sum before it reads that row)
     """
 
     def __init__(self, kernel: Kernel, graph, storage, compute=(), bound=None, indent=1):
         self.k, self.g, self.storage = kernel, graph, storage
         self.compute = set(compute)
         self.bound = dict(bound or {})
+        self.given: dict[int, str] = {}
         self.lines: list[str] = []
         self.stmts: list[Stmt] = []  # the statements of `lines`, as emitted (see Stmt)
         self._frames: list[set[str]] = []  # names handed out to each value() now running
@@ -321,6 +325,8 @@ class Emitter:
 
     # -- values
     def value(self, n: int, idx: Idx) -> str:
+        if n in self.given:
+            return self._hand(self.given[n])
         b = self.bound.get(n)
         if b is not None:
             if idx.known_flat != b[0]:

@@ -48,17 +48,26 @@ Three more save kernels and memory traffic in a training step:
  7. Output sums (_output_sums). The row sums of an expression of a matmul's output at its
     own index (layer norm's weight and bias gradients) are taken by the matmul's epilogue
     (a split product's: its chunk sum's).
+And one saves two kernels per normalization in a decoding step:
+ 8. Normalized rows (fusion_prologue.py, GPUs). An A operand of matrix-vector products
+    that is an elementwise chain of one row sum (RMSNorm: x * rsqrt(mean(x * x) + eps) * w)
+    and the sum are not stored: each product's kernel sums the row and normalizes it as
+    it reads A (gemv_prologue.py). The chain's row x is stored instead where it is an
+    expression of several products (a residual stream): it joins the last one's epilogue.
 
-The rules live in three modules, each a mixin of Fusion whose methods share its state (the
+The rules live in four modules, three a mixin of Fusion whose methods share its state (the
 sets and maps each rule fills, read by the later ones): fusion_storage.py (rules 1-2 and the
 two folds: what is stored), fusion_groups.py (the groups, rule 3's merges, rule 4's in-place
-writebacks and the schedule) and fusion_sums.py (rules 5-7). Fusion's constructor below runs
-them in order; codegen/remat.py's plan_fusion builds it (again with some expressions left
-unstored, where that saves memory) and codegen/program.py builds a kernel per group.
+writebacks and the schedule), fusion_sums.py (rules 5-7), and fusion_prologue.py's functions
+(rule 8: before rule 2, what it must store and leave unstored; before the groups form, the
+plan). Fusion's constructor below runs them in order; codegen/remat.py's plan_fusion builds
+it (again with some expressions left unstored, where that saves memory) and
+codegen/program.py builds a kernel per group.
 """
 from __future__ import annotations
 
 from .fusion_groups import Group, GroupRules
+from .fusion_prologue import row_prologues, store_rows
 from .fusion_storage import FusionError, StorageRules
 from .fusion_sums import SumRules
 from .wgsl import Limits
@@ -82,6 +91,11 @@ class Fusion(StorageRules, GroupRules, SumRules):
         self._matmul_operands()
         self._transposed_reads()
         self._fold_matmul_sums()
+        # rule 8's chains: what reads their sums is computed where the products read A,
+        # from stored rows
+        pro = set(row_prologues(self).values())
+        self.keep_expr = frozenset().union(*(op.dep for op in pro))
+        self.mat |= store_rows(self, pro)
         self._costs()
         for sid, x in list(self.matmul_fold.items()):  # its matmul got stored after all
             if x in self.mat or self.folded_views(x) is None:
@@ -91,6 +105,10 @@ class Fusion(StorageRules, GroupRules, SumRules):
             if g[sid].inputs[0] in self.mat:
                 del self.sum_source[sid]
         self._roots()
+        self.prologue = row_prologues(self)   # matmul -> its A, computed as it is read
+        for op in set(self.prologue.values()):
+            self.mat.discard(op.a)
+            self.mat.discard(op.s)
         self._form_groups()
         self._merge_siblings()
         self._merge()

@@ -158,7 +158,8 @@ class StorageRules:
         return views
 
     def _costs(self):
-        """Store expressions that are costly to recompute or that bind too many buffers."""
+        """Store expressions that are costly to recompute or that bind too many buffers;
+        never those of keep_expr (rule 8's chains, computed by the products that read them)."""
         g, limit = self.g, self.limits.max_storage_buffers_per_shader_stage
         cost: dict[int, int] = {}
         loads: dict[int, frozenset] = {}
@@ -172,7 +173,8 @@ class StorageRules:
                 ls = frozenset().union(*(loads[i] for i in n.inputs)) if n.inputs else frozenset()
                 if len(ls) <= budget:
                     return ls
-                cands = [i for i in n.inputs if not self.has_storage(i) and len(loads[i]) > 1]
+                cands = [i for i in n.inputs if not self.has_storage(i) and len(loads[i]) > 1
+                         and i not in self.keep_expr]
                 if not cands:
                     return ls  # nothing left to store: the binding check in wgsl.py reports it
                 store(max(cands, key=lambda i: len(loads[i])))
@@ -193,7 +195,7 @@ class StorageRules:
                 continue
             c = cost_of(n.op).recompute + sum(cost[i] for i in n.inputs)
             cost[n.id], loads[n.id] = c, ls
-            if n.size <= 1 or not self.cons[n.id]:
+            if n.size <= 1 or not self.cons[n.id] or n.id in self.keep_expr:
                 continue
             # read through a broadcast: each element recomputed many times (a pad reads
             # each once, so the padded logit gradient computes the gradient in its kernel;

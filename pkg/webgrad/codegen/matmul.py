@@ -73,7 +73,7 @@ def build_matmul(ctx, config: Config | None = None) -> list:
     M, K, N = ash[-2], ash[-1], bsh[-1]
     batch = tuple(node.shape[:-2])
     nb = prod(batch)
-    if config is None:
+    if config is None and ctx.prologue is None:
         mma = _build_mma(ctx, node, (sa, offa, dima, ash), (sb, offb, dimb, bsh))
         if mma is not None:
             return mma
@@ -126,6 +126,8 @@ def _mma_plan(g, fu, main: int, limits, half):
     gid = fu.group_of[main]
     if any(mg == gid for mg, _ in fu.operand_sums.values()) or gid in fu.output_sums.values() \
             or any(n in fu.assembled for n in fu.groups[gid].outputs):
+        return None
+    if main in fu.prologue:   # A computed as it is read: the matrix-vector kernel's
         return None
     ops = []
     for i in node.inputs:

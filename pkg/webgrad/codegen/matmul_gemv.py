@@ -12,11 +12,15 @@ A quantized W^T whose rows start at block starts takes `build_gemv_chunks`: cons
 lanes read consecutive aligned chunks of the blocks (each format's Chunk, webgrad/quants),
 where the grouped form gave each lane a whole group of values sharing a scale and a warp's
 loads scattered over 32 groups (Q4_K on an H200: 120 GB/s, against 2500 for f32 rows).
+
+Either form takes an A that fusion left unstored (rule 8: a normalized row, RMSNorm's):
+codegen/gemv_prologue.py sums its rows first and evaluates it where A is read.
 """
 from __future__ import annotations
 
 from math import prod
 
+from .gemv_prologue import RowOperand, row_reader
 from .layout import addr_sum, batch_base, digits_addr, nonunit_digits
 from .quant import (QuantOperand, chunk_reader, chunked_quant, group_helpers, grouped_quant,
                     operand_reader, vec4_reader)
@@ -38,7 +42,9 @@ def build_gemv(ctx, node, opa, opb, vec: bool) -> list:
     a scale (32 lanes, one group each); otherwise (B's N axis of stride 1, or any other
     view) the 32 columns of a workgroup are adjacent and 8 lanes split K (CW = 32). Either
     way a warp's loads are whole 128-byte lines, and B, the only large operand, is read once.
-    A's rows (R x K floats) are re-read by every workgroup from the cache."""
+    A's rows (R x K floats) are re-read by every workgroup from the cache; an A computed
+    as it is read (a gemv_prologue.RowOperand: a normalized row) is summed first, then
+    normalized as it is read."""
     (sa, offa, dima, ash), (sb, offb, dimb, bsh) = opa, opb
     M, K, N = ash[-2], ash[-1], bsh[-1]
     if vec and chunked_quant(sb, offb, dimb, bsh, K):
@@ -55,7 +61,8 @@ def build_gemv(ctx, node, opa, opb, vec: bool) -> list:
           and all(st % 4 == 0 for c, st in dimb[-1] if c > 1))
     kernel = ctx.kernel(f"matmul {'x'.join(map(str, node.shape))} K={K} gemv {CW}x{KL}"
                         + (" vec4" if v4 else ""))
-    A = operand_reader(kernel, sa)
+    rowop = isinstance(sa, RowOperand)
+    A = None if rowop else operand_reader(kernel, sa)
     if v4:
         B4 = vec4_reader(kernel, sb)   # f32, or f16 widened as it is read
     elif not grouped:
@@ -76,12 +83,20 @@ def build_gemv(ctx, node, opa, opb, vec: bool) -> list:
     col = "n" if N % CW == 0 else em.let(f"min(n, {N - 1}u)")  # past N: a valid address
     base_b = batch_base(em, batch, [u32_lit(0)] * len(batch), offb, dimb, bsh)
     cb = em.let(addr_sum([base_b] + digits_addr(dimb[-1], f"({col})", N)))
-    ra = row_bases(em, opa, batch, R)
+    if rowop:
+        em.declare("k", "k0")
+        read = row_reader(ctx, em, sa, R, GEMV_WG, vec4=False)
+    else:
+        ra = row_bases(em, opa, batch, R)
     acc = [f"c{r}" for r in range(R)]
     for a in acc:
         L(f"var {a}: f32 = 0.0f;")
 
     def k_term(k, y):
+        if rowop:
+            for r in range(R):
+                L(f"{acc[r]} = fma({read(r, k)}, {y}, {acc[r]});")
+            return
         L(f"let ka = {addr_sum(digits_addr(dima[-1], k, K))};")
         for r in range(R):
             L(f"{acc[r]} = fma({A(f'{ra[r]} + ka')}, {y}, {acc[r]});")
@@ -166,12 +181,14 @@ def build_gemv_chunks(ctx, node, opa, opb) -> list:
     their scales, loads A's values for them as vec4s once for its RW columns, and adds
     scale * sum(a q) - min * sum(a) per run. The LC partials of a column are then added in
     workgroup memory, a fixed tree of fan-in 8 (deterministic), and lane 0 runs the
-    epilogue."""
+    epilogue. A computed as it is read (a gemv_prologue.RowOperand) is summed first, then
+    normalized as its vec4s are read."""
     (sa, offa, dima, ash), (sb, offb, dimb, bsh) = opa, opb
     M, K, N = ash[-2], ash[-1], bsh[-1]
     batch = tuple(node.shape[:-2])
     R = M * prod(batch)
     WG, lanes, RW = ctx.limits.options.gemv_quant
+    rowop = isinstance(sa, RowOperand)
     kernel = ctx.kernel("")   # named below, once the shape is known
     ch, word, vec = chunk_reader(kernel, sb)
     block = sb.block
@@ -181,7 +198,7 @@ def build_gemv_chunks(ctx, node, opa, opb) -> list:
     CW = WG // LC * RW                      # columns per workgroup
     kernel.name = (f"matmul {'x'.join(map(str, node.shape))} K={K} gemv q "
                    f"{WG // LC}x{LC}x{RW}")
-    A4 = a_vec4_reader(kernel, opa)
+    A4 = None if rowop else a_vec4_reader(kernel, opa)
     epi = ctx.epilogue_fn(kernel)
     kernel.decls.append(f"var<workgroup> gv: array<f32, {R * CW * LC}>;")
     em = ctx.emitter(kernel)
@@ -195,7 +212,11 @@ def build_gemv_chunks(ctx, node, opa, opb) -> list:
         col = f"n0 + {j}u" if N % CW == 0 else f"min(n0 + {j}u, {N - 1}u)"
         cb = addr_sum([base_b] + digits_addr(dimb[-1], f"({col})", N))
         rb.append(em.let(f"({cb}) / {block}u"))
-    ra = row_bases(em, opa, batch, R)
+    if rowop:
+        em.declare("k")
+        A4, ra = row_reader(ctx, em, sa, R, WG, vec4=True), list(range(R))
+    else:
+        ra = row_bases(em, opa, batch, R)
     acc = [[f"c{r}_{j}" for j in range(RW)] for r in range(R)]
     for row in acc:
         for a in row:

@@ -75,6 +75,11 @@ class KernelOptions:
     gemv_quant: tuple = (64, 32, 4)
     # ... also where B's N axis (not K) has stride 1 (matmul_config.use_gemv says why not by default)
     gemv_n_fast: bool = False
+    # True / False: a matrix-vector product whose A is a normalized row (RMSNorm: an
+    # elementwise chain of one row sum) sums and normalizes that row itself (fusion's rule 8,
+    # codegen/gemv_prologue.py) on any adapter where the workgroup form runs / on none;
+    # None: on GPUs (CPU adapters keep the sum and the elementwise kernel)
+    gemv_prologue: bool | None = None
     # adapters (substrings of Limits.adapter, lower case) whose small direct products take
     # small_block (SwiftShader: pipeline creation grows with the unrolled block)
     small_block_adapters: tuple = ("swiftshader",)

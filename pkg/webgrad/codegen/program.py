@@ -93,6 +93,8 @@ class GroupCtx:
                             for h, mg in fu.output_sums.items() if mg == gid]
         # its epilogue stores pieces of an assembled tensor (fusion_sums._assemble)
         self.writes_pieces = any(n in fu.assembled for n in G.outputs)
+        # its A computed as it is read (fusion_prologue.py: a normalized row), or None
+        self.prologue = fu.prologue.get(G.main)
 
     def storage(self, n):
         return self._low.storage.get(n)
@@ -106,7 +108,8 @@ class GroupCtx:
     def matmul_operands(self):
         """[(Storage, element offset, dims, shape)] for A and B (layout.strided_view): the
         main matmul's operands, or, for a sum folded over a batched matmul, the 2-D views
-        with the batch merged into K."""
+        with the batch merged into K. A computed as it is read (self.prologue) comes as
+        (its gemv_prologue.RowOperand, 0, None, shape)."""
         fu = self._low.fu
         x = fu.matmul_fold.get(self.group.main)
         if x is not None:
@@ -114,10 +117,16 @@ class GroupCtx:
         else:
             views = []
             for i in self.main_node.inputs:
+                if i == self.main_node.inputs[0] and self.prologue is not None:
+                    views.append((None, 0, None, tuple(self.g[i].shape)))
+                    continue
                 base, off, dims = strided_view(self.g, i, fu.operand_base)
                 views.append((base, off, dims, tuple(self.g[i].shape)))
         out = []
         for base, off, dims, shape in views:
+            if base is None:
+                out.append((self.prologue, 0, None, shape))
+                continue
             st = self.storage(base)
             if st is None:  # a view of dequantize(words): decoded as it is read
                 node = self.g[base]
