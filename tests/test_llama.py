@@ -232,6 +232,15 @@ def test_cached_decoding_equals_the_full_forward(kind, backend, built):
     close(np.stack(rows), full)
 
 
+def _greedy_equals_transformers(m, model, new: int = 6):
+    """webgrad's greedy generate after IDS[:5] equals transformers' generate."""
+    prompt = IDS[:5]
+    with torch.no_grad():
+        want = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, 5, dtype=torch.long),
+                              max_new_tokens=new, do_sample=False)[0].tolist()
+    assert m.generate(prompt, max_new_tokens=new, temperature=0) == want
+
+
 def _cached_rows(cfg, sd, backend):
     """The model on `backend` and its cached logits for IDS[:8]: a chunk of 3, then one id a
     step."""
@@ -284,11 +293,7 @@ def test_decoding_through_the_split_kernels(kind, built):
         names = m._program("step", T)._prog.exe.kernel_names
         assert sum(" split 3x16 (pass 1)" in n for n in names) == cfg.num_hidden_layers, names
     close(np.stack(rows), hf_logits(model, IDS[:8]))
-    prompt = IDS[:5]
-    with torch.no_grad():
-        want = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, 5, dtype=torch.long),
-                              max_new_tokens=6, do_sample=False)[0].tolist()
-    assert m.generate(prompt, max_new_tokens=6, temperature=0) == want
+    _greedy_equals_transformers(m, model)
     assert "argmax_last (pass 2)" in m._program("step", 1)._prog.exe.kernel_names
 
 
@@ -307,20 +312,13 @@ def test_decoding_with_the_norms_in_the_products(kind, built):
     except Exception as e:
         pytest.skip(f"no WebGPU adapter: {e}")
     model, cfg, sd = built(kind)
-    m = llama.Llama.from_hf_state_dict(cfg, sd, backend=be)
-    cache = m.new_cache()
-    rows = list(np.asarray(m.logits_all_step(IDS[:3], cache)))
-    rows += [np.asarray(m.logits_step([t], cache)) for t in IDS[3:8]]
+    m, rows = _cached_rows(cfg, sd, be)
     for T in (1, 3):
         names = m._program("step", T)._prog.exe.kernel_names
         sums = 2 * cfg.num_hidden_layers if cfg.qk_norm else 0
         assert sum(n.split(" ")[0] == "sum" for n in names) == sums, names
     close(np.stack(rows), hf_logits(model, IDS[:8]))
-    prompt = IDS[:5]
-    with torch.no_grad():
-        want = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, 5, dtype=torch.long),
-                              max_new_tokens=6, do_sample=False)[0].tolist()
-    assert m.generate(prompt, max_new_tokens=6, temperature=0) == want
+    _greedy_equals_transformers(m, model)
 
 
 def test_h200_decode_step_reads_the_norms_in_its_products():

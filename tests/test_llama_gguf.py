@@ -325,15 +325,22 @@ def test_q4_k_m_decode_through_the_chunked_gemv(tmp_path, backend):
     from webgrad.backends.webgpu import WebGPUBackend
     from webgrad.codegen import KernelOptions
     be = WebGPUBackend(options=KernelOptions(force_gemv=True, gemv_cpu=False))
-    model = hf_model("llama", WIDE)
-    path, sd = llama_cpp_gguf(tmp_path, model, "llama", qtype=QT.Q4_K, mix=q4_k_m(2))
-    m = llama.Llama.from_gguf(path, backend=be)
-    cache = m.new_cache()
-    rows = list(np.asarray(m.logits_all_step(IDS[:3], cache)))
-    rows += [np.asarray(m.logits_step([t], cache)) for t in IDS[3:6]]
+    model, sd, m, rows = _q4_k_m_steps(tmp_path, be)
     names = m._program("step", 1)._prog.exe.kernel_names
     assert sum(" gemv q " in n for n in names) == 7 * WIDE["num_hidden_layers"] + 1, names
     close(np.stack(rows), hf_logits(model, IDS[:6], sd))
+
+
+def _q4_k_m_steps(tmp_path, backend):
+    """(transformers' model, its state dict, webgrad's model of its Q4_K_M file on
+    `backend`, the cached logits for IDS[:6]: a chunk of 3, then one id a step)."""
+    model = hf_model("llama", WIDE)
+    path, sd = llama_cpp_gguf(tmp_path, model, "llama", qtype=QT.Q4_K, mix=q4_k_m(2))
+    m = llama.Llama.from_gguf(path, backend=backend)
+    cache = m.new_cache()
+    rows = list(np.asarray(m.logits_all_step(IDS[:3], cache)))
+    rows += [np.asarray(m.logits_step([t], cache)) for t in IDS[3:6]]
+    return model, sd, m, rows
 
 
 @pytest.mark.parametrize("backend", [WEBGPU])
@@ -346,12 +353,7 @@ def test_q4_k_m_decode_with_the_norms_in_the_chunked_gemv(tmp_path, backend):
     from webgrad.backends.webgpu import WebGPUBackend
     from webgrad.codegen import KernelOptions
     be = WebGPUBackend(options=KernelOptions(force_gemv=True, gemv_cpu=False, gemv_prologue=True))
-    model = hf_model("llama", WIDE)
-    path, sd = llama_cpp_gguf(tmp_path, model, "llama", qtype=QT.Q4_K, mix=q4_k_m(2))
-    m = llama.Llama.from_gguf(path, backend=be)
-    cache = m.new_cache()
-    rows = list(np.asarray(m.logits_all_step(IDS[:3], cache)))
-    rows += [np.asarray(m.logits_step([t], cache)) for t in IDS[3:6]]
+    model, sd, m, rows = _q4_k_m_steps(tmp_path, be)
     exe = m._program("step", 1)._prog.exe
     assert not any(n.split(" ")[0] == "sum" for n in exe.kernel_names), exe.kernel_names
     plan, L = exe.plan, WIDE["num_hidden_layers"]
