@@ -321,14 +321,43 @@ def test_decoding_with_the_norms_in_the_products(kind, built):
     _greedy_equals_transformers(m, model)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_decoding_with_the_queries_read_by_the_attention(kind, built):
+    """Decoding's q rope read as an expression by the attention kernel (GPUs' default,
+    fusion_storage._query_expr), forced onto this adapter: one elementwise kernel fewer a
+    layer (none fewer where a sliding window leaves attention unfused: Mistral's), the
+    cached steps equal transformers' logits (3 rows, then 1), and greedy generate equals
+    its generate."""
+    pytest.importorskip("wgpu")
+    from webgrad.backends.webgpu import WebGPUBackend
+    from webgrad.codegen import KernelOptions
+    try:
+        be = WebGPUBackend(options=KernelOptions(attn_q_expr=True))
+        plain = WebGPUBackend(options=KernelOptions(attn_q_expr=False))
+    except Exception as e:
+        pytest.skip(f"no WebGPU adapter: {e}")
+    model, cfg, sd = built(kind)
+    m, rows = _cached_rows(cfg, sd, be)
+    p = llama.Llama.from_hf_state_dict(cfg, sd, backend=plain)
+    for T in (1, 3):
+        names = m._program("step", T)._prog.exe.kernel_names
+        before = p._program("step", T)._prog.exe.kernel_names
+        att = sum(n.startswith("attn_out") for n in names)   # none: a sliding window's
+        assert att == (0 if cfg.sliding_window else cfg.num_hidden_layers), names   # matmuls
+        assert len(before) - len(names) == att, (names, before)
+    close(np.stack(rows), hf_logits(model, IDS[:8]))
+    _greedy_equals_transformers(m, model)
+
+
 def test_h200_decode_step_reads_the_norms_in_its_products():
     """A Llama-3.2-1B-shaped decode step (hidden 2048, 16 layers, 32 / 8 heads,
     intermediate 8192, vocabulary 128256; the graph only, no weights) lowered for an H200:
     its 33 RMSNorms (2 a layer and the final one) were a `sum` kernel and an elementwise
     kernel each, 247 kernels in all (bench/llama_decode.py measured them so); rule 8 leaves
     181 (no sum, 18 elementwise: the rotary angles' cos and sin and each layer's q rope).
-    KernelOptions(gemv_prologue=False) gives the 247 back, and a CPU adapter keeps its
-    kernels."""
+    The attention kernels read q rope as an expression (fusion_storage._query_expr): 165,
+    the 2 elementwise kernels of cos and sin left. KernelOptions(attn_q_expr=False) gives
+    the 181 back, with gemv_prologue=False the 247, and a CPU adapter keeps its kernels."""
     from collections import Counter
     from dataclasses import replace
     from webgrad import ops
@@ -357,9 +386,11 @@ def test_h200_decode_step_reads_the_norms_in_its_products():
                   max_storage_buffers_per_shader_stage=16)   # Dawn's, as measured
     names = lower(g, h200)[1]
     kinds = Counter(n.split(" ")[0] for n in names)
-    assert len(names) == 181 and "sum" not in kinds and kinds["elementwise"] == 18, kinds
+    assert len(names) == 165 and "sum" not in kinds and kinds["elementwise"] == 2, kinds
     assert sum(" gemv " in n for n in names) == 7 * 16 + 1
-    before = lower(g, replace(h200, options=KernelOptions(gemv_prologue=False)))[1]
+    rope = lower(g, replace(h200, options=KernelOptions(attn_q_expr=False)))[1]
+    assert len(rope) == 181 and Counter(n.split(" ")[0] for n in rope)["elementwise"] == 18
+    before = lower(g, replace(h200, options=KernelOptions(gemv_prologue=False, attn_q_expr=False)))[1]
     assert len(before) == 247 and Counter(n.split(" ")[0] for n in before)["sum"] == 33
     cpu = Limits(adapter="llvmpipe (LLVM 15.0.6, 256 bits) (CPU)", cpu=True,
                  max_storage_buffer_binding_size=1 << 31, max_buffer_size=1 << 40)

@@ -11,7 +11,10 @@ outside it reads. The rules, in order:
     inside whichever kernel reads it.
  2. An expression is stored (becomes an *anchor*) when it must be: it is a graph output or
     a writeback value (unless it is a free reshape of something stored), or a matmul reads
-    it and no affine view reaches it (matmul wants strides, not recomputation), or it is
+    it and no affine view reaches it (matmul wants strides, not recomputation; attention
+    too, except an inference attention's queries that would need an elementwise kernel of
+    their own, read by its emitter on GPUs: a decoding step's q rope,
+    fusion_storage._query_expr), or it is
     worth it: read by several kernels and costly (its chain's recompute weights, from the
     rows' Cost, reach 8; unless codegen/remat.py finds that this saves no memory worth
     having: GELU's tanh, kept for the backward beside its input), or

@@ -83,10 +83,13 @@ class StorageRules:
         for n in g.nodes:
             # attention kernels read every row of k and v once per query: operands stay
             # strided views of stored tensors, as matmul's do, never recomputed expressions
+            # (but attn_out's own query rows, a small expression: _query_expr)
             if lowering_of(n.op) not in ("matmul", "attention"):
                 continue
             has = self.operand_base if n.op == "matmul" else self.has_storage
-            for x in n.inputs:
+            for k, x in enumerate(n.inputs):
+                if k == 0 and self._query_expr(n):
+                    continue
                 while strided_view(g, x, has) is None:
                     y = x
                     while g[y].op in VIEW_OPS and not has(y):
@@ -95,6 +98,41 @@ class StorageRules:
                         self.mat.add(x)
                         break
                     self.mat.add(y)         # an expression under the view: store it
+
+    def _query_expr(self, n) -> bool:
+        """Is n an attn_out whose queries stay an expression, computed by the attention
+        kernel's emitter as it stages its own rows (the tiled kernel: again for each block
+        of keys, a decoding step's 4 rows of 64 beside 64 keys of 64)? Where storing them
+        would take an elementwise kernel of its own (a decoding step's q rope, which reads
+        its product at other columns too), not where they would join a product's epilogue
+        (GPT-2's q, a slice of c_attn + bias: rule 3). KernelOptions.attn_q_expr: None on
+        GPUs, True on any adapter, False never. The queries must be f32 and no part of
+        them an output or written back."""
+        want = self.limits.options.attn_q_expr
+        if n.op != "attn_out" or want is False or (want is None and self.limits.cpu):
+            return False
+        g = self.g
+        y = n.inputs[0]
+        while g[y].op in VIEW_OPS and not self.has_storage(y):
+            y = g[y].inputs[0]
+        if self.has_storage(y) or g[n.inputs[0]].dtype != "f32":
+            return False
+        roots = set(g.outputs.values()) | set(g.writebacks.values())
+        reads: dict[int, set] = {}   # stored tensors -> are their reads at y's index
+        stack, seen = [(y, True)], set()
+        while stack:
+            x, at = stack.pop()
+            if (x, at) in seen:
+                continue
+            seen.add((x, at))
+            if self.has_storage(x):
+                reads.setdefault(x, set()).add(at)
+                continue
+            if x in roots:
+                return False
+            stack.extend((i, at and self.preserves(g[x], k)) for k, i in enumerate(g[x].inputs))
+        return not any(m in self.mat and g[m].size == g[y].size and ats == {True}
+                       for m, ats in reads.items())
 
     def _transposed_reads(self):
         """Rule 2, GPU adapters: a large transpose of the last two axes of a stored tensor

@@ -106,6 +106,10 @@ class KernelOptions:
     # False: no attention is fused (the plain matmuls and row softmax); True: every matched
     # attention, training steps too; None: attention_match._fuse_training's policy
     fuse_attention: bool | None = None
+    # True / False: an inference attention's queries (a decoding step's q rope) read as an
+    # expression by the attention kernel (fusion_storage._query_expr), not stored by an
+    # elementwise kernel, on any adapter / on none; None: on GPUs
+    attn_q_expr: bool | None = None
     # ---- rowfuse_match.py: False keeps cross entropy and layer norm's backward as traced
     fuse_rows: bool = True
     # True / False: the tiled / row attention kernels on any adapter; None: GPUs tiled
