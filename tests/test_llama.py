@@ -321,19 +321,20 @@ def test_decoding_with_the_norms_in_the_products(kind, built):
     _greedy_equals_transformers(m, model)
 
 
+@pytest.mark.parametrize("tiled", [True, False])
 @pytest.mark.parametrize("kind", KINDS)
-def test_decoding_with_the_queries_read_by_the_attention(kind, built):
+def test_decoding_with_the_queries_read_by_the_attention(kind, tiled, built):
     """Decoding's q rope read as an expression by the attention kernel (GPUs' default,
-    fusion_storage._query_expr), forced onto this adapter: one elementwise kernel fewer a
-    layer (none fewer where a sliding window leaves attention unfused: Mistral's), the
-    cached steps equal transformers' logits (3 rows, then 1), and greedy generate equals
-    its generate."""
+    fusion_storage._query_expr), forced onto this adapter with the tiled attention kernels
+    (GPUs') or the row ones (CPU adapters'): one elementwise kernel fewer a layer (none
+    where a sliding window leaves attention unfused: Mistral's), the cached steps equal
+    transformers' logits (3 rows, then 1), and greedy generate equals its generate."""
     pytest.importorskip("wgpu")
     from webgrad.backends.webgpu import WebGPUBackend
     from webgrad.codegen import KernelOptions
     try:
-        be = WebGPUBackend(options=KernelOptions(attn_q_expr=True))
-        plain = WebGPUBackend(options=KernelOptions(attn_q_expr=False))
+        be = WebGPUBackend(options=KernelOptions(attn_q_expr=True, attn_tiled=tiled))
+        plain = WebGPUBackend(options=KernelOptions(attn_q_expr=False, attn_tiled=tiled))
     except Exception as e:
         pytest.skip(f"no WebGPU adapter: {e}")
     model, cfg, sd = built(kind)
@@ -344,6 +345,7 @@ def test_decoding_with_the_queries_read_by_the_attention(kind, built):
         before = p._program("step", T)._prog.exe.kernel_names
         att = sum(n.startswith("attn_out") for n in names)   # none: a sliding window's
         assert att == (0 if cfg.sliding_window else cfg.num_hidden_layers), names   # matmuls
+        assert all((" tiled " in n) == tiled for n in names if n.startswith("attn_out")), names
         assert len(before) - len(names) == att, (names, before)
     close(np.stack(rows), hf_logits(model, IDS[:8]))
     _greedy_equals_transformers(m, model)
