@@ -18,6 +18,7 @@ from __future__ import annotations
 from math import prod
 
 from .layout import addr_sum, batch_base, digits_addr, nonunit_digits
+from .matmul_gemv import row_bases
 from .quant import QuantOperand, group_helpers, grouped_quant, operand_reader, vec4_reader
 from .wgsl import u32_lit
 
@@ -67,12 +68,7 @@ def build_gemv_cpu(ctx, node, opa, opb, vec: bool) -> list:
     for j in range(CT):
         col = f"n0 + {j}u" if N % CT == 0 or j == 0 else f"min(n0 + {j}u, {N - 1}u)"
         cb.append(em.let(addr_sum([base_b] + digits_addr(dimb[-1], f"({col})", N))))
-    ra = []
-    for r in range(R):
-        b, m = divmod(r, M)
-        bd = em.unravel(u32_lit(b), batch) if batch else []
-        base_a = batch_base(em, batch, bd, offa, dima, ash)
-        ra.append(em.let(addr_sum([base_a] + digits_addr(dima[-2], u32_lit(m), M))))
+    ra = row_bases(em, opa, batch, R)
 
     def a_vec(r, k0):  # A's four values at k0 .. k0+3 (one address for every lane)
         if a4:
