@@ -232,6 +232,18 @@ def test_cached_decoding_equals_the_full_forward(kind, backend, built):
     close(np.stack(rows), full)
 
 
+def _forced_backend(**options):
+    """A native WebGPU backend whose programs take the kernel forms `options` (codegen
+    KernelOptions fields) ask for; the test skips where there is no adapter."""
+    pytest.importorskip("wgpu")
+    from webgrad.backends.webgpu import WebGPUBackend
+    from webgrad.codegen import KernelOptions
+    try:
+        return WebGPUBackend(options=KernelOptions(**options))
+    except Exception as e:
+        pytest.skip(f"no WebGPU adapter: {e}")
+
+
 def _greedy_equals_transformers(m, model, new: int = 6):
     """webgrad's greedy generate after IDS[:5] equals transformers' generate."""
     prompt = IDS[:5]
@@ -258,13 +270,7 @@ def test_decoding_through_the_matrix_vector_kernel(kind, form, built):
     this adapter in either form (matmul_gemv.py, GPUs' default; matmul_gemv_cpu.py, CPU
     adapters'): the cached steps equal transformers' logits at every position, one id at a
     time and a chunk of 3."""
-    pytest.importorskip("wgpu")
-    from webgrad.backends.webgpu import WebGPUBackend
-    from webgrad.codegen import KernelOptions
-    try:
-        be = WebGPUBackend(options=KernelOptions(force_gemv=True, gemv_cpu=form == "cpu"))
-    except Exception as e:
-        pytest.skip(f"no WebGPU adapter: {e}")
+    be = _forced_backend(force_gemv=True, gemv_cpu=form == "cpu")
     model, cfg, sd = built(kind)
     m, rows = _cached_rows(cfg, sd, be)
     names = m._program("step", 1)._prog.exe.kernel_names
@@ -279,14 +285,7 @@ def test_decoding_through_the_split_kernels(kind, built):
     over chunks of the vocabulary (reduce.py), GPUs' forms forced onto this adapter (chunks
     of 16 keys and 16 logits, so that this cache of 48 and vocabulary of 100 split): the
     cached steps equal transformers' logits, and greedy generate equals its generate."""
-    pytest.importorskip("wgpu")
-    from webgrad.backends.webgpu import WebGPUBackend
-    from webgrad.codegen import KernelOptions
-    try:
-        be = WebGPUBackend(options=KernelOptions(attn_split=True, attn_split_chunk=16,
-                                                 argmax_split=True, argmax_chunk=8))
-    except Exception as e:
-        pytest.skip(f"no WebGPU adapter: {e}")
+    be = _forced_backend(attn_split=True, attn_split_chunk=16, argmax_split=True, argmax_chunk=8)
     model, cfg, sd = built(kind)
     m, rows = _cached_rows(cfg, sd, be)
     for T in (1, 3):
@@ -304,13 +303,7 @@ def test_decoding_with_the_norms_in_the_products(kind, built):
     with the products' workgroup form: no `sum` kernel is left in a step (Qwen3's q/k
     norms feed rope, not a product: theirs stay), the cached steps equal transformers'
     logits (3 rows a product, then 1), and greedy generate equals its generate."""
-    pytest.importorskip("wgpu")
-    from webgrad.backends.webgpu import WebGPUBackend
-    from webgrad.codegen import KernelOptions
-    try:
-        be = WebGPUBackend(options=KernelOptions(force_gemv=True, gemv_prologue=True))
-    except Exception as e:
-        pytest.skip(f"no WebGPU adapter: {e}")
+    be = _forced_backend(force_gemv=True, gemv_prologue=True)
     model, cfg, sd = built(kind)
     m, rows = _cached_rows(cfg, sd, be)
     for T in (1, 3):
@@ -329,14 +322,8 @@ def test_decoding_with_the_queries_read_by_the_attention(kind, tiled, built):
     (GPUs') or the row ones (CPU adapters'): one elementwise kernel fewer a layer (none
     where a sliding window leaves attention unfused: Mistral's), the cached steps equal
     transformers' logits (3 rows, then 1), and greedy generate equals its generate."""
-    pytest.importorskip("wgpu")
-    from webgrad.backends.webgpu import WebGPUBackend
-    from webgrad.codegen import KernelOptions
-    try:
-        be = WebGPUBackend(options=KernelOptions(attn_q_expr=True, attn_tiled=tiled))
-        plain = WebGPUBackend(options=KernelOptions(attn_q_expr=False, attn_tiled=tiled))
-    except Exception as e:
-        pytest.skip(f"no WebGPU adapter: {e}")
+    be = _forced_backend(attn_q_expr=True, attn_tiled=tiled)
+    plain = _forced_backend(attn_q_expr=False, attn_tiled=tiled)
     model, cfg, sd = built(kind)
     m, rows = _cached_rows(cfg, sd, be)
     p = llama.Llama.from_hf_state_dict(cfg, sd, backend=plain)
