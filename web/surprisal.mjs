@@ -164,10 +164,10 @@ window.modelCache = modelCache;
 const setStatus = (text, kind) => { $("status").textContent = text; $("status").className = kind; };
 // Errors in words: a JavaScript exception surfacing through Python (JsException) says only
 // what it was, not its type's name.
-const failed = (error) => {
+const failed = (error, words = null) => {
   $("load-line").hidden = true;   // no progress line left over from the attempt
   const type = !error.type || error.type === "JsException" ? "" : `${error.type}: `;
-  setStatus(`${type}${error.message}`, "error");
+  setStatus(words ?? `${type}${error.message}`, "error");
 };
 // The text and the model of the last visit come back after a reload (localStorage).
 const SAVED = "webgrad.surprisal";
@@ -261,7 +261,9 @@ function shown(info) {
   $("load-text").textContent = describe(info).split(" — ")[1];
 }
 
-async function useModel(call) {
+// explain(): the failure in the user's words, or null for the error's own (asked before the
+// status changes, so the page shows one error, not the loader's and then its explanation).
+async function useModel(call, explain = async () => null) {
   if (working) return;
   working = true;
   setButtons();
@@ -270,7 +272,7 @@ async function useModel(call) {
     shown(await call());
     await score();
   } catch (error) {
-    failed(error);
+    failed(error, await explain());
   } finally {
     working = false;
     setButtons();
@@ -283,13 +285,30 @@ const bytesOf = async (input) => input.files.length
 const tokenizer = async () => [await bytesOf($("encoder")), await bytesOf($("vocab"))];
 let lastSource = null;   // reloaded when the tokenizer files arrive after the model
 
-async function load(source) {
+async function load(source, explain) {
   lastSource = source;
-  await useModel(async () => webgrad.call("surprisal_load", [source, ...await tokenizer()]));
+  await useModel(async () => webgrad.call("surprisal_load", [source, ...await tokenizer()]), explain);
 }
 
 function loadPicked() {
   if ($("model").files.length) load($("model").files[0]);
+}
+
+// Why a URL failed to load, in words, when the server is the reason (the loader's own error
+// is a JavaScript exception from fetch, or a parse error of an HTML error page); null when
+// the server has the file (the loader's error then says what is wrong with it).
+async function serverAnswer(url) {
+  let answer = null;
+  try {
+    answer = await fetch(url, { method: "HEAD" });
+  } catch (error) {
+    return `Cannot reach ${url}: ${error.message} (is the address right, and does that ` +
+           "server allow this page to read it?)";
+  }
+  if (answer.ok) return null;
+  return `The server has no model at ${url}: it answered ${answer.status}` +
+         `${answer.statusText ? ` ${answer.statusText}` : ""}. Put the file under the ` +
+         "served folder (models/ beside serve.py) or pick it from disk above.";
 }
 
 async function loadURL() {
@@ -303,23 +322,7 @@ async function loadURL() {
               "or a full http(s) address", "error");
     return;
   }
-  await load(url);
-  if ($("status").className !== "error") return;
-  // it failed: say why in words when the server is the reason (the loader's own error is a
-  // JavaScript exception from fetch, or a parse error of an HTML error page)
-  let answer = null;
-  try {
-    answer = await fetch(url, { method: "HEAD" });
-  } catch (error) {
-    setStatus(`Cannot reach ${url}: ${error.message} (is the address right, and does that ` +
-              "server allow this page to read it?)", "error");
-    return;
-  }
-  if (!answer.ok) {
-    setStatus(`The server has no model at ${url}: it answered ${answer.status}` +
-              `${answer.statusText ? ` ${answer.statusText}` : ""}. Put the file under the ` +
-              "served folder (models/ beside serve.py) or pick it from disk above.", "error");
-  }
+  await load(url, () => serverAnswer(url));
 }
 
 // The colours' key: white for what the model expected, deep red for 12 bits and more.
