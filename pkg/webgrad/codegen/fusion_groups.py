@@ -69,24 +69,41 @@ class GroupRules:
             return self._loads_cache[gid]
         G, g = self.groups[gid], self.g
         inside = set(G.anchors)
-        res: dict[int, bool] = {}
-        seen = set()
-        stack = [(a, True) for a in G.anchors]
+        starts = [(a, True) for a in G.anchors]
         if G.main is not None:
-            stack += [(i, False) for i in g[G.main].inputs]
-        while stack:
-            n, ident = stack.pop()
-            if (n, ident) in seen:
-                continue
-            seen.add((n, ident))
-            if n == G.main or (self.has_storage(n) and n not in inside):
-                res[n] = res.get(n, True) and ident is True
-                continue
-            node = g[n]
-            for k, i in enumerate(node.inputs):
-                stack.append((i, self._read_at(node, k, ident)))
+            starts += [(i, False) for i in g[G.main].inputs]
+        reads = self.stored_reads(
+            starts, step=self._read_at,
+            stored=lambda n: n == G.main or (self.has_storage(n) and n not in inside))
+        res = {n: ats == {True} for n, ats in reads.items()}
         self._loads_cache[gid] = res
         return res
+
+    def stored_reads(self, starts, step=None, stored=None, stop=None) -> dict | None:
+        """The stored tensors an unstored expression reads, walked down from `starts` ((node,
+        where it is read) pairs): stored tensor -> the set of the ways it is read. step(node,
+        k, at): where node reads input k when node is read at `at` (default: the same index
+        while the op preserves it, `at and preserves`); stored(n): the walk ends at n
+        (default: has_storage); stop(n): an unstored node at which the caller gives up (the
+        answer is then None)."""
+        g = self.g
+        step = step or (lambda node, k, at: at and self.preserves(node, k))
+        stored = stored or self.has_storage
+        reads: dict[int, set] = {}
+        stack, seen = list(starts), set()
+        while stack:
+            n, at = stack.pop()
+            if (n, at) in seen:
+                continue
+            seen.add((n, at))
+            if stored(n):
+                reads.setdefault(n, set()).add(at)
+                continue
+            if stop is not None and stop(n):
+                return None
+            node = g[n]
+            stack.extend((i, step(node, k, at)) for k, i in enumerate(node.inputs))
+        return reads
 
     def _read_at(self, node, k: int, ident):
         """Where node reads input k, given where node is read: True (the domain's index),

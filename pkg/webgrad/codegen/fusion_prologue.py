@@ -65,18 +65,9 @@ def store_rows(fu, ops) -> set[int]:
             for i in g[n].inputs:
                 if i in op.dep or i == op.s or fu.has_storage(i) or g[i].op == "const":
                     continue
-                loads, ident, stack, seen = set(), False, [(i, True)], set()
-                while stack:
-                    m, at = stack.pop()
-                    if (m, at) in seen:
-                        continue
-                    seen.add((m, at))
-                    if fu.has_storage(m):
-                        loads.add(m)
-                        ident = ident or (at and m in fu.mat and g[m].size == g[i].size)
-                        continue
-                    stack.extend((x, at and fu.preserves(g[m], k))
-                                 for k, x in enumerate(g[m].inputs))
+                loads = fu.stored_reads([(i, True)])
+                ident = any(True in ats and m in fu.mat and g[m].size == g[i].size
+                            for m, ats in loads.items())
                 if len(loads) >= 2 and ident:
                     out.add(i)
     return out

@@ -118,19 +118,9 @@ class StorageRules:
         if self.has_storage(y) or g[n.inputs[0]].dtype != "f32":
             return False
         roots = set(g.outputs.values()) | set(g.writebacks.values())
-        reads: dict[int, set] = {}   # stored tensors -> are their reads at y's index
-        stack, seen = [(y, True)], set()
-        while stack:
-            x, at = stack.pop()
-            if (x, at) in seen:
-                continue
-            seen.add((x, at))
-            if self.has_storage(x):
-                reads.setdefault(x, set()).add(at)
-                continue
-            if x in roots:
-                return False
-            stack.extend((i, at and self.preserves(g[x], k)) for k, i in enumerate(g[x].inputs))
+        reads = self.stored_reads([(y, True)], stop=lambda x: x in roots)
+        if reads is None:   # part of the queries is an output or written back
+            return False
         return not any(m in self.mat and g[m].size == g[y].size and ats == {True}
                        for m, ats in reads.items())
 

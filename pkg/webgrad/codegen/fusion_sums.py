@@ -159,21 +159,13 @@ class SumRules:
             if (g[x].dtype != "f32" or len(xs) < 2
                     or tuple(sorted(g[m].attrs["axes"])) != tuple(range(len(xs) - 1))):
                 continue
-            mms, leaves, stack, seen = set(), set(), [(x, True)], set()
-            while stack:
-                n, ident = stack.pop()
-                if (n, ident) in seen:
-                    continue
-                seen.add((n, ident))
-                if self.has_storage(n):
-                    h = self.group_of.get(n)
-                    if h is not None and self.groups[h].main == n and g[n].op == "matmul":
-                        mms.add((n, ident is True))
-                    else:
-                        leaves.add(n)
-                    continue
-                for k, i in enumerate(g[n].inputs):
-                    stack.append((i, self._read_at(g[n], k, ident)))
+            mms, leaves = set(), set()
+            for n, ats in self.stored_reads([(x, True)], step=self._read_at).items():
+                h = self.group_of.get(n)
+                if h is not None and self.groups[h].main == n and g[n].op == "matmul":
+                    mms.update((n, ident is True) for ident in ats)
+                else:
+                    leaves.add(n)
             if len(mms) != 1:
                 continue
             (mm, ident), = mms
