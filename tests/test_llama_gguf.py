@@ -384,9 +384,11 @@ def test_q4_k_m_decode_with_int8_activations(tmp_path, backend):
     assert np.array_equal(np.stack(rows).argmax(-1), want.argmax(-1))
 
 
-# A's int8 rounding, |a - d q| <= max|a| / 254 per value, through two layers and the head:
-# measured 0.0 of the largest logit on these steps (lavapipe)
-Q8_TOL = 2e-2
+# A's int8 rounding moves a product by ~ |W row| |a| / 440 (codegen/matmul_gemv_q8.py), and
+# these random weights' logits are small next to |W row| |h| (~ 1 / sqrt(hidden) of it): it
+# measured 1.34e-2 of the largest logit on these steps (lavapipe); a min dropped (1.26) or
+# A's block scales 1% off (2.81e-2) fail it
+Q8_TOL = 2.5e-2
 
 
 def test_keep_quantized_false_and_split_tables(tmp_path):
