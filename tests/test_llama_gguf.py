@@ -364,6 +364,33 @@ def test_q4_k_m_decode_with_the_norms_in_the_chunked_gemv(tmp_path, backend):
     close(np.stack(rows), hf_logits(model, IDS[:6], sd))
 
 
+@pytest.mark.parametrize("backend", [WEBGPU])
+def test_q4_k_m_decode_with_int8_activations(tmp_path, backend):
+    """The same steps with KernelOptions.gemv_q8_dot (codegen/matmul_gemv_q8.py, forced onto
+    lavapipe, the norms in the products as above): every product, Q4_K and Q6_K, rounds its
+    A to int8 blocks of 32 and multiplies by integer dot products. The logits differ from
+    transformers' by that rounding only, within Q8_TOL of the largest logit (the f32 form:
+    1e-4), and each step's greedy token is transformers'."""
+    from webgrad.backends.webgpu import WebGPUBackend
+    from webgrad.codegen import KernelOptions
+    be = WebGPUBackend(options=KernelOptions(force_gemv=True, gemv_cpu=False, gemv_prologue=True,
+                                             gemv_q8_dot=True))
+    model, sd, m, rows = _q4_k_m_steps(tmp_path, be)
+    names = m._program("step", 1)._prog.exe.kernel_names
+    assert sum(" gemv q " in n and n.endswith(" q8") for n in names) == 7 * WIDE["num_hidden_layers"] + 1, names
+    want = hf_logits(model, IDS[:6], sd)
+    err = np.abs(np.stack(rows) - want).max() / np.abs(want).max()
+    assert 1e-4 < err <= Q8_TOL, f"max error {err:.2e} of the largest logit"
+    assert np.array_equal(np.stack(rows).argmax(-1), want.argmax(-1))
+
+
+# A's int8 rounding moves a product by ~ |W row| |a| / 440 (codegen/matmul_gemv_q8.py), and
+# these random weights' logits are small next to |W row| |h| (~ 1 / sqrt(hidden) of it): it
+# measured 1.34e-2 of the largest logit on these steps (lavapipe); a min dropped (1.26) or
+# A's block scales 1% off (2.81e-2) fail it
+Q8_TOL = 2.5e-2
+
+
 def test_keep_quantized_false_and_split_tables(tmp_path):
     """keep_quantized=False: f32 parameters, the same logits. Token table and head in row
     blocks (as the binding limit splits them) take their blocks' rows."""

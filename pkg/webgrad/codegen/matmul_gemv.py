@@ -13,6 +13,9 @@ lanes read consecutive aligned chunks of the blocks (each format's Chunk, webgra
 where the grouped form gave each lane a whole group of values sharing a scale and a warp's
 loads scattered over 32 groups (Q4_K on an H200: 120 GB/s, against 2500 for f32 rows).
 
+With KernelOptions.gemv_q8_dot (off by default) the chunked form rounds A to int8 first and
+sums integer dot products, as llama.cpp's CUDA decode does (matmul_gemv_q8.py).
+
 Either form takes an A that fusion left unstored (rule 8: a normalized row, RMSNorm's):
 codegen/gemv_prologue.py sums its rows first and evaluates it where A is read.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 from math import prod
 
 from .gemv_prologue import RowOperand, row_reader
+from .matmul_gemv_q8 import q8_dot_takes, quantize_rows, run_terms
 from .layout import addr_sum, batch_base, digits_addr, nonunit_digits
 from .quant import (QuantOperand, chunk_reader, chunked_quant, group_helpers, grouped_quant,
                     operand_reader, vec4_reader)
@@ -182,7 +186,8 @@ def build_gemv_chunks(ctx, node, opa, opb) -> list:
     scale * sum(a q) - min * sum(a) per run. The LC partials of a column are then added in
     workgroup memory, a fixed tree of fan-in 8 (deterministic), and lane 0 runs the
     epilogue. A computed as it is read (a gemv_prologue.RowOperand) is summed first, then
-    normalized as its vec4s are read."""
+    normalized as its vec4s are read. With KernelOptions.gemv_q8_dot the workgroup first
+    rounds A to int8 and the runs are integer dot products (matmul_gemv_q8.py)."""
     (sa, offa, dima, ash), (sb, offb, dimb, bsh) = opa, opb
     M, K, N = ash[-2], ash[-1], bsh[-1]
     batch = tuple(node.shape[:-2])
@@ -196,8 +201,9 @@ def build_gemv_chunks(ctx, node, opa, opb) -> list:
     nch = K // block * ch.per_block         # chunks per row of W
     LC = min(lanes, 1 << (nch.bit_length() - 1), WG)
     CW = WG // LC * RW                      # columns per workgroup
+    q8 = q8_dot_takes(ctx, ch, R, K, R * CW * LC)   # A rounded to int8 (matmul_gemv_q8.py)
     kernel.name = (f"matmul {'x'.join(map(str, node.shape))} K={K} gemv q "
-                   f"{WG // LC}x{LC}x{RW}")
+                   f"{WG // LC}x{LC}x{RW}" + (" q8" if q8 else ""))
     A4 = None if rowop else a_vec4_reader(kernel, opa)
     epi = ctx.epilogue_fn(kernel)
     kernel.decls.append(f"var<workgroup> gv: array<f32, {R * CW * LC}>;")
@@ -217,6 +223,8 @@ def build_gemv_chunks(ctx, node, opa, opb) -> list:
         A4, ra = row_reader(ctx, em, sa, R, WG, vec4=True), list(range(R))
     else:
         ra = row_bases(em, opa, batch, R)
+    if q8:
+        quantize_rows(kernel, em, A4, ra, K, WG)
     acc = [[f"c{r}_{j}" for j in range(RW)] for r in range(R)]
     for row in acc:
         for a in row:
@@ -231,6 +239,11 @@ def build_gemv_chunks(ctx, node, opa, opb) -> list:
         for r in range(ch.runs):
             with em.block(""):
                 L(f"let k = kb * {block}u + {ch.at(r, 'c')};")
+                if q8:
+                    for x, row in enumerate(run_terms(em, ch, R, K, RW, r, has_min)):
+                        for j, term in enumerate(row):
+                            L(f"{acc[x][j]} = {acc[x][j]} + ({term});")
+                    continue
                 pieces = range(ch.run // 4)
                 for x in range(R):
                     for i in pieces:

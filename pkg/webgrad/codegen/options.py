@@ -73,6 +73,13 @@ class KernelOptions:
     # workgroup, lanes per column (consecutive lanes read consecutive chunks of a row's
     # blocks; fewer where a row has fewer chunks) and columns per lane (sharing A's loads)
     gemv_quant: tuple = (64, 32, 4)
+    # True: that form quantizes A to 8 bits first, as llama.cpp's CUDA decode does (its q8_1:
+    # per 32 values d = max|a| / 127, q = round(a / d)), each workgroup into its workgroup
+    # memory, and multiplies by integer dot products of four int8 pairs (WGSL dot4I8Packed)
+    # for the formats whose Chunk has `packed` (Q4_K, Q5_K, Q6_K, Q8_0). It changes the
+    # products' values (A's rounding: about |W row| max|a| / 440 a product, matmul_gemv_q8.py);
+    # off by default, unmeasured on a GPU (docs/precision.md)
+    gemv_q8_dot: bool = False
     # ... also where B's N axis (not K) has stride 1 (matmul_config.use_gemv says why not by default)
     gemv_n_fast: bool = False
     # True / False: a matrix-vector product whose A is a normalized row (RMSNorm: an

@@ -68,6 +68,10 @@ class Chunk:
                vec4<u32>, `at` a multiple of unit) of the words
     quant      (p, r, i) -> WGSL vec4<f32>: the integers of run r's values 4 i .. 4 i + 3
                (value = scale * q - min, the quants wgsl_group gives)
+    packed     (p, r, i) -> WGSL u32: the same four integers as signed bytes (byte 0
+               first), for dot4I8Packed (KernelOptions.gemv_q8_dot: the products with A
+               quantized to 8 bits); None: the format's integers do not fit, or it has no
+               such form yet
     """
     per_block: int
     unit: int
@@ -76,6 +80,7 @@ class Chunk:
     at: Callable[[int, str], str]
     load: Callable[..., str]
     quant: Callable[[str, int, int], str]
+    packed: Callable[[str, int, int], str] | None = None
 
     def __post_init__(self):
         if self.per_block & (self.per_block - 1) or self.unit not in (1, 2, 4) or self.run % 4:

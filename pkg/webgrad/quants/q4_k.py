@@ -151,13 +151,14 @@ def k_chunk(words: int, qs_w: int, qh_w: int | None = None) -> Chunk:
             text += f"\n  let {p}s{r} = vec2<f32>({pr}dm.x * f32({pr}sc), {pr}dm.y * f32({pr}mn));"
         return text
 
-    def quant(p, r, i):
+    def packed(p, r, i):   # four quants of 4 (5) bits: bytes 0 .. 15 (31), int8 as they are
         v = f"(({p}q[{i}] >> {4 * r}u) & 0x0f0f0f0fu)"
         if qh_w is not None:
             v = f"({v} | ((({p}qh[{i}] >> {p}{r}sub) & 0x01010101u) << 4u))"
-        return bytes_f32(v)
+        return v
 
-    return Chunk(per_block=8, unit=4, runs=2, run=16, load=load, quant=quant,
+    return Chunk(per_block=8, unit=4, runs=2, run=16, load=load,
+                 quant=lambda p, r, i: bytes_f32(packed(p, r, i)), packed=packed,
                  at=lambda r, c: f"(64u * ({c} >> 1u) + {32 * r}u + 16u * ({c} & 1u))")
 
 

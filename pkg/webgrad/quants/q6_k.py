@@ -112,12 +112,19 @@ def wgsl_chunk(n: int) -> Chunk:
   let {p}s{r} = vec2<f32>({p}d * f32({p}sc{r}), 0.0f);"""
         return text
 
-    def quant(p, r, i):
+    def ints(p, r, i):   # four 6-bit quants q, bytes 0 .. 63 (the value is d * (q - 32))
         low = f"(({p}ql[{i}] >> {4 * r}u) & 0x0f0f0f0fu)"
         high = f"((({p}qh[{i}] >> ({p}t2 + {4 * r}u)) & 0x03030303u) << 4u)"
-        return bytes_f32(f"{low} | {high}", 32)
+        return f"{low} | {high}"
 
-    return Chunk(per_block=8, unit=4, runs=2, run=16, load=load, quant=quant,
+    def packed(p, r, i):
+        # q - 32 in each byte: with bit 7 set a byte is q + 128 >= 32, so subtracting 32
+        # borrows from no neighbour, and flipping bit 7 back turns q + 96 into q - 32 mod 256,
+        # the two's complement byte of q - 32
+        return f"((({ints(p, r, i)}) | 0x80808080u) - 0x20202020u) ^ 0x80808080u"
+
+    return Chunk(per_block=8, unit=4, runs=2, run=16, load=load,
+                 quant=lambda p, r, i: bytes_f32(ints(p, r, i), 32), packed=packed,
                  at=lambda r, c: (f"(128u * ({c} >> 2u) + 32u * (({c} >> 1u) & 1u) + {64 * r}u"
                                   f" + 16u * ({c} & 1u))"))
 

@@ -67,6 +67,7 @@ def wgsl_chunk(n: int) -> Chunk:
 
     return Chunk(per_block=2, unit=4, runs=1, run=16, load=load,
                  quant=lambda p, r, i: bytes_f32(f"{p}q[{i}] ^ 0x80808080u", 128),
+                 packed=lambda p, r, i: f"{p}q[{i}]",   # the file's int8s as they are
                  at=lambda r, c: f"(16u * {c})")
 
 
