@@ -262,6 +262,13 @@ def _choose_config(M: int, N: int, K: int, nb: int, adapter: str,
 
     def tiles(tm, tn):
         return -(-M // (16 * tm)) * -(-N // (16 * tn)) * nb
+    def shrunk(tm, tn):  # the tile-shrinking rule: (tm, tn) once the grid is large enough
+        while tiles(tm, tn) < TARGET_TILES and (tm > 2 or tn > 2):
+            if tm >= tn:
+                tm //= 2
+            else:
+                tn //= 2
+        return tm, tn
     row = adapter_tiling(adapter, options)
     slots = row.get("slots", 0)
     if K >= SPLIT_MIN_K and slots:
@@ -269,6 +276,12 @@ def _choose_config(M: int, N: int, K: int, nb: int, adapter: str,
         # the LM head's input gradient: K = vocabulary): keep the large tile, which does
         # the most work per byte, and fill the GPU with K chunks instead
         S = choose_splits(tiles(tm, tn), K, slots)
+        if S > 1 and min(M, N) <= options.split_thin and tiles(*shrunk(tm, tn)) >= tiles(tm, tn) * S:
+            # a thin C (a LoRA factor's [T, r] product or its [r, in] gradient, r <= 16):
+            # its tile is one thread column wide already, and the shrunk tiles give as many
+            # workgroups as the chunks would, each reading as much of A, without the
+            # partial sums' scratch and the second kernel that adds them
+            S = 1
         if S > 1:
             if "split" in row and tm == tn == 8:
                 return replace(row["odd" if odd and "odd" in row else "split"], splits=S)
@@ -293,11 +306,7 @@ def _choose_config(M: int, N: int, K: int, nb: int, adapter: str,
         return cfg
     if "mid" in row and slots and tiles(4, 4) >= slots:  # a wave of 64 x 64 tiles
         return row["mid"]
-    while tiles(tm, tn) < TARGET_TILES and (tm > 2 or tn > 2):
-        if tm >= tn:
-            tm //= 2
-        else:
-            tn //= 2
+    tm, tn = shrunk(tm, tn)
     bk = max(8 if max(tm, tn) >= 8 else 16, 16 // min(tm, tn))  # whole elements per thread
     return Config(tm, tn, bk)
 

@@ -106,6 +106,10 @@ class KernelOptions:
     # epilogues loading more values per output than this keep their loads in place
     # (matmul_epilogue.prefetch_epilogue)
     epi_max_loads: int = 2
+    # products whose C has at most this many rows or columns (a LoRA factor's [T, r] product,
+    # its [r, in] gradient) are not split over K where smaller tiles give as many workgroups
+    # as the chunks (matmul_config._choose_config); 0: they split as any other
+    split_thin: int = 16
     # an ADAPTER_TILINGS row (a dict) used in place of the adapter's own (tests)
     tiling_row: dict | None = None
 
