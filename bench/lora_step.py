@@ -8,6 +8,9 @@ webgrad's step time <= 1.0x PEFT's.
     python3 bench/lora_step.py --small                                  # tiny config; CPU executors
                                                                         # (torch) where no GPU is
     python3 bench/lora_step.py --rows 1b --profile 25                   # and where webgrad's time goes
+    python3 bench/lora_step.py --rows 1b --set split_thin=0             # a kernel option changed
+    python3 bench/lora_step.py --rows 1b --kernels --layers 2           # no device: the step lowered
+                                                                        # for an H200, kernels by class
 
 The step, the same on both sides: r = 16 adapters (lora_alpha 32, no dropout) on q, k, v, o,
 gate, up and down of every layer, the base frozen; next-token cross entropy over every
@@ -36,6 +39,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "pkg"))
 sys.path.insert(0, str(ROOT / "bench"))
+
+from gpt2_decode import set_kernel_options  # noqa: E402  (--set: the WebGPU backends' options)
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 LR, WD, R, ALPHA = 1e-4, 0.01, 16, 32
@@ -185,6 +190,58 @@ def run_peft(row, args, np, torch):
     return out
 
 
+def h200_limits(options=None):
+    """Dawn's limits on an H200 (as tests/test_llama.py's device-free lowerings use them)."""
+    from webgrad.codegen import KernelOptions, Limits
+    return Limits(adapter="NVIDIA H200 (DiscreteGPU)", max_storage_buffer_binding_size=(1 << 32) - 4,
+                  max_buffer_size=1 << 40, max_compute_workgroup_storage_size=49152, subgroups=True,
+                  max_storage_buffers_per_shader_stage=16, options=options or KernelOptions())
+
+
+def step_graph(row: str, layers: int | None = None):
+    """The LoRA step's IR (trace, gradients, AdamW) of `row`, with `layers` layers if given."""
+    from webgrad import lora, optim
+    from webgrad.compile import build_train_graph, parse_inputs
+    from webgrad.models import llama
+    cfg_d, B, T = ROWS[row]
+    if layers:
+        cfg_d = dict(cfg_d, num_hidden_layers=layers)
+    cfg = llama.LlamaConfig.from_hf(cfg_d, n_ctx=T)
+    lo = lora.LoRA(lambda: llama.LlamaModule(cfg, 1), r=R, lora_alpha=ALPHA, lora_dropout=0.0,
+                   target_modules=TARGETS)
+    ins = parse_inputs({"tokens": ([B, T], "i32"), "targets": ([B, T], "i32")})
+    return build_train_graph(lo, llama.lm_loss, ins, optim.AdamW(lr=LR, weight_decay=WD))[1]
+
+
+def adapter_kernel(name: str) -> bool:
+    """Is this kernel one of the adapters' rank-R products (a side or K of R; its chunk sums)?"""
+    if not name.startswith("matmul "):
+        return False
+    dims = name.split(" ")[1].split("x")
+    return str(R) in dims or f" K={R} " in name + " "
+
+
+def kernel_classes(names) -> tuple[int, dict]:
+    """(adapter kernels, {kernel class: count}) of a lowered step's kernel names; a class is
+    a name without its tile (`matmul 4x512x16 K=2048`, `... split 4`, `... sum of 4 K chunks`)."""
+    import re
+    from collections import Counter
+    c = Counter(re.sub(r" tile \S+", "", n) if n.startswith("matmul ") else n.split(" ")[0]
+                for n in names)
+    return sum(v for k, v in c.items() if adapter_kernel(k)), dict(sorted(c.items()))
+
+
+def print_kernels(row: str, layers: int | None, options) -> None:
+    """The step lowered for an H200 without a device: its kernels by class."""
+    from webgrad.codegen import lower
+    names = lower(step_graph(row, layers), h200_limits(options))[1]
+    n_adapter, classes = kernel_classes(names)
+    print(f"{row}, {layers or ROWS[row][0]['num_hidden_layers']} layers, lowered for an H200: "
+          f"{len(names)} kernels, {n_adapter} of them the adapters' rank-{R} products")
+    for k, v in classes.items():
+        print(f"{v:6d}  {'*' if adapter_kernel(k) else ' '} {k}")
+
+
 def _mib(b):
     return "-" if b is None else f"{b / 2**20:.0f} MiB"
 
@@ -201,7 +258,26 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="print webgrad's N longest kernels of one step and its GPU time per "
                     "kernel name (webgpu)")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a kernel option of webgrad's programs (codegen/options.py's "
+                    "KernelOptions field, a Python literal): --set split_thin=0 splits the "
+                    "adapters' thin products over K again, --set thin_grads=False leaves their "
+                    "gradients in the traced layout")
+    ap.add_argument("--kernels", action="store_true",
+                    help="no device: lower each row's step for an H200 and print its kernels by "
+                    "class (the adapters' products starred)")
+    ap.add_argument("--layers", type=int, default=None, help="with --kernels: this many layers")
     args = ap.parse_args()
+    if args.kernels:
+        from webgrad.codegen import KernelOptions
+        from webgrad.codegen.options import with_setting
+        opts = KernelOptions()
+        for item in args.set:
+            opts = with_setting(opts, item)
+        for r in (["small"] if args.small else [r for r in args.rows.split(",") if r]):
+            print_kernels(r, args.layers, opts)
+        return
+    set_kernel_options(args.set)
     import numpy as np
     import torch
     cuda = torch.cuda.is_available()

@@ -110,6 +110,10 @@ class KernelOptions:
     # its [r, in] gradient) are not split over K where smaller tiles give as many workgroups
     # as the chunks (matmul_config._choose_config); 0: they split as any other
     split_thin: int = 16
+    # a thin weight gradient read through a transpose (LoRA's dA, dB: a side of at most
+    # split_thin) is computed in its parameter's layout, so that the optimizer's update joins
+    # its product's kernel (codegen/thin_grads.py); False: in the layout the matmul rule gives
+    thin_grads: bool = True
     # an ADAPTER_TILINGS row (a dict) used in place of the adapter's own (tests)
     tiling_row: dict | None = None
 

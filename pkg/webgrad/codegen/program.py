@@ -18,6 +18,7 @@ from math import prod
 
 from ..buffers import END, Live, align, plan_pool
 from .align_match import align_products
+from .thin_grads import thin_grads
 from .attention import build_attention
 from .attention_match import rewrite_attention
 from .rowfuse import build_row_kernel
@@ -563,6 +564,7 @@ def lower(graph, limits: Limits | None = None, persist_key=lambda name: name, *,
     if limits.options.fuse_rows:  # cross entropy, layer-norm backward (rowfuse_match.py)
         graph = rewrite_rows(graph)
     graph = align_products(graph, limits)  # vocabulary-wide products padded (align_match.py)
+    graph = thin_grads(graph, limits)  # LoRA's factor gradients in their layout (thin_grads.py)
     low = _Lowering(graph, limits, persist_key, frozenset(half_names))
     lowered, names = low.build(on_pipeline)
     lowered.empty_outputs = empty
