@@ -247,6 +247,57 @@ def test_merged_base_equals_the_adapter_model_and_merge_and_unload(base):
         assert rel(merged[n], v.numpy()) <= 1e-6, n
 
 
+def _lora_1b_step(layers: int):
+    """bench/lora_step.py's step (r = 16, alpha 32, q, k, v, o, gate, up, down; AdamW) at
+    the Llama-3.2-1B shape, 4 x 512, with `layers` layers: the graph only, no weights."""
+    from webgrad.compile import build_train_graph, parse_inputs
+    cfg = llama.LlamaConfig.from_hf(dict(
+        model_type="llama", hidden_size=2048, num_hidden_layers=layers, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=64, intermediate_size=8192, vocab_size=128256,
+        max_position_embeddings=2048, rms_norm_eps=1e-5, tie_word_embeddings=True), n_ctx=512)
+    lo = lora.LoRA(lambda: llama.LlamaModule(cfg), r=16, lora_alpha=32, target_modules=[
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    ins = parse_inputs({"tokens": ([4, 512], "i32"), "targets": ([4, 512], "i32")})
+    return build_train_graph(lo, llama.lm_loss, ins, optim.AdamW(lr=1e-4, weight_decay=0.01))[1]
+
+
+def test_h200_lora_step_runs_the_rank_16_products_unsplit_and_the_updates_in_them():
+    """The 1B-shaped LoRA step (2 layers) lowered for an H200 without a device. Its 14
+    adapters' rank-16 products were 129 kernels of 236 (bench/README.md's profile counted
+    1053 of 1850 at 16 layers): the thin products ([T, 16] = x A^T, dY B; the [16, in] and
+    [out, 16] gradients) split over K in 4 or 16 chunks, each with a second kernel adding
+    the chunks, and AdamW's update of each factor an elementwise kernel of its own (it read
+    the gradient through a transpose). Thin products over K = 2048 now run unsplit on
+    smaller tiles at a longer K step (as many workgroups and K steps as the chunks:
+    KernelOptions.split_thin) and the gradients are computed in the factors' layout, so
+    that the updates join their kernels (thin_grads): 87 of 166. Left split: dY B of gate
+    and up (K = 8192, 16 chunks: 256 workgroups against 64 unsplit)."""
+    from dataclasses import replace
+    from webgrad.codegen import KernelOptions, Limits, lower
+    g = _lora_1b_step(2)
+    h200 = Limits(adapter="NVIDIA H200 (DiscreteGPU)", max_storage_buffer_binding_size=(1 << 32) - 4,
+                  max_buffer_size=1 << 40, max_compute_workgroup_storage_size=49152, subgroups=True,
+                  max_storage_buffers_per_shader_stage=16)   # Dawn's, as measured
+
+    def rank16(names):
+        return [n for n in names if n.startswith("matmul ")
+                and ("16" in n.split(" ")[1].split("x") or " K=16 " in n)]
+    names = lower(g, h200)[1]
+    assert len(names) == 166 and len(rank16(names)) == 87, names
+    assert [n for n in rank16(names) if "split" in n or "sum of" in n] == [
+        "matmul 4x512x16 K=8192 tile 128x16x16 split 16", "matmul 4x512x16 sum of 16 K chunks"] * 6
+    unsplit = lower(g, replace(h200, options=KernelOptions(thin_grads=False)))[1]
+    assert len(unsplit) == 166 + 2 * 14 and len(rank16(unsplit)) == 87
+    before = lower(g, replace(h200, options=KernelOptions(split_thin=0, thin_grads=False)))[1]
+    assert len(before) == 236 and len(rank16(before)) == 129
+    # a CPU adapter (no split-K rows: the products were never split) keeps the updates
+    # in the products too
+    cpu = Limits(adapter="llvmpipe (LLVM 15.0.6, 256 bits) (CPU)", cpu=True,
+                 max_storage_buffer_binding_size=1 << 31, max_buffer_size=1 << 40)
+    assert (len(lower(g, replace(cpu, options=KernelOptions(thin_grads=False)))[1])
+            - len(lower(g, cpu)[1])) == 2 * 14
+
+
 # ---------------------------------------------------------------- GPT-2: the same code
 
 def test_gpt2_lora_equals_peft_with_fan_in_fan_out(tmp_path):

@@ -63,6 +63,14 @@ def test_k_loop_in_wgsl(name):
     oracle.check(oracle.BY_NAME[name], "webgpu", opts)
 
 
+@pytest.mark.parametrize("config", [mm.Config(2, 1, 64), mm.Config(1, 2, 64)])
+@pytest.mark.parametrize("name", ["matmul/tiles_odd", "matmul/odd_long_k"])
+def test_thin_tiles_with_a_long_k_step(name, config):
+    """The unsplit tiles of a thin product on the H200 (32 x 16 and 16 x 32 at K step 64,
+    matmul_config's KernelOptions.split_thin rule) on shapes they do not divide, against torch."""
+    oracle.check(oracle.BY_NAME[name], "webgpu", KernelOptions(force_config=config))
+
+
 @pytest.mark.parametrize("name", ["matmul/tiles_odd", "matmul/odd_long_k"])
 def test_k_loop_partly_unrolled(name):
     """The tiled kernel's K step as a WGSL loop over pairs of k (KernelOptions.k_unroll)."""
@@ -162,6 +170,17 @@ def test_h200_shape_classes():
     assert mm.choose_config(4096, 50304, 768, 1, adapter=a) == replace(wide, group=32)
     # under 3/4 of a wave of 128 x 128 tiles, a wave of 64 x 64 ones
     assert mm.choose_config(4096, 768, 768, 1, adapter=a) == mm.ADAPTER_TILINGS[0][1]["mid"]
+    # a thin C (LoRA's rank-16 factors, x A^T and dA): no split where the shrunk tiles
+    # give as many workgroups as the chunks (64 of 32 x 16 against 16 tiles x 4 chunks),
+    # at a K step 4 times the split tile's (each workgroup runs as many K steps),
+    # a split where they do not (K = 8192: 16 chunks, 256 workgroups); split_thin=0 splits
+    thin = mm.choose_config(2048, 16, 2048, 1, adapter=a)
+    assert (thin.splits, thin.bm, thin.bn, thin.bk) == (1, 32, 16, 64)
+    assert (mm.choose_config(16, 8192, 2048, 1, adapter=a).splits,
+            mm.choose_config(2048, 16, 8192, 1, adapter=a).splits) == (1, 16)
+    from webgrad.codegen import KernelOptions
+    assert mm.choose_config(2048, 16, 2048, 1, adapter=a,
+                            options=KernelOptions(split_thin=0)).splits == 4
     # few tiles: the shrinking rule, as on adapters without a row
     assert mm.choose_config(1024, 1024, 1024, 1, adapter=a) == \
         mm.choose_config(1024, 1024, 1024, 1, adapter="some GPU")

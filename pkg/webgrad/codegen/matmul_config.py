@@ -38,6 +38,9 @@ SPLIT_MIN_CHUNK = 512  # ... and never into K chunks shorter than this
 # waves, 7.30 ms; split 11, 8 whole waves, 7.07; H200, 2026-12-01)
 SPLIT_LONG_CHUNK = 4096
 MAX_SPLITS = 16
+# the longest K step of a thin product's unsplit tile (KernelOptions.split_thin): 32 x 16
+# tiles at K step 64 stage 14 KiB and load 12 values a thread a step
+THIN_MAX_BK = 64
 
 # KernelOptions.force_config (bench/matmul.py) replaces choose_config to compare tilings.
 # KernelOptions.operand_sums: bias gradients (the row sums of a weight gradient's operand)
@@ -276,17 +279,20 @@ def _choose_config(M: int, N: int, K: int, nb: int, adapter: str,
         # the LM head's input gradient: K = vocabulary): keep the large tile, which does
         # the most work per byte, and fill the GPU with K chunks instead
         S = choose_splits(tiles(tm, tn), K, slots)
-        if S > 1 and min(M, N) <= options.split_thin and tiles(*shrunk(tm, tn)) >= tiles(tm, tn) * S:
+        if S > 1 and min(M, N) <= options.split_thin:
             # a thin C (a LoRA factor's [T, r] product or its [r, in] gradient, r <= 16):
-            # its tile is one thread column wide already, and the shrunk tiles give as many
-            # workgroups as the chunks would, each reading as much of A, without the
-            # partial sums' scratch and the second kernel that adds them
-            S = 1
+            # its tile is one thread column (row) wide already. Where the shrunk tiles give
+            # as many workgroups as the chunks, each reading as much of A in as many K steps
+            # (a K step S times as long: as many loads in flight), no chunks: no partial
+            # sums' scratch and no second kernel adding them
+            stm, stn = shrunk(tm, tn)
+            bk = _k_step(tm, tn) * S
+            if tiles(stm, stn) >= tiles(tm, tn) * S and bk <= THIN_MAX_BK:
+                return Config(stm, stn, bk)
         if S > 1:
             if "split" in row and tm == tn == 8:
                 return replace(row["odd" if odd and "odd" in row else "split"], splits=S)
-            return Config(tm, tn, max(8 if max(tm, tn) >= 8 else 16, 16 // min(tm, tn)),
-                          splits=S)
+            return Config(tm, tn, _k_step(tm, tn), splits=S)
     if "batched" in row and nb > 1 and M * N <= BATCHED_MN and K < SPLIT_MIN_K:
         return row["batched"]
     big = tiles(8, 8)  # 128 x 128 tiles
@@ -307,8 +313,12 @@ def _choose_config(M: int, N: int, K: int, nb: int, adapter: str,
     if "mid" in row and slots and tiles(4, 4) >= slots:  # a wave of 64 x 64 tiles
         return row["mid"]
     tm, tn = shrunk(tm, tn)
-    bk = max(8 if max(tm, tn) >= 8 else 16, 16 // min(tm, tn))  # whole elements per thread
-    return Config(tm, tn, bk)
+    return Config(tm, tn, _k_step(tm, tn))
+
+
+def _k_step(tm: int, tn: int) -> int:
+    """The K step of the tile-shrinking rule's tiles: whole elements per thread."""
+    return max(8 if max(tm, tn) >= 8 else 16, 16 // min(tm, tn))
 
 
 def use_direct(cpu: bool, options: KernelOptions = DEFAULT) -> bool:
