@@ -20,7 +20,9 @@ compile_module(factory, loss_fn, ...):
                           CPU adapters, attention_tiled.py's on GPUs), cross entropy and
                           layer-norm backward (codegen/rowfuse_match.py -> rowfuse.py),
                           vocabulary-wide products on padded columns where the adapter's
-                          tiling row asks for it (codegen/align_match.py)
+                          tiling row asks for it (codegen/align_match.py), thin weight
+                          gradients (LoRA's factors) in their parameter's layout, so that
+                          the optimizer joins their products (codegen/thin_grads.py)
      6a'. (webgpu)        fusion (codegen/fusion.py) chooses what is stored and the kernel
                           order; codegen/remat.py leaves unstored the expressions whose
                           buffer would save no memory (GELU's tanh, recomputed in the
