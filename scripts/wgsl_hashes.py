@@ -105,6 +105,13 @@ def oracle_record(name: str):
     return build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
 
 
+def lora_train():
+    """bench/lora_step.py's LoRA step (r = 16 on q, k, v, o, gate, up, down) at the
+    Llama-3.2-1B shape, 4 x 512, with 2 of its 16 layers."""
+    import lora_step
+    return lora_step.step_graph("1b", 2)
+
+
 ORACLE = ("matmul/2d", "matmul/odd_long_k", "matmul/batched_odd", "matmul/gelu_mlp_odd",
           "softmax_last/wide_rows", "log_softmax_last/long_rows", "layer_norm_last/odd_300",
           "softmax_causal_last", "sum/axes", "sum_all/2d", "gather_rows/repeats",
@@ -120,6 +127,7 @@ def programs(quick: bool):
     out += [("small64_train/h200", "h200", lambda: train_row("small64")),
             ("small64_train/lavapipe", "lavapipe", lambda: train_row("small64")),
             ("tiny_train/swiftshader", "swiftshader", lambda: train_row("tiny"))]
+    out.append(("lora_1b2_train/h200", "h200", lora_train))
     for kind, T in (("step", 1), ("full", 64), ("surprisal", 32), ("score", 8)):
         out.append((f"gpt2_decode_{kind}{T}/h200", "h200", lambda k=kind, t=T: decode(k, t)))
     out.append(("gpt2_decode_step1/lavapipe", "lavapipe", lambda: decode("step", 1, 2)))
