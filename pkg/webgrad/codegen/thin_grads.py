@@ -58,14 +58,18 @@ def thin_grads(g: Graph, limits) -> Graph:
     out = Graph(seed=g.seed, training=g.training)
     remap: dict[int, int] = {}
 
+    views: dict[int, int] = {}   # original tensor -> its transpose in `out`
+
     def swapped(x: int, loc) -> int:
         """x^T in `out`: the source of a transpose of the last two axes, else a new one."""
         n = g[x]
         if swaps_last_two(n):
             return remap[n.inputs[0]]
-        r = len(n.shape)
-        return out.add("transpose", [remap[x]], n.shape[:-2] + (n.shape[-1], n.shape[-2]),
-                       n.dtype, {"perm": (*range(r - 2), r - 1, r - 2)}, loc)
+        if x not in views:
+            r = len(n.shape)
+            views[x] = out.add("transpose", [remap[x]], n.shape[:-2] + (n.shape[-1], n.shape[-2]),
+                               n.dtype, {"perm": (*range(r - 2), r - 1, r - 2)}, loc)
+        return views[x]
     swapped_of: dict[int, int] = {}   # original transpose -> its new value
     for n in g.nodes:
         if n.id in chosen:   # (A B)^T = B^T A^T, the batch sum after it as before
