@@ -35,6 +35,8 @@ def group_cost(fu, gid: int, stored_outputs) -> dict:
     if G.main is not None:
         covered.append(G.main)
         stack += [(i, g[i].size) for i in g[G.main].inputs]
+    for r in G.rows:  # write_rows stored by the epilogue: its new rows and the start
+        stack += [(i, g[i].size) for i in g[r].inputs[1:]]
     while stack:
         n, count = stack.pop()
         node = g[n]
@@ -54,7 +56,8 @@ def group_cost(fu, gid: int, stored_outputs) -> dict:
     covered = sorted(set(covered))
     folded = fu.matmul_fold.get(G.main) if G.main is not None else None
     flops = sum(node_flops(g, g[n]) for n in covered if n != G.main or folded is None)
-    nbytes = 4 * (sum(reads.values()) + sum(g[n].size for n in stored_outputs))
+    nbytes = 4 * (sum(reads.values()) + sum(g[n].size for n in stored_outputs)
+                  + sum(g[g[r].inputs[1]].size for r in G.rows))
     ops = ([g[G.main].op] if G.main is not None else []) + [
         g[n].op for n in covered if not cost_of(g[n].op).free and n != G.main]
     return {"nodes": covered, "ops": "+".join(dict.fromkeys(ops)) or "copy", "bytes": nbytes,

@@ -1,6 +1,7 @@
-"""Fusion's kernel groups (codegen/fusion.py's rules 3 and 4): a group per stored tensor,
+"""Fusion's kernel groups (codegen/fusion.py's rules 3, 4 and 9): a group per stored tensor,
 merged into the kernel that writes what it reads at the same index, new parameter values
-written in place, and the groups' schedule.
+written in place, cache rows written by the products that compute them, and the groups'
+schedule.
 
 GroupRules is a mixin of fusion.Fusion: it runs after the storage rules (fusion_storage.py)
 and fills `groups`, `group_of`, `inplace`, `end_copies` and `order`; its queries (loads,
@@ -24,10 +25,12 @@ class Group:
     numel: int                     # elements of the domain every output is indexed by
     order: int = 0                 # node order (for a stable schedule)
     after: set[int] = field(default_factory=set)  # extra ordering edges (in-place writes)
+    # in-place write_rows whose new rows this kernel's epilogue stores (_row_epilogues)
+    rows: list[int] = field(default_factory=list)
 
     @property
     def outputs(self) -> list[int]:
-        return ([self.main] if self.main is not None else []) + self.anchors
+        return ([self.main] if self.main is not None else []) + self.anchors + self.rows
 
 
 class GroupRules:
@@ -68,24 +71,33 @@ class GroupRules:
         if gid in self._loads_cache:
             return self._loads_cache[gid]
         G, g = self.groups[gid], self.g
-        inside = set(G.anchors)
-        res: dict[int, bool] = {}
-        seen = set()
         stack = [(a, True) for a in G.anchors]
         if G.main is not None:
             stack += [(i, False) for i in g[G.main].inputs]
+        for r in G.rows:  # the new rows at the domain's index, the start; not the target
+            stack += [(g[r].inputs[1], True), (g[r].inputs[2], False)]
+        res = self._reads(stack, set(G.anchors), G.main)
+        self._loads_cache[gid] = res
+        return res
+
+    def _reads(self, stack, inside=frozenset(), main=None) -> dict[int, bool]:
+        """The stored tensors that computing the (node, where it is read) pairs of `stack`
+        reads, outside `inside` (main: the kernel op whose result the kernel has) -> whether
+        every read is at the domain's index (loads)."""
+        g = self.g
+        res: dict[int, bool] = {}
+        seen = set()
         while stack:
             n, ident = stack.pop()
             if (n, ident) in seen:
                 continue
             seen.add((n, ident))
-            if n == G.main or (self.has_storage(n) and n not in inside):
+            if n == main or (self.has_storage(n) and n not in inside):
                 res[n] = res.get(n, True) and ident is True
                 continue
             node = g[n]
             for k, i in enumerate(node.inputs):
                 stack.append((i, self._read_at(node, k, ident)))
-        self._loads_cache[gid] = res
         return res
 
     def _read_at(self, node, k: int, ident):
@@ -273,6 +285,50 @@ class GroupRules:
                 self.inplace[s] = name
             else:
                 self.end_copies.append((s, name))
+
+    def _row_epilogues(self):
+        """Rule 9: an in-place write_rows (a decoding step's cache row, rule 4) whose new
+        rows are an expression of one product's outputs (or of leaves), read at the
+        product's own index (V = x @ Wv^T + b; not K, whose rope reads other columns), is
+        written by that product's epilogue (codegen/rows.store_row): its kernel is
+        gone, and the rows need no buffer of their own unless something else reads them.
+        Refused where the product would bind more buffers than the device allows, would
+        need a kernel that needs the write (a cycle), or where the write itself must run
+        before an in-place write of what it reads. KernelOptions
+        write_rows_epilogue: None on GPUs, True on any adapter, False never."""
+        want = self.limits.options.write_rows_epilogue
+        if want is False or (want is None and self.limits.cpu):
+            return
+        g = self.g
+        limit = self.limits.max_storage_buffers_per_shader_stage
+        for s in [s for s in self.inplace if g[s].op == "write_rows"]:
+            w = self.group_of[s]
+            W = self.groups[w]
+            vals = g[s].inputs[1]
+            # what the rows read that a kernel computes: one product's outputs, at its index
+            made = {x: at for x, at in self._reads([(vals, True)]).items() if x in self.mat}
+            hs = {self.group_of[x] for x in made}
+            if W.main != s or W.anchors or len(hs) != 1 or not all(made.values()):
+                continue
+            h = hs.pop()
+            H = self.groups[h]
+            if (h == w or H.main is None or g[H.main].op != "matmul" or H.main in self.matmul_fold
+                    or H.numel != g[vals].size or any(x in self.assembled for x in made)):
+                continue
+            readers = [r for r in self.groups if r not in (w, h) and s in self.loads(r)]
+            if any(self.depends(h, r) for r in readers) or \
+                    any(self.depends(a, h) for a in W.after) or \
+                    any(w in G.after for G in self.groups.values()):  # it must run before a write
+                continue
+            loads = dict(self.loads(h))
+            loads[g[s].inputs[2]] = False
+            if self.binding_estimate(H.outputs + [s], loads) > limit - self.scratch_bindings(H.main):
+                continue
+            H.rows.append(s)
+            H.after |= W.after
+            self.group_of[s] = h
+            del self.groups[w]
+            self._loads_cache.pop(h, None)
 
     # ------------------------------------------------------------ schedule
     def _schedule(self):

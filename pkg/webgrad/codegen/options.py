@@ -153,6 +153,12 @@ class KernelOptions:
     # elements: a transpose read by an elementwise op at least this large is stored first
     transposed_read_min: int = 1 << 20
 
+    # True / False: an in-place write_rows whose rows a product computes at its own index
+    # (a decoding step's V cache row) stored by that product's epilogue (fusion rule 9,
+    # fusion_groups._row_epilogues), not by a write_rows kernel, on any adapter / on none;
+    # None: on GPUs (a Llama-3.2-1B-shaped H200 decode step: 165 -> 149 kernels)
+    write_rows_epilogue: bool | None = None
+
     # ---- elementwise.py
     # elements per thread of a large elementwise kernel, and the domain size from which
     # threads take that many (smaller kernels: one a thread)
