@@ -338,20 +338,21 @@ def test_decoding_with_the_queries_read_by_the_attention(kind, tiled, built):
     _greedy_equals_transformers(m, model)
 
 
-@pytest.mark.parametrize("forms", ["cpu", "gpu"])
+@pytest.mark.parametrize("forms,join", [("cpu", True), ("gpu", True), ("gpu", False)])
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])   # v_proj's bias in its epilogue; 1 K/V head of 24
-def test_decoding_with_the_v_rows_written_by_the_products(kind, forms, built):
-    """Decoding's V cache rows stored by v_proj's epilogue at the run-time position
-    (fusion rule 9, GPUs' default), forced onto this adapter with its own kernel forms
-    (the CPU matrix-vector and barrier-free products) or GPUs' (the workgroup
-    matrix-vector and tiled products, norms and q rope read by their readers): one
-    write_rows kernel a layer is left (K's), one fewer than with write_rows_epilogue=False,
-    at 1, 3 and 6 rows a step; the cached steps (a chunk of 6 onto an empty cache, one of
-    3, then one id a step) equal transformers' logits, and greedy generate equals its
-    generate."""
+def test_decoding_with_the_cache_rows_written_by_the_products(kind, forms, join, built):
+    """Decoding's V cache rows stored by v_proj's epilogue at the run-time position, and
+    K's (rotated: other columns of k_proj) by the same epilogue (fusion rule 9, GPUs'
+    default; join=False: K's by its write_rows kernel), forced onto this adapter with its
+    own kernel forms (the CPU matrix-vector and barrier-free products) or GPUs' (the
+    workgroup matrix-vector and tiled products, norms and q rope read by their readers):
+    no write_rows kernel is left (one a layer without the join), 2 kernels a layer fewer
+    than with write_rows_epilogue=False (1), at 1, 3 and 6 rows a step; the cached steps
+    (a chunk of 6 onto an empty cache, one of 3, then one id a step) equal transformers'
+    logits, and greedy generate equals its generate."""
     gpu = dict(force_gemv=True, gemv_cpu=False, force_direct=False, gemv_prologue=True,
                attn_q_expr=True, attn_tiled=True) if forms == "gpu" else {}
-    be = _forced_backend(write_rows_epilogue=True, **gpu)
+    be = _forced_backend(write_rows_epilogue=True, write_rows_join=join, **gpu)
     plain = _forced_backend(write_rows_epilogue=False, **gpu)
     model, cfg, sd = built(kind)
     m = llama.Llama.from_hf_state_dict(cfg, sd, backend=be)
@@ -366,8 +367,9 @@ def test_decoding_with_the_v_rows_written_by_the_products(kind, forms, built):
         names = m._program("step", T)._prog.exe.kernel_names
         before = p._program("step", T)._prog.exe.kernel_names
         assert T == 3 or any(form[T] in n for n in names if n.startswith("matmul")), names
-        assert sum(n.startswith("write_rows") for n in names) == layers, names
-        assert len(before) - len(names) == layers, (names, before)
+        assert sum(n.startswith("write_rows") for n in names) == (0 if join else layers), names
+        assert sum(n.startswith("write_rows") for n in before) == 2 * layers, before
+        assert len(before) - len(names) == (2 if join else 1) * layers, (names, before)
     close(np.stack(rows), hf_logits(model, IDS))
     _greedy_equals_transformers(m, model)
 
@@ -380,10 +382,11 @@ def test_h200_decode_step_reads_the_norms_in_its_products():
     181 (no sum, 18 elementwise: the rotary angles' cos and sin and each layer's q rope).
     The attention kernels read q rope as an expression (fusion_storage._query_expr): 165,
     the 2 elementwise kernels of cos and sin left. Each layer's V cache row is stored by
-    v_proj's epilogue (fusion rule 9), K's by its write_rows kernel (its rope reads other
-    columns): 149. KernelOptions(write_rows_epilogue=False) gives the 165 back, with
-    attn_q_expr=False the 181, with gemv_prologue=False the 247, and a CPU adapter keeps
-    its kernels."""
+    v_proj's epilogue (fusion rule 9), and K's rotated row too (its rope reads k_proj's
+    output at other columns, done by then): 133, no write_rows kernel.
+    KernelOptions(write_rows_join=False) leaves K's write_rows kernels (149),
+    write_rows_epilogue=False gives the 165 back, with attn_q_expr=False the 181, with
+    gemv_prologue=False the 247, and a CPU adapter keeps its kernels."""
     from collections import Counter
     from dataclasses import replace
     from webgrad import ops
@@ -412,12 +415,16 @@ def test_h200_decode_step_reads_the_norms_in_its_products():
                   max_storage_buffers_per_shader_stage=16)   # Dawn's, as measured
     low, names = lower(g, h200)
     kinds = Counter(n.split(" ")[0] for n in names)
-    assert len(names) == 149 and "sum" not in kinds and kinds["elementwise"] == 2, kinds
-    assert kinds["write_rows_in_place"] == 16 and sum(" gemv " in n for n in names) == 7 * 16 + 1
-    caches = {low.persistent[f"kv.{i}.{x}"] for i in range(16) for x in "kv"}
-    by_cache = Counter(n.split(" ")[0] for n, c in zip(names, low.plan["commands"])
-                       if caches & set(c["bindings"]))   # the kernels that write or read them
-    assert by_cache == {"matmul": 16, "write_rows_in_place": 16, "attn_out": 16}, by_cache
+    assert len(names) == 133 and "sum" not in kinds and kinds["elementwise"] == 2, kinds
+    assert "write_rows_in_place" not in kinds and sum(" gemv " in n for n in names) == 7 * 16 + 1
+    for x in "kv":   # each layer's cache: written by a product, read by the attention
+        caches = {low.persistent[f"kv.{i}.{x}"] for i in range(16)}
+        by_cache = Counter(n.split(" ")[0] for n, c in zip(names, low.plan["commands"])
+                           if caches & set(c["bindings"]))
+        assert by_cache == {"matmul": 16, "attn_out": 16}, (x, by_cache)
+    k = Counter(n.split(" ")[0] for n in lower(g, replace(h200, options=KernelOptions(
+        write_rows_join=False)))[1])
+    assert sum(k.values()) == 149 and k["write_rows_in_place"] == 16, k
     ab = KernelOptions(write_rows_epilogue=False)
     q = Counter(n.split(" ")[0] for n in lower(g, replace(h200, options=ab))[1])
     assert sum(q.values()) == 165 and q["write_rows_in_place"] == 32, q

@@ -60,7 +60,9 @@ Two save kernels in a decoding step:
  9. Rows in epilogues (fusion_groups._row_epilogues, GPUs). An in-place write_rows
     (rule 4: a decoding step's V cache row) whose new rows a product computes at its own
     index is stored by that product's epilogue, at the run-time position: no write_rows
-    kernel, and no buffer for the rows that nothing else reads.
+    kernel, and no buffer for the rows that nothing else reads. A write whose rows read
+    their product at other columns (K's, rotated) joins the epilogue that writes a
+    sibling's rows read by the same kernel (V's: the attention reads both).
 
 The rules live in four modules, three a mixin of Fusion whose methods share its state (the
 sets and maps each rule fills, read by the later ones): fusion_storage.py (rules 1-2 and the

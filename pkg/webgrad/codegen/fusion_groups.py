@@ -289,46 +289,75 @@ class GroupRules:
     def _row_epilogues(self):
         """Rule 9: an in-place write_rows (a decoding step's cache row, rule 4) whose new
         rows are an expression of one product's outputs (or of leaves), read at the
-        product's own index (V = x @ Wv^T + b; not K, whose rope reads other columns), is
-        written by that product's epilogue (codegen/rows.store_row): its kernel is
-        gone, and the rows need no buffer of their own unless something else reads them.
-        Refused where the product would bind more buffers than the device allows, would
-        need a kernel that needs the write (a cycle), or where the write itself must run
-        before an in-place write of what it reads. KernelOptions
-        write_rows_epilogue: None on GPUs, True on any adapter, False never."""
-        want = self.limits.options.write_rows_epilogue
-        if want is False or (want is None and self.limits.cpu):
+        product's own index (V = x @ Wv^T + b), is written by that product's epilogue
+        (codegen/rows.store_row): its kernel is gone, and the rows need no buffer of their
+        own unless something else reads them. One whose rows read their product at other
+        columns too (K, rotated: no epilogue has the other columns) joins instead the
+        product whose epilogue writes a sibling's rows that a reader of its own reads too
+        (V's, both read by the attention): one kernel writes both. KernelOptions
+        write_rows_epilogue and write_rows_join: None on GPUs, True on any adapter, False
+        never (the join needs the epilogue)."""
+        opts, cpu = self.limits.options, self.limits.cpu
+        own = opts.write_rows_epilogue is True or (opts.write_rows_epilogue is None and not cpu)
+        join = own and (opts.write_rows_join is True or (opts.write_rows_join is None and not cpu))
+        if not own:
             return
         g = self.g
-        limit = self.limits.max_storage_buffers_per_shader_stage
-        for s in [s for s in self.inplace if g[s].op == "write_rows"]:
-            w = self.group_of[s]
-            W = self.groups[w]
-            vals = g[s].inputs[1]
-            # what the rows read that a kernel computes: one product's outputs, at its index
-            made = {x: at for x, at in self._reads([(vals, True)]).items() if x in self.mat}
+        left = []
+        for s in self.inplace:
+            if g[s].op != "write_rows" or self.groups[self.group_of[s]].main != s:
+                continue
+            made = self._rows_made(s)
             hs = {self.group_of[x] for x in made}
-            if W.main != s or W.anchors or len(hs) != 1 or not all(made.values()):
-                continue
-            h = hs.pop()
-            H = self.groups[h]
-            if (h == w or H.main is None or g[H.main].op != "matmul" or H.main in self.matmul_fold
-                    or H.numel != g[vals].size or any(x in self.assembled for x in made)):
-                continue
-            readers = [r for r in self.groups if r not in (w, h) and s in self.loads(r)]
-            if any(self.depends(h, r) for r in readers) or \
-                    any(self.depends(a, h) for a in W.after) or \
-                    any(w in G.after for G in self.groups.values()):  # it must run before a write
-                continue
-            loads = dict(self.loads(h))
-            loads[g[s].inputs[2]] = False
-            if self.binding_estimate(H.outputs + [s], loads) > limit - self.scratch_bindings(H.main):
-                continue
-            H.rows.append(s)
-            H.after |= W.after
-            self.group_of[s] = h
-            del self.groups[w]
-            self._loads_cache.pop(h, None)
+            if not (len(hs) == 1 and all(made.values()) and self._join_rows(s, hs.pop(), made)):
+                left.append(s)
+        for s in left if join else ():
+            readers = self._rows_readers(s)
+            for h in sorted(self.groups, key=lambda i: self.groups[i].order):
+                H = self.groups[h]
+                if any(r2 in self.loads(r) for r in readers for r2 in H.rows) and \
+                        self._join_rows(s, h, self._rows_made(s)):
+                    break
+
+    def _rows_made(self, s: int) -> dict[int, bool]:
+        """What write_rows s's new rows read that a kernel computes -> whether at their index."""
+        return {x: at for x, at in self._reads([(self.g[s].inputs[1], True)]).items()
+                if x in self.mat}
+
+    def _rows_readers(self, s: int) -> list[int]:
+        return [r for r in self.groups if r != self.group_of[s] and s in self.loads(r)]
+
+    def _join_rows(self, s: int, h: int, made: dict[int, bool]) -> bool:
+        """Move in-place write_rows s out of its kernel into product group h's epilogue
+        (rule 9), unless h is no product of the rows' size, reads its own output at other
+        indices, would bind more buffers than the device allows, or would form a cycle
+        (h needs a reader of s, or what s reads needs h), or s must run before an in-place
+        write of what it reads."""
+        g = self.g
+        w = self.group_of[s]
+        W, H = self.groups[w], self.groups[h]
+        vals = g[s].inputs[1]
+        if (h == w or W.anchors or H.main is None or g[H.main].op != "matmul"
+                or H.main in self.matmul_fold or H.numel != g[vals].size
+                or any(x in self.assembled or (x in H.outputs and not at) for x, at in made.items())):
+            return False
+        if (any(self.depends(h, r) for r in self._rows_readers(s))
+                or any(self.depends(self.group_of[x], h) for x in made if self.group_of[x] != h)
+                or any(self.depends(a, h) for a in W.after)
+                or any(w in G.after for G in self.groups.values())):
+            return False
+        loads = dict(self.loads(h))
+        for x, at in self._reads([(vals, True), (g[s].inputs[2], False)]).items():
+            loads[x] = loads.get(x, True) and at
+        limit = self.limits.max_storage_buffers_per_shader_stage - self.scratch_bindings(H.main)
+        if self.binding_estimate(H.outputs + [s], loads) > limit:
+            return False
+        H.rows.append(s)
+        H.after |= W.after
+        self.group_of[s] = h
+        del self.groups[w]
+        self._loads_cache.pop(h, None)
+        return True
 
     # ------------------------------------------------------------ schedule
     def _schedule(self):

@@ -156,8 +156,13 @@ class KernelOptions:
     # True / False: an in-place write_rows whose rows a product computes at its own index
     # (a decoding step's V cache row) stored by that product's epilogue (fusion rule 9,
     # fusion_groups._row_epilogues), not by a write_rows kernel, on any adapter / on none;
-    # None: on GPUs (a Llama-3.2-1B-shaped H200 decode step: 165 -> 149 kernels)
+    # None: on GPUs (a Llama-3.2-1B-shaped H200 decode step: 165 -> 149 kernels; off, the
+    # join below is off too)
     write_rows_epilogue: bool | None = None
+    # True / False: an in-place write_rows whose rows read their product at other columns
+    # too (K, rotated) joins the product whose epilogue writes a sibling's rows (V's, read by
+    # the same attention) on any adapter / on none; None: on GPUs (149 -> 133 kernels)
+    write_rows_join: bool | None = None
 
     # ---- elementwise.py
     # elements per thread of a large elementwise kernel, and the domain size from which

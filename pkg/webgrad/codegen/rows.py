@@ -9,9 +9,9 @@ Two forms, chosen by where fusion put the result:
              lands and the target's element otherwise.
 start is read from its buffer at run time (an i32 feed), so one program serves every position.
 Rows that land outside the target are dropped, as in the reference rule.
-The in-place store (store_row) is also a product's epilogue's, where the product computes the
-new rows at its own index (fusion_groups._row_epilogues: a decoding step's V row, written by
-v_proj's kernel): then write_rows has no kernel of its own.
+The in-place store (store_row) is also a product's epilogue's (fusion_groups._row_epilogues: a
+decoding step's V row, computed by v_proj at its own index, and K's rotated row beside it):
+then write_rows has no kernel of its own.
 """
 from __future__ import annotations
 
