@@ -62,7 +62,8 @@ Two save kernels in a decoding step:
     index is stored by that product's epilogue, at the run-time position: no write_rows
     kernel, and no buffer for the rows that nothing else reads. A write whose rows read
     their product at other columns (K's, rotated) joins the epilogue that writes a
-    sibling's rows read by the same kernel (V's: the attention reads both).
+    sibling's rows read by the same kernel (V's: the attention reads both). Rows that are
+    columns of a product's output (GPT-2's K and V, of c_attn's) are stored where they land.
 
 The rules live in four modules, three a mixin of Fusion whose methods share its state (the
 sets and maps each rule fills, read by the later ones): fusion_storage.py (rules 1-2 and the

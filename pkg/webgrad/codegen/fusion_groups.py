@@ -294,12 +294,15 @@ class GroupRules:
         own unless something else reads them. One whose rows read their product at other
         columns too (K, rotated: no epilogue has the other columns) joins instead the
         product whose epilogue writes a sibling's rows that a reader of its own reads too
-        (V's, both read by the attention): one kernel writes both. KernelOptions
+        (V's, both read by the attention): one kernel writes both. Rows that are columns
+        of a product's output (GPT-2's K and V: c_attn's) are stored by its epilogue
+        where those columns land. KernelOptions
         write_rows_epilogue and write_rows_join: None on GPUs, True on any adapter, False
         never (the join needs the epilogue)."""
         opts, cpu = self.limits.options, self.limits.cpu
         own = opts.write_rows_epilogue is True or (opts.write_rows_epilogue is None and not cpu)
         join = own and (opts.write_rows_join is True or (opts.write_rows_join is None and not cpu))
+        self.row_cuts: dict[int, tuple] = {}  # write_rows -> (x, a, b): _rows_cut's
         if not own:
             return
         g = self.g
@@ -309,7 +312,12 @@ class GroupRules:
                 continue
             made = self._rows_made(s)
             hs = {self.group_of[x] for x in made}
-            if not (len(hs) == 1 and all(made.values()) and self._join_rows(s, hs.pop(), made)):
+            cut = self._rows_cut(s)
+            if cut is not None:   # columns of a product's output: stored where they land
+                x = cut[0]
+                if not self._join_rows(s, self.group_of[x], {x: True}, cut):
+                    left.append(s)
+            elif not (len(hs) == 1 and all(made.values()) and self._join_rows(s, hs.pop(), made)):
                 left.append(s)
         for s in left if join else ():
             readers = self._rows_readers(s)
@@ -324,21 +332,32 @@ class GroupRules:
         return {x: at for x, at in self._reads([(self.g[s].inputs[1], True)]).items()
                 if x in self.mat}
 
+    def _rows_cut(self, s: int):
+        """(x, a, b) where write_rows s's new rows are columns a..b-1 of a kernel's output
+        x, a [T, N] tensor (GPT-2's K and V: slices of c_attn's), else None."""
+        g = self.g
+        v = g[g[s].inputs[1]]
+        if v.op != "slice" or v.attrs["axis"] != len(v.shape) - 1 or len(v.shape) != 2:
+            return None
+        x = v.inputs[0]
+        return (x, v.attrs["start"], v.attrs["stop"]) if x in self.mat else None
+
     def _rows_readers(self, s: int) -> list[int]:
         return [r for r in self.groups if r != self.group_of[s] and s in self.loads(r)]
 
-    def _join_rows(self, s: int, h: int, made: dict[int, bool]) -> bool:
+    def _join_rows(self, s: int, h: int, made: dict[int, bool], cut=None) -> bool:
         """Move in-place write_rows s out of its kernel into product group h's epilogue
-        (rule 9), unless h is no product of the rows' size, reads its own output at other
-        indices, would bind more buffers than the device allows, or would form a cycle
-        (h needs a reader of s, or what s reads needs h), or s must run before an in-place
-        write of what it reads."""
+        (rule 9), unless h is no product of the rows' size (of cut's x: _rows_cut), reads
+        its own output at other indices, would bind more buffers than the device allows,
+        or would form a cycle (h needs a reader of s, or what s reads needs h), or s must
+        run before an in-place write of what it reads."""
         g = self.g
         w = self.group_of[s]
         W, H = self.groups[w], self.groups[h]
         vals = g[s].inputs[1]
         if (h == w or W.anchors or H.main is None or g[H.main].op != "matmul"
-                or H.main in self.matmul_fold or H.numel != g[vals].size
+                or H.main in self.matmul_fold or H.numel != g[vals if cut is None else cut[0]].size
+                or (cut is not None and cut[0] not in H.outputs)
                 or any(x in self.assembled or (x in H.outputs and not at) for x, at in made.items())):
             return False
         if (any(self.depends(h, r) for r in self._rows_readers(s))
@@ -353,6 +372,8 @@ class GroupRules:
         if self.binding_estimate(H.outputs + [s], loads) > limit:
             return False
         H.rows.append(s)
+        if cut is not None:
+            self.row_cuts[s] = cut
         H.after |= W.after
         self.group_of[s] = h
         del self.groups[w]
