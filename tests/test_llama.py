@@ -422,12 +422,20 @@ def test_h200_decode_step_reads_the_norms_in_its_products():
         by_cache = Counter(n.split(" ")[0] for n, c in zip(names, low.plan["commands"])
                            if caches & set(c["bindings"]))
         assert by_cache == {"matmul": 16, "attn_out": 16}, (x, by_cache)
-    k = Counter(n.split(" ")[0] for n in lower(g, replace(h200, options=KernelOptions(
-        write_rows_join=False)))[1])
+    lk, names_k = lower(g, replace(h200, options=KernelOptions(write_rows_join=False)))
+    k = Counter(n.split(" ")[0] for n in names_k)
     assert sum(k.values()) == 149 and k["write_rows_in_place"] == 16, k
     ab = KernelOptions(write_rows_epilogue=False)
-    q = Counter(n.split(" ")[0] for n in lower(g, replace(h200, options=ab))[1])
+    lq, names_q = lower(g, replace(h200, options=ab))
+    q = Counter(n.split(" ")[0] for n in names_q)
     assert sum(q.values()) == 165 and q["write_rows_in_place"] == 32, q
+    # the cost model's bytes (codegen/cost.py): a write_rows kernel moves its row, not its
+    # cache: V's reads v [512] and pos and writes 512, K's reads cos and sin [64] too;
+    # in the epilogue, v's 2 KiB write and read a layer are gone (and 16 reads of pos)
+    assert {k["bytes"] for k in lq.kernels if k["name"].startswith("write_rows")} == \
+        {4 * (512 + 1 + 512), 4 * (512 + 2 * 64 + 1 + 512)}
+    total = [sum(k["bytes"] for k in x.kernels) for x in (lq, lk, low)]
+    assert total[0] - total[1] == 16 * 4 * (2 * 512) and total[1] - total[2] == 16 * 4, total
     rope = lower(g, replace(h200, options=replace(ab, attn_q_expr=False)))[1]
     assert len(rope) == 181 and Counter(n.split(" ")[0] for n in rope)["elementwise"] == 18
     before = lower(g, replace(h200, options=replace(ab, gemv_prologue=False, attn_q_expr=False)))[1]
