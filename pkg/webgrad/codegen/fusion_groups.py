@@ -296,9 +296,8 @@ class GroupRules:
         product whose epilogue writes a sibling's rows that a reader of its own reads too
         (V's, both read by the attention): one kernel writes both. Rows that are columns
         of a product's output (GPT-2's K and V: c_attn's) are stored by its epilogue
-        where those columns land. KernelOptions
-        write_rows_epilogue and write_rows_join: None on GPUs, True on any adapter, False
-        never (the join needs the epilogue)."""
+        where those columns land. KernelOptions write_rows_epilogue and write_rows_join:
+        None on GPUs, True on any adapter, False never (the join needs the epilogue)."""
         opts, cpu = self.limits.options, self.limits.cpu
         own = opts.write_rows_epilogue is True or (opts.write_rows_epilogue is None and not cpu)
         join = own and (opts.write_rows_join is True or (opts.write_rows_join is None and not cpu))
@@ -310,14 +309,14 @@ class GroupRules:
         for s in self.inplace:
             if g[s].op != "write_rows" or self.groups[self.group_of[s]].main != s:
                 continue
-            made = self._rows_made(s)
-            hs = {self.group_of[x] for x in made}
             cut = self._rows_cut(s)
             if cut is not None:   # columns of a product's output: stored where they land
-                x = cut[0]
-                if not self._join_rows(s, self.group_of[x], {x: True}, cut):
-                    left.append(s)
-            elif not (len(hs) == 1 and all(made.values()) and self._join_rows(s, hs.pop(), made)):
+                done = self._join_rows(s, self.group_of[cut[0]], {cut[0]: True}, cut)
+            else:
+                made = self._rows_made(s)
+                hs = {self.group_of[x] for x in made}
+                done = len(hs) == 1 and all(made.values()) and self._join_rows(s, hs.pop(), made)
+            if not done:
                 left.append(s)
         for s in left if join else ():
             readers = self._rows_readers(s)
