@@ -173,6 +173,41 @@ def test_cached_decoding_equals_the_full_forward(tiny):
     assert len(c) == len(ids)
 
 
+@pytest.mark.parametrize("forms", ["cpu", "gpu"])
+def test_cached_decoding_with_the_rows_written_by_c_attn(forms):
+    """GPT-2's K and V cache rows, columns of c_attn's output (+ bias), stored by c_attn's
+    epilogue where those columns land (fusion rule 9, GPUs' default), forced onto this
+    adapter with its barrier-free products or GPUs' tiled ones: no write_rows kernel is
+    left, 2 a layer fewer than with write_rows_epilogue=False, at 1 and 3 rows a step, and
+    the cached steps (one id at a time, then chunks onto a non-empty cache) equal the full
+    forward."""
+    pytest.importorskip("wgpu")
+    from webgrad.backends.webgpu import WebGPUBackend
+    from webgrad.codegen import KernelOptions
+    gpu = dict(force_direct=False, attn_tiled=True) if forms == "gpu" else {}
+    try:
+        be = WebGPUBackend(options=KernelOptions(write_rows_epilogue=True, **gpu))
+        plain = WebGPUBackend(options=KernelOptions(write_rows_epilogue=False, **gpu))
+    except Exception as e:
+        pytest.skip(f"no WebGPU adapter: {e}")
+    m = gpt2.GPT2.init_random(TINY, seed=3, backend=be)
+    p = gpt2.GPT2.init_random(TINY, seed=3, backend=plain)
+    ids = [1, 4, 4, 9, 2, 7, 0, 3, 5, 5, 10, 6]
+    full = np.asarray(m.forward(ids))
+    c = m.new_cache()
+    for i, t in enumerate(ids[:4]):
+        np.testing.assert_allclose(m.logits_step([t], c), full[i], atol=2e-5, rtol=0)
+    rows = [m.logits_all_step(ids[a:b], c) for a, b in ((4, 7), (7, 10), (10, 12))]
+    np.testing.assert_allclose(np.concatenate(rows), full[4:], atol=2e-5, rtol=0)
+    for T in (1, 3):
+        names = m._program("step", T)._prog.exe.kernel_names
+        before = p._program("step", T)._prog.exe.kernel_names
+        assert not any(n.startswith("write_rows") for n in names), names
+        assert len(before) - len(names) == 2 * TINY.n_layer, (names, before)
+        assert all((" tile " in n) == (forms == "gpu") for n in names if n.startswith("matmul")
+                   and " sum of " not in n and " gemv" not in n), names
+
+
 def test_cache_misuse_is_refused(tiny):
     c = tiny.new_cache()
     tiny.logits_step([1, 2], c)

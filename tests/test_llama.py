@@ -338,6 +338,42 @@ def test_decoding_with_the_queries_read_by_the_attention(kind, tiled, built):
     _greedy_equals_transformers(m, model)
 
 
+@pytest.mark.parametrize("forms,join", [("cpu", True), ("gpu", True), ("gpu", False)])
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])   # v_proj's bias in its epilogue; 1 K/V head of 24
+def test_decoding_with_the_cache_rows_written_by_the_products(kind, forms, join, built):
+    """Decoding's V cache rows stored by v_proj's epilogue at the run-time position, and
+    K's (rotated: other columns of k_proj) by the same epilogue (fusion rule 9, GPUs'
+    default; join=False: K's by its write_rows kernel), forced onto this adapter with its
+    own kernel forms (the CPU matrix-vector and barrier-free products) or GPUs' (the
+    workgroup matrix-vector and tiled products, norms and q rope read by their readers):
+    no write_rows kernel is left (one a layer without the join), 2 kernels a layer fewer
+    than with write_rows_epilogue=False (1), at 1, 3 and 6 rows a step; the cached steps
+    (a chunk of 6 onto an empty cache, one of 3, then one id a step) equal transformers'
+    logits, and greedy generate equals its generate."""
+    gpu = dict(force_gemv=True, gemv_cpu=False, force_direct=False, gemv_prologue=True,
+               attn_q_expr=True, attn_tiled=True) if forms == "gpu" else {}
+    be = _forced_backend(write_rows_epilogue=True, write_rows_join=join, **gpu)
+    plain = _forced_backend(write_rows_epilogue=False, **gpu)
+    model, cfg, sd = built(kind)
+    m = llama.Llama.from_hf_state_dict(cfg, sd, backend=be)
+    cache = m.new_cache()
+    rows = list(np.asarray(m.logits_all_step(IDS[:6], cache)))
+    rows += list(np.asarray(m.logits_all_step(IDS[6:9], cache)))
+    rows += [np.asarray(m.logits_step([t], cache)) for t in IDS[9:]]
+    p = llama.Llama.from_hf_state_dict(cfg, sd, backend=plain)
+    layers = cfg.num_hidden_layers
+    form = {1: " gemv 8x32 ", 6: " tile "} if gpu else {1: " gemv cpu ", 6: " direct "}
+    for T in (1, 3, 6):
+        names = m._program("step", T)._prog.exe.kernel_names
+        before = p._program("step", T)._prog.exe.kernel_names
+        assert T == 3 or any(form[T] in n for n in names if n.startswith("matmul")), names
+        assert sum(n.startswith("write_rows") for n in names) == (0 if join else layers), names
+        assert sum(n.startswith("write_rows") for n in before) == 2 * layers, before
+        assert len(before) - len(names) == (2 if join else 1) * layers, (names, before)
+    close(np.stack(rows), hf_logits(model, IDS))
+    _greedy_equals_transformers(m, model)
+
+
 def test_h200_decode_step_reads_the_norms_in_its_products():
     """A Llama-3.2-1B-shaped decode step (hidden 2048, 16 layers, 32 / 8 heads,
     intermediate 8192, vocabulary 128256; the graph only, no weights) lowered for an H200:
@@ -345,8 +381,12 @@ def test_h200_decode_step_reads_the_norms_in_its_products():
     kernel each, 247 kernels in all (bench/llama_decode.py measured them so); rule 8 leaves
     181 (no sum, 18 elementwise: the rotary angles' cos and sin and each layer's q rope).
     The attention kernels read q rope as an expression (fusion_storage._query_expr): 165,
-    the 2 elementwise kernels of cos and sin left. KernelOptions(attn_q_expr=False) gives
-    the 181 back, with gemv_prologue=False the 247, and a CPU adapter keeps its kernels."""
+    the 2 elementwise kernels of cos and sin left. Each layer's V cache row is stored by
+    v_proj's epilogue (fusion rule 9), and K's rotated row too (its rope reads k_proj's
+    output at other columns, done by then): 133, no write_rows kernel.
+    KernelOptions(write_rows_join=False) leaves K's write_rows kernels (149),
+    write_rows_epilogue=False gives the 165 back, with attn_q_expr=False the 181, with
+    gemv_prologue=False the 247, and a CPU adapter keeps its kernels."""
     from collections import Counter
     from dataclasses import replace
     from webgrad import ops
@@ -373,17 +413,37 @@ def test_h200_decode_step_reads_the_norms_in_its_products():
     h200 = Limits(adapter="NVIDIA H200 (DiscreteGPU)", max_storage_buffer_binding_size=(1 << 32) - 4,
                   max_buffer_size=1 << 40, max_compute_workgroup_storage_size=49152, subgroups=True,
                   max_storage_buffers_per_shader_stage=16)   # Dawn's, as measured
-    names = lower(g, h200)[1]
+    low, names = lower(g, h200)
     kinds = Counter(n.split(" ")[0] for n in names)
-    assert len(names) == 165 and "sum" not in kinds and kinds["elementwise"] == 2, kinds
-    assert sum(" gemv " in n for n in names) == 7 * 16 + 1
-    rope = lower(g, replace(h200, options=KernelOptions(attn_q_expr=False)))[1]
+    assert len(names) == 133 and "sum" not in kinds and kinds["elementwise"] == 2, kinds
+    assert "write_rows_in_place" not in kinds and sum(" gemv " in n for n in names) == 7 * 16 + 1
+    for x in "kv":   # each layer's cache: written by a product, read by the attention
+        caches = {low.persistent[f"kv.{i}.{x}"] for i in range(16)}
+        by_cache = Counter(n.split(" ")[0] for n, c in zip(names, low.plan["commands"])
+                           if caches & set(c["bindings"]))
+        assert by_cache == {"matmul": 16, "attn_out": 16}, (x, by_cache)
+    lk, names_k = lower(g, replace(h200, options=KernelOptions(write_rows_join=False)))
+    k = Counter(n.split(" ")[0] for n in names_k)
+    assert sum(k.values()) == 149 and k["write_rows_in_place"] == 16, k
+    ab = KernelOptions(write_rows_epilogue=False)
+    lq, names_q = lower(g, replace(h200, options=ab))
+    q = Counter(n.split(" ")[0] for n in names_q)
+    assert sum(q.values()) == 165 and q["write_rows_in_place"] == 32, q
+    # the cost model's bytes (codegen/cost.py): a write_rows kernel moves its row, not its
+    # cache: V's reads v [512] and pos and writes 512, K's reads cos and sin [64] too;
+    # in the epilogue, v's 2 KiB write and read a layer are gone (and 16 reads of pos)
+    assert {k["bytes"] for k in lq.kernels if k["name"].startswith("write_rows")} == \
+        {4 * (512 + 1 + 512), 4 * (512 + 2 * 64 + 1 + 512)}
+    total = [sum(k["bytes"] for k in x.kernels) for x in (lq, lk, low)]
+    assert total[0] - total[1] == 16 * 4 * (2 * 512) and total[1] - total[2] == 16 * 4, total
+    rope = lower(g, replace(h200, options=replace(ab, attn_q_expr=False)))[1]
     assert len(rope) == 181 and Counter(n.split(" ")[0] for n in rope)["elementwise"] == 18
-    before = lower(g, replace(h200, options=KernelOptions(gemv_prologue=False, attn_q_expr=False)))[1]
+    before = lower(g, replace(h200, options=replace(ab, gemv_prologue=False, attn_q_expr=False)))[1]
     assert len(before) == 247 and Counter(n.split(" ")[0] for n in before)["sum"] == 33
     cpu = Limits(adapter="llvmpipe (LLVM 15.0.6, 256 bits) (CPU)", cpu=True,
                  max_storage_buffer_binding_size=1 << 31, max_buffer_size=1 << 40)
-    assert Counter(n.split(" ")[0] for n in lower(g, cpu)[1])["sum"] == 33
+    on_cpu = Counter(n.split(" ")[0] for n in lower(g, cpu)[1])
+    assert on_cpu["sum"] == 33 and on_cpu["write_rows_in_place"] == 32, on_cpu
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -250,3 +250,52 @@ def test_buffer_pool_never_shares_a_buffer_between_live_tensors():
                 if a.key < b.key and assign[a.key] == assign[b.key]:
                     assert a.last < b.first or b.last < a.first, (a, b)
         assert sum(slots) <= sum(max(16, -(-t.nbytes // 16) * 16) for t in lives)
+
+
+@pytest.mark.parametrize("form", ["gemv_cpu", "direct", "gemv", "tiled", "split"])
+def test_a_products_epilogue_writes_its_rows_into_the_state(form):
+    """A state's new rows that a product computes at its own index (x @ w^T + b: a decoding
+    step's V row) are stored by that product's epilogue at the fed start (fusion rule 9,
+    KernelOptions.write_rows_epilogue), in each kernel a product of 3 rows may take here
+    (split over K: by the kernel that adds the chunks): no write_rows kernel is left, and
+    after each run the state holds what numpy says, rows past either end dropped (starts
+    0, 3 and -1 into 5 rows)."""
+    from webgrad.arrays import HostArray
+    from webgrad.codegen import KernelOptions, matmul_config
+    from webgrad.stateful import assign, compile_program, state
+
+    class M(Module):
+        def __init__(self):
+            super().__init__()
+            self.w, self.b = self.param([6, 4]), self.param([6])   # a Linear's [out, in]
+
+    def fn(m, f):
+        full = ops.write_rows(state("c", (5, 6)), f["x"] @ ops.swap_axes(m.w, 0, 1) + m.b, f["pos"])
+        assign("c", full)
+        return {"c": full + 0.5}
+
+    forms = {"gemv_cpu": dict(gemv_cpu=True), "direct": dict(force_gemv=False, force_direct=True),
+             "gemv": dict(force_gemv=True, gemv_cpu=False),
+             "tiled": dict(force_gemv=False, force_direct=False),
+             "split": dict(force_gemv=False, force_direct=False,
+                           force_config=matmul_config.Config(2, 2, 16, splits=2))}
+    be = WebGPUBackend(options=KernelOptions(write_rows_epilogue=True, **forms[form]))
+    p = compile_program(be, M, fn, inputs={"x": ([3, 4], "f32"), "pos": ([1], "i32")})
+    names = p._prog.exe.kernel_names
+    assert not any(n.startswith("write_rows") for n in names), names
+    word = {"gemv_cpu": " gemv cpu ", "direct": " direct ", "gemv": " gemv 8x", "tiled": " tile ",
+            "split": " sum of 2 K chunks"}[form]
+    assert any(n.startswith("matmul") and word in n for n in names), names
+    rng = np.random.default_rng(5)
+    w, b = rng.standard_normal((6, 4)).astype(np.float32), rng.standard_normal(6).astype(np.float32)
+    be.write("w", HostArray("f32", w.ravel().tolist(), shape=(6, 4)))
+    be.write("b", HostArray("f32", b.tolist(), shape=(6,)))
+    want = np.zeros((5, 6), np.float32)
+    for pos in (0, 3, -1):
+        x = rng.standard_normal((3, 4)).astype(np.float32)
+        rows = x @ w.T + b
+        for t in range(3):
+            if 0 <= pos + t < 5:
+                want[pos + t] = rows[t]
+        got = p.run({"x": x, "pos": [pos]}, ["c"])["c"]
+        np.testing.assert_allclose(got, want + 0.5, rtol=1e-5, atol=1e-5)

@@ -8,7 +8,8 @@
   index.py        one_hot, gather_rows (expressions), scatter_add_rows (kernel)
   random.py       rand_uniform, bit-identical to primitives.rand_bits
   conv.py         unfold2d (expression), fold2d (kernel)
-  rows.py         write_rows (kernel; in place into a state buffer: the KV cache step)
+  rows.py         write_rows (kernel; in place into a state buffer: the KV cache step;
+                  or stored by the product that computes its rows, fusion rule 9)
   reduce.py       sum, max_last, argmax_last, softmax/log_softmax/layer_norm (one kernel each)
   matmul.py       matmul groups: which of the kernels below takes a product
   matmul_config.py  the tilings: Config, ADAPTER_TILINGS, group_config (kernel and tile)

@@ -51,17 +51,24 @@ Three more save kernels and memory traffic in a training step:
  7. Output sums (_output_sums). The row sums of an expression of a matmul's output at its
     own index (layer norm's weight and bias gradients) are taken by the matmul's epilogue
     (a split product's: its chunk sum's).
-And one saves two kernels per normalization in a decoding step:
+Two save kernels in a decoding step:
  8. Normalized rows (fusion_prologue.py, GPUs). An A operand of matrix-vector products
     that is an elementwise chain of one row sum (RMSNorm: x * rsqrt(mean(x * x) + eps) * w)
     and the sum are not stored: each product's kernel sums the row and normalizes it as
     it reads A (gemv_prologue.py). The chain's row x is stored instead where it is an
     expression of several products (a residual stream): it joins the last one's epilogue.
+ 9. Rows in epilogues (fusion_groups._row_epilogues, GPUs). An in-place write_rows
+    (rule 4: a decoding step's V cache row) whose new rows a product computes at its own
+    index is stored by that product's epilogue, at the run-time position: no write_rows
+    kernel, and no buffer for the rows that nothing else reads. A write whose rows read
+    their product at other columns (K's, rotated) joins the epilogue that writes a
+    sibling's rows read by the same kernel (V's: the attention reads both). Rows that are
+    columns of a product's output (GPT-2's K and V, of c_attn's) are stored where they land.
 
 The rules live in four modules, three a mixin of Fusion whose methods share its state (the
 sets and maps each rule fills, read by the later ones): fusion_storage.py (rules 1-2 and the
 two folds: what is stored), fusion_groups.py (the groups, rule 3's merges, rule 4's in-place
-writebacks and the schedule), fusion_sums.py (rules 5-7), and fusion_prologue.py's functions
+writebacks, rule 9 and the schedule), fusion_sums.py (rules 5-7), and fusion_prologue.py's functions
 (rule 8: before rule 2, what it must store and leave unstored; before the groups form, the
 plan). Fusion's constructor below runs them in order; codegen/remat.py's plan_fusion builds
 it (again with some expressions left unstored, where that saves memory) and
@@ -117,6 +124,7 @@ class Fusion(StorageRules, GroupRules, SumRules):
         self._merge()
         self._assemble()
         self._inplace()
+        self._row_epilogues()
         self._operand_sums()
         self._output_sums()
         self._schedule()

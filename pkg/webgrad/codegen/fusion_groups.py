@@ -1,6 +1,7 @@
-"""Fusion's kernel groups (codegen/fusion.py's rules 3 and 4): a group per stored tensor,
+"""Fusion's kernel groups (codegen/fusion.py's rules 3, 4 and 9): a group per stored tensor,
 merged into the kernel that writes what it reads at the same index, new parameter values
-written in place, and the groups' schedule.
+written in place, cache rows written by the products that compute them, and the groups'
+schedule.
 
 GroupRules is a mixin of fusion.Fusion: it runs after the storage rules (fusion_storage.py)
 and fills `groups`, `group_of`, `inplace`, `end_copies` and `order`; its queries (loads,
@@ -24,10 +25,12 @@ class Group:
     numel: int                     # elements of the domain every output is indexed by
     order: int = 0                 # node order (for a stable schedule)
     after: set[int] = field(default_factory=set)  # extra ordering edges (in-place writes)
+    # in-place write_rows whose new rows this kernel's epilogue stores (_row_epilogues)
+    rows: list[int] = field(default_factory=list)
 
     @property
     def outputs(self) -> list[int]:
-        return ([self.main] if self.main is not None else []) + self.anchors
+        return ([self.main] if self.main is not None else []) + self.anchors + self.rows
 
 
 class GroupRules:
@@ -68,16 +71,23 @@ class GroupRules:
         if gid in self._loads_cache:
             return self._loads_cache[gid]
         G, g = self.groups[gid], self.g
-        inside = set(G.anchors)
         starts = [(a, True) for a in G.anchors]
         if G.main is not None:
             starts += [(i, False) for i in g[G.main].inputs]
-        reads = self.stored_reads(
-            starts, step=self._read_at,
-            stored=lambda n: n == G.main or (self.has_storage(n) and n not in inside))
-        res = {n: ats == {True} for n, ats in reads.items()}
+        for r in G.rows:  # the new rows at the domain's index, the start; not the target
+            starts += [(g[r].inputs[1], True), (g[r].inputs[2], False)]
+        res = self._reads(starts, set(G.anchors), G.main)
         self._loads_cache[gid] = res
         return res
+
+    def _reads(self, starts, inside=frozenset(), main=None) -> dict[int, bool]:
+        """The stored tensors that computing the (node, where it is read) pairs of `starts`
+        reads, outside `inside` (main: the kernel op whose result the kernel has) -> whether
+        every read is at the domain's index (loads)."""
+        reads = self.stored_reads(
+            starts, step=self._read_at,
+            stored=lambda n: n == main or (self.has_storage(n) and n not in inside))
+        return {n: ats == {True} for n, ats in reads.items()}
 
     def stored_reads(self, starts, step=None, stored=None, stop=None) -> dict | None:
         """The stored tensors an unstored expression reads, walked down from `starts` ((node,
@@ -290,6 +300,99 @@ class GroupRules:
                 self.inplace[s] = name
             else:
                 self.end_copies.append((s, name))
+
+    def _row_epilogues(self):
+        """Rule 9: an in-place write_rows (a decoding step's cache row, rule 4) whose new
+        rows are an expression of one product's outputs (or of leaves), read at the
+        product's own index (V = x @ Wv^T + b), is written by that product's epilogue
+        (codegen/rows.store_row): its kernel is gone, and the rows need no buffer of their
+        own unless something else reads them. One whose rows read their product at other
+        columns too (K, rotated: no epilogue has the other columns) joins instead the
+        product whose epilogue writes a sibling's rows that a reader of its own reads too
+        (V's, both read by the attention): one kernel writes both. Rows that are columns
+        of a product's output (GPT-2's K and V: c_attn's) are stored by its epilogue
+        where those columns land. KernelOptions write_rows_epilogue and write_rows_join:
+        None on GPUs, True on any adapter, False never (the join needs the epilogue)."""
+        opts, cpu = self.limits.options, self.limits.cpu
+        own = opts.write_rows_epilogue is True or (opts.write_rows_epilogue is None and not cpu)
+        join = own and (opts.write_rows_join is True or (opts.write_rows_join is None and not cpu))
+        self.row_cuts: dict[int, tuple] = {}  # write_rows -> (x, a, b): _rows_cut's
+        if not own:
+            return
+        g = self.g
+        left = []
+        for s in self.inplace:
+            if g[s].op != "write_rows" or self.groups[self.group_of[s]].main != s:
+                continue
+            cut = self._rows_cut(s)
+            if cut is not None:   # columns of a product's output: stored where they land
+                done = self._join_rows(s, self.group_of[cut[0]], {cut[0]: True}, cut)
+            else:
+                made = self._rows_made(s)
+                hs = {self.group_of[x] for x in made}
+                done = len(hs) == 1 and all(made.values()) and self._join_rows(s, hs.pop(), made)
+            if not done:
+                left.append(s)
+        for s in left if join else ():
+            readers = self._rows_readers(s)
+            for h in sorted(self.groups, key=lambda i: self.groups[i].order):
+                H = self.groups[h]
+                if any(r2 in self.loads(r) for r in readers for r2 in H.rows) and \
+                        self._join_rows(s, h, self._rows_made(s)):
+                    break
+
+    def _rows_made(self, s: int) -> dict[int, bool]:
+        """What write_rows s's new rows read that a kernel computes -> whether at their index."""
+        return {x: at for x, at in self._reads([(self.g[s].inputs[1], True)]).items()
+                if x in self.mat}
+
+    def _rows_cut(self, s: int):
+        """(x, a, b) where write_rows s's new rows are columns a..b-1 of a kernel's output
+        x, a [T, N] tensor (GPT-2's K and V: slices of c_attn's), else None."""
+        g = self.g
+        v = g[g[s].inputs[1]]
+        if v.op != "slice" or v.attrs["axis"] != len(v.shape) - 1 or len(v.shape) != 2:
+            return None
+        x = v.inputs[0]
+        return (x, v.attrs["start"], v.attrs["stop"]) if x in self.mat else None
+
+    def _rows_readers(self, s: int) -> list[int]:
+        return [r for r in self.groups if r != self.group_of[s] and s in self.loads(r)]
+
+    def _join_rows(self, s: int, h: int, made: dict[int, bool], cut=None) -> bool:
+        """Move in-place write_rows s out of its kernel into product group h's epilogue
+        (rule 9), unless h is no product of the rows' size (of cut's x: _rows_cut), reads
+        its own output at other indices, would bind more buffers than the device allows,
+        or would form a cycle (h needs a reader of s, or what s reads needs h), or s must
+        run before an in-place write of what it reads."""
+        g = self.g
+        w = self.group_of[s]
+        W, H = self.groups[w], self.groups[h]
+        vals = g[s].inputs[1]
+        if (h == w or W.anchors or H.main is None or g[H.main].op != "matmul"
+                or H.main in self.matmul_fold or H.numel != g[vals if cut is None else cut[0]].size
+                or (cut is not None and cut[0] not in H.outputs)
+                or any(x in self.assembled or (x in H.outputs and not at) for x, at in made.items())):
+            return False
+        if (any(self.depends(h, r) for r in self._rows_readers(s))
+                or any(self.depends(self.group_of[x], h) for x in made if self.group_of[x] != h)
+                or any(self.depends(a, h) for a in W.after)
+                or any(w in G.after for G in self.groups.values())):
+            return False
+        loads = dict(self.loads(h))
+        for x, at in self._reads([(vals, True), (g[s].inputs[2], False)]).items():
+            loads[x] = loads.get(x, True) and at
+        limit = self.limits.max_storage_buffers_per_shader_stage - self.scratch_bindings(H.main)
+        if self.binding_estimate(H.outputs + [s], loads) > limit:
+            return False
+        H.rows.append(s)
+        if cut is not None:
+            self.row_cuts[s] = cut
+        H.after |= W.after
+        self.group_of[s] = h
+        del self.groups[w]
+        self._loads_cache.pop(h, None)
+        return True
 
     # ------------------------------------------------------------ schedule
     def _schedule(self):

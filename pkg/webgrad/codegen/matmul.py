@@ -224,7 +224,9 @@ def _build_mma(ctx, node, opa, opb) -> list | None:
     if S > 1:
         return _build_mma_split(ctx, node, sa, sb, M, N, K, S, a_base)
     g = ctx.g
-    if ctx.outs == [node.id] and ctx.storage(node.id).dtype == "f32":
+    if ctx.rows:
+        out = None   # the epilogue stores cache rows too
+    elif ctx.outs == [node.id] and ctx.storage(node.id).dtype == "f32":
         out = "f32"
     elif (len(ctx.outs) == 1 and g[ctx.outs[0]].op == "cast" and list(g[ctx.outs[0]].inputs) == [node.id]
           and g[ctx.outs[0]].attrs.get("dtype") == "f16" and ctx.storage(ctx.outs[0]).dtype == "f16"):

@@ -168,6 +168,17 @@ class KernelOptions:
     # elements: a transpose read by an elementwise op at least this large is stored first
     transposed_read_min: int = 1 << 20
 
+    # True / False: an in-place write_rows whose rows a product computes at its own index
+    # (a decoding step's V cache row; GPT-2's K and V, columns of c_attn's output) stored by
+    # that product's epilogue (fusion rule 9, fusion_groups._row_epilogues), not by a
+    # write_rows kernel, on any adapter / on none; None: on GPUs (a Llama-3.2-1B-shaped H200
+    # decode step: 165 -> 149 kernels; GPT-2 124M's: 140 -> 116; off, the join below is off)
+    write_rows_epilogue: bool | None = None
+    # True / False: an in-place write_rows whose rows read their product at other columns
+    # too (K, rotated) joins the product whose epilogue writes a sibling's rows (V's, read by
+    # the same attention) on any adapter / on none; None: on GPUs (149 -> 133 kernels)
+    write_rows_join: bool | None = None
+
     # ---- elementwise.py
     # elements per thread of a large elementwise kernel, and the domain size from which
     # threads take that many (smaller kernels: one a thread)

@@ -40,7 +40,7 @@ from .matmul_splitk import split_sum_parts
 from .quant import QuantOperand
 from .remat import plan_fusion
 from .reduce import build_reduce, scratch_specs
-from .rows import build_write_rows
+from .rows import build_write_rows, store_row
 from .wgsl import Kernel, LimitError, Limits
 
 
@@ -81,7 +81,9 @@ class GroupCtx:
         self.numel = G.numel
         self._low = low
         self.compute = set(G.anchors)
-        self.outs = [n for n in G.outputs if n in low.storage]
+        # in-place write_rows whose new rows its epilogue stores (fusion_groups._row_epilogues)
+        self.rows = G.rows
+        self.outs = [n for n in G.outputs if n in low.storage and n not in G.rows]
         self.scratch = low.scratch.get(gid, [])
         self.sum_source = fu.sum_source.get(G.main)  # (x, axes): a folded sum(sum(x))
         # a sum whose partials a matmul writes: how many per output (fusion.operand_sums)
@@ -145,8 +147,23 @@ class GroupCtx:
         for n in self.outs:
             v = main_val if n == G.main else em.value(n, Idx(self.g[n].shape, flat=flat))
             vals.append((self.storage(n), v))
+        cuts = self._low.fu.row_cuts
+        rows = [(r, em.value(cuts[r][0] if r in cuts else self.g[r].inputs[1],
+                             Idx(self.g[cuts[r][0] if r in cuts else self.g[r].inputs[1]].shape,
+                                 flat=flat)))
+                for r in self.rows]
         for st, v in vals:
             em.store(st, flat, v)
+        for r, v in rows:  # into the cache's rows at the start (codegen/rows.py's in-place form)
+            if r not in cuts:
+                store_row(em, self.g[r], self.storage(r), flat, lambda v=v: v)
+                continue
+            x, a, b = cuts[r]   # columns a..b-1 of x [T, N]: the rows' element (t, c - a)
+            N = self.g[x].shape[-1]
+            c = em.let(f"{flat} % {N}u")
+            with em.block(f"if ({c} >= {a}u && {c} < {b}u)"):
+                at = em.let(f"{flat} / {N}u * {b - a}u + {c} - {a}u")
+                store_row(em, self.g[r], self.storage(r), at, lambda v=v: v)
         for n in G.outputs:  # pieces of an assembled tensor (fusion_sums._assemble)
             for z, chain in self._low.fu.assembled.get(n, ()):
                 v = main_val if n == G.main else em.value(n, Idx(self.g[n].shape, flat=flat))
