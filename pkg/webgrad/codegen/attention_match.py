@@ -90,7 +90,7 @@ def rewrite_attention(g: Graph, limits=None) -> Graph:
     while matches:
         out, remap = _rebuild(g, matches, merge)
         live = _live(out)
-        bad = [m for m in matches if any(remap[i] in live for i in m.inner)]
+        bad = [m for m in matches if any(remap[i] in live for i in m.inner + m.casts)]
         if not bad:
             return dce(out)
         matches = [m for m in matches if m not in bad]
@@ -132,13 +132,17 @@ def _rebuild(g: Graph, matches: list[Match], merge: bool = False):
         T, S = g[m.p].shape[-2:]
         D = g[m.a].shape[-1]
         attrs = {"scale": m.scale, "offset": m.offset, "dyn": m.dyn is not None}
+        if m.mixed:  # round as precision="mixed" does (attention.py's header)
+            attrs["mixed"] = True
         pos = [remap[m.dyn]] if m.dyn is not None else []  # the runtime offset, last input
         if what == "o":
-            if m.g is None:  # no backward: one kernel, softmax online
+            if m.g is None and not m.mixed:  # no backward: one kernel, softmax online
                 remap[n.id] = add("attn_out", [A, B, V] + pos, n.shape, dict(attrs, online=True),
                                   n.loc)
                 continue
-            if merge:  # O and lse from one kernel: a row [O_i | lse_i]
+            if merge and not m.mixed:  # O and lse from one kernel: a row [O_i | lse_i]
+                # (mixed rounds the normalized probabilities, which the online softmax
+                # of attn_fwd never forms: lse first, then O)
                 Dv = n.shape[-1]
                 both = add("attn_fwd", [A, B, V] + pos, batch + (T, Dv + 1), attrs, n.loc)
                 r = len(batch) + 2
@@ -160,7 +164,9 @@ def _rebuild(g: Graph, matches: list[Match], merge: bool = False):
             continue
         drow = made.get((m.o, "drow"))
         if drow is None:  # sum_last(G * O): the softmax gradient's row term
-            prod_ = add("mul", [G, remap[m.o]], g[m.o].shape, {}, n.loc)
+            # (mixed: G before its f16 cast, in f32, as the program's sum of gP * P is)
+            g32 = remap[g[m.g].inputs[0]] if m.mixed and g[m.g].op == "cast" else G
+            prod_ = add("mul", [g32, remap[m.o]], g[m.o].shape, {}, n.loc)
             drow = made[(m.o, "drow")] = add("sum", [prod_], batch + (T,),
                                              {"axes": (len(batch) + 1,)}, n.loc)
         ins = [A, B, V, G, lse, drow] + pos

@@ -22,6 +22,13 @@ What is matched (backward), from grad.py's rules for exactly those ops:
   gX = P * (gP - sum_last(gP * P)) (softmax_last's rule); the chain's rules back to gS
   (mul(g, c), div(g, c), where(m, g, 0), the identity for add/sub); gA = matmul(gS, B^T),
   gB = matmul(A^T, gS).
+Under precision="mixed" (KernelOptions.attn_mixed), the casts precision.py inserts are read
+through as well, and the Match records them (mixed=True), so that the kernels round where
+the program does: the scores q @ k^T rounded to f16 (cast f32 of cast f16) before the
+chain; the probabilities' f16 cast before @ V (and P^T's before the product with G); in
+the backward the rounded gP = G @ V^T, and gS's cast before its two products. A, B, V and
+G are then the f16 operands (cast nodes or f16 values) the matmuls read, and the backward's
+transposed operands (k^T^T, q^T, v^T) may be f16 casts of the f32 values' transposes.
 find_matches returns a Match per attention found (forward, and backward where the graph has
 it); the rewrite checks afterwards that nothing else reads the scores.
 """
@@ -54,6 +61,8 @@ class Match:
     gv: int | None = None
     ga: int | None = None
     gb: int | None = None
+    mixed: bool = False     # the program rounds the scores, P, gP and gS to f16 (above)
+    casts: list[int] = field(default_factory=list)   # mixed: the casts of S, P, gP, gS
 
 
 class _Matcher:
@@ -61,8 +70,8 @@ class _Matcher:
     symbolic form (sym, kept), then forward from an output product and backward from its
     Match (the caches are per graph)."""
 
-    def __init__(self, g: Graph):
-        self.g = g
+    def __init__(self, g: Graph, mixed: bool = True):
+        self.g, self.mixed = g, mixed   # mixed: read through precision="mixed"'s casts
         self.cons = g.consumers()
         self._const: dict[int, bool] = {}
         self._sym: dict[int, object] = {}
@@ -93,6 +102,37 @@ class _Matcher:
             v = node.attrs["value"]
             return float(v[0] if isinstance(v, tuple) else v)
         return None
+
+    # ------------------------------------------------------------ precision's casts
+    def to_f16(self, n: int) -> int | None:
+        """x where node n is a cast of x to f16 (an f16 node, or its f16_in_f32 form)."""
+        node = self.g[n]
+        if node.op == "cast" and node.attrs.get("dtype") == "f16":
+            return node.inputs[0]
+        return None
+
+    def rounded(self, n: int) -> int | None:
+        """x where node n is x rounded to f16 as an f32 value: cast(cast(x, f16), f32)."""
+        node = self.g[n]
+        if node.op != "cast" or node.attrs.get("dtype") != "f32":
+            return None
+        return self.to_f16(node.inputs[0])
+
+    def round_of(self, n: int) -> int | None:
+        """The node holding n rounded to f16 as f32 (its only reader's reader), or None."""
+        h = self._one(n, lambda c: c.op == "cast" and c.attrs.get("dtype") == "f16")
+        return None if h is None else self._one(
+            h, lambda c: c.op == "cast" and c.attrs.get("dtype") == "f32")
+
+    def swap_of(self, x: int, y: int) -> bool:
+        """Is y the last-two-axes transpose of operand x: transpose(x), or (x an f16 cast of
+        a value u) an f16 cast of transpose(u)."""
+        yn = self.g[y]
+        if swaps_last_two(yn) and yn.inputs[0] == x:
+            return True
+        u, t = self.to_f16(x), self.to_f16(y)
+        return u is not None and t is not None and swaps_last_two(self.g[t]) \
+            and self.g[t].inputs[0] == u
 
     # ------------------------------------------------------------ the mask, symbolically
     # A value over an index is ("aff", c0, {axis: coef}) = c0 + sum coef * idx[axis] or
@@ -244,6 +284,10 @@ class _Matcher:
         if on.op != "matmul":
             return None
         p, v = on.inputs
+        casts = []
+        if self.mixed and self.to_f16(p) is not None:  # P rounded to f16 before @ V
+            casts.append(p)
+            p = self.to_f16(p)
         pn = g[p]
         if pn.op != "softmax_last" or len(pn.shape) < 2:
             return None
@@ -253,6 +297,11 @@ class _Matcher:
         cur = pn.inputs[0]
         while g[cur].op != "matmul":
             node = g[cur]
+            x = self.rounded(cur) if casts else None
+            if x is not None and g[x].op == "matmul":  # the scores rounded to f16
+                casts += [cur, node.inputs[0]]
+                cur = x
+                continue
             if node.shape != pn.shape or len(chain) > 8:
                 return None
             k = self._chain_input(node)
@@ -262,8 +311,8 @@ class _Matcher:
             cur = node.inputs[k]
         s = cur
         sn = g[s]
-        if sn.shape != pn.shape:
-            return None
+        if sn.shape != pn.shape or len(casts) not in (0, 3):
+            return None  # (mixed: P and the scores rounded both, or the program's rule differs)
         a, b = sn.inputs
         scale, fill, mask = 1.0, None, None
         for n, k in reversed(chain):
@@ -301,7 +350,8 @@ class _Matcher:
         if D > MAX_HEAD_DIM or Dv > MAX_HEAD_DIM or g[v].shape[-2] != sn.shape[-1]:
             return None
         inner = [s] + [n for n, _ in reversed(chain)] + [p]
-        return Match(s, a, b, v, p, o, scale, offset, inner=inner, dyn=dyn)
+        return Match(s, a, b, v, p, o, scale, offset, inner=inner, dyn=dyn,
+                     mixed=bool(casts), casts=casts)
 
     def _chain_input(self, node) -> int | None:
         """Which input carries the scores (the others must be constant), or None."""
@@ -327,15 +377,20 @@ class _Matcher:
         """Fill m.g, m.gv, m.ga, m.gb where grad.py's nodes are found (else leave None)."""
         g = self.g
         pt = self._one(m.p, swaps_last_two)
+        if m.mixed and pt is not None:  # P^T rounded to f16 before the product with G
+            pt = self._one(pt, lambda n: self.to_f16(n.id) is not None)
         gv = self._one(pt, lambda n: n.op == "matmul" and n.inputs[0] == pt) if pt is not None else None
         if gv is None:
             return
         G = g[gv].inputs[1]
-        vt = self._one(m.v, lambda n: swaps_last_two(n) and any(
-            g[c].op == "matmul" and g[c].inputs == (G, n.id) for c in self.cons[n.id]))
-        if vt is None:
+        gp = self._one(G, lambda n: n.op == "matmul" and n.inputs[0] == G
+                       and self.swap_of(m.v, n.inputs[1]))
+        if gp is None:
             return
-        gp = self._one(vt, lambda n: n.op == "matmul" and n.inputs == (G, vt))
+        if m.mixed:  # gP rounded to f16 before the softmax's rule reads it
+            gp = self.round_of(gp)
+            if gp is None:
+                return
         r = len(g[m.p].shape)
         # softmax_last's rule: gX = P * (gP - reshape(sum(gP * P, last)))
         m1 = self._one(gp, lambda n: n.op == "mul" and set(n.inputs) == {gp, m.p})
@@ -365,15 +420,15 @@ class _Matcher:
                 return
             cur = nxt
         gs = cur
-        bt = self._one(m.b, lambda n: swaps_last_two(n) and any(
-            g[c].op == "matmul" and g[c].inputs == (gs, n.id) for c in self.cons[n.id]))
-        at = self._one(m.a, lambda n: swaps_last_two(n) and any(
-            g[c].op == "matmul" and g[c].inputs == (n.id, gs) for c in self.cons[n.id]))
+        if m.mixed:  # gS rounded to f16 before its two products
+            gs = self._one(gs, lambda n: self.to_f16(n.id) is not None)
+            if gs is None:
+                return
         m.g, m.gv = G, gv
-        if bt is not None:
-            m.ga = self._one(bt, lambda n: n.op == "matmul" and n.inputs == (gs, bt))
-        if at is not None:
-            m.gb = self._one(at, lambda n: n.op == "matmul" and n.inputs == (at, gs))
+        m.ga = self._one(gs, lambda n: n.op == "matmul" and n.inputs[0] == gs
+                         and self.swap_of(m.b, n.inputs[1]))
+        m.gb = self._one(gs, lambda n: n.op == "matmul" and n.inputs[1] == gs
+                         and self.swap_of(m.a, n.inputs[0]))
 
 
 # ---------------------------------------------------------------- symbolic helpers
@@ -470,7 +525,8 @@ def _mask_fill(mt: _Matcher, m: int, sign: float):
 
 
 def find_matches(g: Graph, limits=None) -> list[Match]:
-    mt = _Matcher(g)
+    from .options import KernelOptions
+    mt = _Matcher(g, (limits.options if limits is not None else KernelOptions()).attn_mixed)
     out = []
     for n in g.nodes:
         m = mt.forward(n.id)
