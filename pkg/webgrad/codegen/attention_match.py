@@ -164,9 +164,11 @@ def _rebuild(g: Graph, matches: list[Match], merge: bool = False):
             continue
         drow = made.get((m.o, "drow"))
         if drow is None:  # sum_last(G * O): the softmax gradient's row term
-            # (mixed: G before its f16 cast, in f32, as the program's sum of gP * P is)
-            g32 = remap[g[m.g].inputs[0]] if m.mixed and g[m.g].op == "cast" else G
-            prod_ = add("mul", [g32, remap[m.o]], g[m.o].shape, {}, n.loc)
+            # (mixed: G is the f16-rounded gradient and O the kernel's f32 output, from the
+            # rounded probabilities; the program's sum_j p_ij f16(dP_ij) differs from it by
+            # dP's rounding, and so dQ and dK by about one f16 ulp of their largest value:
+            # FA-2's D = rowsum(dO * O), tests/test_precision.py states the tolerance)
+            prod_ = add("mul", [G, remap[m.o]], g[m.o].shape, {}, n.loc)
             drow = made[(m.o, "drow")] = add("sum", [prod_], batch + (T,),
                                              {"axes": (len(batch) + 1,)}, n.loc)
         ins = [A, B, V, G, lse, drow] + pos
