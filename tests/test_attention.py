@@ -586,3 +586,26 @@ def test_mixed_lm_trains_with_fused_attention(model):
                                     for k in ("tokens", "targets")})) for _ in range(5)]
     np.testing.assert_allclose(runs["fused"], runs["unfused"], rtol=3e-5)
     np.testing.assert_allclose(runs["fused"], runs["ref"], rtol=3e-5)
+
+
+def test_half_precision_inference_attention_is_fused():
+    """A forward-only attention under precision="mixed" and "f16" (which also rounds the
+    scaled scores, the mask's values and positions) is matched and lowered to attn_lse +
+    attn_out, round_x set for "f16" only; at T 2050 "f16" rounds the positions the causal
+    mask compares (2049 is not an f16), so the mask is not read as causal: unfused."""
+    from webgrad.compile import build_forward_graph
+    from webgrad.precision import apply_precision
+
+    def graph(T, precision):
+        shapes = {k: ((1, 1, T, 8), "f32") for k in "qkv"}
+        g = build_forward_graph(Module, lambda m, i: ops.softmax_causal_last(
+            i["q"] @ kT(i["k"]) * 0.3) @ i["v"], shapes)[1]
+        return apply_precision(g, precision)[0]
+    for precision in ("mixed", "f16"):
+        g = graph(6, precision)
+        (m,) = find_matches(g)
+        assert m.mixed and m.round_x == (precision == "f16") and m.offset == 0
+        for limits in (Limits(), Limits(cpu=True)):
+            assert [n.split(" ")[0] for n in lower(g, limits)[1] if n.startswith("attn_")] == \
+                ["attn_lse", "attn_out"]
+    assert find_matches(graph(2049, "f16")) and not find_matches(graph(2050, "f16"))

@@ -730,3 +730,39 @@ def test_mixed_block_trains_with_fused_attention():
                 if k == "qkv.b":  # the key bias: rounding noise (test_mixed_training_tracks_torch_amp)
                     mine, v = np.delete(mine, np.s_[D:2 * D]), np.delete(v, np.s_[D:2 * D])
                 np.testing.assert_allclose(mine, v, rtol=2e-2, atol=2e-3, err_msg=k)
+
+
+@pytest.mark.webgpu
+@pytest.mark.parametrize("precision", ["mixed", "f16"])
+def test_inference_attention_fused_in_half_precision(precision):
+    """A forward-only attention (T 40) under precision="mixed" / "f16" on the native adapter is
+    fused into attn_lse and attn_out (the probabilities rounded normalized; "f16" also rounds
+    the scaled scores: attrs round_x), row and tiled kernels, and gives the unfused
+    program's output within one f16 ulp of its largest value (1.2e-4 measured at 0.25 of
+    it), 50x closer than the f32 program's."""
+    from backends import webgpu_available
+    from webgrad.codegen import KernelOptions
+    if not webgpu_available():
+        pytest.skip("no native WebGPU adapter")
+    shape = (2, 2, 40, 16)
+    rng = np.random.RandomState(0)
+    feed = {k: (rng.randn(*shape) * 2).astype(np.float32) for k in "qkv"}
+
+    def fn(m, f):
+        return ops.softmax_causal_last(f["q"] @ ops.swap_axes(f["k"], -1, -2) * 0.3) @ f["v"]
+
+    def run(backend, precision, opts=None):
+        kw = {} if opts is None else {"kernel_options": opts}
+        f = wg.compile_forward(Module, fn, inputs={k: list(shape) for k in "qkv"},
+                               backend=backend, precision=precision, **kw)
+        names = f._prog.exe.kernel_names if backend != "reference" else []
+        return np.asarray(f.run(feed)), [n.split(" ")[0] for n in names if n.startswith("attn_")]
+    plain, none = run("webgpu", precision, KernelOptions(attn_mixed=False))
+    f32 = run("reference", "f32")[0]
+    assert none == []
+    top = np.abs(plain).max()
+    for form in (KernelOptions(), KernelOptions(attn_tiled=True)):
+        out, names = run("webgpu", precision, form)
+        assert names == ["attn_lse", "attn_out"]
+        gap = np.abs(out - plain).max()
+        assert gap <= 2.0 ** -10 * top and gap <= 0.02 * np.abs(f32 - plain).max(), gap

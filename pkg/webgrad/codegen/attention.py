@@ -40,7 +40,9 @@ where torch.amp's f16 matmuls would, and so do the kernels, their arithmetic sta
 (elementwise.wg_round_f16, r() below): s_ij = scale r(q_i . k_j); O_i = sum_j r(p_ij) v_j
 and dV_j = sum_i r(p_ij) g_i (the normalized p: attn_out always reads lse); dP_ij =
 r(g_i . v_j), ds_ij = p_ij (dP_ij - Drow_i), and dQ, dK sum r(scale ds_ij) (the rounded
-gS) times k_j, q_i. q, k, v and g are the programs' f16 operands already.
+gS) times k_j, q_i. q, k, v and g are the programs' f16 operands already. Under
+precision="f16" (attrs round_x, forward only) the scaled score is rounded again:
+s_ij = r(scale r(q_i . k_j)).
 Operands are read through the emitter, so q, k and v may be views (split_heads, a fused
 QKV projection's slices) of stored tensors; results go through the group's epilogue.
 """
@@ -208,6 +210,8 @@ def _build_rows(ctx) -> list[dict]:
         return f"{kernel.helper('wg_round_f16', ROUND_F16_WGSL)}({x})" if mixed else x
 
     def score(qd: str) -> str:  # s_ij from the dot product q_i . k_j
+        if node.attrs.get("round_x"):  # precision="f16": the scaled score rounded too
+            return r(f"{r(qd)} * {sc}")
         return f"{r(qd)} * {sc}"
 
     def grad_s(p: str, dp: str, drow: str) -> str:  # ds_ij, scaled and rounded when mixed

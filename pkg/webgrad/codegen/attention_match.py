@@ -132,8 +132,10 @@ def _rebuild(g: Graph, matches: list[Match], merge: bool = False):
         T, S = g[m.p].shape[-2:]
         D = g[m.a].shape[-1]
         attrs = {"scale": m.scale, "offset": m.offset, "dyn": m.dyn is not None}
-        if m.mixed:  # round as precision="mixed" does (attention.py's header)
+        if m.mixed:  # round as precision="mixed" / "f16" does (attention.py's header)
             attrs["mixed"] = True
+            if m.round_x:
+                attrs["round_x"] = True
         pos = [remap[m.dyn]] if m.dyn is not None else []  # the runtime offset, last input
         if what == "o":
             if m.g is None and not m.mixed:  # no backward: one kernel, softmax online

@@ -35,6 +35,7 @@ it); the rewrite checks afterwards that nothing else reads the scores.
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass, field
 from math import prod
 
@@ -63,6 +64,7 @@ class Match:
     gb: int | None = None
     mixed: bool = False     # the program rounds the scores, P, gP and gS to f16 (above)
     casts: list[int] = field(default_factory=list)   # mixed: the casts of S, P, gP, gS
+    round_x: bool = False   # precision="f16": the scaled score rounded again (after the scale)
 
 
 class _Matcher:
@@ -172,6 +174,8 @@ class _Matcher:
             x = self.sym(ins[0])
             if x is None or (node.dtype == "i32" and not _integral(x)):
                 return None
+            if node.attrs.get("dtype") == "f16" and not _f16_exact(x, self.g[ins[0]].shape):
+                return None  # precision="f16" rounds positions past 2048: not the index
             return x
         if op in ("reshape", "broadcast_to", "transpose"):
             x = self.sym(ins[0])
@@ -218,7 +222,9 @@ class _Matcher:
         return None
 
     def _compare_or_equal(self, a, b):
-        """less(x, y) + equal(x, y) (either order) as one non-strict half-plane x <= y."""
+        """less(x, y) + equal(x, y) (either order) as one non-strict half-plane x <= y
+        (each may be rounded to f16, as precision="f16" rounds them: 0 and 1 are exact)."""
+        a, b = (self.g[self.rounded(n.id)] if self.rounded(n.id) is not None else n for n in (a, b))
         if a.op == "equal":
             a, b = b, a
         if a.op not in ("less", "greater") or b.op != "equal" \
@@ -294,12 +300,14 @@ class _Matcher:
         if tuple(on.shape[:-2]) != tuple(pn.shape[:-2]):
             return None  # V broadcasts P: not the attention shape
         chain = []   # (node id, index of the chain input), from X back to just after S
+        rounds = []  # mixed / f16: the chain's roundings, as the length of chain above each
         cur = pn.inputs[0]
         while g[cur].op != "matmul":
             node = g[cur]
             x = self.rounded(cur) if casts else None
-            if x is not None and g[x].op == "matmul":  # the scores rounded to f16
+            if x is not None:  # a value of the chain rounded to f16
                 casts += [cur, node.inputs[0]]
+                rounds.append(len(chain))
                 cur = x
                 continue
             if node.shape != pn.shape or len(chain) > 8:
@@ -311,8 +319,24 @@ class _Matcher:
             cur = node.inputs[k]
         s = cur
         sn = g[s]
-        if sn.shape != pn.shape or len(casts) not in (0, 3):
-            return None  # (mixed: P and the scores rounded both, or the program's rule differs)
+        if sn.shape != pn.shape:
+            return None
+        round_x = False
+        if casts:
+            # s = f16(scale * f16(q.k)) (round_x: precision="f16" rounds after each op) or
+            # scale * f16(q.k) ("mixed"): a rounding before the first scale op rounds q.k
+            # (a mask keeps the kept scores as they are), one after it the scaled score; a
+            # scale op after that would round twice, which the kernels do not
+            scales = [len(chain) - 1 - i for i, (n, _) in enumerate(chain)
+                      if g[n].op in ("mul", "div")]  # scale ops, counted from S
+            first = min(scales, default=len(chain))
+            at = [len(chain) - r for r in rounds]  # chain ops below each rounding
+            if not any(a <= first for a in at):
+                return None  # q.k itself is not rounded: not precision.py's rule
+            later = [a for a in at if a > first]
+            if later and any(sc >= min(later) for sc in scales):
+                return None
+            round_x = bool(later)
         a, b = sn.inputs
         scale, fill, mask = 1.0, None, None
         for n, k in reversed(chain):
@@ -351,7 +375,7 @@ class _Matcher:
             return None
         inner = [s] + [n for n, _ in reversed(chain)] + [p]
         return Match(s, a, b, v, p, o, scale, offset, inner=inner, dyn=dyn,
-                     mixed=bool(casts), casts=casts)
+                     mixed=bool(casts), casts=casts, round_x=round_x)
 
     def _chain_input(self, node) -> int | None:
         """Which input carries the scores (the others must be constant), or None."""
@@ -436,6 +460,21 @@ class _Matcher:
 def _integral(x) -> bool:
     vals = [x[1], *x[2].values()] if x[0] == "aff" else [x[2], x[3], x[1][0], *x[1][1].values()]
     return all(float(v).is_integer() for v in vals)
+
+
+def _f16_exact(x, shape) -> bool:
+    """Whether f16 holds every value of x over an index of `shape` exactly: integers of
+    magnitude at most 2048 (a runtime scalar's are unknown: no)."""
+    r = len(shape)
+    if x[0] == "sel":
+        try:
+            return all(struct.unpack("<e", struct.pack("<e", v))[0] == v for v in (x[2], x[3]))
+        except OverflowError:
+            return False
+    if any(not isinstance(k, int) for k in x[2]) or not _integral(x):
+        return False
+    top = abs(x[1]) + sum(abs(c) * (shape[k] - 1) for k, c in x[2].items() if -r <= k < 0)
+    return top <= 2048
 
 
 def _remap_axes(x, in_shape, node):

@@ -280,11 +280,16 @@ class TiledKernel:
         if p.two_dots:
             dp = [[em.var("f32", "0.0f", "p") for _ in range(p.TC)] for _ in range(p.TR)]
             self.dot_tiles(dp, p.Dv, self.dp_own, self.dp_str)
-        if self.mixed:  # q.k and g.v rounded to f16, as the program's products are
-            for x in [s] + ([dp] if dp is not None else []):
-                for a in range(p.TR):
-                    for b in range(p.TC):
-                        self.L(f"{x[a][b]} = {self.r(x[a][b])};")
+        if self.mixed:  # q.k and g.v rounded to f16, as the program's products are; the
+            # scores scaled here (round_x: rounded again), so that weights() reads them as
+            # they are (scaled)
+            rx = self.ctx.main_node.attrs.get("round_x", False)
+            for a in range(p.TR):
+                for b in range(p.TC):
+                    x = f"{self.r(s[a][b])} * {self.sc}"
+                    self.L(f"{s[a][b]} = {self.r(x) if rx else x};")
+                    if dp is not None:
+                        self.L(f"{dp[a][b]} = {self.r(dp[a][b])};")
         self.cols = [em.let(f"c0 + {p.col(b)}") for b in range(p.TC)]
         self.str_lse = self.str_dr = None
         if p.per_key:
@@ -297,6 +302,10 @@ class TiledKernel:
     def kept(self, a, b):
         return self.em.let(self.p.kept(self.own_rows[a], self.cols[b]))
 
+    def scaled(self, s: str) -> str:
+        """The score s times the scale (mixed: scores() scaled it already)."""
+        return s if self.mixed else f"{s} * {self.sc}"
+
     def r(self, x: str) -> str:
         """x rounded to f16 (as an f32) where the program rounds (mixed), else x."""
         return f"{self.kernel.helper('wg_round_f16', ROUND_F16_WGSL)}({x})" if self.mixed else x
@@ -308,7 +317,7 @@ class TiledKernel:
         there. Returns [W of each product] (attn_dkv: p for dV, ds for dK)."""
         p, em, L, ninf, sc = self.p, self.em, self.L, self.ninf, self.sc
         TR, TC = p.TR, p.TC
-        xsc = [[em.let(f"select({ninf}, {s[a][b]} * {sc}, {self.kept(a, b)})") for b in range(TC)]
+        xsc = [[em.let(f"select({ninf}, {self.scaled(s[a][b])}, {self.kept(a, b)})") for b in range(TC)]
                for a in range(TR)] if p.op == "attn_lse" or p.online else None
         w = [[None] * TC for _ in range(TR)]
         w2 = None
@@ -340,7 +349,7 @@ class TiledKernel:
             for a in range(TR):
                 for b in range(TC):
                     lse = self.str_lse[b] if p.per_key else self.own_lse[a]
-                    pr = em.let(f"select(0.0f, exp({s[a][b]} * {sc} - {lse}), {self.kept(a, b)})")
+                    pr = em.let(f"select(0.0f, exp({self.scaled(s[a][b])} - {lse}), {self.kept(a, b)})")
                     if dp is not None:
                         dr = self.str_dr[b] if p.per_key else self.own_dr[a]
                         ds = em.let(self.r(f"{pr} * ({dp[a][b]} - {dr}) * {sc}") if self.mixed
