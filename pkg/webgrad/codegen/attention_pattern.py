@@ -41,6 +41,7 @@ from math import prod
 
 from ..ir import Graph
 from .layout import swaps_last_two
+from .options import KernelOptions
 
 MASK_FILL = -1e4    # a masked score must be at most this: exp(-1e4 - max) is 0 in f32
 MAX_HEAD_DIM = 256  # head dims are unrolled into registers; wider heads stay unfused
@@ -564,7 +565,6 @@ def _mask_fill(mt: _Matcher, m: int, sign: float):
 
 
 def find_matches(g: Graph, limits=None) -> list[Match]:
-    from .options import KernelOptions
     mt = _Matcher(g, (limits.options if limits is not None else KernelOptions()).attn_mixed)
     out = []
     for n in g.nodes:
