@@ -477,3 +477,135 @@ def test_long_attention_matches_torch():
     assert abs(got - want.item()) <= 1e-4 * abs(want.item()) + 1e-2
     for n in ("q", "k", "v"):
         np.testing.assert_allclose(grads[n], t[n].grad.numpy(), rtol=1e-3, atol=2e-4, err_msg=n)
+
+
+# ---------------------------------------------------------------- precision="mixed"
+
+GPU_MIXED_KERNELS = ("attn_lse", "attn_out", "attn_dq", "attn_dkv")  # lse first: P is rounded
+
+
+@pytest.mark.parametrize("record", ATTN_RECORDS, ids=[r.name for r in ATTN_RECORDS])
+def test_mixed_attention_records_are_fused(record):
+    """Under precision="mixed" (f16 casts of q, k^T, v, the scores, P, G, gP and gS) every
+    attention record is still matched forward and backward, as mixed, and lowered to the
+    two-pass forward (attn_lse, attn_out: the probabilities are rounded normalized) with no
+    softmax and no score matmul left; KernelOptions(attn_mixed=False) leaves it unfused."""
+    from webgrad.codegen import KernelOptions
+    from webgrad.precision import f16_in_f32
+    factory, loss_fn, inputs, _ = oracle.build_record(record)
+    g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None, precision="mixed")[1]
+    (m,) = find_matches(g)
+    assert m.mixed and None not in (m.g, m.gv, m.ga, m.gb), m
+    for graph in (g, f16_in_f32(g)):  # f16 nodes (device-free), the WebGPU backend's form
+        for limits, kernels in ((Limits(), GPU_MIXED_KERNELS), (Limits(cpu=True), CPU_KERNELS)):
+            names = lower(graph, limits)[1]
+            assert sorted(n.split(" ")[0] for n in names if n.startswith("attn_")) == \
+                sorted(kernels), names
+            assert not any(n.startswith("softmax") for n in names), names
+        g2 = rewrite_attention(graph, Limits())
+        assert "softmax_last" not in {n.op for n in g2.nodes}, str(g2)
+        assert all(n.attrs.get("mixed") for n in g2.nodes if n.op in ATTN_OPS)
+    plain = lower(g, Limits(options=KernelOptions(attn_mixed=False)))[1]
+    assert not any(n.startswith("attn_") for n in plain), plain
+    f32 = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
+    assert not any(n.attrs.get("mixed") for n in rewrite_attention(f32, Limits()).nodes)
+
+
+def _mixed_lm(model: str, T: int):
+    """(factory, loss, query heads) of a small GPT-2 or Llama (GQA: 4 query heads on 2 K/V
+    heads; head dims 16 and 8)."""
+    from webgrad.models import gpt2, llama
+    if model == "gpt2":
+        cfg = gpt2.GPT2Config(n_layer=2, n_head=2, n_embd=32, n_ctx=T, vocab_size=64)
+        return (lambda: gpt2.GPT2Module(cfg)), gpt2.lm_loss, 2
+    cfg = llama.LlamaConfig.from_hf(dict(
+        model_type="llama", hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=64, vocab_size=64,
+        max_position_embeddings=T, rms_norm_eps=1e-5, tie_word_embeddings=True))
+    return (lambda: llama.LlamaModule(cfg)), llama.lm_loss, 4
+
+
+def _mixed_lm_graph(model: str, B: int, T: int):
+    """Its training step under precision="mixed", as the WebGPU backend lowers it (f16 values
+    held in f32 nodes), and its [B, heads, T, T] element count."""
+    from webgrad.precision import f16_in_f32
+    factory, loss, heads = _mixed_lm(model, T)
+    ins = parse_inputs({"tokens": ([B, T], "i32"), "targets": ([B, T], "i32")})
+    g = build_train_graph(factory, loss, ins, optim.AdamW(lr=1e-3), precision="mixed")[1]
+    return f16_in_f32(g), B * heads * T * T
+
+
+@pytest.mark.parametrize("model", ["gpt2", "llama"])
+def test_mixed_lm_step_stores_no_scores(model):
+    """A mixed GPT-2 / Llama training step (T 24, head dim 16 / 8) fuses every layer's
+    attention forward and backward: after the attention pass no [.., T, T] tensor of the
+    scores' size is left in the graph (so none is stored), on a GPU's limits and a CPU
+    adapter's; with KernelOptions(attn_mixed=False) the scores and probabilities remain."""
+    from webgrad.codegen import KernelOptions
+    B, T, layers = 2, 24, 2
+    g, scores = _mixed_lm_graph(model, B, T)
+
+    def tt(graph):
+        return [n for n in graph.nodes if tuple(n.shape[-2:]) == (T, T) and n.size >= scores]
+    for limits, per_layer in ((Limits(), GPU_MIXED_KERNELS), (Limits(cpu=True), CPU_KERNELS)):
+        assert tt(rewrite_attention(g, limits)) == []
+        names = lower(g, limits)[1]
+        assert sum(n.startswith("attn_") for n in names) == len(per_layer) * layers, names
+        assert not any(n.startswith("softmax") for n in names), names
+    assert len(tt(rewrite_attention(g, Limits(options=KernelOptions(attn_mixed=False))))) > 0
+
+
+@pytest.mark.webgpu
+@pytest.mark.parametrize("model", ["gpt2", "llama"])
+def test_mixed_lm_trains_with_fused_attention(model):
+    """Five Adam steps of the small GPT-2 / Llama in precision="mixed" on the native adapter,
+    attention fused (5 row kernels a layer on a CPU adapter, 4 tiled ones elsewhere), give
+    the unfused program's and the reference executor's losses within 3e-5 relative (3e-6
+    measured on lavapipe, 2026-12-03)."""
+    import webgrad as wg
+    from backends import webgpu_available
+    from webgrad.codegen import KernelOptions
+    if not webgpu_available():
+        pytest.skip("no native WebGPU adapter")
+    B, T = 2, 24
+    factory, loss, _ = _mixed_lm(model, T)
+    runs = {}
+    for name, backend, opts in (("ref", "reference", None),
+                                ("unfused", "webgpu", KernelOptions(attn_mixed=False)),
+                                ("fused", "webgpu", KernelOptions())):
+        kw = {} if opts is None else {"kernel_options": opts}
+        c = wg.compile_module(factory, loss, inputs={"tokens": ([B, T], "i32"),
+                                                     "targets": ([B, T], "i32")},
+                              optimizer=optim.Adam(lr=3e-3), precision="mixed", seed=4,
+                              backend=backend, **kw)
+        if backend != "reference":
+            n = sum(k.startswith("attn_") for k in c._train.exe.kernel_names)
+            assert n == (0 if name == "unfused" else 2 * (5 if native_adapter_is_cpu() else 4))
+        rng = np.random.RandomState(0)
+        runs[name] = [float(c.step({k: rng.randint(0, 64, size=(B, T)).astype(np.int32)
+                                    for k in ("tokens", "targets")})) for _ in range(5)]
+    np.testing.assert_allclose(runs["fused"], runs["unfused"], rtol=3e-5)
+    np.testing.assert_allclose(runs["fused"], runs["ref"], rtol=3e-5)
+
+
+def test_half_precision_inference_attention_is_fused():
+    """A forward-only attention under precision="mixed" and "f16" (which also rounds the
+    scaled scores, the mask's values and positions) is matched and lowered to attn_lse +
+    attn_out, round_x set for "f16" only; at T 2050 "f16" rounds the positions the causal
+    mask compares (2049 is not an f16), so the mask is not read as causal: unfused."""
+    from webgrad.compile import build_forward_graph
+    from webgrad.precision import apply_precision
+
+    def graph(T, precision):
+        shapes = {k: ((1, 1, T, 8), "f32") for k in "qkv"}
+        g = build_forward_graph(Module, lambda m, i: ops.softmax_causal_last(
+            i["q"] @ kT(i["k"]) * 0.3) @ i["v"], shapes)[1]
+        return apply_precision(g, precision)[0]
+    for precision in ("mixed", "f16"):
+        g = graph(6, precision)
+        (m,) = find_matches(g)
+        assert m.mixed and m.round_x == (precision == "f16") and m.offset == 0
+        for limits in (Limits(), Limits(cpu=True)):
+            assert [n.split(" ")[0] for n in lower(g, limits)[1] if n.startswith("attn_")] == \
+                ["attn_lse", "attn_out"]
+    assert find_matches(graph(2049, "f16")) and not find_matches(graph(2050, "f16"))

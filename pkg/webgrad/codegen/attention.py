@@ -35,6 +35,14 @@ UNROLL_MAX is unrolled into vec4 registers; on CPU adapters (Limits.cpu), and fo
 heads, it is a loop over vec4 arrays instead: LLVM-based shader compilers (lavapipe,
 SwiftShader) took 43 s of CPU over the unrolled kernels at head dim 128 against 1.6 s
 for the loops (9.0 against 1.2 at 64).
+Under precision="mixed" (attrs mixed, attention_pattern.py): the program rounds to f16
+where torch.amp's f16 matmuls would, and so do the kernels, their arithmetic staying f32
+(elementwise.wg_round_f16, r() below): s_ij = scale r(q_i . k_j); O_i = sum_j r(p_ij) v_j
+and dV_j = sum_i r(p_ij) g_i (the normalized p: attn_out always reads lse); dP_ij =
+r(g_i . v_j), ds_ij = p_ij (dP_ij - Drow_i), and dQ, dK sum r(scale ds_ij) (the rounded
+gS) times k_j, q_i. q, k, v and g are the programs' f16 operands already. Under
+precision="f16" (attrs round_x, forward only) the scaled score is rounded again:
+s_ij = r(scale r(q_i . k_j)).
 Operands are read through the emitter, so q, k and v may be views (split_heads, a fused
 QKV projection's slices) of stored tensors; results go through the group's epilogue.
 """
@@ -42,6 +50,7 @@ from __future__ import annotations
 
 from math import prod
 
+from .elementwise import ROUND_F16_WGSL
 from .emit import Idx
 from .wgsl import f32_lit, u32_lit
 
@@ -195,6 +204,21 @@ def _build_rows(ctx) -> list[dict]:
     row = R.row
     sc = f32_lit(scale)
     neg_inf = f32_lit(float("-inf"))
+    mixed = node.attrs.get("mixed", False)
+
+    def r(x: str) -> str:  # rounded to f16 where the program rounds (mixed), else x
+        return f"{kernel.helper('wg_round_f16', ROUND_F16_WGSL)}({x})" if mixed else x
+
+    def score(qd: str) -> str:  # s_ij from the dot product q_i . k_j
+        if node.attrs.get("round_x"):  # precision="f16": the scaled score rounded too
+            return r(f"{r(qd)} * {sc}")
+        return f"{r(qd)} * {sc}"
+
+    def grad_s(p: str, dp: str, drow: str) -> str:  # ds_ij, scaled and rounded when mixed
+        if mixed:
+            return em.let(r(f"{p} * ({r(dp)} - {drow}) * {sc}"))
+        return em.let(f"{p} * ({dp} - {drow})")
+    post = None if mixed else sc  # dQ and dK's scale, where ds has not taken it
 
     def stat(n, i):  # lse / Drow of query i ([batch.., T], written by this program)
         return em.value(n, Idx(g[n].shape, flat=em.let(f"bo * {T}u + {i}")))
@@ -218,7 +242,7 @@ def _build_rows(ctx) -> list[dict]:
         if op == "attn_lse":
             m, l_ = em.var("f32", neg_inf), em.var("f32", "0.0f")
             with em.block(keys):
-                s = em.let(f"{R.dot(q, row(b, 'j', True))} * {sc}")
+                s = em.let(score(R.dot(q, row(b, 'j', True))))
                 mn = em.let(f"max({m}, {s})")
                 em.emit(f"{l_} = {l_} * exp({m} - {mn}) + exp({s} - {mn});")
                 em.emit(f"{m} = {mn};")
@@ -242,7 +266,7 @@ def _build_rows(ctx) -> list[dict]:
         if op == "attn_out":
             acc = R.regs(Dv)
             with em.block(keys):
-                p = em.let(f"exp({R.dot(q, row(b, 'j', True))} * {sc} - {lse})")
+                p = em.let(r(f"exp({score(R.dot(q, row(b, 'j', True)))} - {lse})"))
                 R.axpy(acc, p, row(v_, "j"))
             R.write(epi, acc, None)
         else:  # attn_dq
@@ -250,10 +274,10 @@ def _build_rows(ctx) -> list[dict]:
             drow = stat(node.inputs[5], "r")
             acc = R.regs(D)
             with em.block(keys):
-                p = em.let(f"exp({R.dot(q, row(b, 'j', True))} * {sc} - {lse})")
-                ds = em.let(f"{p} * ({R.dot(gi, row(v_, 'j'))} - {drow})")
+                p = em.let(f"exp({score(R.dot(q, row(b, 'j', True)))} - {lse})")
+                ds = grad_s(p, R.dot(gi, row(v_, 'j')), drow)
                 R.axpy(acc, ds, row(b, "j", True))
-            R.write(epi, acc, sc)
+            R.write(epi, acc, post)
         return done()
 
     # key j = r: queries i >= istart (kept iff j <= i + off)
@@ -267,7 +291,7 @@ def _build_rows(ctx) -> list[dict]:
         gg, lse_n = node.inputs[2], node.inputs[3]
         acc = R.regs(g[gg].shape[-1])
         with em.block(queries):
-            p = em.let(f"exp({R.dot(row(a, 'i'), k)} * {sc} - {stat(lse_n, 'i')})")
+            p = em.let(r(f"exp({score(R.dot(row(a, 'i'), k))} - {stat(lse_n, 'i')})"))
             R.axpy(acc, p, row(gg, "i"))
         R.write(epi, acc, None)
     else:  # attn_dk
@@ -275,10 +299,10 @@ def _build_rows(ctx) -> list[dict]:
         vj = R.regs(Dv, row(v_, "r"))
         acc = R.regs(D)
         with em.block(queries):
-            p = em.let(f"exp({R.dot(row(a, 'i'), k)} * {sc} - {stat(lse_n, 'i')})")
-            ds = em.let(f"{p} * ({R.dot(row(gg, 'i'), vj)} - {stat(dr, 'i')})")
+            p = em.let(f"exp({score(R.dot(row(a, 'i'), k))} - {stat(lse_n, 'i')})")
+            ds = grad_s(p, R.dot(row(gg, 'i'), vj), stat(dr, 'i'))
             R.axpy(acc, ds, row(a, "i"))
-        R.write(epi, acc, sc)
+        R.write(epi, acc, post)
     return done()
 
 

@@ -90,7 +90,7 @@ def rewrite_attention(g: Graph, limits=None) -> Graph:
     while matches:
         out, remap = _rebuild(g, matches, merge)
         live = _live(out)
-        bad = [m for m in matches if any(remap[i] in live for i in m.inner)]
+        bad = [m for m in matches if any(remap[i] in live for i in m.inner + m.casts)]
         if not bad:
             return dce(out)
         matches = [m for m in matches if m not in bad]
@@ -132,13 +132,19 @@ def _rebuild(g: Graph, matches: list[Match], merge: bool = False):
         T, S = g[m.p].shape[-2:]
         D = g[m.a].shape[-1]
         attrs = {"scale": m.scale, "offset": m.offset, "dyn": m.dyn is not None}
+        if m.mixed:  # round as precision="mixed" / "f16" does (attention.py's header)
+            attrs["mixed"] = True
+            if m.round_x:
+                attrs["round_x"] = True
         pos = [remap[m.dyn]] if m.dyn is not None else []  # the runtime offset, last input
         if what == "o":
-            if m.g is None:  # no backward: one kernel, softmax online
+            if m.g is None and not m.mixed:  # no backward: one kernel, softmax online
                 remap[n.id] = add("attn_out", [A, B, V] + pos, n.shape, dict(attrs, online=True),
                                   n.loc)
                 continue
-            if merge:  # O and lse from one kernel: a row [O_i | lse_i]
+            if merge and not m.mixed:  # O and lse from one kernel: a row [O_i | lse_i]
+                # (mixed rounds the normalized probabilities, which the online softmax
+                # of attn_fwd never forms: lse first, then O)
                 Dv = n.shape[-1]
                 both = add("attn_fwd", [A, B, V] + pos, batch + (T, Dv + 1), attrs, n.loc)
                 r = len(batch) + 2
@@ -160,6 +166,10 @@ def _rebuild(g: Graph, matches: list[Match], merge: bool = False):
             continue
         drow = made.get((m.o, "drow"))
         if drow is None:  # sum_last(G * O): the softmax gradient's row term
+            # (mixed: G is the f16-rounded gradient and O the kernel's f32 output, from the
+            # rounded probabilities; the program's sum_j p_ij f16(dP_ij) differs from it by
+            # dP's rounding, and so dQ and dK by about one f16 ulp of their largest value:
+            # FA-2's D = rowsum(dO * O), tests/test_precision.py states the tolerance)
             prod_ = add("mul", [G, remap[m.o]], g[m.o].shape, {}, n.loc)
             drow = made[(m.o, "drow")] = add("sum", [prod_], batch + (T,),
                                              {"axes": (len(batch) + 1,)}, n.loc)

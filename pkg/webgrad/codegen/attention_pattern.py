@@ -22,17 +22,26 @@ What is matched (backward), from grad.py's rules for exactly those ops:
   gX = P * (gP - sum_last(gP * P)) (softmax_last's rule); the chain's rules back to gS
   (mul(g, c), div(g, c), where(m, g, 0), the identity for add/sub); gA = matmul(gS, B^T),
   gB = matmul(A^T, gS).
+Under precision="mixed" (KernelOptions.attn_mixed), the casts precision.py inserts are read
+through as well, and the Match records them (mixed=True), so that the kernels round where
+the program does: the scores q @ k^T rounded to f16 (cast f32 of cast f16) before the
+chain; the probabilities' f16 cast before @ V (and P^T's before the product with G); in
+the backward the rounded gP = G @ V^T, and gS's cast before its two products. A, B, V and
+G are then the f16 operands (cast nodes or f16 values) the matmuls read, and the backward's
+transposed operands (k^T^T, q^T, v^T) may be f16 casts of the f32 values' transposes.
 find_matches returns a Match per attention found (forward, and backward where the graph has
 it); the rewrite checks afterwards that nothing else reads the scores.
 """
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass, field
 from math import prod
 
 from ..ir import Graph
 from .layout import swaps_last_two
+from .options import KernelOptions
 
 MASK_FILL = -1e4    # a masked score must be at most this: exp(-1e4 - max) is 0 in f32
 MAX_HEAD_DIM = 256  # head dims are unrolled into registers; wider heads stay unfused
@@ -54,6 +63,9 @@ class Match:
     gv: int | None = None
     ga: int | None = None
     gb: int | None = None
+    mixed: bool = False     # the program rounds the scores, P, gP and gS to f16 (above)
+    casts: list[int] = field(default_factory=list)   # mixed: the casts of S, P, gP, gS
+    round_x: bool = False   # precision="f16": the scaled score rounded again (after the scale)
 
 
 class _Matcher:
@@ -61,8 +73,8 @@ class _Matcher:
     symbolic form (sym, kept), then forward from an output product and backward from its
     Match (the caches are per graph)."""
 
-    def __init__(self, g: Graph):
-        self.g = g
+    def __init__(self, g: Graph, mixed: bool = True):
+        self.g, self.mixed = g, mixed   # mixed: read through precision="mixed"'s casts
         self.cons = g.consumers()
         self._const: dict[int, bool] = {}
         self._sym: dict[int, object] = {}
@@ -93,6 +105,37 @@ class _Matcher:
             v = node.attrs["value"]
             return float(v[0] if isinstance(v, tuple) else v)
         return None
+
+    # ------------------------------------------------------------ precision's casts
+    def to_f16(self, n: int) -> int | None:
+        """x where node n is a cast of x to f16 (an f16 node, or its f16_in_f32 form)."""
+        node = self.g[n]
+        if node.op == "cast" and node.attrs.get("dtype") == "f16":
+            return node.inputs[0]
+        return None
+
+    def rounded(self, n: int) -> int | None:
+        """x where node n is x rounded to f16 as an f32 value: cast(cast(x, f16), f32)."""
+        node = self.g[n]
+        if node.op != "cast" or node.attrs.get("dtype") != "f32":
+            return None
+        return self.to_f16(node.inputs[0])
+
+    def round_of(self, n: int) -> int | None:
+        """The node holding n rounded to f16 as f32 (its only reader's reader), or None."""
+        h = self._one(n, lambda c: c.op == "cast" and c.attrs.get("dtype") == "f16")
+        return None if h is None else self._one(
+            h, lambda c: c.op == "cast" and c.attrs.get("dtype") == "f32")
+
+    def swap_of(self, x: int, y: int) -> bool:
+        """Is y the last-two-axes transpose of operand x: transpose(x), or (x an f16 cast of
+        a value u) an f16 cast of transpose(u)."""
+        yn = self.g[y]
+        if swaps_last_two(yn) and yn.inputs[0] == x:
+            return True
+        u, t = self.to_f16(x), self.to_f16(y)
+        return u is not None and t is not None and swaps_last_two(self.g[t]) \
+            and self.g[t].inputs[0] == u
 
     # ------------------------------------------------------------ the mask, symbolically
     # A value over an index is ("aff", c0, {axis: coef}) = c0 + sum coef * idx[axis] or
@@ -132,6 +175,8 @@ class _Matcher:
             x = self.sym(ins[0])
             if x is None or (node.dtype == "i32" and not _integral(x)):
                 return None
+            if node.attrs.get("dtype") == "f16" and not _f16_exact(x, self.g[ins[0]].shape):
+                return None  # precision="f16" rounds positions past 2048: not the index
             return x
         if op in ("reshape", "broadcast_to", "transpose"):
             x = self.sym(ins[0])
@@ -178,7 +223,9 @@ class _Matcher:
         return None
 
     def _compare_or_equal(self, a, b):
-        """less(x, y) + equal(x, y) (either order) as one non-strict half-plane x <= y."""
+        """less(x, y) + equal(x, y) (either order) as one non-strict half-plane x <= y
+        (each may be rounded to f16, as precision="f16" rounds them: 0 and 1 are exact)."""
+        a, b = (self.g[self.rounded(n.id)] if self.rounded(n.id) is not None else n for n in (a, b))
         if a.op == "equal":
             a, b = b, a
         if a.op not in ("less", "greater") or b.op != "equal" \
@@ -244,15 +291,26 @@ class _Matcher:
         if on.op != "matmul":
             return None
         p, v = on.inputs
+        casts = []
+        if self.mixed and self.to_f16(p) is not None:  # P rounded to f16 before @ V
+            casts.append(p)
+            p = self.to_f16(p)
         pn = g[p]
         if pn.op != "softmax_last" or len(pn.shape) < 2:
             return None
         if tuple(on.shape[:-2]) != tuple(pn.shape[:-2]):
             return None  # V broadcasts P: not the attention shape
         chain = []   # (node id, index of the chain input), from X back to just after S
+        rounds = []  # mixed / f16: the chain's roundings, as the length of chain above each
         cur = pn.inputs[0]
         while g[cur].op != "matmul":
             node = g[cur]
+            x = self.rounded(cur) if casts else None
+            if x is not None:  # a value of the chain rounded to f16
+                casts += [cur, node.inputs[0]]
+                rounds.append(len(chain))
+                cur = x
+                continue
             if node.shape != pn.shape or len(chain) > 8:
                 return None
             k = self._chain_input(node)
@@ -264,6 +322,22 @@ class _Matcher:
         sn = g[s]
         if sn.shape != pn.shape:
             return None
+        round_x = False
+        if casts:
+            # s = f16(scale * f16(q.k)) (round_x: precision="f16" rounds after each op) or
+            # scale * f16(q.k) ("mixed"): a rounding before the first scale op rounds q.k
+            # (a mask keeps the kept scores as they are), one after it the scaled score; a
+            # scale op after that would round twice, which the kernels do not
+            scales = [len(chain) - 1 - i for i, (n, _) in enumerate(chain)
+                      if g[n].op in ("mul", "div")]  # scale ops, counted from S
+            first = min(scales, default=len(chain))
+            at = [len(chain) - r for r in rounds]  # chain ops below each rounding
+            if not any(a <= first for a in at):
+                return None  # q.k itself is not rounded: not precision.py's rule
+            later = [a for a in at if a > first]
+            if later and any(sc >= min(later) for sc in scales):
+                return None
+            round_x = bool(later)
         a, b = sn.inputs
         scale, fill, mask = 1.0, None, None
         for n, k in reversed(chain):
@@ -301,7 +375,8 @@ class _Matcher:
         if D > MAX_HEAD_DIM or Dv > MAX_HEAD_DIM or g[v].shape[-2] != sn.shape[-1]:
             return None
         inner = [s] + [n for n, _ in reversed(chain)] + [p]
-        return Match(s, a, b, v, p, o, scale, offset, inner=inner, dyn=dyn)
+        return Match(s, a, b, v, p, o, scale, offset, inner=inner, dyn=dyn,
+                     mixed=bool(casts), casts=casts, round_x=round_x)
 
     def _chain_input(self, node) -> int | None:
         """Which input carries the scores (the others must be constant), or None."""
@@ -327,15 +402,20 @@ class _Matcher:
         """Fill m.g, m.gv, m.ga, m.gb where grad.py's nodes are found (else leave None)."""
         g = self.g
         pt = self._one(m.p, swaps_last_two)
+        if m.mixed and pt is not None:  # P^T rounded to f16 before the product with G
+            pt = self._one(pt, lambda n: self.to_f16(n.id) is not None)
         gv = self._one(pt, lambda n: n.op == "matmul" and n.inputs[0] == pt) if pt is not None else None
         if gv is None:
             return
         G = g[gv].inputs[1]
-        vt = self._one(m.v, lambda n: swaps_last_two(n) and any(
-            g[c].op == "matmul" and g[c].inputs == (G, n.id) for c in self.cons[n.id]))
-        if vt is None:
+        gp = self._one(G, lambda n: n.op == "matmul" and n.inputs[0] == G
+                       and self.swap_of(m.v, n.inputs[1]))
+        if gp is None:
             return
-        gp = self._one(vt, lambda n: n.op == "matmul" and n.inputs == (G, vt))
+        if m.mixed:  # gP rounded to f16 before the softmax's rule reads it
+            gp = self.round_of(gp)
+            if gp is None:
+                return
         r = len(g[m.p].shape)
         # softmax_last's rule: gX = P * (gP - reshape(sum(gP * P, last)))
         m1 = self._one(gp, lambda n: n.op == "mul" and set(n.inputs) == {gp, m.p})
@@ -365,15 +445,15 @@ class _Matcher:
                 return
             cur = nxt
         gs = cur
-        bt = self._one(m.b, lambda n: swaps_last_two(n) and any(
-            g[c].op == "matmul" and g[c].inputs == (gs, n.id) for c in self.cons[n.id]))
-        at = self._one(m.a, lambda n: swaps_last_two(n) and any(
-            g[c].op == "matmul" and g[c].inputs == (n.id, gs) for c in self.cons[n.id]))
+        if m.mixed:  # gS rounded to f16 before its two products
+            gs = self._one(gs, lambda n: self.to_f16(n.id) is not None)
+            if gs is None:
+                return
         m.g, m.gv = G, gv
-        if bt is not None:
-            m.ga = self._one(bt, lambda n: n.op == "matmul" and n.inputs == (gs, bt))
-        if at is not None:
-            m.gb = self._one(at, lambda n: n.op == "matmul" and n.inputs == (at, gs))
+        m.ga = self._one(gs, lambda n: n.op == "matmul" and n.inputs[0] == gs
+                         and self.swap_of(m.b, n.inputs[1]))
+        m.gb = self._one(gs, lambda n: n.op == "matmul" and n.inputs[1] == gs
+                         and self.swap_of(m.a, n.inputs[0]))
 
 
 # ---------------------------------------------------------------- symbolic helpers
@@ -381,6 +461,21 @@ class _Matcher:
 def _integral(x) -> bool:
     vals = [x[1], *x[2].values()] if x[0] == "aff" else [x[2], x[3], x[1][0], *x[1][1].values()]
     return all(float(v).is_integer() for v in vals)
+
+
+def _f16_exact(x, shape) -> bool:
+    """Whether f16 holds every value of x over an index of `shape` exactly: integers of
+    magnitude at most 2048 (a runtime scalar's are unknown: no)."""
+    r = len(shape)
+    if x[0] == "sel":
+        try:
+            return all(struct.unpack("<e", struct.pack("<e", v))[0] == v for v in (x[2], x[3]))
+        except OverflowError:
+            return False
+    if any(not isinstance(k, int) for k in x[2]) or not _integral(x):
+        return False
+    top = abs(x[1]) + sum(abs(c) * (shape[k] - 1) for k, c in x[2].items() if -r <= k < 0)
+    return top <= 2048
 
 
 def _remap_axes(x, in_shape, node):
@@ -470,7 +565,7 @@ def _mask_fill(mt: _Matcher, m: int, sign: float):
 
 
 def find_matches(g: Graph, limits=None) -> list[Match]:
-    mt = _Matcher(g)
+    mt = _Matcher(g, (limits.options if limits is not None else KernelOptions()).attn_mixed)
     out = []
     for n in g.nodes:
         m = mt.forward(n.id)

@@ -7,11 +7,14 @@ D-chunk products (dot_tiles), the reductions across a row's threads (across_row)
 and softmax weights of a streamed block (scores, weights), the output products (accumulate),
 and the per-op epilogues (epilogue_lse for attn_lse; epilogue_rows for the others: attn_fwd's
 O and lse columns, attn_dq's scaled rows, attn_dkv's dK and dV pieces). The design and its
-measurements are in attention_tiled.py's header.
+measurements are in attention_tiled.py's header. Under precision="mixed" (the node's attrs
+mixed) the scores, dp, the probabilities of the p products and the scaled ds are rounded
+to f16 where attention.py's header says (r, elementwise.wg_round_f16).
 """
 from __future__ import annotations
 
 from .attention_tiled_plan import PREFETCH_D_MAX, Operands, TilePlan, padded
+from .elementwise import ROUND_F16_WGSL
 from .emit import Idx
 from .wgsl import f32_lit, thread_xy, u32_lit
 
@@ -56,6 +59,7 @@ class TiledKernel:
         self.grid = kernel.workgroup_index(self.em, p.nb * p.nblk, "w")  # uniform: barriers legal
         self.sc = f32_lit(p.scale)
         self.ninf = f32_lit(float("-inf"))
+        self.mixed = ctx.main_node.attrs.get("mixed", False)
         if p.per_key:
             self.own_load, self.str_load = self.K, self.Q
             self.dp_own, self.dp_str = self.V, self.G
@@ -276,6 +280,16 @@ class TiledKernel:
         if p.two_dots:
             dp = [[em.var("f32", "0.0f", "p") for _ in range(p.TC)] for _ in range(p.TR)]
             self.dot_tiles(dp, p.Dv, self.dp_own, self.dp_str)
+        if self.mixed:  # q.k and g.v rounded to f16, as the program's products are; the
+            # scores scaled here (round_x: rounded again), so that weights() reads them as
+            # they are (scaled)
+            rx = self.ctx.main_node.attrs.get("round_x", False)
+            for a in range(p.TR):
+                for b in range(p.TC):
+                    x = f"{self.r(s[a][b])} * {self.sc}"
+                    self.L(f"{s[a][b]} = {self.r(x) if rx else x};")
+                    if dp is not None:
+                        self.L(f"{dp[a][b]} = {self.r(dp[a][b])};")
         self.cols = [em.let(f"c0 + {p.col(b)}") for b in range(p.TC)]
         self.str_lse = self.str_dr = None
         if p.per_key:
@@ -288,6 +302,14 @@ class TiledKernel:
     def kept(self, a, b):
         return self.em.let(self.p.kept(self.own_rows[a], self.cols[b]))
 
+    def scaled(self, s: str) -> str:
+        """The score s times the scale (mixed: scores() scaled it already)."""
+        return s if self.mixed else f"{s} * {self.sc}"
+
+    def r(self, x: str) -> str:
+        """x rounded to f16 (as an f32) where the program rounds (mixed), else x."""
+        return f"{self.kernel.helper('wg_round_f16', ROUND_F16_WGSL)}({x})" if self.mixed else x
+
     def weights(self, s, dp):
         """The softmax statistics of the block and the W tiles of its output products:
         attn_lse's per-thread running (max, sum); the online softmax's rescaled p (its row
@@ -295,7 +317,7 @@ class TiledKernel:
         there. Returns [W of each product] (attn_dkv: p for dV, ds for dK)."""
         p, em, L, ninf, sc = self.p, self.em, self.L, self.ninf, self.sc
         TR, TC = p.TR, p.TC
-        xsc = [[em.let(f"select({ninf}, {s[a][b]} * {sc}, {self.kept(a, b)})") for b in range(TC)]
+        xsc = [[em.let(f"select({ninf}, {self.scaled(s[a][b])}, {self.kept(a, b)})") for b in range(TC)]
                for a in range(TR)] if p.op == "attn_lse" or p.online else None
         w = [[None] * TC for _ in range(TR)]
         w2 = None
@@ -327,10 +349,13 @@ class TiledKernel:
             for a in range(TR):
                 for b in range(TC):
                     lse = self.str_lse[b] if p.per_key else self.own_lse[a]
-                    pr = em.let(f"select(0.0f, exp({s[a][b]} * {sc} - {lse}), {self.kept(a, b)})")
+                    pr = em.let(f"select(0.0f, exp({self.scaled(s[a][b])} - {lse}), {self.kept(a, b)})")
                     if dp is not None:
                         dr = self.str_dr[b] if p.per_key else self.own_dr[a]
-                        ds = em.let(f"{pr} * ({dp[a][b]} - {dr})")
+                        ds = em.let(self.r(f"{pr} * ({dp[a][b]} - {dr}) * {sc}") if self.mixed
+                                    else f"{pr} * ({dp[a][b]} - {dr})")
+                    if self.mixed and (dp is None or p.op == "attn_dkv"):
+                        pr = em.let(self.r(pr))  # the probability of a p product (O, dV)
                     if p.op == "attn_dkv":
                         w[a][b], w2[a][b] = pr, ds
                     else:
@@ -442,7 +467,7 @@ class TiledKernel:
                         v = self.accs[k][a][e]
                         if inv[a] is not None:
                             v = f"{v} * {inv[a]}"
-                        if post is not None:
+                        if post is not None and not self.mixed:  # (mixed: ds is scaled)
                             v = f"{v} * {self.sc}"
                         at_ = f"{col0}u + {col}" if col0 else col
                         call = f"{epi_k[k]}(bo, {self.own_rows[a]}, {at_}, {v});"

@@ -247,7 +247,10 @@ class Emitter:
             if d == 1:
                 continue
             stride = prod(shape[k + 1:])
-            terms.append(dims[k] if stride == 1 else f"{dims[k]} * {stride}u")
+            d = dims[k]
+            if stride != 1 and (" + " in d or " - " in d):  # a sum (a row kernel's `c * 4u + 1u`)
+                d = f"({d})"
+            terms.append(d if stride == 1 else f"{d} * {stride}u")
         if not terms:
             return _ZERO
         flat = self.let(" + ".join(terms), deps=[dims[k] for k, d in enumerate(shape) if d != 1])

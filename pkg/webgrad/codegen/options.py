@@ -121,6 +121,13 @@ class KernelOptions:
     # False: no attention is fused (the plain matmuls and row softmax); True: every matched
     # attention, training steps too; None: attention_match._fuse_training's policy
     fuse_attention: bool | None = None
+    # a precision="mixed" (or "f16") program's attention is matched through the f16 casts
+    # precision.py inserts (attention_pattern.py) and its kernels round where the program
+    # does: the scores after q @ k^T, the normalized probabilities before @ v (so the
+    # forward is attn_lse then attn_out, not the one-pass online softmax), gP and gS in the
+    # backward (attention.py, attention_tiled_kernel.py); False leaves such a program's
+    # attention unfused, its [.., T, S] scores and probabilities stored
+    attn_mixed: bool = True
     # True / False: an inference attention's queries (a decoding step's q rope) read as an
     # expression by the attention kernel (fusion_storage._query_expr), not stored by an
     # elementwise kernel, on any adapter / on none; None: on GPUs
