@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Tokens/s of GPT-2 cached greedy decoding: webgrad (WebGPU, Dawn) against transformers'
-generate() with its KV cache, fp32, same GPU, same weights, same run.
+generate() with its KV cache, fp32 (and bf16), same GPU, same weights, same run.
 
     source .device/env.sh; python3 bench/gpt2_decode.py        # 124M on the GPU machine
+    source .device/env.sh; python3 bench/gpt2_decode.py --dtypes f32,f16 --peers fp32,bf16   # issue 27
     python3 bench/gpt2_decode.py --tiny                          # a small config on lavapipe/CPU
     python3 bench/gpt2_decode.py --browser                       # small config, headless Chromium
 
@@ -77,34 +78,61 @@ def run_native(args, cfg):
     prompt = [(7 * i + 3) % cfg.vocab_size for i in range(args.prompt)]
     n = args.new
 
-    def hf_run():
-        ids = torch.tensor([prompt], device=device)
-        with torch.no_grad():
-            out = ref.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                               use_cache=True, pad_token_id=0, attention_mask=torch.ones_like(ids))
-        if device == "cuda":
-            torch.cuda.synchronize()
-        return out[0, len(prompt):].tolist()
+    def hf_runner(model):
+        def run():
+            ids = torch.tensor([prompt], device=device)
+            with torch.no_grad():
+                out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                     use_cache=True, pad_token_id=0,
+                                     attention_mask=torch.ones_like(ids))
+            if device == "cuda":
+                torch.cuda.synchronize()
+            return out[0, len(prompt):].tolist()
+        return run
 
     sd = {k: v.detach().cpu() for k, v in ref.state_dict().items()}
-    m = gpt2.GPT2.from_hf_state_dict(cfg, sd, backend="webgpu")
+    rows, fp32_toks = [], None   # (name, tokens/s, tokens shared with transformers fp32)
+    for peer in args.peers.split(","):
+        if peer not in ("fp32", "bf16"):
+            raise SystemExit(f"--peers: {peer!r} is not fp32 or bf16")
+        run = hf_runner(ref if peer == "fp32" else ref.to(torch.bfloat16))
+        run()  # warm-up: the CUDA context and kernels
+        t, toks = time_best(run, args.reps)
+        fp32_toks = toks if peer == "fp32" else fp32_toks
+        rows.append((f"transformers {peer}", n / t, toks))
+        if peer == "bf16":
+            ref = ref.float()
+    kernels = {}
+    for dtype in args.dtypes.split(","):
+        if dtype not in ("f32", "f16"):
+            raise SystemExit(f"--dtypes: {dtype!r} is not f32 or f16")
+        m = gpt2.GPT2.from_hf_state_dict(cfg, sd, backend="webgpu", dtype=dtype)
+        m.precision = dtype   # f16: the decode programs round where precision='f16' does
 
-    def wg_run():
-        return m.generate(prompt, max_new_tokens=n, temperature=0)[len(prompt):]
+        def wg_run():
+            return m.generate(prompt, max_new_tokens=n, temperature=0)[len(prompt):]
 
-    hf_run(), wg_run()  # warm-up: CUDA context, webgrad's prefill and step programs
-    t_hf, hf_toks = time_best(hf_run, args.reps)
-    t_wg, wg_toks = time_best(wg_run, args.reps)
-    same = shared_prefix(hf_toks, wg_toks)
+        wg_run()  # warm-up: compiles the prefill and step programs
+        t, toks = time_best(wg_run, args.reps)
+        rows.append((f"webgrad {dtype}", n / t, toks))
+        kernels[dtype] = m._program("step", 1).kernel_count
+        info, chunks = m.backend.host.info, m.wte_chunks
+        del m
     dev_name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
     print(f"config: n_layer={cfg.n_layer} n_embd={cfg.n_embd} n_head={cfg.n_head} "
-          f"vocab={cfg.vocab_size} n_ctx={cfg.n_ctx}; prompt {len(prompt)} tokens, {n} new, greedy")
-    print(f"webgpu: {m.backend.host.info} (WEBGRAD_WGPU_LIB={lib}), token table in {m.wte_chunks} block(s), "
-          f"{m._program('step', 1).kernel_count} kernels per decode step")
-    print(f"torch:  {torch.__version__} on {dev_name} ({torch.get_num_threads()} threads), transformers generate() with its cache, fp32")
-    print(f"tokens agree: {same}/{n} (greedy; a near-tie may part them)")
-    print(f"| webgrad tokens/s | transformers tokens/s | ratio |")
-    print(f"| {n / t_wg:.1f} | {n / t_hf:.1f} | {t_hf / t_wg:.2f} |")
+          f"vocab={cfg.vocab_size} n_ctx={cfg.n_ctx}; prompt {len(prompt)} tokens, {n} new, "
+          f"greedy, best of {args.reps}")
+    print(f"webgpu: {info} (WEBGRAD_WGPU_LIB={lib}), token table in {chunks} block(s), "
+          f"kernels per decode step: {kernels}")
+    print(f"torch:  {torch.__version__} on {dev_name} ({torch.get_num_threads()} threads), "
+          "transformers generate() with its cache, TF32 off")
+    peers = {r[0]: r[1] for r in rows if r[0].startswith("transformers")}
+    print("| run | tokens/s | " + " | ".join(f"x {p}" for p in peers) + " | tokens = fp32's |")
+    print("|---|---|" + "---|" * len(peers) + "---|")
+    for name, rate, toks in rows:
+        same = f"{shared_prefix(fp32_toks, toks)}/{n}" if fp32_toks else "-"
+        print(f"| {name} | {rate:.1f} | " + " | ".join(f"{rate / r:.2f}" for r in peers.values())
+              + f" | {same} |")
 
 
 BROWSER_CODE = """
@@ -152,6 +180,9 @@ def main():
     ap.add_argument("--prompt", type=int, default=8, help="prompt tokens")
     ap.add_argument("--new", type=int, default=None, help="tokens to generate (128; 32 with --tiny/--browser)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--dtypes", default="f32", help="webgrad rows: f32, f16 (weights held in f16, "
+                    "programs in precision='f16': issue 27's decode row), or both: f32,f16")
+    ap.add_argument("--peers", default="fp32", help="transformers rows: fp32, bf16 or fp32,bf16")
     ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                     help="a kernel option of webgrad's WebGPU programs (codegen/options.py's "
                     "KernelOptions field, a Python literal): --set gemv_rows=0 decodes without "

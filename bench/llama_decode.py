@@ -253,7 +253,8 @@ def main():
     ap.add_argument("--new", type=int, default=None, help="tokens to decode (128; 16 small)")
     ap.add_argument("--prefill", type=int, default=None, help="prefill prompt tokens (512; 64 small)")
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--types", default="F32,Q4_K_M", help="webgrad weight types to run")
+    ap.add_argument("--types", default="F32,Q4_K_M", help="webgrad weight types to run, from F32, "
+                    "F16 (weights held in f16, precision='f16': issue 27's decode row) and Q4_K_M")
     ap.add_argument("--no-torch", action="store_true", help="webgrad only")
     ap.add_argument("--llama-bench", default=None, metavar="PATH",
                     help="llama.cpp's llama-bench binary (bench/llama_cpp_cuda.sh builds it): run "
@@ -326,9 +327,10 @@ def main():
     info, kernels = None, {}
     for qt in types:
         t0 = time.perf_counter()
-        if qt == "F32":
+        if qt in ("F32", "F16"):   # F16: the weights held in f16, the programs in precision f16
             m = llama.Llama.from_hf_state_dict(cfg, {k: v for k, v in sd.items() if k in names},
-                                               backend=backend)
+                                               backend=backend, dtype=qt.lower())
+            m.precision = "f32" if qt == "F32" else "f16"
             note = ""
         elif qt == "Q4_K_M":
             with tempfile.TemporaryDirectory() as tmp:
@@ -341,7 +343,7 @@ def main():
                 m = llama.Llama.from_gguf(path, backend=backend, n_ctx=n_ctx)
             note = f"{', '.join(f'{c} {t}' for t, c in sorted(counts.items()))} matrices; file written in {t_write:.1f} s"
         else:
-            raise SystemExit(f"--types: {qt!r} is not F32 or Q4_K_M")
+            raise SystemExit(f"--types: {qt!r} is not F32, F16 or Q4_K_M")
         t_load = time.perf_counter() - t0
         dec, prf = wg_runner(m, prompt, n), wg_runner(m, long_prompt, 1)
         t0 = time.perf_counter()
