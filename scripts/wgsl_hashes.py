@@ -3,9 +3,9 @@
 Prints one line per program: a sha256 over every pipeline's WGSL and the plan's commands and
 buffers (webgrad.codegen.lower's plan, backends/gpu_host.py's format), then the kernel count
 (--times: and the seconds, under 3 s each on 2 cores, GPT-2 124M too). An edit that should not
-alter generated code (issue 23) leaves every hash as in scripts/wgsl_hashes.txt. The plan names
-each tensor's source line (in this script, bench/gpt2_train.py, tests/models.py): moving those
-lines changes the hashes without changing a kernel (keep this header 14 lines long).
+alter generated code (issue 23) leaves every hash as in scripts/wgsl_hashes.txt. The plan's
+labels name each tensor's source line ("built at FILE:LINE"); the hash leaves those out, so
+moving a line of this script or of the models changes no hash.
 
     python scripts/wgsl_hashes.py                 # every program
     python scripts/wgsl_hashes.py --only mlp,tf   # names containing any of these
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -32,10 +33,11 @@ LAVAPIPE = "llvmpipe (LLVM 15.0.6, 256 bits) (CPU)"
 
 def limits(kind: str):
     from webgrad.codegen import Limits
-    if kind == "h200":  # Dawn on Vulkan, as bench/gpt2_train.py's NativeHost requests them
+    if kind in ("h200", "h200_f16"):  # Dawn on Vulkan, as bench/gpt2_train.py's NativeHost
+        # requests them; h200_f16: with shader-f16 (Dawn's f16 toggle), for f16 programs
         return Limits(adapter=H200, max_storage_buffer_binding_size=(1 << 32) - 4,
                       max_buffer_size=1 << 40, max_compute_workgroup_storage_size=49152,
-                      subgroups=True)
+                      subgroups=True, shader_f16=kind == "h200_f16")
     if kind == "swiftshader":
         return Limits(adapter=SWIFTSHADER, cpu=True, max_storage_buffer_binding_size=1 << 30,
                       max_buffer_size=1 << 30)
@@ -47,12 +49,13 @@ def limits(kind: str):
     raise AssertionError(kind)
 
 
+BUILT_AT = re.compile(r" \(built at [^)]*\)")   # codegen/program.py's labels
+
+
 def digest(plan: dict) -> str:
     h = hashlib.sha256()
-    for p in plan["pipelines"]:
-        h.update(json.dumps(p, sort_keys=True, default=str).encode())
-    h.update(json.dumps(plan["commands"], sort_keys=True, default=str).encode())
-    h.update(json.dumps(plan["buffers"], sort_keys=True, default=str).encode())
+    for part in [*plan["pipelines"], plan["commands"], plan["buffers"]]:
+        h.update(BUILT_AT.sub("", json.dumps(part, sort_keys=True, default=str)).encode())
     return h.hexdigest()
 
 
@@ -78,13 +81,40 @@ def module_row(row: str):
     return build_train_graph(factory, loss_fn, ins, optim.AdamW(lr=LR, weight_decay=WD))[1]
 
 
-def decode(kind: str, T: int, layers: int = 12):
+def decode(kind: str, T: int, layers: int = 12, dtype: str = "f32"):
     """A GPT-2 124M-shaped decode program (`layers` of its blocks, the whole vocabulary),
-    traced on the reference backend (zero weights; only the graph is used)."""
+    traced on the reference backend (zero weights; only the graph is used); dtype "f16":
+    the weights held in f16 and the program in precision="f16"."""
     from webgrad.models.gpt2 import GPT2, GPT2Config
     cfg = GPT2Config(layers, 12, 768, 1024, 50257, 1e-5, 50256)
-    model = GPT2(cfg, backend="reference", wte_chunks=1)
+    model = GPT2(cfg, backend="reference", wte_chunks=1, dtype=dtype)
+    model.precision = dtype
     return model._program(kind, T).ir
+
+
+def llama_decode(dtype: str):
+    """A Llama-3.2-1B-shaped decode step (2 of its 16 layers, a 32000-token vocabulary),
+    traced as decode() is."""
+    from webgrad.models import llama
+    cfg = llama.LlamaConfig.from_hf(dict(
+        model_type="llama", hidden_size=2048, num_hidden_layers=2, num_attention_heads=32,
+        num_key_value_heads=8, intermediate_size=8192, vocab_size=32000,
+        max_position_embeddings=2048, rms_norm_eps=1e-5, tie_word_embeddings=True))
+    model = llama.Llama(cfg, backend="reference", dtype=dtype)
+    model.precision = dtype
+    return model._program("step", 1).ir
+
+
+def mixed_train(row: str):
+    """train_row's program in precision="mixed"."""
+    from gpt2_train import LR, ROWS, WD, webgrad_model
+    from webgrad import optim
+    from webgrad.compile import build_train_graph, parse_inputs
+    d, layers, heads, vocab, context, B, T = ROWS[row]
+    factory, loss_fn = webgrad_model(d, layers, heads, vocab, context)
+    ins = parse_inputs({"idx": ([B, T], "i32"), "target": ([B, T], "i32")})
+    return build_train_graph(factory, loss_fn, ins, optim.AdamW(lr=LR, weight_decay=WD),
+                             precision="mixed")[1]
 
 
 def models_train(which: str):
@@ -131,6 +161,10 @@ def programs(quick: bool):
     for kind, T in (("step", 1), ("full", 64), ("surprisal", 32), ("score", 8)):
         out.append((f"gpt2_decode_{kind}{T}/h200", "h200", lambda k=kind, t=T: decode(k, t)))
     out.append(("gpt2_decode_step1/lavapipe", "lavapipe", lambda: decode("step", 1, 2)))
+    out.append(("gpt2_decode_step1_f16/h200", "h200_f16", lambda: decode("step", 1, dtype="f16")))
+    out.append(("llama_decode_step1_f32/h200", "h200", lambda: llama_decode("f32")))
+    out.append(("llama_decode_step1_f16/h200", "h200_f16", lambda: llama_decode("f16")))
+    out.append(("small64_train_mixed/h200", "h200_f16", lambda: mixed_train("small64")))
     for which in ("mlp", "tf"):
         for kind in ("swiftshader", "lavapipe", "h200"):
             out.append((f"models_{which}/{kind}", kind, lambda w=which: models_train(w)))
@@ -147,12 +181,19 @@ def main() -> None:
     ap.add_argument("--times", action="store_true", help="append each lowering's seconds")
     args = ap.parse_args()
     from webgrad.codegen import lower
+    from webgrad.precision import f16_in_f32
     only = [s for s in args.only.split(",") if s]
     for name, kind, make in programs(args.quick):
         if only and not any(s in name for s in only):
             continue
         t0 = time.perf_counter()
-        low, names = lower(make(), limits(kind))
+        g = make()
+        # f16 values as the WebGPU backend lowers them: f32 nodes whose casts round, the
+        # f16 parameters in f16 buffers (backends/webgpu.py's prepare)
+        half = [n for n, i in g.params.items() if g[i].dtype == "f16"]
+        if kind == "h200_f16":
+            g = f16_in_f32(g)
+        low, names = lower(g, limits(kind), half_names=half)
         dt = time.perf_counter() - t0
         tail = f"  ({dt:.1f} s)" if args.times else ""
         print(f"{digest(low.plan)}  {name}  kernels={len(names)}{tail}", flush=True)
