@@ -7,15 +7,25 @@ accumulation) against torch's fp16 and fp32 matmuls on the same GPU, in one run.
     python3 bench/matmul_f16.py --size 2048 --tilings 128x128x32:2x2,64x64x32:2x2:db
     python3 bench/matmul_f16.py --robustness off        # only with disable_robustness
     python3 bench/matmul_f16.py --shapes 4096x2304x768,4096x768x3072   # M x N x K each
+    python3 bench/matmul_f16.py --sweep                 # SWEEP's variants, 4096^3 and GPT-2's
+                                                        # shapes, robustness off, torch fp16
+    python3 bench/matmul_f16.py --sweep --dry           # no device: emit + emulate each one
 
 Needs an adapter with shader-f16 and chromium-experimental-subgroup-matrix (Dawn through
 wgpudawn; webgpu_device asks for both, with the toggles NVIDIA's Vulkan driver needs); it
-says so and stops elsewhere. Tilings: BMxBNxBK:SG_MxSG_N[:db][:nopre][:f16][:mx][:padP], the
-fields of matmul_mma.MmaTiling (swG workgroups in bands of G tile rows, n8 the 16x8x16 configuration, db double buffering, nopre no register prefetch, f16 an f16
-C, mx slabs copied with subgroup-matrix loads and stores, padP P halves of row padding). Each kernel is checked against float64 products of the same f16 inputs on sampled rows
-(max |err| / max |want|), then timed as bench/matmul.py times kernels: the wall clock around
-one submission of --reps back-to-back dispatches to work done, the best of three, after a
-warm-up submission. torch: CUDA events around --reps products (fp32 with TF32 off).
+says so and stops elsewhere. Tilings: BMxBNxBK:SG_MxSG_N[:field]..., the fields of
+matmul_mma.MmaTiling: swG workgroups in bands of G tile rows, n8 the 16x8x16 configuration,
+db double buffering, nopre no register prefetch, f16 an f16 C, mx slabs copied with
+subgroup-matrix loads and stores, padP P halves of row padding, row the fragments of a row
+of products at a time (frag), peel the last K step out of the loop (peel), wW W halves a
+copy load (width: 8, 4, 2); --set
+FIELD=VALUE replaces a field in every tiling. Each kernel is checked against float64
+products of the same f16 inputs on sampled rows (max |err| / max |want|), then timed as
+bench/matmul.py times kernels: the wall clock around one submission of back-to-back
+dispatches (--reps, or more where --reps-ms asks: --sweep's 50 ms of work at 250 TFLOP/s) to
+work done, the best of three, after a warm-up submission. torch: CUDA events around as many
+products (fp32 with TF32 off); the table gives each kernel's ratio to torch fp16, and the
+best variant of each shape.
 Robustness "on" is Dawn's default (bounds clamping around each access); "off" makes a
 second device with the device toggle disable_robustness.
 """
@@ -52,9 +62,85 @@ def parse_tiling(text: str, cfg):
             kw["copy"] = "matrix"
         elif f.startswith("pad"):
             kw["pad"] = int(f[3:])
+        elif f == "row":   # fragments a row of products at a time (MmaTiling.frag)
+            kw["frag"] = "row"
+        elif f == "peel":  # the last K step out of the loop (MmaTiling.peel)
+            kw["peel"] = True
+        elif f.startswith("w"):   # halves per copy load: w8, w4, w2 (MmaTiling.width)
+            kw["width"] = int(f[1:])
         else:
             sys.exit(f"--tilings {text}: unknown field {f!r}")
     return MmaTiling(**kw)
+
+
+# --sweep's variants (MmaTiling, README's "matmul_f16.py" section): today's pick first, then
+# the fragment order, K slabs of 64, double buffering (one barrier a K step), more subgroups
+# (8: 128x256, 256x128, and 128x128 of 32x64 / 64x32 blocks), a 64x128 block per subgroup,
+# row padding, the band walk, the peeled last K step and copies of 8 / 4 bytes a load (fewer
+# bank conflicts in their f16 stores); each fits 48 KB of workgroup memory
+SWEEP = ("128x128x32:2x2,128x128x32:2x2:row,128x128x16:2x2:row,128x128x64:2x2,"
+         "128x128x64:2x2:row,128x128x32:2x2:db,128x128x32:2x2:db:row,128x128x16:2x2:db:row,"
+         "128x256x32:2x4,128x256x32:2x4:row,256x128x32:4x2:row,128x128x32:4x2:row,"
+         "128x128x32:2x4:row,128x256x32:2x2:row,128x128x32:2x2:row:pad16,"
+         "128x128x32:2x2:row:sw8,128x256x32:2x4:row:sw8,128x128x32:2x2:peel,"
+         "128x128x32:2x2:row:peel,128x256x32:2x4:row:peel,128x128x32:2x2:w4,128x128x32:2x2:w2,"
+         "128x128x32:2x2:row:w2,128x256x32:2x4:row:w2,128x128x32:2x2:db:row:w2")
+GPT2_SHAPES = "4096x4096x4096,4096x2304x768,4096x3072x768,4096x768x3072"
+
+
+def with_sets(t, sets):
+    """t with --set FIELD=VALUE's MmaTiling fields replaced (VALUE a Python literal)."""
+    import ast
+    from dataclasses import replace
+    for item in sets:
+        name, _, value = item.partition("=")
+        t = replace(t, **{name.strip(): ast.literal_eval(value.strip())})
+    return t
+
+
+def reps_for(shape, reps: int, target_ms: float) -> int:
+    """Dispatches a timing: at least `reps`, and enough for about target_ms of work at 250
+    TFLOP/s (GPT-2's products take 0.1-0.5 ms, where 20 dispatches timed mostly the
+    submission), at most 2000."""
+    M, N, K = shape
+    return max(reps, min(2000, int(target_ms * 1e-3 * 250e12 / (2 * M * N * K)) + 1))
+
+
+def dry(tilings, shapes, sets, room: int) -> int:
+    """Device-free: each tiling's WGSL at every shape (a refusal counts as a failure), and each tiling
+    run by tests/test_matmul_mma.py's emulator on a small shape (two tiles by three, three
+    K slabs; as many tile rows as a band where swizzle is set) against float64 numpy; the
+    number of failures."""
+    import numpy as np
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from test_matmul_mma import emulate
+    from webgrad.codegen.matmul_mma import mma_matmul_wgsl
+    bad = 0
+    for text in tilings:
+        t = with_sets(parse_tiling(text, (16, 16, 16, 32)), sets)
+        for M, N, K in shapes:
+            try:
+                wgsl, groups = mma_matmul_wgsl(M, N, K, t, room)
+                print(f"  {M}x{N}x{K} {text:28} WGSL {len(wgsl):6} chars, {groups} workgroups, "
+                      f"{t.workgroup_bytes()} bytes shared, {t.threads} threads")
+            except ValueError as e:   # the sweep would miss this one: a failure
+                bad += 1
+                print(f"  {M}x{N}x{K} {text:28} REFUSED: {e}")
+        M, N, K = max(2, t.swizzle) * t.bm, 3 * t.bn, 3 * t.bk   # the band walk where one is set
+        rng = np.random.default_rng(0)
+        A16 = rng.standard_normal((M, K)).astype(np.float16)
+        B16 = rng.standard_normal((K, N)).astype(np.float16)
+        try:
+            wgsl, groups = mma_matmul_wgsl(M, N, K, t)
+            got = emulate(wgsl, groups, t, A16, B16).reshape(M, N).astype(np.float64)
+            want = A16.astype(np.float64) @ B16.astype(np.float64)
+            err = float(np.abs(got - want).max() / np.abs(want).max())
+            ok = err < (2e-3 if t.out == "f16" else 1e-5)
+        except Exception as e:   # a statement the emulator does not know, a barrier mismatch
+            err, ok = f"{type(e).__name__}: {e}", False
+        bad += not ok
+        print(f"  emulated {M}x{N}x{K} {text:28} rel err {err}  {'ok' if ok else 'FAILED'}")
+    return bad
 
 
 def run_kernel(host, np, A16, B16, want_rows, rows, tiling, reps, shape):
@@ -86,20 +172,37 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", type=int, default=4096)
     ap.add_argument("--shapes", default=None, help="MxNxK,... (C is M x N, K inner); default "
-                    "--size cubed")
-    ap.add_argument("--tilings", default="128x128x32:2x2,128x128x32:2x2:mx,128x256x32:2x4,"
-                    "128x256x32:2x4:mx,256x128x32:4x2,256x128x32:4x2:mx,128x128x32:2x2:db,"
-                    "128x128x32:2x2:f16")
-    ap.add_argument("--robustness", default="on,off")
-    ap.add_argument("--reps", type=int, default=20)
+                    "--size cubed (--sweep: 4096^3 and GPT-2's products)")
+    ap.add_argument("--tilings", default=None, help="BMxBNxBK:SG_MxSG_N[:fields],... (default: "
+                    "eight measured tilings; --sweep: the SWEEP variants)")
+    ap.add_argument("--sweep", action="store_true", help="the SWEEP variants on 4096^3 and "
+                    "GPT-2's shapes, robustness off, --reps-ms of work a timing")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="replace an MmaTiling field in every tiling (repeatable)")
+    ap.add_argument("--dry", action="store_true", help="no device: emit every tiling's WGSL at "
+                    "every shape and run each through the emulator on a small shape")
+    ap.add_argument("--robustness", default=None, help="on,off (default; --sweep: off)")
+    ap.add_argument("--reps", type=int, default=20, help="dispatches a timing, at least")
+    ap.add_argument("--reps-ms", type=float, default=None, help="more dispatches where a "
+                    "shape is small: about this much work a timing (default 0; --sweep 50)")
     ap.add_argument("--no-torch", action="store_true")
     args = ap.parse_args()
+    tilings = (args.tilings or (SWEEP if args.sweep else "128x128x32:2x2,128x128x32:2x2:mx,"
+               "128x256x32:2x4,128x256x32:2x4:mx,256x128x32:4x2,256x128x32:4x2:mx,"
+               "128x128x32:2x2:db,128x128x32:2x2:f16")).split(",")
+    shape_text = args.shapes or (GPT2_SHAPES if args.sweep else None)
+    shapes = ([tuple(int(v) for v in t.split("x")) for t in shape_text.split(",")]
+              if shape_text else [(args.size,) * 3])
+    robustness = args.robustness or ("off" if args.sweep else "on,off")
+    reps_ms = args.reps_ms if args.reps_ms is not None else (50.0 if args.sweep else 0.0)
+    if args.dry:
+        bad = dry(tilings, shapes, args.set, 49152)   # the H200's workgroup memory (Dawn)
+        print(f"{len(tilings)} tilings, {bad} failed")
+        sys.exit(1 if bad else 0)
     import numpy as np
     from matmul import pick_lib
     lib = pick_lib()
     from webgrad.backends import webgpu_device, webgpu_native as wn
-    shapes = ([tuple(int(v) for v in t.split("x")) for t in args.shapes.split(",")]
-              if args.shapes else [(args.size,) * 3])
     rng = np.random.default_rng(0)
     data = {}
     for M, N, K in shapes:
@@ -109,7 +212,7 @@ def main():
         data[(M, N, K)] = (A16, B16, rows, A16[rows].astype(np.float64) @ B16.astype(np.float64))
     print(f"shapes {shapes}, f16 inputs N(0, 1); library {lib}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     results = []
-    for mode in args.robustness.split(","):
+    for mode in robustness.split(","):
         webgpu_device.DEVICE_TOGGLES = ("disable_robustness",) if mode == "off" else ()
         host = wn.NativeHost(private=True)
         print(f"\nrobustness {mode}: {host.info}; features {sorted(host.features)}")
@@ -123,16 +226,19 @@ def main():
         for shape in shapes:
             A16, B16, rows, want_rows = data[shape]
             label = "x".join(map(str, shape))
-            for text in args.tilings.split(","):
-                t = parse_tiling(text, cfg)
+            reps = reps_for(shape, args.reps, reps_ms)
+            for text in tilings:
+                t = with_sets(parse_tiling(text, cfg), args.set)
                 try:
-                    tf, err, tc = run_kernel(host, np, A16, B16, want_rows, rows, t, args.reps, shape)
+                    tf, err, tc = run_kernel(host, np, A16, B16, want_rows, rows, t, reps, shape)
                 except Exception as e:
-                    print(f"  {label} {text:24} FAILED: {type(e).__name__}: {str(e)[:600]}")
+                    print(f"  {label} {text:28} FAILED: {type(e).__name__}: {str(e)[:600]}")
                     continue
                 results.append((mode, f"{label} {text}", tf, err))
-                print(f"  {label} {text:24} {tf:7.1f} TFLOP/s  rel err {err:.2e}  pipeline {tc:.2f} s", flush=True)
-    if not args.no_torch:
+                print(f"  {label} {text:28} {tf:7.1f} TFLOP/s  rel err {err:.2e}  "
+                      f"pipeline {tc:.2f} s  ({reps} dispatches a timing)", flush=True)
+    torch_tf = {}
+    if not args.no_torch:   # after Dawn's runs, as measured before
         import torch
         from matmul import time_torch
         torch.backends.cuda.matmul.allow_tf32 = False
@@ -141,15 +247,28 @@ def main():
         for shape in shapes:
             A16, B16 = data[shape][:2]
             M, N, K = shape
+            reps = reps_for(shape, args.reps, reps_ms)
             a, b = torch.from_numpy(A16).to(dev), torch.from_numpy(B16).to(dev)
             for name, (x, y) in (("fp16", (a, b)), ("fp32", (a.float(), b.float()))):
-                s = time_torch(torch, x, y, args.reps, 3)
+                s = time_torch(torch, x, y, reps, 3)
                 tf = 2 * M * N * K / s / 1e12
-                print(f"torch {name} ({dev}) {'x'.join(map(str, shape))}: {tf:7.1f} TFLOP/s")
-                results.append(("torch", f"{'x'.join(map(str, shape))} torch {name}", tf, 0.0))
-    print("\n| kernel | robustness | TFLOP/s | rel err |\n|---|---|---|---|")
+                torch_tf.setdefault(shape, tf)   # fp16's
+                label = "x".join(map(str, shape))
+                print(f"torch {name} ({dev}) {label}: {tf:7.1f} TFLOP/s  ({reps} products a timing)")
+                results.append(("torch", f"{label} torch {name}", tf, 0.0))
+    print("\n| kernel | robustness | TFLOP/s | x torch fp16 | rel err |\n|---|---|---|---|---|")
     for mode, text, tf, err in results:
-        print(f"| {text} | {mode if mode != 'torch' else '-'} | {tf:.1f} | {err:.1e} |")
+        shape = tuple(int(v) for v in text.split()[0].split("x"))
+        ratio = f"{tf / torch_tf[shape]:.2f}" if shape in torch_tf else "-"
+        print(f"| {text} | {mode if mode != 'torch' else '-'} | {tf:.1f} | {ratio} | {err:.1e} |")
+    for shape in shapes:   # the best variant of each shape and robustness
+        label = "x".join(map(str, shape))
+        for mode in robustness.split(","):
+            mine = [(tf, text) for m, text, tf, _ in results if m == mode and text.startswith(label + " ")]
+            if mine:
+                tf, text = max(mine)
+                ratio = f" = {tf / torch_tf[shape]:.2f}x torch fp16" if shape in torch_tf else ""
+                print(f"best {label} robustness {mode}: {text.split()[1]} {tf:.1f} TFLOP/s{ratio}")
 
 
 if __name__ == "__main__":

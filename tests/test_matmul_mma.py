@@ -72,7 +72,7 @@ def _python(wgsl: str, epi: str | None = None) -> tuple[str, dict]:
                 out.append("  " * depth + "_epi(" + _expr(stmt[len(epi) + 1:]))
             elif stmt.startswith("subgroupMatrixStore("):
                 out.append("  " * depth + "_store(" + _expr(stmt[len("subgroupMatrixStore("):]))
-            elif re.fullmatch(r"var \w+: vec4<u32>", stmt):
+            elif re.fullmatch(r"var \w+: (vec[24]<u32>|u32)", stmt):
                 out.append("  " * depth + f"{stmt.split()[1][:-1]} = None")
             elif (m := re.fullmatch(r"(?:let |var )?(\w+(?:\[.*\])?) = (.*)", stmt)):
                 out.append("  " * depth + f"{_expr(m.group(1))} = {_expr(m.group(2))}")
@@ -92,8 +92,10 @@ def emulate(wgsl: str, groups, t: MmaTiling, A16, B16, *, names=("A", "B", "C"),
     code, shared = _python(wgsl, epi and epi[0])
     dims = {"left": (t.m, t.k), "right": (t.k, t.n), "result": (t.m, t.n)}
     mats = t.copy == "matrix"
-    A = A16.reshape(-1) if mats else A16.view(np.uint32).reshape(-1, 4)
-    B = B16.reshape(-1) if mats else B16.view(np.uint32).reshape(-1, 4)
+    words = getattr(t, "width", 8) // 2   # u32 words a thread-copy load takes
+    shape = (-1, words) if words > 1 else (-1,)
+    A = A16.reshape(-1) if mats else A16.view(np.uint32).reshape(shape)
+    B = B16.reshape(-1) if mats else B16.view(np.uint32).reshape(shape)
     C = np.zeros(c_size or M * N, np.float32 if t.out == "f32" else np.float16)
 
     def at(off, shape, stride):
@@ -153,12 +155,23 @@ TILINGS = [
     MmaTiling(bm=32, bn=64, bk=32, sg_m=2, sg_n=1, out="f16"),
     MmaTiling(bm=32, bn=128, bk=32, sg_m=1, sg_n=2, out="f16", stage=2),   # two rounds a row
     MmaTiling(bm=64, bn=32, bk=32, sg_m=2, sg_n=1, m=16, n=8, k=16),   # a 16x8x16 configuration
+    # bench/matmul_f16.py --sweep's variants: fragments a row of products at a time, more
+    # subgroups and larger K slabs, with and without double buffering
+    MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, frag="row"),
+    MmaTiling(bm=128, bn=64, bk=64, sg_m=2, sg_n=1, frag="row", double_buffer=True),
+    MmaTiling(bm=128, bn=256, bk=32, sg_m=2, sg_n=4, frag="row", pad=16),
+    MmaTiling(bm=64, bn=128, bk=32, sg_m=2, sg_n=2, frag="row", out="f16", swizzle=2),
+    MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, peel=True),
+    MmaTiling(bm=64, bn=64, bk=16, sg_m=1, sg_n=2, frag="row", peel=True, out="f16"),
+    MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, width=2),
+    MmaTiling(bm=64, bn=128, bk=32, sg_m=2, sg_n=2, width=4, frag="row", double_buffer=True),
+    MmaTiling(bm=64, bn=64, bk=16, sg_m=2, sg_n=2, width=2, peel=True, out="f16"),
 ]
 
 
 @pytest.mark.parametrize("t", TILINGS, ids=lambda t: f"{t.bm}x{t.bn}x{t.bk}:{t.sg_m}x{t.sg_n}"
                          f"{':db' if t.double_buffer else ''}{'' if t.prefetch else ':nopre'}"
-                         f":{t.copy}:{t.out}:{t.m}x{t.n}x{t.k}")
+                         f":{t.copy}:{t.out}:{t.m}x{t.n}x{t.k}:{t.frag}:pad{t.pad}{':peel' if t.peel else ''}:w{t.width}")
 def test_emulated_kernel_equals_numpy(t):
     M, N, K = 2 * t.bm, 3 * t.bn, 3 * t.bk     # several workgroups, an odd number of slabs
     rng = np.random.default_rng(1)
@@ -183,6 +196,48 @@ def test_emulator_catches_a_wrong_index():
     assert bad != wgsl
     got = emulate(bad, groups, t, A16, B16).reshape(128, 128)
     assert not np.allclose(got, A16.astype(np.float64) @ B16.astype(np.float64), rtol=1e-3, atol=1e-2)
+
+
+def test_emulator_catches_a_wrong_index_in_a_variant():
+    """The "row" fragment order with its last right matrix read one column of matrices early
+    (the column of j - 1), and a u32 copy storing its halves over each other, give other
+    products: the variants' tests can fail."""
+    t = MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, frag="row")
+    rng = np.random.default_rng(3)
+    A16 = rng.standard_normal((64, 64)).astype(np.float16)
+    B16 = rng.standard_normal((64, 128)).astype(np.float16)
+    wgsl, groups = mma_matmul_wgsl(64, 128, 64, t)
+    bad = wgsl.replace("sn + 16u, false, 72u)", "sn + 0u, false, 72u)")
+    assert bad != wgsl
+    want = A16.astype(np.float64) @ B16.astype(np.float64)
+    np.testing.assert_allclose(emulate(wgsl, groups, t, A16, B16).reshape(64, 128), want,
+                               rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    got = emulate(bad, groups, t, A16, B16).reshape(64, 128)
+    assert not np.allclose(got, want, rtol=1e-3, atol=1e-2)
+    # u32 copies (width 2) whose workgroup stores overlap (one half apart, not two)
+    t = MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, width=2)
+    wgsl, groups = mma_matmul_wgsl(64, 128, 64, t)
+    bad = wgsl.replace("(i % 16u) * 2u;", "(i % 16u) * 1u;")
+    assert bad != wgsl
+    np.testing.assert_allclose(emulate(wgsl, groups, t, A16, B16).reshape(64, 128), want,
+                               rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    assert not np.allclose(emulate(bad, groups, t, A16, B16).reshape(64, 128), want, rtol=1e-3,
+                           atol=1e-2)
+
+
+def test_default_variant_fields_leave_the_kernel_as_it_was():
+    """MmaTiling's later fields (frag, peel) at their defaults emit the same kernel, first line
+    included (its repr leaves them out), and "row" changes only the order of the statements
+    of the products."""
+    t = MmaTiling()
+    wgsl, _ = mma_matmul_wgsl(512, 512, 256, t)
+    assert "frag" not in wgsl.splitlines()[0]
+    row, _ = mma_matmul_wgsl(512, 512, 256, MmaTiling(frag="row"))
+    assert row != wgsl and sorted(row.splitlines()[1:]) == sorted(wgsl.splitlines()[1:])
+    peel, _ = mma_matmul_wgsl(512, 512, 256, MmaTiling(peel=True))
+    assert "if (s + 1u < 8u)" in wgsl and "if (s + 1u" not in peel and "s < 7u" in peel
+    with pytest.raises(ValueError, match="frag must be"):
+        mma_matmul_wgsl(512, 512, 256, MmaTiling(frag="col"))
 
 
 def test_wgsl_form_features_and_errors():
@@ -226,6 +281,23 @@ def test_tiling_from_the_adapter_limits():
     assert tiling_for(h200, 192, 192, 64).bm == 64        # a smaller tile where 128 does not divide
     assert tiling_for(h200, 100, 128, 64) is None          # no tile divides 100 rows
     assert tiling_for(Limits(shader_f16=False, subgroup_matrix=h200.subgroup_matrix), 4096, 4096, 4096) is None
+    # KernelOptions.mma_tiling: a variant where it divides the shape and fits, else the table
+    from dataclasses import replace
+    from webgrad.codegen import KernelOptions
+    wide = replace(h200, options=KernelOptions(mma_tiling=(("bn", 256), ("sg_n", 4), ("frag", "row"))))
+    t = tiling_for(wide, 4096, 4096, 4096)
+    assert (t.bm, t.bn, t.sg_m, t.sg_n, t.frag, t.threads) == (128, 256, 2, 4, "row", 256)
+    assert tiling_for(wide, 4096, 4224, 4096).bn == 128       # 4224 = 33 x 128: not 256
+    assert tiling_for(wide, 192, 192, 64).bm == 64
+    big = replace(h200, options=KernelOptions(mma_tiling=(("bk", 128), ("double_buffer", True))))
+    assert tiling_for(big, 4096, 4096, 4096).bk == 32          # 2 x 2 x 128 x 136 x 2 bytes: too big
+    # the compiler binds its operands as vec4<u32>: no narrower copies there
+    assert tiling_for(replace(h200, options=KernelOptions(mma_tiling=(("width", 2),))), 4096, 4096,
+                      4096).width == 8
+    with pytest.raises(ValueError, match="own bindings"):
+        mma_matmul_wgsl(128, 128, 64, MmaTiling(width=2), header=[])
+    with pytest.raises(KeyError, match="cannot be set"):
+        tiling_for(replace(h200, options=KernelOptions(mma_tiling=(("m", 8),))), 4096, 4096, 4096)
 
 
 @pytest.mark.webgpu
@@ -526,3 +598,60 @@ def test_mma_kernel_splits_a_product_of_few_tiles_over_k():
     want = np.stack([A[:, k * 256:(k + 1) * 256] @ B[k * 256:(k + 1) * 256] for k in range(8)])
     np.testing.assert_allclose(part, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     np.testing.assert_allclose(part.sum(0), A @ B, rtol=1e-5, atol=1e-5 * np.abs(A @ B).max())
+
+
+def test_compiler_takes_a_kernel_variant_from_the_options():
+    """KernelOptions.mma_tiling reaches the compiler's kernels: a batch of both operands
+    (x [3, 64, 64] @ y [3, 64, 128]) and an epilogue (gelu(x @ W + b)) on a double-buffered
+    32 x 64 tile (16 KB of workgroup memory) with the "row" fragment order, each emulated
+    against numpy; with the variant's bm = 128, which 64 rows do not divide, the table's
+    tiling stays."""
+    from webgrad import Module, ops
+    from webgrad.codegen import KernelOptions
+    var = KernelOptions(mma_tiling=(("bm", 32), ("bn", 64), ("bk", 16), ("sg_m", 1), ("sg_n", 2),
+                                    ("frag", "row"), ("double_buffer", True), ("stage", 1)))
+    plan = _plan((Module, lambda m, f: ops.softmax_last(ops.matmul(f["x"], f["y"]))),
+                 {"x": [3, 64, 64], "y": [3, 64, 128]}, kernel_options=var)
+    (cmd, wgsl), = _mma_pipelines(plan)
+    t = _tiling(wgsl)
+    assert (t.bm, t.bn, t.frag, t.double_buffer, t.out) == (32, 64, "row", True, "f16")
+    rng = np.random.default_rng(10)
+    A16 = rng.standard_normal((3, 64, 64)).astype(np.float16)
+    B16 = rng.standard_normal((3, 64, 128)).astype(np.float16)
+    got = emulate(wgsl, tuple(cmd["workgroups"]), t, A16.reshape(-1, 64), B16.reshape(-1, 128),
+                  names=_names(wgsl), c_size=3 * 64 * 128)
+    want = A16.astype(np.float64) @ B16.astype(np.float64)
+    np.testing.assert_allclose(got.reshape(3, 64, 128).astype(np.float64), want, rtol=2e-3,
+                               atol=2e-3 * np.abs(want).max())
+
+    class Net(Module):
+        def __init__(self):
+            super().__init__()
+            self.W = self.param([64, 128])
+            self.b = self.param([128], init="zeros")
+
+    fn = (Net, lambda m, f: ops.gelu(ops.matmul(f["x"], m.W) + m.b))
+    (cmd, wgsl), = _mma_pipelines(_plan(fn, {"x": [2, 32, 64]}, kernel_options=var))
+    assert _tiling(wgsl).frag == "row" and "-> epilogue" in wgsl.splitlines()[0]
+    X16 = rng.standard_normal((64, 64)).astype(np.float16)
+    W16 = rng.standard_normal((64, 128)).astype(np.float16)
+    got = _run_epilogue_kernel(cmd, wgsl, X16, W16, 64 * 128).reshape(64, 128)
+    want = X16.astype(np.float64) @ W16.astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    tall = KernelOptions(mma_tiling=(("frag", "row"),))    # 128 x 128: no divisor of 64 rows
+    (cmd, wgsl), = _mma_pipelines(_plan(fn, {"x": [2, 32, 64]}, kernel_options=tall))
+    assert _tiling(wgsl) == MmaTiling(bm=32, bn=32, bk=32, sg_m=1, sg_n=1)   # the table's
+
+
+def test_peeled_kernel_with_one_k_step():
+    """peel with a single K step: the loop runs no iteration and the peeled step does it all
+    (the split kernels' chunks can be one slab long)."""
+    t = MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, peel=True, frag="row")
+    rng = np.random.default_rng(11)
+    A16 = rng.standard_normal((64, 32)).astype(np.float16)
+    B16 = rng.standard_normal((32, 128)).astype(np.float16)
+    wgsl, groups = mma_matmul_wgsl(64, 128, 32, t)
+    assert "s < 0u" in wgsl
+    want = A16.astype(np.float64) @ B16.astype(np.float64)
+    np.testing.assert_allclose(emulate(wgsl, groups, t, A16, B16).reshape(64, 128), want,
+                               rtol=1e-5, atol=1e-5 * np.abs(want).max())

@@ -9,8 +9,10 @@ slabs from storage (16-byte loads, eight f16 each) into workgroup memory with PA
 the end of each row (fewer bank conflicts; rows stay 16-byte aligned), then every subgroup
 loads its left and right matrices from there and multiply-accumulates. With `prefetch`, the
 next slab's storage loads are issued into registers before this slab's products, and stored
-to workgroup memory after them (one buffer, two barriers a step); with `double_buffer`, two
-workgroup buffers alternate (one barrier a step).
+to workgroup memory after them (one buffer, two barriers a step; `peel` takes the last step
+out of the loop, whose loads then need no branch); with `double_buffer`, two workgroup
+buffers alternate (one barrier a step). `frag` orders the fragment loads of a K slice from
+workgroup memory ("row": a left matrix just before its row of products, fewer live).
 
 Tint wants every matrix load and store offset uniform: they are built only from
 workgroup_id, @builtin(subgroup_id) and loop counters (never local_invocation_index). The
@@ -23,7 +25,7 @@ neighbours per invocation, took 0.23 ms for GPT-2's [96 x 512 x 512] attention s
 TFLOP/s).
 
 `mma_matmul_wgsl(M, N, K, tiling)` returns the WGSL and the dispatch size; bindings: 0 A
-(array<vec4<u32>>, f16 pairs), 1 B (likewise), 2 C (array<f32> or array<f16>). The compiler
+(array<vec4<u32>>, f16 pairs; vec2<u32> or u32 with `width` 4 or 2), 1 B (likewise), 2 C (array<f32> or array<f16>). The compiler
 (matmul._build_mma) passes its own declarations instead (Kernel.module_scope: the group's
 bindings and epilogue function), a batch (workgroup_id.z, with each operand's offset as a
 WGSL expression of it) and the epilogue's name: C's elements then go to `epi(flat, v)` from
@@ -31,10 +33,13 @@ workgroup memory, a row of each subgroup's result matrices at a time.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 
-@dataclass(frozen=True)
+_LATER_FIELDS = ("frag", "peel", "width")
+
+
+@dataclass(frozen=True, repr=False)
 class MmaTiling:
     bm: int = 128            # workgroup tile rows of C
     bn: int = 128            # workgroup tile columns of C
@@ -55,6 +60,29 @@ class MmaTiling:
                              # stores) or "matrix" (subgroupMatrixLoad from storage, then
                              # subgroupMatrixStore: the driver's own wide accesses)
     stage: int = 0           # f16 C: result matrices staged at a time (0: a row of tn)
+    frag: str = "all"        # a K slice's fragments from workgroup memory: "all" (its tm left
+                             # and tn right matrices, then the tm x tn products) or "row" (the
+                             # tn right ones, then each left one followed by its row of tn
+                             # products: tn + 1 fragments live instead of tm + tn)
+    peel: bool = False       # prefetch without double_buffer: the last K step out of the loop,
+                             # so the loop's next-slab loads need no branch around them
+    width: int = 8           # copy="threads": halves per storage load, 8 (vec4<u32>), 4
+                             # (vec2<u32>) or 2 (u32). Each f16 store of the copy then has
+                             # neighbouring invocations 2 * width bytes apart in workgroup
+                             # memory: 8 puts a subgroup's 32 stores on 8 of the 32 banks
+                             # (4-way conflicts), 2 on 32 (none). Below 8: the kernel's own
+                             # bindings only (bench/matmul_f16.py; the compiler's are vec4)
+
+    def __repr__(self) -> str:
+        # the fields added after the kernel's first measurements appear only where they
+        # differ from their defaults, so the kernels emitted before them keep their first
+        # line (the WGSL names its tiling there) and their hashes
+        out = []
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.name not in _LATER_FIELDS or v != f.default:
+                out.append(f"{f.name}={v!r}")
+        return f"MmaTiling({', '.join(out)})"
 
     @property
     def threads(self) -> int:
@@ -84,6 +112,8 @@ class MmaTiling:
                 raise ValueError(f"mma matmul {M}x{K} @ {K}x{N} with {self}: {what}")
         need(self.out in ("f32", "f16"), "out must be 'f32' or 'f16'")
         need(self.copy in ("threads", "matrix"), "copy must be 'threads' or 'matrix'")
+        need(self.frag in ("all", "row"), "frag must be 'all' or 'row'")
+        need(self.width in (2, 4, 8), "width must be 2, 4 or 8 halves")
         need(self.bm % (self.sg_m * self.m) == 0 and self.bn % (self.sg_n * self.n) == 0,
              "bm must be a multiple of sg_m * m and bn of sg_n * n")
         need(self.bk % self.k == 0 and self.bk % 8 == 0, "bk must be a multiple of k and of 8")
@@ -93,9 +123,9 @@ class MmaTiling:
              "(pad the operands, or pick a tiling that divides them)")
         for rows, cols, r, c in ((self.bm, self.bk, self.m, self.k), (self.bk, self.bn, self.k, self.n)):
             if self.copy == "threads":
-                need((rows * cols // 8) % self.threads == 0,
+                need((rows * cols // self.width) % self.threads == 0,
                      f"a {rows}x{cols} slab must split evenly over {self.threads} invocations "
-                     "(eight halves each)")
+                     f"({self.width} halves each)")
             else:
                 need((rows // r) * (cols // c) % (self.sg_m * self.sg_n) == 0,
                      f"a {rows}x{cols} slab's {r}x{c} matrices must split evenly over "
@@ -127,7 +157,7 @@ class Slab:
     """One operand's slab of a K step, as mma_matmul_wgsl copies it: `name` ("a" / "b":
     its registers p<name>* / r<name>*), storage array `arr`, workgroup arrays `shared`<b>;
     as subgroup matrices (`matrix` type, `matrices` per subgroup, `per_row` of them per
-    slab row, each mr x mc), or as vec4<u32> loads of 8 halves (`vecs` per invocation,
+    slab row, each mr x mc), or as loads of t.width halves (`vecs` per invocation,
     `vec_row` per slab row); storage rows `ld` halves long, workgroup rows `stride`;
     origin(kexpr): the slab's (first row, first column) in storage, as WGSL; `off`: the
     batch element's offset added to each storage index ("" or " + ab", in the loads' units)."""
@@ -161,8 +191,8 @@ def slab_loads(t: MmaTiling, sl: Slab, kexpr: str) -> list[str]:
     for r in range(sl.vecs):
         i = f"i{sl.name}{r}"
         out += [f"    let {i} = li + {r * t.threads}u;",
-                f"    r{sl.name}{r} = {sl.arr}[({row0} + {i} / {sl.vec_row}u) * {sl.ld // 8}u + "
-                f"{col0} / 8u + {i} % {sl.vec_row}u{sl.off}];"]
+                f"    r{sl.name}{r} = {sl.arr}[({row0} + {i} / {sl.vec_row}u) * "
+                f"{sl.ld // t.width}u + {col0} / {t.width}u + {i} % {sl.vec_row}u{sl.off}];"]
     return out
 
 
@@ -178,9 +208,10 @@ def slab_stores(t: MmaTiling, sl: Slab, b: int) -> list[str]:
         return out
     for r in range(sl.vecs):
         out.append(f"    {{ let i = li + {r * t.threads}u; let o = (i / {sl.vec_row}u) * "
-                   f"{sl.stride}u + (i % {sl.vec_row}u) * 8u;")
-        for c, comp in enumerate("xyzw"):
-            out.append(f"      let h{c} = bitcast<vec2<f16>>(r{sl.name}{r}.{comp}); "
+                   f"{sl.stride}u + (i % {sl.vec_row}u) * {t.width}u;")
+        for c, comp in enumerate("xyzw"[:t.width // 2]):
+            part = f".{comp}" if t.width > 2 else ""
+            out.append(f"      let h{c} = bitcast<vec2<f16>>(r{sl.name}{r}{part}); "
                        f"{arr}[o + {2 * c}u] = h{c}.x; {arr}[o + {2 * c + 1}u] = h{c}.y;")
         out.append("    }")
     return out
@@ -218,10 +249,15 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
     An, Bn, Cn = names
     sa, sb = t.bk + t.pad, t.bn + t.pad           # workgroup row strides (halves)
     a_size, b_size = t.bm * sa, t.bk * sb
-    va, vb = t.bm * t.bk // 8 // t.threads, t.bk * t.bn // 8 // t.threads   # vec4 loads each
-    rows_a, rows_b = t.bk // 8, t.bn // 8          # vec4s per slab row
+    w = t.width
+    va, vb = t.bm * t.bk // w // t.threads, t.bk * t.bn // w // t.threads   # loads each
+    rows_a, rows_b = t.bk // w, t.bn // w          # loads per slab row
     nbuf = 2 if t.double_buffer else 1
-    elem = "vec4<u32>" if t.copy == "threads" else "f16"
+    if w != 8 and header is not None:
+        raise ValueError(f"mma matmul with {t}: width {w} needs the kernel's own bindings "
+                         "(the compiler binds its operands as vec4<u32>)")
+    vec = {8: "vec4<u32>", 4: "vec2<u32>", 2: "u32"}[w]
+    elem = vec if t.copy == "threads" else "f16"
     nsg = t.sg_m * t.sg_n
     ma, mb = (t.bm // t.m) * (t.bk // t.k) // nsg, (t.bk // t.k) * (t.bn // t.n) // nsg
     what = (f"{batch} x " if batch > 1 else "") + f"{M}x{K} @ {K}x{N} -> " + ("epilogue" if epi else t.out)
@@ -260,7 +296,7 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
           f"  let sn = (sg % {t.sg_n}u) * {t.bn // t.sg_n}u;"]
     # batch element wg.z: the operands' offsets (16-byte units for the thread copies, halves
     # for matrix loads) and C's
-    unit = " / 8u" if t.copy == "threads" else ""
+    unit = f" / {w}u" if t.copy == "threads" else ""
     ao = f" + ab" if a_base else ""
     bo = f" + bb" if b_base else ""
     if a_base:
@@ -289,13 +325,16 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
     def products(b):
         out = []
         for kk in range(t.bk // t.k):
-            for i in range(t.tm):
-                out.append(f"    let a{kk}_{i} = subgroupMatrixLoad<{left}>(&As{b}, "
-                           f"(sm + {i * t.m}u) * {sa}u + {kk * t.k}u, false, {sa}u);")
+            lefts = [f"    let a{kk}_{i} = subgroupMatrixLoad<{left}>(&As{b}, "
+                     f"(sm + {i * t.m}u) * {sa}u + {kk * t.k}u, false, {sa}u);" for i in range(t.tm)]
             for j in range(t.tn):
                 out.append(f"    let b{kk}_{j} = subgroupMatrixLoad<{right}>(&Bs{b}, "
                            f"{kk * t.k * sb}u + sn + {j * t.n}u, false, {sb}u);")
+            if t.frag == "all":
+                out[len(out) - t.tn:len(out) - t.tn] = lefts   # the lefts first, as measured
             for i in range(t.tm):
+                if t.frag == "row":
+                    out.append(lefts[i])
                 for j in range(t.tn):
                     out.append(f"    acc{i}_{j} = subgroupMatrixMultiplyAccumulate("
                                f"a{kk}_{i}, b{kk}_{j}, acc{i}_{j});")
@@ -303,7 +342,7 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
 
     for sl in slabs:
         L += ([f"  var p{sl.name}{r} = {sl.matrix}();" for r in range(sl.matrices)]
-              if t.copy == "matrix" else [f"  var r{sl.name}{r}: vec4<u32>;" for r in range(sl.vecs)])
+              if t.copy == "matrix" else [f"  var r{sl.name}{r}: {vec};" for r in range(sl.vecs)])
     steps = K // t.bk
     if t.double_buffer:
         L += ["  {"] + loads("0u") + stores(0) + ["  }", "  workgroupBarrier();"]
@@ -322,13 +361,19 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
     else:
         if t.prefetch:
             L += ["  {"] + loads("0u") + ["  }"]
-        L.append(f"  for (var s = 0u; s < {steps}u; s++) {{")
+        peel = t.peel and t.prefetch
+        L.append(f"  for (var s = 0u; s < {steps - 1 if peel else steps}u; s++) {{")
         if not t.prefetch:
             L += loads(f"s * {t.bk}u")
         L += stores(0) + ["    workgroupBarrier();"]
-        if t.prefetch:
+        if peel:
+            L += loads(f"(s + 1u) * {t.bk}u")
+        elif t.prefetch:
             L += [f"    if (s + 1u < {steps}u) {{"] + ["  " + x for x in loads(f"(s + 1u) * {t.bk}u")] + ["    }"]
         L += products(0) + ["    workgroupBarrier();", "  }"]
+        if peel:   # the last slab, already in registers
+            L += ["  {"] + stores(0) + ["    workgroupBarrier();"] + products(0) + \
+                ["    workgroupBarrier();", "  }"]
     # the results
     def put(flat, v):  # one element from the staging matrices: the epilogue, or f16 C
         return f"    {epi}({flat}, {v});" if epi is not None else f"    {Cn}[{flat}] = f16({v});"
@@ -374,7 +419,9 @@ def tiling_for(limits, M: int, N: int, K: int, out: str = "f32",
     None where this kernel cannot run (no shader-f16, no f16 -> f32 subgroup-matrix
     configuration, or a shape no tiling divides): the caller keeps its f32 kernels then.
     epilogue: the kernel also holds mma_matmul_wgsl's staging matrices for an epilogue.
-    128x128x32 on 2x2 subgroups measured best at 4096^3 on the H200 (bench/README.md)."""
+    128x128x32 on 2x2 subgroups measured best at 4096^3 on the H200 (bench/README.md).
+    KernelOptions.mma_tiling (on limits.options) replaces fields of the default MmaTiling
+    where the result divides the shape and fits the device; elsewhere the table decides."""
     if not getattr(limits, "shader_f16", False):
         return None
     cfg = config_for(getattr(limits, "subgroup_matrix", ()))
@@ -382,20 +429,41 @@ def tiling_for(limits, M: int, N: int, K: int, out: str = "f32",
         return None
     m, n, k, size = cfg
     room = getattr(limits, "max_compute_workgroup_storage_size", None)
+
+    def fits(t):
+        staging = epilogue_staging_bytes(t) if epilogue else 0
+        try:
+            t.check(M, N, K, None if room is None else room - staging)
+        except ValueError:
+            return False
+        return t.threads <= getattr(limits, "max_compute_invocations_per_workgroup", 256) and \
+            t.width == 8   # (the compiler's bindings are vec4<u32>)
+    over = getattr(getattr(limits, "options", None), "mma_tiling", ())
+    if over:   # a variant (bench/matmul_f16.py --sweep): where it divides the shape and fits
+        t = with_overrides(MmaTiling(m=m, n=n, k=k, subgroup_size=size, out=out), over)
+        if fits(t):
+            return t
     for bm, bn, sgm, sgn, stage in ((128, 128, 2, 2, 0), (64, 64, 2, 2, 0), (64, 64, 2, 2, 1),
                                     (32, 32, 1, 1, 0)):
         if stage and out != "f16":
             continue   # (f16 C staged a matrix at a time where a row does not fit)
         t = MmaTiling(bm=bm, bn=bn, bk=32, sg_m=sgm, sg_n=sgn, m=m, n=n, k=k,
                       subgroup_size=size, out=out, stage=stage)
-        staging = epilogue_staging_bytes(t) if epilogue else 0
-        try:
-            t.check(M, N, K, None if room is None else room - staging)
-        except ValueError:
-            continue
-        if t.threads <= getattr(limits, "max_compute_invocations_per_workgroup", 256):
+        if fits(t):
             return t
     return None
+
+
+def with_overrides(t: MmaTiling, over) -> MmaTiling:
+    """t with KernelOptions.mma_tiling's (field, value) pairs applied (the adapter's
+    configuration m, n, k, subgroup_size and C's type stay t's)."""
+    names = {f.name for f in fields(MmaTiling)}
+    d = dict(over)
+    bad = set(d) - names or set(d) & {"m", "n", "k", "subgroup_size", "out"}
+    if bad:
+        raise KeyError(f"KernelOptions.mma_tiling: {sorted(bad)} cannot be set "
+                       f"(MmaTiling fields but m, n, k, subgroup_size, out)")
+    return replace(t, **d)
 
 
 def mma_splits(t: MmaTiling, M: int, N: int, K: int, batch: int, below: int) -> int:

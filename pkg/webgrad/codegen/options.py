@@ -209,6 +209,11 @@ class KernelOptions:
     # an epilogue that streams a tensor (GELU's pre-activation in its backward) has its
     # loads issued for this many elements before their stores (0: element by element)
     mma_epi_prefetch: int = 8
+    # (field, value) pairs replacing fields of matmul_mma.MmaTiling's default (e.g.
+    # (("bn", 256), ("sg_n", 4), ("frag", "row"))) for every product on subgroup matrices
+    # whose shape the variant divides and whose workgroup memory fits (tiling_for); the
+    # others keep the table's tiling. () : the table everywhere (bench/matmul_f16.py --sweep)
+    mma_tiling: tuple = ()
 
     # ---- index.py
     # True / False: the tiled / chunked scan (scatter_add_rows' counts); None: GPUs tiled
