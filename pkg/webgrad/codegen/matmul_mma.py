@@ -25,8 +25,8 @@ neighbours per invocation, took 0.23 ms for GPT-2's [96 x 512 x 512] attention s
 TFLOP/s).
 
 `mma_matmul_wgsl(M, N, K, tiling)` returns the WGSL and the dispatch size; bindings: 0 A
-(array<vec4<u32>>, f16 pairs; vec2<u32> or u32 with `width` 4 or 2), 1 B (likewise), 2 C (array<f32> or array<f16>). The compiler
-(matmul._build_mma) passes its own declarations instead (Kernel.module_scope: the group's
+(array<vec4<u32>>, f16 pairs; vec2<u32> or u32 with `width` 4 or 2), 1 B (likewise), 2 C
+(array<f32> or array<f16>). The compiler (matmul._build_mma) passes its own declarations instead (Kernel.module_scope: the group's
 bindings and epilogue function), a batch (workgroup_id.z, with each operand's offset as a
 WGSL expression of it) and the epilogue's name: C's elements then go to `epi(flat, v)` from
 workgroup memory, a row of each subgroup's result matrices at a time.
@@ -294,7 +294,7 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
     L += [
           f"  let sm = (sg / {t.sg_n}u) * {t.bm // t.sg_m}u;   // this subgroup's block in the tile",
           f"  let sn = (sg % {t.sg_n}u) * {t.bn // t.sg_n}u;"]
-    # batch element wg.z: the operands' offsets (16-byte units for the thread copies, halves
+    # batch element wg.z: the operands' offsets (load units for the thread copies, halves
     # for matrix loads) and C's
     unit = f" / {w}u" if t.copy == "threads" else ""
     ao = f" + ab" if a_base else ""
