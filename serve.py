@@ -35,6 +35,8 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib.util
+import io
+import json
 import socket
 import sys
 import urllib.parse
@@ -90,6 +92,7 @@ class Handler(SimpleHTTPRequestHandler):
 
     mounts: list[tuple[str, Path]] = []  # (URL prefix ending in '/', folder), longest first
     quiet = True
+    manifest_extra: dict = {}  # fields served in /assets/manifest.json beside the file's
     extensions_map = {**SimpleHTTPRequestHandler.extensions_map, **MIME_TYPES}
 
     def resolve(self, url_path: str) -> Path | None:
@@ -128,6 +131,8 @@ class Handler(SimpleHTTPRequestHandler):
         if target is None:
             self.send_error(HTTPStatus.NOT_FOUND, "Not found")
             return None
+        if self.manifest_extra and self.path.split("?")[0] == "/assets/manifest.json":
+            return self._manifest(target)
         self.path_resolved = target
         try:  # changes whenever the file is rewritten: the model cache's key for a URL
             st = target.stat()
@@ -135,6 +140,15 @@ class Handler(SimpleHTTPRequestHandler):
         except OSError:
             pass
         return super().send_head()
+
+    def _manifest(self, target: Path):
+        """The provisioned manifest with this server's manifest_extra merged in."""
+        body = json.dumps({**json.loads(target.read_text()), **self.manifest_extra}).encode()
+        self.send_response(HTTPStatus.OK)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        return io.BytesIO(body)
 
     def translate_path(self, path: str) -> str:
         return str(getattr(self, "path_resolved", "/nonexistent"))
@@ -161,14 +175,16 @@ IDLE_TIMEOUT = 30.0  # seconds a connection may sit without sending before it is
 
 
 def make_server(host: str = "127.0.0.1", port: int = 8000, root: Path | str = ROOT, *,
-                quiet: bool = True, idle_timeout: float = IDLE_TIMEOUT) -> ThreadingHTTPServer:
+                quiet: bool = True, idle_timeout: float = IDLE_TIMEOUT,
+                manifest_extra: dict | None = None) -> ThreadingHTTPServer:
     """A ThreadingHTTPServer for the app (port 0 picks a free port: see ``server_address``).
 
     Each connection gets a handler thread; a socket timeout of ``idle_timeout`` seconds on
     it closes a connection that sends nothing (or half a request) for that long, so idle
     keep-alive or abandoned connections cannot pin threads for good
     (tests/test_serve_idle.py). It does not provision; call ``provision(root)`` first. Run
-    it with ``serve_forever()``.
+    it with ``serve_forever()``. ``manifest_extra``: fields added to the manifest it serves,
+    read by every worker it boots (``{"auto": "webgpu"}``: worker/worker.mjs).
     """
     if not (isinstance(idle_timeout, (int, float)) and 0 < idle_timeout < float("inf")):
         raise ValueError(f"make_server: idle_timeout must be a number of seconds > 0, got "
@@ -181,6 +197,7 @@ def make_server(host: str = "127.0.0.1", port: int = 8000, root: Path | str = RO
     handler = type("WebgradHandler", (Handler,), {
         "mounts": sorted(((p, f.resolve()) for p, f in mounts), key=lambda m: -len(m[0])),
         "quiet": quiet,
+        "manifest_extra": dict(manifest_extra or {}),
         "timeout": float(idle_timeout),   # StreamRequestHandler.setup: settimeout on the socket
     })
     # a listen backlog of 128, not socketserver's 5: a page opening many connections at once

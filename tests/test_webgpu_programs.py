@@ -221,8 +221,13 @@ def test_forward_program_shares_parameters_with_the_step():
 
 
 def test_auto_backend_picks_webgpu():
-    from webgrad.backends import get_backend
-    assert isinstance(get_backend("auto"), WebGPUBackend)
+    """Natively auto keeps a CPU adapter (lavapipe): only the browser passes a software
+    fallback adapter over for 'wasm' (tests/browser/test_wasm_backend.py)."""
+    from webgrad.backends import _software_adapter, get_backend
+    b = get_backend("auto")
+    assert isinstance(b, WebGPUBackend)
+    assert wg.device_info("auto")["reason"] == "a WebGPU adapter is available"
+    assert _software_adapter("llvmpipe (LLVM 15.0.7, 256 bits) (lavapipe)", True) is None
 
 
 def test_pipelines_are_cached_by_wgsl_text():

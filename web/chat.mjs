@@ -21,8 +21,9 @@
 // or pydoc_data.topics, in calls of a few steps each (Stop ends it after the current call);
 // the held-out loss before and after, then the chat uses the merged model.
 //
-// Every model is made on backend "auto": WebGPU, or in a browser without it the CPU backend
-// ("wasm", onnxruntime-web in the worker); #model-info says when it runs on the CPU.
+// Every model is made on backend "auto": WebGPU, or in a browser without it (or with only a
+// software adapter, SwiftShader) the CPU backend ("wasm", onnxruntime-web in the worker);
+// #model-info says when it runs on the CPU.
 //
 // For tests: window.webgrad, window.chat = {state, messages, losses, held}; #messages'
 // assistant elements carry data-ids (the reply's token ids), #status data-state.
@@ -188,9 +189,10 @@ const failed = (error) => setState(webgrad.dead ? "dead" : "ready",
                                    `${error.type || "Error"}: ${error.message}`, "error");
 
 // --- the model ------------------------------------------------------------------------------
-// Where it runs, when that is not WebGPU (backend "auto" picks "wasm" in a browser without it)
+// Where it runs, when that is not WebGPU (backend "auto" picks "wasm" in a browser without it,
+// or whose only adapter is a software one)
 const where = (backend) => backend === "wasm"
-  ? "; runs on the CPU (WebAssembly: this browser offers no WebGPU)"
+  ? "; runs on the CPU (WebAssembly: this browser offers no WebGPU, or only a software one)"
   : backend === "webgpu" || !backend ? "" : `; runs on ${backend}`;
 
 async function useModel(what, call) {

@@ -1,7 +1,7 @@
 // The surprisal page: the text is tokenised and scored in the worker by GPT2.surprisal_tracker()
 // (webgrad/models/gpt2.py), which recomputes only from the first changed token, through the KV
-// cache on the GPU (where the browser has no WebGPU, on the CPU: backend "auto" picks "wasm",
-// and the status line says so). Each token becomes a <span> coloured by its bits, titled with
+// cache on the GPU (where the browser has no WebGPU, or only a software adapter, on the CPU:
+// backend "auto" picks "wasm", and the status line says so). Each token becomes a <span> coloured by its bits, titled with
 // the model's own top guess there and its probability. Requests are serialised: an edit made while one is
 // scoring is scored right after it (the latest text wins).
 //
@@ -245,7 +245,7 @@ function describe(info) {
     : info.kind === "trained" ? `trained here (${info.step} steps)${info.not_kept ? "" : " and kept"}`
     : `downloaded/read and parsed${info.not_kept ? "" : ", and kept in the cache,"} in ${secs}`;
   const layers = `${info.n_layer} layer${info.n_layer === 1 ? "" : "s"}`;
-  const where = info.backend === "wasm" ? "; runs on the CPU (WebAssembly: this browser offers no WebGPU)"
+  const where = info.backend === "wasm" ? "; runs on the CPU (WebAssembly: this browser offers no WebGPU, or only a software one)"
     : info.backend === "webgpu" ? "" : `; runs on ${info.backend}`;
   return `Model: ${info.name} — ${layers}, n_embd ${info.n_embd}, ${info.vocab} tokens, ` +
     `context ${info.n_ctx}; ${how}` + (info.not_kept ? ` (not kept in the cache: ${info.not_kept})` : "") +

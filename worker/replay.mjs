@@ -64,7 +64,12 @@ export async function requestDevice(options = {}) {
     .filter((f) => adapter.features.has(f));
   const device = await adapter.requestDevice({ requiredLimits, requiredFeatures,
                                                label: "webgrad" });
-  return new Replay(device, describe(adapter.info));
+  const replay = new Replay(device, describe(adapter.info));
+  // a software adapter (SwiftShader): backend='auto' prefers the CPU backend there
+  // (pkg/webgrad/backends/__init__.py); browsers before GPUAdapterInfo.isFallbackAdapter
+  // had it on the adapter, and some say nothing (the description's words then tell)
+  replay.fallback = Boolean(adapter.info?.isFallbackAdapter ?? adapter.isFallbackAdapter);
+  return replay;
 }
 
 // The worker's shared device: requested once, by whoever asks first. worker.mjs asks while
@@ -118,6 +123,7 @@ export class Replay {
     this.device = device;
     this.queue = device.queue;
     this.info = info;
+    this.fallback = false;   // the adapter is a software fallback (requestDevice sets it)
     this.limits = plainLimits(device.limits);
     this.features = [...device.features].sort();
     this.lost = null;        // {reason, message} once device.lost resolved

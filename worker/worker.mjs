@@ -385,6 +385,9 @@ async function boot() {
   const pyodideModule = import(here("../assets/pyodide/pyodide.mjs"));
   pyodideModule.catch(() => {});  // reported through the manifest's failure if both fail
   const manifest = await manifestReady;
+  // "webgpu": backend='auto' keeps a software fallback adapter (SwiftShader) instead of the
+  // CPU backend (pkg/webgrad/backends/__init__.py); webgrad.browser's test sessions serve it
+  if (manifest.auto) self.webgradAuto = manifest.auto;
   for (const [module, file] of Object.entries(manifest.extra_wheels || {})) {
     extraWheels[module] = here(`../assets/wheels/${file}`);
   }

@@ -156,7 +156,12 @@ class BrowserSession:
     """
 
     def __init__(self, *, boot_timeout: float = 120.0, headless: bool = True,
-                 chromium: str | None = None):
+                 chromium: str | None = None, auto_webgpu: bool = True):
+        """auto_webgpu: backend='auto' in this session's workers keeps WebGPU on the
+        SwiftShader adapter (its server's manifest says {"auto": "webgpu"}, which the worker
+        puts at globalThis.webgradAuto), where a user's browser would pick the faster CPU
+        backend 'wasm': the tests and benches measure WebGPU. False: the user's choice."""
+        self._auto_webgpu = auto_webgpu
         self._playwright = self.browser = self.page = self.server = None
         self.console: list[str] = []  # the page's console messages, for diagnosing failures
         try:
@@ -175,7 +180,8 @@ class BrowserSession:
                                "(its own browser download is not needed)") from None
         executable = self._executable = chromium or _chromium_path()
         self.manifest = serve.provision(repo)
-        self.server = serve.make_server("127.0.0.1", 0, repo)
+        self.server = serve.make_server(
+            "127.0.0.1", 0, repo, manifest_extra={"auto": "webgpu"} if self._auto_webgpu else None)
         threading.Thread(target=self.server.serve_forever, name="webgrad-serve",
                          daemon=True).start()
         self.url = serve.server_url(self.server)

@@ -29,8 +29,8 @@ def in_browser() -> bool:
 
 def example_backend(default: str = "webgpu") -> str:
     """The backend an example's __main__ runs on: in the page "auto" (WebGPU where the page has
-    an adapter, else the CPU backend "wasm"); in CPython its first command-line argument, or
-    `default`."""
+    a hardware adapter, else the CPU backend "wasm"); in CPython its first command-line
+    argument, or `default`."""
     if in_browser():
         return "auto"
     return sys.argv[1] if len(sys.argv) > 1 else default

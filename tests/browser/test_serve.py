@@ -70,6 +70,27 @@ def test_nosniff_and_examples_served(served):
     assert response.status == 200 and response.headers["Content-Type"] == "text/javascript"
 
 
+
+def test_manifest_extra_is_served_beside_the_manifest(served, serve_module):
+    """make_server(manifest_extra=...) adds fields to /assets/manifest.json (BrowserSession's
+    {"auto": "webgpu"}, which worker.mjs reads); without it the file is served as it is."""
+    import json
+    on_disk = json.loads((REPO / "web" / "assets" / "manifest.json").read_text())
+    response, body = _get(served.server_address, "/assets/manifest.json")
+    assert response.status == 200 and json.loads(body) == on_disk
+    srv = serve_module.make_server("127.0.0.1", 0, REPO, manifest_extra={"auto": "webgpu"})
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        response, body = _get(srv.server_address, "/assets/manifest.json?v=1")
+        assert response.status == 200 and json.loads(body) == {**on_disk, "auto": "webgpu"}
+        assert response.headers["X-Content-Type-Options"] == "nosniff"
+        assert response.headers["Content-Type"] == "application/json"
+        response, _ = _get(srv.server_address, "/assets/manifest.json", "HEAD")
+        assert response.status == 200
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
 def _has_ipv6() -> bool:
     if not socket.has_ipv6:
         return False

@@ -64,6 +64,49 @@ p = c.download_params()
         np.testing.assert_allclose(np.asarray(got[2][name]), v, rtol=1e-4, atol=1e-6, err_msg=name)
 
 
+
+@browser
+def test_auto_prefers_wasm_on_a_software_adapter(browser_session):
+    """In the WebGPU Chromium the only adapter is SwiftShader, a software fallback: without
+    the session's override (BrowserSession serves {"auto": "webgpu"}, which the worker puts at
+    globalThis.webgradAuto) backend='auto' picks 'wasm' and says why; with it, 'webgpu'.
+    The MLP's first losses are the reference executor's on both (same seed and batches)."""
+    import models
+    s = browser_session
+    ship_module(s, "models", models.source())
+    got = s.run("""
+import js, random, models
+import webgrad as wg
+
+def run_mlp():
+    c = models.compile_mlp("auto", seed=0)
+    rng = random.Random(1)
+    out = [c.backend.name, [c.step(models.sin_batch(rng)) for _ in range(3)]]
+    c.destroy()
+    return out
+
+kept = js.globalThis.webgradAuto
+try:
+    js.Reflect.deleteProperty(js.globalThis, "webgradAuto")
+    off = [wg.device_info("auto"), run_mlp()]
+finally:
+    js.globalThis.webgradAuto = kept
+[kept, off, [wg.device_info("auto"), run_mlp()]]
+""", timeout=180)
+    kept, (info_off, run_off), (info_on, run_on) = got
+    assert kept == "webgpu", kept
+    assert info_off["backend"] == "wasm" and "onnxruntime-web" in info_off["engine"], info_off
+    assert "software fallback" in info_off["reason"] and "swiftshader" in info_off["reason"].lower()
+    assert "backend='webgpu'" in info_off["reason"], info_off
+    assert info_on["backend"] == "webgpu" and "swiftshader" in info_on["engine"].lower(), info_on
+    assert info_on["reason"] == "a WebGPU adapter is available", info_on
+    ref = models.compile_mlp("reference", seed=0)
+    rng = random.Random(1)
+    want = [ref.step(models.sin_batch(rng)) for _ in range(3)]
+    assert run_off[0] == "wasm" and run_on[0] == "webgpu", (run_off, run_on)
+    np.testing.assert_allclose(run_off[1], want, rtol=1e-5)
+    np.testing.assert_allclose(run_on[1], want, rtol=1e-4)
+
 def _one_record_per_primitive() -> list[str]:
     """The first record that uses each primitive (the IR of each record's training step)."""
     import oracle

@@ -12,7 +12,13 @@ the requested outputs and then lands the graph's writebacks in the store.
               WebAssembly in the browser, the onnxruntime package in CPython)
   auto        webgpu when an adapter exists, else wasm in the browser and reference in
               CPython (said once); device_info() says which and why; a notebook kernel
-              (no JSPI) first awaits prepare_async(), which readies the one it will use
+              (no JSPI) first awaits prepare_async(), which readies the one it will use.
+              In the browser a software fallback adapter (SwiftShader: isFallbackAdapter,
+              or its description's words) counts as none: wasm decodes 10-14x faster there
+              (bench/README.md); globalThis.webgradAuto = "webgpu" in the JS realm that
+              runs Pyodide keeps auto on it (webgrad.browser.BrowserSession sets it for
+              tests and benches), as backend="webgpu" does for one program. CPython keeps
+              a CPU adapter (lavapipe): the native test suite runs WebGPU on it
 
 The Backend base class (base.py) is what they share; get_backend(spec) picks one by name.
 """
@@ -25,6 +31,21 @@ from .base import Backend
 _auto_said = False
 _auto_why = ""  # why the last backend='auto' chose what it chose (device_info)
 _no_webgpu = None  # why prepare_async() got no WebGPU device: 'auto' then asks no more
+AUTO_GLOBAL = "webgradAuto"  # globalThis[this] = "webgpu": auto keeps a fallback adapter
+
+
+def _software_adapter(info: str, fallback: bool) -> str | None:
+    """In the browser, `info` (an adapter's description) when that adapter is a software
+    fallback (`fallback`: its isFallbackAdapter) that backend='auto' passes over for 'wasm';
+    None otherwise: in CPython, or where globalThis[AUTO_GLOBAL] is "webgpu"."""
+    from .onnx_runtime import in_pyodide
+    from .webgpu import is_cpu_adapter
+    if not in_pyodide() or not (fallback or is_cpu_adapter(info)):
+        return None
+    import js
+    if str(getattr(js.globalThis, AUTO_GLOBAL, None) or "") == "webgpu":
+        return None
+    return info or "unnamed adapter"
 
 
 def get_backend(spec, *, options=None) -> Backend:
@@ -55,7 +76,22 @@ def get_backend(spec, *, options=None) -> Backend:
             from .webgpu import WebGPUBackend
             b = WebGPUBackend(options=options)
             _auto_why = "a WebGPU adapter is available"
-            return b
+            software = _software_adapter(b.limits.adapter, getattr(b.host, "fallback", False))
+            if software is None:
+                return b
+            try:
+                cpu = get_backend("wasm")
+            except Exception as e:  # a notebook kernel without onnxruntime-web: stay
+                _auto_why = (f"the WebGPU adapter is a software fallback ({software}), and "
+                             f"the CPU backend 'wasm' is not here ({e})")
+                return b
+            _auto_why = (f"the WebGPU adapter is a software fallback ({software}): the CPU "
+                         "backend 'wasm' is faster there; backend='webgpu' asks for it (or "
+                         f"globalThis.{AUTO_GLOBAL} = 'webgpu', for every 'auto')")
+            if not _auto_said:
+                warnings.warn(f"webgrad: {_auto_why}; backend='auto' uses 'wasm'", stacklevel=2)
+                _auto_said = True
+            return cpu
         except Exception as e:  # no adapter, no wgpu: fall back, but say so once
             from .onnx_runtime import in_pyodide
             _auto_why = f"no WebGPU adapter ({e})"
@@ -110,17 +146,26 @@ async def prepare_async(spec="auto") -> dict:
     webgradReplayURL and webgradOrtURL). In CPython it only reports."""
     global _no_webgpu
     from .onnx_runtime import in_pyodide, load_async
+    cpu_wanted = spec == "wasm"
     if in_pyodide() and spec in ("auto", "webgpu"):
         from .webgpu_browser import request_device
         try:
-            await request_device()
+            replay = await request_device()
             _no_webgpu = None
+            if spec == "auto":  # a software fallback adapter: auto wants wasm (get_backend)
+                cpu_wanted = _software_adapter(str(replay.info),
+                                               bool(getattr(replay, "fallback", False))) is not None
         except Exception as e:
             if spec == "webgpu":
                 raise
             _no_webgpu = str(e)
-    if in_pyodide() and (spec == "wasm" or (spec == "auto" and _no_webgpu is not None)):
-        await load_async()
+    if in_pyodide() and (cpu_wanted or (spec == "auto" and _no_webgpu is not None)):
+        try:
+            await load_async()
+        except Exception:
+            if spec == "wasm" or _no_webgpu is not None:
+                raise
+            # a fallback adapter and no onnxruntime-web here: auto stays on WebGPU
     return device_info(spec)
 
 

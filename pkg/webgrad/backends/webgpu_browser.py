@@ -153,6 +153,7 @@ class BrowserHost(GPUHost):
         limits = replay.limits.to_py()
         self.limits = {_snake(k): v for k, v in limits.items()}
         self.info = str(replay.info)
+        self.fallback = bool(getattr(replay, "fallback", False))  # isFallbackAdapter
         self.features = frozenset(str(f) for f in replay.features)  # the device's features
         self._scope = f"host{next(_scopes)}"  # plans of this host share persistent buffers
         self._sizes: dict[int, list[int]] = {}    # program -> buffer sizes
