@@ -151,6 +151,40 @@ def test_logits_match_transformers(kind, backend, built):
     close(m.forward(IDS), hf_logits(model, IDS))
 
 
+@pytest.mark.parametrize("forms", ["cpu", "gpu"])
+def test_f16_decoding_with_the_fused_forms(forms, built):
+    """precision="f16" decoding of f16 weights with the cache rows written by the products
+    forced onto this adapter ("gpu": GPUs' forms too, the workgroup matrix-vector products
+    reading the norms, the q rope read by the tiled attention): the attention is fused
+    (attn_lse + attn_out; softmax_last none), no write_rows kernel is left, with "gpu" no
+    sum kernel either (the norms' sums rounded to f16 by their products:
+    fusion_prologue._rounded_sum); each cached step's logits equal the full forward's at
+    its position, and greedy generate equals the reference executor's f16 program's."""
+    from collections import Counter
+    gpu = dict(force_gemv=True, gemv_cpu=False, force_direct=False, gemv_prologue=True,
+               attn_q_expr=True, attn_tiled=True) if forms == "gpu" else {}
+    be = _forced_backend(write_rows_epilogue=True, write_rows_join=True, **gpu)
+    if not be.limits.shader_f16:
+        pytest.skip("the adapter has no shader-f16")
+    _, cfg, sd = built("llama")
+    m, ref = (llama.Llama.from_hf_state_dict(cfg, sd, backend=b, dtype="f16")
+              for b in (be, "reference"))
+    m.precision = ref.precision = "f16"
+    full = np.asarray(m.forward(IDS))
+    close(full, np.asarray(ref.forward(IDS)), tol=3e-3)
+    cache = m.new_cache()
+    for i, t in enumerate(IDS):
+        close(m.logits_step([t], cache), full[i], tol=3e-3)
+    names = m._program("step", 1)._prog.exe.kernel_names
+    kinds = Counter(n.split(" ")[0] for n in names)
+    layers = cfg.num_hidden_layers
+    assert kinds["attn_lse"] == kinds["attn_out"] == layers and "softmax_last" not in kinds, names
+    assert not any(k.startswith("write_rows") for k in kinds), names
+    assert ("sum" in kinds) == (forms == "cpu"), names
+    assert m.generate(IDS[:5], max_new_tokens=6, temperature=0) == \
+        ref.generate(IDS[:5], max_new_tokens=6, temperature=0)
+
+
 @pytest.mark.parametrize("backend", ["reference", "torch", WEBGPU])
 def test_f16_weights_match_transformers_half_weights(backend, built):
     """dtype="f16" holds every weight rounded to f16 (half the bytes on the CPU executors)

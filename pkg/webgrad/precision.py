@@ -120,8 +120,10 @@ def apply_precision(g: Graph, precision: str) -> tuple[Graph, dict[int, int]]:
                 # a view of a value already held in f16 (an f16 weight's transpose in a tied
                 # LM head): the same view of the f16 value, not a rounded copy of the view
                 half[i] = new.add(n.op, [as_f16(n.inputs[0])], n.shape, "f16", n.attrs, n.loc)
-            else:
-                half[i] = new.add("cast", [val[i]], n.shape, "f16", {"dtype": "f16"}, n.loc)
+            else:  # exact: a cache row write of rounded rows, whose f16 form is its own
+                # value (the cast only names the type: f16_in_f32 makes it a view)
+                attrs = {"dtype": "f16", "exact": True} if i in exact else {"dtype": "f16"}
+                half[i] = new.add("cast", [val[i]], n.shape, "f16", attrs, n.loc)
         return half[i]
 
     def held_f16(i: int) -> bool:  # an f16 value of the traced graph, widened or viewed
@@ -306,7 +308,11 @@ def f16_in_f32(g: Graph) -> Graph:
         return g
     new = Graph(seed=g.seed, training=g.training)
     for n in g.nodes:
-        nid = new.add(n.op, n.inputs, n.shape, "f32" if n.dtype == "f16" else n.dtype, n.attrs, n.loc)
+        if n.op == "cast" and n.attrs.get("exact"):  # f16 values typed f16: a view in f32
+            nid = new.add("reshape", n.inputs, n.shape, "f32", {"shape": n.shape}, n.loc)
+        else:
+            nid = new.add(n.op, n.inputs, n.shape, "f32" if n.dtype == "f16" else n.dtype,
+                          n.attrs, n.loc)
         assert nid == n.id
     new.outputs, new.writebacks = dict(g.outputs), dict(g.writebacks)
     return new
