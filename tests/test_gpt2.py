@@ -208,6 +208,44 @@ def test_cached_decoding_with_the_rows_written_by_c_attn(forms):
                    and " sum of " not in n and " gemv" not in n), names
 
 
+@pytest.mark.parametrize("forms", ["cpu", "gpu"])
+def test_f16_cached_decoding_is_fused(forms):
+    """precision="f16" cached decoding on this adapter with GPUs' forms forced (the rows
+    written by c_attn's epilogue; "gpu": the tiled products and attention): the cached
+    attention is fused (attn_lse + attn_out: its mask reads the position rounded to f16,
+    exact below 2049, attention_pattern._f16_exact), no softmax_last, matmul of the scores
+    or write_rows kernel is left, each cached step's logits equal the full forward's row
+    at its position, and the greedy tokens equal the reference executor's f16 program's."""
+    pytest.importorskip("wgpu")
+    from webgrad.backends.webgpu import WebGPUBackend
+    from webgrad.codegen import KernelOptions
+    gpu = dict(force_direct=False, attn_tiled=True) if forms == "gpu" else {}
+    try:
+        be = WebGPUBackend(options=KernelOptions(write_rows_epilogue=True, **gpu))
+    except Exception as e:
+        pytest.skip(f"no WebGPU adapter: {e}")
+    if not be.limits.shader_f16:
+        pytest.skip("the adapter has no shader-f16")
+    cfg = CONFIGS[2]
+    sd = state_dict(hf_model(cfg, seed=7), "numpy")
+    m, ref = (gpt2.GPT2.from_hf_state_dict(cfg, sd, backend=b, dtype="f16")
+              for b in (be, "reference"))
+    m.precision = ref.precision = "f16"
+    ids = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8]
+    full = np.asarray(m.forward(ids))
+    close(full, np.asarray(ref.forward(ids)), tol=3e-3)
+    c = m.new_cache()
+    for i, t in enumerate(ids):
+        close(m.logits_step([t], c), full[i], tol=3e-3)
+    names = m._program("step", 1)._prog.exe.kernel_names
+    kinds = {n.split(" ")[0] for n in names}
+    assert {"attn_lse", "attn_out"} <= kinds and not kinds & {"softmax_last", "write_rows",
+                                                              "write_rows_in_place"}, names
+    assert sum(n.startswith("matmul") and " sum of " not in n for n in names) == \
+        4 * cfg.n_layer + 1, names  # c_attn, c_proj, c_fc, mlp's c_proj and the head
+    assert m.generate(ids[:3], 8, temperature=0) == ref.generate(ids[:3], 8, temperature=0)
+
+
 def test_cache_misuse_is_refused(tiny):
     c = tiny.new_cache()
     tiny.logits_step([1, 2], c)

@@ -151,6 +151,40 @@ def test_logits_match_transformers(kind, backend, built):
     close(m.forward(IDS), hf_logits(model, IDS))
 
 
+@pytest.mark.parametrize("forms", ["cpu", "gpu"])
+def test_f16_decoding_with_the_fused_forms(forms, built):
+    """precision="f16" decoding of f16 weights with the cache rows written by the products
+    forced onto this adapter ("gpu": GPUs' forms too, the workgroup matrix-vector products
+    reading the norms, the q rope read by the tiled attention): the attention is fused
+    (attn_lse + attn_out; softmax_last none), no write_rows kernel is left, with "gpu" no
+    sum kernel either (the norms' sums rounded to f16 by their products:
+    fusion_prologue._rounded_sum); each cached step's logits equal the full forward's at
+    its position, and greedy generate equals the reference executor's f16 program's."""
+    from collections import Counter
+    gpu = dict(force_gemv=True, gemv_cpu=False, force_direct=False, gemv_prologue=True,
+               attn_q_expr=True, attn_tiled=True) if forms == "gpu" else {}
+    be = _forced_backend(write_rows_epilogue=True, write_rows_join=True, **gpu)
+    if not be.limits.shader_f16:
+        pytest.skip("the adapter has no shader-f16")
+    _, cfg, sd = built("llama")
+    m, ref = (llama.Llama.from_hf_state_dict(cfg, sd, backend=b, dtype="f16")
+              for b in (be, "reference"))
+    m.precision = ref.precision = "f16"
+    full = np.asarray(m.forward(IDS))
+    close(full, np.asarray(ref.forward(IDS)), tol=3e-3)
+    cache = m.new_cache()
+    for i, t in enumerate(IDS):
+        close(m.logits_step([t], cache), full[i], tol=3e-3)
+    names = m._program("step", 1)._prog.exe.kernel_names
+    kinds = Counter(n.split(" ")[0] for n in names)
+    layers = cfg.num_hidden_layers
+    assert kinds["attn_lse"] == kinds["attn_out"] == layers and "softmax_last" not in kinds, names
+    assert not any(k.startswith("write_rows") for k in kinds), names
+    assert ("sum" in kinds) == (forms == "cpu"), names
+    assert m.generate(IDS[:5], max_new_tokens=6, temperature=0) == \
+        ref.generate(IDS[:5], max_new_tokens=6, temperature=0)
+
+
 @pytest.mark.parametrize("backend", ["reference", "torch", WEBGPU])
 def test_f16_weights_match_transformers_half_weights(backend, built):
     """dtype="f16" holds every weight rounded to f16 (half the bytes on the CPU executors)
@@ -444,6 +478,54 @@ def test_h200_decode_step_reads_the_norms_in_its_products():
                  max_storage_buffer_binding_size=1 << 31, max_buffer_size=1 << 40)
     on_cpu = Counter(n.split(" ")[0] for n in lower(g, cpu)[1])
     assert on_cpu["sum"] == 33 and on_cpu["write_rows_in_place"] == 32, on_cpu
+
+
+def test_h200_f16_decode_steps_have_the_f32_steps_kernels():
+    """precision="f16" decode steps of f16 weights, lowered as the WebGPU backend lowers
+    them (f16_in_f32, shader-f16) for an H200: GPT-2 124M's took 226 kernels to the f32
+    step's 116 (the cached attention unfused, 24 write_rows kernels, two copies of each
+    cache a step and 62 more elementwise kernels), a Llama-3.2-1B-shaped step of 2 layers
+    53 to 23. Now the attention is fused (its mask reads the position rounded to f16,
+    exact for a cache of at most 2049 rows), no layout op or cache write is rounded again
+    (precision.py), c_attn writes GPT-2's cache rows through the cast, and the products
+    read the norms' rounded sums: the f32 kernels and, per layer, the attn_lse that
+    f16's rounded probabilities need (attention_match), with WebGPU's default 8 storage
+    buffers a kernel one elementwise kernel more for GPT-2 (the first LayerNorm's affine)
+    and Llama's q rope kernels (attn_out with the lse binds one buffer more than the
+    budget); with Dawn's 16 (as measured on the H200) only the attn_lse."""
+    from collections import Counter
+    from dataclasses import replace
+    from webgrad.codegen import Limits, lower
+    from webgrad.models import gpt2
+    from webgrad.precision import f16_in_f32
+    h200 = Limits(adapter="NVIDIA H200 (DiscreteGPU)", max_storage_buffer_binding_size=(1 << 32) - 4,
+                  max_buffer_size=1 << 40, max_compute_workgroup_storage_size=49152, subgroups=True)
+    lcfg = llama.LlamaConfig.from_hf(dict(
+        model_type="llama", hidden_size=2048, num_hidden_layers=2, num_attention_heads=32,
+        num_key_value_heads=8, intermediate_size=8192, vocab_size=32000,
+        max_position_embeddings=2048, rms_norm_eps=1e-5, tie_word_embeddings=True))
+
+    def kinds(make, dtype, buffers):
+        m = make(dtype)   # the graph only: zero weights on the reference executor
+        m.precision = dtype
+        g = m._program("step", 1).ir
+        half = [n for n, i in g.params.items() if g[i].dtype == "f16"]
+        limits = replace(h200, shader_f16=dtype == "f16", max_storage_buffers_per_shader_stage=buffers)
+        names = lower(f16_in_f32(g), limits, half_names=half)[1]
+        return Counter(n.split(" ")[0] for n in names)
+    models = {
+        "gpt2": (lambda dt: gpt2.GPT2(gpt2.GPT2Config(12, 12, 768, 1024, 50257, 1e-5, 50256),
+                                      backend="reference", wte_chunks=1, dtype=dt), 12),
+        "llama": (lambda dt: llama.Llama(lcfg, backend="reference", dtype=dt), 2)}
+    extra = {("gpt2", 8): {"elementwise": 1}, ("llama", 8): {"elementwise": 2}}
+    for name, (make, layers) in models.items():
+        for buffers in (8, 16):
+            f32, f16 = kinds(make, "f32", buffers), kinds(make, "f16", buffers)
+            want = f32 + Counter({"attn_lse": layers, **extra.get((name, buffers), {})})
+            assert f16 == want, (name, buffers, f16, f32)
+            assert "softmax_last" not in f16 and f16["attn_out"] == layers
+    assert sum(kinds(models["gpt2"][0], "f16", 8).values()) == 129
+    assert sum(kinds(models["llama"][0], "f16", 8).values()) == 27
 
 
 @pytest.mark.parametrize("kind", KINDS)

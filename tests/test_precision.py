@@ -766,3 +766,32 @@ def test_inference_attention_fused_in_half_precision(precision):
         assert names == ["attn_lse", "attn_out"]
         gap = np.abs(out - plain).max()
         assert gap <= 2.0 ** -10 * top and gap <= 0.02 * np.abs(f32 - plain).max(), gap
+
+
+def test_f16_values_are_not_rounded_again():
+    """precision="f16" rounds no value that is f16 already (docs/precision.md): a layout op
+    of rounded values is not cast, and a KV cache's write_rows of rounded rows is not (the
+    cache a state, unrounded as read, was rounded whole after each write: that rounding is
+    given up, since the decode programs write only rounded rows into it); its f16 form is
+    a cast marked exact, which f16_in_f32 turns into a view (no kernel copies the cache)."""
+    from webgrad.models import gpt2
+    from webgrad.precision import f16_in_f32
+    m = gpt2.GPT2(gpt2.GPT2Config(2, 2, 64, 32, 11, 1e-5), backend="reference", dtype="f16")
+    m.precision = "f16"
+    g = m._program("step", 1).ir
+
+    def rounded(i):  # an f16 value held as f32: a widened cast, through layout ops
+        while g[i].op in ("reshape", "transpose", "slice", "broadcast_to"):
+            i = g[i].inputs[0]
+        return g[i].op == "cast" and g[i].attrs["dtype"] == "f32" and g[g[i].inputs[0]].dtype == "f16"
+    writes = [n for n in g.nodes if n.op == "write_rows"]
+    assert len(writes) == 2 * 2 and all(rounded(n.inputs[1]) for n in writes)
+    casts = [n for n in g.nodes if n.op == "cast" and n.attrs["dtype"] == "f16"]
+    again = [n for n in casts if not n.attrs.get("exact") and (
+        g[n.inputs[0]].op == "write_rows" or (g[n.inputs[0]].op in ("reshape", "transpose", "slice")
+                                              and rounded(n.inputs[0])))]
+    assert not again, again
+    exact = [n for n in casts if n.attrs.get("exact")]
+    assert {g[n.inputs[0]].op for n in exact} == {"write_rows"} and len(exact) == len(writes)
+    held = f16_in_f32(g)
+    assert all(held[n.id].op == "reshape" and held[n.id].shape == n.shape for n in exact)

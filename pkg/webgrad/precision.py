@@ -61,6 +61,17 @@ def _rounds(node, precision: str) -> bool:
 _LAYOUT = ("reshape", "transpose", "broadcast_to", "slice")
 
 
+def _moves(n: Node) -> bool:
+    """Whether op n moves values unchanged (its result is f16 where they are f16)."""
+    return n.op in _LAYOUT or n.op == "write_rows"
+
+
+def _moved(n: Node) -> tuple[int, ...]:
+    """The inputs whose values op n moves: write_rows(cache, rows, pos) moves the rows
+    (the cache, a state, holds the rows the programs wrote, rounded: not rounded again)."""
+    return (n.inputs[1],) if n.op == "write_rows" else n.inputs[:1]
+
+
 def _decoded(g: Graph, i: int) -> bool:
     """Whether node i is a quantized weight's decoded value (dequantize, through layout ops)."""
     while g[i].op in _LAYOUT:
@@ -102,12 +113,17 @@ def apply_precision(g: Graph, precision: str) -> tuple[Graph, dict[int, int]]:
                 half[i] = val[i]
             elif n.op == "cast" and g[n.inputs[0]].dtype == "f16":  # an f16 value widened
                 half[i] = as_f16(n.inputs[0])
+            elif i in exact and n.op in _LAYOUT and n.dtype == "f32":
+                # a view of rounded values (exact): the same view of their f16 values
+                half[i] = new.add(n.op, [as_f16(n.inputs[0])], n.shape, "f16", n.attrs, n.loc)
             elif n.op in ("transpose", "reshape") and n.dtype == "f32" and held_f16(n.inputs[0]):
                 # a view of a value already held in f16 (an f16 weight's transpose in a tied
                 # LM head): the same view of the f16 value, not a rounded copy of the view
                 half[i] = new.add(n.op, [as_f16(n.inputs[0])], n.shape, "f16", n.attrs, n.loc)
-            else:
-                half[i] = new.add("cast", [val[i]], n.shape, "f16", {"dtype": "f16"}, n.loc)
+            else:  # exact: a cache row write of rounded rows, whose f16 form is its own
+                # value (the cast only names the type: f16_in_f32 makes it a view)
+                attrs = {"dtype": "f16", "exact": True} if i in exact else {"dtype": "f16"}
+                half[i] = new.add("cast", [val[i]], n.shape, "f16", attrs, n.loc)
         return half[i]
 
     def held_f16(i: int) -> bool:  # an f16 value of the traced graph, widened or viewed
@@ -142,6 +158,7 @@ def apply_precision(g: Graph, precision: str) -> tuple[Graph, dict[int, int]]:
         b16 = new.add("reshape", [as_f16(b.id)], (rows, N), "f16", {"shape": (rows, N)}, b.loc)
         return new.add("matmul", [a16, b16], (M, N), mm.dtype, mm.attrs, mm.loc)
 
+    exact: set[int] = set()  # old ids whose f32 value (val) is an f16 value
     sums = _batch_sums(g)
     summed = set(sums.values())
     for n in g.nodes:
@@ -161,13 +178,21 @@ def apply_precision(g: Graph, precision: str) -> tuple[Graph, dict[int, int]]:
             else:
                 ins = [as_f16(i) for i in n.inputs]
         nid = new.add(n.op, ins, n.shape, n.dtype, n.attrs, n.loc)
-        if _rounds(n, precision) and held_f16(n.id):
+        if _rounds(n, precision) and _moves(n) and all(i in exact for i in _moved(n)):
+            # a layout op (or a cache row write) of values already rounded holds f16 values:
+            # its rounding is the identity, so none is inserted (the same values, fewer nodes
+            # for the kernels to fuse through); its f16 form is the same op of the f16 values
+            exact.add(n.id)
+        elif _rounds(n, precision) and held_f16(n.id):
             # an f16 value widened or viewed (an f16 weight, its transpose): already f16,
             # so its rounding is itself (the f16 value, or the same view of it)
             half[n.id] = as_f16(n.id)
         elif _rounds(n, precision):
             half[n.id] = new.add("cast", [nid], n.shape, "f16", {"dtype": "f16"}, n.loc)
             nid = new.add("cast", [half[n.id]], n.shape, "f32", {"dtype": "f32"}, n.loc)
+            exact.add(n.id)
+        if n.id in exact or held_f16(n.id):
+            exact.add(n.id)
         val[n.id] = nid
     new.outputs = {k: val[i] for k, i in g.outputs.items()}
     new.writebacks = {k: val[i] for k, i in g.writebacks.items()}
@@ -283,7 +308,11 @@ def f16_in_f32(g: Graph) -> Graph:
         return g
     new = Graph(seed=g.seed, training=g.training)
     for n in g.nodes:
-        nid = new.add(n.op, n.inputs, n.shape, "f32" if n.dtype == "f16" else n.dtype, n.attrs, n.loc)
+        if n.op == "cast" and n.attrs.get("exact"):  # f16 values typed f16: a view in f32
+            nid = new.add("reshape", n.inputs, n.shape, "f32", {"shape": n.shape}, n.loc)
+        else:
+            nid = new.add(n.op, n.inputs, n.shape, "f32" if n.dtype == "f16" else n.dtype,
+                          n.attrs, n.loc)
         assert nid == n.id
     new.outputs, new.writebacks = dict(g.outputs), dict(g.writebacks)
     return new

@@ -79,6 +79,7 @@ class _Matcher:
         self._const: dict[int, bool] = {}
         self._sym: dict[int, object] = {}
         self._kept: dict[tuple, object] = {}
+        self.pos_max = 0  # the largest runtime position the symbols were read for (kept)
 
     # ------------------------------------------------------------ constant subgraphs
     def is_const(self, n: int) -> bool:
@@ -175,7 +176,8 @@ class _Matcher:
             x = self.sym(ins[0])
             if x is None or (node.dtype == "i32" and not _integral(x)):
                 return None
-            if node.attrs.get("dtype") == "f16" and not _f16_exact(x, self.g[ins[0]].shape):
+            if node.attrs.get("dtype") == "f16" and \
+                    not _f16_exact(x, self.g[ins[0]].shape, self.pos_max):
                 return None  # precision="f16" rounds positions past 2048: not the index
             return x
         if op in ("reshape", "broadcast_to", "transpose"):
@@ -245,6 +247,10 @@ class _Matcher:
         as in `j <= i + pos` for a query block at position pos of a cache (taken to be
         >= 0: with a negative position a row would keep no key)."""
         key = (m, tuple(shape), keeps)
+        # a query block of T rows at position pos of a cache of S rows: 0 <= pos <= S - T
+        # (its rows are written there), which bounds a position rounded to f16 (sym)
+        if max(shape[-1] - shape[-2], 0) != self.pos_max:
+            self.pos_max, self._sym, self._kept = max(shape[-1] - shape[-2], 0), {}, {}
         if key not in self._kept:
             keep_if = (lambda x: x != 0) if keeps == "nonzero" else (lambda x: x == 0)
             self._kept[key] = self._kept_of(m, tuple(shape), keep_if)
@@ -463,18 +469,20 @@ def _integral(x) -> bool:
     return all(float(v).is_integer() for v in vals)
 
 
-def _f16_exact(x, shape) -> bool:
+def _f16_exact(x, shape, pos_max: int = 0) -> bool:
     """Whether f16 holds every value of x over an index of `shape` exactly: integers of
-    magnitude at most 2048 (a runtime scalar's are unknown: no)."""
+    magnitude at most 2048, a runtime scalar (a cache position) taken in [0, pos_max]."""
     r = len(shape)
     if x[0] == "sel":
         try:
             return all(struct.unpack("<e", struct.pack("<e", v))[0] == v for v in (x[2], x[3]))
         except OverflowError:
             return False
-    if any(not isinstance(k, int) for k in x[2]) or not _integral(x):
+    if not _integral(x):
         return False
-    top = abs(x[1]) + sum(abs(c) * (shape[k] - 1) for k, c in x[2].items() if -r <= k < 0)
+    top = abs(x[1]) + sum(abs(c) * (shape[k] - 1) for k, c in x[2].items()
+                     if isinstance(k, int) and -r <= k < 0) \
+        + sum(abs(c) * pos_max for k, c in x[2].items() if not isinstance(k, int))
     return top <= 2048
 
 

@@ -119,6 +119,7 @@ class Fusion(StorageRules, GroupRules, SumRules):
         for op in set(self.prologue.values()):
             self.mat.discard(op.a)
             self.mat.discard(op.s)
+            self.mat.difference_update(op.dep)  # a rounded sum (fusion_prologue._rounded_sum)
         self._form_groups()
         self._merge_siblings()
         self._merge()

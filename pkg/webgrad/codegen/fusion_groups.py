@@ -354,7 +354,21 @@ class GroupRules:
         if v.op != "slice" or v.attrs["axis"] != len(v.shape) - 1 or len(v.shape) != 2:
             return None
         x = v.inputs[0]
+        while x not in self.mat and g[x].op == "cast" and g[x].attrs.get("dtype") == "f32" \
+                and g[g[x].inputs[0]].dtype == "f32":
+            # an f32 node widened to f32 (precision="f16" held in f32, f16_in_f32: the
+            # product's output rounded, then read as f32): the same values
+            x = g[x].inputs[0]
         return (x, v.attrs["start"], v.attrs["stop"]) if x in self.mat else None
+
+    def _bound_outputs(self, h: int) -> list[int]:
+        """Group h's outputs that its kernel stores: those another group reads, the
+        program's roots and its cache rows. Not a value only its own epilogue reads
+        (precision="f16"'s rounded product, _half_results: computed, rounded, read on)."""
+        H, g = self.groups[h], self.g
+        roots = {self.storage_base(r) for r in list(g.outputs.values()) + list(g.writebacks.values())}
+        read = {x for k in self.groups if k != h for x in self.loads(k)}
+        return [o for o in H.outputs if o in H.rows or o in roots or o in read]
 
     def _rows_readers(self, s: int) -> list[int]:
         return [r for r in self.groups if r != self.group_of[s] and s in self.loads(r)]
@@ -383,7 +397,8 @@ class GroupRules:
         for x, at in self._reads([(vals, True), (g[s].inputs[2], False)]).items():
             loads[x] = loads.get(x, True) and at
         limit = self.limits.max_storage_buffers_per_shader_stage - self.scratch_bindings(H.main)
-        if self.binding_estimate(H.outputs + [s], loads) > limit:
+        if self.binding_estimate(H.outputs + [s], loads) > limit and \
+                self.binding_estimate(self._bound_outputs(h) + [s], loads) > limit:
             return False
         H.rows.append(s)
         if cut is not None:

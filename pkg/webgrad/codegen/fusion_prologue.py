@@ -102,7 +102,7 @@ def _chain(fu, a: int, roots) -> RowOperand | None:
     while stack:
         n, ax = stack.pop()
         node = g[n]
-        if n != a and fu.has_storage(n):
+        if n != a and fu.has_storage(n) and not _rounded_sum(fu, n):
             if node.op == "sum":
                 sums.setdefault(n, set()).add(ax)
             continue
@@ -129,6 +129,15 @@ def _chain(fu, a: int, roots) -> RowOperand | None:
     hoist = tuple((n, min(inner[n], key=str)) for n in sorted(dep)
                   if all(ax is not None and kax not in ax for ax in inner[n]))
     return RowOperand(a, s, hoist, frozenset(dep - {a}))
+
+
+def _rounded_sum(fu, n: int) -> bool:
+    """Is stored node n a sum's only reader, its f16 rounding (precision="f16": the sum's
+    kernel would store it rounded, fusion_storage._half_results)? The chain then reads
+    through it: the product rounds the sum as it computes it."""
+    node = fu.g[n]
+    return node.op == "cast" and node.attrs.get("dtype") == "f16" \
+        and fu.g[node.inputs[0]].op == "sum" and fu.cons[node.inputs[0]] == [n]
 
 
 def _not_a_row_sum(s, y) -> bool:

@@ -100,7 +100,7 @@ class StorageRules:
                     self.mat.add(y)         # an expression under the view: store it
 
     def _query_expr(self, n) -> bool:
-        """Is n an attn_out whose queries stay an expression, computed by the attention
+        """Is n an attn_out (or its inference attn_lse) whose queries stay an expression, computed by the attention
         kernel's emitter as it stages its own rows (the tiled kernel: again for each block
         of keys, a decoding step's 4 rows of 64 beside 64 keys of 64)? Where storing them
         would take an elementwise kernel of its own (a decoding step's q rope, which reads
@@ -109,7 +109,8 @@ class StorageRules:
         GPUs, True on any adapter, False never. The queries must be f32 and no part of
         them an output or written back."""
         want = self.limits.options.attn_q_expr
-        if n.op != "attn_out" or want is False or (want is None and self.limits.cpu):
+        if want is False or (want is None and self.limits.cpu) or not (
+                n.op == "attn_out" or (n.op == "attn_lse" and self._inference_lse(n.id))):
             return False
         g = self.g
         y = n.inputs[0]
@@ -123,6 +124,12 @@ class StorageRules:
             return False
         return not any(m in self.mat and g[m].size == g[y].size and ats == {True}
                        for m, ats in reads.items())
+
+    def _inference_lse(self, n: int) -> bool:
+        """Is attn_lse n read by attn_out alone (precision="mixed"/"f16" inference, whose
+        rounded probabilities take the lse first: attention_match): its queries are those
+        of attn_out, an expression for both."""
+        return all(self.g[c].op == "attn_out" for c in self.cons[n])
 
     def _transposed_reads(self):
         """Rule 2, GPU adapters: a large transpose of the last two axes of a stored tensor
