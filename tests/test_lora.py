@@ -182,6 +182,25 @@ def test_lora_with_the_rank_products_in_the_base_products_epilogues_equals_peft(
     steps_equal_peft(c, pm.train(), cfg.vocab_size, 30, 3, lr=1e-2, weight_decay=0.05)
 
 
+
+@pytest.mark.webgpu
+def test_gpt2_lora_with_the_rank_products_in_the_base_products_epilogues_equals_peft():
+    """The same for GPT-2's Conv1D layers (x W + b, PEFT's fan_in_fan_out): a bias between
+    the product and the adapter's sum, B read through the other layout."""
+    from test_llama import _forced_backend
+    hf = hf_gpt2(GCFG, 0)
+    sd = {k.removeprefix("transformer."): v for k, v in sd_numpy(hf).items()
+          if k != "lm_head.weight" and not k.endswith(".attn.bias")}
+    lo = lora.LoRA(lambda: gpt2.GPT2Module(GCFG), r=4, lora_alpha=8, target_modules=["c_attn", "c_proj"])
+    ad = random_adapters(lo, 9)
+    c = lora_compiled(lo, sd, _forced_backend(lowrank_epilogue=True), adapters=ad,
+                      optimizer=optim.AdamW(lr=1e-2))
+    mm = [n for n in c._train.exe.kernel_names if n.startswith("matmul ")]
+    assert mm and not any(" K=4 " in n for n in mm), mm
+    pm = peft_from(hf, lo, ad, fan_in_fan_out=True).train()
+    steps_equal_peft(c, pm, GCFG.vocab_size, 20, 3, lr=1e-2)
+
+
 def test_only_the_adapters_have_gradients_and_optimizer_state(base):
     _, cfg, sd = base
     lo = lora.LoRA(lambda: llama.LlamaModule(cfg), r=2, lora_alpha=4, target_modules=["q_proj"])
