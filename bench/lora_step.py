@@ -9,6 +9,7 @@ webgrad's step time <= 1.0x PEFT's.
                                                                         # (torch) where no GPU is
     python3 bench/lora_step.py --rows 1b --profile 25                   # and where webgrad's time goes
     python3 bench/lora_step.py --rows 1b --set split_thin=0             # a kernel option changed
+    python3 bench/lora_step.py --rows 1b --set lowrank_epilogue=False   # K = 16 products as kernels
     python3 bench/lora_step.py --rows 1b --kernels --layers 2           # no device: the step lowered
                                                                         # for an H200, kernels by class
 

@@ -158,6 +158,49 @@ def test_lora_adamw_steps_equal_peft(base, backend):
     assert all(np.array_equal(after[n], sd[n]) for n in lo.base_names)
 
 
+@pytest.mark.webgpu
+def test_lora_with_the_rank_products_in_the_base_products_epilogues_equals_peft(base):
+    """KernelOptions.lowrank_epilogue forced on this adapter (GPUs' default; CPU adapters
+    keep the rank-r products as kernels of their own): (x A^T) B^T and (dY B) A are summed
+    by the base products' epilogues (codegen/lowrank.py), so no K = r product is a kernel;
+    the forward logits and the AdamW steps' losses still equal PEFT's."""
+    from test_llama import _forced_backend
+    hf, cfg, sd = base
+    lo = lora.LoRA(lambda: llama.LlamaModule(cfg), r=4, lora_alpha=8, target_modules=TARGETS)
+    ad = random_adapters(lo, 7)
+    c = lora_compiled(lo, sd, _forced_backend(lowrank_epilogue=True), adapters=ad,
+                      optimizer=optim.AdamW(lr=1e-2, weight_decay=0.05))
+    ids = sequences(8, cfg.vocab_size)[:, :T]
+    fwd = c.compile_forward(llama_logits, inputs={"tokens": ([B, T], "i32")})
+    for names in (c._train.exe.kernel_names, fwd._prog.exe.kernel_names):
+        mm = [n for n in names if n.startswith("matmul ")]
+        assert mm and not any(" K=4 " in n for n in mm), mm
+    pm = peft_from(hf, lo, ad).eval()
+    with torch.no_grad():
+        theirs = pm(torch.tensor(ids, dtype=torch.long)).logits.numpy()
+    assert rel(np.asarray(fwd.run({"tokens": ids})), theirs) <= 1e-5
+    steps_equal_peft(c, pm.train(), cfg.vocab_size, 30, 3, lr=1e-2, weight_decay=0.05)
+
+
+
+@pytest.mark.webgpu
+def test_gpt2_lora_with_the_rank_products_in_the_base_products_epilogues_equals_peft():
+    """The same for GPT-2's Conv1D layers (x W + b, PEFT's fan_in_fan_out): a bias between
+    the product and the adapter's sum, B read through the other layout."""
+    from test_llama import _forced_backend
+    hf = hf_gpt2(GCFG, 0)
+    sd = {k.removeprefix("transformer."): v for k, v in sd_numpy(hf).items()
+          if k != "lm_head.weight" and not k.endswith(".attn.bias")}
+    lo = lora.LoRA(lambda: gpt2.GPT2Module(GCFG), r=4, lora_alpha=8, target_modules=["c_attn", "c_proj"])
+    ad = random_adapters(lo, 9)
+    c = lora_compiled(lo, sd, _forced_backend(lowrank_epilogue=True), adapters=ad,
+                      optimizer=optim.AdamW(lr=1e-2))
+    mm = [n for n in c._train.exe.kernel_names if n.startswith("matmul ")]
+    assert mm and not any(" K=4 " in n for n in mm), mm
+    pm = peft_from(hf, lo, ad, fan_in_fan_out=True).train()
+    steps_equal_peft(c, pm, GCFG.vocab_size, 20, 3, lr=1e-2)
+
+
 def test_only_the_adapters_have_gradients_and_optimizer_state(base):
     _, cfg, sd = base
     lo = lora.LoRA(lambda: llama.LlamaModule(cfg), r=2, lora_alpha=4, target_modules=["q_proj"])
@@ -271,7 +314,9 @@ def test_h200_lora_step_runs_the_rank_16_products_unsplit_and_the_updates_in_the
     smaller tiles at a longer K step (as many workgroups and K steps as the chunks:
     KernelOptions.split_thin) and the gradients are computed in the factors' layout, so
     that the updates join their kernels (thin_grads): 87 of 166. Left split: dY B of gate
-    and up (K = 8192, 16 chunks: 256 workgroups against 64 unsplit)."""
+    and up (K = 8192, 16 chunks: 256 workgroups against 64 unsplit). The K = 16 products,
+    (x A^T) B^T and (dY B) A, are summed by the base products' epilogues
+    (KernelOptions.lowrank_epilogue, codegen/lowrank.py): 62 of 141, no K = 16 kernel."""
     from dataclasses import replace
     from webgrad.codegen import KernelOptions, Limits, lower
     g = _lora_1b_step(2)
@@ -282,13 +327,21 @@ def test_h200_lora_step_runs_the_rank_16_products_unsplit_and_the_updates_in_the
     def rank16(names):
         return [n for n in names if n.startswith("matmul ")
                 and ("16" in n.split(" ")[1].split("x") or " K=16 " in n)]
-    names = lower(g, h200)[1]
+    fused = lower(g, h200)[1]
+    assert len(fused) == 141 and len(rank16(fused)) == 62, fused
+    assert not [n for n in fused if " K=16 " in n]
+    # without the low-rank epilogues: (x A^T) B^T and (dY B) A kernels of their own, 25
+    names = lower(g, replace(h200, options=KernelOptions(lowrank_epilogue=False)))[1]
     assert len(names) == 166 and len(rank16(names)) == 87, names
+    assert sorted(set(names) - set(fused)) == [
+        "matmul 4x512x2048 K=16 tile 128x128x8", "matmul 4x512x512 K=16 tile 64x64x16",
+        "matmul 4x512x8192 K=16 tile 128x128x8"]
     assert [n for n in rank16(names) if "split" in n or "sum of" in n] == [
         "matmul 4x512x16 K=8192 tile 128x16x16 split 16", "matmul 4x512x16 sum of 16 K chunks"] * 6
-    unsplit = lower(g, replace(h200, options=KernelOptions(thin_grads=False)))[1]
+    off = KernelOptions(lowrank_epilogue=False, thin_grads=False)
+    unsplit = lower(g, replace(h200, options=off))[1]
     assert len(unsplit) == 166 + 2 * 14 and len(rank16(unsplit)) == 87
-    before = lower(g, replace(h200, options=KernelOptions(split_thin=0, thin_grads=False)))[1]
+    before = lower(g, replace(h200, options=replace(off, split_thin=0)))[1]
     assert len(before) == 236 and len(rank16(before)) == 129
     # a CPU adapter (no split-K rows: the products were never split) keeps the updates
     # in the products too

@@ -368,3 +368,45 @@ def test_gemv_kernel_in_a_training_step():
     names = [n for n in lowered_kernel_names(record, GEMV) if n.startswith("matmul")]
     assert any(" gemv " in n for n in names), names
     oracle.check(record, "webgpu", GEMV)
+
+
+# y = x W^T + s (x A^T) B^T: the rank-r product computed in the base product's epilogue
+# (codegen/lowrank.py), under each kernel form this adapter can be made to run
+LOWRANK_FORMS = {
+    "default": {},
+    "tiled": {"force_config": mm.Config(4, 4, 8, wx=4, wy=4)},
+    "h200_wide": {"force_config": H200_CONFIGS["wide"]},         # T = 2048 rows on the H200
+    "h200_split": {"force_config": H200_CONFIGS["split_group"]},  # the chunk sum's epilogue
+    "gemv": {"force_gemv": True, "gemv_n_fast": True},
+}
+
+
+LOWRANK_CASES = [((3, 37, 29), 43, 5, f) for f in LOWRANK_FORMS if f != "gemv"] + [
+    ((2, 19, 33), 21, 16, "default"), ((2, 19, 33), 21, 16, "tiled"),   # r = 16: the limit
+    ((1, 3, 29), 43, 7, "default"), ((1, 3, 29), 43, 7, "gemv")]  # a few rows: gemv cpu, gemv
+
+
+@pytest.mark.parametrize("xs,out,r,form", LOWRANK_CASES)
+def test_lowrank_product_in_the_base_products_epilogue(xs, out, r, form):
+    """With KernelOptions.lowrank_epilogue forced, (x A^T) B^T (K = r <= 16) is no kernel
+    of its own: the base product's epilogue sums it, and the result equals float64 numpy's;
+    without it, the K = r product is a kernel of its own."""
+    rng = np.random.default_rng(r + xs[1])
+    inn = xs[-1]
+    x, w, a, b = (rng.standard_normal(s).astype(np.float32)
+                  for s in (xs, (out, inn), (r, inn), (out, r)))
+
+    def fn(x, w, a, b):
+        t = ops.swap_axes
+        return x @ t(w, 0, 1) + ((x @ t(a, 0, 1)) @ t(b, 0, 1)) * 2.0
+    specs = {"x": list(xs), "w": [out, inn], "a": [r, inn], "b": [out, r]}
+    want = x.astype(np.float64) @ w.T.astype(np.float64) + 2.0 * (
+        (x.astype(np.float64) @ a.T.astype(np.float64)) @ b.T.astype(np.float64))
+    for on in (True, False):
+        f = forward(fn, specs, options=KernelOptions(lowrank_epilogue=on, **LOWRANK_FORMS[form]))
+        names = [n for n in exe(f).kernel_names if n.startswith("matmul")]
+        assert any(f" K={r}" in n for n in names) != on, names
+        assert any(" sum of " in n for n in names) == (form == "h200_split"), names
+        assert any(" gemv " in n and " cpu " not in n for n in names) == (form == "gemv"), names
+        got = f.run({"x": x, "w": w, "a": a, "b": b})
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())

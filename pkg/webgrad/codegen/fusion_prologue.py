@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from .emit import EXPR_RULES
 from .gemv_prologue import RowOperand, input_axes
-from .kinds import ELEMENTWISE_OPS
+from .kinds import ELEMENTWISE_OPS, KERNEL_OPS
 from .matmul import b_k_fast, matmul_dims
 from .matmul_config import gemv_cpu_form, group_config
 
@@ -90,6 +90,7 @@ def _chain(fu, a: int, roots) -> RowOperand | None:
     g = fu.g
     A = g[a]
     if (a not in fu.mat or a in fu.stored or a in roots or A.op not in EXPR_RULES
+            or A.op in KERNEL_OPS  # a kernel's output (a product has a rule too: lowrank.py)
             or A.dtype != "f32"):
         return None
     kax = len(A.shape) - 1

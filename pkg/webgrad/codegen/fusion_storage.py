@@ -15,6 +15,7 @@ from .elementwise import const_fill
 from .emit import EXPR_RULES
 from .kinds import ELEMENTWISE_OPS, KERNEL_OPS, LEAF_OPS, VIEW_OPS, cost_of, lowering_of
 from .layout import merge_batch_into_k, strided_view, swaps_last_two
+from .lowrank import lowrank_products
 from .quant import quant_base
 
 
@@ -35,18 +36,28 @@ class StorageRules:
         return self.has_storage(n) or quant_base(self.g, n, self.has_storage)
 
     def _classify(self):
+        lowrank = self._lowrank()
         for n in self.g.nodes:
             if n.op in LEAF_OPS:
                 self.stored.add(n.id)
             elif n.op == "const" and const_fill(n) is None:
                 self.stored.add(n.id)
-            elif n.op in KERNEL_OPS:
+            elif n.op in KERNEL_OPS and n.id not in lowrank:
                 self.mat.add(n.id)
             elif n.op not in EXPR_RULES:
                 where = f" (at {n.loc})" if n.loc else ""
                 raise FusionError(f"backend 'webgpu' cannot lower op {n.op!r} (%{n.id}){where}")
             if n.op == "dequantize" and not self.has_storage(n.inputs[0]):
                 self.mat.add(n.inputs[0])  # its readers decode the words from a buffer
+
+    def _lowrank(self) -> set[int]:
+        """Rule 1's exception: the small products that are expressions, computed in the
+        epilogue of the product they are added to (codegen/lowrank.py)"""
+        want = self.limits.options.lowrank_epilogue
+        if want is False or (want is None and self.limits.cpu):
+            return set()
+        roots = set(self.g.outputs.values()) | set(self.g.writebacks.values())
+        return lowrank_products(self.g, self.cons, roots)
 
     def _half_results(self):
         """Where f16 values are stored in f16 (the device has shader-f16, no f16_emulation:

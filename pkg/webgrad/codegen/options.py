@@ -114,6 +114,10 @@ class KernelOptions:
     # split_thin) is computed in its parameter's layout, so that the optimizer's update joins
     # its product's kernel (codegen/thin_grads.py); False: in the layout the matmul rule gives
     thin_grads: bool = True
+    # True / False: a product over K <= 16 added elementwise to a larger product's output
+    # (LoRA's (x A^T) B^T, (dY B) A) is computed in that product's epilogue
+    # (codegen/lowrank.py), on any adapter / on none; None: on GPUs
+    lowrank_epilogue: bool | None = None
     # an ADAPTER_TILINGS row (a dict) used in place of the adapter's own (tests)
     tiling_row: dict | None = None
 
