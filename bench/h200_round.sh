@@ -51,6 +51,7 @@ case $part in
     step lora "$py" bench/lora_step.py --rows 1b
     step lora_split "$py" bench/lora_step.py --rows 1b --no-torch --set split_thin=0
     step lora_layout "$py" bench/lora_step.py --rows 1b --no-torch --set thin_grads=False
+    step lora_lowrank "$py" bench/lora_step.py --rows 1b --no-torch --set lowrank_epilogue=False
     step load "$py" bench/llama_load.py bf16 --runs 2
     ;;
 *)  echo "h200_round.sh: PART is 1, 2, 3 or 4" >&2; exit 2 ;;
