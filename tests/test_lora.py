@@ -24,6 +24,7 @@ peft = pytest.importorskip("peft")
 
 import webgrad as wg  # noqa: E402
 from webgrad import lora, ops, optim  # noqa: E402
+from webgrad.codegen import matmul_config as mm  # noqa: E402
 from webgrad.models import gpt2, llama  # noqa: E402
 from backends import WEBGPU  # noqa: E402
 from test_gpt2 import hf_model as hf_gpt2  # noqa: E402
@@ -158,6 +159,12 @@ def test_lora_adamw_steps_equal_peft(base, backend):
     assert all(np.array_equal(after[n], sd[n]) for n in lo.base_names)
 
 
+# the tiled product kernel for every product of the forced-epilogue tests: lavapipe's own
+# barrier-free kernel with the rank-r sum in its epilogue (inlined for each of its 64
+# outputs a thread) takes LLVM about a minute to compile on an empty shader cache
+TILED = mm.Config(4, 4, 8, wx=4, wy=4)
+
+
 @pytest.mark.webgpu
 def test_lora_with_the_rank_products_in_the_base_products_epilogues_equals_peft(base):
     """KernelOptions.lowrank_epilogue forced on this adapter (GPUs' default; CPU adapters
@@ -168,8 +175,8 @@ def test_lora_with_the_rank_products_in_the_base_products_epilogues_equals_peft(
     hf, cfg, sd = base
     lo = lora.LoRA(lambda: llama.LlamaModule(cfg), r=4, lora_alpha=8, target_modules=TARGETS)
     ad = random_adapters(lo, 7)
-    c = lora_compiled(lo, sd, _forced_backend(lowrank_epilogue=True), adapters=ad,
-                      optimizer=optim.AdamW(lr=1e-2, weight_decay=0.05))
+    c = lora_compiled(lo, sd, _forced_backend(lowrank_epilogue=True, force_config=TILED),
+                      adapters=ad, optimizer=optim.AdamW(lr=1e-2, weight_decay=0.05))
     ids = sequences(8, cfg.vocab_size)[:, :T]
     fwd = c.compile_forward(llama_logits, inputs={"tokens": ([B, T], "i32")})
     for names in (c._train.exe.kernel_names, fwd._prog.exe.kernel_names):
@@ -193,8 +200,8 @@ def test_gpt2_lora_with_the_rank_products_in_the_base_products_epilogues_equals_
           if k != "lm_head.weight" and not k.endswith(".attn.bias")}
     lo = lora.LoRA(lambda: gpt2.GPT2Module(GCFG), r=4, lora_alpha=8, target_modules=["c_attn", "c_proj"])
     ad = random_adapters(lo, 9)
-    c = lora_compiled(lo, sd, _forced_backend(lowrank_epilogue=True), adapters=ad,
-                      optimizer=optim.AdamW(lr=1e-2))
+    c = lora_compiled(lo, sd, _forced_backend(lowrank_epilogue=True, force_config=TILED),
+                      adapters=ad, optimizer=optim.AdamW(lr=1e-2))
     mm = [n for n in c._train.exe.kernel_names if n.startswith("matmul ")]
     assert mm and not any(" K=4 " in n for n in mm), mm
     pm = peft_from(hf, lo, ad, fan_in_fan_out=True).train()

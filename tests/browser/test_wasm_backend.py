@@ -99,7 +99,7 @@ finally:
     assert "software fallback" in info_off["reason"] and "swiftshader" in info_off["reason"].lower()
     assert "backend='webgpu'" in info_off["reason"], info_off
     assert info_on["backend"] == "webgpu" and "swiftshader" in info_on["engine"].lower(), info_on
-    assert info_on["reason"] == "a WebGPU adapter is available", info_on
+    assert "software fallback" in info_on["reason"] and "webgradAuto" in info_on["reason"], info_on
     ref = models.compile_mlp("reference", seed=0)
     rng = random.Random(1)
     want = [ref.step(models.sin_batch(rng)) for _ in range(3)]

@@ -34,16 +34,25 @@ _no_webgpu = None  # why prepare_async() got no WebGPU device: 'auto' then asks 
 AUTO_GLOBAL = "webgradAuto"  # globalThis[this] = "webgpu": auto keeps a fallback adapter
 
 
+def _browser_fallback(info: str, fallback: bool) -> bool:
+    """In the browser, is the adapter described by `info` a software fallback (`fallback`:
+    its isFallbackAdapter, else its description's words)?"""
+    from .onnx_runtime import in_pyodide
+    from .webgpu import is_cpu_adapter
+    return in_pyodide() and (fallback or is_cpu_adapter(info))
+
+
+def _auto_kept() -> bool:
+    """Does globalThis[AUTO_GLOBAL] ask backend='auto' to keep a fallback adapter?"""
+    import js
+    return str(getattr(js.globalThis, AUTO_GLOBAL, None) or "") == "webgpu"
+
+
 def _software_adapter(info: str, fallback: bool) -> str | None:
     """In the browser, `info` (an adapter's description) when that adapter is a software
     fallback (`fallback`: its isFallbackAdapter) that backend='auto' passes over for 'wasm';
     None otherwise: in CPython, or where globalThis[AUTO_GLOBAL] is "webgpu"."""
-    from .onnx_runtime import in_pyodide
-    from .webgpu import is_cpu_adapter
-    if not in_pyodide() or not (fallback or is_cpu_adapter(info)):
-        return None
-    import js
-    if str(getattr(js.globalThis, AUTO_GLOBAL, None) or "") == "webgpu":
+    if not _browser_fallback(info, fallback) or _auto_kept():
         return None
     return info or "unnamed adapter"
 
@@ -76,8 +85,12 @@ def get_backend(spec, *, options=None) -> Backend:
             from .webgpu import WebGPUBackend
             b = WebGPUBackend(options=options)
             _auto_why = "a WebGPU adapter is available"
-            software = _software_adapter(b.limits.adapter, getattr(b.host, "fallback", False))
+            adapter, fallback = b.limits.adapter, getattr(b.host, "fallback", False)
+            software = _software_adapter(adapter, fallback)
             if software is None:
+                if _browser_fallback(adapter, fallback):   # kept by the global
+                    _auto_why = (f"the WebGPU adapter is a software fallback ({adapter}), kept "
+                                 f"by globalThis.{AUTO_GLOBAL} = 'webgpu'")
                 return b
             try:
                 cpu = get_backend("wasm")
