@@ -113,12 +113,11 @@ def apply_precision(g: Graph, precision: str) -> tuple[Graph, dict[int, int]]:
                 half[i] = val[i]
             elif n.op == "cast" and g[n.inputs[0]].dtype == "f16":  # an f16 value widened
                 half[i] = as_f16(n.inputs[0])
-            elif i in exact and n.op in _LAYOUT and n.dtype == "f32":
-                # a view of rounded values (exact): the same view of their f16 values
-                half[i] = new.add(n.op, [as_f16(n.inputs[0])], n.shape, "f16", n.attrs, n.loc)
-            elif n.op in ("transpose", "reshape") and n.dtype == "f32" and held_f16(n.inputs[0]):
-                # a view of a value already held in f16 (an f16 weight's transpose in a tied
-                # LM head): the same view of the f16 value, not a rounded copy of the view
+            elif n.dtype == "f32" and ((i in exact and n.op in _LAYOUT) or (
+                    n.op in ("transpose", "reshape") and held_f16(n.inputs[0]))):
+                # a view of rounded values (exact), or of a value already held in f16 (an
+                # f16 weight's transpose in a tied LM head): the same view of the f16
+                # values, not a rounded copy of the view
                 half[i] = new.add(n.op, [as_f16(n.inputs[0])], n.shape, "f16", n.attrs, n.loc)
             else:  # exact: a cache row write of rounded rows, whose f16 form is its own
                 # value (the cast only names the type: f16_in_f32 makes it a view)

@@ -366,7 +366,7 @@ class GroupRules:
         program's roots and its cache rows. Not a value only its own epilogue reads
         (precision="f16"'s rounded product, _half_results: computed, rounded, read on)."""
         H, g = self.groups[h], self.g
-        roots = {self.storage_base(r) for r in list(g.outputs.values()) + list(g.writebacks.values())}
+        roots = {self.storage_base(r) for r in g.roots()}
         read = {x for k in self.groups if k != h for x in self.loads(k)}
         return [o for o in H.outputs if o in H.rows or o in roots or o in read]
 

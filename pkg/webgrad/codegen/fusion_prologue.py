@@ -35,7 +35,7 @@ def row_prologues(fu) -> dict[int, RowOperand]:
     want = limits.options.gemv_prologue
     if want is False or (want is None and limits.cpu) or gemv_cpu_form(limits):
         return {}
-    roots = {fu.storage_base(r) for r in list(g.outputs.values()) + list(g.writebacks.values())}
+    roots = {fu.storage_base(r) for r in g.roots()}
     out: dict[int, RowOperand] = {}
     seen: set[int] = set()
     for n in g.nodes:

@@ -56,8 +56,7 @@ class StorageRules:
         want = self.limits.options.lowrank_epilogue
         if want is False or (want is None and self.limits.cpu):
             return set()
-        roots = set(self.g.outputs.values()) | set(self.g.writebacks.values())
-        return lowrank_products(self.g, self.cons, roots)
+        return lowrank_products(self.g, self.cons, set(self.g.roots()))
 
     def _half_results(self):
         """Where f16 values are stored in f16 (the device has shader-f16, no f16_emulation:
@@ -129,7 +128,7 @@ class StorageRules:
             y = g[y].inputs[0]
         if self.has_storage(y) or g[n.inputs[0]].dtype != "f32":
             return False
-        roots = set(g.outputs.values()) | set(g.writebacks.values())
+        roots = set(g.roots())
         reads = self.stored_reads([(y, True)], stop=lambda x: x in roots)
         if reads is None:   # part of the queries is an output or written back
             return False

@@ -148,10 +148,10 @@ class GroupCtx:
             v = main_val if n == G.main else em.value(n, Idx(self.g[n].shape, flat=flat))
             vals.append((self.storage(n), v))
         cuts = self._low.fu.row_cuts
-        rows = [(r, em.value(cuts[r][0] if r in cuts else self.g[r].inputs[1],
-                             Idx(self.g[cuts[r][0] if r in cuts else self.g[r].inputs[1]].shape,
-                                 flat=flat)))
-                for r in self.rows]
+        rows = []
+        for r in self.rows:   # the rows' values: the new rows, or the product cut into them
+            src = cuts[r][0] if r in cuts else self.g[r].inputs[1]
+            rows.append((r, em.value(src, Idx(self.g[src].shape, flat=flat))))
         for st, v in vals:
             em.store(st, flat, v)
         for r, v in rows:  # into the cache's rows at the start (codegen/rows.py's in-place form)

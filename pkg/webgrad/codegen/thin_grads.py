@@ -40,7 +40,7 @@ def thin_grads(g: Graph, limits) -> Graph:
     if not opts.thin_grads or not opts.split_thin:
         return g
     cons = g.consumers()
-    kept = set(g.outputs.values()) | set(g.writebacks.values())
+    kept = set(g.roots())
 
     def only(reader, x) -> bool:   # x is read by `reader` alone and is no output
         return cons[x] == [reader] and x not in kept
