@@ -6,7 +6,7 @@
 #   run(command="source .device/env.sh; bash bench/h200_round.sh 1", carry=[".device"])
 #
 # Each part writes its commands' output to $OUT/h200_round_PART_*.txt (or ./h200_round/ where
-# $OUT is unset) and goes on past a failing command. Part 2 also builds llama.cpp's CUDA
+# $OUT is unset) and goes on past a failing command. Part 1 also builds llama.cpp's CUDA
 # llama-bench from .device/lc/llamacpp-src.tar.xz (bench/llama_cpp_cuda.sh; about 300 s on
 # the 16 cores) while webgrad's own benches run on the GPU.
 set -uo pipefail
@@ -15,44 +15,47 @@ out=${OUT:-h200_round}
 mkdir -p "$out"
 py=${PYTHON:-python3}
 
-step() {   # step NAME COMMAND...: run it, its output to a file and to the log
-    local name=$1; shift
-    echo "== $name: $*"
-    "$@" 2>&1 | tee "$out/h200_round_${part}_${name}.txt" | tail -40
+step() {   # step NAME SECONDS COMMAND...: run it (stopped after SECONDS), its output to a file and to the log
+    local name=$1 secs=$2; shift 2
+    echo "== $name (at most ${secs} s): $*"
+    timeout -k 5 "$secs" "$@" 2>&1 | tee "$out/h200_round_${part}_${name}.txt" | tail -40
 }
 
+# each part's limits add up to under a device call's 600 s, the most telling step first
 case $part in
-1)  # Llama-3.2-1B-shaped decode: the types against transformers fp32 / bf16, then webgrad's
-    # decode forms one at a time (fusion rules 8 and 9, the q rope read by the attention,
-    # the int8-activation quantized product)
-    step decode "$py" bench/llama_decode.py --types F32,F16,Q4_K_M --profile 25 --exact-timestamps
-    step q8dot "$py" bench/llama_decode.py --types Q4_K_M --no-torch --set gemv_q8_dot=True --profile 25 --exact-timestamps
-    step no_rows "$py" bench/llama_decode.py --types Q4_K_M --no-torch --set write_rows_epilogue=False
-    step no_prologue "$py" bench/llama_decode.py --types Q4_K_M --no-torch --set gemv_prologue=False
-    step no_qexpr "$py" bench/llama_decode.py --types Q4_K_M --no-torch --set attn_q_expr=False
-    ;;
-2)  # llama.cpp's CUDA decode on the same Q4_K_M file, built while GPT-2's decode rows run
-    bash bench/llama_cpp_cuda.sh .device/lc/llamacpp-src.tar.xz /tmp/lcb > "$out/h200_round_2_build.txt" 2>&1 &
+1)  # Llama-3.2-1B-shaped decode: the types against transformers fp32 / bf16, llama.cpp's CUDA
+    # build on the same Q4_K_M file (built meanwhile), the int8-activation quantized product
+    bash bench/llama_cpp_cuda.sh .device/lc/llamacpp-src.tar.xz /tmp/lcb > "$out/h200_round_1_build.txt" 2>&1 &
     build=$!
-    step gpt2_decode "$py" bench/gpt2_decode.py --dtypes f32,f16 --peers fp32,bf16
-    step gpt2_decode_no_rows "$py" bench/gpt2_decode.py --dtypes f32,f16 --set write_rows_epilogue=False
+    step decode 230 "$py" bench/llama_decode.py --types F32,F16,Q4_K_M --profile 25 --exact-timestamps
+    step q8dot 90 "$py" bench/llama_decode.py --types Q4_K_M --no-torch --set gemv_q8_dot=True --profile 25 --exact-timestamps
     wait $build
-    step llama_cpp "$py" bench/llama_decode.py --types Q4_K_M --no-torch --llama-bench /tmp/lcb/build/bin/llama-bench
+    step llama_cpp 120 "$py" bench/llama_decode.py --types Q4_K_M --no-torch --llama-bench /tmp/lcb/build/bin/llama-bench
+    step llama_cpp_q8dot 90 "$py" bench/llama_decode.py --types Q4_K_M --no-torch --set gemv_q8_dot=True --llama-bench /tmp/lcb/build/bin/llama-bench
     ;;
-3)  # GPT-2 training in precision="mixed": attention fused under mixed against unfused, and
-    # the medium row, against torch bf16 autocast in the same run
-    step train "$py" bench/gpt2_train.py --rows gpt2 --precision mixed,f32 --peers bf16,fp32 --track 3 --profile 0
-    step train_unfused "$py" bench/gpt2_train.py --rows gpt2 --precision mixed --no-torch --set attn_mixed=False --profile 0
-    step medium "$py" bench/gpt2_train.py --rows medium --precision mixed --peers bf16 --track 2 --profile 0
-    step medium_unfused "$py" bench/gpt2_train.py --rows medium --precision mixed --no-torch --set attn_mixed=False --profile 0
+2)  # GPT-2 training in precision="mixed" against torch bf16 autocast in the same run, the
+    # medium row, fused attention under mixed against unfused; GPT-2's f16 decode
+    step train 190 "$py" bench/gpt2_train.py --rows gpt2 --precision mixed,f32 --peers bf16,fp32 --track 3 --profile 0
+    step medium 170 "$py" bench/gpt2_train.py --rows medium --precision mixed --peers bf16 --track 2 --profile 0
+    step gpt2_decode 120 "$py" bench/gpt2_decode.py --dtypes f32,f16 --peers fp32,bf16
+    step train_unfused 80 "$py" bench/gpt2_train.py --rows gpt2 --precision mixed --no-torch --set attn_mixed=False --profile 0
     ;;
-4)  # the f16 matmul's tilings, the LoRA step's thin products, the bf16 load
-    step mma_sweep "$py" bench/matmul_f16.py --sweep
-    step lora "$py" bench/lora_step.py --rows 1b
-    step lora_split "$py" bench/lora_step.py --rows 1b --no-torch --set split_thin=0
-    step lora_layout "$py" bench/lora_step.py --rows 1b --no-torch --set thin_grads=False
-    step lora_lowrank "$py" bench/lora_step.py --rows 1b --no-torch --set lowrank_epilogue=False
-    step load "$py" bench/llama_load.py bf16 --runs 2
+3)  # the LoRA step's forms, the f16 matmul's tilings, the bf16 load, the decode A/Bs
+    step lora 150 "$py" bench/lora_step.py --rows 1b
+    step lora_lowrank 90 "$py" bench/lora_step.py --rows 1b --no-torch --set lowrank_epilogue=False
+    step mma_sweep 150 "$py" bench/matmul_f16.py --sweep
+    step load 80 "$py" bench/llama_load.py bf16 --runs 2
+    step no_rows 90 "$py" bench/gpt2_decode.py --dtypes f32,f16 --set write_rows_epilogue=False
+    ;;
+4)  # after parts 1-3 (2026-12-04): the mixed step's profile with attention unfused, the
+    # medium row unfused, the LoRA step's other forms with the low-rank epilogue off, the
+    # f16 matmul's 4-half copies combined with the other fields
+    step train_profile 110 "$py" bench/gpt2_train.py --rows gpt2 --precision mixed --peers bf16 --set attn_mixed=False --profile 30
+    step medium_unfused 150 "$py" bench/gpt2_train.py --rows medium --precision mixed --peers bf16 --set attn_mixed=False --profile 15
+    step lora_profile 80 "$py" bench/lora_step.py --rows 1b --no-torch --set lowrank_epilogue=False --profile 30
+    step lora_split 60 "$py" bench/lora_step.py --rows 1b --no-torch --set lowrank_epilogue=False --set split_thin=0
+    step lora_layout 60 "$py" bench/lora_step.py --rows 1b --no-torch --set lowrank_epilogue=False --set thin_grads=False
+    step mma_w4 70 "$py" bench/matmul_f16.py --shapes 4096x4096x4096,4096x768x3072 --tilings 128x128x32:2x2:w4,128x128x32:2x2:row:w4,128x128x32:2x2:sw8:w4,128x256x32:2x4:w4,128x128x16:2x2:w4,128x128x32:2x2:peel:w4,128x128x32:2x2:w2,128x128x32:2x2 --robustness off
     ;;
 *)  echo "h200_round.sh: PART is 1, 2, 3 or 4" >&2; exit 2 ;;
 esac

@@ -37,7 +37,7 @@ def limits(kind: str):
         # requests them; h200_f16: with shader-f16 (Dawn's f16 toggle), for f16 programs
         return Limits(adapter=H200, max_storage_buffer_binding_size=(1 << 32) - 4,
                       max_buffer_size=1 << 40, max_compute_workgroup_storage_size=49152,
-                      subgroups=True, shader_f16=kind == "h200_f16")
+                      subgroups=True, shader_f16=kind == "h200_f16", packed_dot=True)
     if kind == "swiftshader":
         return Limits(adapter=SWIFTSHADER, cpu=True, max_storage_buffer_binding_size=1 << 30,
                       max_buffer_size=1 << 30)

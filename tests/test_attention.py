@@ -489,24 +489,28 @@ def test_mixed_attention_records_are_fused(record):
     """Under precision="mixed" (f16 casts of q, k^T, v, the scores, P, G, gP and gS) every
     attention record is still matched forward and backward, as mixed, and lowered to the
     two-pass forward (attn_lse, attn_out: the probabilities are rounded normalized) with no
-    softmax and no score matmul left; KernelOptions(attn_mixed=False) leaves it unfused."""
+    softmax and no score matmul left, by default on a CPU adapter, with
+    KernelOptions(attn_mixed=True) on a GPU; KernelOptions(attn_mixed=False) leaves it
+    unfused, and so does a GPU by default (the tensor cores: options.py)."""
     from webgrad.codegen import KernelOptions
     from webgrad.precision import f16_in_f32
     factory, loss_fn, inputs, _ = oracle.build_record(record)
     g = build_train_graph(factory, loss_fn, parse_inputs(inputs), None, precision="mixed")[1]
     (m,) = find_matches(g)
     assert m.mixed and None not in (m.g, m.gv, m.ga, m.gb), m
+    gpu = Limits(options=KernelOptions(attn_mixed=True))
     for graph in (g, f16_in_f32(g)):  # f16 nodes (device-free), the WebGPU backend's form
-        for limits, kernels in ((Limits(), GPU_MIXED_KERNELS), (Limits(cpu=True), CPU_KERNELS)):
+        for limits, kernels in ((gpu, GPU_MIXED_KERNELS), (Limits(cpu=True), CPU_KERNELS)):
             names = lower(graph, limits)[1]
             assert sorted(n.split(" ")[0] for n in names if n.startswith("attn_")) == \
                 sorted(kernels), names
             assert not any(n.startswith("softmax") for n in names), names
-        g2 = rewrite_attention(graph, Limits())
+        g2 = rewrite_attention(graph, gpu)
         assert "softmax_last" not in {n.op for n in g2.nodes}, str(g2)
         assert all(n.attrs.get("mixed") for n in g2.nodes if n.op in ATTN_OPS)
-    plain = lower(g, Limits(options=KernelOptions(attn_mixed=False)))[1]
-    assert not any(n.startswith("attn_") for n in plain), plain
+    for limits in (Limits(options=KernelOptions(attn_mixed=False)), Limits()):
+        plain = lower(g, limits)[1]
+        assert not any(n.startswith("attn_") for n in plain), plain
     f32 = build_train_graph(factory, loss_fn, parse_inputs(inputs), None)[1]
     assert not any(n.attrs.get("mixed") for n in rewrite_attention(f32, Limits()).nodes)
 
@@ -539,20 +543,23 @@ def _mixed_lm_graph(model: str, B: int, T: int):
 def test_mixed_lm_step_stores_no_scores(model):
     """A mixed GPT-2 / Llama training step (T 24, head dim 16 / 8) fuses every layer's
     attention forward and backward: after the attention pass no [.., T, T] tensor of the
-    scores' size is left in the graph (so none is stored), on a GPU's limits and a CPU
-    adapter's; with KernelOptions(attn_mixed=False) the scores and probabilities remain."""
+    scores' size is left in the graph (so none is stored), on a CPU adapter's limits and on a
+    GPU's with KernelOptions(attn_mixed=True); with attn_mixed=False, and on a GPU by
+    default, the scores and probabilities remain."""
     from webgrad.codegen import KernelOptions
     B, T, layers = 2, 24, 2
     g, scores = _mixed_lm_graph(model, B, T)
 
     def tt(graph):
         return [n for n in graph.nodes if tuple(n.shape[-2:]) == (T, T) and n.size >= scores]
-    for limits, per_layer in ((Limits(), GPU_MIXED_KERNELS), (Limits(cpu=True), CPU_KERNELS)):
+    gpu = Limits(options=KernelOptions(attn_mixed=True))
+    for limits, per_layer in ((gpu, GPU_MIXED_KERNELS), (Limits(cpu=True), CPU_KERNELS)):
         assert tt(rewrite_attention(g, limits)) == []
         names = lower(g, limits)[1]
         assert sum(n.startswith("attn_") for n in names) == len(per_layer) * layers, names
         assert not any(n.startswith("softmax") for n in names), names
     assert len(tt(rewrite_attention(g, Limits(options=KernelOptions(attn_mixed=False))))) > 0
+    assert len(tt(rewrite_attention(g, Limits()))) > 0
 
 
 @pytest.mark.webgpu
@@ -572,7 +579,7 @@ def test_mixed_lm_trains_with_fused_attention(model):
     runs = {}
     for name, backend, opts in (("ref", "reference", None),
                                 ("unfused", "webgpu", KernelOptions(attn_mixed=False)),
-                                ("fused", "webgpu", KernelOptions())):
+                                ("fused", "webgpu", KernelOptions(attn_mixed=True))):
         kw = {} if opts is None else {"kernel_options": opts}
         c = wg.compile_module(factory, loss, inputs={"tokens": ([B, T], "i32"),
                                                      "targets": ([B, T], "i32")},

@@ -102,3 +102,27 @@ def test_gemv_q8_dot_takes_what_fits_workgroup_memory():
     assert not q8_dot_takes(ctx(), ch, 2, 8192, 0)
     assert not q8_dot_takes(ctx(False), ch, 1, 256, 0)
     assert not q8_dot_takes(ctx(), quants.FORMATS["Q4_0"].wgsl_chunk(256), 1, 256, 0)
+
+
+def test_gemv_q8_dot_default_is_gpus_with_the_wgsl_feature():
+    """gemv_q8_dot=None (the default): the integer form on a GPU whose WGSL has dot4I8Packed
+    (Limits.packed_dot), the float form on a CPU adapter or without the feature; a plan
+    using dot4I8Packed is refused by a host whose WGSL lacks it, with the reason."""
+    from types import SimpleNamespace
+    from webgrad import quants
+    from webgrad.backends.gpu_host import FeatureMissingError, PACKED_DOT, check_features
+    from webgrad.codegen import KernelOptions
+    from webgrad.codegen.matmul_gemv_q8 import q8_dot_takes
+    ch = quants.FORMATS["Q4_K"].wgsl_chunk(256)
+
+    def takes(cpu, packed_dot):
+        return q8_dot_takes(SimpleNamespace(limits=SimpleNamespace(
+            options=KernelOptions(), cpu=cpu, packed_dot=packed_dot,
+            max_compute_workgroup_storage_size=16384)), ch, 1, 256, 0)
+    assert KernelOptions().gemv_q8_dot is None
+    assert takes(False, True) and not takes(True, True) and not takes(False, False)
+    wgsl = "fn main() { let x = dot4I8Packed(a, b); }"
+    check_features([wgsl], (), "gpu", frozenset({PACKED_DOT}))
+    check_features(["fn main() {}"], (), "gpu", frozenset())
+    with pytest.raises(FeatureMissingError, match=PACKED_DOT):
+        check_features([wgsl], (), "gpu", frozenset())

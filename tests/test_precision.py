@@ -665,7 +665,8 @@ def test_mixed_fused_attention_rounds_as_the_program(form):
     from webgrad.codegen import KernelOptions
     if not webgpu_available():
         pytest.skip("no native WebGPU adapter")
-    fused = _attention_step("webgpu", "mixed", KernelOptions(attn_tiled=form == "tiled"))
+    fused = _attention_step("webgpu", "mixed", KernelOptions(attn_mixed=True,
+                                                             attn_tiled=form == "tiled"))
     plain = _attention_step("webgpu", "mixed", KernelOptions(attn_mixed=False))
     f32 = _attention_step("reference", "f32")
     want = ["attn_lse", "attn_out"] + (["attn_dkv", "attn_dq"] if form == "tiled"
@@ -705,8 +706,8 @@ def test_mixed_block_trains_with_fused_attention():
     runs = {}
     for name, backend, opts in (("ref", "reference", None),
                                 ("unfused", "webgpu", KernelOptions(attn_mixed=False)),
-                                ("rows", "webgpu", KernelOptions()),
-                                ("tiled", "webgpu", KernelOptions(attn_tiled=True))):
+                                ("rows", "webgpu", KernelOptions(attn_mixed=True)),
+                                ("tiled", "webgpu", KernelOptions(attn_mixed=True, attn_tiled=True))):
         kw = {} if opts is None else {"kernel_options": opts}
         c = wg.compile_module(Block, _loss, inputs={"tokens": ([B, T], "i32"),
                                                     "targets": ([B, T], "i32")},

@@ -126,6 +126,8 @@ export class Replay {
     this.fallback = false;   // the adapter is a software fallback (requestDevice sets it)
     this.limits = plainLimits(device.limits);
     this.features = [...device.features].sort();
+    // WGSL language features (dot4I8Packed: packed_4x8_integer_dot_product), for codegen
+    this.wgslFeatures = [...(globalThis.navigator?.gpu?.wgslLanguageFeatures ?? [])].sort();
     this.lost = null;        // {reason, message} once device.lost resolved
     this.uncaptured = [];    // recent errors no scope caught, quoted in later messages
     this.modules = new Map();   // WGSL text -> {pipeline, check: Promise<string|null>}

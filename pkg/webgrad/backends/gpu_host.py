@@ -41,6 +41,9 @@ class FeatureMissingError(RuntimeError):
     """A kernel needs an optional WebGPU feature that this device was not made with."""
 
 
+# the WGSL language feature of dot4I8Packed (KernelOptions.gemv_q8_dot's kernels)
+PACKED_DOT = "packed_4x8_integer_dot_product"
+
 # WGSL `enable` extensions -> the WebGPU feature a device needs for them
 ENABLE_FEATURES = {"f16": "shader-f16", "subgroups": "subgroups",
                    "chromium_experimental_subgroup_matrix": "chromium-experimental-subgroup-matrix"}
@@ -58,10 +61,17 @@ def wgsl_features(wgsl: str) -> set[str]:
     return out
 
 
-def check_features(wgsls, have, info: str) -> None:
+def check_features(wgsls, have, info: str, language=frozenset({PACKED_DOT})) -> None:
     """Refuse, before anything is created, kernels that need a feature the device lacks
-    (a program compiled for one adapter's features, loaded on another's)."""
-    missing = sorted(set().union(*(wgsl_features(w) for w in wgsls)) - set(have)) if wgsls else []
+    (a program compiled for one adapter's features, loaded on another's); `language`: the
+    WGSL language features the host's compiler has (dot4I8Packed needs PACKED_DOT)."""
+    need = set().union(*(wgsl_features(w) for w in wgsls)) if wgsls else set()
+    missing = sorted(need - set(have))
+    if PACKED_DOT not in language and any("dot4I8Packed(" in w for w in wgsls or ()):
+        raise FeatureMissingError(
+            f"this program's kernels use WGSL's dot4I8Packed, which this browser's WGSL ({info}) "
+            f"lacks (navigator.gpu.wgslLanguageFeatures has no {PACKED_DOT}); compile the "
+            "program for this device (codegen then keeps the float form)")
     if missing:
         raise FeatureMissingError(
             f"this program's kernels need the WebGPU feature(s) {', '.join(missing)}, which the "
@@ -77,6 +87,9 @@ class GPUHost:
     info: str     # adapter description, for messages
     features: frozenset = frozenset()  # optional WebGPU features the device was requested
                                        # with ("subgroups": codegen's workgroup reductions)
+    # WGSL language features the host's shader compiler has (navigator.gpu's
+    # wgslLanguageFeatures in a browser; Tint and naga natively have this one)
+    wgsl_features: frozenset = frozenset({PACKED_DOT})
 
     def load(self, plan: dict) -> int:
         """Create the plan's buffers and pipelines; returns a program handle. The plan's

@@ -26,6 +26,7 @@ from ..codegen.options import DEFAULT as DEFAULT_OPTIONS
 from ..precision import (f16_bytes, f16_in_f32, f32_from_f16_bytes, half_feature_error,
                          round_f16_bytes)
 from .base import Backend
+from .gpu_host import PACKED_DOT
 
 __all__ = ["WebGPUBackend", "WebGPUProgram", "LOWERED_OPS"]
 
@@ -80,6 +81,7 @@ class WebGPUBackend(Backend):
         features = getattr(host, "features", None) or ()
         self.limits.subgroups = "subgroups" in features
         self.limits.shader_f16 = "shader-f16" in features
+        self.limits.packed_dot = PACKED_DOT in getattr(host, "wgsl_features", ())
         self.limits.subgroup_matrix = tuple(
             (c["component_type"], c["result_component_type"], c["m"], c["n"], c["k"],
              c["min_subgroup_size"], c["max_subgroup_size"])

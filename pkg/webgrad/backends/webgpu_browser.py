@@ -155,6 +155,7 @@ class BrowserHost(GPUHost):
         self.info = str(replay.info)
         self.fallback = bool(getattr(replay, "fallback", False))  # isFallbackAdapter
         self.features = frozenset(str(f) for f in replay.features)  # the device's features
+        self.wgsl_features = frozenset(str(f) for f in getattr(replay, "wgslFeatures", ()) or ())
         self._scope = f"host{next(_scopes)}"  # plans of this host share persistent buffers
         self._sizes: dict[int, list[int]] = {}    # program -> buffer sizes
         self._labels: dict[int, list[str]] = {}
@@ -227,7 +228,8 @@ class BrowserHost(GPUHost):
             raise RuntimeError("this BrowserHost is closed")
         if self._gpu.lost:
             raise _translate(self._gpu.lostError(), "loading a plan")
-        check_features([q["wgsl"] for q in plan["pipelines"]], self.features, self.info)
+        check_features([q["wgsl"] for q in plan["pipelines"]], self.features, self.info,
+                       self.wgsl_features)
         text = json.dumps(plan, separators=(",", ":"))
         try:
             program = int(self._gpu.load(text, self._scope))

@@ -71,6 +71,14 @@ def _fuse_training(score_bytes: int, limits) -> bool:
     return True
 
 
+def _unfused_mixed(limits) -> bool:
+    """Whether a precision="mixed" training step's attention stays unfused (its scores and
+    probabilities stored in f16): KernelOptions.attn_mixed None on a GPU, where the unfused
+    products run on the tensor cores and the fused kernels' maths is f32 (options.py gives
+    the H200's figures); True fuses it there too, False nowhere (the matcher's own rule)."""
+    return limits.options.attn_mixed is None and not limits.cpu
+
+
 def rewrite_attention(g: Graph, limits=None) -> Graph:
     """The graph with every matched attention fused (the same graph when none is).
     KernelOptions.fuse_attention: False fuses none, True every match (training steps too,
@@ -84,7 +92,8 @@ def rewrite_attention(g: Graph, limits=None) -> Graph:
         budget = limits.max_storage_buffers_per_shader_stage
         matches = [m for m in matches
                    if budget >= (7 if m.g is not None else 5) + (m.dyn is not None)
-                   and (m.g is None or fuse or _fuse_training(4 * g[m.s].size, limits))]
+                   and (m.g is None or fuse or _fuse_training(4 * g[m.s].size, limits))
+                   and not (m.mixed and m.g is not None and _unfused_mixed(limits))]
     from .attention_tiled import use_tiled
     merge = limits is not None and use_tiled(limits)
     while matches:

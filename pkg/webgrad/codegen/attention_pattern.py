@@ -573,7 +573,8 @@ def _mask_fill(mt: _Matcher, m: int, sign: float):
 
 
 def find_matches(g: Graph, limits=None) -> list[Match]:
-    mt = _Matcher(g, (limits.options if limits is not None else KernelOptions()).attn_mixed)
+    mt = _Matcher(g, (limits.options if limits is not None else KernelOptions()).attn_mixed
+                  is not False)
     out = []
     for n in g.nodes:
         m = mt.forward(n.id)

@@ -8,7 +8,7 @@ outside it reads. The rules, in order:
     the output of every kernel op (matmul, reductions, row ops, scatter, fold: the ops whose
     registry row names a kernel kind, codegen/kinds.py). Everything else - elementwise ops,
     layout ops, one_hot, gathers, random numbers, unfold - is an *expression*, computed
-    inside whichever kernel reads it. One exception, on GPUs (KernelOptions.lowrank_epilogue):
+    inside whichever kernel reads it. One exception, where KernelOptions.lowrank_epilogue asks:
     a matmul over K <= 16 added elementwise to a larger product's output (LoRA's
     (x A^T) B^T and (dY B) A) is an expression too, summed by that product's epilogue once
     rule 3 merges the sum into its kernel (codegen/lowrank.py).

@@ -8,7 +8,8 @@ so a transposed B is just its index). Rule 3 then merges the sum into the larger
 kernel, which ever kernel form that is (tiled, matrix-vector, barrier-free, a split
 product's chunk sum).
 
-KernelOptions.lowrank_epilogue: None (GPU adapters), True (any adapter), False (never).
+KernelOptions.lowrank_epilogue: None (GPU adapters), True (any adapter), False (never: the
+default, measured slower on the H200, options.py).
 """
 from __future__ import annotations
 

@@ -30,10 +30,14 @@ QD = 16   # values a word vector of qa8 (and one (d, d * sum q) of qd8) holds
 
 
 def q8_dot_takes(ctx, ch, R: int, K: int, gv_floats: int) -> bool:
-    """Does the product take the integer form: the option on, the format's chunk giving
+    """Does the product take the integer form: the option on (None: on a GPU whose WGSL has
+    dot4I8Packed), the format's chunk giving
     packed bytes in runs of whole 16s, and A's quants beside the kernel's own `gv` fitting
     in workgroup memory (1.5 bytes a value of A's R x K)?"""
-    if not ctx.limits.options.gemv_q8_dot or ch.packed is None or ch.run % QD or K % 32:
+    want = ctx.limits.options.gemv_q8_dot
+    if want is False or (want is None and (ctx.limits.cpu or not ctx.limits.packed_dot)):
+        return False
+    if ch.packed is None or ch.run % QD or K % 32:
         return False
     nbytes = R * K // QD * (16 + 8) + 4 * gv_floats
     return nbytes <= ctx.limits.max_compute_workgroup_storage_size

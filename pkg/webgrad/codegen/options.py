@@ -77,9 +77,11 @@ class KernelOptions:
     # per 32 values d = max|a| / 127, q = round(a / d)), each workgroup into its workgroup
     # memory, and multiplies by integer dot products of four int8 pairs (WGSL dot4I8Packed)
     # for the formats whose Chunk has `packed` (Q4_K, Q5_K, Q6_K, Q8_0). It changes the
-    # products' values (A's rounding: about |W row| max|a| / 440 a product, matmul_gemv_q8.py);
-    # off by default, unmeasured on a GPU (docs/precision.md)
-    gemv_q8_dot: bool = False
+    # products' values (A's rounding: about |W row| max|a| / 440 a product, matmul_gemv_q8.py;
+    # docs/precision.md). True / False: on any adapter / on none; None: on GPUs whose WGSL has
+    # dot4I8Packed (Limits.packed_dot). Measured on the H200 (2026-12-04, bench/README.md):
+    # the Llama-3.2-1B-shaped Q4_K_M decode 420.9 -> 488.8 tokens/s (0.46x -> 0.53x llama.cpp)
+    gemv_q8_dot: bool | None = None
     # ... also where B's N axis (not K) has stride 1 (matmul_config.use_gemv says why not by default)
     gemv_n_fast: bool = False
     # True / False: a matrix-vector product whose A is a normalized row (RMSNorm: an
@@ -116,8 +118,11 @@ class KernelOptions:
     thin_grads: bool = True
     # True / False: a product over K <= 16 added elementwise to a larger product's output
     # (LoRA's (x A^T) B^T, (dY B) A) is computed in that product's epilogue
-    # (codegen/lowrank.py), on any adapter / on none; None: on GPUs
-    lowrank_epilogue: bool | None = None
+    # (codegen/lowrank.py), on any adapter / on none; None: on GPUs. False by default: the
+    # Llama-1B-shaped LoRA step on the H200 (2026-12-04) took 304.8 ms with it, 269.8 without
+    # (1065 against 1290 kernels: the inlined rank sums cost the base products more than the
+    # kernels they save)
+    lowrank_epilogue: bool | None = False
     # an ADAPTER_TILINGS row (a dict) used in place of the adapter's own (tests)
     tiling_row: dict | None = None
 
@@ -130,8 +135,13 @@ class KernelOptions:
     # does: the scores after q @ k^T, the normalized probabilities before @ v (so the
     # forward is attn_lse then attn_out, not the one-pass online softmax), gP and gS in the
     # backward (attention.py, attention_tiled_kernel.py); False leaves such a program's
-    # attention unfused, its [.., T, S] scores and probabilities stored
-    attn_mixed: bool = True
+    # attention unfused, its [.., T, S] scores and probabilities stored. None: inference
+    # programs (precision="f16") fused everywhere, training programs on CPU adapters only:
+    # on GPUs the unfused products run on the tensor cores where the fused kernels do f32
+    # maths (the H200, 2026-12-04: GPT-2 124M 8 x 512 mixed step 54.9 ms fused, 47.0
+    # unfused; medium 8 x 1024 348 against 270; bench/README.md), at a memory cost of the
+    # stored f16 scores (124M 4358 -> 5371 MiB, 0.75x torch bf16's)
+    attn_mixed: bool | None = None
     # True / False: an inference attention's queries (a decoding step's q rope) read as an
     # expression by the attention kernel (fusion_storage._query_expr), not stored by an
     # elementwise kernel, on any adapter / on none; None: on GPUs

@@ -72,6 +72,10 @@ class Limits:
     # ... with 'chromium-experimental-subgroup-matrix': the adapter's configurations, each
     # (component type, result type, M, N, K, min subgroup size, max subgroup size)
     subgroup_matrix: tuple = ()
+    # WGSL's packed 4x8 integer dot products (dot4I8Packed: the language feature
+    # packed_4x8_integer_dot_product, which Tint and naga have; in a browser, where
+    # navigator.gpu.wgslLanguageFeatures lists it)
+    packed_dot: bool = False
     options: KernelOptions = DEFAULT  # every switch that changes the WGSL (options.py)
 
     @classmethod
