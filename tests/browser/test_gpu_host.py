@@ -123,6 +123,20 @@ adapter = await navigator.gpu.requestAdapter()
 
 
 @browser
+def test_host_reports_the_browsers_wgsl_language_features(s):
+    """BrowserHost.wgsl_features is navigator.gpu.wgslLanguageFeatures (codegen's int8 dot
+    products need packed_4x8_integer_dot_product: Limits.packed_dot), as the browser lists it."""
+    mine, browsers, packed = s.run("""
+import js
+from webgrad.backends.webgpu import WebGPUBackend
+[sorted(host.wgsl_features), sorted(str(f) for f in js.navigator.gpu.wgslLanguageFeatures),
+ WebGPUBackend(host).limits.packed_dot]
+""")
+    assert mine == browsers and browsers, (mine, browsers)
+    assert packed == ("packed_4x8_integer_dot_product" in browsers)
+
+
+@browser
 def test_elementwise_plan_runs_twice(s):
     n = 1000  # not a multiple of 64: the kernel's bounds check matters
     rng = random.Random(0)
