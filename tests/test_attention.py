@@ -569,28 +569,20 @@ def test_mixed_lm_trains_with_fused_attention(model):
     attention fused (5 row kernels a layer on a CPU adapter, 4 tiled ones elsewhere), give
     the unfused program's and the reference executor's losses within 3e-5 relative (3e-6
     measured on lavapipe, 2026-12-03)."""
-    import webgrad as wg
     from backends import webgpu_available
     from webgrad.codegen import KernelOptions
     if not webgpu_available():
         pytest.skip("no native WebGPU adapter")
+    from webgpu_helpers import mixed_runs
     B, T = 2, 24
     factory, loss, _ = _mixed_lm(model, T)
-    runs = {}
-    for name, backend, opts in (("ref", "reference", None),
-                                ("unfused", "webgpu", KernelOptions(attn_mixed=False)),
-                                ("fused", "webgpu", KernelOptions(attn_mixed=True))):
-        kw = {} if opts is None else {"kernel_options": opts}
-        c = wg.compile_module(factory, loss, inputs={"tokens": ([B, T], "i32"),
-                                                     "targets": ([B, T], "i32")},
-                              optimizer=optim.Adam(lr=3e-3), precision="mixed", seed=4,
-                              backend=backend, **kw)
-        if backend != "reference":
-            n = sum(k.startswith("attn_") for k in c._train.exe.kernel_names)
-            assert n == (0 if name == "unfused" else 2 * (5 if native_adapter_is_cpu() else 4))
-        rng = np.random.RandomState(0)
-        runs[name] = [float(c.step({k: rng.randint(0, 64, size=(B, T)).astype(np.int32)
-                                    for k in ("tokens", "targets")})) for _ in range(5)]
+    runs = mixed_runs(factory, loss, (("ref", "reference", None),
+                                      ("unfused", "webgpu", KernelOptions(attn_mixed=False)),
+                                      ("fused", "webgpu", KernelOptions(attn_mixed=True))),
+                      B=B, T=T, vocab=64, steps=5, seed=4)
+    per_layer = 5 if native_adapter_is_cpu() else 4
+    assert len(runs["unfused"][2]) == 0 and len(runs["fused"][2]) == 2 * per_layer
+    runs = {name: run[0] for name, run in runs.items()}
     np.testing.assert_allclose(runs["fused"], runs["unfused"], rtol=3e-5)
     np.testing.assert_allclose(runs["fused"], runs["ref"], rtol=3e-5)
 

@@ -226,24 +226,17 @@ def test_f16_cached_decoding_is_fused(forms):
         pytest.skip(f"no WebGPU adapter: {e}")
     if not be.limits.shader_f16:
         pytest.skip("the adapter has no shader-f16")
+    from webgpu_helpers import f16_cached_decode
     cfg = CONFIGS[2]
     sd = state_dict(hf_model(cfg, seed=7), "numpy")
-    m, ref = (gpt2.GPT2.from_hf_state_dict(cfg, sd, backend=b, dtype="f16")
-              for b in (be, "reference"))
-    m.precision = ref.precision = "f16"
-    ids = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8]
-    full = np.asarray(m.forward(ids))
-    close(full, np.asarray(ref.forward(ids)), tol=3e-3)
-    c = m.new_cache()
-    for i, t in enumerate(ids):
-        close(m.logits_step([t], c), full[i], tol=3e-3)
-    names = m._program("step", 1)._prog.exe.kernel_names
+    names = f16_cached_decode(
+        lambda b: gpt2.GPT2.from_hf_state_dict(cfg, sd, backend=b, dtype="f16"), be,
+        [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8], prompt=3, new=8)
     kinds = {n.split(" ")[0] for n in names}
     assert {"attn_lse", "attn_out"} <= kinds and not kinds & {"softmax_last", "write_rows",
                                                               "write_rows_in_place"}, names
     assert sum(n.startswith("matmul") and " sum of " not in n for n in names) == \
         4 * cfg.n_layer + 1, names  # c_attn, c_proj, c_fc, mlp's c_proj and the head
-    assert m.generate(ids[:3], 8, temperature=0) == ref.generate(ids[:3], 8, temperature=0)
 
 
 def test_cache_misuse_is_refused(tiny):

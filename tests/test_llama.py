@@ -166,23 +166,16 @@ def test_f16_decoding_with_the_fused_forms(forms, built):
     be = _forced_backend(write_rows_epilogue=True, write_rows_join=True, **gpu)
     if not be.limits.shader_f16:
         pytest.skip("the adapter has no shader-f16")
+    from webgpu_helpers import f16_cached_decode
     _, cfg, sd = built("llama")
-    m, ref = (llama.Llama.from_hf_state_dict(cfg, sd, backend=b, dtype="f16")
-              for b in (be, "reference"))
-    m.precision = ref.precision = "f16"
-    full = np.asarray(m.forward(IDS))
-    close(full, np.asarray(ref.forward(IDS)), tol=3e-3)
-    cache = m.new_cache()
-    for i, t in enumerate(IDS):
-        close(m.logits_step([t], cache), full[i], tol=3e-3)
-    names = m._program("step", 1)._prog.exe.kernel_names
+    names = f16_cached_decode(
+        lambda b: llama.Llama.from_hf_state_dict(cfg, sd, backend=b, dtype="f16"), be, IDS,
+        prompt=5, new=6)
     kinds = Counter(n.split(" ")[0] for n in names)
     layers = cfg.num_hidden_layers
     assert kinds["attn_lse"] == kinds["attn_out"] == layers and "softmax_last" not in kinds, names
     assert not any(k.startswith("write_rows") for k in kinds), names
     assert ("sum" in kinds) == (forms == "cpu"), names
-    assert m.generate(IDS[:5], max_new_tokens=6, temperature=0) == \
-        ref.generate(IDS[:5], max_new_tokens=6, temperature=0)
 
 
 @pytest.mark.parametrize("backend", ["reference", "torch", WEBGPU])

@@ -702,26 +702,14 @@ def test_mixed_block_trains_with_fused_attention():
     from webgrad.codegen import KernelOptions
     if not webgpu_available():
         pytest.skip("no native WebGPU adapter")
-    B = 2
-    runs = {}
-    for name, backend, opts in (("ref", "reference", None),
-                                ("unfused", "webgpu", KernelOptions(attn_mixed=False)),
-                                ("rows", "webgpu", KernelOptions(attn_mixed=True)),
-                                ("tiled", "webgpu", KernelOptions(attn_mixed=True, attn_tiled=True))):
-        kw = {} if opts is None else {"kernel_options": opts}
-        c = wg.compile_module(Block, _loss, inputs={"tokens": ([B, T], "i32"),
-                                                    "targets": ([B, T], "i32")},
-                              optimizer=optim.Adam(lr=3e-3), precision="mixed", seed=3,
-                              backend=backend, **kw)
-        if backend != "reference":
-            fused = any(n.startswith("attn_") for n in c._train.exe.kernel_names)
-            assert fused == (name != "unfused"), name
-        rng = np.random.RandomState(0)
-        losses = []
-        for _ in range(6):
-            feed = {k: rng.randint(0, V, size=(B, T)).astype(np.int32) for k in ("tokens", "targets")}
-            losses.append(float(c.step(feed)))
-        runs[name] = losses, {k: np.asarray(v) for k, v in c.download_params().items()}
+    from webgpu_helpers import mixed_runs
+    runs = mixed_runs(Block, _loss, (
+        ("ref", "reference", None), ("unfused", "webgpu", KernelOptions(attn_mixed=False)),
+        ("rows", "webgpu", KernelOptions(attn_mixed=True)),
+        ("tiled", "webgpu", KernelOptions(attn_mixed=True, attn_tiled=True))),
+        B=2, T=T, vocab=V, steps=6, seed=3)
+    for name in ("unfused", "rows", "tiled"):
+        assert bool(runs[name][2]) == (name != "unfused"), name
     for name in ("rows", "tiled"):
         for other in ("unfused", "ref"):
             np.testing.assert_allclose(runs[name][0][0], runs[other][0][0], rtol=1e-5)

@@ -1,6 +1,8 @@
 """What the WebGPU test modules share (tests/test_webgpu*.py): the module-level skip where
 no native adapter exists, forward programs over feeds, the lowered kernels of an oracle
-record, and the KernelOptions that force each matmul kernel or an H200 tiling."""
+record, the KernelOptions that force each matmul kernel or an H200 tiling, the
+precision="mixed" training runs that compare attention kernel forms, and the f16 cached
+decode check of the model tests."""
 from __future__ import annotations
 
 import pytest
@@ -11,6 +13,51 @@ import webgrad as wg
 from webgrad import Module
 from webgrad.codegen import KernelOptions
 from webgrad.codegen import matmul_config as mm
+
+
+def mixed_runs(factory, loss, forms, *, B: int, T: int, vocab: int, steps: int, seed: int):
+    """{name: (losses, parameters, attention kernel names)}: `steps` Adam steps (lr 3e-3) of
+    a precision="mixed" language-model step from the same weights (`seed`) for each (name,
+    backend, KernelOptions or None) of `forms`, every run fed the same random tokens and
+    targets ([B, T] of RandomState(0) below `vocab`)."""
+    import numpy as np
+    from webgrad import optim
+    out = {}
+    for name, backend, opts in forms:
+        kw = {} if opts is None else {"kernel_options": opts}
+        c = wg.compile_module(factory, loss, inputs={"tokens": ([B, T], "i32"),
+                                                     "targets": ([B, T], "i32")},
+                              optimizer=optim.Adam(lr=3e-3), precision="mixed", seed=seed,
+                              backend=backend, **kw)
+        names = [] if backend == "reference" else \
+            [k for k in c._train.exe.kernel_names if k.startswith("attn_")]
+        rng = np.random.RandomState(0)
+        losses = [float(c.step({k: rng.randint(0, vocab, size=(B, T)).astype(np.int32)
+                                for k in ("tokens", "targets")})) for _ in range(steps)]
+        out[name] = losses, {k: np.asarray(v) for k, v in c.download_params().items()}, names
+    return out
+
+
+def f16_cached_decode(load, backend, ids, *, prompt: int, new: int) -> list[str]:
+    """A model held in f16 in precision="f16" (`load(backend)`) on `backend` against the
+    reference executor's: the full forward within 3e-3 of the largest logit, each cached step
+    (an id at a time) the full forward's row at its position, greedy generate of `new`
+    tokens after ids[:prompt] the same tokens; returns the one-id step's kernel names."""
+    import numpy as np
+
+    def close(got, want):
+        err = np.abs(np.asarray(got) - want).max() / np.abs(want).max()
+        assert err <= 3e-3, f"max error {err:.2e} of the largest logit"
+    m, ref = load(backend), load("reference")
+    m.precision = ref.precision = "f16"
+    full = np.asarray(m.forward(ids))
+    close(full, np.asarray(ref.forward(ids)))
+    cache = m.new_cache()
+    for i, t in enumerate(ids):
+        close(m.logits_step([t], cache), full[i])
+    assert m.generate(ids[:prompt], max_new_tokens=new, temperature=0) == \
+        ref.generate(ids[:prompt], max_new_tokens=new, temperature=0)
+    return m._program("step", 1)._prog.exe.kernel_names
 
 
 def require_native_adapter() -> None:
