@@ -218,6 +218,18 @@ class KernelOptions:
     # whose shape the variant divides and whose workgroup memory fits (tiling_for); the
     # others keep the table's tiling. () : the table everywhere (bench/matmul_f16.py --sweep)
     mma_tiling: tuple = ()
+    # the thread copies' width (MmaTiling.width) of every product on subgroup matrices: 4
+    # reads the vec4<u32> holding each invocation's four halves and stores them in width 4's
+    # pattern (2-way bank conflicts in the workgroup stores, not 4-way): bench/matmul_f16.py
+    # measured width 4 +10% at every shape on the H200 with its own vec2 bindings (4096^3:
+    # 262 against 238 TFLOP/s); 8 (the default): vec4 loads, eight halves an invocation
+    mma_width: int = 8
+    # products with an epilogue: rows of result matrices staged a round (MmaTiling.epi_rows;
+    # the most up to this that fit the workgroup memory: 1 on a 128 x 128 tile in 48 KB)
+    # and neighbouring elements per invocation a step (epi_vec: 1, 2, 4, 8; wider reads of
+    # the staging, neighbouring stores); 1, 1: a row a round, 32 neighbours a call
+    mma_epi_rows: int = 1
+    mma_epi_vec: int = 1
 
     # ---- index.py
     # True / False: the tiled / chunked scan (scatter_add_rows' counts); None: GPUs tiled
