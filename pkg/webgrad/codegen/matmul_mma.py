@@ -26,7 +26,9 @@ TFLOP/s).
 
 `mma_matmul_wgsl(M, N, K, tiling)` returns the WGSL and the dispatch size; bindings: 0 A
 (array<vec4<u32>>, f16 pairs; vec2<u32> or u32 with `width` 4 or 2), 1 B (likewise), 2 C
-(array<f32> or array<f16>). The compiler (matmul._build_mma) passes its own declarations instead (Kernel.module_scope: the group's
+(array<f32> or array<f16>). An epilogue's results can also go in rounds of several rows of
+result matrices (epi_rows, where workgroup memory allows) and several neighbours per
+invocation (epi_vec): epilogue_rounds. The compiler (matmul._build_mma) passes its own declarations instead (Kernel.module_scope: the group's
 bindings and epilogue function), a batch (workgroup_id.z, with each operand's offset as a
 WGSL expression of it) and the epilogue's name: C's elements then go to `epi(flat, v)` from
 workgroup memory, a row of each subgroup's result matrices at a time.
@@ -71,10 +73,8 @@ class MmaTiling:
                              # neighbouring invocations 2 * width bytes apart in workgroup
                              # memory: 8 puts a subgroup's 32 stores on 8 of the 32 banks
                              # (4-way conflicts), 2 on 32 (none). Below 8: the kernel's own
-                             # bindings, or 4 from the compiler's vec4<u32> bindings (each
-                             # invocation reads the vec4 holding its four halves and keeps
-                             # that half: a subgroup's load still covers the same 256 bytes,
-                             # and its workgroup stores are width 4's; KernelOptions.mma_width)
+                             # bindings (the compiler binds vec2<u32> for 4: KernelOptions.
+                             # mma_width), or 4 from vec4<u32> ones (mma_matmul_wgsl's bound)
     epi_rows: int = 1        # an epilogue's rows of result matrices staged a round (divides
                              # tm): fewer rounds, two barriers each (KernelOptions.mma_epi_rows)
     epi_vec: int = 1         # an epilogue's consecutive elements per invocation a step (1: 32

@@ -219,10 +219,9 @@ class KernelOptions:
     # others keep the table's tiling. () : the table everywhere (bench/matmul_f16.py --sweep)
     mma_tiling: tuple = ()
     # the thread copies' width (MmaTiling.width) of every product on subgroup matrices: 4
-    # reads the vec4<u32> holding each invocation's four halves and stores them in width 4's
-    # pattern (2-way bank conflicts in the workgroup stores, not 4-way): bench/matmul_f16.py
-    # measured width 4 +10% at every shape on the H200 with its own vec2 bindings (4096^3:
-    # 262 against 238 TFLOP/s); 8 (the default): vec4 loads, eight halves an invocation
+    # binds the operands as vec2<u32>, four halves a load (2-way bank conflicts in the
+    # workgroup stores, not 4-way): bench/matmul_f16.py measured it +10% at every shape on
+    # the H200 (4096^3: 262 against 238 TFLOP/s); 8 (the default): vec4 loads, eight halves
     mma_width: int = 8
     # products with an epilogue: rows of result matrices staged a round (MmaTiling.epi_rows;
     # the most up to this that fit the workgroup memory: 1 on a 128 x 128 tile in 48 KB)
