@@ -12,6 +12,7 @@ CI, which has no adapter with chromium-experimental-subgroup-matrix.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -29,8 +30,10 @@ def _expr(e: str) -> str:
     e = re.sub(r"subgroup_matrix_(left|right|result)<[^>]*>\(\)", r"_zero('\1')", e)
     e = e.replace("subgroupMatrixMultiplyAccumulate(", "_mma(")
     e = e.replace("bitcast<vec2<f16>>(", "_unpack(").replace("f16(", "_f16(")
+    e = e.replace("select(", "_select(")
     e = re.sub(r"&(\w+)", r"\1", e)
     e = re.sub(r"\b(\d+)u\b", r"\1", e).replace("/", "//")
+    e = re.sub(r"\.(xy|zw)\b", lambda m: "[..., 0:2]" if m.group(1) == "xy" else "[..., 2:4]", e)
     e = re.sub(r"\.([xyzw])\b", lambda m: f"[..., {'xyzw'.index(m.group(1))}]", e)
     return e.replace("false", "False").replace("true", "True")
 
@@ -82,6 +85,12 @@ def _python(wgsl: str, epi: str | None = None) -> tuple[str, dict]:
     return "\n".join(out), shared
 
 
+def _select(f, t, c):
+    """WGSL's select(f, t, c), per lane (c one bool a lane, f and t maybe vectors)."""
+    c = np.asarray(c)
+    return np.where(c.reshape(c.shape + (1,) * (np.ndim(t) - c.ndim)), t, f)
+
+
 def emulate(wgsl: str, groups, t: MmaTiling, A16, B16, *, names=("A", "B", "C"), epi=None,
             c_size: int | None = None):
     """Run the kernel over the grid `groups`; returns C (flat, of the kernel's type).
@@ -92,7 +101,9 @@ def emulate(wgsl: str, groups, t: MmaTiling, A16, B16, *, names=("A", "B", "C"),
     code, shared = _python(wgsl, epi and epi[0])
     dims = {"left": (t.m, t.k), "right": (t.k, t.n), "result": (t.m, t.n)}
     mats = t.copy == "matrix"
-    words = getattr(t, "width", 8) // 2   # u32 words a thread-copy load takes
+    # u32 words of A's binding (a thread copy's width, or vec4 read for width 4)
+    bound = re.search(rf"var<storage, read> {names[0]}: array<(vec4<u32>|vec2<u32>|u32|f16)>", wgsl)
+    words = {"vec4<u32>": 4, "vec2<u32>": 2}.get(bound.group(1), 1)
     shape = (-1, words) if words > 1 else (-1,)
     A = A16.reshape(-1) if mats else A16.view(np.uint32).reshape(shape)
     B = B16.reshape(-1) if mats else B16.view(np.uint32).reshape(shape)
@@ -118,6 +129,7 @@ def emulate(wgsl: str, groups, t: MmaTiling, A16, B16, *, names=("A", "B", "C"),
            "_epi": epi and (lambda flat, v, *loaded: epi[1](flat, v)),   # loaded: epi_ld's
            **({f"{epi[0]}_ld": lambda *flat: None} if epi else {}),
            "_zero": lambda kind: np.zeros(dims[kind], np.float32),
+           "_select": _select,
            "_mma": lambda a, b, c: c + a.astype(np.float32) @ b.astype(np.float32),
            "_f16": lambda x: np.asarray(x).astype(np.float16)}
     nsg = t.sg_m * t.sg_n
@@ -655,3 +667,160 @@ def test_peeled_kernel_with_one_k_step():
     want = A16.astype(np.float64) @ B16.astype(np.float64)
     np.testing.assert_allclose(emulate(wgsl, groups, t, A16, B16).reshape(64, 128), want,
                                rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+# ---------------------------------------------------------------- the epilogue's rounds, width 4 from vec4
+
+def _epilogue_values(wgsl, groups, t, A16, B16, c_size, names=("A", "B", "C"), fn="epi"):
+    """{flat index: value} of every epilogue call of an emulated kernel, each index once."""
+    seen = {}
+
+    def epi(flat, v):
+        for f, x in zip(np.broadcast_to(flat, (32,)).tolist(), np.broadcast_to(v, (32,)).tolist()):
+            assert f not in seen, f"element {f} handed to the epilogue twice"
+            seen[f] = x
+    emulate(wgsl, groups, t, A16, B16, names=names, epi=(fn, epi), c_size=c_size)
+    assert sorted(seen) == list(range(c_size)), "every result element handed over once"
+    return np.array([seen[f] for f in range(c_size)])
+
+
+@pytest.mark.parametrize("t,ld", [
+    (MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, epi_vec=4), 0),
+    (MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, epi_rows=2), 0),
+    (MmaTiling(bm=64, bn=128, bk=32, sg_m=2, sg_n=2, epi_rows=2, epi_vec=2), 8),
+    (MmaTiling(bm=128, bn=64, bk=16, sg_m=2, sg_n=1, epi_rows=2, epi_vec=8, frag="row"), 8),
+    (MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, epi_vec=4, width=4), 2),
+    (MmaTiling(bm=64, bn=32, bk=32, sg_m=2, sg_n=1, m=16, n=8, k=16, epi_vec=2, epi_rows=2), 4),
+], ids=lambda x: repr(x) if isinstance(x, int) else
+       f"{x.bm}x{x.bn}x{x.bk}:r{x.epi_rows}:v{x.epi_vec}:w{x.width}:{x.m}x{x.n}")
+def test_epilogue_rounds_hand_over_numpys_product(t, ld):
+    """epi_rows (rows of result matrices a round) and epi_vec (neighbours per invocation),
+    with and without the split epilogue's loads first (epi_ld): every element of C reaches
+    the epilogue once, at its flat index, with numpy's product; a lane's epi_vec elements
+    are neighbours (flat f, f + 1, ...), and the rounds have two barriers each but the last."""
+    M, N, K = 2 * t.bm, 2 * t.bn, 3 * t.bk
+    rng = np.random.default_rng(12)
+    A16 = rng.standard_normal((M, K)).astype(np.float16)
+    B16 = rng.standard_normal((K, N)).astype(np.float16)
+    wgsl, groups = mma_matmul_wgsl(M, N, K, t, epi="epi", epi_ld=ld)
+    got = _epilogue_values(wgsl, groups, t, A16, B16, M * N).reshape(M, N)
+    want = A16.astype(np.float64) @ B16.astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    rounds = t.tm // t.epi_rows
+    tail = wgsl[wgsl.rindex("acc0_0, false"):]
+    assert tail.count("workgroupBarrier()") == 2 * rounds - 1
+    assert f"* {t.epi_vec}u + {t.epi_vec - 1}u;" in tail
+    if ld:
+        assert "epi_ld(" in tail
+
+
+def test_epilogue_rounds_catch_a_wrong_index():
+    """The wide form with a lane's second element read from its first one's place in the
+    staging gives other values (the test above can fail)."""
+    t = MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, epi_vec=2, epi_rows=2)
+    rng = np.random.default_rng(13)
+    A16 = rng.standard_normal((64, 64)).astype(np.float16)
+    B16 = rng.standard_normal((64, 64)).astype(np.float16)
+    wgsl, groups = mma_matmul_wgsl(64, 64, 64, t, epi="epi")
+    bad = wgsl.replace("let c1 = Cs[sg * 1024u + q1];", "let c1 = Cs[sg * 1024u + q0];")
+    assert bad != wgsl
+    got = _epilogue_values(bad, groups, t, A16, B16, 64 * 64).reshape(64, 64)
+    assert not np.allclose(got, A16.astype(np.float64) @ B16.astype(np.float64), rtol=1e-3, atol=1e-2)
+
+
+@pytest.mark.parametrize("t", [MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, width=4),
+                               MmaTiling(bm=64, bn=128, bk=32, sg_m=2, sg_n=2, width=4, peel=True,
+                                         out="f16"),
+                               MmaTiling(bm=64, bn=64, bk=16, sg_m=2, sg_n=2, width=4,
+                                         double_buffer=True, frag="row")],
+                         ids=lambda t: f"{t.bm}x{t.bn}x{t.bk}:{t.out}:db{int(t.double_buffer)}")
+def test_width_4_copies_from_vec4_bindings(t):
+    """Width 4 read from vec4<u32> operands (bound=8): each invocation takes the half of the
+    vec4 holding its four halves, and the workgroup stores are width 4's (the same as with
+    vec2 bindings); the product is numpy's. Taking the other half gives another product.
+    (The compiler binds vec2<u32> for width 4: this form measured slower on the H200.)"""
+    M, N, K = 2 * t.bm, 2 * t.bn, 3 * t.bk
+    rng = np.random.default_rng(14)
+    A16 = rng.standard_normal((M, K)).astype(np.float16)
+    B16 = rng.standard_normal((K, N)).astype(np.float16)
+    wgsl, groups = mma_matmul_wgsl(M, N, K, t, bound=8)
+    own, _ = mma_matmul_wgsl(M, N, K, t)
+    assert "var<storage, read> A: array<vec4<u32>>" in wgsl and "array<vec2<u32>>" in own
+    stores = lambda text: [ln for ln in text.splitlines() if "let o = " in ln or "] = h" in ln]
+    assert stores(wgsl) == stores(own)
+    want = A16.astype(np.float64) @ B16.astype(np.float64)
+    tol = 2e-3 if t.out == "f16" else 1e-5
+    got = emulate(wgsl, groups, t, A16, B16).reshape(M, N).astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
+    bad = wgsl.replace("== 1u);", "== 0u);")
+    assert bad != wgsl
+    got = emulate(bad, groups, t, A16, B16).reshape(M, N).astype(np.float64)
+    assert not np.allclose(got, want, rtol=1e-2, atol=1e-1)
+    with pytest.raises(ValueError, match="width 4 from vec4"):
+        mma_matmul_wgsl(M, N, K, replace(t, width=2), bound=8)
+
+
+def test_compiler_takes_the_epilogue_rounds_and_width_4_from_the_options():
+    """KernelOptions.mma_width=4 (operands bound as vec2<u32>), mma_epi_rows, mma_epi_vec
+    reach the compiler's kernels:
+    gelu(x @ W + b) and a residual add r + x @ W (the epilogues GPT-2's MLP and projections
+    get), and a plain f16 product; each emulated against numpy. Where epi_rows does not fit
+    the workgroup memory (128 x 128 on the H200's 48 KB) the most rows that do are taken;
+    the defaults leave the kernels as they were (no new field in their first lines)."""
+    from webgrad import Module, ops
+    from webgrad.codegen import KernelOptions
+    on = KernelOptions(mma_width=4, mma_epi_rows=2, mma_epi_vec=4)
+
+    class Net(Module):
+        def __init__(self):
+            super().__init__()
+            self.W = self.param([64, 128])
+            self.b = self.param([128], init="zeros")
+
+    rng = np.random.default_rng(15)
+    cases = [((Net, lambda m, f: ops.gelu(ops.matmul(f["x"], m.W) + m.b)), {"x": [2, 64, 64]}),
+             ((Net, lambda m, f: f["r"] + ops.matmul(f["x"], m.W)), {"x": [128, 64], "r": [128, 128]})]
+    for fn, inputs in cases:
+        (cmd, wgsl), = _mma_pipelines(_plan(fn, inputs, kernel_options=on))
+        t = _tiling(wgsl)
+        assert (t.width, t.epi_rows, t.epi_vec) == (4, 2, 4) and "-> epilogue" in wgsl.splitlines()[0]
+        a, b = _names(wgsl)[:2]     # width 4: the operands bound as vec2<u32>
+        assert f"var<storage, read> {a}: array<vec2<u32>>" in wgsl and \
+            f"var<storage, read> {b}: array<vec2<u32>>" in wgsl
+        X16 = rng.standard_normal((128, 64)).astype(np.float16)
+        W16 = rng.standard_normal((64, 128)).astype(np.float16)
+        got = _run_epilogue_kernel(cmd, wgsl, X16, W16, 128 * 128).reshape(128, 128)
+        want = X16.astype(np.float64) @ W16.astype(np.float64)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+        (_, plain), = _mma_pipelines(_plan(fn, inputs))
+        assert "epi_" not in plain.splitlines()[0] and "width" not in plain.splitlines()[0]
+    (cmd, wgsl), = _mma_pipelines(_plan((Module, lambda m, f: ops.softmax_last(ops.matmul(f["x"], f["y"]))),
+                                        {"x": [128, 64], "y": [64, 128]}, kernel_options=on))
+    t = _tiling(wgsl)
+    assert t.width == 4 and t.epi_rows == 1 and t.out == "f16"
+    X16 = rng.standard_normal((128, 64)).astype(np.float16)
+    Y16 = rng.standard_normal((64, 128)).astype(np.float16)
+    got = emulate(wgsl, tuple(cmd["workgroups"]), t, X16, Y16, names=_names(wgsl)).reshape(128, 128)
+    want = X16.astype(np.float64) @ Y16.astype(np.float64)
+    np.testing.assert_allclose(got.astype(np.float64), want, rtol=2e-3, atol=2e-3 * np.abs(want).max())
+
+
+def test_tiling_options_fit_the_h200():
+    """On the H200's limits (48 KB of workgroup memory) mma_epi_rows=4 leaves a 128 x 128 x 32
+    tile at one row (two need 51712 bytes) and gives a 64 x 64 one both its rows; the options
+    never change the tile itself."""
+    from dataclasses import replace as rep
+    from webgrad.codegen import KernelOptions
+    from webgrad.codegen.matmul_mma import tiling_for
+    from webgrad.codegen.wgsl import Limits
+    h200 = Limits(shader_f16=True, max_compute_workgroup_storage_size=49152,
+                  subgroup_matrix=(("f16", "f32", 16, 16, 16, 32, 32),))
+    on = rep(h200, options=KernelOptions(mma_width=4, mma_epi_rows=4, mma_epi_vec=4))
+    t = tiling_for(on, 8192, 4096, 1024, epilogue=True)
+    assert (t.bm, t.bn, t.bk, t.width, t.epi_rows, t.epi_vec) == (128, 128, 32, 4, 1, 4)
+    t = tiling_for(on, 192, 192, 64, epilogue=True)
+    assert (t.bm, t.epi_rows) == (64, 2)
+    small = rep(on, options=KernelOptions(mma_epi_rows=2, mma_tiling=(("bk", 16),)))
+    t = tiling_for(small, 8192, 4096, 1024, epilogue=True)
+    assert (t.bm, t.bk, t.epi_rows) == (128, 16, 2) and t.workgroup_bytes() + 2 * 16384 <= 49152
+    assert tiling_for(on, 8192, 4096, 1024).epi_rows == 1    # no epilogue: no staging rounds

@@ -193,6 +193,12 @@ def _mma_shape(shape, opa, opb, limits):
     return M, N, K, nb, base(offa, bda), base(offb, bdb)
 
 
+# the operands' binding type by the tiling's copy width (KernelOptions.mma_width: 4 binds
+# vec2<u32>, bench/matmul_f16.py's kernel; its vec4 form, reading the vec4 that holds an
+# invocation's halves, measured slower on the H200: 2.23 -> 3.47 ms for GPT-2's head product)
+_MMA_BIND = {8: "vec4_u32", 4: "vec2_u32"}
+
+
 def _build_mma(ctx, node, opa, opb) -> list | None:
     """The subgroup-matrix kernel (matmul_mma.py: tensor cores, f16 operands, f32
     accumulation) for a product it can take, else None (the tiled or direct kernel then):
@@ -238,8 +244,8 @@ def _build_mma(ctx, node, opa, opb) -> list | None:
         return None
     what = f"matmul {'x'.join(map(str, node.shape))} K={K} mma {t.bm}x{t.bn}x{t.bk} -> {out or 'epilogue'}"
     kernel = ctx.kernel(what)
-    an = kernel.binding(sa.buffer, "vec4_u32", what=sa.what, nbytes=sa.nbytes)
-    bn = kernel.binding(sb.buffer, "vec4_u32", what=sb.what, nbytes=sb.nbytes)
+    an = kernel.binding(sa.buffer, _MMA_BIND[t.width], what=sa.what, nbytes=sa.nbytes)
+    bn = kernel.binding(sb.buffer, _MMA_BIND[t.width], what=sb.what, nbytes=sb.nbytes)
     epi, cn, ld = None, "", 0
     try:
         if out is None:
@@ -258,7 +264,7 @@ def _build_mma(ctx, node, opa, opb) -> list | None:
     wgsl, groups = mma_matmul_wgsl(M, N, K, t, ctx.limits.max_compute_workgroup_storage_size,
                                    batch=nb, a_base=a_base, b_base=b_base,
                                    header=kernel.module_scope(), names=(an, bn, cn), epi=epi,
-                                   epi_ld=ld)
+                                   epi_ld=ld, bound=t.width)
     return [{"wgsl": wgsl, "bindings": [b.buffer for b in kernel.bindings],
              "workgroups": list(groups), "name": what}]
 
@@ -274,12 +280,13 @@ def _build_mma_split(ctx, node, sa, sb, M: int, N: int, K: int, S: int, a_base: 
     part = ctx.scratch[0]
     what = f"matmul {'x'.join(map(str, node.shape))} K={K} mma {t.bm}x{t.bn}x{t.bk} split {S}"
     kernel = ctx.kernel(what)
-    an = kernel.binding(sa.buffer, "vec4_u32", what=sa.what, nbytes=sa.nbytes)
-    bn = kernel.binding(sb.buffer, "vec4_u32", what=sb.what, nbytes=sb.nbytes)
+    an = kernel.binding(sa.buffer, _MMA_BIND[t.width], what=sa.what, nbytes=sa.nbytes)
+    bn = kernel.binding(sb.buffer, _MMA_BIND[t.width], what=sb.what, nbytes=sb.nbytes)
     cn = kernel.binding(part.buffer, "f32", write=True, what=part.what, nbytes=part.nbytes)
     wgsl, groups = mma_matmul_wgsl(M, N, Kc, t, ctx.limits.max_compute_workgroup_storage_size,
                                    batch=S, a_base=f"wg.z * {Kc}u", b_base=f"wg.z * {Kc * N}u",
-                                   header=kernel.module_scope(), names=(an, bn, cn), lda=K)
+                                   header=kernel.module_scope(), names=(an, bn, cn), lda=K,
+                                   bound=t.width)
     return [{"wgsl": wgsl, "bindings": [b.buffer for b in kernel.bindings],
              "workgroups": list(groups), "name": what, "cost": True},   # the profile's FLOPs
             build_split_sum(ctx, node, S, M * N)]

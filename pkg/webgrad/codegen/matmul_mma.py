@@ -26,7 +26,9 @@ TFLOP/s).
 
 `mma_matmul_wgsl(M, N, K, tiling)` returns the WGSL and the dispatch size; bindings: 0 A
 (array<vec4<u32>>, f16 pairs; vec2<u32> or u32 with `width` 4 or 2), 1 B (likewise), 2 C
-(array<f32> or array<f16>). The compiler (matmul._build_mma) passes its own declarations instead (Kernel.module_scope: the group's
+(array<f32> or array<f16>). An epilogue's results can also go in rounds of several rows of
+result matrices (epi_rows, where workgroup memory allows) and several neighbours per
+invocation (epi_vec): epilogue_rounds. The compiler (matmul._build_mma) passes its own declarations instead (Kernel.module_scope: the group's
 bindings and epilogue function), a batch (workgroup_id.z, with each operand's offset as a
 WGSL expression of it) and the epilogue's name: C's elements then go to `epi(flat, v)` from
 workgroup memory, a row of each subgroup's result matrices at a time.
@@ -36,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 
-_LATER_FIELDS = ("frag", "peel", "width")
+_LATER_FIELDS = ("frag", "peel", "width", "epi_rows", "epi_vec")
 
 
 @dataclass(frozen=True, repr=False)
@@ -71,7 +73,14 @@ class MmaTiling:
                              # neighbouring invocations 2 * width bytes apart in workgroup
                              # memory: 8 puts a subgroup's 32 stores on 8 of the 32 banks
                              # (4-way conflicts), 2 on 32 (none). Below 8: the kernel's own
-                             # bindings only (bench/matmul_f16.py; the compiler's are vec4)
+                             # bindings (the compiler binds vec2<u32> for 4: KernelOptions.
+                             # mma_width), or 4 from vec4<u32> ones (mma_matmul_wgsl's bound)
+    epi_rows: int = 1        # an epilogue's rows of result matrices staged a round (divides
+                             # tm): fewer rounds, two barriers each (KernelOptions.mma_epi_rows)
+    epi_vec: int = 1         # an epilogue's consecutive elements per invocation a step (1: 32
+                             # neighbours a call; v: each invocation reads v neighbouring f32
+                             # of the staging and calls the epilogue on v neighbouring flat
+                             # indices; KernelOptions.mma_epi_vec)
 
     def __repr__(self) -> str:
         # the fields added after the kernel's first measurements appear only where they
@@ -114,6 +123,10 @@ class MmaTiling:
         need(self.copy in ("threads", "matrix"), "copy must be 'threads' or 'matrix'")
         need(self.frag in ("all", "row"), "frag must be 'all' or 'row'")
         need(self.width in (2, 4, 8), "width must be 2, 4 or 8 halves")
+        need(self.epi_rows >= 1 and self.tm % self.epi_rows == 0,
+             f"epi_rows must divide the {self.tm} rows of result matrices of a subgroup")
+        need(self.epi_vec in (1, 2, 4, 8) and (self.tn * self.n) % self.epi_vec == 0,
+             "epi_vec must be 1, 2, 4 or 8 and divide a row of result matrices")
         need(self.bm % (self.sg_m * self.m) == 0 and self.bn % (self.sg_n * self.n) == 0,
              "bm must be a multiple of sg_m * m and bn of sg_n * n")
         need(self.bk % self.k == 0 and self.bk % 8 == 0, "bk must be a multiple of k and of 8")
@@ -177,8 +190,10 @@ class Slab:
     off: str = ""
 
 
-def slab_loads(t: MmaTiling, sl: Slab, kexpr: str) -> list[str]:
-    """The slab's storage loads into its registers, for the K step at `kexpr`."""
+def slab_loads(t: MmaTiling, sl: Slab, kexpr: str, bound: int = 0) -> list[str]:
+    """The slab's storage loads into its registers, for the K step at `kexpr`; bound: the
+    halves of the storage array's element where it is wider than t.width (the compiler's
+    vec4<u32> with width 4: the vec4 holding the invocation's four halves, and that half)."""
     row0, col0 = sl.origin(kexpr)
     out = []
     if t.copy == "matrix":   # matrix q of the slab: uniform (subgroup_id, loop counter)
@@ -190,9 +205,16 @@ def slab_loads(t: MmaTiling, sl: Slab, kexpr: str) -> list[str]:
         return out
     for r in range(sl.vecs):
         i = f"i{sl.name}{r}"
-        out += [f"    let {i} = li + {r * t.threads}u;",
-                f"    r{sl.name}{r} = {sl.arr}[({row0} + {i} / {sl.vec_row}u) * "
-                f"{sl.ld // t.width}u + {col0} / {t.width}u + {i} % {sl.vec_row}u{sl.off}];"]
+        unit = (f"({row0} + {i} / {sl.vec_row}u) * {sl.ld // t.width}u + {col0} / {t.width}u + "
+                f"{i} % {sl.vec_row}u{sl.off}")
+        out.append(f"    let {i} = li + {r * t.threads}u;")
+        if bound and bound != t.width:   # (check_bound: 4 halves of a vec4)
+            u, x = f"u{sl.name}{r}", f"x{sl.name}{r}"
+            out += [f"    let {u} = {unit};",
+                    f"    let {x} = {sl.arr}[{u} / 2u];",
+                    f"    r{sl.name}{r} = select({x}.xy, {x}.zw, ({u} & 1u) == 1u);"]
+        else:
+            out.append(f"    r{sl.name}{r} = {sl.arr}[{unit}];")
     return out
 
 
@@ -222,7 +244,7 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
                     a_base: str = "", b_base: str = "", header: list[str] | None = None,
                     names: tuple[str, str, str] = ("A", "B", "C"),
                     epi: str | None = None, lda: int | None = None,
-                    epi_ld: int = 0) -> tuple[str, tuple[int, int, int]]:
+                    epi_ld: int = 0, bound: int | None = None) -> tuple[str, tuple[int, int, int]]:
     """(WGSL, workgroups) of C = A @ B with tiling t (see the module docstring).
 
     batch > 1: workgroup_id.z is the batch element; a_base / b_base are WGSL expressions of
@@ -240,7 +262,11 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
     `epi(f, v, p)` the rest): each invocation calls epi_ld for that many of its elements
     before their epi calls, so their loads are in flight together (the GPU's compiler keeps
     a load after any earlier storage store: one element after another waits out a memory
-    latency)."""
+    latency). bound: halves per element of A's and B's bindings (default: t.width for the
+    kernel's own, 8 with a header: the compiler binds vec4<u32>); a width-4 tiling reads
+    those vec4s for its halves (slab_loads). t.epi_rows and t.epi_vec (above 1) take the
+    epilogue's results in larger rounds and several neighbours per invocation
+    (epilogue_rounds)."""
     staging = epilogue_staging_bytes(t) if epi is not None else 0
     t.check(M, N, K, None if max_workgroup_bytes is None else max_workgroup_bytes - staging)
     if epi is not None and (t.out != "f32" or (t.m * t.n) % t.subgroup_size):
@@ -253,11 +279,13 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
     va, vb = t.bm * t.bk // w // t.threads, t.bk * t.bn // w // t.threads   # loads each
     rows_a, rows_b = t.bk // w, t.bn // w          # loads per slab row
     nbuf = 2 if t.double_buffer else 1
-    if w != 8 and header is not None:
-        raise ValueError(f"mma matmul with {t}: width {w} needs the kernel's own bindings "
-                         "(the compiler binds its operands as vec4<u32>)")
+    bound = bound or (8 if header is not None else w)
+    if t.copy == "threads" and bound != w and (bound, w) != (8, 4):
+        raise ValueError(f"mma matmul with {t}: width {w} from bindings of {bound} halves; "
+                         "the kernel reads width 4 from vec4<u32> (8) or its own bindings "
+                         "of the width (header=None)")
     vec = {8: "vec4<u32>", 4: "vec2<u32>", 2: "u32"}[w]
-    elem = vec if t.copy == "threads" else "f16"
+    elem = {8: "vec4<u32>", 4: "vec2<u32>", 2: "u32"}[bound] if t.copy == "threads" else "f16"
     nsg = t.sg_m * t.sg_n
     ma, mb = (t.bm // t.m) * (t.bk // t.k) // nsg, (t.bk // t.k) * (t.bn // t.n) // nsg
     what = (f"{batch} x " if batch > 1 else "") + f"{M}x{K} @ {K}x{N} -> " + ("epilogue" if epi else t.out)
@@ -317,7 +345,7 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
                   lambda kexpr: (f"({kexpr})", "n0"), bo))
 
     def loads(kexpr):  # one slab pair's storage loads into registers (pa*, pb* / ra*, rb*)
-        return [ln for sl in slabs for ln in slab_loads(t, sl, kexpr)]
+        return [ln for sl in slabs for ln in slab_loads(t, sl, kexpr, bound)]
 
     def stores(b):  # ... and their stores into workgroup buffer `b`
         return [ln for sl in slabs for ln in slab_stores(t, sl, b)]
@@ -378,6 +406,9 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
     def put(flat, v):  # one element from the staging matrices: the epilogue, or f16 C
         return f"    {epi}({flat}, {v});" if epi is not None else f"    {Cn}[{flat}] = f16({v});"
     staged = epi is not None or t.out == "f16"
+    if epi is not None and (t.epi_rows > 1 or t.epi_vec > 1):
+        L += epilogue_rounds(t, N, epi, epi_ld, cb)
+        staged = False
     c = t.tn if epi is not None else t.staged        # matrices a round: a row, or t.stage
     for i, j0 in ((i, j0) for i in range(t.tm if staged else 0) for j0 in range(0, t.tn, c)):
         w = c * t.n                                    # the staged block's width
@@ -399,7 +430,7 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
             step = "e++"
         L += ["  workgroupBarrier();", f"  for (var e = 0u; e < {count}u; {step}) {{", *body, "  }",
               "  workgroupBarrier();"]
-    for i in range(t.tm if not staged else 0):
+    for i in range(t.tm if not staged and epi is None else 0):
         for j in range(t.tn):
             off = f"{cb}(m0 + sm + {i * t.m}u) * {N}u + n0 + sn + {j * t.n}u"
             L.append(f"  subgroupMatrixStore(&{Cn}, {off}, acc{i}_{j}, false, {N}u);")
@@ -407,10 +438,53 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
     return "\n".join(L) + "\n", (N // t.bn, M // t.bm, batch)
 
 
+def epilogue_rounds(t: MmaTiling, N: int, epi: str, epi_ld: int, cb: str) -> list[str]:
+    """The results handed to the epilogue `epi` in rounds of t.epi_rows rows of result
+    matrices (an epi_rows * m x tn * n block per subgroup in Cs), each invocation taking
+    t.epi_vec neighbouring elements of the block a step: element j of lane l is block index
+    ((j / v) * subgroup_size + l) * v + j % v, so its v reads of Cs are neighbours (one
+    wide workgroup load where the GPU's compiler merges them) and so are its v flat indices
+    (neighbouring storage stores). A subgroup reads only the block it stored, but WGSL has
+    no subgroup barrier, and its memory model orders another invocation's workgroup store
+    only through workgroupBarrier (Dawn's own subgroup-matrix tests put one between a
+    subgroupMatrixStore and the loads of it): two barriers a round, none after the last.
+    epi_ld as mma_matmul_wgsl's: the loads of max(epi_ld, v) elements before their calls."""
+    r, v, S = t.epi_rows, t.epi_vec, t.subgroup_size
+    w = t.tn * t.n                                     # the block's width
+    count = r * t.m * w // S                           # elements per invocation a round
+    if count % v:
+        raise ValueError(f"mma matmul with {t}: {count} elements per invocation a round do "
+                         f"not split into epi_vec {v}")
+    per = max(epi_ld, v) // v if epi_ld else 1         # steps of v elements an iteration
+    while (count // v) % per:
+        per -= 1
+    base = f"sg * {r * t.m * w}u"
+    out = []
+    for i0 in range(0, t.tm, r):
+        out += [f"  subgroupMatrixStore(&Cs, {base} + {ii * t.m * w + j * t.n}u, "
+                f"acc{i0 + ii}_{j}, false, {w}u);" for ii in range(r) for j in range(t.tn)]
+
+        def flat(q):
+            return f"{cb}(m0 + sm + {i0 * t.m}u + {q} / {w}u) * {N}u + n0 + sn + {q} % {w}u"
+        ks = range(per * v)
+        body = [f"    let q{k} = ((e + {k // v}u) * {S}u + lane) * {v}u + {k % v}u;" for k in ks]
+        body += [f"    let c{k} = Cs[{base} + q{k}];" for k in ks]
+        if epi_ld:
+            body += [f"    let p{k} = {epi}_ld({flat(f'q{k}')});" for k in ks]
+            body += [f"    {epi}({flat(f'q{k}')}, c{k}, p{k});" for k in ks]
+        else:
+            body += [f"    {epi}({flat(f'q{k}')}, c{k});" for k in ks]
+        out += ["  workgroupBarrier();", f"  for (var e = 0u; e < {count // v}u; e += {per}u) {{",
+                *body, "  }"]
+        if i0 + r < t.tm:
+            out.append("  workgroupBarrier();")
+    return out
+
+
 def epilogue_staging_bytes(t: MmaTiling) -> int:
-    """Workgroup memory of mma_matmul_wgsl's epilogue staging: a row of tn result matrices
-    (f32) per subgroup."""
-    return 4 * t.m * t.n * t.tn * t.sg_m * t.sg_n
+    """Workgroup memory of mma_matmul_wgsl's epilogue staging: t.epi_rows rows of tn result
+    matrices (f32) per subgroup."""
+    return 4 * t.m * t.n * t.tn * t.sg_m * t.sg_n * t.epi_rows
 
 
 def tiling_for(limits, M: int, N: int, K: int, out: str = "f32",
@@ -421,7 +495,11 @@ def tiling_for(limits, M: int, N: int, K: int, out: str = "f32",
     epilogue: the kernel also holds mma_matmul_wgsl's staging matrices for an epilogue.
     128x128x32 on 2x2 subgroups measured best at 4096^3 on the H200 (bench/README.md).
     KernelOptions.mma_tiling (on limits.options) replaces fields of the default MmaTiling
-    where the result divides the shape and fits the device; elsewhere the table decides."""
+    where the result divides the shape and fits the device; elsewhere the table decides.
+    KernelOptions.mma_width (copy width 4 from the vec4 bindings), mma_epi_rows and
+    mma_epi_vec (the epilogue's rounds) apply to whichever tiling that is, each where it
+    divides the tile and fits (epi_rows: the most rows up to it that do), else left at
+    their defaults: they never change which tile a product gets."""
     if not getattr(limits, "shader_f16", False):
         return None
     cfg = config_for(getattr(limits, "subgroup_matrix", ()))
@@ -437,19 +515,31 @@ def tiling_for(limits, M: int, N: int, K: int, out: str = "f32",
         except ValueError:
             return False
         return t.threads <= getattr(limits, "max_compute_invocations_per_workgroup", 256) and \
-            t.width == 8   # (the compiler's bindings are vec4<u32>)
-    over = getattr(getattr(limits, "options", None), "mma_tiling", ())
+            t.width in (4, 8)   # (the compiler's bindings are vec4<u32>: 8, or 4 from them)
+    opts = getattr(limits, "options", None)
+
+    def chosen(t):  # t with the options' copy width and epilogue form, where they fit
+        for rows in range(min(getattr(opts, "mma_epi_rows", 1), t.tm) if epilogue else 1, 0, -1):
+            v = replace(t, width=getattr(opts, "mma_width", 8) if t.width == 8 else t.width,
+                        epi_rows=rows if t.tm % rows == 0 else 1,
+                        epi_vec=getattr(opts, "mma_epi_vec", 1) if epilogue else 1)
+            for u in (v, replace(v, width=t.width), replace(v, epi_vec=1),
+                      replace(v, width=t.width, epi_vec=1)):
+                if fits(u):
+                    return u
+        return t if fits(t) else None
+    over = getattr(opts, "mma_tiling", ())
     if over:   # a variant (bench/matmul_f16.py --sweep): where it divides the shape and fits
-        t = with_overrides(MmaTiling(m=m, n=n, k=k, subgroup_size=size, out=out), over)
-        if fits(t):
+        t = chosen(with_overrides(MmaTiling(m=m, n=n, k=k, subgroup_size=size, out=out), over))
+        if t is not None:
             return t
     for bm, bn, sgm, sgn, stage in ((128, 128, 2, 2, 0), (64, 64, 2, 2, 0), (64, 64, 2, 2, 1),
                                     (32, 32, 1, 1, 0)):
         if stage and out != "f16":
             continue   # (f16 C staged a matrix at a time where a row does not fit)
-        t = MmaTiling(bm=bm, bn=bn, bk=32, sg_m=sgm, sg_n=sgn, m=m, n=n, k=k,
-                      subgroup_size=size, out=out, stage=stage)
-        if fits(t):
+        t = chosen(MmaTiling(bm=bm, bn=bn, bk=32, sg_m=sgm, sg_n=sgn, m=m, n=n, k=k,
+                             subgroup_size=size, out=out, stage=stage))
+        if t is not None:
             return t
     return None
 

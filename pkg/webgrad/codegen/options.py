@@ -228,6 +228,22 @@ class KernelOptions:
     # whose shape the variant divides and whose workgroup memory fits (tiling_for); the
     # others keep the table's tiling. () : the table everywhere (bench/matmul_f16.py --sweep)
     mma_tiling: tuple = ()
+    # the thread copies' width (MmaTiling.width) of every product on subgroup matrices: 4
+    # binds the operands as vec2<u32>, four halves a load (2-way bank conflicts in the
+    # workgroup stores, not 4-way): bench/matmul_f16.py measured it +10% at every shape on
+    # the H200 (4096^3: 262 against 238 TFLOP/s), but not in GPT-2 124M's mixed step
+    # (bench/gpt2_train.py --rows gpt2, 2026-12-04: 55.1 -> 55.7 ms; the split head gradient
+    # 1.44 -> 1.77 ms); 8 (the default): vec4 loads, eight halves
+    mma_width: int = 8
+    # products with an epilogue: rows of result matrices staged a round (MmaTiling.epi_rows;
+    # the most up to this that fit the workgroup memory: 1 on a 128 x 128 tile in 48 KB)
+    # and neighbouring elements per invocation a step (epi_vec: 1, 2, 4, 8; wider reads of
+    # the staging, neighbouring stores); 1, 1: a row a round, 32 neighbours a call. On the
+    # H200 (GPT-2 124M mixed step, 2026-12-04) epi_vec 4 took the GELU products
+    # [8x512x3072 K=768 -> epilogue] from 0.57 to 0.39 ms (33 -> 50 TFLOP/s), the step from
+    # 55.1 to 53.0 ms (8: the same); epi_rows 2 (which needs mma_tiling bk 16 to fit) no quicker
+    mma_epi_rows: int = 1
+    mma_epi_vec: int = 1
 
     # ---- index.py
     # True / False: the tiled / chunked scan (scatter_add_rows' counts); None: GPUs tiled
