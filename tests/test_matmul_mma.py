@@ -652,7 +652,8 @@ def test_compiler_takes_a_kernel_variant_from_the_options():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     tall = KernelOptions(mma_tiling=(("frag", "row"),))    # 128 x 128: no divisor of 64 rows
     (cmd, wgsl), = _mma_pipelines(_plan(fn, {"x": [2, 32, 64]}, kernel_options=tall))
-    assert _tiling(wgsl) == MmaTiling(bm=32, bn=32, bk=32, sg_m=1, sg_n=1)   # the table's
+    # the table's, with the default epilogue rounds (KernelOptions.mma_epi_vec 4)
+    assert _tiling(wgsl) == MmaTiling(bm=32, bn=32, bk=32, sg_m=1, sg_n=1, epi_vec=4)
 
 
 def test_peeled_kernel_with_one_k_step():
@@ -793,7 +794,8 @@ def test_compiler_takes_the_epilogue_rounds_and_width_4_from_the_options():
         want = X16.astype(np.float64) @ W16.astype(np.float64)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
         (_, plain), = _mma_pipelines(_plan(fn, inputs))
-        assert "epi_" not in plain.splitlines()[0] and "width" not in plain.splitlines()[0]
+        assert "epi_rows" not in plain.splitlines()[0] and "width" not in plain.splitlines()[0]
+        assert _tiling(plain).epi_vec == 4     # the default (KernelOptions.mma_epi_vec)
     (cmd, wgsl), = _mma_pipelines(_plan((Module, lambda m, f: ops.softmax_last(ops.matmul(f["x"], f["y"]))),
                                         {"x": [128, 64], "y": [64, 128]}, kernel_options=on))
     t = _tiling(wgsl)

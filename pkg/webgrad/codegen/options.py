@@ -241,9 +241,10 @@ class KernelOptions:
     # the staging, neighbouring stores); 1, 1: a row a round, 32 neighbours a call. On the
     # H200 (GPT-2 124M mixed step, 2026-12-04) epi_vec 4 took the GELU products
     # [8x512x3072 K=768 -> epilogue] from 0.57 to 0.39 ms (33 -> 50 TFLOP/s), the step from
-    # 55.1 to 53.0 ms (8: the same); epi_rows 2 (which needs mma_tiling bk 16 to fit) no quicker
+    # 55.1 to 53.0 ms (8: the same); epi_rows 2 (which needs mma_tiling bk 16 to fit) no
+    # quicker. So epi_vec 4 is the default
     mma_epi_rows: int = 1
-    mma_epi_vec: int = 1
+    mma_epi_vec: int = 4
 
     # ---- index.py
     # True / False: the tiled / chunked scan (scatter_add_rows' counts); None: GPUs tiled
