@@ -191,6 +191,27 @@ def test_lora_with_the_rank_products_in_the_base_products_epilogues_equals_peft(
 
 
 @pytest.mark.webgpu
+def test_lora_with_the_sibling_factor_products_merged_equals_peft(base):
+    """KernelOptions.thin_siblings forced on this adapter (on GPUs only by default): q's and
+    v's x A^T, which read the same normalized x, are one [T, 2r] product against both A's
+    (codegen/thin_siblings.py), read in slices; the AdamW steps' losses and the trained
+    adapters still equal PEFT's."""
+    from test_llama import _forced_backend
+    hf, cfg, sd = base
+    lo = lora.LoRA(lambda: llama.LlamaModule(cfg), r=4, lora_alpha=8, target_modules=TARGETS)
+    ad = random_adapters(lo, 5)
+    c = lora_compiled(lo, sd, _forced_backend(thin_siblings=True), adapters=ad,
+                      optimizer=optim.AdamW(lr=1e-2, weight_decay=0.05))
+    merged = f"matmul {B}x{T}x8 K={cfg.hidden_size} "
+    assert [n for n in c._train.exe.kernel_names if n.startswith(merged)], c._train.exe.kernel_names
+    pm = peft_from(hf, lo, ad).train()
+    steps_equal_peft(c, pm, cfg.vocab_size, 40, 3, lr=1e-2, weight_decay=0.05)
+    peft_sd = peft.get_peft_model_state_dict(pm)
+    for n, v in lo.adapter_state_dict(c).items():
+        assert rel(v, peft_sd[n].detach().numpy()) <= 1e-4, n
+
+
+@pytest.mark.webgpu
 def test_gpt2_lora_with_the_rank_products_in_the_base_products_epilogues_equals_peft():
     """The same for GPT-2's Conv1D layers (x W + b, PEFT's fan_in_fan_out): a bias between
     the product and the adapter's sum, B read through the other layout."""
@@ -323,7 +344,15 @@ def test_h200_lora_step_runs_the_rank_16_products_unsplit_and_the_updates_in_the
     that the updates join their kernels (thin_grads): 87 of 166. Left split: dY B of gate
     and up (K = 8192, 16 chunks: 256 workgroups against 64 unsplit). The K = 16 products,
     (x A^T) B^T and (dY B) A, are summed by the base products' epilogues
-    (KernelOptions.lowrank_epilogue, codegen/lowrank.py): 62 of 141, no K = 16 kernel."""
+    (KernelOptions.lowrank_epilogue, codegen/lowrank.py): 62 of 141, no K = 16 kernel.
+    The sibling products (q's, k's and v's x A^T, of the same normalized x; gate's and up's)
+    are one product each (KernelOptions.thin_siblings, codegen/thin_siblings.py), 48 and 32
+    wide: no longer thin, they split over K in 4 chunks, each with its chunk sum, and their
+    concatenated A's are an elementwise kernel: 3 kernels for q, k, v's 3 and for gate and
+    up's 2 (+2 in all: 168, 77 of them rank-16). On the H200 (2026-12-04, 16 layers: 1306
+    kernels against 1290) the step took 269.3-269.4 ms against 270.0-270.2 without: the
+    products that read x took 4.65 ms against 5.83, the copies 0.2 ms; the merged products
+    kept unsplit on 32 x 32 tiles (one kernel fewer a layer) took 0.3 ms more."""
     from dataclasses import replace
     from webgrad.codegen import KernelOptions, Limits, lower
     g = _lora_1b_step(2)
@@ -334,19 +363,31 @@ def test_h200_lora_step_runs_the_rank_16_products_unsplit_and_the_updates_in_the
     def rank16(names):
         return [n for n in names if n.startswith("matmul ")
                 and ("16" in n.split(" ")[1].split("x") or " K=16 " in n)]
-    fused = lower(g, replace(h200, options=KernelOptions(lowrank_epilogue=True)))[1]
+    alone = KernelOptions(thin_siblings=False)
+    fused = lower(g, replace(h200, options=replace(alone, lowrank_epilogue=True)))[1]
     assert len(fused) == 141 and len(rank16(fused)) == 62, fused
     assert not [n for n in fused if " K=16 " in n]
     # without the low-rank epilogues (the default: slower on the H200, options.py):
     # (x A^T) B^T and (dY B) A kernels of their own, 25
-    names = lower(g, h200)[1]
+    names = lower(g, replace(h200, options=alone))[1]
     assert len(names) == 166 and len(rank16(names)) == 87, names
+    # the sibling products merged (the default on GPUs)
+    merged = lower(g, h200)[1]
+    assert len(merged) == 168 and len(rank16(merged)) == 77, merged
+    assert sorted(set(merged) - set(names)) == [
+        "matmul 4x512x32 K=2048 tile 128x32x8 split 4", "matmul 4x512x32 sum of 4 K chunks",
+        "matmul 4x512x48 K=2048 tile 128x32x8 split 4", "matmul 4x512x48 sum of 4 K chunks"]
+    assert merged.count("elementwise") == names.count("elementwise") + 2 * 2
+    assert names.count("matmul 4x512x16 K=2048 tile 32x16x64") - 5 * 2 == merged.count(
+        "matmul 4x512x16 K=2048 tile 32x16x64")
+    fused_merged = lower(g, replace(h200, options=KernelOptions(lowrank_epilogue=True)))[1]
+    assert len(fused_merged) == 143 and len(rank16(fused_merged)) == 52, fused_merged
     assert sorted(set(names) - set(fused)) == [
         "matmul 4x512x2048 K=16 tile 128x128x8", "matmul 4x512x512 K=16 tile 64x64x16",
         "matmul 4x512x8192 K=16 tile 128x128x8"]
     assert [n for n in rank16(names) if "split" in n or "sum of" in n] == [
         "matmul 4x512x16 K=8192 tile 128x16x16 split 16", "matmul 4x512x16 sum of 16 K chunks"] * 6
-    off = KernelOptions(lowrank_epilogue=False, thin_grads=False)
+    off = KernelOptions(lowrank_epilogue=False, thin_grads=False, thin_siblings=False)
     unsplit = lower(g, replace(h200, options=off))[1]
     assert len(unsplit) == 166 + 2 * 14 and len(rank16(unsplit)) == 87
     before = lower(g, replace(h200, options=replace(off, split_thin=0)))[1]

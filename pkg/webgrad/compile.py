@@ -22,7 +22,9 @@ compile_module(factory, loss_fn, ...):
                           vocabulary-wide products on padded columns where the adapter's
                           tiling row asks for it (codegen/align_match.py), thin weight
                           gradients (LoRA's factors) in their parameter's layout, so that
-                          the optimizer joins their products (codegen/thin_grads.py)
+                          the optimizer joins their products (codegen/thin_grads.py),
+                          and thin products of one A (LoRA's x A^T of q, k, v) as one
+                          product, read in slices (codegen/thin_siblings.py)
      6a'. (webgpu)        fusion (codegen/fusion.py) chooses what is stored and the kernel
                           order; codegen/remat.py leaves unstored the expressions whose
                           buffer would save no memory (GELU's tanh, recomputed in the

@@ -116,6 +116,12 @@ class KernelOptions:
     # split_thin) is computed in its parameter's layout, so that the optimizer's update joins
     # its product's kernel (codegen/thin_grads.py); False: in the layout the matmul rule gives
     thin_grads: bool = True
+    # True / False: thin products (at most split_thin columns) that read the same A with
+    # 2-D B's of one K (LoRA's x @ A_q^T, x @ A_k^T, x @ A_v^T; gate's and up's) are one
+    # product against the B's concatenated, read in slices (codegen/thin_siblings.py), on
+    # any adapter / on none; None: on GPUs. The Llama-1B-shaped LoRA step on the H200
+    # (2026-12-04) took 269.3-269.4 ms with it, 270.0-270.2 without (bench/README.md)
+    thin_siblings: bool | None = None
     # True / False: a product over K <= 16 added elementwise to a larger product's output
     # (LoRA's (x A^T) B^T, (dY B) A) is computed in that product's epilogue
     # (codegen/lowrank.py), on any adapter / on none; None: on GPUs. False by default: the

@@ -19,6 +19,7 @@ from math import prod
 from ..buffers import END, Live, align, plan_pool
 from .align_match import align_products
 from .thin_grads import thin_grads
+from .thin_siblings import thin_siblings
 from .attention import build_attention
 from .attention_match import rewrite_attention
 from .rowfuse import build_row_kernel
@@ -582,6 +583,7 @@ def lower(graph, limits: Limits | None = None, persist_key=lambda name: name, *,
         graph = rewrite_rows(graph)
     graph = align_products(graph, limits)  # vocabulary-wide products padded (align_match.py)
     graph = thin_grads(graph, limits)  # LoRA's factor gradients in their layout (thin_grads.py)
+    graph = thin_siblings(graph, limits)  # LoRA's x @ A^T of q, k, v as one (thin_siblings.py)
     low = _Lowering(graph, limits, persist_key, frozenset(half_names))
     lowered, names = low.build(on_pipeline)
     lowered.empty_outputs = empty
