@@ -329,3 +329,31 @@ def test_llama_cached_decode_and_greedy_generate(tmp_path):
     ex = ref.export_onnx(str(path), n_tokens=1, program="step")
     check_model(path.read_bytes())
     assert ex.writebacks and all(o.endswith(":new") for o in ex.writebacks)
+
+
+def test_llama_step_export_fuses_shared_products_and_rms_norms(tmp_path):
+    """The decode step's export: each layer's q/k/v and gate/up products are one MatMul on
+    the weights concatenated (folded by onnxruntime into one initializer) and a Split, and
+    each RMS norm is in the form onnxruntime makes one SimplifiedLayerNormalization: fewer
+    nodes a step than one per primitive, each a fixed cost in onnxruntime-web. The values
+    equal the reference's: test_llama_cached_decode_and_greedy_generate (backend="wasm")."""
+    from webgrad.models import llama_demo
+    ref = llama_demo.model(seed=0, backend="reference")
+    layers = llama_demo.CONFIG.num_hidden_layers
+    path = tmp_path / "llama_step.onnx"
+    ref.export_onnx(str(path), n_tokens=1, program="step")
+    check_model(path.read_bytes())
+    nodes = onnx.load(str(path)).graph.node
+    made = {o: n.op_type for n in nodes for o in n.output}
+    splits = [n for n in nodes if n.op_type == "Split" and made[n.input[0]] == "MatMul"]
+    assert sorted(len(n.output) for n in splits) == [2] * layers + [3] * layers
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(str(tmp_path / "optimized.onnx")).graph.node
+    ops = [n.op_type for n in optimized]
+    assert ops.count("SimplifiedLayerNormalization") == 2 * layers + 1  # and the final norm
+    assert "Reciprocal" not in ops  # rsqrt's lowering: no norm left unfused
+    made = {o: n.op_type for n in optimized for o in n.output}
+    assert not [n for n in optimized if n.op_type == "MatMul" and made.get(n.input[1]) == "Concat"]
