@@ -12,7 +12,8 @@
 * a forward program's export (parameters embedded), GPT-2 tiny's logits and cached decode
   (backend="wasm", and its exported file in onnxruntime), the Llama demo model's cached decode
   and greedy generation, and a Q8_0 weight (decoded by the runtime, and at export) equal the
-  reference;
+  reference; the Llama decode step's export makes each layer's q/k/v and gate/up products one
+  MatMul and its RMS norms onnxruntime's SimplifiedLayerNormalization;
 * parameters a program only reads are resident in its session (external initializers): an
   upload or a training step is seen by the next run, a parameter written twice after the
   session was made is fed from then on; GPT-2 tiny's decode step holds every weight so and
