@@ -12,7 +12,8 @@
 * a forward program's export (parameters embedded), GPT-2 tiny's logits and cached decode
   (backend="wasm", and its exported file in onnxruntime), the Llama demo model's cached decode
   and greedy generation, and a Q8_0 weight (decoded by the runtime, and at export) equal the
-  reference;
+  reference; the Llama decode step's export makes each layer's q/k/v and gate/up products one
+  MatMul and its RMS norms onnxruntime's SimplifiedLayerNormalization;
 * parameters a program only reads are resident in its session (external initializers): an
   upload or a training step is seen by the next run, a parameter written twice after the
   session was made is fed from then on; GPT-2 tiny's decode step holds every weight so and
@@ -329,3 +330,31 @@ def test_llama_cached_decode_and_greedy_generate(tmp_path):
     ex = ref.export_onnx(str(path), n_tokens=1, program="step")
     check_model(path.read_bytes())
     assert ex.writebacks and all(o.endswith(":new") for o in ex.writebacks)
+
+
+def test_llama_step_export_fuses_shared_products_and_rms_norms(tmp_path):
+    """The decode step's export: each layer's q/k/v and gate/up products are one MatMul on
+    the weights concatenated (folded by onnxruntime into one initializer) and a Split, and
+    each RMS norm is in the form onnxruntime makes one SimplifiedLayerNormalization: fewer
+    nodes a step than one per primitive, each a fixed cost in onnxruntime-web. The values
+    equal the reference's: test_llama_cached_decode_and_greedy_generate (backend="wasm")."""
+    from webgrad.models import llama_demo
+    ref = llama_demo.model(seed=0, backend="reference")
+    layers = llama_demo.CONFIG.num_hidden_layers
+    path = tmp_path / "llama_step.onnx"
+    ref.export_onnx(str(path), n_tokens=1, program="step")
+    check_model(path.read_bytes())
+    nodes = onnx.load(str(path)).graph.node
+    made = {o: n.op_type for n in nodes for o in n.output}
+    splits = [n for n in nodes if n.op_type == "Split" and made[n.input[0]] == "MatMul"]
+    assert sorted(len(n.output) for n in splits) == [2] * layers + [3] * layers
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    optimized = onnx.load(str(tmp_path / "optimized.onnx")).graph.node
+    ops = [n.op_type for n in optimized]
+    assert ops.count("SimplifiedLayerNormalization") == 2 * layers + 1  # and the final norm
+    assert "Reciprocal" not in ops  # rsqrt's lowering: no norm left unfused
+    made = {o: n.op_type for n in optimized for o in n.output}
+    assert not [n for n in optimized if n.op_type == "MatMul" and made.get(n.input[1]) == "Concat"]

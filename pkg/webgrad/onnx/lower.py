@@ -30,7 +30,7 @@ _PERSISTENT = ("param", "state")
 
 class Builder:
     def __init__(self):
-        self.nodes: list[tuple] = []       # (op, inputs, output, attrs), encoded by encode()
+        self.nodes: list[tuple] = []       # (op, inputs, outputs, attrs), encoded by encode()
         self.made: set[str] = set()         # the values nodes produce
         self.inits: list[bytes] = []
         self.ops: set[str] = set()
@@ -42,17 +42,20 @@ class Builder:
         return f"{hint}_{self._n}"
 
     def emit(self, op: str, *inputs: str, out: str | None = None, **attrs) -> str:
-        out = out or self.fresh(op.lower())
+        return self.emit_n(op, *inputs, outs=[out or self.fresh(op.lower())], **attrs)[0]
+
+    def emit_n(self, op: str, *inputs: str, outs: list[str], **attrs) -> list[str]:
+        """A node of several outputs (Split), named `outs`."""
         self.ops.add(op)
-        self.nodes.append((op, inputs, out, attrs))
-        self.made.add(out)
-        return out
+        self.nodes.append((op, inputs, tuple(outs), attrs))
+        self.made.update(outs)
+        return list(outs)
 
     def encode(self, rename: dict[str, str]) -> list[bytes]:
         """The nodes as NodeProtos, each value named by `rename` where it has an entry."""
         r = lambda v: rename.get(v, v)  # noqa: E731
-        return [proto.node(op, [r(i) for i in ins], [r(out)], **attrs)
-                for op, ins, out, attrs in self.nodes]
+        return [proto.node(op, [r(i) for i in ins], [r(o) for o in outs], **attrs)
+                for op, ins, outs, attrs in self.nodes]
 
     def init(self, name: str, dims, elem: int, raw: bytes) -> str:
         self.inits.append(proto.tensor(name, dims, elem, raw))
@@ -339,6 +342,107 @@ def _dequantize(b, n, ins, g):
         f"node %{n.id} reads %{n.inputs[0]} ({g[n.inputs[0]].op})")
 
 
+def _shared_products(graph: Graph, resident_leaf) -> dict[int, list[int]]:
+    """The products x @ W_1, x @ W_2, ... of one x by constant matrices (a layer's q, k and v
+    projections; gate and up): each member -> its group, in the graph's order. W_i: a
+    resident leaf (`resident_leaf(node)`), its dequantization or a transpose of either, which
+    onnxruntime folds into one initializer when the session is made. _lower_products makes
+    a group one MatMul and a Split: a decode step's products of one row are each a pass over
+    the weights with a fixed cost (onnxruntime-web's kernel dispatch, MLAS's packing of the
+    row), so fewer, wider products stream the same bytes faster."""
+    def constant(i: int) -> bool:
+        n = graph[i]
+        if n.op in LEAVES:
+            return resident_leaf(n)
+        return n.op in ("transpose", "dequantize") and all(constant(j) for j in n.inputs)
+    by_row: dict[int, list[int]] = {}
+    for n in graph.nodes:
+        if (n.op == "matmul" and n.dtype == "f32" and len(graph[n.inputs[1]].shape) == 2
+                and constant(n.inputs[1])):
+            by_row.setdefault(n.inputs[0], []).append(n.id)
+    return {m: group for group in by_row.values() if len(group) > 1 for m in group}
+
+
+def _rms_norms(graph: Graph) -> tuple[dict[int, tuple], set[int]]:
+    """The RMS norms x * rsqrt(mean_last(x * x, keepdims) + eps) [* w] (ops.mean_last: a sum
+    times 1/n) whose inner values nothing else reads: {the norm's node: (x, w or None, eps)},
+    and the inner nodes, which are not lowered. _lower_rms writes each in the form that
+    onnxruntime makes one SimplifiedLayerNormalization (9 nodes otherwise; two norms a layer,
+    and each node of a decode step is a fixed cost in onnxruntime-web)."""
+    users = graph.consumers()
+    roots = set(graph.outputs.values()) | set(graph.writebacks.values())
+    sole = lambda i, user: users.get(i, []) == [user] and i not in roots  # noqa: E731
+
+    def scalar(i: int):
+        n = graph[i]
+        v = n.attrs.get("value")
+        return float(v) if n.op == "const" and isinstance(v, (int, float)) else None
+
+    def other(n, i):  # the operand of binary node n that is not i (None if neither is)
+        a, c = n.inputs
+        return c if a == i else a if c == i else None
+
+    norms, inner = {}, set()
+    for r in graph.nodes:
+        if r.op != "rsqrt" or r.dtype != "f32":
+            continue
+        add = graph[r.inputs[0]]
+        if add.op != "add" or not sole(add.id, r.id):
+            continue
+        mean, e = add.inputs if scalar(add.inputs[1]) is not None else add.inputs[::-1]
+        mean, eps = graph[mean], scalar(e)
+        if eps is None or mean.op != "mul" or not sole(mean.id, add.id):
+            continue
+        ks, kc = mean.inputs if scalar(mean.inputs[1]) is not None else mean.inputs[::-1]
+        keep, k = graph[ks], scalar(kc)
+        if keep.op != "reshape" or not sole(keep.id, mean.id):
+            continue
+        tot = graph[keep.inputs[0]]
+        if tot.op != "sum" or not sole(tot.id, keep.id):
+            continue
+        sq = graph[tot.inputs[0]]
+        if sq.op != "mul" or sq.inputs[0] != sq.inputs[1] or not sole(sq.id, tot.id):
+            continue
+        x = graph[sq.inputs[0]]
+        d = x.shape[-1] if x.shape else 0
+        if (d == 0 or k is None or abs(k * d - 1) > 1e-6 or tuple(tot.attrs["axes"]) != (len(x.shape) - 1,)
+                or keep.shape != x.shape[:-1] + (1,) or len(users.get(r.id, [])) != 1):
+            continue
+        norm = graph[users[r.id][0]]
+        if norm.op != "mul" or other(norm, r.id) != x.id or norm.shape != x.shape or r.id in roots:
+            continue
+        w = None
+        if len(users.get(norm.id, [])) == 1 and norm.id not in roots:
+            scaled = graph[users[norm.id][0]]
+            ws = other(scaled, norm.id) if scaled.op == "mul" else None
+            if ws is not None and graph[ws].shape == (d,) and scaled.shape == x.shape:
+                inner.add(norm.id)
+                norm, w = scaled, ws
+        norms[norm.id] = (x.id, w, eps)
+        inner.update((sq.id, tot.id, keep.id, mean.id, add.id, r.id))
+    return norms, inner
+
+
+def _lower_rms(b: Builder, x: str, w: str | None, eps: float) -> str:
+    # the standard operators in the form onnxruntime's SimplifiedLayerNormFusion makes one
+    # SimplifiedLayerNormalization (Pow 2, ReduceMean, Add eps, Sqrt, Div, Mul by the scale)
+    ms = b.emit("ReduceMean", b.emit("Pow", x, b.scalar(2.0, "f32")), b.const([-1], "i64"), keepdims=1)
+    y = b.emit("Div", x, b.emit("Sqrt", b.emit("Add", ms, b.scalar(eps, "f32"))))
+    return y if w is None else b.emit("Mul", y, w)
+
+
+def _lower_products(b: Builder, graph: Graph, members: list[int], names: dict) -> None:
+    """x @ concat(W_1, W_2, ..., axis=1), split back into the members' products (the same sums
+    per column: the results equal the separate products')."""
+    widths = [graph[m].shape[-1] for m in members]
+    w = b.emit("Concat", *(names[graph[m].inputs[1]] for m in members), axis=1)
+    y = b.emit("MatMul", names[graph[members[0]].inputs[0]], w)
+    outs = b.emit_n("Split", y, b.const(widths, "i64"), outs=[b.fresh("split") for _ in members],
+                    axis=-1)
+    for m, o in zip(members, outs):
+        names[m] = o
+
+
 def _with_graph(fn):
     fn.needs_graph = True
     return fn
@@ -454,22 +558,53 @@ def export_graph(graph: Graph, *, name: str = "webgrad", values=None, decode=Non
 
     quant_reads = {n.inputs[0]: n for n in graph.nodes
                    if n.op == "dequantize" and graph[n.inputs[0]].op in LEAVES}
-    for n in graph.nodes:
+    groups = _shared_products(graph, lambda n: n.op != "input" and (
+        n.attrs["name"] in resident or (n.attrs["name"] in values and (
+            n.id not in quant_reads or decode is not None))))
+    norms, inner = _rms_norms(graph)
+    done: set[int] = set()
+
+    def visit(i: int) -> None:
+        """Lower node i after its operands (those of a product lowered ahead: its group's)."""
+        if i in done:
+            return
+        if i in inner:   # a norm's inner value: the norm is one node
+            done.add(i)
+            return
+        if i in norms:
+            x, w, eps = norms[i]
+            for j in (x, w):
+                if j is not None:
+                    visit(j)
+            done.add(i)
+            names[i] = _lower_rms(b, names[x], None if w is None else names[w], eps)
+            return
+        members = groups.get(i, [i])
+        for m in members:  # the group's weights are constants: lowering them early is safe
+            for j in graph[m].inputs:
+                visit(j)
+        done.update(members)
+        if len(members) > 1:
+            _lower_products(b, graph, members, names)
+        else:
+            lower(graph[i])
+
+    def lower(n) -> None:
         if n.op in LEAVES:
             buf = n.attrs["name"]
             if n.id in quant_reads and all(m.op == "dequantize" for m in graph.nodes
                                            if n.id in m.inputs):
-                continue  # read only through its dequantize node: that node is the input
+                return  # read only through its dequantize node: that node is the input
             if buf in values:
                 names[n.id] = b.init(claim(buf), n.shape, proto.ELEM[n.dtype], _raw(values[buf], n.dtype))
-                continue
+                return
             if buf in resident and n.op != "input":
                 names[n.id] = external(claim(buf), n, proto.ELEM[n.dtype], (n.op, buf, None, n.shape))
-                continue
+                return
             names[n.id] = claim(buf)
             inputs.append(proto.value_info(buf, proto.ELEM[n.dtype], n.shape))
             (ex.feeds if n.op == "input" else ex.persistent)[buf] = buf
-            continue
+            return
         if n.op == "dequantize" and n.inputs[0] in quant_reads:
             leaf = graph[n.inputs[0]]
             buf = leaf.attrs["name"]
@@ -483,13 +618,16 @@ def export_graph(graph: Graph, *, name: str = "webgrad", values=None, decode=Non
                 names[n.id] = claim(f"{buf}:f32")
                 inputs.append(proto.value_info(names[n.id], proto.FLOAT, n.shape))
                 ex.dequantized[names[n.id]] = key
-            continue
+            return
         rule = LOWERINGS.get(n.op)
         if rule is None:
             raise NotImplementedError(f"ONNX export: no lowering of {n.op!r} (node %{n.id}); "
                                       "add one to webgrad/onnx/lower.py's LOWERINGS")
         ins = [names[i] for i in n.inputs]
         names[n.id] = rule(b, n, ins, graph) if getattr(rule, "needs_graph", False) else rule(b, n, ins)
+
+    for n in graph.nodes:
+        visit(n.id)
 
     # each output names the value of the node that computes it (no Identity), unless that
     # value is a model input, an initializer or already another output's
