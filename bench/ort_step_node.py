@@ -68,13 +68,14 @@ def dump(out: Path, layers: int, tokens: int) -> None:
     from wllama_decode import prompt_ids, write_smol
     from webgrad.backends.onnx_runtime import OnnxRuntimeBackend
     from webgrad.models import llama
+    from webgrad.models.decoding import step_kind
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "smol-F32.gguf"
         write_smol(path, "F32", layers)
         m = llama.Llama.from_gguf(str(path), backend=OnnxRuntimeBackend(), n_ctx=64)
     m.generate(prompt_ids(49152, tokens), max_new_tokens=2, temperature=0, stop_at_eos=False)
-    run = m._program("step", tokens)._prog.exe   # the backend's _Run of that program
+    run = m._program(step_kind(tokens, ["next"]), tokens)._prog.exe   # generate's program
     b, ex = m.backend, run.ex
     (out / "model.onnx").write_bytes(ex.model)
     for loc, (_, name, qtype, shape) in ex.resident.items():

@@ -173,6 +173,23 @@ def test_cached_decoding_equals_the_full_forward(tiny):
     assert len(c) == len(ids)
 
 
+def test_a_chunk_read_at_its_last_position_runs_the_head_on_one_row(tiny):
+    """logits_step of a chunk (and generate's prompt) reads the last position alone: its
+    program ("step_last") writes the cache for every id and multiplies only the last row by
+    the head, and gives the full forward's last rows and generate's greedy tokens."""
+    ids = [1, 4, 4, 9, 2, 7, 0, 3]
+    full = np.asarray(tiny.forward(ids))
+    c = tiny.new_cache()
+    np.testing.assert_allclose(tiny.logits_step(ids[:5], c), full[4], atol=2e-5, rtol=0)
+    np.testing.assert_allclose(tiny.logits_step(ids[5:], c), full[7], atol=2e-5, rtol=0)
+    assert ("step_last", 5) in tiny._programs and ("step", 5) not in tiny._programs
+    heads = [n.shape for n in tiny._program("step_last", 5).ir.nodes
+             if n.op == "matmul" and n.shape[-1] == TINY.vocab_size]
+    assert heads and all(s[:-1] == (1,) for s in heads), heads
+    assert tiny.generate(ids[:5], max_new_tokens=1, temperature=0) == \
+        ids[:5] + [int(np.argmax(full[4]))]
+
+
 @pytest.mark.parametrize("forms", ["cpu", "gpu"])
 def test_cached_decoding_with_the_rows_written_by_c_attn(forms):
     """GPT-2's K and V cache rows, columns of c_attn's output (+ bias), stored by c_attn's

@@ -701,7 +701,7 @@ def test_webgpu_fuses_the_grouped_attention(backend, built):
     c = m.new_cache()
     m.logits_step(IDS[:3], c)
     m.logits_step([1], c)
-    for key in (("full", len(IDS)), ("step", 3), ("step", 1)):
+    for key in (("full", len(IDS)), ("step_last", 3), ("step", 1)):   # (decoding.step_kind)
         names = m._programs[key]._prog.exe.kernel_names
         assert sum(n.startswith("attn") for n in names) == cfg.num_hidden_layers, names
         assert not any(n.startswith("softmax") for n in names), names
