@@ -13,8 +13,9 @@ lanes read consecutive aligned chunks of the blocks (each format's Chunk, webgra
 where the grouped form gave each lane a whole group of values sharing a scale and a warp's
 loads scattered over 32 groups (Q4_K on an H200: 120 GB/s, against 2500 for f32 rows).
 
-With KernelOptions.gemv_q8_dot (off by default) the chunked form rounds A to int8 first and
-sums integer dot products, as llama.cpp's CUDA decode does (matmul_gemv_q8.py).
+With KernelOptions.gemv_q8_dot (on GPUs whose WGSL has dot4I8Packed) the chunked form
+rounds A to int8 first and sums integer dot products, as llama.cpp's CUDA decode does
+(matmul_gemv_q8.py).
 
 Either form takes an A that fusion left unstored (rule 8: a normalized row, RMSNorm's):
 codegen/gemv_prologue.py sums its rows first and evaluates it where A is read.
