@@ -39,6 +39,8 @@ from dataclasses import dataclass, fields, replace
 
 
 _LATER_FIELDS = ("frag", "peel", "width", "epi_rows", "epi_vec")
+# the storage element holding this many f16 halves (the copies' width, the bindings')
+_WORDS = {8: "vec4<u32>", 4: "vec2<u32>", 2: "u32"}
 
 
 @dataclass(frozen=True, repr=False)
@@ -284,8 +286,8 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
         raise ValueError(f"mma matmul with {t}: width {w} from bindings of {bound} halves; "
                          "the kernel reads width 4 from vec4<u32> (8) or its own bindings "
                          "of the width (header=None)")
-    vec = {8: "vec4<u32>", 4: "vec2<u32>", 2: "u32"}[w]
-    elem = {8: "vec4<u32>", 4: "vec2<u32>", 2: "u32"}[bound] if t.copy == "threads" else "f16"
+    vec = _WORDS[w]
+    elem = _WORDS[bound] if t.copy == "threads" else "f16"
     nsg = t.sg_m * t.sg_n
     ma, mb = (t.bm // t.m) * (t.bk // t.k) // nsg, (t.bk // t.k) * (t.bn // t.n) // nsg
     what = (f"{batch} x " if batch > 1 else "") + f"{M}x{K} @ {K}x{N} -> " + ("epilogue" if epi else t.out)

@@ -370,7 +370,7 @@ def _rms_norms(graph: Graph) -> tuple[dict[int, tuple], set[int]]:
     onnxruntime makes one SimplifiedLayerNormalization (9 nodes otherwise; two norms a layer,
     and each node of a decode step is a fixed cost in onnxruntime-web)."""
     users = graph.consumers()
-    roots = set(graph.outputs.values()) | set(graph.writebacks.values())
+    roots = set(graph.roots())
     sole = lambda i, user: users.get(i, []) == [user] and i not in roots  # noqa: E731
 
     def scalar(i: int):
