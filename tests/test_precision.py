@@ -647,14 +647,23 @@ def _attention_step(backend, precision, opts=None):
     p1 = c.download_params()
     names = c._train.exe.kernel_names if backend != "reference" else []
     return loss, {k: p0[k] - np.asarray(p1[k]) for k in p0}, p0, w, \
-        [n.split(" ")[0] for n in names if n.startswith("attn_")]
+        [n.split(" ")[0] for n in names if n.startswith("attn_")], \
+        [n for n in names if n.startswith("attn_")]
+
+
+# the fused forms: attention.py's row kernels, the tiled ones, and the subgroup-matrix ones
+# (attention_mma.py) in plain WGSL (KernelOptions.mma_emulate: lavapipe has no subgroup
+# matrices; the H200's run of the same kernels is in bench/README.md)
+FUSED_FORMS = {"rows": dict(attn_mixed=True), "tiled": dict(attn_mixed=True, attn_tiled=True),
+               "mma": dict(attn_mixed=True, attn_tiled=True, mma_emulate=True)}
 
 
 @pytest.mark.webgpu
-@pytest.mark.parametrize("form", ["rows", "tiled"])
+@pytest.mark.parametrize("form", sorted(FUSED_FORMS))
 def test_mixed_fused_attention_rounds_as_the_program(form):
     """precision="mixed" attention on the native adapter, fused (KernelOptions.attn_mixed:
-    attention.py's row kernels, or the tiled ones forced) against the same program unfused
+    attention.py's row kernels, or the tiled ones forced, or those on subgroup matrices,
+    emulated) against the same program unfused
     (attn_mixed=False) and torch.autocast(fp16). Tolerances: the loss (the forward) within
     1e-6 relative and dV within 1e-6 of its largest value (both were equal bit for bit on
     lavapipe, 2026-12-03); dQ and dK within 2e-3 of their largest value (8.5e-4 measured:
@@ -665,13 +674,13 @@ def test_mixed_fused_attention_rounds_as_the_program(form):
     from webgrad.codegen import KernelOptions
     if not webgpu_available():
         pytest.skip("no native WebGPU adapter")
-    fused = _attention_step("webgpu", "mixed", KernelOptions(attn_mixed=True,
-                                                             attn_tiled=form == "tiled"))
+    fused = _attention_step("webgpu", "mixed", KernelOptions(**FUSED_FORMS[form]))
     plain = _attention_step("webgpu", "mixed", KernelOptions(attn_mixed=False))
     f32 = _attention_step("reference", "f32")
-    want = ["attn_lse", "attn_out"] + (["attn_dkv", "attn_dq"] if form == "tiled"
-                                       else ["attn_dv", "attn_dq", "attn_dk"])
+    want = ["attn_lse", "attn_out"] + (["attn_dv", "attn_dq", "attn_dk"] if form == "rows"
+                                       else ["attn_dkv", "attn_dq"])
     assert fused[4] == want and plain[4] == []
+    assert all((" mma " in n) == (form == "mma") for n in fused[5]), fused[5]
     assert fused[0] == pytest.approx(plain[0], rel=1e-6)
     assert abs(fused[0] - plain[0]) <= 0.1 * abs(f32[0] - plain[0])
 
@@ -705,12 +714,12 @@ def test_mixed_block_trains_with_fused_attention():
     from webgpu_helpers import mixed_runs
     runs = mixed_runs(Block, _loss, (
         ("ref", "reference", None), ("unfused", "webgpu", KernelOptions(attn_mixed=False)),
-        ("rows", "webgpu", KernelOptions(attn_mixed=True)),
-        ("tiled", "webgpu", KernelOptions(attn_mixed=True, attn_tiled=True))),
+        *((name, "webgpu", KernelOptions(**kw)) for name, kw in FUSED_FORMS.items())),
         B=2, T=T, vocab=V, steps=6, seed=3)
-    for name in ("unfused", "rows", "tiled"):
+    for name in ("unfused", *FUSED_FORMS):
         assert bool(runs[name][2]) == (name != "unfused"), name
-    for name in ("rows", "tiled"):
+    assert all(" mma " in n for n in runs["mma"][2]), runs["mma"][2]
+    for name in FUSED_FORMS:
         for other in ("unfused", "ref"):
             np.testing.assert_allclose(runs[name][0][0], runs[other][0][0], rtol=1e-5)
             np.testing.assert_allclose(runs[name][0], runs[other][0], rtol=1e-3)
@@ -745,14 +754,16 @@ def test_inference_attention_fused_in_half_precision(precision):
         f = wg.compile_forward(Module, fn, inputs={k: list(shape) for k in "qkv"},
                                backend=backend, precision=precision, **kw)
         names = f._prog.exe.kernel_names if backend != "reference" else []
-        return np.asarray(f.run(feed)), [n.split(" ")[0] for n in names if n.startswith("attn_")]
+        return np.asarray(f.run(feed)), [n for n in names if n.startswith("attn_")]
     plain, none = run("webgpu", precision, KernelOptions(attn_mixed=False))
     f32 = run("reference", "f32")[0]
     assert none == []
     top = np.abs(plain).max()
-    for form in (KernelOptions(), KernelOptions(attn_tiled=True)):
+    for form in (KernelOptions(), KernelOptions(attn_tiled=True),
+                 KernelOptions(attn_tiled=True, mma_emulate=True)):
         out, names = run("webgpu", precision, form)
-        assert names == ["attn_lse", "attn_out"]
+        assert [n.split(" ")[0] for n in names] == ["attn_lse", "attn_out"]
+        assert all((" mma " in n) == form.mma_emulate for n in names), names
         gap = np.abs(out - plain).max()
         assert gap <= 2.0 ** -10 * top and gap <= 0.02 * np.abs(f32 - plain).max(), gap
 

@@ -52,6 +52,15 @@ class _Slot:
     half: bool = False  # an f16 value held in an f16 buffer (2 bytes an element), else in f32
 
 
+def _emulated(limits):
+    """limits with the 16x16x16 f16 -> f32 subgroup-matrix configuration (subgroup size 32)
+    where KernelOptions.mma_emulate asks for it and the adapter has shader-f16 but no
+    subgroup matrices (tests: the kernels then run in plain WGSL, codegen/mma_emulate.py)."""
+    if limits.options.mma_emulate and limits.shader_f16 and not limits.subgroup_matrix:
+        return replace(limits, subgroup_matrix=(("f16", "f32", 16, 16, 16, 32, 32),))
+    return limits
+
+
 def _f16_program(graph, features, adapter: str, emulate: bool):
     """A program holding f16 values (precision="mixed"/"f16") needs the adapter's shader-f16
     (refused without it, unless KernelOptions.f16_emulation asks for the integer rounding).
@@ -88,6 +97,7 @@ class WebGPUBackend(Backend):
             for c in getattr(host, "subgroup_matrix_configs", ()) or ()
         ) if "chromium-experimental-subgroup-matrix" in features else ()
         self.limits.options = options or DEFAULT_OPTIONS
+        self.limits = _emulated(self.limits)
         # f16 parameters in f16 buffers (half the bytes) where kernels may read f16: one
         # choice for the backend, since its programs share the persistent buffers
         self.half_params = self.limits.shader_f16 and not self.limits.options.f16_emulation
@@ -215,7 +225,7 @@ class WebGPUBackend(Backend):
         await self.host.run(program, writes, [])
 
     def prepare(self, graph, options=None):
-        limits = self.limits if options is None else replace(self.limits, options=options)
+        limits = self.limits if options is None else _emulated(replace(self.limits, options=options))
         graph = _f16_program(graph, getattr(self.host, "features", None), self.limits.adapter,
                              limits.options.f16_emulation)
         # a host that can start compiling kernels while the rest is lowered gets each new one

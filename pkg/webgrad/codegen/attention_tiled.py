@@ -64,6 +64,7 @@ attention op on GPUs); attention_tiled_plan.py decides the blocks, threads and o
 """
 from __future__ import annotations
 
+from .attention_mma import build_mma, use_mma
 from .attention_tiled_kernel import TiledKernel
 from .attention_tiled_plan import (Operands, TilePlan, choose_blocks, operands, plan_of,
                                    plan_tiled, use_tiled)
@@ -78,7 +79,11 @@ from .attention_tiled_plan import (Operands, TilePlan, choose_blocks, operands, 
 
 
 def build_tiled(ctx) -> list[dict]:
-    """The tiled kernel of ctx's attention node: plan, then the stages in order."""
+    """The tiled kernel of ctx's attention node: plan, then the stages in order (a
+    half-precision program's on subgroup matrices where the adapter has them:
+    attention_mma.py)."""
+    if use_mma(ctx):
+        return build_mma(ctx)
     plan = plan_of(ctx.main_node, ctx.g, ctx.limits)
     k = TiledKernel(ctx, plan, operands(ctx.main_node))
     k.open()

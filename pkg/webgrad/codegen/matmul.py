@@ -32,6 +32,7 @@ from .matmul_epilogue import prefetch_epilogue
 from .matmul_gemv import build_gemv
 from .matmul_gemv_cpu import build_gemv_cpu
 from .matmul_mma import mma_matmul_wgsl, mma_splits, tiling_for
+from .mma_emulate import emulate_mma
 from .matmul_splitk import build_split_sum
 from .matmul_tiled import build_tiled
 from .quant import QuantOperand
@@ -265,7 +266,8 @@ def _build_mma(ctx, node, opa, opb) -> list | None:
                                    batch=nb, a_base=a_base, b_base=b_base,
                                    header=kernel.module_scope(), names=(an, bn, cn), epi=epi,
                                    epi_ld=ld, bound=t.width)
-    return [{"wgsl": wgsl, "bindings": [b.buffer for b in kernel.bindings],
+    return [{"wgsl": emulate_mma(wgsl) if ctx.limits.options.mma_emulate else wgsl,
+             "bindings": [b.buffer for b in kernel.bindings],
              "workgroups": list(groups), "name": what}]
 
 
@@ -287,7 +289,8 @@ def _build_mma_split(ctx, node, sa, sb, M: int, N: int, K: int, S: int, a_base: 
                                    batch=S, a_base=f"wg.z * {Kc}u", b_base=f"wg.z * {Kc * N}u",
                                    header=kernel.module_scope(), names=(an, bn, cn), lda=K,
                                    bound=t.width)
-    return [{"wgsl": wgsl, "bindings": [b.buffer for b in kernel.bindings],
+    return [{"wgsl": emulate_mma(wgsl) if ctx.limits.options.mma_emulate else wgsl,
+             "bindings": [b.buffer for b in kernel.bindings],
              "workgroups": list(groups), "name": what, "cost": True},   # the profile's FLOPs
             build_split_sum(ctx, node, S, M * N)]
 

@@ -146,8 +146,17 @@ class KernelOptions:
     # on GPUs the unfused products run on the tensor cores where the fused kernels do f32
     # maths (the H200, 2026-12-04: GPT-2 124M 8 x 512 mixed step 54.9 ms fused, 47.0
     # unfused; medium 8 x 1024 348 against 270; bench/README.md), at a memory cost of the
-    # stored f16 scores (124M 4358 -> 5371 MiB, 0.75x torch bf16's)
+    # stored f16 scores (124M 4358 -> 5371 MiB, 0.75x torch bf16's). Where the adapter has
+    # f16 subgroup matrices the fused kernels run on them (attn_mma) and None fuses there
     attn_mixed: bool | None = None
+    # True / False: a half-precision program's attention kernels (attn_lse, attn_out, attn_dq,
+    # attn_dkv with attrs mixed) on subgroup matrices (attention_mma.py) wherever the adapter
+    # offers f16 ones and the heads fit / never; None: the same as True
+    attn_mma: bool | None = None
+    # tests: every subgroup-matrix kernel emitted in plain WGSL (mma_emulate.py) and the
+    # adapter given the 16x16x16 f16 -> f32 configuration (subgroup size 32) where it has
+    # shader-f16 but no subgroup matrices (lavapipe): slow, for the kernels' logic only
+    mma_emulate: bool = False
     # True / False: an inference attention's queries (a decoding step's q rope) read as an
     # expression by the attention kernel (fusion_storage._query_expr), not stored by an
     # elementwise kernel, on any adapter / on none; None: on GPUs
