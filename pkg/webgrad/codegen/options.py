@@ -110,7 +110,8 @@ class KernelOptions:
     epi_max_loads: int = 2
     # products whose C has at most this many rows or columns (a LoRA factor's [T, r] product,
     # its [r, in] gradient) are not split over K where smaller tiles give as many workgroups
-    # as the chunks (matmul_config._choose_config); 0: they split as any other
+    # as the chunks (matmul_config._choose_config; products thin_config takes, on adapters
+    # with slots unless thin_split=0, never reach this rule); 0: they split as any other
     split_thin: int = 16
     # a thin weight gradient read through a transpose (LoRA's dA, dB: a side of at most
     # split_thin) is computed in its parameter's layout, so that the optimizer's update joins
