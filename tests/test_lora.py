@@ -212,6 +212,34 @@ def test_lora_with_the_sibling_factor_products_merged_equals_peft(base):
 
 
 @pytest.mark.webgpu
+def test_lora_on_the_rank_products_tiles_equals_peft(base):
+    """The tiled kernel forced onto this adapter with the H200's row and the rank-r
+    products' rules at thresholds this small model reaches (r 8, thin_split 64, thin_chunk
+    8; matmul_config.expand_config, thin_config): the K = r products ((x A^T) B^T, (dY B)
+    A) and those over the 16 tokens (dA, dB) on tiles whose threads' columns are 32 apart,
+    the thin ones (x A^T, dY B, and the base's [16, d] products) split over K with their
+    chunk sums; the AdamW steps' losses and the trained adapters equal PEFT's."""
+    from test_llama import _forced_backend
+    hf, cfg, sd = base
+    lo = lora.LoRA(lambda: llama.LlamaModule(cfg), r=8, lora_alpha=16, target_modules=TARGETS)
+    ad = random_adapters(lo, 9)
+    c = lora_compiled(lo, sd, _forced_backend(force_direct=False, force_gemv=False,
+                                              tiling_row=mm.ADAPTER_TILINGS[0][1],
+                                              thin_split=64, thin_chunk=8),
+                      adapters=ad, optimizer=optim.AdamW(lr=1e-2, weight_decay=0.05))
+    names = [n for n in c._train.exe.kernel_names if n.startswith("matmul ")]
+    expand = [n for n in names if " K=8 " in n]
+    assert expand and all(n.split(" tile ")[1].split("x")[1] in ("32", "64", "128")
+                          for n in expand), expand   # wx 32 threads along N
+    assert [n for n in names if "x8 K=" in n and " split " in n], names   # x A^T, dY B
+    pm = peft_from(hf, lo, ad).train()
+    steps_equal_peft(c, pm, cfg.vocab_size, 50, 3, lr=1e-2, weight_decay=0.05)
+    peft_sd = peft.get_peft_model_state_dict(pm)
+    for n, v in lo.adapter_state_dict(c).items():
+        assert rel(v, peft_sd[n].detach().numpy()) <= 1e-4, n
+
+
+@pytest.mark.webgpu
 def test_gpt2_lora_with_the_rank_products_in_the_base_products_epilogues_equals_peft():
     """The same for GPT-2's Conv1D layers (x W + b, PEFT's fan_in_fan_out): a bias between
     the product and the adapter's sum, B read through the other layout."""
@@ -352,18 +380,23 @@ def test_h200_lora_step_runs_the_rank_16_products_unsplit_and_the_updates_in_the
     up's 2 (+2 in all: 168, 77 of them rank-16). On the H200 (2026-12-04, 16 layers: 1306
     kernels against 1290) the step took 269.3-269.4 ms against 270.0-270.2 without: the
     products that read x took 4.65 ms against 5.83, the copies 0.2 ms; the merged products
-    kept unsplit on 32 x 32 tiles (one kernel fewer a layer) took 0.3 ms more."""
+    kept unsplit on 32 x 32 tiles (one kernel fewer a layer) took 0.3 ms more. All of that
+    on the table's tiles (expand_k=0, thin_split=0); with the rank-r products' rules (the
+    defaults, test_h200_lora_step_takes_the_rank_products_tiles) the thin products split
+    again, into grids of 1024 workgroups."""
     from dataclasses import replace
     from webgrad.codegen import KernelOptions, Limits, lower
     g = _lora_1b_step(2)
+    TABLE = KernelOptions(expand_k=0, thin_split=0)   # the table's tiles: the rules below off
     h200 = Limits(adapter="NVIDIA H200 (DiscreteGPU)", max_storage_buffer_binding_size=(1 << 32) - 4,
                   max_buffer_size=1 << 40, max_compute_workgroup_storage_size=49152, subgroups=True,
-                  max_storage_buffers_per_shader_stage=16)   # Dawn's, as measured
+                  max_storage_buffers_per_shader_stage=16,   # Dawn's, as measured
+                  options=TABLE)
 
     def rank16(names):
         return [n for n in names if n.startswith("matmul ")
                 and ("16" in n.split(" ")[1].split("x") or " K=16 " in n)]
-    alone = KernelOptions(thin_siblings=False)
+    alone = replace(TABLE, thin_siblings=False)
     fused = lower(g, replace(h200, options=replace(alone, lowrank_epilogue=True)))[1]
     assert len(fused) == 141 and len(rank16(fused)) == 62, fused
     assert not [n for n in fused if " K=16 " in n]
@@ -380,14 +413,14 @@ def test_h200_lora_step_runs_the_rank_16_products_unsplit_and_the_updates_in_the
     assert merged.count("elementwise") == names.count("elementwise") + 2 * 2
     assert names.count("matmul 4x512x16 K=2048 tile 32x16x64") - 5 * 2 == merged.count(
         "matmul 4x512x16 K=2048 tile 32x16x64")
-    fused_merged = lower(g, replace(h200, options=KernelOptions(lowrank_epilogue=True)))[1]
+    fused_merged = lower(g, replace(h200, options=replace(TABLE, lowrank_epilogue=True)))[1]
     assert len(fused_merged) == 143 and len(rank16(fused_merged)) == 52, fused_merged
     assert sorted(set(names) - set(fused)) == [
         "matmul 4x512x2048 K=16 tile 128x128x8", "matmul 4x512x512 K=16 tile 64x64x16",
         "matmul 4x512x8192 K=16 tile 128x128x8"]
     assert [n for n in rank16(names) if "split" in n or "sum of" in n] == [
         "matmul 4x512x16 K=8192 tile 128x16x16 split 16", "matmul 4x512x16 sum of 16 K chunks"] * 6
-    off = KernelOptions(lowrank_epilogue=False, thin_grads=False, thin_siblings=False)
+    off = replace(TABLE, lowrank_epilogue=False, thin_grads=False, thin_siblings=False)
     unsplit = lower(g, replace(h200, options=off))[1]
     assert len(unsplit) == 166 + 2 * 14 and len(rank16(unsplit)) == 87
     before = lower(g, replace(h200, options=replace(off, split_thin=0)))[1]
@@ -398,6 +431,39 @@ def test_h200_lora_step_runs_the_rank_16_products_unsplit_and_the_updates_in_the
                  max_storage_buffer_binding_size=1 << 31, max_buffer_size=1 << 40)
     assert (len(lower(g, replace(cpu, options=KernelOptions(thin_grads=False)))[1])
             - len(lower(g, cpu)[1])) == 2 * 14
+
+
+def test_h200_lora_step_takes_the_rank_products_tiles():
+    """The same step under the defaults: every K = 16 product ((x A^T) B^T, (dY B) A) on
+    expand_config's tiles (a thread's columns 32 apart, 1024 or more workgroups), every
+    thin product over K >= 256 (x A^T, dY B, the factor gradients, the merged siblings') on
+    thin_config's tiles split over K into grids of 1024 workgroups, each split with its
+    chunk sum (the gradients' AdamW updates in those): 40 kernels more than on the table's
+    tiles at 2 layers (test_h200_lora_step_runs_the_rank_16_products_unsplit_...)."""
+    from dataclasses import replace
+    from math import prod
+    from webgrad.codegen import KernelOptions, Limits, lower
+    g = _lora_1b_step(2)
+    h200 = Limits(adapter="NVIDIA H200 (DiscreteGPU)", max_storage_buffer_binding_size=(1 << 32) - 4,
+                  max_buffer_size=1 << 40, max_compute_workgroup_storage_size=49152, subgroups=True,
+                  max_storage_buffers_per_shader_stage=16)
+    low, names = lower(g, h200)
+    table = lower(g, replace(h200, options=KernelOptions(expand_k=0, thin_split=0)))[1]
+    assert len(names) == len(table) + 40
+    expand = [k for k in low.kernels if " K=16 " in k["name"]]
+    assert len(expand) == 25 and all(
+        k["name"].split(" tile ")[1] in ("32x128x16", "8x128x32") and k["workgroups"] >= 1024
+        for k in expand), expand
+    thin = [k for k in low.kernels if k["name"].startswith("matmul ") and " K=16 " not in k["name"]
+            and min(prod(map(int, k["name"].split(" ")[1].split("x")[:-1])),
+                    int(k["name"].split(" ")[1].split("x")[-1])) <= 48]
+    products = [k for k in thin if " K=" in k["name"]]
+    assert len(products) == 50 and all(" split " in k["name"] for k in products), products
+    assert sorted({k["workgroups"] for k in products}) == [mm.THIN_TILES // 2, mm.THIN_TILES]
+    sums = [k for k in thin if " sum of " in k["name"]]
+    assert len(sums) == len(products)
+    # the factor gradients' AdamW updates run in the chunk sums (sqrt: AdamW's denominator)
+    assert sum("sqrt" in k["ops"] for k in sums) == 14 * 2
 
 
 # ---------------------------------------------------------------- GPT-2: the same code

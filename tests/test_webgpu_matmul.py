@@ -109,7 +109,7 @@ def test_vec4_loads_where_the_layout_allows():
     assert bindings(64, 64, 64, plus_a=True) == ["array<f32>;"] * 2
 
 
-@pytest.mark.parametrize("classes", ["wide_group", "as_listed"])
+@pytest.mark.parametrize("classes", ["wide_group", "as_listed", "thin"])
 def test_transformer_training_under_h200_classes(classes):
     """The test transformer's step (merge_heads views, folded weight gradients, fused
     epilogues, attention's batched products) under the H200 row's shape classes, on this
@@ -119,16 +119,26 @@ def test_transformer_training_under_h200_classes(classes):
     "wide_group" lowers the row's thresholds so that every product takes the wide class
     with tile rows in runs (its tile made 4 x 4 threads of 4 x 4: lavapipe runs a
     workgroup's threads as fibers, and the 8 x 16 blocks, which the oracle records above
-    check, took 17 minutes here). 5 Adam steps against the reference executor."""
+    check, took 17 minutes here); those two without the rank-r products' rules
+    (expand_k=0, thin_split=0). "thin": the row with them, their thresholds lowered so that
+    the products over K = d = 32 take expand_config's tile (columns apart) and the d-wide
+    ones over K >= 32 thin_config's tiles, split over K (chunk sums). 5 Adam steps against
+    the reference executor."""
     row = dict(mm.ADAPTER_TILINGS[0][1])
     if classes == "wide_group":
         row.update(slots=1, group=2, wide=replace(row["wide"], tm=4, tn=4, wx=4, wy=4))
         del row["batched"]
-    opts = KernelOptions(tiling_row=row, force_direct=False)
+    opts = KernelOptions(tiling_row=row, force_direct=False, expand_k=0, thin_split=0)
+    if classes == "thin":
+        opts = replace(opts, expand_k=32, thin_split=64, thin_chunk=16)
     c, r = models.compile_transformer("webgpu", kernel_options=opts), models.compile_transformer("reference")
     names = [n for n in exe(c).kernel_names if n.startswith("matmul")]
-    assert all(" tile 16x16x" in n for n in names) if classes == "wide_group" else \
-        all(" tile 32x" in n for n in names), names
+    if classes == "thin":
+        assert any(" K=32 tile 8x32x32" in n for n in names), names   # expand_config's
+        assert any(" split " in n for n in names), names              # thin_config's
+    else:
+        assert all(" tile 16x16x" in n for n in names) if classes == "wide_group" else \
+            all(" tile 32x" in n for n in names), names
     for k in range(5):
         b = models.reversal_batch(k)
         lw, lr_ = c.step(b), r.step(b)
@@ -170,17 +180,19 @@ def test_h200_shape_classes():
     assert mm.choose_config(4096, 50304, 768, 1, adapter=a) == replace(wide, group=32)
     # under 3/4 of a wave of 128 x 128 tiles, a wave of 64 x 64 ones
     assert mm.choose_config(4096, 768, 768, 1, adapter=a) == mm.ADAPTER_TILINGS[0][1]["mid"]
-    # a thin C (LoRA's rank-16 factors, x A^T and dA): no split where the shrunk tiles
-    # give as many workgroups as the chunks (64 of 32 x 16 against 16 tiles x 4 chunks),
-    # at a K step 4 times the split tile's (each workgroup runs as many K steps),
+    # a thin C (LoRA's rank-16 factors, x A^T and dA) without thin_config's rule
+    # (thin_split=0; its tiles: tests/test_thin_products.py): no split where the shrunk
+    # tiles give as many workgroups as the chunks (64 of 32 x 16 against 16 tiles x 4
+    # chunks), at a K step 4 times the split tile's (each workgroup runs as many K steps),
     # a split where they do not (K = 8192: 16 chunks, 256 workgroups); split_thin=0 splits
-    thin = mm.choose_config(2048, 16, 2048, 1, adapter=a)
-    assert (thin.splits, thin.bm, thin.bn, thin.bk) == (1, 32, 16, 64)
-    assert (mm.choose_config(16, 8192, 2048, 1, adapter=a).splits,
-            mm.choose_config(2048, 16, 8192, 1, adapter=a).splits) == (1, 16)
     from webgrad.codegen import KernelOptions
+    old = KernelOptions(thin_split=0)
+    thin = mm.choose_config(2048, 16, 2048, 1, adapter=a, options=old)
+    assert (thin.splits, thin.bm, thin.bn, thin.bk) == (1, 32, 16, 64)
+    assert (mm.choose_config(16, 8192, 2048, 1, adapter=a, options=old).splits,
+            mm.choose_config(2048, 16, 8192, 1, adapter=a, options=old).splits) == (1, 16)
     assert mm.choose_config(2048, 16, 2048, 1, adapter=a,
-                            options=KernelOptions(split_thin=0)).splits == 4
+                            options=replace(old, split_thin=0)).splits == 4
     # few tiles: the shrinking rule, as on adapters without a row
     assert mm.choose_config(1024, 1024, 1024, 1, adapter=a) == \
         mm.choose_config(1024, 1024, 1024, 1, adapter="some GPU")

@@ -17,6 +17,13 @@ names the tile of each shape class (wide products, batches of small ones such as
 attention's, split-K) and the tile order (runs of tile rows, so that a vocabulary-wide
 product's B panels stay in L2).
 
+LoRA's rank-r products have rules of their own, ahead of the table's classes (both
+KernelOptions switches; bench/thin_products.py times them): a product over K <= expand_k
+writes far more than it reads, so `expand_config` gives it small blocks whose columns are
+a warp wide apart (coalesced stores); a thin C (a side of at most thin_side) over a long K
+reads one operand once, so `thin_config` gives it a grid of THIN_TILES workgroups through
+narrow tiles and K chunks.
+
 On CPU adapters K is split as well whenever one invocation's K loop would run past
 wgsl.CPU_LOOP_ITERATIONS (lavapipe silently stops a shader's loops after 65535 iterations):
 `cpu_splits`, the same partial sums and second kernel, for both kernels.
@@ -74,6 +81,12 @@ class Config:
     # the matrix-vector kernel (matmul_gemv.py) instead of tiles: a product of a few rows of C
     # (decoding) whose other fields are then unused
     gemv: bool = False
+    # a thread's TN columns are wx apart (column tx + j wx), not in 4-wide groups: a warp's
+    # stores of one accumulator (and the epilogue's loads) are consecutive floats, whole
+    # 32-byte sectors, where the grouped columns touch a quarter of each (a product of
+    # K <= KernelOptions.expand_k writes far more than it reads: expand_config); B is read
+    # from workgroup memory as scalars, consecutive threads consecutive words
+    cols_apart: bool = False
 
     @property
     def bm(self): return self.wy * self.tm
@@ -101,6 +114,7 @@ class Tile:
     LDB: int
     va: bool
     vb: bool
+    apart: bool = False  # Config.cols_apart
 
 
 def tile_of(cfg: Config, shared_limit: int) -> Tile:
@@ -112,7 +126,8 @@ def tile_of(cfg: Config, shared_limit: int) -> Tile:
         BK = 8
     assert BM * BK % NT == 0 and BN * BK % NT == 0, cfg
     return Tile(BM, BN, BK, cfg.tm, cfg.tn, cfg.wx, cfg.wy, NT, LDA, LDB,
-                cfg.vec and cfg.tm >= 4, cfg.vec and cfg.tn >= 4)
+                cfg.vec and cfg.tm >= 4, cfg.vec and cfg.tn >= 4 and not cfg.cols_apart,
+                cfg.cols_apart)
 
 
 # Tilings per adapter class: the first row whose words occur in the adapter's description
@@ -274,6 +289,11 @@ def _choose_config(M: int, N: int, K: int, nb: int, adapter: str,
         return tm, tn
     row = adapter_tiling(adapter, options)
     slots = row.get("slots", 0)
+    if nb == 1 and 0 < K <= options.expand_k:   # (batches, attention's: their classes below)
+        return expand_config(M, N, K, nb, options)
+    thin = thin_config(M, N, K, nb, slots, options) if nb == 1 else None
+    if thin is not None:
+        return thin
     if K >= SPLIT_MIN_K and slots:
         # a long K over too few output tiles for whole waves (a weight gradient: K = B*T;
         # the LM head's input gradient: K = vocabulary): keep the large tile, which does
@@ -314,6 +334,84 @@ def _choose_config(M: int, N: int, K: int, nb: int, adapter: str,
         return row["mid"]
     tm, tn = shrunk(tm, tn)
     return Config(tm, tn, _k_step(tm, tn))
+
+
+# expand_config's tile (KernelOptions.expand_tile): (tm, tn, wx, wy, workgroups): 32 threads
+# along N (a warp's stores of one accumulator: one 128-byte line), tm halved until the grid
+# has that many workgroups
+EXPAND_TILE = (4, 4, 32, 8, 1024)
+# the workgroups a thin product's grid aims at (thin_config) where the adapter's row has slots
+THIN_TILES = 1024
+# ... and its thin side's least size: a C of fewer rows is a decoding step's (the matrix-vector
+# kernel's, or on the tiles measured for GPT-2's decode where B's N axis is the fast one)
+THIN_MIN_SIDE = 8
+
+
+def _fit_bk(bk: int, bm: int, bn: int, threads: int) -> int:
+    """bk, doubled until each of the threads stages whole elements of both tiles."""
+    while bm * bk % threads or bn * bk % threads:
+        bk *= 2
+    return bk
+
+
+def expand_config(M: int, N: int, K: int, nb: int, options: KernelOptions = DEFAULT) -> Config:
+    """The tile of a product over K <= KernelOptions.expand_k (LoRA's (x A^T) B^T: [T, r] @
+    [r, out], r = 16). Its cost is C's stores (and the epilogue's loads), r multiply-adds
+    each: a thread's columns are wx apart (Config.cols_apart) so that a warp's accesses of
+    one accumulator are 32 consecutive floats; its block is small (tm x tn, tm halved until
+    the grid has EXPAND_TILE's workgroups: many loads in flight), the epilogue's loads of
+    every row issued first (epi_rows), and K one step (bk >= K)."""
+    tm, tn, wx, wy, target = options.expand_tile or EXPAND_TILE
+    while tn > 1 and wx * tn // 2 >= N:
+        tn //= 2
+
+    def tiles(tm):
+        return -(-M // (wy * tm)) * -(-N // (wx * tn)) * nb
+    while tm > 1 and tiles(tm) < target:
+        tm //= 2
+    bk = _fit_bk(max(8, 1 << (K - 1).bit_length()), wy * tm, wx * tn, wx * wy)
+    return Config(tm, tn, bk, wx=wx, wy=wy, vload=True, epi_rows=tm, cols_apart=True)
+
+
+def thin_config(M: int, N: int, K: int, nb: int, slots: int,
+                options: KernelOptions = DEFAULT) -> Config | None:
+    """The tile and K chunks of a thin product (KernelOptions.thin_split: C with at most
+    thin_side rows or columns, a long K: LoRA's x A^T [T, r], dY B, the factor gradients
+    [r, in] and [out, r]), or None (the other rules). Its cost is reading the wide operand
+    once; on the table's tiles it ran on a few dozen workgroups (a 32 x 16 tile of [T, 16],
+    64 for T = 2048), each walking all of K. So: one tile across the thin side (16 or 32
+    wide), the other side's tile halved down to 16 (re-reading nothing: the thin side is
+    one tile), then K split into 2, 4, .. chunks of at least thin_chunk, until the grid has
+    thin_split workgroups (None: 4 x slots, the adapter row's)."""
+    target = options.thin_split if options.thin_split is not None else THIN_TILES * bool(slots)
+    if not target or not THIN_MIN_SIDE <= min(M, N) <= options.thin_side \
+            or K < 2 * options.thin_chunk:
+        return None
+
+    def t(d):
+        return 8 if d >= 128 else 4 if d >= 64 else 2 if d >= 32 else 1
+    tm, tn = t(M), t(N)
+
+    def tiles(tm, tn):
+        return -(-M // (16 * tm)) * -(-N // (16 * tn)) * nb
+
+    def shrink(floor):  # the wide side's tile halved down to 16 floor rows (columns)
+        nonlocal tm, tn
+        while tiles(tm, tn) * S < target and (tm if M > N else tn) > floor:
+            if M > N:
+                tm //= 2
+            else:
+                tn //= 2
+    S = 1
+    shrink(2)
+    while (tiles(tm, tn) * S < target and 2 * S <= MAX_SPLITS
+           and -(-K // (2 * S)) >= options.thin_chunk):
+        S *= 2
+    shrink(1)   # (a 16-row tile re-reads the thin operand from L2 as often as A from memory)
+    bk = options.thin_bk
+    while bk > 16 and bk > -(-K // S):
+        bk //= 2
+    return Config(tm, tn, _fit_bk(bk, 16 * tm, 16 * tn, 256), vload=True, splits=S)
 
 
 def _k_step(tm: int, tn: int) -> int:

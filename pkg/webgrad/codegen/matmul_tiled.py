@@ -241,7 +241,7 @@ class Staging:
 def k_step(em, t: Tile, acc, kk, tag, oa: str = "", ob: str = "") -> None:
     """One k of the staged tiles (kk: a constant or a loop variable): TM + TN shared reads,
     TM x TN FMAs into acc. oa / ob: the offset of the buffer read (double buffering)."""
-    def operand(name, arr, off, ld, tid, T, W, vec):  # a thread's T values of this k
+    def operand(name, arr, off, ld, tid, T, W, vec, apart=False):  # a thread's T values of this k
         row = ld // 4 if vec else ld  # a k-row of the staged tile, in array elements
         at = f"{kk * row}u" if isinstance(kk, int) else f"{kk} * {row}u"
         if vec:
@@ -249,10 +249,11 @@ def k_step(em, t: Tile, acc, kk, tag, oa: str = "", ob: str = "") -> None:
                 em.emit(f"let {name}v{tag}_{q} = {arr}[{off}{at} + {tid} + {W * q}u];")
             return [f"{name}v{tag}_{i // 4}.{'xyzw'[i % 4]}" for i in range(T)]
         for i in range(T):
-            em.emit(f"let {name}{tag}_{i} = {arr}[{off}{at} + {tid} * {T}u + {i}u];")
+            at_i = f"{tid} + {i * W}u" if apart else f"{tid} * {T}u + {i}u"
+            em.emit(f"let {name}{tag}_{i} = {arr}[{off}{at} + {at_i}];")
         return [f"{name}{tag}_{i}" for i in range(T)]
     a_names = operand("a", "As", oa, t.LDA, "ty", t.TM, t.WY, t.va)
-    b_names = operand("b", "Bs", ob, t.LDB, "tx", t.TN, t.WX, t.vb)
+    b_names = operand("b", "Bs", ob, t.LDB, "tx", t.TN, t.WX, t.vb, t.apart)
     for i in range(t.TM):
         for j in range(t.TN):
             em.emit(f"{acc[i][j]} = fma({a_names[i]}, {b_names[j]}, {acc[i][j]});")
@@ -450,9 +451,10 @@ def build_tiled(ctx, node, cfg: Config, opa, opb) -> list:
     if side is not None:
         operand_sum_partials(em, kernel, t, stg, side, M if side[0] == 0 else N, S > 1)
 
-    rows_a, cols_b = thread_offsets(TM, t.va, t.WY), thread_offsets(TN, t.vb, t.WX)
+    rows_a = thread_offsets(TM, t.va, t.WY)
+    cols_b = [j * t.WX for j in range(TN)] if t.apart else thread_offsets(TN, t.vb, t.WX)
     L(f"let m0 = row0 + ty * {4 if t.va else TM}u;")
-    L(f"let n0 = col0 + tx * {4 if t.vb else TN}u;")
+    L(f"let n0 = col0 + tx * {1 if t.apart else 4 if t.vb else TN}u;")
     L(f"let f0 = bt * {M * N}u + m0 * {N}u + n0;")
     if S > 1:
         L(f"let poff = sk * {nb * M * N}u + f0;")

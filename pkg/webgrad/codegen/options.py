@@ -110,7 +110,8 @@ class KernelOptions:
     epi_max_loads: int = 2
     # products whose C has at most this many rows or columns (a LoRA factor's [T, r] product,
     # its [r, in] gradient) are not split over K where smaller tiles give as many workgroups
-    # as the chunks (matmul_config._choose_config); 0: they split as any other
+    # as the chunks (matmul_config._choose_config; products thin_config takes, on adapters
+    # with slots unless thin_split=0, never reach this rule); 0: they split as any other
     split_thin: int = 16
     # a thin weight gradient read through a transpose (LoRA's dA, dB: a side of at most
     # split_thin) is computed in its parameter's layout, so that the optimizer's update joins
@@ -131,6 +132,31 @@ class KernelOptions:
     lowrank_epilogue: bool | None = False
     # an ADAPTER_TILINGS row (a dict) used in place of the adapter's own (tests)
     tiling_row: dict | None = None
+    # The rank-r products of LoRA (matmul_config.expand_config, thin_config; bench/
+    # thin_products.py times each against torch). Products over K <= expand_k (LoRA's
+    # (x A^T) B^T and (dY B) A at r = 16: M x N outputs from 16 values each) take
+    # expand_config's tile: a thread's columns wx apart (Config.cols_apart: a warp's stores
+    # whole sectors), the epilogue's loads issued before its stores, tm halved until the
+    # grid is large (expand_tile); 0: the table's tiles, on any adapter (the rule applies
+    # wherever the tiled kernel runs: GPUs, or forced). Not measured yet: the wide
+    # 128 x 128 tile took 121 us for [2048 x 16] @ [16 x 8192] (H200, 2026-12-04), ~20 at
+    # bandwidth
+    expand_k: int = 32
+    # (tm, tn, wx, wy, workgroups) of that tile: tm halved until the grid has that many;
+    # None: matmul_config.EXPAND_TILE, (4, 4, 32, 8, 1024)
+    expand_tile: tuple | None = None
+    # products whose C has at most thin_side rows or columns over K >= 2 thin_chunk (LoRA's
+    # x A^T [T, r], dY B, and the factor gradients [r, in], [out, r]): one 16-wide tile
+    # across the thin side, the other side's tile halved, then K split in chunks of at least
+    # thin_chunk, until the grid has thin_split workgroups (thin_config; K step thin_bk);
+    # None: matmul_config.THIN_TILES (1024) where the adapter's row has "slots" (the GPUs of
+    # ADAPTER_TILINGS), 0: off (split_thin's rule). thin_side 48: thin_siblings' q, k, v
+    # product too. Not measured yet: [2048 x 2048] @ [2048 x 16] ran 64 workgroups of 32 x 16
+    # (38 us for 16 MB of A; ~5 at bandwidth)
+    thin_split: int | None = None
+    thin_side: int = 48
+    thin_chunk: int = 128
+    thin_bk: int = 64
 
     # ---- attention_match.py, attention_tiled.py
     # False: no attention is fused (the plain matmuls and row softmax); True: every matched

@@ -13,9 +13,10 @@ rows, 40 us for the 16 MiB of a 4 x 512 x 2048 x). Computed as
   x @ A_q^T = y[..., 0:r]   (slices: strided views that the readers' kernels read)
 
 x is read once; the concatenated B is a small elementwise kernel of its own ([in, 3r]).
-The merged product is no longer thin (matmul_config's rule for split_thin): over K = 2048
-on an H200 it splits in 4 chunks, which measured faster than unsplit 32 x 32 tiles
-(bench/README.md: the 1B LoRA step 269.3 ms against 270.1 without the pass).
+On the table's tiles (thin_split=0) the merged product is no longer thin (matmul_config's
+rule for split_thin): over K = 2048 on an H200 it splits in 4 chunks, which measured faster
+than unsplit 32 x 32 tiles (bench/README.md: the 1B LoRA step 269.3 ms against 270.1
+without the pass); thin_config (thin_side 48) takes it like the other thin products.
 The pass merges the matmuls that read the same A node with a 2-D B of the same K and
 dtype (weights, not batched operands), each of at most KernelOptions.split_thin columns,
 where KernelOptions.thin_siblings asks (None: on GPUs). The merged product is computed
