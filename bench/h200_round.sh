@@ -10,7 +10,7 @@
 # llama-bench from .device/lc/llamacpp-src.tar.xz (bench/llama_cpp_cuda.sh; about 300 s on
 # the 16 cores) while webgrad's own benches run on the GPU.
 set -uo pipefail
-part=${1:?usage: h200_round.sh PART (1-4)}
+part=${1:?usage: h200_round.sh PART (1-6)}
 out=${OUT:-h200_round}
 mkdir -p "$out"
 py=${PYTHON:-python3}
@@ -57,5 +57,20 @@ case $part in
     step lora_layout 60 "$py" bench/lora_step.py --rows 1b --no-torch --set lowrank_epilogue=False --set thin_grads=False
     step mma_w4 70 "$py" bench/matmul_f16.py --shapes 4096x4096x4096,4096x768x3072 --tilings 128x128x32:2x2:w4,128x128x32:2x2:row:w4,128x128x32:2x2:sw8:w4,128x256x32:2x4:w4,128x128x16:2x2:w4,128x128x32:2x2:peel:w4,128x128x32:2x2:w2,128x128x32:2x2 --robustness off
     ;;
-*)  echo "h200_round.sh: PART is 1, 2, 3 or 4" >&2; exit 2 ;;
+5)  # (2026-12-04, later) attention on subgroup matrices: its check against the unfused mixed
+    # program and torch's flash attention, then the mixed steps with it (the default) and
+    # without (attn_mma=False: unfused)
+    step attn_mma 150 "$py" bench/attention_mma.py
+    step train 150 "$py" bench/gpt2_train.py --rows gpt2 --precision mixed --peers bf16 --track 2 --profile 0
+    step train_unfused 70 "$py" bench/gpt2_train.py --rows gpt2 --precision mixed --no-torch --set attn_mma=False --profile 0
+    step medium 180 "$py" bench/gpt2_train.py --rows medium --precision mixed --peers bf16 --track 1 --steps 6 --profile 0
+    ;;
+6)  # the rank-r products' tiles (expand_k, thin_split) and the LoRA step with them on and off
+    step thin 200 "$py" bench/thin_products.py
+    step lora_on 90 "$py" bench/lora_step.py --rows 1b --no-torch
+    step lora_off 90 "$py" bench/lora_step.py --rows 1b --no-torch --set expand_k=0 --set thin_split=0
+    step lora_thin 80 "$py" bench/lora_step.py --rows 1b --no-torch --set expand_k=0
+    step lora_expand 80 "$py" bench/lora_step.py --rows 1b --no-torch --set thin_split=0
+    ;;
+*)  echo "h200_round.sh: PART is 1 to 6" >&2; exit 2 ;;
 esac
