@@ -73,15 +73,11 @@ def _fuse_training(score_bytes: int, limits) -> bool:
 
 def _unfused_mixed(limits) -> bool:
     """Whether a precision="mixed" training step's attention stays unfused (its scores and
-    probabilities stored in f16): KernelOptions.attn_mixed None on a GPU without f16
-    subgroup matrices, where the unfused products run on the tensor cores and the fused
-    kernels' maths would be f32 (options.py gives the H200's figures); where the adapter
-    has them the fused kernels multiply on them too (attention_mma.py) and fuse. True fuses
-    it everywhere, False nowhere (the matcher's own rule)."""
-    if limits.options.attn_mixed is not None or limits.cpu:
-        return False
-    from .attention_mma import offered
-    return not offered(limits)
+    probabilities stored in f16): KernelOptions.attn_mixed None on a GPU, where the unfused
+    products run on the tensor cores at full rate; the fused kernels there, on subgroup
+    matrices too (attention_mma.py), measured slower (options.py gives the H200's
+    figures). True fuses it there too, False nowhere (the matcher's own rule)."""
+    return limits.options.attn_mixed is None and not limits.cpu
 
 
 def rewrite_attention(g: Graph, limits=None) -> Graph:

@@ -172,8 +172,11 @@ class KernelOptions:
     # on GPUs the unfused products run on the tensor cores where the fused kernels do f32
     # maths (the H200, 2026-12-04: GPT-2 124M 8 x 512 mixed step 54.9 ms fused, 47.0
     # unfused; medium 8 x 1024 348 against 270; bench/README.md), at a memory cost of the
-    # stored f16 scores (124M 4358 -> 5371 MiB, 0.75x torch bf16's). Where the adapter has
-    # f16 subgroup matrices the fused kernels run on them (attn_mma) and None fuses there
+    # stored f16 scores (124M 4358 -> 5371 MiB, 0.75x torch bf16's). The fused kernels on
+    # subgroup matrices (attn_mma, the fused form where the adapter has them) took the 124M
+    # step to 52.2 ms against 44.8 unfused, medium 320.8 against 256.7 (2026-12-04 later:
+    # 0.33-0.39 ms each of the four kernels at T 512, their staging and softmax stages
+    # element by element), so None stays unfused on GPUs
     attn_mixed: bool | None = None
     # True / False: a half-precision program's attention kernels (attn_lse, attn_out, attn_dq,
     # attn_dkv with attrs mixed) on subgroup matrices (attention_mma.py) wherever the adapter
