@@ -130,7 +130,7 @@ def test_transformer_training_under_h200_classes(classes):
         del row["batched"]
     opts = KernelOptions(tiling_row=row, force_direct=False, expand_k=0, thin_split=0)
     if classes == "thin":
-        opts = replace(opts, expand_k=32, thin_split=64, thin_chunk=16)
+        opts = replace(opts, expand_k=32, expand_min_n=0, thin_split=64, thin_chunk=16)
     c, r = models.compile_transformer("webgpu", kernel_options=opts), models.compile_transformer("reference")
     names = [n for n in exe(c).kernel_names if n.startswith("matmul")]
     if classes == "thin":

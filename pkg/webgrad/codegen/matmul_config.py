@@ -289,7 +289,7 @@ def _choose_config(M: int, N: int, K: int, nb: int, adapter: str,
         return tm, tn
     row = adapter_tiling(adapter, options)
     slots = row.get("slots", 0)
-    if nb == 1 and 0 < K <= options.expand_k:   # (batches, attention's: their classes below)
+    if nb == 1 and 0 < K <= options.expand_k and N >= options.expand_min_n:   # (batches: below)
         return expand_config(M, N, K, nb, options)
     thin = thin_config(M, N, K, nb, slots, options) if nb == 1 else None
     if thin is not None:
@@ -340,6 +340,9 @@ def _choose_config(M: int, N: int, K: int, nb: int, adapter: str,
 # along N (a warp's stores of one accumulator: one 128-byte line), tm halved until the grid
 # has that many workgroups
 EXPAND_TILE = (4, 4, 32, 8, 1024)
+# the longest K a thin product takes thin_config's tiles for (8192 ran slower than the table's
+# 128 x 16 tile split 16 on the H200: 77 against 49 us)
+THIN_MAX_K = 4096
 # the workgroups a thin product's grid aims at (thin_config) where the adapter's row has slots
 THIN_TILES = 1024
 # ... and its thin side's least size: a C of fewer rows is a decoding step's (the matrix-vector
@@ -385,7 +388,7 @@ def thin_config(M: int, N: int, K: int, nb: int, slots: int,
     thin_split workgroups (None: 4 x slots, the adapter row's)."""
     target = options.thin_split if options.thin_split is not None else THIN_TILES * bool(slots)
     if not target or not THIN_MIN_SIDE <= min(M, N) <= options.thin_side \
-            or K < 2 * options.thin_chunk:
+            or K < 2 * options.thin_chunk or K > THIN_MAX_K:
         return None
 
     def t(d):

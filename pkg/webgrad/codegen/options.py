@@ -138,10 +138,12 @@ class KernelOptions:
     # expand_config's tile: a thread's columns wx apart (Config.cols_apart: a warp's stores
     # whole sectors), the epilogue's loads issued before its stores, tm halved until the
     # grid is large (expand_tile); 0: the table's tiles, on any adapter (the rule applies
-    # wherever the tiled kernel runs: GPUs, or forced). Not measured yet: the wide
-    # 128 x 128 tile took 121 us for [2048 x 16] @ [16 x 8192] (H200, 2026-12-04), ~20 at
-    # bandwidth
+    # wherever the tiled kernel runs: GPUs, or forced), where N >= expand_min_n.
+    # H200, 2026-12-04 (bench/README.md): [2048 x 16] @ [16 x 8192] 55 -> 30 us (torch 37.5),
+    # with a residual add 66 -> 46 (torch 87); at N 512 the table's 64 x 64 tile stays (9 us
+    # against 17)
     expand_k: int = 32
+    expand_min_n: int = 1024
     # (tm, tn, wx, wy, workgroups) of that tile: tm halved until the grid has that many;
     # None: matmul_config.EXPAND_TILE, (4, 4, 32, 8, 1024)
     expand_tile: tuple | None = None
@@ -150,11 +152,12 @@ class KernelOptions:
     # across the thin side, the other side's tile halved, then K split in chunks of at least
     # thin_chunk, until the grid has thin_split workgroups (thin_config; K step thin_bk);
     # None: matmul_config.THIN_TILES (1024) where the adapter's row has "slots" (the GPUs of
-    # ADAPTER_TILINGS), 0: off (split_thin's rule). thin_side 48: thin_siblings' q, k, v
-    # product too. Not measured yet: [2048 x 2048] @ [2048 x 16] ran 64 workgroups of 32 x 16
-    # (38 us for 16 MB of A; ~5 at bandwidth)
+    # ADAPTER_TILINGS), 0: off (split_thin's rule); K up to matmul_config.THIN_MAX_K. H200,
+    # 2026-12-04: [2048 x 2048] @ [2048 x 16] 35 -> 29 us, the 32-wide siblings 39 -> 34, dA
+    # [16 x 2048] 41 -> 30, dB 32 -> 24; slower, so left to the other rules: K 8192 (49 ->
+    # 77 us) and thin_siblings' 48-wide q, k, v product (51 -> 61): thin_side 32
     thin_split: int | None = None
-    thin_side: int = 48
+    thin_side: int = 32
     thin_chunk: int = 128
     thin_bk: int = 64
 
