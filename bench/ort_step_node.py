@@ -9,6 +9,7 @@ to see a lowering change of a few percent; Node runs the same WebAssembly build
     (in another worktree)  python3 bench/ort_step_node.py --dump /tmp/before
     python3 bench/ort_step_node.py --run /tmp/before /tmp/after --reps 150
     python3 bench/ort_step_node.py --dump /tmp/pre --tokens 8    # the 8-id prefill instead
+    python3 bench/ort_step_node.py --dump /tmp/long --n-ctx 2048  # a cache of 2048 positions
 
 --dump writes wllama_decode.py's GGUF file (random weights of SmolLM2-135M's shape, F32,
 --layers layers), loads it on backend "wasm" in CPython, and saves the program the decode
@@ -61,7 +62,7 @@ for (const r of runs) {
 """
 
 
-def dump(out: Path, layers: int, tokens: int) -> None:
+def dump(out: Path, layers: int, tokens: int, n_ctx: int = 64) -> None:
     sys.path.insert(0, str(ROOT / "pkg"))
     sys.path.insert(0, str(ROOT / "bench"))
     import numpy as np
@@ -73,7 +74,7 @@ def dump(out: Path, layers: int, tokens: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "smol-F32.gguf"
         write_smol(path, "F32", layers)
-        m = llama.Llama.from_gguf(str(path), backend=OnnxRuntimeBackend(), n_ctx=64)
+        m = llama.Llama.from_gguf(str(path), backend=OnnxRuntimeBackend(), n_ctx=n_ctx)
     m.generate(prompt_ids(49152, tokens), max_new_tokens=2, temperature=0, stop_at_eos=False)
     run = m._program(step_kind(tokens, ["next"]), tokens)._prog.exe   # generate's program
     b, ex = m.backend, run.ex
@@ -95,11 +96,13 @@ def main() -> None:
     ap.add_argument("--dump", type=Path, help="write this tree's export here")
     ap.add_argument("--layers", type=int, default=30)
     ap.add_argument("--tokens", type=int, default=1, help="ids a run: 1 the decode step, 8 the prefill")
+    ap.add_argument("--n-ctx", type=int, default=64, help="the cache's positions (wllama_decode.py's "
+                    "default; models load with min(max_position_embeddings, 2048))")
     ap.add_argument("--run", type=Path, nargs="+", help="exports to time, interleaved")
     ap.add_argument("--reps", type=int, default=100)
     args = ap.parse_args()
     if args.dump:
-        dump(args.dump, args.layers, args.tokens)
+        dump(args.dump, args.layers, args.tokens, args.n_ctx)
     if args.run:
         node = shutil.which("node")
         if node is None or not ORT_WEB.is_dir():

@@ -358,3 +358,46 @@ def test_llama_step_export_fuses_shared_products_and_rms_norms(tmp_path):
     assert "Reciprocal" not in ops  # rsqrt's lowering: no norm left unfused
     made = {o: n.op_type for n in optimized for o in n.output}
     assert not [n for n in optimized if n.op_type == "MatMul" and made.get(n.input[1]) == "Concat"]
+
+
+@pytest.mark.parametrize("change, gqa, rotary", [
+    ({}, True, True),                                   # the demo model: head_dim 16
+    ({"head_dim": 8}, True, False),                     # the CPU kernel's rotary needs 16k
+    ({"sliding_window": 4, "model_type": "mistral"}, False, False),   # a window: unfused
+])
+def test_llama_decode_step_attention_is_group_query_attention(change, gqa, rotary):
+    """The decode step's attention on the KV cache: one com.microsoft GroupQueryAttention a
+    layer (with its rotary embedding where head_dim allows), else the standard form. Its
+    logits and the whole cache after the step equal the reference executor's, from a cache
+    of random rows (the rows past the position, which the node's present K/V zero, keep
+    their values, as write_rows keeps them)."""
+    import dataclasses
+    from webgrad.models import llama, llama_demo
+    from webgrad.models.decoding import step_kind
+    cfg = dataclasses.replace(llama_demo.CONFIG, n_ctx=32, **change)
+    ref, w = (llama.Llama.init_random(cfg, seed=3, backend=b) for b in ("reference", "wasm"))
+    rng = np.random.default_rng(0)
+    caches = [m.new_cache() for m in (ref, w)]
+    for m, c in zip((ref, w), caches):
+        m.logits_step([1, 5, 9], c)   # compiles the programs and makes the cache state
+    states = {k: rng.standard_normal(np.shape(v)).astype(np.float32)
+              for k, v in ref.backend.store.items() if k.startswith("kv.")}
+    assert len(states) == 2 * cfg.num_hidden_layers
+    for pos in (11, 0, cfg.n_ctx - 1):   # the first and the last row too
+        for m, c in zip((ref, w), caches):
+            m.backend.store.update({k: v.copy() for k, v in states.items()})
+            c.pos = pos
+        got, want = w.logits_step([7], caches[1]), ref.logits_step([7], caches[0])
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        for k in states:
+            a, b = np.asarray(w.backend.store[k]), np.asarray(ref.backend.store[k])
+            np.testing.assert_array_equal(np.delete(a, pos, axis=0), np.delete(states[k], pos, axis=0))
+            np.testing.assert_allclose(a[pos], b[pos], rtol=1e-5, atol=1e-6, err_msg=k)
+            assert not np.allclose(b[pos], states[k][pos])   # the row was written
+    ex = w._program(step_kind(1, ["logits.0"]), 1)._prog.exe.ex
+    model = onnx.load_from_string(ex.model)
+    nodes = [n for n in model.graph.node if n.op_type == "GroupQueryAttention"]
+    assert len(nodes) == (cfg.num_hidden_layers if gqa else 0)
+    assert ("Softmax" in ex.ops) != gqa
+    assert all({a.name: a.i for a in n.attribute}.get("do_rotary", 0) == rotary for n in nodes)
+    assert ("Sin" in ex.ops) != rotary   # the rotary tables are the node's: none computed

@@ -9,6 +9,10 @@ the same integer hash (primitives.lowbias32) written with ONNX's uint64 bit oper
 they give the same values as every other executor. The sliding windows (unfold2d, fold2d)
 are a Gather and a ScatterND over index tables computed here, at export.
 
+Three patterns are lowered as a whole (docs/onnx.md): products sharing their operand
+(_shared_products), RMS norms (_rms_norms) and a decode step's attention on its KV cache
+(attention.py: onnxruntime's GroupQueryAttention); nodes only they read are not lowered.
+
 tests/test_onnx.py runs the op oracle's records through onnxruntime; tests/test_registry.py
 fails when a primitive has no lowering here.
 """
@@ -21,7 +25,7 @@ from math import prod
 
 from .. import primitives as P
 from ..ir import Graph
-from . import proto
+from . import attention, proto
 
 OPSET = 18        # BitwiseXor/BitwiseAnd (the random numbers' hash) need 18
 IR_VERSION = 8    # the IR version of opset 18's release (onnx 1.13)
@@ -34,6 +38,7 @@ class Builder:
         self.made: set[str] = set()         # the values nodes produce
         self.inits: list[bytes] = []
         self.ops: set[str] = set()
+        self.domains: set[str] = set()      # other than ai.onnx (onnxruntime's com.microsoft)
         self._n = 0
         self._consts: dict = {}
 
@@ -44,8 +49,12 @@ class Builder:
     def emit(self, op: str, *inputs: str, out: str | None = None, **attrs) -> str:
         return self.emit_n(op, *inputs, outs=[out or self.fresh(op.lower())], **attrs)[0]
 
-    def emit_n(self, op: str, *inputs: str, outs: list[str], **attrs) -> list[str]:
-        """A node of several outputs (Split), named `outs`."""
+    def emit_n(self, op: str, *inputs: str, outs: list[str], domain: str = "", **attrs) -> list[str]:
+        """A node of several outputs (Split), named `outs`; `domain` for an operator outside
+        ai.onnx (attention.py's com.microsoft one)."""
+        if domain:
+            self.domains.add(domain)
+            attrs["domain"] = domain
         self.ops.add(op)
         self.nodes.append((op, inputs, tuple(outs), attrs))
         self.made.update(outs)
@@ -264,11 +273,11 @@ def _write_rows(b, n, ins, g):
     if t == 0:
         return b.emit("Identity", base)
     rel = b.emit("Sub", _range(b, rows, "i32"), _reshape_to(b, start, (1,)))
-    inside = _in_range(b, rel, t)
+    inside = _reshape_to(b, _in_range(b, rel, t), (rows,) + (1,) * (len(n.shape) - 1))
+    if t == 1:   # a decode step's row: broadcast by the Where (no [rows, ...] gathered first)
+        return b.emit("Where", inside, vals, base)
     idx = b.emit("Max", b.emit("Min", rel, b.scalar(t - 1, "i32")), b.scalar(0, "i32"))
-    got = b.emit("Gather", vals, idx, axis=0)
-    inside = _reshape_to(b, inside, (rows,) + (1,) * (len(n.shape) - 1))
-    return b.emit("Where", inside, got, base)
+    return b.emit("Where", inside, b.emit("Gather", vals, idx, axis=0), base)
 
 
 def _matmul(b, n, ins):
@@ -443,6 +452,25 @@ def _lower_products(b: Builder, graph: Graph, members: list[int], names: dict) -
         names[m] = o
 
 
+def _live(graph: Graph, groups: dict, norms: dict, attns: dict) -> set[int]:
+    """The nodes the roots need once the patterns are lowered as a whole (the rotary tables
+    of a graph whose every attention became GroupQueryAttention: none)."""
+    live, todo = set(), list(graph.roots())
+    while todo:
+        i = todo.pop()
+        if i in live:
+            continue
+        live.add(i)
+        if i in attns:
+            rec = attns[i]
+            todo += [*rec.reads, graph[rec.k_full].inputs[0], graph[rec.v_full].inputs[0]]
+        elif i in norms:
+            todo += [j for j in norms[i][:2] if j is not None]
+        else:
+            todo += [j for m in groups.get(i, [i]) for j in graph[m].inputs]
+    return live
+
+
 def _with_graph(fn):
     fn.needs_graph = True
     return fn
@@ -562,14 +590,24 @@ def export_graph(graph: Graph, *, name: str = "webgrad", values=None, decode=Non
         n.attrs["name"] in resident or (n.attrs["name"] in values and (
             n.id not in quant_reads or decode is not None))))
     norms, inner = _rms_norms(graph)
+    attns, attn_inner = attention.find(graph)
+    inner |= attn_inner
+    live = _live(graph, groups, norms, attns)
     done: set[int] = set()
 
     def visit(i: int) -> None:
         """Lower node i after its operands (those of a product lowered ahead: its group's)."""
         if i in done:
             return
-        if i in inner:   # a norm's inner value: the norm is one node
+        if i in inner:   # a norm's or an attention's inner value: lowered as a whole
             done.add(i)
+            return
+        if i in attns:
+            rec = attns[i]
+            for j in rec.reads + (graph[rec.k_full].inputs[0], graph[rec.v_full].inputs[0]):
+                visit(j)
+            done.update((rec.out, rec.k_full, rec.v_full))
+            attention.lower(b, rec, graph, names, reshape=_reshape_to, write_rows=_write_rows)
             return
         if i in norms:
             x, w, eps = norms[i]
@@ -627,7 +665,8 @@ def export_graph(graph: Graph, *, name: str = "webgrad", values=None, decode=Non
         names[n.id] = rule(b, n, ins, graph) if getattr(rule, "needs_graph", False) else rule(b, n, ins)
 
     for n in graph.nodes:
-        visit(n.id)
+        if n.op in LEAVES or n.id in live:   # the leaves stay the model's inputs
+            visit(n.id)
 
     # each output names the value of the node that computes it (no Identity), unless that
     # value is a model input, an initializer or already another output's
@@ -651,7 +690,8 @@ def export_graph(graph: Graph, *, name: str = "webgrad", values=None, decode=Non
             output(names[i], o, graph[i])
             ex.writebacks[o] = buf
     ex.model = proto.model(proto.graph(name, b.encode(rename), b.inits, inputs, outs),
-                           ir_version=IR_VERSION, opset=OPSET, producer="webgrad", doc=doc)
+                           ir_version=IR_VERSION, opset=OPSET, producer="webgrad", doc=doc,
+                           domains={d: 1 for d in sorted(b.domains)})
     ex.ops, ex.n_nodes = tuple(sorted(b.ops)), len(b.nodes)
     return ex
 

@@ -89,11 +89,13 @@ class Tensor:
         return tensor("", self.dims, self.elem, self.raw)
 
 
-def node(op: str, inputs, outputs, name: str = "", **attrs) -> bytes:
-    """NodeProto: input=1, output=2, name=3, op_type=4, attribute=5."""
+def node(op: str, inputs, outputs, name: str = "", domain: str = "", **attrs) -> bytes:
+    """NodeProto: input=1, output=2, name=3, op_type=4, attribute=5, domain=7 (empty: the
+    default ai.onnx)."""
     return (b"".join(f_bytes(1, i) for i in inputs) + b"".join(f_bytes(2, o) for o in outputs)
             + (f_bytes(3, name) if name else b"") + f_bytes(4, op)
-            + b"".join(f_bytes(5, attribute(k, v)) for k, v in attrs.items()))
+            + b"".join(f_bytes(5, attribute(k, v)) for k, v in attrs.items())
+            + (f_bytes(7, domain) if domain else b""))
 
 
 def graph(name: str, nodes, initializers, inputs, outputs, doc: str = "") -> bytes:
@@ -105,9 +107,11 @@ def graph(name: str, nodes, initializers, inputs, outputs, doc: str = "") -> byt
 
 
 def model(graph_bytes: bytes, *, ir_version: int, opset: int, producer: str,
-          doc: str = "") -> bytes:
+          doc: str = "", domains: dict | None = None) -> bytes:
     """ModelProto: ir_version=1, producer_name=2, doc_string=6, graph=7,
-    opset_import=8 (OperatorSetIdProto: domain=1 (empty: the default ai.onnx), version=2)."""
+    opset_import=8 (OperatorSetIdProto: domain=1 (empty: the default ai.onnx), version=2),
+    one more for each of `domains` (name -> version: onnxruntime's com.microsoft)."""
     return (f_int(1, ir_version) + f_bytes(2, producer)
             + (f_bytes(6, doc) if doc else b"") + f_bytes(7, graph_bytes)
-            + f_bytes(8, f_bytes(1, "") + f_int(2, opset)))
+            + f_bytes(8, f_bytes(1, "") + f_int(2, opset))
+            + b"".join(f_bytes(8, f_bytes(1, d) + f_int(2, v)) for d, v in (domains or {}).items()))
