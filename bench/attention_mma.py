@@ -14,7 +14,7 @@ parameters (one SGD step of lr 0: the gradients are read back). Per form: the lo
 q, k, v gradients against the unfused mixed program's (the largest difference over the
 largest value), the step's GPU time (the profiler's sum over one step) and its wall time
 (median of --reps, the loss read back), the attention kernels' GPU time and planned bytes.
-Tolerances as tests/test_precision.py's (loss 1e-5 relative, dV 1e-3 and dQ / dK 4e-3 of
+Tolerances as tests/test_precision.py's (loss 1e-4 relative: a sum of 3M terms, dV 1e-3 and dQ / dK 4e-3 of
 their largest value); exit status 1 where a fused form is out of them or did not take the
 kernels it names.
 """
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pkg"))
 
 FORMS = {"mma": dict(attn_mixed=True), "tiled f32 maths": dict(attn_mixed=True, attn_mma=False),
          "unfused": dict(attn_mixed=False)}
-TOL = {"loss": 1e-5, "v": 1e-3, "q": 4e-3, "k": 4e-3}
+TOL = {"loss": 1e-4, "v": 1e-3, "q": 4e-3, "k": 4e-3}
 
 
 def model(shape):

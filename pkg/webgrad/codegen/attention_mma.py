@@ -42,14 +42,23 @@ runs their index arithmetic, barriers and rounding.
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from .attention_tiled_plan import operands, plan_of
-from .elementwise import ROUND_F16_WGSL
 from .emit import Idx
+from .layout import nonunit_digits, strided_view
 from .matmul_mma import config_for
 from .mma_emulate import EMULATOR_BYTES, emulate_mma
 from .wgsl import f32_lit, u32_lit
+
+@dataclass(frozen=True)
+class Staged:
+    """An operand's rows staged in workgroup array `arr`: rows x width (fast False), or
+    width x rows (fast: its rows were its unit-stride axis), rows `ld` halves apart."""
+    arr: str
+    fast: bool
+    ld: int
+
 
 OPS = frozenset({"attn_lse", "attn_out", "attn_dq", "attn_dkv"})
 NSG = 4                 # subgroups a workgroup
@@ -58,9 +67,14 @@ MAX_D = 128             # the widest head held in registers
 
 
 def _arrays(op: str, BR: int, BC: int, D: int, Dv: int, tpr: int) -> list[tuple[str, str, int, int]]:
-    """The workgroup arrays of an op: (name, type, rows, row length with padding)."""
+    """The workgroup arrays of an op: (name, type, rows, row length with padding). An
+    operand's array holds its rows either way round (Staged: rows x width, or width x rows
+    where the operand's rows are its unit-stride axis), so it takes the larger."""
     own = max(BR, BC)
-    f16 = lambda n, rows, w: (n, "f16", rows, w + PAD16)
+
+    def f16(n, rows, w):
+        size = max(rows * (w + PAD16), w * (rows + PAD16))
+        return (n, "f16", 1, size) if n not in ("Ps", "PTs", "DSs") else (n, "f16", rows, w + PAD16)
     f32 = lambda n, rows, w: (n, "f32", rows, w + PAD32)
     if op == "attn_lse":
         return [f16("Ks", own, D), f32("Ss", BR, max(BC, 16)), ("red", "f32", 2 * BR * tpr, 0)]
@@ -152,7 +166,6 @@ class MmaAttention:
         self.grid = kernel.workgroup_index(em, p.nb * p.nblk, "w")
         self.sc = f32_lit(p.scale)
         self.ninf = f32_lit(float("-inf"))
-        self.rnd = kernel.helper("wg_round_f16", ROUND_F16_WGSL)
         self.left = "subgroup_matrix_left<f16, 16, 16>"
         self.right = "subgroup_matrix_right<f16, 16, 16>"
         self.res = "subgroup_matrix_result<f32, 16, 16>"
@@ -174,7 +187,9 @@ class MmaAttention:
         return self.em.value(n, Idx(self.g[n].shape, flat=self.em.let(f"bo * {self.p.T}u + {i}")))
 
     def r(self, x: str) -> str:
-        return f"{self.rnd}({x})"
+        """x rounded to f16 (as an f32): the conversion's round to nearest even, which is
+        elementwise.wg_round_f16's (these kernels need shader-f16 anyway)."""
+        return f"f32(f16({x}))"
 
     # -- the workgroup
     def open(self) -> None:
@@ -196,58 +211,81 @@ class MmaAttention:
         cbeg, cend = p.streamed_range()
         self.cbeg, self.cend = em.let(cbeg), em.let(cend)
 
-    def stage(self, arr: str, rows: int, width: int, row0: str, total: int, load) -> None:
-        """arr[rr][d] = f16(load(row0 + rr, d)) for rr < rows, d < width: zeros past `total`
-        rows (d fastest across invocations: coalesced reads of row-major operands)."""
-        em, L, ld = self.em, self.L, self.ld[arr]
+    def rows_fast(self, n: int, row_axis: int) -> bool:
+        """Whether operand n's rows (its axis row_axis, -2 or -1) are the unit-stride axis of
+        the tensor it views and its other axis is not (a stored k^T [.., D, S] read as k's
+        rows, or a transposed view)."""
+        view = strided_view(self.g, n, self.ctx._low.fu.operand_base)
+        if view is None:
+            return False
+        unit = {a: any(st == 1 for _, st in nonunit_digits(view[2][a])) for a in (-2, -1)}
+        return unit[row_axis] and not unit[-3 - row_axis]
+
+    def stage(self, arr: str, rows: int, width: int, row0: str, total: int, load,
+              fast: bool) -> "Staged":
+        """X[rr][d] = f16(load(row0 + rr, d)) for rr < rows, d < width into arr, zeros past
+        `total` rows: as rows x width (row-major, d fastest across invocations), or, `fast`
+        (the operand's rows are its unit-stride axis), as width x rows, rr fastest: either
+        way the invocations' reads are coalesced and their stores neighbours."""
+        em, L = self.em, self.L
+        st = Staged(arr, fast, (rows if fast else width) + PAD16)
         n = rows * width
         for t in range(-(-n // self.wgs)):
             e = f"lid + {t * self.wgs}u" if t else "lid"
             with em.block("" if (t + 1) * self.wgs <= n else f"if ({e} < {n}u)"):
-                rr, d = em.let(f"({e}) / {width}u"), em.let(f"({e}) % {width}u")
+                inner = rows if fast else width
+                a, b = em.let(f"({e}) / {inner}u"), em.let(f"({e}) % {inner}u")
+                rr, d = (b, a) if fast else (a, b)
                 row = em.let(f"{row0} + {rr}")
                 val = load(f"min({row}, {total - 1}u)", d)
-                L(f"{arr}[{rr} * {ld}u + {d}] = f16(select(0.0f, {val}, {row} < {total}u));")
+                L(f"{arr}[{a} * {st.ld}u + {b}] = f16(select(0.0f, {val}, {row} < {total}u));")
+        return st
 
-    def own_fragments(self, arr: str, prefix: str, width: int, load) -> list[str]:
+    def load(self, typ: str, st: "Staged", row0: str, d0: int, transposed: bool) -> str:
+        """A matrix of the staged operand: 16 of its rows from row0 (WGSL, uniform) by 16 of
+        its columns from d0, as `typ` (self.left / self.right); transposed: its columns are
+        the matrix's rows (a right matrix k^T, v^T, g^T or q^T of the streamed rows)."""
+        at = f"({d0}u) * {st.ld}u + {row0}" if st.fast else f"({row0}) * {st.ld}u + {d0}u"
+        return (f"subgroupMatrixLoad<{typ}>(&{st.arr}, {at}, "
+                f"{'true' if st.fast != transposed else 'false'}, {st.ld}u)")
+
+    def own_fragments(self, arr: str, prefix: str, width: int, n: int, row_axis: int, load) -> list[str]:
         """The own rows' left matrices (width / 16 of them, this subgroup's 16 rows), staged
-        through `arr`."""
+        through `arr` (operand n, its rows on axis row_axis)."""
         p = self.p
-        self.stage(arr, p.BR, width, "r0", p.NR, load)
+        st = self.stage(arr, p.BR, width, "r0", p.NR, load, self.rows_fast(n, row_axis))
         self.L("workgroupBarrier();")
-        ld = self.ld[arr]
         names = []
         for d in range(width // 16):
             names.append(f"{prefix}{d}")
-            self.L(f"let {prefix}{d} = subgroupMatrixLoad<{self.left}>(&{arr}, sg * {16 * ld}u + "
-                   f"{16 * d}u, false, {ld}u);")
+            self.L(f"let {prefix}{d} = {self.load(self.left, st, 'sg * 16u', 16 * d, False)};")
         self.L("workgroupBarrier();")
         return names
 
-    def scores(self, out: str, own: list[str], arr: str) -> None:
-        """Each subgroup's 16 rows against the block's rows of `arr` (own . streamed over
-        the width of own's matrices, the streamed side as column-major right matrices),
+    def scores(self, out: str, own: list[str], st: "Staged") -> None:
+        """Each subgroup's 16 rows against the block's staged rows (own . streamed over the
+        width of own's matrices, the streamed side as right matrices of its transpose),
         stored f32 to `out` at the subgroup's rows."""
         p, L = self.p, self.L
-        ld, lo = self.ld[arr], self.ld[out]
+        lo = self.ld[out]
         for n in range(p.BC // 16):
             L(f"var {out}_{n} = {self.res}();")
             for d, f in enumerate(own):
-                L(f"{out}_{n} = subgroupMatrixMultiplyAccumulate({f}, subgroupMatrixLoad<"
-                  f"{self.right}>(&{arr}, {16 * n * ld + 16 * d}u, true, {ld}u), {out}_{n});")
+                L(f"{out}_{n} = subgroupMatrixMultiplyAccumulate({f}, "
+                  f"{self.load(self.right, st, f'{16 * n}u', 16 * d, True)}, {out}_{n});")
             L(f"subgroupMatrixStore(&{out}, sg * {16 * lo}u + {16 * n}u, {out}_{n}, false, {lo}u);")
 
-    def product(self, accs: list[str], left: str, right: str) -> None:
-        """accs[e] += left (the subgroup's 16 rows of a BC-wide f16 block) @ right's BC rows
-        (columns 16 e ..)."""
+    def product(self, accs: list[str], left: str, right: "Staged") -> None:
+        """accs[e] += left (the subgroup's 16 rows of a BC-wide f16 block) @ the staged
+        operand's BC rows (its columns 16 e ..)."""
         p, L = self.p, self.L
-        ll, lr = self.ld[left], self.ld[right]
+        ll = self.ld[left]
         for kk in range(p.BC // 16):
             L(f"let {left}_l{kk} = subgroupMatrixLoad<{self.left}>(&{left}, sg * {16 * ll}u + "
               f"{16 * kk}u, false, {ll}u);")
             for e, acc in enumerate(accs):
-                L(f"{acc} = subgroupMatrixMultiplyAccumulate({left}_l{kk}, subgroupMatrixLoad<"
-                  f"{self.right}>(&{right}, {16 * kk * lr + 16 * e}u, false, {lr}u), {acc});")
+                L(f"{acc} = subgroupMatrixMultiplyAccumulate({left}_l{kk}, "
+                  f"{self.load(self.right, right, f'{16 * kk}u', 16 * e, False)}, {acc});")
 
     def score(self, s: str) -> str:
         """The program's scaled score from a product's f32 sum."""
@@ -292,19 +330,21 @@ class MmaAttention:
     # -- the ops
     def build_lse(self) -> None:
         p, em, L = self.p, self.em, self.L
-        qf = self.own_fragments("Ks", "qf", p.D, self.Q)
+        qf = self.own_fragments("Ks", "qf", p.D, self.ops.q, -2, self.Q)
         m, l = em.var("f32", self.ninf, "m"), em.var("f32", "0.0f", "l")
         ls = self.ld["Ss"]
+        kfast = self.rows_fast(self.ops.kt, -1)
         with em.block(f"for (var c0 = {self.cbeg}; c0 < {self.cend}; c0 += {p.BC}u)"):
-            self.stage("Ks", p.BC, p.D, "c0", p.NC, lambda j, d: self.K(j, d))
+            kst = self.stage("Ks", p.BC, p.D, "c0", p.NC, lambda j, d: self.K(j, d), kfast)
             L("workgroupBarrier();")
-            self.scores("Ss", qf, "Ks")
+            self.scores("Ss", qf, kst)
             L("workgroupBarrier();")
             bm = em.var("f32", self.ninf, "bm")
 
-            def mx(c, gc):
-                sx = self.score(f"Ss[er * {ls}u + {c}]")
-                x = em.let(f"select({self.ninf}, {sx}, {self.kept(gc)})")
+            def mx(c, gc):   # the masked scaled scores, kept for the sums
+                at = em.let(f"er * {ls}u + {c}")
+                x = em.let(f"select({self.ninf}, {self.score(f'Ss[{at}]')}, {self.kept(gc)})")
+                L(f"Ss[{at}] = {x};")
                 L(f"{bm} = max({bm}, {x});")
             self.each(mx)
             mn = em.let(f"max({m}, {bm})")
@@ -312,9 +352,7 @@ class MmaAttention:
             L(f"{l} = {l} * exp({m} - {mz});")
 
             def sm(c, gc):
-                sx = self.score(f"Ss[er * {ls}u + {c}]")
-                x = em.let(f"select({self.ninf}, {sx}, {self.kept(gc)})")
-                L(f"{l} = {l} + exp({x} - {mz});")
+                L(f"{l} = {l} + exp(Ss[er * {ls}u + {c}] - {mz});")
             self.each(sm)
             L(f"{m} = {mn};")
             L("workgroupBarrier();")
@@ -334,15 +372,16 @@ class MmaAttention:
 
     def build_out(self) -> None:
         p, em, L = self.p, self.em, self.L
-        qf = self.own_fragments("Ks", "qf", p.D, self.Q)
+        qf = self.own_fragments("Ks", "qf", p.D, self.ops.q, -2, self.Q)
         lse = em.let(self.stat(self.ops.lse, f"min(egr, {p.T - 1}u)"))
         acc = self.accumulators("o", p.Dv)
         ls, lp = self.ld["Ss"], self.ld["Ps"]
+        kfast, vfast = self.rows_fast(self.ops.kt, -1), self.rows_fast(self.ops.v, -2)
         with em.block(f"for (var c0 = {self.cbeg}; c0 < {self.cend}; c0 += {p.BC}u)"):
-            self.stage("Ks", p.BC, p.D, "c0", p.NC, lambda j, d: self.K(j, d))
-            self.stage("Vs", p.BC, p.Dv, "c0", p.NC, lambda j, e: self.V(j, e))
+            kst = self.stage("Ks", p.BC, p.D, "c0", p.NC, lambda j, d: self.K(j, d), kfast)
+            vst = self.stage("Vs", p.BC, p.Dv, "c0", p.NC, lambda j, e: self.V(j, e), vfast)
             L("workgroupBarrier();")
-            self.scores("Ss", qf, "Ks")
+            self.scores("Ss", qf, kst)
             L("workgroupBarrier();")
 
             def pr(c, gc):
@@ -351,24 +390,25 @@ class MmaAttention:
                 L(f"Ps[er * {lp}u + {c}] = f16(select(0.0f, {px}, {self.kept(gc)}));")
             self.each(pr)
             L("workgroupBarrier();")
-            self.product(acc, "Ps", "Vs")
+            self.product(acc, "Ps", vst)
             L("workgroupBarrier();")
         self.write(acc, 0, self.epi)
 
     def build_dq(self) -> None:
         p, em, L = self.p, self.em, self.L
-        qf = self.own_fragments("Ks", "qf", p.D, self.Q)
-        gf = self.own_fragments("Vs", "gf", p.Dv, self.G)
+        qf = self.own_fragments("Ks", "qf", p.D, self.ops.q, -2, self.Q)
+        gf = self.own_fragments("Vs", "gf", p.Dv, self.ops.g, -2, self.G)
+        kfast, vfast = self.rows_fast(self.ops.kt, -1), self.rows_fast(self.ops.v, -2)
         lse = em.let(self.stat(self.ops.lse, f"min(egr, {p.T - 1}u)"))
         dr = em.let(self.stat(self.ops.drow, f"min(egr, {p.T - 1}u)"))
         acc = self.accumulators("dq", p.D)
         ls, ld = self.ld["Ss"], self.ld["DSs"]
         with em.block(f"for (var c0 = {self.cbeg}; c0 < {self.cend}; c0 += {p.BC}u)"):
-            self.stage("Ks", p.BC, p.D, "c0", p.NC, lambda j, d: self.K(j, d))
-            self.stage("Vs", p.BC, p.Dv, "c0", p.NC, lambda j, e: self.V(j, e))
+            kst = self.stage("Ks", p.BC, p.D, "c0", p.NC, lambda j, d: self.K(j, d), kfast)
+            vst = self.stage("Vs", p.BC, p.Dv, "c0", p.NC, lambda j, e: self.V(j, e), vfast)
             L("workgroupBarrier();")
-            self.scores("Ss", qf, "Ks")
-            self.scores("Dps", gf, "Vs")
+            self.scores("Ss", qf, kst)
+            self.scores("Dps", gf, vst)
             L("workgroupBarrier();")
 
             def ds(c, gc):
@@ -379,26 +419,27 @@ class MmaAttention:
                 L(f"DSs[er * {ld}u + {c}] = f16({self.r(f'{pr} * ({dp} - {dr}) * {self.sc}')});")
             self.each(ds)
             L("workgroupBarrier();")
-            self.product(acc, "DSs", "Ks")
+            self.product(acc, "DSs", kst)
             L("workgroupBarrier();")
         self.write(acc, 0, self.epi)
 
     def build_dkv(self) -> None:
         p, em, L = self.p, self.em, self.L
-        kf = self.own_fragments("Qs", "kf", p.D, lambda j, d: self.K(j, d))
-        vf = self.own_fragments("Gs", "vf", p.Dv, self.V)
+        kf = self.own_fragments("Qs", "kf", p.D, self.ops.kt, -1, lambda j, d: self.K(j, d))
+        vf = self.own_fragments("Gs", "vf", p.Dv, self.ops.v, -2, self.V)
+        qfast, gfast = self.rows_fast(self.ops.q, -2), self.rows_fast(self.ops.g, -2)
         dv, dk = self.accumulators("dv", p.Dv), self.accumulators("dk", p.D)
         ls, lp = self.ld["Ss"], self.ld["PTs"]
         with em.block(f"for (var c0 = {self.cbeg}; c0 < {self.cend}; c0 += {p.BC}u)"):
-            self.stage("Qs", p.BC, p.D, "c0", p.NC, self.Q)
-            self.stage("Gs", p.BC, p.Dv, "c0", p.NC, self.G)
+            qst = self.stage("Qs", p.BC, p.D, "c0", p.NC, self.Q, qfast)
+            gst = self.stage("Gs", p.BC, p.Dv, "c0", p.NC, self.G, gfast)
             with em.block(f"if (lid < {p.BC}u)"):
                 q = em.let(f"min(c0 + lid, {p.T - 1}u)")
                 L(f"ls[lid] = {self.stat(self.ops.lse, q)};")
                 L(f"dr[lid] = {self.stat(self.ops.drow, q)};")
             L("workgroupBarrier();")
-            self.scores("Ss", kf, "Qs")
-            self.scores("Dps", vf, "Gs")
+            self.scores("Ss", kf, qst)
+            self.scores("Dps", vf, gst)
             L("workgroupBarrier();")
 
             def pds(c, gc):
@@ -410,8 +451,8 @@ class MmaAttention:
                 L(f"DSs[er * {lp}u + {c}] = f16({self.r(f'{pr} * ({dp} - dr[{c}]) * {self.sc}')});")
             self.each(pds)
             L("workgroupBarrier();")
-            self.product(dv, "PTs", "Gs")
-            self.product(dk, "DSs", "Qs")
+            self.product(dv, "PTs", gst)
+            self.product(dk, "DSs", qst)
             L("workgroupBarrier();")
         per_prod = self.ctx.writes_pieces
         for (width, col0, _), accs in zip(p.prods, (dv, dk)):
