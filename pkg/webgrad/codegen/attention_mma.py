@@ -264,45 +264,6 @@ class MmaAttention:
         return (f"subgroupMatrixLoad<{typ}>(&{st.arr}, {at}, "
                 f"{'true' if st.fast != transposed else 'false'}, {st.ld}u)")
 
-    def prefetch(self, arr: str, width: int, load, fast: bool) -> dict:
-        """The streamed operand's first block (rows cbeg..) loaded into registers, before the
-        loop over blocks (advance stores it and loads the next): each invocation's elements
-        of stage's layout, as f16 registers."""
-        em, L, p = self.em, self.L, self.p
-        rows = p.BC
-        st = Staged(arr, fast, (rows if fast else width) + PAD16)
-        n, inner = rows * width, (rows if fast else width)
-        items = []
-        for t in range(-(-n // self.wgs)):
-            e = f"lid + {t * self.wgs}u" if t else "lid"
-            a, b = em.let(f"({e}) / {inner}u"), em.let(f"({e}) % {inner}u")
-            rr, d = (b, a) if fast else (a, b)
-            var = em.fresh("pf")
-            L(f"var {var}: f16;")
-            items.append((None if (t + 1) * self.wgs <= n else f"{e} < {n}u", a, b, rr, d, var))
-        pf = dict(st=st, items=items, load=load)
-        self._fetch(pf, self.cbeg)
-        return pf
-
-    def _fetch(self, pf: dict, row0: str) -> None:
-        em, L, p = self.em, self.L, self.p
-        for cond, a, b, rr, d, var in pf["items"]:
-            with em.block("" if cond is None else f"if ({cond})"):
-                row = em.let(f"{row0} + {rr}")
-                val = pf["load"](f"min({row}, {p.NC - 1}u)", d)
-                L(f"{var} = f16(select(0.0f, {val}, {row} < {p.NC}u));")
-
-    def advance(self, pf: dict) -> "Staged":
-        """In the loop over blocks: the block in registers to workgroup memory, then the
-        next block's loads issued (their latency behind this block's products)."""
-        st = pf["st"]
-        for cond, a, b, rr, d, var in pf["items"]:
-            line = f"{st.arr}[{a} * {st.ld}u + {b}] = {var};"
-            self.L(line if cond is None else f"if ({cond}) {{ {line} }}")
-        with self.em.block(f"if (c0 + {self.p.BC}u < {self.cend})"):
-            self._fetch(pf, f"c0 + {self.p.BC}u")
-        return st
-
     def own_fragments(self, arr: str, prefix: str, width: int, n: int, row_axis: int, load) -> list[str]:
         """The own rows' left matrices (width / 16 of them, this subgroup's 16 rows), staged
         through `arr` (operand n, its rows on axis row_axis)."""
@@ -387,9 +348,9 @@ class MmaAttention:
         qf = self.own_fragments("Ks", "qf", p.D, self.ops.q, -2, self.Q)
         m, l = em.var("f32", self.ninf, "m"), em.var("f32", "0.0f", "l")
         ls = self.ld["Ss"]
-        kpf = self.prefetch("Ks", p.D, lambda j, d: self.K(j, d), self.rows_fast(self.ops.kt, -1))
+        kfast = self.rows_fast(self.ops.kt, -1)
         with em.block(f"for (var c0 = {self.cbeg}; c0 < {self.cend}; c0 += {p.BC}u)"):
-            kst = self.advance(kpf)
+            kst = self.stage("Ks", p.BC, p.D, "c0", p.NC, lambda j, d: self.K(j, d), kfast)
             L("workgroupBarrier();")
             self.scores("Ss", qf, kst)
             L("workgroupBarrier();")
@@ -430,11 +391,10 @@ class MmaAttention:
         lse = em.let(self.stat(self.ops.lse, f"min(egr, {p.T - 1}u)"))
         acc = self.accumulators("o", p.Dv)
         ls, lp = self.ld["Ss"], self.ld["Ps"]
-        kpf = self.prefetch("Ks", p.D, lambda j, d: self.K(j, d), self.rows_fast(self.ops.kt, -1))
-        vpf = self.prefetch("Vs", p.Dv, lambda j, e: self.V(j, e), self.rows_fast(self.ops.v, -2))
+        kfast, vfast = self.rows_fast(self.ops.kt, -1), self.rows_fast(self.ops.v, -2)
         with em.block(f"for (var c0 = {self.cbeg}; c0 < {self.cend}; c0 += {p.BC}u)"):
-            kst = self.advance(kpf)
-            vst = self.advance(vpf)
+            kst = self.stage("Ks", p.BC, p.D, "c0", p.NC, lambda j, d: self.K(j, d), kfast)
+            vst = self.stage("Vs", p.BC, p.Dv, "c0", p.NC, lambda j, e: self.V(j, e), vfast)
             L("workgroupBarrier();")
             self.scores("Ss", qf, kst)
             L("workgroupBarrier();")
@@ -453,15 +413,14 @@ class MmaAttention:
         p, em, L = self.p, self.em, self.L
         qf = self.own_fragments("Ks", "qf", p.D, self.ops.q, -2, self.Q)
         gf = self.own_fragments("Vs", "gf", p.Dv, self.ops.g, -2, self.G)
-        kpf = self.prefetch("Ks", p.D, lambda j, d: self.K(j, d), self.rows_fast(self.ops.kt, -1))
-        vpf = self.prefetch("Vs", p.Dv, lambda j, e: self.V(j, e), self.rows_fast(self.ops.v, -2))
+        kfast, vfast = self.rows_fast(self.ops.kt, -1), self.rows_fast(self.ops.v, -2)
         lse = em.let(self.stat(self.ops.lse, f"min(egr, {p.T - 1}u)"))
         dr = em.let(self.stat(self.ops.drow, f"min(egr, {p.T - 1}u)"))
         acc = self.accumulators("dq", p.D)
         ls, ld = self.ld["Ss"], self.ld["DSs"]
         with em.block(f"for (var c0 = {self.cbeg}; c0 < {self.cend}; c0 += {p.BC}u)"):
-            kst = self.advance(kpf)
-            vst = self.advance(vpf)
+            kst = self.stage("Ks", p.BC, p.D, "c0", p.NC, lambda j, d: self.K(j, d), kfast)
+            vst = self.stage("Vs", p.BC, p.Dv, "c0", p.NC, lambda j, e: self.V(j, e), vfast)
             L("workgroupBarrier();")
             self.scores("Ss", qf, kst)
             self.scores("Dps", gf, vst)
@@ -483,13 +442,12 @@ class MmaAttention:
         p, em, L = self.p, self.em, self.L
         kf = self.own_fragments("Qs", "kf", p.D, self.ops.kt, -1, lambda j, d: self.K(j, d))
         vf = self.own_fragments("Gs", "vf", p.Dv, self.ops.v, -2, self.V)
-        qpf = self.prefetch("Qs", p.D, self.Q, self.rows_fast(self.ops.q, -2))
-        gpf = self.prefetch("Gs", p.Dv, self.G, self.rows_fast(self.ops.g, -2))
+        qfast, gfast = self.rows_fast(self.ops.q, -2), self.rows_fast(self.ops.g, -2)
         dv, dk = self.accumulators("dv", p.Dv), self.accumulators("dk", p.D)
         ls, lp = self.ld["Ss"], self.ld["PTs"]
         with em.block(f"for (var c0 = {self.cbeg}; c0 < {self.cend}; c0 += {p.BC}u)"):
-            qst = self.advance(qpf)
-            gst = self.advance(gpf)
+            qst = self.stage("Qs", p.BC, p.D, "c0", p.NC, self.Q, qfast)
+            gst = self.stage("Gs", p.BC, p.Dv, "c0", p.NC, self.G, gfast)
             with em.block(f"if (lid < {p.BC}u)"):
                 q = em.let(f"min(c0 + lid, {p.T - 1}u)")
                 L(f"ls[lid] = {self.stat(self.ops.lse, q)};")
