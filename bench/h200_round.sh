@@ -10,7 +10,7 @@
 # llama-bench from .device/lc/llamacpp-src.tar.xz (bench/llama_cpp_cuda.sh; about 300 s on
 # the 16 cores) while webgrad's own benches run on the GPU.
 set -uo pipefail
-part=${1:?usage: h200_round.sh PART (1-6)}
+part=${1:?usage: h200_round.sh PART (1-7)}
 out=${OUT:-h200_round}
 mkdir -p "$out"
 py=${PYTHON:-python3}
@@ -72,5 +72,13 @@ case $part in
     step lora_thin 80 "$py" bench/lora_step.py --rows 1b --no-torch --set expand_k=0
     step lora_expand 80 "$py" bench/lora_step.py --rows 1b --no-torch --set thin_split=0
     ;;
-*)  echo "h200_round.sh: PART is 1 to 6" >&2; exit 2 ;;
+7)  # (2026-12-04, close) the mixed steps with today's main: attention unfused (the default)
+    # and on subgroup matrices (attn_mixed=True), each against torch bf16 in the same run
+    step attn_mma 100 "$py" bench/attention_mma.py --shapes 8x12x512x64,8x16x1024x64
+    step train 130 "$py" bench/gpt2_train.py --rows gpt2 --precision mixed --peers bf16 --track 2 --profile 0
+    step train_fused 60 "$py" bench/gpt2_train.py --rows gpt2 --precision mixed --no-torch --set attn_mixed=True --profile 0
+    step medium 150 "$py" bench/gpt2_train.py --rows medium --precision mixed --peers bf16 --track 1 --steps 6 --profile 0
+    step medium_fused 100 "$py" bench/gpt2_train.py --rows medium --precision mixed --no-torch --steps 6 --set attn_mixed=True --profile 0
+    ;;
+*)  echo "h200_round.sh: PART is 1 to 7" >&2; exit 2 ;;
 esac
