@@ -76,7 +76,7 @@ case $part in
     # and on subgroup matrices (attn_mixed=True), each against torch bf16 in the same run
     step attn_mma 100 "$py" bench/attention_mma.py --shapes 8x12x512x64,8x16x1024x64
     step train 130 "$py" bench/gpt2_train.py --rows gpt2 --precision mixed --peers bf16 --track 2 --profile 0
-    step train_fused 60 "$py" bench/gpt2_train.py --rows gpt2 --precision mixed --no-torch --set attn_mixed=True --profile 0
+    step train_fused 60 "$py" bench/gpt2_train.py --rows gpt2 --precision mixed --no-torch --set attn_mixed=True --profile 60 --exact-timestamps
     step medium 150 "$py" bench/gpt2_train.py --rows medium --precision mixed --peers bf16 --track 1 --steps 6 --profile 0
     step medium_fused 100 "$py" bench/gpt2_train.py --rows medium --precision mixed --no-torch --steps 6 --set attn_mixed=True --profile 0
     ;;
