@@ -45,6 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .attention_tiled_plan import operands, plan_of
+from .elementwise import ROUND_F16_WGSL
 from .emit import Idx
 from .layout import nonunit_digits, strided_view
 from .matmul_mma import config_for
@@ -60,16 +61,6 @@ class Staged:
     ld: int
 
 
-# wg_round_f16 (elementwise.py) as selects: every lane computes each case, no branch (the
-# softmax stages round three or four times an element)
-ROUND_F16_SELECT = """fn wg_round_f16_sel(x: f32) -> f32 {
-  let b = bitcast<u32>(x);
-  let a = b & 0x7fffffffu;
-  let n = select((a + 0xfffu + ((a >> 13u) & 1u)) & 0xffffe000u, 0x7f800000u, a >= 0x477ff000u);
-  let t = bitcast<u32>(round(bitcast<f32>(a) * 16777216.0f) * 5.9604644775390625e-8f);
-  let m = select(select(n, t, a < 0x38800000u), a, a >= 0x7f800000u);
-  return bitcast<f32>((b & 0x80000000u) | m);
-}"""
 
 OPS = frozenset({"attn_lse", "attn_out", "attn_dq", "attn_dkv"})
 NSG = 4                 # subgroups a workgroup
@@ -177,7 +168,7 @@ class MmaAttention:
         self.grid = kernel.workgroup_index(em, p.nb * p.nblk, "w")
         self.sc = f32_lit(p.scale)
         self.ninf = f32_lit(float("-inf"))
-        self.rnd = kernel.helper("wg_round_f16_sel", ROUND_F16_SELECT)
+        self.rnd = kernel.helper("wg_round_f16", ROUND_F16_WGSL)
         self.left = "subgroup_matrix_left<f16, 16, 16>"
         self.right = "subgroup_matrix_right<f16, 16, 16>"
         self.res = "subgroup_matrix_result<f32, 16, 16>"
@@ -199,11 +190,10 @@ class MmaAttention:
         return self.em.value(n, Idx(self.g[n].shape, flat=self.em.let(f"bo * {self.p.T}u + {i}")))
 
     def r(self, x: str) -> str:
-        """x rounded to f16 (as an f32), to nearest even: elementwise.wg_round_f16's
-        results without its branches (ROUND_F16_SELECT). Not WGSL's f16 conversion: on the
-        H200 through Dawn that one rounded otherwise (the loss of bench/attention_mma.py
-        moved from 1.6e-5 to 4.2e-4 of the unfused program's); a value so rounded converts
-        to f16 exactly."""
+        """x rounded to f16 (as an f32), to nearest even (elementwise.wg_round_f16). Not
+        WGSL's f16 conversion, which NVIDIA's compiler folds away in f32(f16(x)) (the loss
+        of bench/attention_mma.py moved from 1.6e-5 to 4.2e-4 of the unfused program's);
+        a value so rounded converts to f16 exactly."""
         return f"{self.rnd}({x})"
 
     # -- the workgroup
