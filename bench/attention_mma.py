@@ -21,32 +21,17 @@ kernels it names.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pkg"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 FORMS = {"mma": dict(attn_mixed=True), "tiled f32 maths": dict(attn_mixed=True, attn_mma=False),
          "unfused": dict(attn_mixed=False)}
 TOL = {"loss": 1e-4, "v": 1e-3, "q": 4e-3, "k": 4e-3}
-
-
-def model(shape):
-    from webgrad import Module, ops
-    B, H, T, D = shape
-
-    class M(Module):
-        def __init__(self):
-            super().__init__()
-            self.q, self.k, self.v = (self.param([B, H, T, D], init="zeros") for _ in range(3))
-
-    def loss(m, inp):
-        s = m.q @ ops.swap_axes(m.k, -1, -2) * (1 / math.sqrt(D))
-        return ops.sum_all((ops.softmax_causal_last(s) @ m.v) * inp["w"])
-    return M, loss
 
 
 def webgrad_form(shape, opts, vals, w, reps):
@@ -54,7 +39,8 @@ def webgrad_form(shape, opts, vals, w, reps):
     import webgrad as wg
     from webgrad import optim
     from webgrad.codegen import KernelOptions
-    M, loss = model(shape)
+    from attention import attention_model   # bench/attention.py's step, q, k, v parameters
+    M, loss = attention_model(shape)
     c = wg.compile_module(M, loss, inputs={"w": list(shape)}, optimizer=optim.SGD(lr=0.0),
                           backend="webgpu", precision="mixed", kernel_options=KernelOptions(**opts))
     c.upload_params(vals)

@@ -44,13 +44,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from .attention_tiled_kernel import OperandReads
 from .attention_tiled_plan import operands, plan_of
 from .elementwise import ROUND_F16_WGSL
-from .emit import Idx
 from .layout import nonunit_digits, strided_view
 from .matmul_mma import config_for
 from .mma_emulate import EMULATOR_BYTES, emulate_mma
-from .wgsl import f32_lit, u32_lit
+from .wgsl import f32_lit
 
 @dataclass(frozen=True)
 class Staged:
@@ -137,7 +137,7 @@ def _room(limits) -> int:
         EMULATOR_BYTES * NSG if limits.options.mma_emulate else 0)
 
 
-class MmaAttention:
+class MmaAttention(OperandReads):
     """The WGSL of one attention node on subgroup matrices (use_mma said yes)."""
 
     def __init__(self, ctx):
@@ -173,22 +173,6 @@ class MmaAttention:
         self.right = "subgroup_matrix_right<f16, 16, 16>"
         self.res = "subgroup_matrix_result<f32, 16, 16>"
 
-    # -- operands (as TiledKernel's: batch element bo, their last two dims)
-    def at(self, n, last):
-        shape = self.g[n].shape
-        k0 = len(shape) - len(last)
-        r = len(self.p.batch) - k0
-        dims = [u32_lit(0) if shape[k] == 1 else self.bdims[r + k] for k in range(k0)] + last
-        return self.em.value(n, Idx(shape, dims=dims))
-
-    def Q(self, i, d): return self.at(self.ops.q, [i, d])
-    def K(self, j, d): return self.at(self.ops.kt, [d, j])
-    def V(self, j, e): return self.at(self.ops.v, [j, e])
-    def G(self, i, e): return self.at(self.ops.g, [i, e])
-
-    def stat(self, n, i):
-        return self.em.value(n, Idx(self.g[n].shape, flat=self.em.let(f"bo * {self.p.T}u + {i}")))
-
     def r(self, x: str) -> str:
         """x rounded to f16 (as an f32), to nearest even (elementwise.wg_round_f16). Not
         WGSL's f16 conversion, which NVIDIA's compiler folds away in f32(f16(x)) (the loss
@@ -199,20 +183,14 @@ class MmaAttention:
     # -- the workgroup
     def open(self) -> None:
         p, em, L = self.p, self.em, self.L
-        nb, nblk = p.nb, p.nblk
-        if p.off is not None and p.opts.attn_opt("heavy_first") and nblk > 1:
-            L(f"let bo = w % {nb}u;")
-            L(f"let blk = {'' if p.per_key else f'{nblk - 1}u - '}w / {nb}u;")
-        else:
-            L(f"let blk = w % {nblk}u;")
-            L(f"let bo = w / {nblk}u;")
+        self.block_order()
         L(f"let r0 = blk * {p.BR}u;")
         # the invocation's row of a score block and its first column there
         L(f"let er = lid / {self.tpr}u;")
         L(f"let ec = (lid % {self.tpr}u) * {self.cpt}u;")
         L(f"let egr = r0 + er;")
         em.declare("bo", "r0", "blk", "er", "ec", "egr")
-        self.bdims = em.unravel("bo", p.batch) if p.batch else []
+        self.batch_dims()
         cbeg, cend = p.streamed_range()
         self.cbeg, self.cend = em.let(cbeg), em.let(cend)
 
@@ -375,17 +353,24 @@ class MmaAttention:
                 L(f"ll = ll + red[{self.wgs}u + lid + t] * exp(red[lid + t] - mz);")
             L(f"{self.epi}(bo, egr, mm + log(ll));")
 
+    def keys_values(self) -> tuple["Staged", "Staged"]:
+        """The query kernels' streamed block: its keys' and values' rows staged (Ks, Vs),
+        then a barrier."""
+        p = self.p
+        kst = self.stage("Ks", p.BC, p.D, "c0", p.NC, lambda j, d: self.K(j, d),
+                         self.rows_fast(self.ops.kt, -1))
+        vst = self.stage("Vs", p.BC, p.Dv, "c0", p.NC, self.V, self.rows_fast(self.ops.v, -2))
+        self.L("workgroupBarrier();")
+        return kst, vst
+
     def build_out(self) -> None:
         p, em, L = self.p, self.em, self.L
         qf = self.own_fragments("Ks", "qf", p.D, self.ops.q, -2, self.Q)
         lse = em.let(self.stat(self.ops.lse, f"min(egr, {p.T - 1}u)"))
         acc = self.accumulators("o", p.Dv)
         ls, lp = self.ld["Ss"], self.ld["Ps"]
-        kfast, vfast = self.rows_fast(self.ops.kt, -1), self.rows_fast(self.ops.v, -2)
         with em.block(f"for (var c0 = {self.cbeg}; c0 < {self.cend}; c0 += {p.BC}u)"):
-            kst = self.stage("Ks", p.BC, p.D, "c0", p.NC, lambda j, d: self.K(j, d), kfast)
-            vst = self.stage("Vs", p.BC, p.Dv, "c0", p.NC, lambda j, e: self.V(j, e), vfast)
-            L("workgroupBarrier();")
+            kst, vst = self.keys_values()
             self.scores("Ss", qf, kst)
             L("workgroupBarrier();")
 
@@ -403,15 +388,12 @@ class MmaAttention:
         p, em, L = self.p, self.em, self.L
         qf = self.own_fragments("Ks", "qf", p.D, self.ops.q, -2, self.Q)
         gf = self.own_fragments("Vs", "gf", p.Dv, self.ops.g, -2, self.G)
-        kfast, vfast = self.rows_fast(self.ops.kt, -1), self.rows_fast(self.ops.v, -2)
         lse = em.let(self.stat(self.ops.lse, f"min(egr, {p.T - 1}u)"))
         dr = em.let(self.stat(self.ops.drow, f"min(egr, {p.T - 1}u)"))
         acc = self.accumulators("dq", p.D)
         ls, ld = self.ld["Ss"], self.ld["DSs"]
         with em.block(f"for (var c0 = {self.cbeg}; c0 < {self.cend}; c0 += {p.BC}u)"):
-            kst = self.stage("Ks", p.BC, p.D, "c0", p.NC, lambda j, d: self.K(j, d), kfast)
-            vst = self.stage("Vs", p.BC, p.Dv, "c0", p.NC, lambda j, e: self.V(j, e), vfast)
-            L("workgroupBarrier();")
+            kst, vst = self.keys_values()
             self.scores("Ss", qf, kst)
             self.scores("Dps", gf, vst)
             L("workgroupBarrier();")

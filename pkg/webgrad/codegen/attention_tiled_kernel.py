@@ -39,7 +39,46 @@ def _put(arr: str, w: int, q: str, v: str) -> str:
     return f"{{ let q = {q}; {arr}[q >> {sh}u][q & {w - 1}u] = {v}; }}"
 
 
-class TiledKernel:
+class OperandReads:
+    """What a fused attention kernel of TilePlan self.p (this module's and attention_mma's)
+    shares: the workgroup's block in launch order, and its operands' elements (self.g,
+    self.em, self.ops; self.bdims, batch element bo's indices, set by block_order)."""
+
+    def block_order(self) -> None:
+        """`let blk` (the workgroup's block of own rows) and `let bo` (its batch element)
+        from the workgroup index w, and bo's indices over the batch."""
+        p, L = self.p, self.em.emit
+        nb, nblk = p.nb, p.nblk
+        if p.off is not None and p.opts.attn_opt("heavy_first") and nblk > 1:
+            # causal: block-major order, the blocks with the most streamed rows first (a query
+            # kernel's last blocks, a key kernel's first) so that the short ones fill the tail
+            L(f"let bo = w % {nb}u;")
+            L(f"let blk = {'' if p.per_key else f'{nblk - 1}u - '}w / {nb}u;")
+        else:
+            L(f"let blk = w % {nblk}u;")
+            L(f"let bo = w / {nblk}u;")
+
+    def batch_dims(self) -> None:
+        self.bdims = self.em.unravel("bo", self.p.batch) if self.p.batch else []
+
+    # -- operands at (their last two dims), batch element bo
+    def at(self, n, last):
+        shape = self.g[n].shape
+        k0 = len(shape) - len(last)
+        r = len(self.p.batch) - k0
+        dims = [u32_lit(0) if shape[k] == 1 else self.bdims[r + k] for k in range(k0)] + last
+        return self.em.value(n, Idx(shape, dims=dims))
+
+    def Q(self, i, d): return self.at(self.ops.q, [i, d])
+    def K(self, j, d): return self.at(self.ops.kt, [d, j])
+    def V(self, j, e): return self.at(self.ops.v, [j, e])
+    def G(self, i, e): return self.at(self.ops.g, [i, e])
+
+    def stat(self, n, i):  # lse / Drow of query i ([batch.., T])
+        return self.em.value(n, Idx(self.g[n].shape, flat=self.em.let(f"bo * {self.p.T}u + {i}")))
+
+
+class TiledKernel(OperandReads):
     """The WGSL of one planned kernel, emitted stage by stage (build_tiled calls them in
     order; the emitter's names follow that order, so the stages must keep it)."""
 
@@ -72,20 +111,12 @@ class TiledKernel:
     # -- the workgroup: its block, threads, runtime offset, streamed range and own rows
     def open(self) -> None:
         p, em, L = self.p, self.em, self.L
-        nb, nblk = p.nb, p.nblk
-        if p.off is not None and p.opts.attn_opt("heavy_first") and nblk > 1:
-            # causal: block-major order, the blocks with the most streamed rows first (a query
-            # kernel's last blocks, a key kernel's first) so that the short ones fill the tail
-            L(f"let bo = w % {nb}u;")
-            L(f"let blk = {'' if p.per_key else f'{nblk - 1}u - '}w / {nb}u;")
-        else:
-            L(f"let blk = w % {nblk}u;")
-            L(f"let bo = w / {nblk}u;")
+        self.block_order()
         for line in thread_xy(p.WX, p.WY, p.opts.attn_opt("warp_tiles")):
             L(line)
         L(f"let r0 = blk * {p.BR}u;")
         em.declare("bo", "r0")
-        self.bdims = em.unravel("bo", p.batch) if p.batch else []
+        self.batch_dims()
         # the causal limit: key j is kept for query i iff j <= i + off (+ dyn)
         if p.dyn:
             pn = self.ops.pos
@@ -96,22 +127,6 @@ class TiledKernel:
         cbeg, cend = p.streamed_range()
         self.cbeg, self.cend = em.let(cbeg), em.let(cend)
         self.own_rows = [em.let(f"r0 + {p.row(a)}") for a in range(p.TR)]
-
-    # -- operands at (their last two dims), batch element bo
-    def at(self, n, last):
-        shape = self.g[n].shape
-        k0 = len(shape) - len(last)
-        r = len(self.p.batch) - k0
-        dims = [u32_lit(0) if shape[k] == 1 else self.bdims[r + k] for k in range(k0)] + last
-        return self.em.value(n, Idx(shape, dims=dims))
-
-    def Q(self, i, d): return self.at(self.ops.q, [i, d])
-    def K(self, j, d): return self.at(self.ops.kt, [d, j])
-    def V(self, j, e): return self.at(self.ops.v, [j, e])
-    def G(self, i, e): return self.at(self.ops.g, [i, e])
-
-    def stat(self, n, i):  # lse / Drow of query i ([batch.., T])
-        return self.em.value(n, Idx(self.g[n].shape, flat=self.em.let(f"bo * {self.p.T}u + {i}")))
 
     # -- loads and stores of tiles
     def fetch(self, store, nrows, nk, row0, rows_total, k0, k_total, load, rows_exact=False,
