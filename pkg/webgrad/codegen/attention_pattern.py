@@ -68,8 +68,9 @@ class Match:
     round_x: bool = False   # precision="f16": the scaled score rounded again (after the scale)
 
 
-class _Matcher:
-    """One graph read for the pattern: constant subgraphs (is_const, scalar), the mask's
+class Matcher:
+    """The attention pattern's reader of one graph (the fusion's find and onnx.attention's
+    cached-attention search both walk through it): constant subgraphs (is_const, scalar), the mask's
     symbolic form (sym, kept), then forward from an output product and backward from its
     Match (the caches are per graph)."""
 
@@ -556,7 +557,7 @@ def _table_offset(node, T, S, keep_if):
     return _offset_ok(off, T, S)[:2]
 
 
-def _mask_fill(mt: _Matcher, m: int, sign: float):
+def _mask_fill(mt: Matcher, m: int, sign: float):
     """The masked value of an additive mask (sign * M): its entries must be 0 (kept) or
     at most MASK_FILL; returns the largest masked entry, or None."""
     node = mt.g[m]
@@ -573,7 +574,7 @@ def _mask_fill(mt: _Matcher, m: int, sign: float):
 
 
 def find_matches(g: Graph, limits=None) -> list[Match]:
-    mt = _Matcher(g, (limits.options if limits is not None else KernelOptions()).attn_mixed
+    mt = Matcher(g, (limits.options if limits is not None else KernelOptions()).attn_mixed
                   is not False)
     out = []
     for n in g.nodes:

@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..ir import Graph
-from ..codegen.attention_pattern import _Matcher
+from ..codegen.attention_pattern import Matcher
 
 DOMAIN = "com.microsoft"   # onnxruntime's contrib operators (opset version 1)
 
@@ -65,7 +65,7 @@ def find(graph: Graph) -> tuple[dict[int, CachedAttention], set[int]]:
     nodes, which are not lowered."""
     users = graph.consumers()
     roots = set(graph.roots())
-    mt = _Matcher(graph, mixed=False)
+    mt = Matcher(graph, mixed=False)
     found, inner = {}, set()
     for n in graph.nodes:
         m = mt.forward(n.id) if n.op == "matmul" else None
