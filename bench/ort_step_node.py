@@ -86,9 +86,12 @@ def dump(out: Path, layers: int, tokens: int, n_ctx: int = 64) -> None:
     for k in ex.persistent:
         a = np.asarray(b.store[k])
         feeds[k] = [list(a.shape), "f32" if a.dtype == np.float32 else "i32", 0.01]
+    for k, (buf, _) in ex.row_reads.items():   # a cache by rows: those below pos
+        feeds[k] = [[feeds["pos"][2], b.shapes[buf][1]], "f32", 0.01]
     (out / "meta.json").write_text(json.dumps({"external": list(ex.resident), "feeds": feeds}))
     print(f"{out}: {ex.n_nodes} nodes, {len(ex.resident)} resident weights, "
-          f"{len(ex.persistent)} fed buffers ({layers} layers, {tokens} ids a run)")
+          f"{len(ex.persistent)} fed buffers, {len(ex.row_reads)} caches by rows "
+          f"({layers} layers, {tokens} ids a run, n_ctx {n_ctx})")
 
 
 def main() -> None:

@@ -401,3 +401,18 @@ def test_llama_decode_step_attention_is_group_query_attention(change, gqa, rotar
     assert ("Softmax" in ex.ops) != gqa
     assert all({a.name: a.i for a in n.attribute}.get("do_rotary", 0) == rotary for n in nodes)
     assert ("Sin" in ex.ops) != rotary   # the rotary tables are the node's: none computed
+    # under the node, each cache is exchanged by rows: fed its rows below pos (a symbolic
+    # length), its new row returned and written in place (no "<buffer>:new" of the cache)
+    kv = {k for k in states}
+    assert set(b for b, _ in ex.row_reads.values()) == (kv if gqa else set())
+    assert set(b for b, _ in ex.row_writes.values()) == (kv if gqa else set())
+    assert not kv & set(ex.writebacks.values()) if gqa else kv <= set(ex.writebacks.values())
+    dims = {i.name: [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]
+            for i in model.graph.input}
+    assert all(dims[k] == ["pos", dims[k][1]] for k in ex.row_reads)
+    before = {k: np.asarray(w.backend.store[k]).copy() for k in states}
+    if gqa:   # the program itself fed a position past the cache (the Cache refuses it first)
+        with pytest.raises(ValueError, match="rows 0 to 31"):
+            w._program(step_kind(1, ["logits.0"]), 1).run({"ids": [7], "pos": [cfg.n_ctx + 1]},
+                                                          ["logits.0"])
+    assert all(np.array_equal(np.asarray(w.backend.store[k]), before[k]) for k in states)

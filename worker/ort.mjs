@@ -17,6 +17,9 @@
 //                                     model's external data location paths[i]
 //   await run(id, inNames, inValues, outNames)   [ort.Tensor] of the outputs outNames
 //   release(id)                       drop a session
+//   head(t, rows)                     a tensor of t's first rows (a view: no copy)
+//   writeRows(t, rows, at)            t's rows at.. replaced by those of tensor rows, in
+//                                     place (rows past t's end are dropped)
 
 const here = (path) => new URL(path, import.meta.url).href;
 let ort = null;
@@ -87,4 +90,16 @@ export function release(id) {
   const s = sessions.get(id);
   sessions.delete(id);
   if (s) s.release();
+}
+
+export function head(t, rows) {
+  const width = t.dims.slice(1).reduce((a, b) => a * b, 1);
+  return new ort.Tensor(t.type, t.data.subarray(0, rows * width), [rows, ...t.dims.slice(1)]);
+}
+
+export function writeRows(t, rows, at) {
+  const width = t.dims.slice(1).reduce((a, b) => a * b, 1);
+  const room = Math.max(0, t.data.length - at * width);
+  const src = rows.data.length > room ? rows.data.subarray(0, room) : rows.data;
+  t.data.set(src, at * width);
 }

@@ -9,7 +9,10 @@ build), which is how the tests check this backend against the reference executor
 The store holds each persistent buffer as the runtime's own array (an ort.Tensor in the
 browser, a numpy array in CPython): a step feeds the model its feeds and every buffer it
 reads, and the model's `<name>:new` outputs replace the buffers it writes, after the run
-(interpreter.py's rule: a step sees the values from before it). A quantized parameter is
+(interpreter.py's rule: a step sees the values from before it). A KV cache under a decode
+step's GroupQueryAttention node goes by rows (onnx/attention.py's row_states): the step
+feeds the cache's rows below `pos` (a view, no copy) and writes the new row it returns into
+the buffer in place, so a step costs the same at n_ctx 64 and 2048. A quantized parameter is
 decoded on the host once per write (quants.dequantize_words) and fed as f32.
 
 Parameters that a program only reads (the weights of a decode step, the frozen base of a
@@ -199,7 +202,8 @@ class _Run:
     def _export(self) -> None:
         fed = {k for k, c in self.stale_count.items() if c >= 2}
         self.ex = export_graph(self.g, name="webgrad_program",
-                               resident=[n for n in self.readonly if n not in fed])
+                               resident=[n for n in self.readonly if n not in fed],
+                               by_rows=True)
         self.kernel_count = self.ex.n_nodes  # what the runtime executes: the model's nodes
 
     def _current_session(self):
@@ -239,11 +243,20 @@ class _Run:
         for k, (kind, name, qtype, shape) in ex.dequantized.items():
             ins[k] = (b.decoded(name, qtype, shape) if kind != "input" else
                       b.rt.from_host(_decode(qtype, bytes(memoryview(feeds[name]).cast("B")), shape)))
-        names = list(dict.fromkeys([*fetch, *ex.writebacks]))
+        at = {}   # a KV cache exchanged by rows: the rows below the position fed, no copy
+        for k, (buf, feed) in ex.row_reads.items():
+            p = at[feed] = int(feeds[feed][0])
+            n = b.shapes[buf][0]
+            if not 0 <= p <= n:
+                raise ValueError(f"feed {feed!r} is {p}: the cache {buf!r} has rows 0 to {n - 1}")
+            ins[k] = b.rt.head(b.store[buf], p)
+        names = list(dict.fromkeys([*fetch, *ex.writebacks, *ex.row_writes]))
         outs = await b.rt.run(session, ins, names)
         res = {k: await b.rt.to_host(outs[k], self.g[self.g.outputs[k]].dtype) for k in fetch}
         for o, buf in ex.writebacks.items():  # after every read: a step sees old values
             b.replace(buf, outs[o])
+        for o, (buf, feed) in ex.row_writes.items():   # in place; rows past the end dropped
+            b.replace(buf, b.rt.write_rows(b.store[buf], outs[o], at[feed], b.shapes[buf][0]))
         return res
 
 
@@ -288,6 +301,17 @@ class _PythonRuntime:
     def host_words(self, x) -> bytes:
         return self.np.ascontiguousarray(x, dtype="<i4").tobytes()
 
+    def head(self, x, rows: int):
+        return x[:rows]
+
+    def write_rows(self, x, new, at: int, n: int):
+        """x with rows at.. replaced by new's (those below n), in place where x is writable."""
+        if not (x.flags.writeable and x.flags.owndata):
+            x = x.copy()   # a view of a caller's array (a write's HostArray): ours from now on
+        k = max(0, min(len(new), n - at))
+        x[at:at + k] = self.np.asarray(new)[:k]
+        return x
+
     async def run(self, session, ins: dict, names: list[str]) -> dict:
         return dict(zip(names, session.run(names, ins)))
 
@@ -328,6 +352,13 @@ class _BrowserRuntime:
 
     def host_words(self, t) -> bytes:
         return t.data.to_bytes()
+
+    def head(self, t, rows: int):
+        return self.js.head(t, rows)
+
+    def write_rows(self, t, new, at: int, n: int):
+        self.js.writeRows(t, new, at)   # in place in JS: the rows never pass through Python
+        return t
 
     async def run(self, session, ins: dict, names: list[str]) -> dict:
         return await session.run(ins, names)

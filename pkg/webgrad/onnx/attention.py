@@ -24,7 +24,11 @@ Every inner value must have no reader outside the pattern, and the step is of on
 and the new row, and zeros after them; the cache's new value keeps the old rows there (a
 Where on the row written, write_rows's own mask), so the state is what write_rows writes.
 Unlike write_rows, a row past the cache's end is not dropped: onnxruntime refuses the run
-(pos >= n_ctx, which decoding never feeds: Cache's n_ctx check). Chunks of T > 1 ids keep
+(pos >= n_ctx, which decoding never feeds: Cache's n_ctx check). A cache that only its
+pattern reads (row_states) can instead be exchanged by rows (export_graph's by_rows, which
+the `wasm` backend asks for): its input is its rows below pos, its output the new row alone,
+and the runtime writes that row into the state in place, so a step moves one row of each
+cache rather than all n_ctx of them in and out. Chunks of T > 1 ids keep
 the standard form: SurprisalTracker pads its chunks to a power of two, whose rows may pass
 the cache's end, where write_rows drops them and the node would refuse.
 """
@@ -76,6 +80,32 @@ def find(graph: Graph) -> tuple[dict[int, CachedAttention], set[int]]:
             found[i] = rec
         inner |= rec.inner
     return found, inner
+
+
+def row_states(graph: Graph, found: dict[int, CachedAttention]) -> dict[int, str]:
+    """{state leaf id: the position feed's name} for each matched cache that the runtime can
+    exchange by rows (Exported.row_reads, row_writes): the state is read by nothing but its
+    write_rows, whose value is the state's writeback and is read only inside the pattern, at
+    a position the program is fed. Its model input is then the cache's rows below the
+    position (a symbolic length) and its output the new rows, which the runtime writes into
+    the state itself: a step moves the rows it reads and writes, not the whole cache."""
+    users = graph.consumers()
+    names: dict[str, int] = {}
+    for n in graph.nodes:
+        if n.op == "state":
+            names[n.attrs["name"]] = names.get(n.attrs["name"], 0) + 1
+    out = {}
+    for rec in {id(r): r for r in found.values()}.values():
+        if graph[rec.pos].op != "input":
+            continue
+        for full in (rec.k_full, rec.v_full):
+            leaf = graph[graph[full].inputs[0]]
+            if (leaf.op == "state" and names[leaf.attrs["name"]] == 1
+                    and users.get(leaf.id, []) == [full]
+                    and graph.writebacks.get(leaf.attrs["name"]) == full
+                    and all(u in rec.inner for u in users.get(full, []))):
+                out[leaf.id] = graph[rec.pos].attrs["name"]
+    return out
 
 
 def _record(g: Graph, users, roots, m) -> CachedAttention | None:
@@ -235,11 +265,13 @@ def _positions(g: Graph, i: int, pos: int, T: int) -> bool:
     return ar.op == "arange" and ar.attrs["n"] == T and ar.dtype == "i32"
 
 
-def lower(b, rec: CachedAttention, graph: Graph, names: dict, *, reshape, write_rows) -> None:
+def lower(b, rec: CachedAttention, graph: Graph, names: dict, *, reshape, write_rows,
+          by_rows=()) -> None:
     """GroupQueryAttention on the cache's rows below pos (sliced, transposed to
     [1, Hkv, pos, Dh]: its past; the node attends to them and the new row), and the cache's
     new value by write_rows's own rule (lower.py's) of the new V row and the new K row, under
-    do_rotary the rotated one: the node's present K at pos."""
+    do_rotary the rotated one: the node's present K at pos. A cache state in `by_rows`
+    (row_states) is its rows below pos already, and its value here is the new rows alone."""
     ks, vs = graph[rec.k_full], graph[rec.v_full]
     S, W = ks.shape
     T = graph[rec.out].shape[0]
@@ -247,7 +279,8 @@ def lower(b, rec: CachedAttention, graph: Graph, names: dict, *, reshape, write_
     pos = names[rec.pos]
 
     def past(state):   # the rows below pos, as the node's past [1, Hkv, pos, Dh]
-        rows = b.emit("Slice", names[state], b.const([0], "i32"), pos, b.const([0], "i32"))
+        rows = names[state] if state in by_rows else \
+            b.emit("Slice", names[state], b.const([0], "i32"), pos, b.const([0], "i32"))
         return b.emit("Transpose", reshape(b, rows, (1, -1, Hkv, Dh)), perm=[0, 2, 1, 3])
 
     ins = [reshape(b, names[rec.q], (1, T, rec.heads * Dh)), reshape(b, names[rec.k], (1, T, W)),
@@ -263,8 +296,11 @@ def lower(b, rec: CachedAttention, graph: Graph, names: dict, *, reshape, write_
     names[rec.out] = reshape(b, o, (T, rec.heads * Dh))
     k_row = names[ks.inputs[1]] if rec.inv_freq is None else \
         reshape(b, b.emit("Gather", pk, pos, axis=2), (T, W))   # the rotated row: present's at pos
-    names[ks.id] = write_rows(b, ks, [names[ks.inputs[0]], k_row, pos], graph)
-    names[vs.id] = write_rows(b, vs, [names[i] for i in vs.inputs], graph)
+    v_row = names[vs.inputs[1]]
+    names[ks.id] = k_row if ks.inputs[0] in by_rows else \
+        write_rows(b, ks, [names[ks.inputs[0]], k_row, pos], graph)
+    names[vs.id] = v_row if vs.inputs[0] in by_rows else \
+        write_rows(b, vs, [names[vs.inputs[0]], v_row, pos], graph)
 
 
 def _cache(b, fn, inv: list, S: int) -> str:

@@ -521,6 +521,13 @@ class Exported:
                  f32 decoding, as in `dequantized`
     outputs:     ONNX output name -> the graph's output key ("loss", "output", "capture:x")
     writebacks:  ONNX output name ("<buffer>:new") -> the persistent buffer it replaces
+    row_reads:   ONNX input name -> (state, position feed): a KV cache state exchanged by rows
+                 (attention.row_states): the runtime feeds its rows below the feed's value
+                 (the input's first dimension is symbolic)
+    row_writes:  ONNX output name ("<buffer>:rows") -> (state, position feed): the new rows
+                 the runtime writes into the state at the feed's value, after the run (rows
+                 past the state's end are dropped, as write_rows drops them); such a state
+                 has no "<buffer>:new"
     ops:         the ONNX operators the model uses
     n_nodes:     how many nodes its graph has
     """
@@ -531,6 +538,8 @@ class Exported:
     resident: dict[str, tuple] = field(default_factory=dict)
     outputs: dict[str, str] = field(default_factory=dict)
     writebacks: dict[str, str] = field(default_factory=dict)
+    row_reads: dict[str, tuple] = field(default_factory=dict)
+    row_writes: dict[str, tuple] = field(default_factory=dict)
     ops: tuple[str, ...] = ()
     n_nodes: int = 0
 
@@ -547,7 +556,8 @@ def _raw(h, dtype: str) -> bytes:
 
 
 def export_graph(graph: Graph, *, name: str = "webgrad", values=None, decode=None,
-                 outputs=None, writebacks: bool = True, resident=(), doc: str = "") -> Exported:
+                 outputs=None, writebacks: bool = True, resident=(), by_rows: bool = False,
+                 doc: str = "") -> Exported:
     """Lower `graph` to an ONNX model.
 
     values:     buffer name -> HostArray (or flat sequence) to embed as an initializer
@@ -562,6 +572,9 @@ def export_graph(graph: Graph, *, name: str = "webgrad", values=None, decode=Non
                 their bytes over once, when it makes the session, instead of on every run,
                 and may fold and pre-pack them (backends/onnx_runtime.py: parameters that a
                 program only reads). A quantized one becomes its decoding (`<buffer>:f32`)
+    by_rows:    exchange each KV cache state that attention.row_states allows by rows
+                (Exported.row_reads, row_writes) instead of whole (a runtime that feeds
+                the rows below the position and writes the new rows back itself)
     """
     values = values or {}
     resident = set(resident)
@@ -592,6 +605,7 @@ def export_graph(graph: Graph, *, name: str = "webgrad", values=None, decode=Non
     norms, inner = _rms_norms(graph)
     attns, attn_inner = attention.find(graph)
     inner |= attn_inner
+    by_rows = attention.row_states(graph, attns) if writebacks and by_rows else {}
     live = _live(graph, groups, norms, attns)
     done: set[int] = set()
 
@@ -607,7 +621,8 @@ def export_graph(graph: Graph, *, name: str = "webgrad", values=None, decode=Non
             for j in rec.reads + (graph[rec.k_full].inputs[0], graph[rec.v_full].inputs[0]):
                 visit(j)
             done.update((rec.out, rec.k_full, rec.v_full))
-            attention.lower(b, rec, graph, names, reshape=_reshape_to, write_rows=_write_rows)
+            attention.lower(b, rec, graph, names, reshape=_reshape_to, write_rows=_write_rows,
+                            by_rows=by_rows)
             return
         if i in norms:
             x, w, eps = norms[i]
@@ -640,6 +655,10 @@ def export_graph(graph: Graph, *, name: str = "webgrad", values=None, decode=Non
                 names[n.id] = external(claim(buf), n, proto.ELEM[n.dtype], (n.op, buf, None, n.shape))
                 return
             names[n.id] = claim(buf)
+            if n.id in by_rows:   # the cache's rows below the position feed's value
+                inputs.append(proto.value_info(buf, proto.ELEM[n.dtype], (by_rows[n.id],) + n.shape[1:]))
+                ex.row_reads[buf] = (buf, by_rows[n.id])
+                return
             inputs.append(proto.value_info(buf, proto.ELEM[n.dtype], n.shape))
             (ex.feeds if n.op == "input" else ex.persistent)[buf] = buf
             return
@@ -686,6 +705,11 @@ def export_graph(graph: Graph, *, name: str = "webgrad", values=None, decode=Non
         ex.outputs[key] = key
     if writebacks:
         for buf, i in graph.writebacks.items():
+            if buf in ex.row_reads:   # the new rows alone (attention.lower's value of it)
+                o = claim(f"{buf}:rows")
+                output(names[i], o, graph[graph[i].inputs[1]])
+                ex.row_writes[o] = ex.row_reads[buf]
+                continue
             o = claim(f"{buf}:new")
             output(names[i], o, graph[i])
             ex.writebacks[o] = buf

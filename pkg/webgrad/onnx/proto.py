@@ -59,8 +59,9 @@ def external_tensor(name: str, dims, elem: int, location: str, nbytes: int) -> b
 
 def value_info(name: str, elem: int, dims) -> bytes:
     """ValueInfoProto{name=1, type=2: TypeProto{tensor_type=1: {elem_type=1, shape=2:
-    TensorShapeProto{dim=1: Dimension{dim_value=1}}}}}"""
-    shape = b"".join(f_bytes(1, f_int(1, d)) for d in dims)
+    TensorShapeProto{dim=1: Dimension{dim_value=1 or dim_param=2}}}}}: a str in dims is a
+    symbolic dimension (its length known at run time only)."""
+    shape = b"".join(f_bytes(1, f_bytes(2, d) if isinstance(d, str) else f_int(1, d)) for d in dims)
     return f_bytes(1, name) + f_bytes(2, f_bytes(1, f_int(1, elem) + f_bytes(2, shape)))
 
 
