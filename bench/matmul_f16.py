@@ -18,7 +18,7 @@ matmul_mma.MmaTiling: swG workgroups in bands of G tile rows, n8 the 16x8x16 con
 db double buffering, nopre no register prefetch, f16 an f16 C, mx slabs copied with
 subgroup-matrix loads and stores, padP P halves of row padding, row the fragments of a row
 of products at a time (frag), peel the last K step out of the loop (peel), wW W halves a
-copy load (width: 8, 4, 2); --set
+copy load (width: 8, 4, 2), oV (with f16) V halves of C a store (out_vec: 2, 4, 8); --set
 FIELD=VALUE replaces a field in every tiling. Each kernel is checked against float64
 products of the same f16 inputs on sampled rows (max |err| / max |want|), then timed as
 bench/matmul.py times kernels: the wall clock around one submission of back-to-back
@@ -66,6 +66,8 @@ def parse_tiling(text: str, cfg):
             kw["frag"] = "row"
         elif f == "peel":  # the last K step out of the loop (MmaTiling.peel)
             kw["peel"] = True
+        elif f in ("o2", "o4", "o8"):   # f16 C: halves a store (MmaTiling.out_vec)
+            kw["out_vec"] = int(f[1:])
         elif f.startswith("w"):   # halves per copy load: w8, w4, w2 (MmaTiling.width)
             kw["width"] = int(f[1:])
         else:

@@ -29,7 +29,9 @@ def _expr(e: str) -> str:
     e = re.sub(r"subgroupMatrixLoad<subgroup_matrix_(left|right|result)<[^>]*>>\(", r"_load('\1', ", e)
     e = re.sub(r"subgroup_matrix_(left|right|result)<[^>]*>\(\)", r"_zero('\1')", e)
     e = e.replace("subgroupMatrixMultiplyAccumulate(", "_mma(")
-    e = e.replace("bitcast<vec2<f16>>(", "_unpack(").replace("f16(", "_f16(")
+    e = e.replace("bitcast<vec2<f16>>(", "_unpack(")
+    e = e.replace("pack2x16float(vec2<f32>(", "_pack((")    # two halves as a word (f16 C's out_vec)
+    e = re.sub(r"vec[24]<u32>\(", "_words(", e).replace("f16(", "_f16(").replace("f32(", "_f32(")
     e = e.replace("select(", "_select(")
     e = re.sub(r"&(\w+)", r"\1", e)
     e = re.sub(r"\b(\d+)u\b", r"\1", e).replace("/", "//")
@@ -125,13 +127,25 @@ def emulate(wgsl: str, groups, t: MmaTiling, A16, B16, *, names=("A", "B", "C"),
     def unpack(u):
         return np.ascontiguousarray(u, dtype="<u4").view(np.float16).reshape(np.shape(u) + (2,))
 
-    env = {names[0]: A, names[1]: B, names[2]: C, "_load": load, "_store": store, "_unpack": unpack,
+    def pack(halves):   # pack2x16float(vec2<f32>(x, y)) of f16-exact x and y, per lane
+        lo, hi = (np.asarray(h, np.float16).view(np.uint16).astype(np.uint32) for h in halves)
+        return lo | (hi << np.uint32(16))
+
+    # f16 C bound as words (out_vec): a view of C's halves, so its stores land in C
+    cw = re.search(rf"var<storage, read_write> {names[2]}: array<(vec4<u32>|vec2<u32>|u32)>", wgsl)
+    cview = C
+    if cw:
+        k = {"vec4<u32>": 4, "vec2<u32>": 2}.get(cw.group(1), 1)
+        cview = C.view(np.uint32).reshape((-1, k) if k > 1 else (-1,))
+    env = {names[0]: A, names[1]: B, names[2]: cview, "_load": load, "_store": store, "_unpack": unpack,
+           "_pack": pack, "_words": lambda *ws: np.stack([np.asarray(w) for w in ws], -1),
            "_epi": epi and (lambda flat, v, *loaded: epi[1](flat, v)),   # loaded: epi_ld's
            **({f"{epi[0]}_ld": lambda *flat: None} if epi else {}),
            "_zero": lambda kind: np.zeros(dims[kind], np.float32),
            "_select": _select,
            "_mma": lambda a, b, c: c + a.astype(np.float32) @ b.astype(np.float32),
-           "_f16": lambda x: np.asarray(x).astype(np.float16)}
+           "_f16": lambda x: np.asarray(x).astype(np.float16),
+           "_f32": lambda x: np.asarray(x).astype(np.float32)}
     nsg = t.sg_m * t.sg_n
     for gx, gy, gz in ((x, y, z) for z in range(groups[2]) for y in range(groups[1])
                        for x in range(groups[0])):
@@ -178,12 +192,16 @@ TILINGS = [
     MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, width=2),
     MmaTiling(bm=64, bn=128, bk=32, sg_m=2, sg_n=2, width=4, frag="row", double_buffer=True),
     MmaTiling(bm=64, bn=64, bk=16, sg_m=2, sg_n=2, width=2, peel=True, out="f16"),
+    MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, out="f16", out_vec=8),   # f16 C in words
+    MmaTiling(bm=32, bn=128, bk=32, sg_m=1, sg_n=2, out="f16", stage=2, out_vec=2),
+    MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, out="f16", stage=1, out_vec=4),
 ]
 
 
 @pytest.mark.parametrize("t", TILINGS, ids=lambda t: f"{t.bm}x{t.bn}x{t.bk}:{t.sg_m}x{t.sg_n}"
                          f"{':db' if t.double_buffer else ''}{'' if t.prefetch else ':nopre'}"
-                         f":{t.copy}:{t.out}:{t.m}x{t.n}x{t.k}:{t.frag}:pad{t.pad}{':peel' if t.peel else ''}:w{t.width}")
+                         f":{t.copy}:{t.out}:{t.m}x{t.n}x{t.k}:{t.frag}:pad{t.pad}{':peel' if t.peel else ''}:w{t.width}"
+                         f":o{t.out_vec}")
 def test_emulated_kernel_equals_numpy(t):
     M, N, K = 2 * t.bm, 3 * t.bn, 3 * t.bk     # several workgroups, an odd number of slabs
     rng = np.random.default_rng(1)
@@ -458,14 +476,17 @@ def _run_epilogue_kernel(cmd, wgsl, A16, B16, c_size):
     return np.array([seen[f] for f in range(c_size)])
 
 
-def test_mma_kernel_with_an_epilogue_and_a_merged_batch():
+@pytest.mark.parametrize("stage", [0, 1])
+def test_mma_kernel_with_an_epilogue_and_a_merged_batch(stage):
     """gelu(x @ W + b) of x [2, 32, 64] under precision="mixed": the product of a batch over
     one shared weight is one 64-row product, and its kernel hands every result (the f32
     product, before the f16 rounding, bias and GELU that the epilogue does) to the group's
-    epilogue exactly once, from workgroup memory. The epilogue itself is the tiled kernel's
+    epilogue exactly once, from workgroup memory, a row of result matrices staged a round or
+    (KernelOptions.mma_epi_stage 1) one matrix. The epilogue itself is the tiled kernel's
     (program.epilogue_fn); the H200 checks the whole program against torch
     (bench/mma_check.py)."""
     from webgrad import Module, ops
+    from webgrad.codegen import KernelOptions
 
     class Net(Module):
         def __init__(self):
@@ -473,10 +494,12 @@ def test_mma_kernel_with_an_epilogue_and_a_merged_batch():
             self.W = self.param([64, 128])
             self.b = self.param([128], init="zeros")
 
-    plan = _plan((Net, lambda m, f: ops.gelu(ops.matmul(f["x"], m.W) + m.b)), {"x": [2, 32, 64]})
+    plan = _plan((Net, lambda m, f: ops.gelu(ops.matmul(f["x"], m.W) + m.b)), {"x": [2, 32, 64]},
+                 kernel_options=KernelOptions(mma_epi_stage=stage))
     (cmd, wgsl), = _mma_pipelines(plan)
     head = wgsl.splitlines()[0]
     assert "64x64 @ 64x128 -> epilogue" in head and "out='f32'" in head, head
+    assert f"stage={stage}" in head and wgsl.count("subgroupMatrixStore(&Cs") == 4
     rng = np.random.default_rng(6)
     A16 = rng.standard_normal((64, 64)).astype(np.float16)
     B16 = rng.standard_normal((64, 128)).astype(np.float16)
@@ -652,8 +675,9 @@ def test_compiler_takes_a_kernel_variant_from_the_options():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     tall = KernelOptions(mma_tiling=(("frag", "row"),))    # 128 x 128: no divisor of 64 rows
     (cmd, wgsl), = _mma_pipelines(_plan(fn, {"x": [2, 32, 64]}, kernel_options=tall))
-    # the table's, with the default epilogue rounds (KernelOptions.mma_epi_vec 4)
-    assert _tiling(wgsl) == MmaTiling(bm=32, bn=32, bk=32, sg_m=1, sg_n=1, epi_vec=4)
+    # the table's, with the default epilogue rounds (KernelOptions.mma_epi_vec 4, one matrix
+    # staged a round: mma_epi_stage 1, which lets the 64 x 64 tile fit 16 KB)
+    assert _tiling(wgsl) == MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, epi_vec=4, stage=1)
 
 
 def test_peeled_kernel_with_one_k_step():
@@ -770,7 +794,7 @@ def test_compiler_takes_the_epilogue_rounds_and_width_4_from_the_options():
     the defaults leave the kernels as they were (no new field in their first lines)."""
     from webgrad import Module, ops
     from webgrad.codegen import KernelOptions
-    on = KernelOptions(mma_width=4, mma_epi_rows=2, mma_epi_vec=4)
+    on = KernelOptions(mma_width=4, mma_epi_rows=2, mma_epi_vec=4, mma_stage=0, mma_epi_stage=0)
 
     class Net(Module):
         def __init__(self):
@@ -813,16 +837,24 @@ def test_tiling_options_fit_the_h200():
     never change the tile itself."""
     from dataclasses import replace as rep
     from webgrad.codegen import KernelOptions
-    from webgrad.codegen.matmul_mma import tiling_for
+    from webgrad.codegen.matmul_mma import epilogue_staging_bytes, tiling_for
     from webgrad.codegen.wgsl import Limits
     h200 = Limits(shader_f16=True, max_compute_workgroup_storage_size=49152,
                   subgroup_matrix=(("f16", "f32", 16, 16, 16, 32, 32),))
-    on = rep(h200, options=KernelOptions(mma_width=4, mma_epi_rows=4, mma_epi_vec=4))
+    on = rep(h200, options=KernelOptions(mma_width=4, mma_epi_rows=4, mma_epi_vec=4,
+                                         mma_epi_stage=0))   # a whole row staged a round
     t = tiling_for(on, 8192, 4096, 1024, epilogue=True)
     assert (t.bm, t.bn, t.bk, t.width, t.epi_rows, t.epi_vec) == (128, 128, 32, 4, 1, 4)
     t = tiling_for(on, 192, 192, 64, epilogue=True)
     assert (t.bm, t.epi_rows) == (64, 2)
-    small = rep(on, options=KernelOptions(mma_epi_rows=2, mma_tiling=(("bk", 16),)))
+    small = rep(on, options=KernelOptions(mma_epi_rows=2, mma_tiling=(("bk", 16),), mma_epi_stage=0))
     t = tiling_for(small, 8192, 4096, 1024, epilogue=True)
     assert (t.bm, t.bk, t.epi_rows) == (128, 16, 2) and t.workgroup_bytes() + 2 * 16384 <= 49152
     assert tiling_for(on, 8192, 4096, 1024).epi_rows == 1    # no epilogue: no staging rounds
+    # the defaults: one matrix staged a round (mma_stage, mma_epi_stage), 23 KB a workgroup
+    for out, epi in (("f16", False), ("f32", True)):
+        t = tiling_for(h200, 8192, 4096, 1024, out=out, epilogue=epi)
+        assert (t.bm, t.bn, t.stage) == (128, 128, 1)
+        assert t.workgroup_bytes() + (epilogue_staging_bytes(t) if epi else 0) == 18944 + 4096
+    t = tiling_for(rep(h200, options=KernelOptions(mma_epi_rows=4)), 8192, 4096, 1024, epilogue=True)
+    assert t.epi_rows == 4 and epilogue_staging_bytes(t) == 16384   # four rows of one matrix

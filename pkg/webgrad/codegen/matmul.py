@@ -31,7 +31,7 @@ from .matmul_direct import build_direct
 from .matmul_epilogue import prefetch_epilogue
 from .matmul_gemv import build_gemv
 from .matmul_gemv_cpu import build_gemv_cpu
-from .matmul_mma import mma_matmul_wgsl, mma_splits, tiling_for
+from .matmul_mma import c_elem, mma_matmul_wgsl, mma_splits, tiling_for
 from .mma_emulate import emulate_mma
 from .matmul_splitk import build_split_sum
 from .matmul_tiled import build_tiled
@@ -198,6 +198,7 @@ def _mma_shape(shape, opa, opb, limits):
 # vec2<u32>, bench/matmul_f16.py's kernel; its vec4 form, reading the vec4 that holds an
 # invocation's halves, measured slower on the H200: 2.23 -> 3.47 ms for GPT-2's head product)
 _MMA_BIND = {8: "vec4_u32", 4: "vec2_u32"}
+_C_BIND = {"vec4<u32>": "vec4_u32", "vec2<u32>": "vec2_u32", "u32": "u32"}   # f16 C's words
 
 
 def _build_mma(ctx, node, opa, opb) -> list | None:
@@ -259,7 +260,8 @@ def _build_mma(ctx, node, opa, opb) -> list | None:
                 ld = 0
         else:
             c = ctx.storage(ctx.outs[0])
-            cn = kernel.binding(c.buffer, out, write=True, what=c.what, nbytes=c.nbytes)
+            cn = kernel.binding(c.buffer, _C_BIND.get(c_elem(t), out), write=True, what=c.what,
+                                nbytes=c.nbytes)
     except BindingTypeClash:   # the epilogue reads an operand's buffer as f16 values
         return None
     wgsl, groups = mma_matmul_wgsl(M, N, K, t, ctx.limits.max_compute_workgroup_storage_size,

@@ -19,10 +19,12 @@ workgroup_id, @builtin(subgroup_id) and loop counters (never local_invocation_in
 kernel assumes subgroups of exactly `subgroup_size` invocations (the configuration's min ==
 max on NVIDIA: 32), and shapes that are whole multiples of the tile (MmaTiling.check says
 what to change otherwise). f16 C goes through per-subgroup f32 staging matrices in
-workgroup memory, a row of them at a time (as the epilogue's), converted and stored by the
-subgroup's own invocations, 32 neighbouring elements a store (one matrix at a time, eight
-neighbours per invocation, took 0.23 ms for GPT-2's [96 x 512 x 512] attention scores, 14
-TFLOP/s).
+workgroup memory (as the epilogue's), converted and stored by the subgroup's own
+invocations, 32 neighbouring elements a store (or out_vec neighbours a word each), `stage`
+matrices of a row a round. The staging's size counts: on the H200 the 128 x 128 tile ran
+at 237 TFLOP/s with one matrix staged (23 KB of workgroup memory) and 154 with a row of
+four (35 KB), so one matrix is the compiler's default for f16 C and epilogues
+(KernelOptions.mma_stage, mma_epi_stage).
 
 `mma_matmul_wgsl(M, N, K, tiling)` returns the WGSL and the dispatch size; bindings: 0 A
 (array<vec4<u32>>, f16 pairs; vec2<u32> or u32 with `width` 4 or 2), 1 B (likewise), 2 C
@@ -38,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 
-_LATER_FIELDS = ("frag", "peel", "width", "epi_rows", "epi_vec")
+_LATER_FIELDS = ("frag", "peel", "width", "epi_rows", "epi_vec", "out_vec")
 # the storage element holding this many f16 halves (the copies' width, the bindings')
 _WORDS = {8: "vec4<u32>", 4: "vec2<u32>", 2: "u32"}
 
@@ -63,7 +65,11 @@ class MmaTiling:
     copy: str = "threads"    # storage -> workgroup memory: "threads" (16-byte loads, f16
                              # stores) or "matrix" (subgroupMatrixLoad from storage, then
                              # subgroupMatrixStore: the driver's own wide accesses)
-    stage: int = 0           # f16 C: result matrices staged at a time (0: a row of tn)
+    stage: int = 0           # f16 C and an epilogue: result matrices of a row staged at a time
+                             # (0: the row's tn). Workgroup memory decides how many workgroups
+                             # an SM holds: on the H200 the 128x128 tile's slabs and a row's
+                             # staging (35 KB) ran f16 C at 154 TFLOP/s, with one matrix
+                             # staged (23 KB) 237, as f32 C (KernelOptions.mma_stage, mma_epi_stage)
     frag: str = "all"        # a K slice's fragments from workgroup memory: "all" (its tm left
                              # and tn right matrices, then the tm x tn products) or "row" (the
                              # tn right ones, then each left one followed by its row of tn
@@ -83,6 +89,11 @@ class MmaTiling:
                              # neighbours a call; v: each invocation reads v neighbouring f32
                              # of the staging and calls the epilogue on v neighbouring flat
                              # indices; KernelOptions.mma_epi_vec)
+
+    out_vec: int = 1         # f16 C without an epilogue: halves each invocation converts and
+                             # stores at once (1: one f16 a store; 2, 4, 8: a u32, vec2<u32>
+                             # or vec4<u32> of neighbours, C bound as such; KernelOptions.
+                             # mma_out_vec)
 
     def __repr__(self) -> str:
         # the fields added after the kernel's first measurements appear only where they
@@ -108,7 +119,7 @@ class MmaTiling:
         return self.bn // self.sg_n // self.n
 
     @property
-    def staged(self) -> int:  # f16 C's matrices per staging round
+    def staged(self) -> int:  # staged matrices per round (f16 C, an epilogue)
         return self.stage or self.tn
 
     def workgroup_bytes(self) -> int:
@@ -145,9 +156,13 @@ class MmaTiling:
                 need((rows // r) * (cols // c) % (self.sg_m * self.sg_n) == 0,
                      f"a {rows}x{cols} slab's {r}x{c} matrices must split evenly over "
                      f"{self.sg_m * self.sg_n} subgroups")
+        need(self.out_vec in (1, 2, 4, 8), "out_vec must be 1, 2, 4 or 8 halves")
+        need(self.stage >= 0 and self.tn % self.staged == 0,
+             f"stage must divide the {self.tn} matrices of a row")
         if self.out == "f16":
             need((self.m * self.n) % self.subgroup_size == 0, "m * n must split over a subgroup")
-            need(self.tn % self.staged == 0, f"stage must divide the {self.tn} matrices of a row")
+            need((self.m * self.n * self.staged) % (self.subgroup_size * self.out_vec) == 0,
+                 "out_vec must split a staging round's elements over a subgroup")
         if max_workgroup_bytes is not None:
             need(self.workgroup_bytes() <= max_workgroup_bytes,
                  f"{self.workgroup_bytes()} bytes of workgroup memory, the device allows "
@@ -296,7 +311,7 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
     if header is None:
         L += [f"@group(0) @binding(0) var<storage, read> A: array<{elem}>;",
               f"@group(0) @binding(1) var<storage, read> B: array<{elem}>;",
-              f"@group(0) @binding(2) var<storage, read_write> C: array<{t.out}>;"]
+              f"@group(0) @binding(2) var<storage, read_write> C: array<{c_elem(t)}>;"]
     else:
         L += header
     for b in range(nbuf):
@@ -411,7 +426,7 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
     if epi is not None and (t.epi_rows > 1 or t.epi_vec > 1):
         L += epilogue_rounds(t, N, epi, epi_ld, cb)
         staged = False
-    c = t.tn if epi is not None else t.staged        # matrices a round: a row, or t.stage
+    c = t.staged                                     # matrices a round: a row, or t.stage
     for i, j0 in ((i, j0) for i in range(t.tm if staged else 0) for j0 in range(0, t.tn, c)):
         w = c * t.n                                    # the staged block's width
         base = f"sg * {t.m * w}u"
@@ -421,7 +436,19 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
             col = f" + {j0 * t.n}u" if j0 else ""
             return f"{cb}(m0 + sm + {i * t.m}u + {q} / {w}u) * {N}u + n0 + sn{col} + {q} % {w}u"
         count = t.m * w // t.subgroup_size
-        if epi_ld:   # u elements' loads, then their calls (u divides count)
+        if epi is None and t.out_vec > 1:   # v neighbours converted, one store of their words
+            v = t.out_vec
+            count //= v
+            # each half the f16() conversion of the one-a-store path (the same rounding), its
+            # pair packed exactly (naga refuses bitcast<u32>(vec2<f16>))
+            halves = [f"f32(f16(Cs[x + {k}u]))" for k in range(v)]
+            words = [f"pack2x16float(vec2<f32>({halves[k]}, {halves[k + 1]}))" for k in range(0, v, 2)]
+            value = words[0] if v == 2 else f"{_WORDS[v]}({', '.join(words)})"
+            body = [f"    let q = (e * {t.subgroup_size}u + lane) * {v}u;",
+                    f"    let x = {base} + q;",
+                    f"    {Cn}[({flat('q')}) / {v}u] = {value};"]
+            step = "e++"
+        elif epi_ld:   # u elements' loads, then their calls (u divides count)
             u = next(u for u in (epi_ld, 4, 2, 1) if count % u == 0)
             body = [f"    let q{k} = (e + {k}u) * {t.subgroup_size}u + lane;\n"
                     f"    let p{k} = {epi}_ld({flat(f'q{k}')});" for k in range(u)]
@@ -440,6 +467,11 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
     return "\n".join(L) + "\n", (N // t.bn, M // t.bm, batch)
 
 
+def c_elem(t: MmaTiling) -> str:
+    """The WGSL element type of C's binding: f32, f16, or the words of t.out_vec halves."""
+    return _WORDS[t.out_vec] if t.out == "f16" and t.out_vec > 1 else t.out
+
+
 def epilogue_rounds(t: MmaTiling, N: int, epi: str, epi_ld: int, cb: str) -> list[str]:
     """The results handed to the epilogue `epi` in rounds of t.epi_rows rows of result
     matrices (an epi_rows * m x tn * n block per subgroup in Cs), each invocation taking
@@ -452,7 +484,8 @@ def epilogue_rounds(t: MmaTiling, N: int, epi: str, epi_ld: int, cb: str) -> lis
     subgroupMatrixStore and the loads of it): two barriers a round, none after the last.
     epi_ld as mma_matmul_wgsl's: the loads of max(epi_ld, v) elements before their calls."""
     r, v, S = t.epi_rows, t.epi_vec, t.subgroup_size
-    w = t.tn * t.n                                     # the block's width
+    c = t.staged                                       # matrices of a row a round (t.stage)
+    w = c * t.n                                        # the block's width
     count = r * t.m * w // S                           # elements per invocation a round
     if count % v:
         raise ValueError(f"mma matmul with {t}: {count} elements per invocation a round do "
@@ -462,12 +495,14 @@ def epilogue_rounds(t: MmaTiling, N: int, epi: str, epi_ld: int, cb: str) -> lis
         per -= 1
     base = f"sg * {r * t.m * w}u"
     out = []
-    for i0 in range(0, t.tm, r):
+    rounds = [(i0, j0) for i0 in range(0, t.tm, r) for j0 in range(0, t.tn, c)]
+    for i0, j0 in rounds:
         out += [f"  subgroupMatrixStore(&Cs, {base} + {ii * t.m * w + j * t.n}u, "
-                f"acc{i0 + ii}_{j}, false, {w}u);" for ii in range(r) for j in range(t.tn)]
+                f"acc{i0 + ii}_{j0 + j}, false, {w}u);" for ii in range(r) for j in range(c)]
+        col = f" + {j0 * t.n}u" if j0 else ""
 
         def flat(q):
-            return f"{cb}(m0 + sm + {i0 * t.m}u + {q} / {w}u) * {N}u + n0 + sn + {q} % {w}u"
+            return f"{cb}(m0 + sm + {i0 * t.m}u + {q} / {w}u) * {N}u + n0 + sn{col} + {q} % {w}u"
         ks = range(per * v)
         body = [f"    let q{k} = ((e + {k // v}u) * {S}u + lane) * {v}u + {k % v}u;" for k in ks]
         body += [f"    let c{k} = Cs[{base} + q{k}];" for k in ks]
@@ -478,15 +513,15 @@ def epilogue_rounds(t: MmaTiling, N: int, epi: str, epi_ld: int, cb: str) -> lis
             body += [f"    {epi}({flat(f'q{k}')}, c{k});" for k in ks]
         out += ["  workgroupBarrier();", f"  for (var e = 0u; e < {count // v}u; e += {per}u) {{",
                 *body, "  }"]
-        if i0 + r < t.tm:
+        if (i0, j0) != rounds[-1]:
             out.append("  workgroupBarrier();")
     return out
 
 
 def epilogue_staging_bytes(t: MmaTiling) -> int:
-    """Workgroup memory of mma_matmul_wgsl's epilogue staging: t.epi_rows rows of tn result
-    matrices (f32) per subgroup."""
-    return 4 * t.m * t.n * t.tn * t.sg_m * t.sg_n * t.epi_rows
+    """Workgroup memory of mma_matmul_wgsl's epilogue staging: t.epi_rows rows of t.staged
+    result matrices (f32) per subgroup."""
+    return 4 * t.m * t.n * t.staged * t.sg_m * t.sg_n * t.epi_rows
 
 
 def tiling_for(limits, M: int, N: int, K: int, out: str = "f32",
@@ -498,7 +533,8 @@ def tiling_for(limits, M: int, N: int, K: int, out: str = "f32",
     128x128x32 on 2x2 subgroups measured best at 4096^3 on the H200 (bench/README.md).
     KernelOptions.mma_tiling (on limits.options) replaces fields of the default MmaTiling
     where the result divides the shape and fits the device; elsewhere the table decides.
-    KernelOptions.mma_width (copy width 4 from the vec4 bindings), mma_epi_rows and
+    KernelOptions.mma_width (copy width 4 from the vec4 bindings), mma_out_vec (f16 C's
+    stores), mma_stage and mma_epi_stage (matrices staged a round), mma_epi_rows and
     mma_epi_vec (the epilogue's rounds) apply to whichever tiling that is, each where it
     divides the tile and fits (epi_rows: the most rows up to it that do), else left at
     their defaults: they never change which tile a product gets."""
@@ -524,9 +560,14 @@ def tiling_for(limits, M: int, N: int, K: int, out: str = "f32",
         for rows in range(min(getattr(opts, "mma_epi_rows", 1), t.tm) if epilogue else 1, 0, -1):
             v = replace(t, width=getattr(opts, "mma_width", 8) if t.width == 8 else t.width,
                         epi_rows=rows if t.tm % rows == 0 else 1,
-                        epi_vec=getattr(opts, "mma_epi_vec", 1) if epilogue else 1)
+                        epi_vec=getattr(opts, "mma_epi_vec", 1) if epilogue else 1,
+                        out_vec=getattr(opts, "mma_out_vec", 1) if out == "f16" else 1,
+                        stage=t.stage or (getattr(opts, "mma_stage", 0) if out == "f16" else
+                                          getattr(opts, "mma_epi_stage", 0) if epilogue else 0))
             for u in (v, replace(v, width=t.width), replace(v, epi_vec=1),
-                      replace(v, width=t.width, epi_vec=1)):
+                      replace(v, width=t.width, epi_vec=1), replace(v, out_vec=1),
+                      replace(v, width=t.width, out_vec=1), replace(v, stage=t.stage),
+                      replace(v, stage=t.stage, width=t.width, epi_vec=1, out_vec=1)):
                 if fits(u):
                     return u
         return t if fits(t) else None

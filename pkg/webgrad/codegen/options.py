@@ -292,6 +292,19 @@ class KernelOptions:
     # quicker. So epi_vec 4 is the default
     mma_epi_rows: int = 1
     mma_epi_vec: int = 4
+    # products whose only output is their f16 rounding (C in f16, no epilogue): halves each
+    # invocation converts from the staging and stores as one word (MmaTiling.out_vec: 1 a
+    # f16 store each, 2 / 4 / 8 a u32 / vec2<u32> / vec4<u32>, C bound as such)
+    mma_out_vec: int = 1
+    # f16 C products (mma_stage) and epilogue products (mma_epi_stage): result matrices of a
+    # row staged in workgroup memory a round (MmaTiling.stage; 0: the whole row of the
+    # subgroup's block, 4 on the 128 x 128 tile). The staging adds to the slabs' workgroup
+    # memory, which decides how many workgroups an SM runs at once: on the H200 (2026-12-04,
+    # bench/README.md) the f16 C kernel at 4096^3 ran 154 TFLOP/s with a row staged (35 KB
+    # a workgroup), 237 with one matrix (23 KB), as f32 C; GPT-2 medium's mixed step 242 ->
+    # 202 ms with both 1
+    mma_stage: int = 1
+    mma_epi_stage: int = 1
 
     # ---- index.py
     # True / False: the tiled / chunked scan (scatter_add_rows' counts); None: GPUs tiled
