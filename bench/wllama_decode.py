@@ -21,6 +21,10 @@ with WebGPU off (BrowserSession.without_webgpu), and on WebGPU (SwiftShader in t
 Chromium: a software adapter on the same CPU cores; the Q8_0 matrices kept as blocks there,
 decoded to f32 once on the host for "wasm").
 
+The "wasm" row runs with onnxruntime-web's default threads (half the cores, as wllama's own
+default), and a second "wasm" row in a fresh worker with --ort-threads (default --threads,
+wllama's isolated row), so each engine is also compared at equal threads ("same threads").
+
 wllama runs on its CPU backend (n_gpu_layers 0) in pages of its own (bench/peers/wllama.html),
 served by a server of this script twice: with cross-origin isolation (COOP/COEP, as serve.py
 sends them: SharedArrayBuffer, so llama.cpp's threads; asked for --threads) and without it
@@ -51,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import threading
@@ -306,6 +311,14 @@ def print_table(title: str, rows: list[dict], new: int) -> None:
         if r["library"].startswith("webgrad") and peer is not None:
             print(f"ratio {r['row']} / fastest wllama row ({peer['row']}): "
                   f"{r['tokens_per_s'] / peer['tokens_per_s']:.2f}x (target 1.0x or better)")
+    for r in ok:   # at equal threads: each webgrad row against wllama's isolated row of its count
+        if not r["library"].startswith("webgrad") or "threads" not in r:
+            continue
+        same = next((w for w in ok if w["library"] == "wllama" and w.get("isolated")
+                     and w.get("threads") == r["threads"]), None)
+        if same is not None:
+            print(f"same threads: {r['row']} / {same['row']}: "
+                  f"{r['tokens_per_s'] / same['tokens_per_s']:.2f}x")
     dec_peer = max((r for r in ok if r["library"] == "wllama" and "decode_only_per_s" in r),
                    key=lambda r: r["decode_only_per_s"], default=None)
     for r in ok:
@@ -325,6 +338,7 @@ def wllama_rows(s, urls: dict, fname: str, prompt, args) -> list[dict]:
         try:
             r = run_peer(s, urls[where] + "wllama.html", config)
             r["tokens"] = text_ids(r.pop("text")) if r.get("text") is not None else None
+            r["isolated"] = where == "isolated"
             r["row"] = (f"wllama {r['version']}, {where}, {r['threads']} thread"
                         + ("s" if r["threads"] != 1 else ""))
         except Exception as e:
@@ -347,13 +361,16 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3, help="timed calls after the warm-up")
     ap.add_argument("--warmup", type=int, default=1, help="untimed calls first (webgrad and wllama)")
     ap.add_argument("--backends", default="wasm,webgpu", help="webgrad's rows, from wasm,webgpu")
-    ap.add_argument("--ort-threads", type=int, default=0, metavar="N",
+    ap.add_argument("--ort-threads", type=int, default=None, metavar="N",
                     help="also a webgrad wasm row with onnxruntime-web on N threads (a fresh "
-                    "worker of the isolated page; its default here is half the cores)")
+                    "worker of the isolated page; its default is half the cores, as "
+                    "wllama's); default: --threads, wllama's isolated row; 0: none")
     ap.add_argument("--threads", type=int, default=2, help="wllama's threads where isolated")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per library run")
     ap.add_argument("--json", type=Path, help="also write the results here")
     args = ap.parse_args(argv)
+    if args.ort_threads is None:
+        args.ort_threads = args.threads
     models = [m for m in args.models.split(",") if m]
     types = [t for t in args.types.split(",") if t]
     backends = [b for b in args.backends.split(",") if b]
@@ -408,6 +425,9 @@ def main(argv=None) -> int:
                                     w.run("from webgrad.backends import onnx_runtime\n"
                                           f"onnx_runtime.set_threads({threads})")
                                     r = run_webgrad(w, kind, name, backend, prompt, args)
+                            got = re.search(r"(\d+) threads?\b", str(r.get("host", "")))
+                            if backend == "wasm" and got:   # onnxruntime-web's, from engine()
+                                r["threads"] = int(got.group(1))
                             r["row"] = f"webgrad {backend}" + (" (WebGPU off)" if backend == "wasm" else "") + (
                                 f", {threads} threads" if threads else "")
                         except Exception as e:

@@ -16,10 +16,14 @@
 //   await create(modelBytes, paths, tensors)   a session id; tensors[i]: the bytes of the
 //                                     model's external data location paths[i]
 //   await run(id, inNames, inValues, outNames)   [ort.Tensor] of the outputs outNames
+//   await runRows(id, inNames, inValues, outNames, caches, readNames, writeNames, slots, at)
+//                                     run() for a decode step whose KV caches go by rows:
+//                                     input readNames[i] is the first at[i] rows of
+//                                     caches[slots[i]] (a view: no copy); output writeNames[j]
+//                                     is written into caches[slots[r + j]] from row
+//                                     at[r + j] on, in place (r = readNames.length; rows past
+//                                     a cache's end are dropped); returns outNames' tensors
 //   release(id)                       drop a session
-//   head(t, rows)                     a tensor of t's first rows (a view: no copy)
-//   writeRows(t, rows, at)            t's rows at.. replaced by those of tensor rows, in
-//                                     place (rows past t's end are dropped)
 
 const here = (path) => new URL(path, import.meta.url).href;
 let ort = null;
@@ -92,14 +96,31 @@ export function release(id) {
   if (s) s.release();
 }
 
-export function head(t, rows) {
-  const width = t.dims.slice(1).reduce((a, b) => a * b, 1);
-  return new ort.Tensor(t.type, t.data.subarray(0, rows * width), [rows, ...t.dims.slice(1)]);
+export async function runRows(id, inNames, inValues, outNames, caches, readNames, writeNames,
+                              slots, at) {
+  // one crossing from Python a step: the caches' rows are fed and written here
+  const session = sessions.get(id);
+  const feeds = {};
+  for (let i = 0; i < inNames.length; i++) feeds[inNames[i]] = inValues[i];
+  const r = readNames.length;
+  for (let i = 0; i < r; i++) feeds[readNames[i]] = head(caches[slots[i]], at[i]);
+  const res = await session.run(feeds, [...outNames, ...writeNames]);
+  for (let j = 0; j < writeNames.length; j++)
+    writeRows(caches[slots[r + j]], res[writeNames[j]], at[r + j]);
+  return outNames.map((n) => res[n]);
 }
 
-export function writeRows(t, rows, at) {
-  const width = t.dims.slice(1).reduce((a, b) => a * b, 1);
-  const room = Math.max(0, t.data.length - at * width);
+function width(t) {
+  return t.dims.slice(1).reduce((a, b) => a * b, 1);
+}
+
+function head(t, rows) {   // a tensor of t's first rows (a view: no copy)
+  return new ort.Tensor(t.type, t.data.subarray(0, rows * width(t)), [rows, ...t.dims.slice(1)]);
+}
+
+function writeRows(t, rows, at) {   // t's rows at.. replaced by those of rows, in place
+  const w = width(t);
+  const room = Math.max(0, t.data.length - at * w);
   const src = rows.data.length > room ? rows.data.subarray(0, room) : rows.data;
-  t.data.set(src, at * width);
+  t.data.set(src, at * w);
 }

@@ -12,7 +12,8 @@ reads, and the model's `<name>:new` outputs replace the buffers it writes, after
 (interpreter.py's rule: a step sees the values from before it). A KV cache under a decode
 step's GroupQueryAttention node goes by rows (onnx/attention.py's row_states): the step
 feeds the cache's rows below `pos` (a view, no copy) and writes the new row it returns into
-the buffer in place, so a step costs the same at n_ctx 64 and 2048. A quantized parameter is
+the buffer in place, so a step costs the same at n_ctx 64 and 2048; in the browser both
+happen in the JS call that runs the model (worker/ort.mjs runRows: one crossing a step). A quantized parameter is
 decoded on the host once per write (quants.dequantize_words) and fed as f32.
 
 Parameters that a program only reads (the weights of a decode step, the frozen base of a
@@ -243,20 +244,22 @@ class _Run:
         for k, (kind, name, qtype, shape) in ex.dequantized.items():
             ins[k] = (b.decoded(name, qtype, shape) if kind != "input" else
                       b.rt.from_host(_decode(qtype, bytes(memoryview(feeds[name]).cast("B")), shape)))
-        at = {}   # a KV cache exchanged by rows: the rows below the position fed, no copy
+        reads, writes = [], []   # KV caches exchanged by rows: (model name, buffer, row)
         for k, (buf, feed) in ex.row_reads.items():
-            p = at[feed] = int(feeds[feed][0])
+            p = int(feeds[feed][0])
             n = b.shapes[buf][0]
             if not 0 <= p <= n:
                 raise ValueError(f"feed {feed!r} is {p}: the cache {buf!r} has rows 0 to {n - 1}")
-            ins[k] = b.rt.head(b.store[buf], p)
-        names = list(dict.fromkeys([*fetch, *ex.writebacks, *ex.row_writes]))
-        outs = await b.rt.run(session, ins, names)
+            reads.append((k, buf, p))   # the rows below p fed, no copy
+        for o, (buf, feed) in ex.row_writes.items():
+            writes.append((o, buf, int(feeds[feed][0])))   # in place; rows past the end dropped
+        names = list(dict.fromkeys([*fetch, *ex.writebacks]))
+        outs = await b.rt.run(session, ins, names, reads, writes, b.store)
         res = {k: await b.rt.to_host(outs[k], self.g[self.g.outputs[k]].dtype) for k in fetch}
         for o, buf in ex.writebacks.items():  # after every read: a step sees old values
             b.replace(buf, outs[o])
-        for o, (buf, feed) in ex.row_writes.items():   # in place; rows past the end dropped
-            b.replace(buf, b.rt.write_rows(b.store[buf], outs[o], at[feed], b.shapes[buf][0]))
+        for o, buf, _ in writes:
+            b.replace(buf, outs.get(o, b.store[buf]))
         return res
 
 
@@ -301,19 +304,24 @@ class _PythonRuntime:
     def host_words(self, x) -> bytes:
         return self.np.ascontiguousarray(x, dtype="<i4").tobytes()
 
-    def head(self, x, rows: int):
-        return x[:rows]
-
-    def write_rows(self, x, new, at: int, n: int):
-        """x with rows at.. replaced by new's (those below n), in place where x is writable."""
-        if not (x.flags.writeable and x.flags.owndata):
-            x = x.copy()   # a view of a caller's array (a write's HostArray): ours from now on
-        k = max(0, min(len(new), n - at))
-        x[at:at + k] = self.np.asarray(new)[:k]
-        return x
-
-    async def run(self, session, ins: dict, names: list[str]) -> dict:
-        return dict(zip(names, session.run(names, ins)))
+    async def run(self, session, ins: dict, names: list[str], reads=(), writes=(),
+                  store=None) -> dict:
+        """The outputs `names`; reads: (input, buffer, p), the first p rows of store[buffer]
+        fed as input; writes: (output, buffer, at), the output's rows written into the
+        buffer from row `at` on (those past its end dropped), the buffer in the result."""
+        ins = dict(ins)
+        for k, buf, p in reads:
+            ins[k] = store[buf][:p]
+        names_all = [*names, *(o for o, _, _ in writes)]
+        out = dict(zip(names_all, session.run(names_all, ins)))
+        for o, buf, at in writes:
+            x = store[buf]
+            if not (x.flags.writeable and x.flags.owndata):
+                x = x.copy()   # a view of a caller's array (a write's HostArray): ours from now on
+            k = max(0, min(len(out[o]), len(x) - at))
+            x[at:at + k] = self.np.asarray(out[o])[:k]
+            out[o] = x
+        return out
 
     def release(self, session):
         pass  # dropped with its last reference
@@ -353,15 +361,11 @@ class _BrowserRuntime:
     def host_words(self, t) -> bytes:
         return t.data.to_bytes()
 
-    def head(self, t, rows: int):
-        return self.js.head(t, rows)
-
-    def write_rows(self, t, new, at: int, n: int):
-        self.js.writeRows(t, new, at)   # in place in JS: the rows never pass through Python
-        return t
-
-    async def run(self, session, ins: dict, names: list[str]) -> dict:
-        return await session.run(ins, names)
+    async def run(self, session, ins: dict, names: list[str], reads=(), writes=(),
+                  store=None) -> dict:
+        """As _PythonRuntime.run; the caches' rows are fed and written in JS, in the call
+        that runs the model (their rows never pass through Python)."""
+        return await session.run(ins, names, reads, writes, store)
 
     def release(self, session):
         if session.id is not None:
@@ -371,7 +375,8 @@ class _BrowserRuntime:
 
 class _Session:
     """A model's session in worker/ort.mjs, created on its first run. Names cross to JS once
-    (cached per list of names); values cross as one array each way. externals: {location:
+    (cached per list of names); values cross as one array each way, and a decode step's
+    caches as one array kept while the store holds the same tensors. externals: {location:
     ort.Tensor} of the model's external initializers, whose bytes JS hands to onnxruntime-web
     as they are (they do not pass through Python)."""
 
@@ -379,6 +384,7 @@ class _Session:
         self.ort, self.model, self.id = ort, model, None
         self.externals = externals
         self._names: dict[tuple, object] = {}
+        self._caches: tuple = ((), None)   # (the store's tensors, the JS array of them)
 
     def _js_names(self, names) -> object:
         key = tuple(names)
@@ -387,12 +393,30 @@ class _Session:
             self._names[key] = to_js(list(key))
         return self._names[key]
 
-    async def run(self, ins: dict, names: list[str]) -> dict:
+    def _js_caches(self, tensors: list) -> object:
+        held, arr = self._caches
+        if len(held) != len(tensors) or any(a is not b for a, b in zip(held, tensors)):
+            from pyodide.ffi import to_js
+            arr = to_js(tensors)
+            self._caches = (tuple(tensors), arr)
+        return arr
+
+    async def run(self, ins: dict, names: list[str], reads=(), writes=(), store=None) -> dict:
         from pyodide.ffi import to_js
         if self.id is None:
             self.id = await self.ort.create(to_js(self.model), to_js(list(self.externals)),
                                             to_js(list(self.externals.values())))
             self.model = self.externals = None   # onnxruntime-web holds its own copies
-        res = await self.ort.run(self.id, self._js_names(ins), to_js(list(ins.values())),
-                                 self._js_names(names))
+        if not reads and not writes:
+            res = await self.ort.run(self.id, self._js_names(ins), to_js(list(ins.values())),
+                                     self._js_names(names))
+            return dict(zip(names, res.to_py(depth=1)))
+        bufs = list(dict.fromkeys([b for _, b, _ in reads] + [b for _, b, _ in writes]))
+        slot = {b: i for i, b in enumerate(bufs)}
+        res = await self.ort.runRows(
+            self.id, self._js_names(ins), to_js(list(ins.values())), self._js_names(names),
+            self._js_caches([store[b] for b in bufs]),
+            self._js_names([k for k, _, _ in reads]), self._js_names([o for o, _, _ in writes]),
+            to_js([slot[b] for _, b, _ in reads] + [slot[b] for _, b, _ in writes]),
+            to_js([p for _, _, p in reads] + [a for _, _, a in writes]))
         return dict(zip(names, res.to_py(depth=1)))
