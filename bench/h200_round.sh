@@ -10,7 +10,7 @@
 # llama-bench from .device/lc/llamacpp-src.tar.xz (bench/llama_cpp_cuda.sh; about 300 s on
 # the 16 cores) while webgrad's own benches run on the GPU.
 set -uo pipefail
-part=${1:?usage: h200_round.sh PART (1-7)}
+part=${1:?usage: h200_round.sh PART (1-8)}
 out=${OUT:-h200_round}
 mkdir -p "$out"
 py=${PYTHON:-python3}
@@ -80,5 +80,15 @@ case $part in
     step medium 150 "$py" bench/gpt2_train.py --rows medium --precision mixed --peers bf16 --track 1 --steps 6 --profile 0
     step medium_fused 100 "$py" bench/gpt2_train.py --rows medium --precision mixed --no-torch --steps 6 --set attn_mixed=True --profile 0
     ;;
-*)  echo "h200_round.sh: PART is 1 to 7" >&2; exit 2 ;;
+8)  # (2026-12-04, evening) an epilogue that streams a tensor (GELU's backward, a residual)
+    # staged by its own option, mma_epi_load_stage: a whole row (0), one matrix (1, as the
+    # other epilogues), two (2)
+    for v in 0 1 2; do
+        step medium_load$v 130 "$py" bench/gpt2_train.py --rows medium --precision mixed --no-torch --steps 6 --set mma_epi_load_stage=$v --profile 12
+    done
+    for v in 0 1; do
+        step gpt2_load$v 60 "$py" bench/gpt2_train.py --rows gpt2 --precision mixed --no-torch --set mma_epi_load_stage=$v --profile 0
+    done
+    ;;
+*)  echo "h200_round.sh: PART is 1 to 8" >&2; exit 2 ;;
 esac

@@ -508,6 +508,41 @@ def test_mma_kernel_with_an_epilogue_and_a_merged_batch(stage):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
+@pytest.mark.parametrize("stage", [0, 1])
+def test_a_streaming_epilogue_takes_its_own_stage(stage):
+    """r + x @ W (a residual add: the epilogue streams r, a tensor of the output's size, its
+    loads issued ahead) is staged by KernelOptions.mma_epi_load_stage, gelu(x @ W + b) (a
+    broadcast bias) by mma_epi_stage, on the same tile; each emulated against numpy."""
+    from webgrad import Module, ops
+    from webgrad.codegen import KernelOptions
+    opts = KernelOptions(mma_epi_stage=1 - stage, mma_epi_load_stage=stage)
+
+    class Net(Module):
+        def __init__(self):
+            super().__init__()
+            self.W = self.param([64, 128])
+            self.b = self.param([128], init="zeros")
+
+    host = _PlanHost(_MMA_FEATURES, [_F16_CONFIG])
+    host.limits = {"max_compute_workgroup_storage_size": 49152}   # the H200's: stage 0 fits
+    rng = np.random.default_rng(16)
+    cases = [((Net, lambda m, f: f["r"] + ops.matmul(f["x"], m.W)), {"x": [128, 64], "r": [128, 128]}, stage),
+             ((Net, lambda m, f: ops.gelu(ops.matmul(f["x"], m.W) + m.b)), {"x": [2, 64, 64]}, 1 - stage)]
+    tiles = set()
+    for fn, inputs, want_stage in cases:
+        (cmd, wgsl), = _mma_pipelines(_plan(fn, inputs, host, kernel_options=opts))
+        t = _tiling(wgsl)
+        assert t.stage == want_stage and "-> epilogue" in wgsl.splitlines()[0], wgsl.splitlines()[0]
+        assert ("_ld(" in wgsl) == (want_stage == stage)   # the streamed load, issued ahead
+        tiles.add((t.bm, t.bn, t.bk))
+        X16 = rng.standard_normal((128, 64)).astype(np.float16)
+        W16 = rng.standard_normal((64, 128)).astype(np.float16)
+        got = _run_epilogue_kernel(cmd, wgsl, X16, W16, 128 * 128).reshape(128, 128)
+        want = X16.astype(np.float64) @ W16.astype(np.float64)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    assert len(tiles) == 1
+
+
 def test_mma_kernel_over_a_batch_of_both_operands():
     """x [3, 64, 64] @ y [3, 64, 128] (both batched, as attention's products are): the batch
     element is workgroup_id.z, each operand's offset from it; the f16 results equal numpy's

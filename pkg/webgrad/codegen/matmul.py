@@ -258,6 +258,10 @@ def _build_mma(ctx, node, opa, opb) -> list | None:
             if ld and not prefetch_epilogue(kernel, ep, ctx.limits.options.epi_max_loads,
                                             widened=True):
                 ld = 0
+            if ld:   # a streamed load: its staging per mma_epi_load_stage, on the same tile
+                u = tiling_for(ctx.limits, M, N, K, "f32", epilogue=True, streams=True)
+                if u is not None and (u.bm, u.bn, u.bk) == (t.bm, t.bn, t.bk):
+                    t = u
         else:
             c = ctx.storage(ctx.outs[0])
             cn = kernel.binding(c.buffer, _C_BIND.get(c_elem(t), out), write=True, what=c.what,

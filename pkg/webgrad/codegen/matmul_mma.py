@@ -525,11 +525,12 @@ def epilogue_staging_bytes(t: MmaTiling) -> int:
 
 
 def tiling_for(limits, M: int, N: int, K: int, out: str = "f32",
-               epilogue: bool = False) -> MmaTiling | None:
+               epilogue: bool = False, streams: bool = False) -> MmaTiling | None:
     """The tiling for an [M, K] @ [K, N] f16 product on the device of codegen `limits`, or
     None where this kernel cannot run (no shader-f16, no f16 -> f32 subgroup-matrix
     configuration, or a shape no tiling divides): the caller keeps its f32 kernels then.
-    epilogue: the kernel also holds mma_matmul_wgsl's staging matrices for an epilogue.
+    epilogue: the kernel also holds mma_matmul_wgsl's staging matrices for an epilogue;
+    streams: one whose loads are issued ahead (mma_epi_load_stage in place of mma_epi_stage).
     128x128x32 on 2x2 subgroups measured best at 4096^3 on the H200 (bench/README.md).
     KernelOptions.mma_tiling (on limits.options) replaces fields of the default MmaTiling
     where the result divides the shape and fits the device; elsewhere the table decides.
@@ -555,6 +556,7 @@ def tiling_for(limits, M: int, N: int, K: int, out: str = "f32",
         return t.threads <= getattr(limits, "max_compute_invocations_per_workgroup", 256) and \
             t.width in (4, 8)   # (the compiler's bindings are vec4<u32>: 8, or 4 from them)
     opts = getattr(limits, "options", None)
+    epi_stage = "mma_epi_load_stage" if streams else "mma_epi_stage"
 
     def chosen(t):  # t with the options' copy width and epilogue form, where they fit
         for rows in range(min(getattr(opts, "mma_epi_rows", 1), t.tm) if epilogue else 1, 0, -1):
@@ -563,7 +565,7 @@ def tiling_for(limits, M: int, N: int, K: int, out: str = "f32",
                         epi_vec=getattr(opts, "mma_epi_vec", 1) if epilogue else 1,
                         out_vec=getattr(opts, "mma_out_vec", 1) if out == "f16" else 1,
                         stage=t.stage or (getattr(opts, "mma_stage", 0) if out == "f16" else
-                                          getattr(opts, "mma_epi_stage", 0) if epilogue else 0))
+                                          getattr(opts, epi_stage, 0) if epilogue else 0))
             for u in (v, replace(v, width=t.width), replace(v, epi_vec=1),
                       replace(v, width=t.width, epi_vec=1), replace(v, out_vec=1),
                       replace(v, width=t.width, out_vec=1), replace(v, stage=t.stage),

@@ -305,6 +305,9 @@ class KernelOptions:
     # 202 ms with both 1
     mma_stage: int = 1
     mma_epi_stage: int = 1
+    # ... and for an epilogue whose loads mma_epi_prefetch issues ahead (it streams a tensor
+    # of the output's size: GELU's pre-activation in its backward, a residual)
+    mma_epi_load_stage: int = 1
 
     # ---- index.py
     # True / False: the tiled / chunked scan (scatter_add_rows' counts); None: GPUs tiled
