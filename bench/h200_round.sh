@@ -10,7 +10,7 @@
 # llama-bench from .device/lc/llamacpp-src.tar.xz (bench/llama_cpp_cuda.sh; about 300 s on
 # the 16 cores) while webgrad's own benches run on the GPU.
 set -uo pipefail
-part=${1:?usage: h200_round.sh PART (1-8)}
+part=${1:?usage: h200_round.sh PART (1-9)}
 out=${OUT:-h200_round}
 mkdir -p "$out"
 py=${PYTHON:-python3}
@@ -82,13 +82,18 @@ case $part in
     ;;
 8)  # (2026-12-04, evening) an epilogue that streams a tensor (GELU's backward, a residual)
     # staged by its own option, mma_epi_load_stage: a whole row (0), one matrix (1, as the
-    # other epilogues), two (2)
+    # other epilogues), two (2); and its loads a round ahead (mma_epi_ahead)
     for v in 0 1 2; do
         step medium_load$v 130 "$py" bench/gpt2_train.py --rows medium --precision mixed --no-torch --steps 6 --set mma_epi_load_stage=$v --profile 12
     done
-    for v in 0 1; do
-        step gpt2_load$v 60 "$py" bench/gpt2_train.py --rows gpt2 --precision mixed --no-torch --set mma_epi_load_stage=$v --profile 0
-    done
+    step medium_ahead1 130 "$py" bench/gpt2_train.py --rows medium --precision mixed --no-torch --steps 6 --set mma_epi_ahead=True --profile 12
     ;;
-*)  echo "h200_round.sh: PART is 1 to 8" >&2; exit 2 ;;
+9)  # part 8's options on the 124M step, and a round ahead at two matrices a round
+    step medium_ahead2 130 "$py" bench/gpt2_train.py --rows medium --precision mixed --no-torch --steps 6 --set mma_epi_ahead=True --set mma_epi_load_stage=2 --profile 12
+    for set in mma_epi_load_stage=1 mma_epi_load_stage=0 mma_epi_ahead=True; do
+        step "gpt2_${set%%=*}_${set##*=}" 70 "$py" bench/gpt2_train.py --rows gpt2 --precision mixed --no-torch --set "$set" --profile 0
+    done
+    step gpt2_peer 150 "$py" bench/gpt2_train.py --rows gpt2 --precision mixed --peers bf16 --track 2 --profile 0
+    ;;
+*)  echo "h200_round.sh: PART is 1 to 9" >&2; exit 2 ;;
 esac

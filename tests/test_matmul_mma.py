@@ -543,6 +543,44 @@ def test_a_streaming_epilogue_takes_its_own_stage(stage):
     assert len(tiles) == 1
 
 
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_a_streaming_epilogue_loads_a_round_ahead(stage):
+    """KernelOptions.mma_epi_ahead: r + x @ W's epilogue loads (of r) for each round issued
+    before the round ahead of it is handed over, round 0's before its staging; every element
+    still reaches the epilogue once, with the product's value (emulated against numpy). The
+    other epilogues (a broadcast bias) are left as they were."""
+    from webgrad import Module, ops
+    from webgrad.codegen import KernelOptions
+    opts = KernelOptions(mma_epi_load_stage=stage, mma_epi_ahead=True)
+
+    class Net(Module):
+        def __init__(self):
+            super().__init__()
+            self.W = self.param([64, 128])
+            self.b = self.param([128], init="zeros")
+
+    host = _PlanHost(_MMA_FEATURES, [_F16_CONFIG])
+    host.limits = {"max_compute_workgroup_storage_size": 49152}
+    (cmd, wgsl), = _mma_pipelines(_plan((Net, lambda m, f: f["r"] + ops.matmul(f["x"], m.W)),
+                                        {"x": [128, 64], "r": [128, 128]}, host, kernel_options=opts))
+    t = _tiling(wgsl)
+    assert t.epi_ahead and t.stage == stage, wgsl.splitlines()[0]
+    body = wgsl.split("fn main")[1]
+    rounds = t.tm // t.epi_rows * (t.tn // t.staged)
+    assert rounds > 1 and f"let p{rounds - 1}_0 = " in body and f"p{rounds}_0" not in body
+    # round 1's loads come before round 0's elements are handed over
+    assert body.index("let p1_0 = ") < body.index(", p0_0);")
+    rng = np.random.default_rng(17)
+    X16 = rng.standard_normal((128, 64)).astype(np.float16)
+    W16 = rng.standard_normal((64, 128)).astype(np.float16)
+    got = _run_epilogue_kernel(cmd, wgsl, X16, W16, 128 * 128).reshape(128, 128)
+    want = X16.astype(np.float64) @ W16.astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    (_, gelu), = _mma_pipelines(_plan((Net, lambda m, f: ops.gelu(ops.matmul(f["x"], m.W) + m.b)),
+                                      {"x": [2, 64, 64]}, host, kernel_options=opts))
+    assert not _tiling(gelu).epi_ahead
+
+
 def test_mma_kernel_over_a_batch_of_both_operands():
     """x [3, 64, 64] @ y [3, 64, 128] (both batched, as attention's products are): the batch
     element is workgroup_id.z, each operand's offset from it; the f16 results equal numpy's
@@ -604,6 +642,50 @@ def test_native_adapter_without_subgroup_matrices_keeps_the_tiled_kernel():
         if backend == "webgpu":
             assert not any("mma" in n for n in prog._prog.exe.kernel_names)
     np.testing.assert_allclose(outs["webgpu"], outs["reference"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.webgpu
+@pytest.mark.skipif(not backends.webgpu_available(), reason="no native WebGPU adapter")
+def test_streaming_epilogues_compute_the_same_on_the_adapter():
+    """r + x @ W under precision="mixed" on this machine's adapter, the subgroup-matrix
+    kernel in plain WGSL (KernelOptions.mma_emulate), its streamed epilogue (r) staged a
+    matrix a round or two, its loads issued a round ahead or not (mma_epi_load_stage,
+    mma_epi_ahead): every form's values equal the default form's bit for bit (only the order
+    of loads and barriers differs), and the reference executor's within the f16 rounding."""
+    import webgrad as wg
+    from webgrad import Module, ops
+    from webgrad.codegen import KernelOptions
+    be = wg.backends.get_backend("webgpu")
+    if "shader-f16" not in (getattr(be.host, "features", None) or ()):
+        pytest.skip("this adapter has no shader-f16")
+
+    class Net(Module):
+        def __init__(self):
+            super().__init__()
+            self.W = self.param([64, 64])
+
+    rng = np.random.default_rng(18)
+    feed = {"x": rng.standard_normal((64, 64)).astype(np.float32),
+            "r": rng.standard_normal((64, 64)).astype(np.float32)}
+    forms = [KernelOptions(mma_emulate=True),
+             KernelOptions(mma_emulate=True, mma_epi_ahead=True),
+             KernelOptions(mma_emulate=True, mma_epi_ahead=True, mma_epi_load_stage=2)]
+    got = []
+    for backend, opts in [("reference", None)] + [("webgpu", o) for o in forms]:
+        kw = {} if opts is None else {"kernel_options": opts}
+        prog = wg.compile_forward(Net, lambda m, f: f["r"] + ops.matmul(f["x"], m.W),
+                                  inputs={"x": [64, 64], "r": [64, 64]}, backend=backend,
+                                  precision="mixed", seed=3, **kw)
+        if opts is not None:
+            heads = [p["wgsl"].splitlines()[0] for p in prog._prog.exe.plan["pipelines"]
+                     if " mma " in p["wgsl"].splitlines()[0]]
+            assert len(heads) == 1 and "-> epilogue" in heads[0], heads
+            assert ("epi_ahead=True" in heads[0]) == opts.mma_epi_ahead, heads[0]
+        got.append(np.asarray(prog.run(feed), dtype=np.float64))
+    ref, first, *rest = got
+    for g in rest:
+        np.testing.assert_array_equal(g, first)
+    np.testing.assert_allclose(first, ref, rtol=2.0 ** -10, atol=2.0 ** -10 * np.abs(ref).max())
 
 
 def test_mma_kernel_takes_a_product_the_tiled_kernel_splits_over_k():

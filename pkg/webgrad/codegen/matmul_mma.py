@@ -40,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 
-_LATER_FIELDS = ("frag", "peel", "width", "epi_rows", "epi_vec", "out_vec")
+_LATER_FIELDS = ("frag", "peel", "width", "epi_rows", "epi_vec", "out_vec", "epi_ahead")
 # the storage element holding this many f16 halves (the copies' width, the bindings')
 _WORDS = {8: "vec4<u32>", 4: "vec2<u32>", 2: "u32"}
 
@@ -94,6 +94,10 @@ class MmaTiling:
                              # stores at once (1: one f16 a store; 2, 4, 8: a u32, vec2<u32>
                              # or vec4<u32> of neighbours, C bound as such; KernelOptions.
                              # mma_out_vec)
+    epi_ahead: bool = False  # an epilogue whose loads go first (epi_ld): each round's loads
+                             # issued before the round ahead of it is handed over (the first
+                             # round's before its staging), so they are in flight across the
+                             # barriers and stores (KernelOptions.mma_epi_ahead)
 
     def __repr__(self) -> str:
         # the fields added after the kernel's first measurements appear only where they
@@ -496,6 +500,8 @@ def epilogue_rounds(t: MmaTiling, N: int, epi: str, epi_ld: int, cb: str) -> lis
     base = f"sg * {r * t.m * w}u"
     out = []
     rounds = [(i0, j0) for i0 in range(0, t.tm, r) for j0 in range(0, t.tn, c)]
+    if epi_ld and t.epi_ahead:
+        return out + _rounds_ahead(t, N, epi, cb, rounds, count, base)
     for i0, j0 in rounds:
         out += [f"  subgroupMatrixStore(&Cs, {base} + {ii * t.m * w + j * t.n}u, "
                 f"acc{i0 + ii}_{j0 + j}, false, {w}u);" for ii in range(r) for j in range(c)]
@@ -514,6 +520,37 @@ def epilogue_rounds(t: MmaTiling, N: int, epi: str, epi_ld: int, cb: str) -> lis
         out += ["  workgroupBarrier();", f"  for (var e = 0u; e < {count // v}u; e += {per}u) {{",
                 *body, "  }"]
         if (i0, j0) != rounds[-1]:
+            out.append("  workgroupBarrier();")
+    return out
+
+
+def _rounds_ahead(t: MmaTiling, N: int, epi: str, cb: str, rounds, count: int, base: str) -> list[str]:
+    """epilogue_rounds with t.epi_ahead: the loop over a round's `count` elements a lane
+    unrolled, each round's epi_ld loads issued before the previous round's elements are
+    handed over (round 0's before its staging), held in registers p<round>_<k> until then:
+    two rounds' loads live at once."""
+    v, S, r = t.epi_vec, t.subgroup_size, t.epi_rows
+    w = t.staged * t.n
+
+    def q(k):   # block index of lane `lane`'s element k, as epilogue_rounds' e loop gives it
+        return f"(({k // v}u * {S}u + lane) * {v}u + {k % v}u)"
+
+    def flat(i0, j0, k):
+        col = f" + {j0 * t.n}u" if j0 else ""
+        return f"{cb}(m0 + sm + {i0 * t.m}u + {q(k)} / {w}u) * {N}u + n0 + sn{col} + {q(k)} % {w}u"
+
+    def loads(n):
+        i0, j0 = rounds[n]
+        return [f"  let p{n}_{k} = {epi}_ld({flat(i0, j0, k)});" for k in range(count)]
+    out = loads(0)
+    for n, (i0, j0) in enumerate(rounds):
+        out += [f"  subgroupMatrixStore(&Cs, {base} + {ii * t.m * w + j * t.n}u, "
+                f"acc{i0 + ii}_{j0 + j}, false, {w}u);" for ii in range(r) for j in range(t.staged)]
+        if n + 1 < len(rounds):
+            out += loads(n + 1)
+        out.append("  workgroupBarrier();")
+        out += [f"  {epi}({flat(i0, j0, k)}, Cs[{base} + {q(k)}], p{n}_{k});" for k in range(count)]
+        if n + 1 < len(rounds):
             out.append("  workgroupBarrier();")
     return out
 
@@ -564,6 +601,7 @@ def tiling_for(limits, M: int, N: int, K: int, out: str = "f32",
                         epi_rows=rows if t.tm % rows == 0 else 1,
                         epi_vec=getattr(opts, "mma_epi_vec", 1) if epilogue else 1,
                         out_vec=getattr(opts, "mma_out_vec", 1) if out == "f16" else 1,
+                        epi_ahead=bool(getattr(opts, "mma_epi_ahead", False)) and streams,
                         stage=t.stage or (getattr(opts, "mma_stage", 0) if out == "f16" else
                                           getattr(opts, epi_stage, 0) if epilogue else 0))
             for u in (v, replace(v, width=t.width), replace(v, epi_vec=1),

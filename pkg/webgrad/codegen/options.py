@@ -308,6 +308,9 @@ class KernelOptions:
     # ... and for an epilogue whose loads mma_epi_prefetch issues ahead (it streams a tensor
     # of the output's size: GELU's pre-activation in its backward, a residual)
     mma_epi_load_stage: int = 1
+    # ... whose loads, too, go a round ahead: issued before the previous round is handed
+    # over (MmaTiling.epi_ahead), in flight across its barriers and stores
+    mma_epi_ahead: bool = False
 
     # ---- index.py
     # True / False: the tiled / chunked scan (scatter_add_rows' counts); None: GPUs tiled
