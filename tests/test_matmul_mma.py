@@ -508,14 +508,18 @@ def test_mma_kernel_with_an_epilogue_and_a_merged_batch(stage):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
-@pytest.mark.parametrize("stage", [0, 1])
-def test_a_streaming_epilogue_takes_its_own_stage(stage):
+@pytest.mark.parametrize("stage, ahead", [(0, False), (1, False), (0, True), (1, True), (2, True)])
+def test_a_streaming_epilogue_takes_its_own_stage(stage, ahead):
     """r + x @ W (a residual add: the epilogue streams r, a tensor of the output's size, its
-    loads issued ahead) is staged by KernelOptions.mma_epi_load_stage, gelu(x @ W + b) (a
-    broadcast bias) by mma_epi_stage, on the same tile; each emulated against numpy."""
+    loads issued first) is staged by KernelOptions.mma_epi_load_stage and, with
+    mma_epi_ahead, has each round's loads issued before the round ahead of it is handed over
+    (round 0's before its staging); gelu(x @ W + b) (a broadcast bias) keeps mma_epi_stage
+    and no loads ahead; both on the same tile, every element reaching the epilogue once with
+    the product's value (emulated against numpy)."""
     from webgrad import Module, ops
     from webgrad.codegen import KernelOptions
-    opts = KernelOptions(mma_epi_stage=1 - stage, mma_epi_load_stage=stage)
+    other = 0 if stage else 1
+    opts = KernelOptions(mma_epi_stage=other, mma_epi_load_stage=stage, mma_epi_ahead=ahead)
 
     class Net(Module):
         def __init__(self):
@@ -526,14 +530,20 @@ def test_a_streaming_epilogue_takes_its_own_stage(stage):
     host = _PlanHost(_MMA_FEATURES, [_F16_CONFIG])
     host.limits = {"max_compute_workgroup_storage_size": 49152}   # the H200's: stage 0 fits
     rng = np.random.default_rng(16)
-    cases = [((Net, lambda m, f: f["r"] + ops.matmul(f["x"], m.W)), {"x": [128, 64], "r": [128, 128]}, stage),
-             ((Net, lambda m, f: ops.gelu(ops.matmul(f["x"], m.W) + m.b)), {"x": [2, 64, 64]}, 1 - stage)]
+    cases = [((Net, lambda m, f: f["r"] + ops.matmul(f["x"], m.W)), {"x": [128, 64], "r": [128, 128]},
+              stage, ahead),
+             ((Net, lambda m, f: ops.gelu(ops.matmul(f["x"], m.W) + m.b)), {"x": [2, 64, 64]}, other, False)]
     tiles = set()
-    for fn, inputs, want_stage in cases:
+    for fn, inputs, want_stage, want_ahead in cases:
         (cmd, wgsl), = _mma_pipelines(_plan(fn, inputs, host, kernel_options=opts))
         t = _tiling(wgsl)
-        assert t.stage == want_stage and "-> epilogue" in wgsl.splitlines()[0], wgsl.splitlines()[0]
-        assert ("_ld(" in wgsl) == (want_stage == stage)   # the streamed load, issued ahead
+        assert (t.stage, t.epi_ahead) == (want_stage, want_ahead) and "-> epilogue" in wgsl.splitlines()[0]
+        body = wgsl.split("fn main")[1]
+        assert ("_ld(" in body) == (fn is cases[0][0])   # the streamed load, issued first
+        if want_ahead:
+            rounds = t.tm // t.epi_rows * (t.tn // t.staged)
+            assert rounds > 1 and f"let p{rounds - 1}_0 = " in body and f"p{rounds}_0" not in body
+            assert body.index("let p1_0 = ") < body.index(", p0_0);")   # round 1's loads first
         tiles.add((t.bm, t.bn, t.bk))
         X16 = rng.standard_normal((128, 64)).astype(np.float16)
         W16 = rng.standard_normal((64, 128)).astype(np.float16)
@@ -541,44 +551,6 @@ def test_a_streaming_epilogue_takes_its_own_stage(stage):
         want = X16.astype(np.float64) @ W16.astype(np.float64)
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     assert len(tiles) == 1
-
-
-@pytest.mark.parametrize("stage", [0, 1, 2])
-def test_a_streaming_epilogue_loads_a_round_ahead(stage):
-    """KernelOptions.mma_epi_ahead: r + x @ W's epilogue loads (of r) for each round issued
-    before the round ahead of it is handed over, round 0's before its staging; every element
-    still reaches the epilogue once, with the product's value (emulated against numpy). The
-    other epilogues (a broadcast bias) are left as they were."""
-    from webgrad import Module, ops
-    from webgrad.codegen import KernelOptions
-    opts = KernelOptions(mma_epi_load_stage=stage, mma_epi_ahead=True)
-
-    class Net(Module):
-        def __init__(self):
-            super().__init__()
-            self.W = self.param([64, 128])
-            self.b = self.param([128], init="zeros")
-
-    host = _PlanHost(_MMA_FEATURES, [_F16_CONFIG])
-    host.limits = {"max_compute_workgroup_storage_size": 49152}
-    (cmd, wgsl), = _mma_pipelines(_plan((Net, lambda m, f: f["r"] + ops.matmul(f["x"], m.W)),
-                                        {"x": [128, 64], "r": [128, 128]}, host, kernel_options=opts))
-    t = _tiling(wgsl)
-    assert t.epi_ahead and t.stage == stage, wgsl.splitlines()[0]
-    body = wgsl.split("fn main")[1]
-    rounds = t.tm // t.epi_rows * (t.tn // t.staged)
-    assert rounds > 1 and f"let p{rounds - 1}_0 = " in body and f"p{rounds}_0" not in body
-    # round 1's loads come before round 0's elements are handed over
-    assert body.index("let p1_0 = ") < body.index(", p0_0);")
-    rng = np.random.default_rng(17)
-    X16 = rng.standard_normal((128, 64)).astype(np.float16)
-    W16 = rng.standard_normal((64, 128)).astype(np.float16)
-    got = _run_epilogue_kernel(cmd, wgsl, X16, W16, 128 * 128).reshape(128, 128)
-    want = X16.astype(np.float64) @ W16.astype(np.float64)
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
-    (_, gelu), = _mma_pipelines(_plan((Net, lambda m, f: ops.gelu(ops.matmul(f["x"], m.W) + m.b)),
-                                      {"x": [2, 64, 64]}, host, kernel_options=opts))
-    assert not _tiling(gelu).epi_ahead
 
 
 def test_mma_kernel_over_a_batch_of_both_operands():
