@@ -13,8 +13,9 @@ reads, and the model's `<name>:new` outputs replace the buffers it writes, after
 step's GroupQueryAttention node goes by rows (onnx/attention.py's row_states): the step
 feeds the cache's rows below `pos` (a view, no copy) and writes the new row it returns into
 the buffer in place, so a step costs the same at n_ctx 64 and 2048; in the browser both
-happen in the JS call that runs the model (worker/ort.mjs runRows: one crossing a step). A quantized parameter is
-decoded on the host once per write (quants.dequantize_words) and fed as f32.
+happen in the JS call that runs the model (worker/ort.mjs runRows: one crossing a step). A
+quantized parameter is decoded on the host once per write (quants.dequantize_words) and fed
+as f32.
 
 Parameters that a program only reads (the weights of a decode step, the frozen base of a
 LoRA step) are resident instead: exported as initializers with external data (onnx

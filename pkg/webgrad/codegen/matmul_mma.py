@@ -524,7 +524,8 @@ def epilogue_rounds(t: MmaTiling, N: int, epi: str, epi_ld: int, cb: str) -> lis
     return out
 
 
-def _rounds_ahead(t: MmaTiling, N: int, epi: str, cb: str, rounds, count: int, base: str) -> list[str]:
+def _rounds_ahead(t: MmaTiling, N: int, epi: str, cb: str, rounds, count: int,
+                  base: str) -> list[str]:
     """epilogue_rounds with t.epi_ahead: the loop over a round's `count` elements a lane
     unrolled, each round's epi_ld loads issued before the previous round's elements are
     handed over (round 0's before its staging), held in registers p<round>_<k> until then:
