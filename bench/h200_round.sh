@@ -88,12 +88,14 @@ case $part in
     done
     step medium_ahead1 130 "$py" bench/gpt2_train.py --rows medium --precision mixed --no-torch --steps 6 --set mma_epi_ahead=True --profile 12
     ;;
-9)  # part 8's options on the 124M step, and a round ahead at two matrices a round
-    step medium_ahead2 130 "$py" bench/gpt2_train.py --rows medium --precision mixed --no-torch --steps 6 --set mma_epi_ahead=True --set mma_epi_load_stage=2 --profile 12
-    for set in mma_epi_load_stage=1 mma_epi_load_stage=0 mma_epi_ahead=True; do
+9)  # part 8's options on the 124M step, a round ahead at two matrices a round, and the
+    # products reading their f16 copies transposed (mma_transposed; the kernel alone first)
+    step mma_t 60 "$py" bench/matmul_f16.py --robustness off --no-torch --tilings 128x128x32:2x2,128x128x32:2x2:at,128x128x32:2x2:bt,128x128x32:2x2:at:bt --shapes 4096x4096x4096,768x3072x4096,4096x768x3072
+    step medium_ahead2 100 "$py" bench/gpt2_train.py --rows medium --precision mixed --no-torch --steps 6 --set mma_epi_ahead=True --set mma_epi_load_stage=2 --profile 12
+    for set in mma_epi_load_stage=1 mma_epi_load_stage=0 mma_epi_ahead=True mma_transposed=True; do
         step "gpt2_${set%%=*}_${set##*=}" 70 "$py" bench/gpt2_train.py --rows gpt2 --precision mixed --no-torch --set "$set" --profile 0
     done
-    step gpt2_peer 150 "$py" bench/gpt2_train.py --rows gpt2 --precision mixed --peers bf16 --track 2 --profile 0
+    step gpt2_peer 110 "$py" bench/gpt2_train.py --rows gpt2 --precision mixed --peers bf16 --track 2 --profile 0
     ;;
 *)  echo "h200_round.sh: PART is 1 to 9" >&2; exit 2 ;;
 esac

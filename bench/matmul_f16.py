@@ -18,7 +18,8 @@ matmul_mma.MmaTiling: swG workgroups in bands of G tile rows, n8 the 16x8x16 con
 db double buffering, nopre no register prefetch, f16 an f16 C, mx slabs copied with
 subgroup-matrix loads and stores, padP P halves of row padding, row the fragments of a row
 of products at a time (frag), peel the last K step out of the loop (peel), wW W halves a
-copy load (width: 8, 4, 2), oV (with f16) V halves of C a store (out_vec: 2, 4, 8); --set
+copy load (width: 8, 4, 2), oV (with f16) V halves of C a store (out_vec: 2, 4, 8), at / bt
+A stored [K, M] / B stored [N, K] (a_t / b_t: the operand uploaded transposed); --set
 FIELD=VALUE replaces a field in every tiling. Each kernel is checked against float64
 products of the same f16 inputs on sampled rows (max |err| / max |want|), then timed as
 bench/matmul.py times kernels: the wall clock around one submission of back-to-back
@@ -66,6 +67,8 @@ def parse_tiling(text: str, cfg):
             kw["frag"] = "row"
         elif f == "peel":  # the last K step out of the loop (MmaTiling.peel)
             kw["peel"] = True
+        elif f in ("at", "bt"):   # A stored [K, M] / B stored [N, K] (MmaTiling.a_t / b_t)
+            kw[f[0] + "_t"] = True
         elif f in ("o2", "o4", "o8"):   # f16 C: halves a store (MmaTiling.out_vec)
             kw["out_vec"] = int(f[1:])
         elif f.startswith("w"):   # halves per copy load: w8, w4, w2 (MmaTiling.width)
@@ -134,7 +137,8 @@ def dry(tilings, shapes, sets, room: int) -> int:
         B16 = rng.standard_normal((K, N)).astype(np.float16)
         try:
             wgsl, groups = mma_matmul_wgsl(M, N, K, t)
-            got = emulate(wgsl, groups, t, A16, B16).reshape(M, N).astype(np.float64)
+            got = emulate(wgsl, groups, t, *stored(np, t, A16, B16),
+                          c_size=M * N).reshape(M, N).astype(np.float64)
             want = A16.astype(np.float64) @ B16.astype(np.float64)
             err = float(np.abs(got - want).max() / np.abs(want).max())
             ok = err < (2e-3 if t.out == "f16" else 1e-5)
@@ -143,6 +147,12 @@ def dry(tilings, shapes, sets, room: int) -> int:
         bad += not ok
         print(f"  emulated {M}x{N}x{K} {text:28} rel err {err}  {'ok' if ok else 'FAILED'}")
     return bad
+
+
+def stored(np, t, A16, B16):
+    """A and B as the tiling reads them from storage: transposed where a_t / b_t say."""
+    return (np.ascontiguousarray(A16.T) if t.a_t else A16,
+            np.ascontiguousarray(B16.T) if t.b_t else B16)
 
 
 def run_kernel(host, np, A16, B16, want_rows, rows, tiling, reps, shape):
@@ -158,8 +168,9 @@ def run_kernel(host, np, A16, B16, want_rows, rows, tiling, reps, shape):
     t0 = time.perf_counter()
     prog = host.load(plan)
     t_compile = time.perf_counter() - t0
-    host.write(prog, 0, A16.tobytes())
-    host.write(prog, 1, B16.tobytes())
+    a, b = stored(np, tiling, A16, B16)
+    host.write(prog, 0, a.tobytes())
+    host.write(prog, 1, b.tobytes())
     from webgrad.blocking import run_blocking
     raw = run_blocking(host.run(prog, {}, [2]))[0]
     C = np.frombuffer(raw, dtype=np.float16 if tiling.out == "f16" else np.float32).reshape(M, N)

@@ -111,14 +111,14 @@ def emulate(wgsl: str, groups, t: MmaTiling, A16, B16, *, names=("A", "B", "C"),
     B = B16.reshape(-1) if mats else B16.view(np.uint32).reshape(shape)
     C = np.zeros(c_size or M * N, np.float32 if t.out == "f32" else np.float16)
 
-    def at(off, shape, stride):
+    def at(off, shape, stride, col_major=False):   # element (r, c): row r, column c
         r, c = shape
         assert np.ndim(off) == 0, "a matrix offset that differs between lanes (not uniform)"
-        return off + np.arange(r)[:, None] * stride + np.arange(c)[None, :]
+        rows, cols = np.arange(r)[:, None], np.arange(c)[None, :]
+        return off + (cols * stride + rows if col_major else rows * stride + cols)
 
     def load(kind, arr, off, col_major, stride):
-        assert not col_major
-        return arr[at(off, dims[kind], stride)].astype(np.float32)
+        return arr[at(off, dims[kind], stride, col_major)].astype(np.float32)
 
     def store(arr, off, v, col_major, stride):
         assert not col_major
@@ -213,6 +213,44 @@ def test_emulated_kernel_equals_numpy(t):
     want = A16.astype(np.float64) @ B16.astype(np.float64)
     tol = 2e-3 if t.out == "f16" else 1e-5     # f16 output: one rounding to 11 bits
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
+
+
+@pytest.mark.parametrize("t", [MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, a_t=True),
+                               MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, b_t=True),
+                               MmaTiling(bm=64, bn=128, bk=32, sg_m=2, sg_n=2, a_t=True, b_t=True,
+                                         double_buffer=True),
+                               MmaTiling(bm=64, bn=64, bk=16, sg_m=1, sg_n=2, a_t=True, b_t=True,
+                                         frag="row", peel=True, out="f16", stage=1),
+                               MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, b_t=True, width=4,
+                                         prefetch=False),
+                               MmaTiling(bm=32, bn=64, bk=32, sg_m=2, sg_n=1, a_t=True, width=2)],
+                         ids=lambda t: repr(t)[9:-1].replace(", ", ":"))
+def test_emulated_kernel_with_transposed_operands_equals_numpy(t):
+    """A stored [K, M] (a_t: x^T of a weight gradient) and / or B stored [N, K] (b_t: W^T
+    of an input gradient): the slabs copied as stored, the matrices loaded column-major;
+    numpy's product of the same f16 values. The slabs' workgroup memory is theirs
+    (workgroup_bytes), and a transposed operand needs copy="threads"."""
+    M, N, K = 2 * t.bm, 3 * t.bn, 3 * t.bk
+    rng = np.random.default_rng(19)
+    A16 = rng.standard_normal((M, K)).astype(np.float16)
+    B16 = rng.standard_normal((K, N)).astype(np.float16)
+    As = np.ascontiguousarray(A16.T) if t.a_t else A16
+    Bs = np.ascontiguousarray(B16.T) if t.b_t else B16
+    wgsl, groups = mma_matmul_wgsl(M, N, K, t)
+    assert ("true, " in wgsl) and groups == (N // t.bn, M // t.bm, 1)
+    got = emulate(wgsl, groups, t, As, Bs, c_size=M * N).reshape(M, N).astype(np.float64)
+    want = A16.astype(np.float64) @ B16.astype(np.float64)
+    tol = 2e-3 if t.out == "f16" else 1e-5
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
+    # the wrong orientation gives another product: the test can fail
+    wrong = emulate(wgsl, groups, t, A16 if t.a_t else As, B16 if t.b_t else Bs, c_size=M * N)
+    assert not np.allclose(wrong.reshape(M, N), want, rtol=1e-2, atol=1e-1)
+    slabs = sum(r * (c + t.pad) for r, c in t.slab_rows())
+    assert t.workgroup_bytes() == 2 * slabs * (2 if t.double_buffer else 1) + (
+        4 * t.m * t.n * t.staged * t.sg_m * t.sg_n if t.out == "f16" else 0)
+    assert re.search(rf"var<workgroup> As0: array<f16, {t.slab_rows()[0][0] * (t.slab_rows()[0][1] + t.pad)}>", wgsl)
+    with pytest.raises(ValueError, match="copied by the threads"):
+        mma_matmul_wgsl(M, N, K, replace(t, copy="matrix"))
 
 
 def test_emulator_catches_a_wrong_index():
@@ -658,6 +696,55 @@ def test_streaming_epilogues_compute_the_same_on_the_adapter():
     for g in rest:
         np.testing.assert_array_equal(g, first)
     np.testing.assert_allclose(first, ref, rtol=2.0 ** -10, atol=2.0 ** -10 * np.abs(ref).max())
+
+
+@pytest.mark.webgpu
+@pytest.mark.skipif(not backends.webgpu_available(), reason="no native WebGPU adapter")
+def test_mixed_step_reads_its_f16_copies_transposed():
+    """KernelOptions.mma_transposed: a precision="mixed" training step (two linear layers,
+    AdamW) whose input gradient reads W2's f16 copy transposed (b_t) and whose weight
+    gradients read x's and h's f16 copies transposed (a_t), on this machine's adapter with
+    the subgroup-matrix kernels in plain WGSL (mma_emulate): no transposing copy is left, and
+    two steps give the same losses and parameters, bit for bit, as the program that rounds
+    copies of the transposes (the same f16 values, the same sums in the same order)."""
+    import webgrad as wg
+    from webgrad import Module, ops, optim
+    from webgrad.codegen import KernelOptions
+    be = wg.backends.get_backend("webgpu")
+    if "shader-f16" not in (getattr(be.host, "features", None) or ()):
+        pytest.skip("this adapter has no shader-f16")
+
+    class Net(Module):
+        def __init__(self):
+            super().__init__()
+            self.W1 = self.param([64, 64])
+            self.W2 = self.param([64, 64])
+
+    def loss(m, f):
+        h = ops.relu(ops.matmul(f["x"], m.W1))
+        return ops.mean_all((ops.matmul(h, m.W2) - f["y"]) ** 2.0)
+
+    rng = np.random.default_rng(20)
+    feed = {"x": rng.standard_normal((64, 64)).astype(np.float32),
+            "y": rng.standard_normal((64, 64)).astype(np.float32)}
+    runs = {}
+    for views in (False, True):
+        opts = KernelOptions(mma_emulate=True, mma_transposed=views)
+        c = wg.compile_module(Net, loss, inputs={"x": [64, 64], "y": [64, 64]},
+                              optimizer=optim.AdamW(lr=1e-2), backend="webgpu",
+                              precision="mixed", seed=4, kernel_options=opts)
+        losses = [float(c.step(feed)) for _ in range(2)]
+        heads = [p["wgsl"].splitlines()[0] for p in c._train.exe.plan["pipelines"]]
+        runs[views] = (losses, {k: np.asarray(v) for k, v in c.download_params().items()},
+                       heads, c._train.exe.kernel_names)
+    (l0, p0, h0, k0), (l1, p1, h1, k1) = runs[False], runs[True]
+    assert l1 == l0 and all(np.array_equal(p1[k], p0[k]) for k in p0)
+    # the rounded copies of W2^T, x^T and h^T (elementwise kernels) are gone; the products stay
+    assert k1.count("elementwise") == k0.count("elementwise") - 3, (k0, k1)
+    assert sum(" mma " in k for k in k1) == sum(" mma " in k for k in k0) == 5
+    mma = [h for h in h1 if " mma " in h]
+    assert any("a_t=True" in h for h in mma) and any("b_t=True" in h for h in mma), mma
+    assert not any("a_t=True" in h or "b_t=True" in h for h in h0)
 
 
 def test_mma_kernel_takes_a_product_the_tiled_kernel_splits_over_k():

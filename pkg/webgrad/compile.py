@@ -62,7 +62,7 @@ _DEFAULT = object()
 
 
 def build_train_graph(factory, loss_fn, inputs, optimizer: Optimizer | None, *, keep_grads=True,
-                      seed: int = 0, precision: str = "f32"):
+                      seed: int = 0, precision: str = "f32", transposed_views: bool = False):
     g = Graph()
     specs, loss = trace_tensor(g, factory, loss_fn, inputs, "compile_module", seed)
     trainable = {n: s for n, s in specs.items() if s.trainable}
@@ -88,7 +88,7 @@ def build_train_graph(factory, loss_fn, inputs, optimizer: Optimizer | None, *, 
     # frozen parameters are read but not differentiated: the backward still flows through
     # them to what they multiply, but no gradient (nor optimizer state) of theirs is formed
     grads = append_grad(g, (target if scaled else loss).id, [g.params[n] for n in trainable])
-    old, (g, new_id) = g, apply_precision(g, precision)
+    old, (g, new_id) = g, apply_precision(g, precision, transposed_views=transposed_views)
     grads = {g.params[n]: Tensor(g, new_id[grads[old.params[n]].id]) for n in trainable}
     with tracing(g):
         if scaled:
@@ -145,9 +145,13 @@ def compile_module(factory, loss_fn, *, inputs, optimizer=_DEFAULT, backend="ref
                         f"got {optimizer!r}")
     seed = check_seed(seed, "compile_module")
     ins = parse_inputs(inputs)
-    specs, train, forward = build_train_graph(factory, loss_fn, ins, optimizer, keep_grads=keep_grads,
-                                                seed=seed, precision=precision)
     be = get_backend(backend)
+    # products that read operands stored transposed (KernelOptions.mma_transposed)
+    opts = kernel_options or getattr(getattr(be, "limits", None), "options", None)
+    views = precision == "mixed" and bool(getattr(opts, "mma_transposed", False))
+    specs, train, forward = build_train_graph(factory, loss_fn, ins, optimizer, keep_grads=keep_grads,
+                                                seed=seed, precision=precision,
+                                                transposed_views=views)
     return CompiledModule(be, factory, specs, Program(be, train, ins, options=kernel_options),
                           # prepared by the first run()
                           Program(be, forward, ins, lazy=True, options=kernel_options),

@@ -139,7 +139,7 @@ def _mma_plan(g, fu, main: int, limits, half):
     shape = _mma_shape(tuple(node.shape), *ops, limits)
     if shape is None:
         return None
-    S = _mma_split(limits, *shape[:4])
+    S = _mma_split(limits, *shape[:4], *shape[6:])
     return None if S is None else (S, shape[0], shape[1])
 
 
@@ -150,10 +150,11 @@ def _mma_planned(ctx) -> bool:
     return ctx.group.main is not None and mma_takes(ctx.g, low.fu, ctx.group.main, ctx.limits, low.half)
 
 
-def _mma_split(limits, M: int, N: int, K: int, nb: int) -> int | None:
+def _mma_split(limits, M: int, N: int, K: int, nb: int, a_t: bool = False,
+               b_t: bool = False) -> int | None:
     """K chunks of the subgroup-matrix kernel's [M, K] @ [K, N] (x nb), None where no
     tiling divides it: the planner (_mma_plan) and the builder (_build_mma) agree on it."""
-    t = tiling_for(limits, M, N, K, "f32", epilogue=True)
+    t = tiling_for(limits, M, N, K, "f32", epilogue=True, a_t=a_t, b_t=b_t)
     return None if t is None else mma_splits(t, M, N, K, nb, limits.options.mma_split_below)
 
 
@@ -166,8 +167,16 @@ def _mma_shape(shape, opa, opb, limits):
         return None
     M, K, N = ash[-2], ash[-1], bsh[-1]
     canon = nonunit_digits
-    if canon(dima[-2]) != canon([(M, K)]) or canon(dima[-1]) != canon([(K, 1)]) or \
-            canon(dimb[-2]) != canon([(K, N)]) or canon(dimb[-1]) != canon([(N, 1)]):
+
+    def layout(dims, R, C):   # False: row-major [R, C]; True: stored transposed, [C, R]
+        if canon(dims[-2]) == canon([(R, C)]) and canon(dims[-1]) == canon([(C, 1)]):
+            return False
+        if limits.options.mma_transposed and canon(dims[-2]) == canon([(R, 1)]) and \
+                canon(dims[-1]) == canon([(C, R)]):
+            return True
+        return None
+    a_t, b_t = layout(dima, M, K), layout(dimb, K, N)
+    if a_t is None or b_t is None:
         return None
     batch = tuple(shape[:-2])
     nb = prod(batch)
@@ -187,11 +196,11 @@ def _mma_shape(shape, opa, opb, limits):
             terms += digits_addr(d, idx if k == 0 else f"({idx} % {batch[k]}u)", batch[k])
         return " + ".join(terms)
     shared_b = all(not canon([(c, st) for c, st in d if st]) for _, d in bdb)
-    if nb > 1 and shared_b and canon([dg for _, d in bda for dg in d]) == canon([(nb, M * K)]):
+    if nb > 1 and shared_b and not a_t and canon([dg for _, d in bda for dg in d]) == canon([(nb, M * K)]):
         M, nb, bda, bdb = nb * M, 1, [], []   # one product of nb * M rows
     elif nb > limits.max_compute_workgroups_per_dimension:
         return None
-    return M, N, K, nb, base(offa, bda), base(offb, bdb)
+    return M, N, K, nb, base(offa, bda), base(offb, bdb), a_t, b_t
 
 
 # the operands' binding type by the tiling's copy width (KernelOptions.mma_width: 4 binds
@@ -225,12 +234,12 @@ def _build_mma(ctx, node, opa, opb) -> list | None:
     shape = _mma_shape(tuple(node.shape), (offa, dima, ash), (offb, dimb, bsh), ctx.limits)
     if shape is None:
         return None
-    M, N, K, nb, a_base, b_base = shape
-    S = _mma_split(ctx.limits, M, N, K, nb) or 1
+    M, N, K, nb, a_base, b_base, a_t, b_t = shape
+    S = _mma_split(ctx.limits, M, N, K, nb, a_t, b_t) or 1
     if (S > 1) != bool(ctx.scratch):
         return None   # scratch planned for another kernel's split
     if S > 1:
-        return _build_mma_split(ctx, node, sa, sb, M, N, K, S, a_base)
+        return _build_mma_split(ctx, node, sa, sb, M, N, K, S, a_base, a_t, b_t)
     g = ctx.g
     if ctx.rows:
         out = None   # the epilogue stores cache rows too
@@ -241,7 +250,7 @@ def _build_mma(ctx, node, opa, opb) -> list | None:
         out = "f16"
     else:
         out = None   # the epilogue
-    t = tiling_for(ctx.limits, M, N, K, out or "f32", epilogue=out is None)
+    t = tiling_for(ctx.limits, M, N, K, out or "f32", epilogue=out is None, a_t=a_t, b_t=b_t)
     if t is None:
         return None
     what = f"matmul {'x'.join(map(str, node.shape))} K={K} mma {t.bm}x{t.bn}x{t.bk} -> {out or 'epilogue'}"
@@ -259,7 +268,8 @@ def _build_mma(ctx, node, opa, opb) -> list | None:
                                             widened=True):
                 ld = 0
             if ld:   # a streamed load: its staging per mma_epi_load_stage, on the same tile
-                u = tiling_for(ctx.limits, M, N, K, "f32", epilogue=True, streams=True)
+                u = tiling_for(ctx.limits, M, N, K, "f32", epilogue=True, streams=True,
+                               a_t=a_t, b_t=b_t)
                 if u is not None and (u.bm, u.bn, u.bk) == (t.bm, t.bn, t.bk):
                     t = u
         else:
@@ -277,12 +287,14 @@ def _build_mma(ctx, node, opa, opb) -> list | None:
              "workgroups": list(groups), "name": what}]
 
 
-def _build_mma_split(ctx, node, sa, sb, M: int, N: int, K: int, S: int, a_base: str) -> list | None:
+def _build_mma_split(ctx, node, sa, sb, M: int, N: int, K: int, S: int, a_base: str,
+                     a_t: bool = False, b_t: bool = False) -> list | None:
     """A product split into S chunks of K (matmul_mma.mma_splits): the subgroup-matrix
     kernel writes chunk wg.z's partial product to scratch (A's columns and B's rows of the
-    chunk), then matmul_splitk's kernel adds them in order and runs the epilogue."""
+    chunk; of an operand stored transposed, its rows or columns), then matmul_splitk's
+    kernel adds them in order and runs the epilogue."""
     Kc = K // S
-    t = tiling_for(ctx.limits, M, N, Kc, "f32")
+    t = tiling_for(ctx.limits, M, N, Kc, "f32", a_t=a_t, b_t=b_t)
     if t is None or a_base:
         return None
     part = ctx.scratch[0]
@@ -292,8 +304,10 @@ def _build_mma_split(ctx, node, sa, sb, M: int, N: int, K: int, S: int, a_base: 
     bn = kernel.binding(sb.buffer, _MMA_BIND[t.width], what=sb.what, nbytes=sb.nbytes)
     cn = kernel.binding(part.buffer, "f32", write=True, what=part.what, nbytes=part.nbytes)
     wgsl, groups = mma_matmul_wgsl(M, N, Kc, t, ctx.limits.max_compute_workgroup_storage_size,
-                                   batch=S, a_base=f"wg.z * {Kc}u", b_base=f"wg.z * {Kc * N}u",
-                                   header=kernel.module_scope(), names=(an, bn, cn), lda=K,
+                                   batch=S, a_base=f"wg.z * {Kc * M if a_t else Kc}u",
+                                   b_base=f"wg.z * {Kc if b_t else Kc * N}u",
+                                   header=kernel.module_scope(), names=(an, bn, cn),
+                                   lda=None if a_t else K, ldb=K if b_t else None,
                                    bound=t.width)
     return [{"wgsl": emulate_mma(wgsl) if ctx.limits.options.mma_emulate else wgsl,
              "bindings": [b.buffer for b in kernel.bindings],

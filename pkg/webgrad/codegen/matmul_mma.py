@@ -40,7 +40,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 
-_LATER_FIELDS = ("frag", "peel", "width", "epi_rows", "epi_vec", "out_vec", "epi_ahead")
+_LATER_FIELDS = ("frag", "peel", "width", "epi_rows", "epi_vec", "out_vec", "epi_ahead", "a_t", "b_t")
 # the storage element holding this many f16 halves (the copies' width, the bindings')
 _WORDS = {8: "vec4<u32>", 4: "vec2<u32>", 2: "u32"}
 
@@ -98,6 +98,11 @@ class MmaTiling:
                              # issued before the round ahead of it is handed over (the first
                              # round's before its staging), so they are in flight across the
                              # barriers and stores (KernelOptions.mma_epi_ahead)
+    a_t: bool = False        # A stored transposed, [K, M] with M fastest (x^T of a weight
+                             # gradient): its slab staged k by rows as stored, the left
+                             # matrices loaded column-major from there (copy "threads")
+    b_t: bool = False        # B stored transposed, [N, K] with K fastest (W^T of an input
+                             # gradient): likewise, the right matrices loaded column-major
 
     def __repr__(self) -> str:
         # the fields added after the kernel's first measurements appear only where they
@@ -126,8 +131,14 @@ class MmaTiling:
     def staged(self) -> int:  # staged matrices per round (f16 C, an epilogue)
         return self.stage or self.tn
 
+    def slab_rows(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """(rows, row length) of A's and B's slab in workgroup memory, before padding: as
+        they are stored (a_t: k rows of m; b_t: n rows of k)."""
+        return ((self.bk, self.bm) if self.a_t else (self.bm, self.bk),
+                (self.bn, self.bk) if self.b_t else (self.bk, self.bn))
+
     def workgroup_bytes(self) -> int:
-        slabs = 2 * (self.bm * (self.bk + self.pad) + self.bk * (self.bn + self.pad))
+        slabs = 2 * sum(r * (c + self.pad) for r, c in self.slab_rows())
         staging = 4 * self.m * self.n * self.staged * self.sg_m * self.sg_n if self.out == "f16" else 0
         return slabs * (2 if self.double_buffer else 1) + staging
 
@@ -151,7 +162,9 @@ class MmaTiling:
         need(M % self.bm == 0 and N % self.bn == 0 and K % self.bk == 0,
              f"M must be a multiple of bm {self.bm}, N of bn {self.bn}, K of bk {self.bk} "
              "(pad the operands, or pick a tiling that divides them)")
-        for rows, cols, r, c in ((self.bm, self.bk, self.m, self.k), (self.bk, self.bn, self.k, self.n)):
+        need(self.copy == "threads" or not (self.a_t or self.b_t),
+             "a transposed operand (a_t, b_t) is copied by the threads (copy='threads')")
+        for (rows, cols), (r, c) in zip(self.slab_rows(), ((self.m, self.k), (self.k, self.n))):
             if self.copy == "threads":
                 need((rows * cols // self.width) % self.threads == 0,
                      f"a {rows}x{cols} slab must split evenly over {self.threads} invocations "
@@ -264,7 +277,7 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
                     max_workgroup_bytes: int | None = None, *, batch: int = 1,
                     a_base: str = "", b_base: str = "", header: list[str] | None = None,
                     names: tuple[str, str, str] = ("A", "B", "C"),
-                    epi: str | None = None, lda: int | None = None,
+                    epi: str | None = None, lda: int | None = None, ldb: int | None = None,
                     epi_ld: int = 0, bound: int | None = None) -> tuple[str, tuple[int, int, int]]:
     """(WGSL, workgroups) of C = A @ B with tiling t (see the module docstring).
 
@@ -278,7 +291,8 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
     its result matrices (tn of them, an m x tn n block), then its invocations take the
     block's elements in order (32 neighbours a call: coalesced loads and stores in the
     epilogue), two barriers per row. lda: A's row length in halves where it is longer than
-    K (a K chunk of a split product, mma_splits: chunk wg.z at a_base = wg.z * K).
+    K (a K chunk of a split product, mma_splits: chunk wg.z at a_base = wg.z * K); ldb:
+    B's where it is stored transposed (b_t) and its rows are longer than K (such a chunk).
     epi_ld: the epilogue was split (matmul_epilogue.prefetch_epilogue: `epi_ld(f)` loads,
     `epi(f, v, p)` the rest): each invocation calls epi_ld for that many of its elements
     before their epi calls, so their loads are in flight together (the GPU's compiler keeps
@@ -294,11 +308,15 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
         raise ValueError(f"mma matmul with an epilogue: {t} must have out='f32' and m * n a "
                          "multiple of the subgroup size")
     An, Bn, Cn = names
-    sa, sb = t.bk + t.pad, t.bn + t.pad           # workgroup row strides (halves)
-    a_size, b_size = t.bm * sa, t.bk * sb
+    if (lda is not None and t.a_t) or (ldb is not None and not t.b_t):
+        raise ValueError(f"mma matmul with {t}: lda is A's row length along K (not with "
+                         "a_t), ldb B's where b_t")
+    (ra_, ca_), (rb_, cb_) = t.slab_rows()
+    sa, sb = ca_ + t.pad, cb_ + t.pad              # workgroup row strides (halves)
+    a_size, b_size = ra_ * sa, rb_ * sb
     w = t.width
     va, vb = t.bm * t.bk // w // t.threads, t.bk * t.bn // w // t.threads   # loads each
-    rows_a, rows_b = t.bk // w, t.bn // w          # loads per slab row
+    rows_a, rows_b = ca_ // w, cb_ // w            # loads per slab row
     nbuf = 2 if t.double_buffer else 1
     bound = bound or (8 if header is not None else w)
     if t.copy == "threads" and bound != w and (bound, w) != (8, 4):
@@ -360,10 +378,21 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
         for j in range(t.tn):
             L.append(f"  var acc{i}_{j} = {res}();")
     # the two slabs a K step copies: A's bm x bk (m x k matrices) and B's bk x bn (k x n)
-    slabs = (Slab("a", An, "As", left, ma, t.bk // t.k, t.m, t.k, lda or K, sa, va, rows_a,
-                  lambda kexpr: ("m0", f"({kexpr})"), ao),
-             Slab("b", Bn, "Bs", right, mb, t.bn // t.n, t.k, t.n, N, sb, vb, rows_b,
-                  lambda kexpr: (f"({kexpr})", "n0"), bo))
+    # (transposed: A's k rows of m from storage [K, M], B's n rows of k from [N, K])
+    slabs = (Slab("a", An, "As", left, ma, t.bk // t.k, t.m, t.k, M if t.a_t else lda or K, sa,
+                  va, rows_a, (lambda kexpr: (f"({kexpr})", "m0")) if t.a_t else
+                  (lambda kexpr: ("m0", f"({kexpr})")), ao),
+             Slab("b", Bn, "Bs", right, mb, t.bn // t.n, t.k, t.n, ldb or K if t.b_t else N, sb, vb,
+                  rows_b, (lambda kexpr: ("n0", f"({kexpr})")) if t.b_t else
+                  (lambda kexpr: (f"({kexpr})", "n0")), bo))
+
+    def left_at(kk, i):   # (offset, column-major) of left matrix i of K slice kk in As
+        return ((f"{kk * t.k * sa}u + sm + {i * t.m}u", "true") if t.a_t else
+                (f"(sm + {i * t.m}u) * {sa}u + {kk * t.k}u", "false"))
+
+    def right_at(kk, j):
+        return ((f"(sn + {j * t.n}u) * {sb}u + {kk * t.k}u", "true") if t.b_t else
+                (f"{kk * t.k * sb}u + sn + {j * t.n}u", "false"))
 
     def loads(kexpr):  # one slab pair's storage loads into registers (pa*, pb* / ra*, rb*)
         return [ln for sl in slabs for ln in slab_loads(t, sl, kexpr, bound)]
@@ -375,10 +404,10 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
         out = []
         for kk in range(t.bk // t.k):
             lefts = [f"    let a{kk}_{i} = subgroupMatrixLoad<{left}>(&As{b}, "
-                     f"(sm + {i * t.m}u) * {sa}u + {kk * t.k}u, false, {sa}u);" for i in range(t.tm)]
+                     f"{', '.join(left_at(kk, i))}, {sa}u);" for i in range(t.tm)]
             for j in range(t.tn):
                 out.append(f"    let b{kk}_{j} = subgroupMatrixLoad<{right}>(&Bs{b}, "
-                           f"{kk * t.k * sb}u + sn + {j * t.n}u, false, {sb}u);")
+                           f"{', '.join(right_at(kk, j))}, {sb}u);")
             if t.frag == "all":
                 out[len(out) - t.tn:len(out) - t.tn] = lefts   # the lefts first, as measured
             for i in range(t.tm):
@@ -563,12 +592,14 @@ def epilogue_staging_bytes(t: MmaTiling) -> int:
 
 
 def tiling_for(limits, M: int, N: int, K: int, out: str = "f32",
-               epilogue: bool = False, streams: bool = False) -> MmaTiling | None:
+               epilogue: bool = False, streams: bool = False, a_t: bool = False,
+               b_t: bool = False) -> MmaTiling | None:
     """The tiling for an [M, K] @ [K, N] f16 product on the device of codegen `limits`, or
     None where this kernel cannot run (no shader-f16, no f16 -> f32 subgroup-matrix
     configuration, or a shape no tiling divides): the caller keeps its f32 kernels then.
     epilogue: the kernel also holds mma_matmul_wgsl's staging matrices for an epilogue;
-    streams: one whose loads are issued ahead (mma_epi_load_stage in place of mma_epi_stage).
+    streams: one whose loads are issued ahead (mma_epi_load_stage in place of mma_epi_stage);
+    a_t, b_t: an operand stored transposed (MmaTiling.a_t / b_t: its slab's workgroup memory).
     128x128x32 on 2x2 subgroups measured best at 4096^3 on the H200 (bench/README.md).
     KernelOptions.mma_tiling (on limits.options) replaces fields of the default MmaTiling
     where the result divides the shape and fits the device; elsewhere the table decides.
@@ -614,7 +645,8 @@ def tiling_for(limits, M: int, N: int, K: int, out: str = "f32",
         return t if fits(t) else None
     over = getattr(opts, "mma_tiling", ())
     if over:   # a variant (bench/matmul_f16.py --sweep): where it divides the shape and fits
-        t = chosen(with_overrides(MmaTiling(m=m, n=n, k=k, subgroup_size=size, out=out), over))
+        t = chosen(with_overrides(MmaTiling(m=m, n=n, k=k, subgroup_size=size, out=out,
+                                            a_t=a_t, b_t=b_t), over))
         if t is not None:
             return t
     for bm, bn, sgm, sgn, stage in ((128, 128, 2, 2, 0), (64, 64, 2, 2, 0), (64, 64, 2, 2, 1),
@@ -622,7 +654,7 @@ def tiling_for(limits, M: int, N: int, K: int, out: str = "f32",
         if stage and out != "f16":
             continue   # (f16 C staged a matrix at a time where a row does not fit)
         t = chosen(MmaTiling(bm=bm, bn=bn, bk=32, sg_m=sgm, sg_n=sgn, m=m, n=n, k=k,
-                             subgroup_size=size, out=out, stage=stage))
+                             subgroup_size=size, out=out, stage=stage, a_t=a_t, b_t=b_t))
         if t is not None:
             return t
     return None

@@ -311,6 +311,13 @@ class KernelOptions:
     # ... whose loads, too, go a round ahead: issued before the previous round is handed
     # over (MmaTiling.epi_ahead), in flight across its barriers and stores
     mma_epi_ahead: bool = False
+    # the subgroup-matrix kernel takes an operand stored transposed (A as [K, M], B as
+    # [N, K]: MmaTiling.a_t / b_t, the matrices loaded column-major from its slab), and a
+    # precision="mixed" program's products read the f16 copies they share transposed
+    # (x^T of a weight gradient, W^T of an input gradient) instead of a rounded copy of the
+    # transpose written by a transposing-copy kernel (precision.apply_precision's
+    # transposed_views): fewer kernels and bytes, not yet measured on a GPU
+    mma_transposed: bool = False
 
     # ---- index.py
     # True / False: the tiled / chunked scan (scatter_add_rows' counts); None: GPUs tiled
