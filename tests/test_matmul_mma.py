@@ -253,6 +253,28 @@ def test_emulated_kernel_with_transposed_operands_equals_numpy(t):
         mma_matmul_wgsl(M, N, K, replace(t, copy="matrix"))
 
 
+@pytest.mark.parametrize("a_t, b_t", [(True, False), (False, True), (True, True)])
+def test_split_chunks_of_transposed_operands(a_t, b_t):
+    """A split product's chunks (matmul._build_mma_split) of operands stored transposed:
+    chunk z of K reads A's rows z*Kc.. of [K, M] (a_base wg.z * Kc * M) and B's columns
+    z*Kc.. of [N, K] (b_base wg.z * Kc, ldb K), and writes its partial product at z."""
+    t = MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, a_t=a_t, b_t=b_t)
+    M, N, K, S = 64, 128, 256, 4
+    Kc = K // S
+    rng = np.random.default_rng(21)
+    A16 = rng.standard_normal((M, K)).astype(np.float16)
+    B16 = rng.standard_normal((K, N)).astype(np.float16)
+    As = np.ascontiguousarray(A16.T) if a_t else A16
+    Bs = np.ascontiguousarray(B16.T) if b_t else B16
+    wgsl, groups = mma_matmul_wgsl(M, N, Kc, t, batch=S, a_base=f"wg.z * {Kc * M if a_t else Kc}u",
+                                   b_base=f"wg.z * {Kc if b_t else Kc * N}u",
+                                   lda=None if a_t else K, ldb=K if b_t else None)
+    got = emulate(wgsl, groups, t, As, Bs, c_size=S * M * N).reshape(S, M, N).astype(np.float64)
+    for z in range(S):
+        want = A16[:, z * Kc:(z + 1) * Kc].astype(np.float64) @ B16[z * Kc:(z + 1) * Kc].astype(np.float64)
+        np.testing.assert_allclose(got[z], want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
 def test_emulator_catches_a_wrong_index():
     """A kernel whose second row of left matrices reads the first one's gives another product."""
     t = TILINGS[0]
