@@ -92,8 +92,8 @@ case $part in
     # products reading their f16 copies transposed (mma_transposed; the kernel alone first)
     step mma_t 60 "$py" bench/matmul_f16.py --robustness off --no-torch --tilings 128x128x32:2x2,128x128x32:2x2:at,128x128x32:2x2:bt,128x128x32:2x2:at:bt --shapes 4096x4096x4096,768x3072x4096,4096x768x3072
     step medium_ahead2 100 "$py" bench/gpt2_train.py --rows medium --precision mixed --no-torch --steps 6 --set mma_epi_ahead=True --set mma_epi_load_stage=2 --profile 12
-    for set in mma_epi_load_stage=1 mma_epi_load_stage=0 mma_epi_ahead=True mma_transposed=True; do
-        step "gpt2_${set%%=*}_${set##*=}" 70 "$py" bench/gpt2_train.py --rows gpt2 --precision mixed --no-torch --set "$set" --profile 0
+    for set in mma_epi_load_stage=1 mma_epi_load_stage=0 mma_epi_ahead=True mma_transposed=True "mma_transposed='weights'"; do
+        step "gpt2_$(printf %s "$set" | tr -c 'A-Za-z0-9_' '_')" 60 "$py" bench/gpt2_train.py --rows gpt2 --precision mixed --no-torch --set "$set" --profile 0
     done
     step gpt2_peer 110 "$py" bench/gpt2_train.py --rows gpt2 --precision mixed --peers bf16 --track 2 --profile 0
     ;;

@@ -722,13 +722,15 @@ def test_streaming_epilogues_compute_the_same_on_the_adapter():
 
 @pytest.mark.webgpu
 @pytest.mark.skipif(not backends.webgpu_available(), reason="no native WebGPU adapter")
-def test_mixed_step_reads_its_f16_copies_transposed():
+@pytest.mark.parametrize("mode", ["weights", True])
+def test_mixed_step_reads_its_f16_copies_transposed(mode):
     """KernelOptions.mma_transposed: a precision="mixed" training step (two linear layers,
-    AdamW) whose input gradient reads W2's f16 copy transposed (b_t) and whose weight
-    gradients read x's and h's f16 copies transposed (a_t), on this machine's adapter with
-    the subgroup-matrix kernels in plain WGSL (mma_emulate): no transposing copy is left, and
-    two steps give the same losses and parameters, bit for bit, as the program that rounds
-    copies of the transposes (the same f16 values, the same sums in the same order)."""
+    AdamW) whose input gradient reads W2's f16 copy transposed (b_t) and (mode True, not
+    "weights") whose weight gradients read x's and h's f16 copies transposed (a_t), on this
+    machine's adapter with the subgroup-matrix kernels in plain WGSL (mma_emulate): those
+    rounded copies of transposes are gone, and two steps give the same losses and
+    parameters, bit for bit, as the program that makes them (the same f16 values, the same
+    sums in the same order)."""
     import webgrad as wg
     from webgrad import Module, ops, optim
     from webgrad.codegen import KernelOptions
@@ -750,7 +752,7 @@ def test_mixed_step_reads_its_f16_copies_transposed():
     feed = {"x": rng.standard_normal((64, 64)).astype(np.float32),
             "y": rng.standard_normal((64, 64)).astype(np.float32)}
     runs = {}
-    for views in (False, True):
+    for views in (False, mode):
         opts = KernelOptions(mma_emulate=True, mma_transposed=views)
         c = wg.compile_module(Net, loss, inputs={"x": [64, 64], "y": [64, 64]},
                               optimizer=optim.AdamW(lr=1e-2), backend="webgpu",
@@ -759,13 +761,15 @@ def test_mixed_step_reads_its_f16_copies_transposed():
         heads = [p["wgsl"].splitlines()[0] for p in c._train.exe.plan["pipelines"]]
         runs[views] = (losses, {k: np.asarray(v) for k, v in c.download_params().items()},
                        heads, c._train.exe.kernel_names)
-    (l0, p0, h0, k0), (l1, p1, h1, k1) = runs[False], runs[True]
+    (l0, p0, h0, k0), (l1, p1, h1, k1) = runs[False], runs[mode]
     assert l1 == l0 and all(np.array_equal(p1[k], p0[k]) for k in p0)
-    # the rounded copies of W2^T, x^T and h^T (elementwise kernels) are gone; the products stay
-    assert k1.count("elementwise") == k0.count("elementwise") - 3, (k0, k1)
+    # the rounded copies of W2^T (and x^T, h^T) are elementwise kernels; the products stay
+    gone = 1 if mode == "weights" else 3
+    assert k1.count("elementwise") == k0.count("elementwise") - gone, (k0, k1)
     assert sum(" mma " in k for k in k1) == sum(" mma " in k for k in k0) == 5
     mma = [h for h in h1 if " mma " in h]
-    assert any("a_t=True" in h for h in mma) and any("b_t=True" in h for h in mma), mma
+    assert any("a_t=True" in h for h in mma) == (mode is True), mma
+    assert any("b_t=True" in h for h in mma), mma
     assert not any("a_t=True" in h or "b_t=True" in h for h in h0)
 
 

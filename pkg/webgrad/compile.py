@@ -62,7 +62,7 @@ _DEFAULT = object()
 
 
 def build_train_graph(factory, loss_fn, inputs, optimizer: Optimizer | None, *, keep_grads=True,
-                      seed: int = 0, precision: str = "f32", transposed_views: bool = False):
+                      seed: int = 0, precision: str = "f32", transposed_views: bool | str = False):
     g = Graph()
     specs, loss = trace_tensor(g, factory, loss_fn, inputs, "compile_module", seed)
     trainable = {n: s for n, s in specs.items() if s.trainable}
@@ -148,7 +148,7 @@ def compile_module(factory, loss_fn, *, inputs, optimizer=_DEFAULT, backend="ref
     be = get_backend(backend)
     # products that read operands stored transposed (KernelOptions.mma_transposed)
     opts = kernel_options or getattr(getattr(be, "limits", None), "options", None)
-    views = precision == "mixed" and bool(getattr(opts, "mma_transposed", False))
+    views = getattr(opts, "mma_transposed", False) if precision == "mixed" else False
     specs, train, forward = build_train_graph(factory, loss_fn, ins, optimizer, keep_grads=keep_grads,
                                                 seed=seed, precision=precision,
                                                 transposed_views=views)

@@ -102,7 +102,7 @@ def _swaps_last_two(n: Node) -> bool:   # a transpose of the last two axes (W^T,
     return n.op == "transpose" and r >= 2 and tuple(n.attrs["perm"]) == (*range(r - 2), r - 1, r - 2)
 
 
-def apply_precision(g: Graph, precision: str, *, transposed_views: bool = False
+def apply_precision(g: Graph, precision: str, *, transposed_views: bool | str = False
                     ) -> tuple[Graph, dict[int, int]]:
     """(the rebuilt graph, old node id -> the new id holding that value, as f32 where it was
     f32). precision="f32" returns g itself and the identity map. transposed_views: the f16
@@ -110,8 +110,9 @@ def apply_precision(g: Graph, precision: str, *, transposed_views: bool = False
     view of the copy the forward's product reads), and a weight gradient's x^T a view of
     x's f16 form, where without it each is a rounded copy of the transpose (a transposing
     copy kernel): for kernels that read an operand stored transposed
-    (KernelOptions.mma_transposed). The values are the same: rounding commutes with the
-    transpose."""
+    (KernelOptions.mma_transposed). "weights": only transposes of parameters (W^T of an
+    input gradient; the activations' f16 copies are not held until the backward). The
+    values are the same: rounding commutes with the transpose."""
     if precision == "f32":
         return g, {n.id: n.id for n in g.nodes}
     new = Graph(seed=g.seed, training=g.training)
@@ -127,7 +128,8 @@ def apply_precision(g: Graph, precision: str, *, transposed_views: bool = False
                 half[i] = as_f16(n.inputs[0])
             elif n.dtype == "f32" and ((i in exact and n.op in _LAYOUT) or (
                     n.op in ("transpose", "reshape") and held_f16(n.inputs[0])) or (
-                    transposed_views and _swaps_last_two(n))):
+                    transposed_views and _swaps_last_two(n) and (
+                        transposed_views != "weights" or g[n.inputs[0]].op == "param"))):
                 # a view of rounded values (exact), or of a value already held in f16 (an
                 # f16 weight's transpose in a tied LM head): the same view of the f16
                 # values, not a rounded copy of the view
@@ -159,7 +161,7 @@ def apply_precision(g: Graph, precision: str, *, transposed_views: bool = False
         r, rows = len(a.shape), prod(a.shape[:-1]) // M * K
         if a.op == "transpose" and tuple(a.attrs["perm"]) == (*range(r - 2), r - 1, r - 2):
             x = a.inputs[0]
-            if transposed_views:   # x's f16 rows, read transposed: no rounded copy
+            if transposed_views is True:   # x's f16 rows, read transposed: no rounded copy
                 xr = new.add("reshape", [as_f16(x)], (rows, M), "f16", {"shape": (rows, M)}, a.loc)
                 a16 = new.add("transpose", [xr], (M, rows), "f16", {"perm": (1, 0)}, a.loc)
                 b16 = new.add("reshape", [as_f16(b.id)], (rows, N), "f16", {"shape": (rows, N)}, b.loc)

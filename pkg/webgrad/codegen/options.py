@@ -316,8 +316,10 @@ class KernelOptions:
     # precision="mixed" program's products read the f16 copies they share transposed
     # (x^T of a weight gradient, W^T of an input gradient) instead of a rounded copy of the
     # transpose written by a transposing-copy kernel (precision.apply_precision's
-    # transposed_views): fewer kernels and bytes, not yet measured on a GPU
-    mma_transposed: bool = False
+    # transposed_views): fewer kernels, but the forward's f16 copies held until the
+    # backward; "weights": only the weights' (W^T), the activations' x^T still copies.
+    # Not yet measured on a GPU
+    mma_transposed: bool | str = False
 
     # ---- index.py
     # True / False: the tiled / chunked scan (scatter_add_rows' counts); None: GPUs tiled
