@@ -145,13 +145,14 @@ def compile_module(factory, loss_fn, *, inputs, optimizer=_DEFAULT, backend="ref
                         f"got {optimizer!r}")
     seed = check_seed(seed, "compile_module")
     ins = parse_inputs(inputs)
-    be = get_backend(backend)
-    # products that read operands stored transposed (KernelOptions.mma_transposed)
-    opts = kernel_options or getattr(getattr(be, "limits", None), "options", None)
-    views = getattr(opts, "mma_transposed", False) if precision == "mixed" else False
+    # products that read operands stored transposed (KernelOptions.mma_transposed, as
+    # kernel_options here: the graph is built before the backend is looked up, so that a
+    # mistake in the model is reported first)
+    views = getattr(kernel_options, "mma_transposed", False) if precision == "mixed" else False
     specs, train, forward = build_train_graph(factory, loss_fn, ins, optimizer, keep_grads=keep_grads,
                                                 seed=seed, precision=precision,
                                                 transposed_views=views)
+    be = get_backend(backend)
     return CompiledModule(be, factory, specs, Program(be, train, ins, options=kernel_options),
                           # prepared by the first run()
                           Program(be, forward, ins, lazy=True, options=kernel_options),

@@ -318,7 +318,8 @@ class KernelOptions:
     # transpose written by a transposing-copy kernel (precision.apply_precision's
     # transposed_views): fewer kernels, but the forward's f16 copies held until the
     # backward; "weights": only the weights' (W^T), the activations' x^T still copies.
-    # Not yet measured on a GPU
+    # The precision pass's part reads it from compile_module's kernel_options. Not yet
+    # measured on a GPU
     mma_transposed: bool | str = False
 
     # ---- index.py
