@@ -159,21 +159,20 @@ def apply_precision(g: Graph, precision: str, *, transposed_views: bool | str = 
         a, b = (g[i] for i in mm.inputs)
         M, K, N = a.shape[-2], a.shape[-1], b.shape[-1]
         r, rows = len(a.shape), prod(a.shape[:-1]) // M * K
-        if a.op == "transpose" and tuple(a.attrs["perm"]) == (*range(r - 2), r - 1, r - 2):
-            x = a.inputs[0]
-            if transposed_views is True:   # x's f16 rows, read transposed: no rounded copy
-                xr = new.add("reshape", [as_f16(x)], (rows, M), "f16", {"shape": (rows, M)}, a.loc)
-                a16 = new.add("transpose", [xr], (M, rows), "f16", {"perm": (1, 0)}, a.loc)
-                b16 = new.add("reshape", [as_f16(b.id)], (rows, N), "f16", {"shape": (rows, N)}, b.loc)
-                return new.add("matmul", [a16, b16], (M, N), mm.dtype, mm.attrs, mm.loc)
-            xr = new.add("reshape", [val[x]], (rows, M), a.dtype, {"shape": (rows, M)}, a.loc)
-            at = new.add("transpose", [xr], (M, rows), a.dtype, {"perm": (1, 0)}, a.loc)
+        if _swaps_last_two(a):
+            # x's rows, transposed: with transposed_views x's f16 rows read so (no copy)
+            views = transposed_views is True
+            x = as_f16(a.inputs[0]) if views else val[a.inputs[0]]
+            dt = "f16" if views else a.dtype
+            xr = new.add("reshape", [x], (rows, M), dt, {"shape": (rows, M)}, a.loc)
+            at = new.add("transpose", [xr], (M, rows), dt, {"perm": (1, 0)}, a.loc)
         else:
             perm = (r - 2, *range(r - 2), r - 1)
             tp = new.add("transpose", [val[a.id]], tuple(a.shape[k] for k in perm), a.dtype,
                          {"perm": perm}, a.loc)
             at = new.add("reshape", [tp], (M, rows), a.dtype, {"shape": (M, rows)}, a.loc)
-        a16 = new.add("cast", [at], (M, rows), "f16", {"dtype": "f16"}, a.loc)
+        a16 = at if new[at].dtype == "f16" else new.add("cast", [at], (M, rows), "f16",
+                                                          {"dtype": "f16"}, a.loc)
         b16 = new.add("reshape", [as_f16(b.id)], (rows, N), "f16", {"shape": (rows, N)}, b.loc)
         return new.add("matmul", [a16, b16], (M, N), mm.dtype, mm.attrs, mm.loc)
 
