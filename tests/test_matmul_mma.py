@@ -652,6 +652,15 @@ def test_mma_kernel_over_a_batch_of_both_operands():
     assert not np.allclose(got.reshape(3, 64, 128), want, rtol=1e-2, atol=1e-1)
 
 
+def _f16_backend():
+    """This machine's webgpu backend; the test skips where its adapter has no shader-f16."""
+    import webgrad as wg
+    be = wg.backends.get_backend("webgpu")
+    if "shader-f16" not in (getattr(be.host, "features", None) or ()):
+        pytest.skip("this adapter has no shader-f16")
+    return be
+
+
 @pytest.mark.webgpu
 @pytest.mark.skipif(not backends.webgpu_available(), reason="no native WebGPU adapter")
 def test_native_adapter_without_subgroup_matrices_keeps_the_tiled_kernel():
@@ -659,9 +668,7 @@ def test_native_adapter_without_subgroup_matrices_keeps_the_tiled_kernel():
     subgroup-matrix kernel for the same program, and computes the reference's values."""
     import webgrad as wg
     from webgrad import nn, ops
-    be = wg.backends.get_backend("webgpu")
-    if "shader-f16" not in (getattr(be.host, "features", None) or ()):
-        pytest.skip("this adapter has no shader-f16")
+    be = _f16_backend()
     if be.limits.subgroup_matrix:
         pytest.skip("this adapter has subgroup matrices (a GPU, not lavapipe)")
     x = np.random.default_rng(5).standard_normal((64, 64)).astype(np.float32)
@@ -687,9 +694,7 @@ def test_streaming_epilogues_compute_the_same_on_the_adapter():
     import webgrad as wg
     from webgrad import Module, ops
     from webgrad.codegen import KernelOptions
-    be = wg.backends.get_backend("webgpu")
-    if "shader-f16" not in (getattr(be.host, "features", None) or ()):
-        pytest.skip("this adapter has no shader-f16")
+    _f16_backend()
 
     class Net(Module):
         def __init__(self):
@@ -734,9 +739,7 @@ def test_mixed_step_reads_its_f16_copies_transposed(mode):
     import webgrad as wg
     from webgrad import Module, ops, optim
     from webgrad.codegen import KernelOptions
-    be = wg.backends.get_backend("webgpu")
-    if "shader-f16" not in (getattr(be.host, "features", None) or ()):
-        pytest.skip("this adapter has no shader-f16")
+    _f16_backend()
 
     class Net(Module):
         def __init__(self):
