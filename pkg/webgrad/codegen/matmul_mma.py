@@ -530,14 +530,12 @@ def epilogue_rounds(t: MmaTiling, N: int, epi: str, epi_ld: int, cb: str) -> lis
     out = []
     rounds = [(i0, j0) for i0 in range(0, t.tm, r) for j0 in range(0, t.tn, c)]
     if epi_ld and t.epi_ahead:
-        return out + _rounds_ahead(t, N, epi, cb, rounds, count, base)
+        return _rounds_ahead(t, N, epi, cb, rounds, count, base)
     for i0, j0 in rounds:
-        out += [f"  subgroupMatrixStore(&Cs, {base} + {ii * t.m * w + j * t.n}u, "
-                f"acc{i0 + ii}_{j0 + j}, false, {w}u);" for ii in range(r) for j in range(c)]
-        col = f" + {j0 * t.n}u" if j0 else ""
+        out += _round_stores(t, base, i0, j0)
 
         def flat(q):
-            return f"{cb}(m0 + sm + {i0 * t.m}u + {q} / {w}u) * {N}u + n0 + sn{col} + {q} % {w}u"
+            return _round_flat(t, N, cb, i0, j0, q)
         ks = range(per * v)
         body = [f"    let q{k} = ((e + {k // v}u) * {S}u + lane) * {v}u + {k % v}u;" for k in ks]
         body += [f"    let c{k} = Cs[{base} + q{k}];" for k in ks]
@@ -553,29 +551,42 @@ def epilogue_rounds(t: MmaTiling, N: int, epi: str, epi_ld: int, cb: str) -> lis
     return out
 
 
+def _round_stores(t: MmaTiling, base: str, i0: int, j0: int) -> list[str]:
+    """The subgroup's result matrices of the epilogue round at (i0, j0) stored into Cs: its
+    epi_rows rows of t.staged matrices, a block t.staged * n wide."""
+    w = t.staged * t.n
+    return [f"  subgroupMatrixStore(&Cs, {base} + {ii * t.m * w + j * t.n}u, "
+            f"acc{i0 + ii}_{j0 + j}, false, {w}u);"
+            for ii in range(t.epi_rows) for j in range(t.staged)]
+
+
+def _round_flat(t: MmaTiling, N: int, cb: str, i0: int, j0: int, q: str) -> str:
+    """C's flat index of element q (a WGSL expression) of the round's block at (i0, j0)."""
+    w = t.staged * t.n
+    col = f" + {j0 * t.n}u" if j0 else ""
+    return f"{cb}(m0 + sm + {i0 * t.m}u + {q} / {w}u) * {N}u + n0 + sn{col} + {q} % {w}u"
+
+
 def _rounds_ahead(t: MmaTiling, N: int, epi: str, cb: str, rounds, count: int,
                   base: str) -> list[str]:
     """epilogue_rounds with t.epi_ahead: the loop over a round's `count` elements a lane
     unrolled, each round's epi_ld loads issued before the previous round's elements are
     handed over (round 0's before its staging), held in registers p<round>_<k> until then:
     two rounds' loads live at once."""
-    v, S, r = t.epi_vec, t.subgroup_size, t.epi_rows
-    w = t.staged * t.n
+    v, S = t.epi_vec, t.subgroup_size
 
     def q(k):   # block index of lane `lane`'s element k, as epilogue_rounds' e loop gives it
         return f"(({k // v}u * {S}u + lane) * {v}u + {k % v}u)"
 
     def flat(i0, j0, k):
-        col = f" + {j0 * t.n}u" if j0 else ""
-        return f"{cb}(m0 + sm + {i0 * t.m}u + {q(k)} / {w}u) * {N}u + n0 + sn{col} + {q(k)} % {w}u"
+        return _round_flat(t, N, cb, i0, j0, q(k))
 
     def loads(n):
         i0, j0 = rounds[n]
         return [f"  let p{n}_{k} = {epi}_ld({flat(i0, j0, k)});" for k in range(count)]
     out = loads(0)
     for n, (i0, j0) in enumerate(rounds):
-        out += [f"  subgroupMatrixStore(&Cs, {base} + {ii * t.m * w + j * t.n}u, "
-                f"acc{i0 + ii}_{j0 + j}, false, {w}u);" for ii in range(r) for j in range(t.staged)]
+        out += _round_stores(t, base, i0, j0)
         if n + 1 < len(rounds):
             out += loads(n + 1)
         out.append("  workgroupBarrier();")
