@@ -19,7 +19,8 @@ db double buffering, nopre no register prefetch, f16 an f16 C, mx slabs copied w
 subgroup-matrix loads and stores, padP P halves of row padding, row the fragments of a row
 of products at a time (frag), peel the last K step out of the loop (peel), wW W halves a
 copy load (width: 8, 4, 2), oV (with f16) V halves of C a store (out_vec: 2, 4, 8), at / bt
-A stored [K, M] / B stored [N, K] (a_t / b_t: the operand uploaded transposed); --set
+A stored [K, M] / B stored [N, K] (a_t / b_t: the operand uploaded transposed), ax / bx
+A's / B's slab transposed by the copy into workgroup memory (a_x / b_x); --set
 FIELD=VALUE replaces a field in every tiling. Each kernel is checked against float64
 products of the same f16 inputs on sampled rows (max |err| / max |want|), then timed as
 bench/matmul.py times kernels: the wall clock around one submission of back-to-back
@@ -69,6 +70,8 @@ def parse_tiling(text: str, cfg):
             kw["peel"] = True
         elif f in ("at", "bt"):   # A stored [K, M] / B stored [N, K] (MmaTiling.a_t / b_t)
             kw[f[0] + "_t"] = True
+        elif f in ("ax", "bx"):   # A's / B's slab transposed by the copy (MmaTiling.a_x / b_x)
+            kw[f[0] + "_x"] = True
         elif f in ("o2", "o4", "o8"):   # f16 C: halves a store (MmaTiling.out_vec)
             kw["out_vec"] = int(f[1:])
         elif f.startswith("w"):   # halves per copy load: w8, w4, w2 (MmaTiling.width)

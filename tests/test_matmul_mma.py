@@ -253,6 +253,51 @@ def test_emulated_kernel_with_transposed_operands_equals_numpy(t):
         mma_matmul_wgsl(M, N, K, replace(t, copy="matrix"))
 
 
+@pytest.mark.parametrize("t", [MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, a_x=True),
+                               MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, b_x=True),
+                               MmaTiling(bm=64, bn=128, bk=32, sg_m=2, sg_n=2, a_x=True, b_x=True,
+                                         double_buffer=True),
+                               MmaTiling(bm=64, bn=64, bk=16, sg_m=1, sg_n=2, a_x=True, b_t=True,
+                                         frag="row", peel=True, out="f16", stage=1),
+                               MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, a_t=True, a_x=True,
+                                         b_x=True, width=4),
+                               MmaTiling(bm=32, bn=64, bk=32, sg_m=2, sg_n=1, b_t=True, b_x=True,
+                                         width=2, prefetch=False)],
+                         ids=lambda t: repr(t)[9:-1].replace(", ", ":"))
+def test_emulated_kernel_with_transposing_copies_equals_numpy(t):
+    """The copy transposing a slab on its way to workgroup memory (a_x / b_x: each
+    invocation's halves to rows of their own, the matrices loaded with the other major),
+    alone, with an operand stored transposed (a_t with a_x: row-major loads again) and with
+    the other kernel forms: numpy's product of the same f16 values, the workgroup memory
+    the transposed slabs' (shared_rows), and the f16 stores of a subgroup in consecutive
+    halves (no two invocations on one bank)."""
+    M, N, K = 2 * t.bm, 3 * t.bn, 3 * t.bk
+    rng = np.random.default_rng(23)
+    A16 = rng.standard_normal((M, K)).astype(np.float16)
+    B16 = rng.standard_normal((K, N)).astype(np.float16)
+    As = np.ascontiguousarray(A16.T) if t.a_t else A16
+    Bs = np.ascontiguousarray(B16.T) if t.b_t else B16
+    wgsl, groups = mma_matmul_wgsl(M, N, K, t)
+    got = emulate(wgsl, groups, t, As, Bs, c_size=M * N).reshape(M, N).astype(np.float64)
+    want = A16.astype(np.float64) @ B16.astype(np.float64)
+    tol = 2e-3 if t.out == "f16" else 1e-5
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
+    (ra, ca), (rb, cb) = t.slab_rows()
+    assert t.shared_rows() == ((ca, ra) if t.a_x else (ra, ca), (cb, rb) if t.b_x else (rb, cb))
+    for name, (r, c) in zip("AB", t.shared_rows()):
+        assert re.search(rf"var<workgroup> {name}s0: array<f16, {r * (c + t.pad)}>", wgsl)
+    # the loads' major follows stored layout XOR copy: column-major where exactly one is set
+    majors = set(re.findall(r"subgroupMatrixLoad<subgroup_matrix_left<[^;]*, (true|false), \d+u\);", wgsl))
+    assert majors == {"true" if t.a_t != t.a_x else "false"}
+    # a transposing copy: a subgroup's 32 invocations store 32 consecutive halves
+    stride = t.shared_rows()[0][1] + t.pad
+    if t.a_x:
+        assert re.search(rf"let o = \(i / {ra}u\) \* {t.width * stride}u \+ i % {ra}u;", wgsl)
+        assert ra % t.subgroup_size == 0 or t.subgroup_size % ra == 0
+    with pytest.raises(ValueError, match="copied by the threads"):
+        mma_matmul_wgsl(M, N, K, replace(t, copy="matrix"))
+
+
 @pytest.mark.parametrize("a_t, b_t", [(True, False), (False, True), (True, True)])
 def test_split_chunks_of_transposed_operands(a_t, b_t):
     """A split product's chunks (matmul._build_mma_split) of operands stored transposed:

@@ -40,7 +40,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 
-_LATER_FIELDS = ("frag", "peel", "width", "epi_rows", "epi_vec", "out_vec", "epi_ahead", "a_t", "b_t")
+_LATER_FIELDS = ("frag", "peel", "width", "epi_rows", "epi_vec", "out_vec", "epi_ahead", "a_t", "b_t",
+                 "a_x", "b_x")
 # the storage element holding this many f16 halves (the copies' width, the bindings')
 _WORDS = {8: "vec4<u32>", 4: "vec2<u32>", 2: "u32"}
 
@@ -103,6 +104,13 @@ class MmaTiling:
                              # matrices loaded column-major from there (copy "threads")
     b_t: bool = False        # B stored transposed, [N, K] with K fastest (W^T of an input
                              # gradient): likewise, the right matrices loaded column-major
+    a_x: bool = False        # the copy transposes A's slab on its way to workgroup memory
+                             # (copy "threads"): consecutive invocations take consecutive rows
+                             # of the slab as stored and put each of their halves in a row of
+                             # its own, so a subgroup's f16 stores fill consecutive words (with
+                             # 16-byte rows, four invocations share a bank); the left matrices
+                             # are then loaded with the other major (column-major for row-major A)
+    b_x: bool = False        # likewise for B's slab and the right matrices
 
     def __repr__(self) -> str:
         # the fields added after the kernel's first measurements appear only where they
@@ -137,8 +145,14 @@ class MmaTiling:
         return ((self.bk, self.bm) if self.a_t else (self.bm, self.bk),
                 (self.bn, self.bk) if self.b_t else (self.bk, self.bn))
 
+    def shared_rows(self) -> tuple[tuple[int, int], tuple[int, int]]:
+        """(rows, row length) of A's and B's slab in workgroup memory, before padding: as
+        stored, or the other way round where the copy transposes it (a_x, b_x)."""
+        return tuple((c, r) if x else (r, c)
+                     for (r, c), x in zip(self.slab_rows(), (self.a_x, self.b_x)))
+
     def workgroup_bytes(self) -> int:
-        slabs = 2 * sum(r * (c + self.pad) for r, c in self.slab_rows())
+        slabs = 2 * sum(r * (c + self.pad) for r, c in self.shared_rows())
         staging = 4 * self.m * self.n * self.staged * self.sg_m * self.sg_n if self.out == "f16" else 0
         return slabs * (2 if self.double_buffer else 1) + staging
 
@@ -162,8 +176,9 @@ class MmaTiling:
         need(M % self.bm == 0 and N % self.bn == 0 and K % self.bk == 0,
              f"M must be a multiple of bm {self.bm}, N of bn {self.bn}, K of bk {self.bk} "
              "(pad the operands, or pick a tiling that divides them)")
-        need(self.copy == "threads" or not (self.a_t or self.b_t),
-             "a transposed operand (a_t, b_t) is copied by the threads (copy='threads')")
+        need(self.copy == "threads" or not (self.a_t or self.b_t or self.a_x or self.b_x),
+             "a transposed operand (a_t, b_t) or copy (a_x, b_x) is copied by the threads "
+             "(copy='threads')")
         for (rows, cols), (r, c) in zip(self.slab_rows(), ((self.m, self.k), (self.k, self.n))):
             if self.copy == "threads":
                 need((rows * cols // self.width) % self.threads == 0,
@@ -207,7 +222,9 @@ class Slab:
     slab row, each mr x mc), or as loads of t.width halves (`vecs` per invocation,
     `vec_row` per slab row); storage rows `ld` halves long, workgroup rows `stride`;
     origin(kexpr): the slab's (first row, first column) in storage, as WGSL; `off`: the
-    batch element's offset added to each storage index ("" or " + ab", in the loads' units)."""
+    batch element's offset added to each storage index ("" or " + ab", in the loads' units);
+    xpose: consecutive invocations take consecutive stored rows, their halves each stored
+    to a row of its own."""
     name: str
     arr: str
     shared: str
@@ -222,6 +239,9 @@ class Slab:
     vec_row: int
     origin: object
     off: str = ""
+    rows: int = 0            # xpose: the slab's rows as stored (invocation i takes row i % rows)
+    xpose: bool = False      # the copy transposes (MmaTiling.a_x / b_x): workgroup row c of
+                             # the slab holds its column c as stored
 
 
 def slab_loads(t: MmaTiling, sl: Slab, kexpr: str, bound: int = 0) -> list[str]:
@@ -239,8 +259,10 @@ def slab_loads(t: MmaTiling, sl: Slab, kexpr: str, bound: int = 0) -> list[str]:
         return out
     for r in range(sl.vecs):
         i = f"i{sl.name}{r}"
-        unit = (f"({row0} + {i} / {sl.vec_row}u) * {sl.ld // t.width}u + {col0} / {t.width}u + "
-                f"{i} % {sl.vec_row}u{sl.off}")
+        row, vec = ((f"{i} % {sl.rows}u", f"{i} / {sl.rows}u") if sl.xpose else
+                    (f"{i} / {sl.vec_row}u", f"{i} % {sl.vec_row}u"))
+        unit = (f"({row0} + {row}) * {sl.ld // t.width}u + {col0} / {t.width}u + "
+                f"{vec}{sl.off}")
         out.append(f"    let {i} = li + {r * t.threads}u;")
         if bound and bound != t.width:   # (check_bound: 4 halves of a vec4)
             u, x = f"u{sl.name}{r}", f"x{sl.name}{r}"
@@ -263,12 +285,19 @@ def slab_stores(t: MmaTiling, sl: Slab, b: int) -> list[str]:
                        f"p{sl.name}{r}, false, {sl.stride}u);")
         return out
     for r in range(sl.vecs):
-        out.append(f"    {{ let i = li + {r * t.threads}u; let o = (i / {sl.vec_row}u) * "
-                   f"{sl.stride}u + (i % {sl.vec_row}u) * {t.width}u;")
+        if sl.xpose:   # half c of stored row i % rows, vector i / rows: workgroup row
+            # (i / rows) * width + c, column i % rows
+            out.append(f"    {{ let i = li + {r * t.threads}u; let o = (i / {sl.rows}u) * "
+                       f"{t.width * sl.stride}u + i % {sl.rows}u;")
+            at = [f"o + {c * sl.stride}u" for c in range(t.width)]
+        else:
+            out.append(f"    {{ let i = li + {r * t.threads}u; let o = (i / {sl.vec_row}u) * "
+                       f"{sl.stride}u + (i % {sl.vec_row}u) * {t.width}u;")
+            at = [f"o + {c}u" for c in range(t.width)]
         for c, comp in enumerate("xyzw"[:t.width // 2]):
             part = f".{comp}" if t.width > 2 else ""
             out.append(f"      let h{c} = bitcast<vec2<f16>>(r{sl.name}{r}{part}); "
-                       f"{arr}[o + {2 * c}u] = h{c}.x; {arr}[o + {2 * c + 1}u] = h{c}.y;")
+                       f"{arr}[{at[2 * c]}] = h{c}.x; {arr}[{at[2 * c + 1]}] = h{c}.y;")
         out.append("    }")
     return out
 
@@ -311,9 +340,10 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
     if (lda is not None and t.a_t) or (ldb is not None and not t.b_t):
         raise ValueError(f"mma matmul with {t}: lda is A's row length along K (not with "
                          "a_t), ldb B's where b_t")
-    (ra_, ca_), (rb_, cb_) = t.slab_rows()
-    sa, sb = ca_ + t.pad, cb_ + t.pad              # workgroup row strides (halves)
-    a_size, b_size = ra_ * sa, rb_ * sb
+    (ra_, ca_), (rb_, cb_) = t.slab_rows()           # as stored
+    (wra, wca), (wrb, wcb) = t.shared_rows()         # in workgroup memory
+    sa, sb = wca + t.pad, wcb + t.pad              # workgroup row strides (halves)
+    a_size, b_size = wra * sa, wrb * sb
     w = t.width
     va, vb = t.bm * t.bk // w // t.threads, t.bk * t.bn // w // t.threads   # loads each
     rows_a, rows_b = ca_ // w, cb_ // w            # loads per slab row
@@ -381,17 +411,17 @@ def mma_matmul_wgsl(M: int, N: int, K: int, t: MmaTiling = MmaTiling(),
     # (transposed: A's k rows of m from storage [K, M], B's n rows of k from [N, K])
     slabs = (Slab("a", An, "As", left, ma, t.bk // t.k, t.m, t.k, M if t.a_t else lda or K, sa,
                   va, rows_a, (lambda kexpr: (f"({kexpr})", "m0")) if t.a_t else
-                  (lambda kexpr: ("m0", f"({kexpr})")), ao),
+                  (lambda kexpr: ("m0", f"({kexpr})")), ao, ra_, t.a_x),
              Slab("b", Bn, "Bs", right, mb, t.bn // t.n, t.k, t.n, ldb or K if t.b_t else N, sb, vb,
                   rows_b, (lambda kexpr: ("n0", f"({kexpr})")) if t.b_t else
-                  (lambda kexpr: (f"({kexpr})", "n0")), bo))
+                  (lambda kexpr: (f"({kexpr})", "n0")), bo, rb_, t.b_x))
 
     def left_at(kk, i):   # (offset, column-major) of left matrix i of K slice kk in As
-        return ((f"{kk * t.k * sa}u + sm + {i * t.m}u", "true") if t.a_t else
+        return ((f"{kk * t.k * sa}u + sm + {i * t.m}u", "true") if t.a_t != t.a_x else
                 (f"(sm + {i * t.m}u) * {sa}u + {kk * t.k}u", "false"))
 
     def right_at(kk, j):
-        return ((f"(sn + {j * t.n}u) * {sb}u + {kk * t.k}u", "true") if t.b_t else
+        return ((f"(sn + {j * t.n}u) * {sb}u + {kk * t.k}u", "true") if t.b_t != t.b_x else
                 (f"{kk * t.k * sb}u + sn + {j * t.n}u", "false"))
 
     def loads(kexpr):  # one slab pair's storage loads into registers (pa*, pb* / ra*, rb*)
