@@ -770,21 +770,12 @@ def test_streaming_epilogues_compute_the_same_on_the_adapter():
     np.testing.assert_allclose(first, ref, rtol=2.0 ** -10, atol=2.0 ** -10 * np.abs(ref).max())
 
 
-@pytest.mark.webgpu
-@pytest.mark.skipif(not backends.webgpu_available(), reason="no native WebGPU adapter")
-@pytest.mark.parametrize("mode", ["weights", True])
-def test_mixed_step_reads_its_f16_copies_transposed(mode):
-    """KernelOptions.mma_transposed: a precision="mixed" training step (two linear layers,
-    AdamW) whose input gradient reads W2's f16 copy transposed (b_t) and (mode True, not
-    "weights") whose weight gradients read x's and h's f16 copies transposed (a_t), on this
-    machine's adapter with the subgroup-matrix kernels in plain WGSL (mma_emulate): those
-    rounded copies of transposes are gone, and two steps give the same losses and
-    parameters, bit for bit, as the program that makes them (the same f16 values, the same
-    sums in the same order)."""
+def _two_mixed_steps(opts):
+    """Two precision="mixed" AdamW steps of two linear layers on this machine's adapter
+    with kernel options `opts`: (losses, parameters, the pipelines' first lines, the
+    kernels' names)."""
     import webgrad as wg
     from webgrad import Module, ops, optim
-    from webgrad.codegen import KernelOptions
-    _f16_backend()
 
     class Net(Module):
         def __init__(self):
@@ -799,16 +790,30 @@ def test_mixed_step_reads_its_f16_copies_transposed(mode):
     rng = np.random.default_rng(20)
     feed = {"x": rng.standard_normal((64, 64)).astype(np.float32),
             "y": rng.standard_normal((64, 64)).astype(np.float32)}
-    runs = {}
-    for views in (False, mode):
-        opts = KernelOptions(mma_emulate=True, mma_transposed=views)
-        c = wg.compile_module(Net, loss, inputs={"x": [64, 64], "y": [64, 64]},
-                              optimizer=optim.AdamW(lr=1e-2), backend="webgpu",
-                              precision="mixed", seed=4, kernel_options=opts)
-        losses = [float(c.step(feed)) for _ in range(2)]
-        heads = [p["wgsl"].splitlines()[0] for p in c._train.exe.plan["pipelines"]]
-        runs[views] = (losses, {k: np.asarray(v) for k, v in c.download_params().items()},
-                       heads, c._train.exe.kernel_names)
+    c = wg.compile_module(Net, loss, inputs={"x": [64, 64], "y": [64, 64]},
+                          optimizer=optim.AdamW(lr=1e-2), backend="webgpu",
+                          precision="mixed", seed=4, kernel_options=opts)
+    losses = [float(c.step(feed)) for _ in range(2)]
+    heads = [p["wgsl"].splitlines()[0] for p in c._train.exe.plan["pipelines"]]
+    return (losses, {k: np.asarray(v) for k, v in c.download_params().items()}, heads,
+            c._train.exe.kernel_names)
+
+
+@pytest.mark.webgpu
+@pytest.mark.skipif(not backends.webgpu_available(), reason="no native WebGPU adapter")
+@pytest.mark.parametrize("mode", ["weights", True])
+def test_mixed_step_reads_its_f16_copies_transposed(mode):
+    """KernelOptions.mma_transposed: a precision="mixed" training step (two linear layers,
+    AdamW) whose input gradient reads W2's f16 copy transposed (b_t) and (mode True, not
+    "weights") whose weight gradients read x's and h's f16 copies transposed (a_t), on this
+    machine's adapter with the subgroup-matrix kernels in plain WGSL (mma_emulate): those
+    rounded copies of transposes are gone, and two steps give the same losses and
+    parameters, bit for bit, as the program that makes them (the same f16 values, the same
+    sums in the same order)."""
+    from webgrad.codegen import KernelOptions
+    _f16_backend()
+    runs = {views: _two_mixed_steps(KernelOptions(mma_emulate=True, mma_transposed=views))
+            for views in (False, mode)}
     (l0, p0, h0, k0), (l1, p1, h1, k1) = runs[False], runs[mode]
     assert l1 == l0 and all(np.array_equal(p1[k], p0[k]) for k in p0)
     # the rounded copies of W2^T (and x^T, h^T) are elementwise kernels; the products stay
@@ -819,6 +824,28 @@ def test_mixed_step_reads_its_f16_copies_transposed(mode):
     assert any("a_t=True" in h for h in mma) == (mode is True), mma
     assert any("b_t=True" in h for h in mma), mma
     assert not any("a_t=True" in h or "b_t=True" in h for h in h0)
+
+
+@pytest.mark.webgpu
+@pytest.mark.skipif(not backends.webgpu_available(), reason="no native WebGPU adapter")
+@pytest.mark.parametrize("views", [False, True])
+def test_mixed_step_with_transposing_copies_is_the_same_step(views):
+    """The slab copies that transpose into workgroup memory (MmaTiling.a_x / b_x, set for
+    every product through KernelOptions.mma_tiling), with operands read as stored and
+    (views) transposed: every product of the mixed step takes them, and two steps give
+    the same losses and parameters, bit for bit, as the plain copies (the same f16 values
+    in the same matrices, the same sums)."""
+    from webgrad.codegen import KernelOptions
+    _f16_backend()
+    base = KernelOptions(mma_emulate=True, mma_transposed=views)
+    l0, p0, h0, _ = _two_mixed_steps(base)
+    over = (("bm", 64), ("bn", 64), ("a_x", True), ("b_x", True))   # (the layers are 64 wide)
+    l1, p1, h1, _ = _two_mixed_steps(replace(base, mma_tiling=over))
+    assert l1 == l0 and all(np.array_equal(p1[k], p0[k]) for k in p0)
+    mma = [h for h in h1 if " mma " in h]
+    assert len(mma) == len([h for h in h0 if " mma " in h]) > 0
+    assert all("a_x=True" in h and "b_x=True" in h for h in mma), mma
+    assert not any("a_x=True" in h or "b_x=True" in h for h in h0)
 
 
 def test_mma_kernel_takes_a_product_the_tiled_kernel_splits_over_k():
