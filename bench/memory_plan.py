@@ -4,6 +4,7 @@
     python3 bench/memory_plan.py                          # small2, small64, gpt2 planned for an H200
     python3 bench/memory_plan.py --rows tiny --adapter lavapipe
     python3 bench/memory_plan.py --rows small2 --top 20   # the 20 largest buffers live at the peak
+    python3 bench/memory_plan.py --rows gpt2 --precision mixed --set mma_transposed=True
 
 The plan is static: codegen.lower() needs only the adapter's description and limits, not the
 adapter, so this runs on a CPU. `--adapter h200` plans with the words and limits that pick the
@@ -27,8 +28,10 @@ temporaries' live bytes peak, and what is live there by kind:
 from __future__ import annotations
 
 import argparse
+import ast
 import sys
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pkg"))
@@ -41,26 +44,37 @@ from gpt2_train import LR, ROWS, WD, webgrad_model  # noqa: E402
 TORCH_PEAK_MIB = {"small2": 647, "small64": 6362, "gpt2": 7780}
 
 
-def adapter_limits(name: str):
+def adapter_limits(name: str, precision: str = "f32", options=None):
+    """The adapter's limits; precision "mixed" on the H200 also with what Dawn offers there
+    under webgrad's toggles (shader-f16, subgroups, the f16 16x16x16 subgroup matrices)."""
+    from webgrad.codegen import KernelOptions
     from webgrad.codegen.wgsl import Limits
+    opts = options or KernelOptions()
     if name == "h200":  # Dawn on Vulkan, as gpt2_train.py's NativeHost requested them
+        half = dict(shader_f16=True, subgroups=True,
+                    subgroup_matrix=(("f16", "f32", 16, 16, 16, 32, 32),)) if precision == "mixed" else {}
         return Limits(adapter="NVIDIA H200 (DiscreteGPU)", max_storage_buffer_binding_size=(1 << 32) - 4,
-                      max_buffer_size=1 << 40, max_compute_workgroup_storage_size=49152)
+                      max_buffer_size=1 << 40, max_compute_workgroup_storage_size=49152,
+                      options=opts, **half)
     if name == "lavapipe":
         return Limits(adapter="llvmpipe (LLVM 15.0.6, 256 bits) (CPU)", cpu=True,
-                      max_storage_buffer_binding_size=(1 << 31), max_buffer_size=1 << 40)
+                      max_storage_buffer_binding_size=(1 << 31), max_buffer_size=1 << 40,
+                      options=opts)
     raise SystemExit(f"--adapter: h200 or lavapipe, got {name!r}")
 
 
-def plan(row: str, limits):
+def plan(row: str, limits, precision: str = "f32"):
     from webgrad import optim
     from webgrad.codegen import lower
     from webgrad.compile import build_train_graph, parse_inputs
+    from webgrad.precision import f16_in_f32
     d, layers, heads, vocab, context, B, T = ROWS[row]
     factory, loss_fn = webgrad_model(d, layers, heads, vocab, context)
     ins = parse_inputs({"idx": ([B, T], "i32"), "target": ([B, T], "i32")})
-    graph = build_train_graph(factory, loss_fn, ins, optim.AdamW(lr=LR, weight_decay=WD))[1]
-    return lower(graph, limits)[0], vocab
+    views = getattr(limits.options, "mma_transposed", False) if precision == "mixed" else False
+    graph = build_train_graph(factory, loss_fn, ins, optim.AdamW(lr=LR, weight_decay=WD),
+                              precision=precision, transposed_views=views)[1]
+    return lower(f16_in_f32(graph), limits)[0], vocab
 
 
 def mib(b: float) -> str:
@@ -130,10 +144,20 @@ def main() -> None:
     ap.add_argument("--rows", default="small2,small64,gpt2", help=f"comma-separated: {', '.join(ROWS)}")
     ap.add_argument("--adapter", default="h200", help="h200 or lavapipe")
     ap.add_argument("--top", type=int, default=0, help="list the N largest buffers live at the peak")
+    ap.add_argument("--precision", default="f32", help="f32 or mixed (compile_module's precision)")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="a KernelOptions field (a Python literal), as gpt2_train.py's --set")
     args = ap.parse_args()
-    limits = adapter_limits(args.adapter)
+    from webgrad.codegen import KernelOptions
+    opts = KernelOptions()
+    for item in args.set:
+        field, eq, value = item.partition("=")
+        if not eq or not hasattr(opts, field.strip()):
+            raise SystemExit(f"--set {item}: write FIELD=VALUE with a KernelOptions field")
+        opts = replace(opts, **{field.strip(): ast.literal_eval(value.strip())})
+    limits = adapter_limits(args.adapter, args.precision, opts)
     for row in args.rows.split(","):
-        low, vocab = plan(row, limits)
+        low, vocab = plan(row, limits, args.precision)
         report(row, low, vocab, args.top)
 
 
