@@ -830,8 +830,9 @@ def test_mixed_step_reads_its_f16_copies_transposed(mode):
 @pytest.mark.skipif(not backends.webgpu_available(), reason="no native WebGPU adapter")
 @pytest.mark.parametrize("views", [False, True])
 def test_mixed_step_with_transposing_copies_is_the_same_step(views):
-    """The slab copies that transpose into workgroup memory (MmaTiling.a_x / b_x, set for
-    every product through KernelOptions.mma_tiling), with operands read as stored and
+    """The slab copies that transpose into workgroup memory (MmaTiling.a_x / b_x, for
+    every product: KernelOptions.mma_xcopy, or through mma_tiling's fields), with operands
+    read as stored and
     (views) transposed: every product of the mixed step takes them, and two steps give
     the same losses and parameters, bit for bit, as the plain copies (the same f16 values
     in the same matrices, the same sums)."""
@@ -840,12 +841,16 @@ def test_mixed_step_with_transposing_copies_is_the_same_step(views):
     base = KernelOptions(mma_emulate=True, mma_transposed=views)
     l0, p0, h0, _ = _two_mixed_steps(base)
     over = (("bm", 64), ("bn", 64), ("a_x", True), ("b_x", True))   # (the layers are 64 wide)
-    l1, p1, h1, _ = _two_mixed_steps(replace(base, mma_tiling=over))
-    assert l1 == l0 and all(np.array_equal(p1[k], p0[k]) for k in p0)
-    mma = [h for h in h1 if " mma " in h]
-    assert len(mma) == len([h for h in h0 if " mma " in h]) > 0
-    assert all("a_x=True" in h and "b_x=True" in h for h in mma), mma
+    for opts in (replace(base, mma_xcopy=True), replace(base, mma_tiling=over)):
+        l1, p1, h1, _ = _two_mixed_steps(opts)
+        assert l1 == l0 and all(np.array_equal(p1[k], p0[k]) for k in p0)
+        mma = [h for h in h1 if " mma " in h]
+        assert len(mma) == len([h for h in h0 if " mma " in h]) > 0
+        assert all("a_x=True" in h and "b_x=True" in h for h in mma), mma
     assert not any("a_x=True" in h or "b_x=True" in h for h in h0)
+    _, _, ha, _ = _two_mixed_steps(replace(base, mma_xcopy="a"))
+    mma = [h for h in ha if " mma " in h]
+    assert all("a_x=True" in h and "b_x=True" not in h for h in mma), mma
 
 
 def test_mma_kernel_takes_a_product_the_tiled_kernel_splits_over_k():

@@ -646,9 +646,10 @@ def tiling_for(limits, M: int, N: int, K: int, out: str = "f32",
     where the result divides the shape and fits the device; elsewhere the table decides.
     KernelOptions.mma_width (copy width 4 from the vec4 bindings), mma_out_vec (f16 C's
     stores), mma_stage and mma_epi_stage (matrices staged a round), mma_epi_rows and
-    mma_epi_vec (the epilogue's rounds) apply to whichever tiling that is, each where it
-    divides the tile and fits (epi_rows: the most rows up to it that do), else left at
-    their defaults: they never change which tile a product gets."""
+    mma_epi_vec (the epilogue's rounds) and mma_xcopy (the copies transposing: a_x, b_x)
+    apply to whichever tiling that is, each where it divides the tile and fits (epi_rows:
+    the most rows up to it that do), else left at their defaults: they never change which
+    tile a product gets."""
     if not getattr(limits, "shader_f16", False):
         return None
     cfg = config_for(getattr(limits, "subgroup_matrix", ()))
@@ -668,7 +669,11 @@ def tiling_for(limits, M: int, N: int, K: int, out: str = "f32",
     opts = getattr(limits, "options", None)
     epi_stage = "mma_epi_load_stage" if streams else "mma_epi_stage"
 
+    xcopy = getattr(opts, "mma_xcopy", False)
+
     def chosen(t):  # t with the options' copy width and epilogue form, where they fit
+        if xcopy and t.copy == "threads":
+            t = replace(t, a_x=t.a_x or xcopy in (True, "a"), b_x=t.b_x or xcopy in (True, "b"))
         for rows in range(min(getattr(opts, "mma_epi_rows", 1), t.tm) if epilogue else 1, 0, -1):
             v = replace(t, width=getattr(opts, "mma_width", 8) if t.width == 8 else t.width,
                         epi_rows=rows if t.tm % rows == 0 else 1,

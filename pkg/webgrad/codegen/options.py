@@ -321,6 +321,12 @@ class KernelOptions:
     # The precision pass's part reads it from compile_module's kernel_options. Not yet
     # measured on a GPU
     mma_transposed: bool | str = False
+    # the thread copies transpose A's ("a"), B's ("b") or both slabs (True) on their way to
+    # workgroup memory (MmaTiling.a_x / b_x): consecutive invocations take consecutive rows,
+    # so a subgroup's f16 stores fill consecutive words where 16-byte rows put four
+    # invocations on each bank; the matrices are loaded with the other major. False: copies
+    # as stored
+    mma_xcopy: bool | str = False
 
     # ---- index.py
     # True / False: the tiled / chunked scan (scatter_add_rows' counts); None: GPUs tiled
