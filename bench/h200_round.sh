@@ -101,7 +101,7 @@ case $part in
     # a subgroup's f16 stores in consecutive words) against today's kernels and torch fp16;
     # then part 9's options on the 124M step, and the peer
     step mma_x 140 "$py" bench/matmul_f16.py --robustness off --shapes 4096x4096x4096,4096x768x3072 --tilings 128x128x32:2x2,128x128x32:2x2:w4,128x128x32:2x2:ax,128x128x32:2x2:bx,128x128x32:2x2:ax:bx,128x128x32:2x2:ax:bx:w4,128x256x32:2x4:ax:bx,256x128x32:4x2:ax:bx,128x128x64:2x2:ax:bx,128x128x32:2x2:at:bt
-    for set in "mma_tiling=(('a_x',True),('b_x',True))" mma_transposed=True "mma_transposed='weights'" mma_epi_load_stage=0 mma_epi_ahead=True; do
+    for set in mma_xcopy=True mma_transposed=True "mma_transposed='weights'" mma_epi_load_stage=0 mma_epi_ahead=True; do
         step "gpt2_$(printf %s "$set" | tr -c 'A-Za-z0-9_' '_')" 55 "$py" bench/gpt2_train.py --rows gpt2 --precision mixed --no-torch --set "$set" --profile 0
     done
     step gpt2_peer 105 "$py" bench/gpt2_train.py --rows gpt2 --precision mixed --peers bf16 --track 2 --profile 0
