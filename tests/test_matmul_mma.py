@@ -801,15 +801,15 @@ def _two_mixed_steps(opts):
 
 @pytest.mark.webgpu
 @pytest.mark.skipif(not backends.webgpu_available(), reason="no native WebGPU adapter")
-@pytest.mark.parametrize("mode", ["weights", True])
+@pytest.mark.parametrize("mode", ["weights", True, "all"])
 def test_mixed_step_reads_its_f16_copies_transposed(mode):
     """KernelOptions.mma_transposed: a precision="mixed" training step (two linear layers,
-    AdamW) whose input gradient reads W2's f16 copy transposed (b_t) and (mode True, not
-    "weights") whose weight gradients read x's and h's f16 copies transposed (a_t), on this
-    machine's adapter with the subgroup-matrix kernels in plain WGSL (mma_emulate): those
-    rounded copies of transposes are gone, and two steps give the same losses and
-    parameters, bit for bit, as the program that makes them (the same f16 values, the same
-    sums in the same order)."""
+    AdamW) whose input gradient reads W2's f16 copy transposed (b_t; "weights", "all")
+    and whose weight gradients read x's and h's f16 copies transposed (a_t; True, "all"),
+    on this machine's adapter with the subgroup-matrix kernels in plain WGSL
+    (mma_emulate): those rounded copies of transposes are gone, and two steps give the
+    same losses and parameters, bit for bit, as the program that makes them (the same f16
+    values, the same sums in the same order)."""
     from webgrad.codegen import KernelOptions
     _f16_backend()
     runs = {views: _two_mixed_steps(KernelOptions(mma_emulate=True, mma_transposed=views))
@@ -817,12 +817,12 @@ def test_mixed_step_reads_its_f16_copies_transposed(mode):
     (l0, p0, h0, k0), (l1, p1, h1, k1) = runs[False], runs[mode]
     assert l1 == l0 and all(np.array_equal(p1[k], p0[k]) for k in p0)
     # the rounded copies of W2^T (and x^T, h^T) are elementwise kernels; the products stay
-    gone = 1 if mode == "weights" else 3
+    gone = {"weights": 1, True: 2, "all": 3}[mode]
     assert k1.count("elementwise") == k0.count("elementwise") - gone, (k0, k1)
     assert sum(" mma " in k for k in k1) == sum(" mma " in k for k in k0) == 5
     mma = [h for h in h1 if " mma " in h]
-    assert any("a_t=True" in h for h in mma) == (mode is True), mma
-    assert any("b_t=True" in h for h in mma), mma
+    assert any("a_t=True" in h for h in mma) == (mode != "weights"), mma
+    assert any("b_t=True" in h for h in mma) == (mode != True), mma
     assert not any("a_t=True" in h or "b_t=True" in h for h in h0)
 
 

@@ -795,3 +795,40 @@ def test_f16_values_are_not_rounded_again():
     assert {g[n.inputs[0]].op for n in exact} == {"write_rows"} and len(exact) == len(writes)
     held = f16_in_f32(g)
     assert all(held[n.id].op == "reshape" and held[n.id].shape == n.shape for n in exact)
+
+
+def test_transposed_views_follow_what_the_backward_keeps():
+    """apply_precision's transposed_views (KernelOptions.mma_transposed), on a step whose
+    backward transposes an input (x^T of dW1), a softmax's probabilities (P^T of dW2,
+    which softmax's own backward also reads in f32) and a weight (W2^T of dP): True views
+    only x^T (its f16 copy replaces the f32 value the backward would keep; P's f32 value
+    is kept anyway, and the weights' f32 values are persistent), "all" every one,
+    "weights" W2^T; the mixed graph then has no rounded copy of a viewed transpose, and
+    a mode it does not know is refused."""
+    from webgrad.compile import build_train_graph, parse_inputs
+    from webgrad.precision import _viewed_transposes
+
+    class Net(Module):
+        def __init__(self):
+            super().__init__()
+            self.W1 = self.param([16, 32])
+            self.W2 = self.param([32, 16])
+
+    def loss(m, f):
+        p = ops.softmax_last(ops.matmul(f["x"], m.W1))
+        return ops.mean_all((ops.matmul(p, m.W2) - f["y"]) ** 2.0)
+
+    ins = parse_inputs({"x": [32, 16], "y": [32, 16]})
+    g = build_train_graph(Net, loss, ins, optim.SGD(lr=0.1))[1]
+    kinds = {m: sorted(g[g[i].inputs[0]].op for i in _viewed_transposes(g, m))
+             for m in (True, "all", "weights", False)}
+    assert kinds == {True: ["input"], "all": ["input", "param", "softmax_last"],
+                     "weights": ["param"], False: []}, kinds
+    for mode, views in ((True, 1), ("all", 3), ("weights", 1), (False, 0)):
+        mixed = build_train_graph(Net, loss, ins, optim.SGD(lr=0.1), precision="mixed",
+                                  transposed_views=mode)[1]
+        # a viewed transpose is an f16 transpose of an f16 value; the others a rounded copy
+        half_t = [n for n in mixed.nodes if n.op == "transpose" and n.dtype == "f16"]
+        assert len(half_t) == views, (mode, [str(n) for n in half_t])
+    with pytest.raises(ValueError, match="transposed_views must be False, True, 'all' or 'weights'"):
+        _viewed_transposes(g, "some")

@@ -102,6 +102,32 @@ def _swaps_last_two(n: Node) -> bool:   # a transpose of the last two axes (W^T,
     return n.op == "transpose" and r >= 2 and tuple(n.attrs["perm"]) == (*range(r - 2), r - 1, r - 2)
 
 
+def _viewed_transposes(g: Graph, mode: bool | str) -> set[int]:
+    """The transposes of the last two axes whose f16 form apply_precision makes a view of
+    their input's f16 form (transposed_views): "all" every one; "weights" those of
+    parameters; True those of activations whose f32 value the backward does not read
+    otherwise (the forward's f16 copy then replaces the f32 value the backward would have
+    kept for its rounded copy; where the f32 value is kept anyway, as softmax's
+    probabilities for its own backward, the view would add the f16 copy to it); False none."""
+    if not mode:
+        return set()
+    if mode not in (True, "all", "weights"):
+        raise ValueError(f"transposed_views must be False, True, 'all' or 'weights', got {mode!r}")
+    swaps = [n for n in g.nodes if _swaps_last_two(n)]
+    if mode == "all":
+        return {n.id for n in swaps}
+    if mode == "weights":
+        return {n.id for n in swaps if g[n.inputs[0]].op == "param"}
+    loss = g.outputs.get("loss")
+    fwd = g.ancestors(loss) if loss is not None else set(n.id for n in g.nodes)
+    cons = g.consumers()
+
+    def read_otherwise(x: int) -> bool:   # a backward op reads x's f32 value, not as x^T
+        return any(c not in fwd and not _swaps_last_two(g[c]) for c in cons[x])
+    return {n.id for n in swaps if n.id not in fwd and g[n.inputs[0]].op != "param"
+            and not read_otherwise(n.inputs[0])}
+
+
 def apply_precision(g: Graph, precision: str, *, transposed_views: bool | str = False
                     ) -> tuple[Graph, dict[int, int]]:
     """(the rebuilt graph, old node id -> the new id holding that value, as f32 where it was
@@ -110,11 +136,13 @@ def apply_precision(g: Graph, precision: str, *, transposed_views: bool | str = 
     view of the copy the forward's product reads), and a weight gradient's x^T a view of
     x's f16 form, where without it each is a rounded copy of the transpose (a transposing
     copy kernel): for kernels that read an operand stored transposed
-    (KernelOptions.mma_transposed). "weights": only transposes of parameters (W^T of an
-    input gradient; the activations' f16 copies are not held until the backward). The
-    values are the same: rounding commutes with the transpose."""
+    (KernelOptions.mma_transposed). True: the backward's transposes of activations whose
+    f32 value no other backward op reads (_viewed_transposes); "all": every transpose;
+    "weights": only transposes of parameters (W^T of an input gradient). The values are
+    the same: rounding commutes with the transpose."""
     if precision == "f32":
         return g, {n.id: n.id for n in g.nodes}
+    viewed = _viewed_transposes(g, transposed_views)
     new = Graph(seed=g.seed, training=g.training)
     val: dict[int, int] = {}   # old id -> new id of its value (in the old node's dtype)
     half: dict[int, int] = {}  # old id -> new id of its value stored as f16
@@ -127,9 +155,7 @@ def apply_precision(g: Graph, precision: str, *, transposed_views: bool | str = 
             elif n.op == "cast" and g[n.inputs[0]].dtype == "f16":  # an f16 value widened
                 half[i] = as_f16(n.inputs[0])
             elif n.dtype == "f32" and ((i in exact and n.op in _LAYOUT) or (
-                    n.op in ("transpose", "reshape") and held_f16(n.inputs[0])) or (
-                    transposed_views and _swaps_last_two(n) and (
-                        transposed_views != "weights" or g[n.inputs[0]].op == "param"))):
+                    n.op in ("transpose", "reshape") and held_f16(n.inputs[0])) or i in viewed):
                 # a view of rounded values (exact), or of a value already held in f16 (an
                 # f16 weight's transpose in a tied LM head): the same view of the f16
                 # values, not a rounded copy of the view
@@ -161,7 +187,7 @@ def apply_precision(g: Graph, precision: str, *, transposed_views: bool | str = 
         r, rows = len(a.shape), prod(a.shape[:-1]) // M * K
         if _swaps_last_two(a):
             # x's rows, transposed: with transposed_views x's f16 rows read so (no copy)
-            views = transposed_views is True
+            views = a.id in viewed and g[a.inputs[0]].op != "param"
             x = as_f16(a.inputs[0]) if views else val[a.inputs[0]]
             dt = "f16" if views else a.dtype
             xr = new.add("reshape", [x], (rows, M), dt, {"shape": (rows, M)}, a.loc)

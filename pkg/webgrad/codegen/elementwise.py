@@ -386,7 +386,9 @@ def tileable(shape) -> bool:
 
 def transposing_copy(ctx) -> bool:
     """One stored output, computed from one stored tensor through pads and slices and a
-    transpose of its last two axes (and nothing else), both of those axes a tile long."""
+    transpose of its last two axes (and nothing else but an f16 rounding: a cast to f16 of
+    the output, the rounded copy of a transpose in a mixed step), both of those axes a tile
+    long."""
     if (not tiled_transposes(ctx.limits) or len(ctx.outs) != 1 or ctx.writes_pieces
             or ctx.group.anchors != ctx.outs):
         return False
@@ -398,10 +400,14 @@ def transposing_copy(ctx) -> bool:
         node = g[x]
         if swaps_last_two(node):
             swapped = not swapped
-        elif node.op not in ("pad", "slice"):
+        elif node.op not in ("pad", "slice") and not (x == n and _rounds_f16(node)):
             return False
         x = node.inputs[0]
     return swapped
+
+
+def _rounds_f16(node) -> bool:   # a cast to f16 (held in f32 or stored as f16)
+    return node.op == "cast" and node.attrs.get("dtype") == "f16" and not node.attrs.get("exact")
 
 
 def build_transposing_copy(ctx) -> list:
