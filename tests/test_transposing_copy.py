@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+import backends
+
 import oracle
 from backends import WEBGPU
 from oracle import Record, f32
@@ -82,3 +84,48 @@ def test_only_tile_sized_transposes_read_elementwise_are_stored():
     assert _stored_transposes(narrow, gpu) == [] and _stored_transposes(product, gpu) == []
     gpu = Limits(cpu=False, options=KernelOptions(transposed_read_min=70 * 37 + 1))
     assert _stored_transposes(RECORDS[2], gpu) == []
+
+
+@pytest.mark.webgpu
+@pytest.mark.skipif(not backends.webgpu_available(), reason="no native WebGPU adapter")
+def test_a_rounded_transpose_is_one_tiled_copy_that_rounds():
+    """In a mixed step, dW2 = h^T dY reads the f16 rounding of h's transpose (h = tanh(x
+    W1), whose f32 value tanh's backward keeps, so mma_transposed does not view it): the tiled
+    transposing copy rounds as it stores, one kernel for what was a copy and a rounding,
+    and two SGD steps on this machine's adapter give the reference executor's losses
+    and parameters (the same f16 rounding points; the products' sums in another order)."""
+    import numpy as np
+    import webgrad as wg
+    from webgrad import Module, ops, optim
+
+    class Net(Module):
+        def __init__(self):
+            super().__init__()
+            self.W1 = self.param([48, 64])
+            self.W2 = self.param([64, 40])
+
+    def loss(m, f):
+        h = ops.tanh(ops.matmul(f["x"], m.W1))
+        return ops.mean_all((ops.matmul(h, m.W2) - f["y"]) ** 2.0)
+
+    rng = np.random.default_rng(8)
+    feed = {"x": rng.standard_normal((64, 48)).astype(np.float32),
+            "y": rng.standard_normal((64, 40)).astype(np.float32)}
+    host = wg.backends.get_backend("webgpu").host
+    if "shader-f16" not in (getattr(host, "features", None) or ()):
+        pytest.skip("this adapter has no shader-f16")
+    runs = {}
+    for be in ("reference", "webgpu"):
+        opts = KernelOptions(force_tiled_transpose=True, transposed_read_min=1) if be == "webgpu" else None
+        c = wg.compile_module(Net, loss, inputs={"x": [64, 48], "y": [64, 40]},
+                              optimizer=optim.SGD(lr=0.1), backend=be, precision="mixed",
+                              seed=5, **({"kernel_options": opts} if opts else {}))
+        losses = [float(c.step(feed)) for _ in range(2)]
+        runs[be] = (losses, {k: np.asarray(v) for k, v in c.download_params().items()}, c)
+    (l0, p0, _), (l1, p1, c) = runs["reference"], runs["webgpu"]
+    np.testing.assert_allclose(l1, l0, rtol=1e-5)
+    for k in p0:
+        np.testing.assert_allclose(p1[k], p0[k], rtol=1e-5, atol=1e-6)
+    copies = [p["wgsl"] for p in c._train.exe.plan["pipelines"]
+              if "transposing_copy" in p.get("name", "") or "var<workgroup> tile" in p["wgsl"]]
+    assert copies and any("f16(" in w for w in copies), copies
