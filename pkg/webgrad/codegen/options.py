@@ -313,13 +313,15 @@ class KernelOptions:
     mma_epi_ahead: bool = False
     # the subgroup-matrix kernel takes an operand stored transposed (A as [K, M], B as
     # [N, K]: MmaTiling.a_t / b_t, the matrices loaded column-major from its slab), and a
-    # precision="mixed" program's products read the f16 copies they share transposed
-    # (x^T of a weight gradient, W^T of an input gradient) instead of a rounded copy of the
-    # transpose written by a transposing-copy kernel (precision.apply_precision's
-    # transposed_views): fewer kernels, but the forward's f16 copies held until the
-    # backward; "weights": only the weights' (W^T), the activations' x^T still copies.
-    # The precision pass's part reads it from compile_module's kernel_options. Not yet
-    # measured on a GPU
+    # precision="mixed" program's backward products read the forward's f16 copies
+    # transposed (x^T of a weight gradient, W^T of an input gradient) instead of a rounded
+    # copy of the transpose (precision.apply_precision's transposed_views): fewer kernels,
+    # the forward's f16 copies held until the backward. True: the activations whose f32
+    # value no other backward op reads (precision._viewed_transposes); "all": every
+    # transpose; "weights": only the weights' (W^T). The precision pass's part reads it
+    # from compile_module's kernel_options. On an H100 (bench/README.md, 2026-12-06) "all"
+    # took GPT-2 124M's mixed step 43.3 -> 37.2 ms but its plan 5371 -> 6393 MiB (0.89x
+    # torch bf16's peak); "weights" 43.1 ms
     mma_transposed: bool | str = False
     # the thread copies transpose A's ("a"), B's ("b") or both slabs (True) on their way to
     # workgroup memory (MmaTiling.a_x / b_x): consecutive invocations take consecutive rows,
