@@ -71,7 +71,8 @@ def plan(row: str, limits, precision: str = "f32"):
     d, layers, heads, vocab, context, B, T = ROWS[row]
     factory, loss_fn = webgrad_model(d, layers, heads, vocab, context)
     ins = parse_inputs({"idx": ([B, T], "i32"), "target": ([B, T], "i32")})
-    views = getattr(limits.options, "mma_transposed", False) if precision == "mixed" else False
+    from webgrad.codegen.matmul_mma import transposed_views_for
+    views = transposed_views_for(limits) if precision == "mixed" else False
     graph = build_train_graph(factory, loss_fn, ins, optim.AdamW(lr=LR, weight_decay=WD),
                               precision=precision, transposed_views=views)[1]
     return lower(f16_in_f32(graph), limits)[0], vocab

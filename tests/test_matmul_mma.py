@@ -828,6 +828,29 @@ def test_mixed_step_reads_its_f16_copies_transposed(mode):
 
 @pytest.mark.webgpu
 @pytest.mark.skipif(not backends.webgpu_available(), reason="no native WebGPU adapter")
+def test_mixed_step_takes_the_views_where_its_products_run_on_subgroup_matrices():
+    """mma_transposed=None: the backend decides (Backend.transposed_views): True where the
+    products run on subgroup matrices (here the emulated kernels), so the step is True's;
+    False on this adapter without them (the tiled kernels), so the step is False's, kernel
+    for kernel; the reference executor takes none."""
+    import webgrad as wg
+    from webgrad.codegen import KernelOptions
+    _f16_backend()
+    auto, on = (_two_mixed_steps(KernelOptions(mma_emulate=True, mma_transposed=v))
+                for v in (None, True))
+    assert auto[0] == on[0] and auto[2] == on[2] and auto[3] == on[3]
+    assert any("a_t=True" in h for h in auto[2])
+    plain, off = (_two_mixed_steps(KernelOptions(mma_transposed=v)) for v in (None, False))
+    assert plain[0] == off[0] and plain[3] == off[3] and not any(" mma " in k for k in plain[3])
+    be = wg.backends.get_backend("webgpu")
+    assert be.transposed_views(KernelOptions(mma_emulate=True, mma_transposed=None)) is True
+    assert be.transposed_views(KernelOptions(mma_transposed=None)) is False
+    assert be.transposed_views(KernelOptions(mma_transposed="all")) == "all"
+    assert wg.backends.get_backend("reference").transposed_views(KernelOptions(mma_transposed="all")) is False
+
+
+@pytest.mark.webgpu
+@pytest.mark.skipif(not backends.webgpu_available(), reason="no native WebGPU adapter")
 @pytest.mark.parametrize("views", [False, True])
 def test_mixed_step_with_transposing_copies_is_the_same_step(views):
     """The slab copies that transpose into workgroup memory (MmaTiling.a_x / b_x, for

@@ -88,6 +88,8 @@ def build_train_graph(factory, loss_fn, inputs, optimizer: Optimizer | None, *, 
     # frozen parameters are read but not differentiated: the backward still flows through
     # them to what they multiply, but no gradient (nor optimizer state) of theirs is formed
     grads = append_grad(g, (target if scaled else loss).id, [g.params[n] for n in trainable])
+    if callable(transposed_views):   # decided once the model has traced (compile_module)
+        transposed_views = transposed_views() if precision == "mixed" else False
     old, (g, new_id) = g, apply_precision(g, precision, transposed_views=transposed_views)
     grads = {g.params[n]: Tensor(g, new_id[grads[old.params[n]].id]) for n in trainable}
     with tracing(g):
@@ -145,14 +147,18 @@ def compile_module(factory, loss_fn, *, inputs, optimizer=_DEFAULT, backend="ref
                         f"got {optimizer!r}")
     seed = check_seed(seed, "compile_module")
     ins = parse_inputs(inputs)
-    # products that read operands stored transposed (KernelOptions.mma_transposed, as
-    # kernel_options here: the graph is built before the backend is looked up, so that a
-    # mistake in the model is reported first)
-    views = getattr(kernel_options, "mma_transposed", False) if precision == "mixed" else False
+    # products that read operands stored transposed (KernelOptions.mma_transposed: the
+    # backend decides, from kernel_options or its own): asked once the model has traced,
+    # so that a mistake in the model is reported before the backend is looked up
+    found = []
+
+    def views():
+        found.append(get_backend(backend))
+        return found[0].transposed_views(kernel_options)
     specs, train, forward = build_train_graph(factory, loss_fn, ins, optimizer, keep_grads=keep_grads,
                                                 seed=seed, precision=precision,
                                                 transposed_views=views)
-    be = get_backend(backend)
+    be = found[0] if found else get_backend(backend)
     return CompiledModule(be, factory, specs, Program(be, train, ins, options=kernel_options),
                           # prepared by the first run()
                           Program(be, forward, ins, lazy=True, options=kernel_options),

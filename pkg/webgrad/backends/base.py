@@ -35,6 +35,12 @@ class Backend:
         generates kernels (None: the backend's own); executors that generate none ignore it."""
         raise NotImplementedError
 
+    def transposed_views(self, options=None) -> bool | str:
+        """The precision pass's transposed_views for a mixed program compiled for this
+        backend with kernel options `options` (codegen KernelOptions.mma_transposed): False
+        for executors whose kernels read no operand stored transposed."""
+        return False
+
     def init_params(self, items, *, seed: int) -> None:
         """Write the initial value of every (name, Init, shape) in `items` (init.py's
         generator: the same bits on every backend). Here on the host, with numpy where it

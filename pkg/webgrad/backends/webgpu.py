@@ -105,6 +105,11 @@ class WebGPUBackend(Backend):
         self.store: dict[str, _Slot] = {}
         self.programs: list[int] = []
 
+    def transposed_views(self, options=None) -> bool | str:
+        from ..codegen.matmul_mma import transposed_views_for
+        lim = self.limits if options is None else _emulated(replace(self.limits, options=options))
+        return transposed_views_for(lim)
+
     def _key(self, name: str) -> str:
         return f"webgrad{self.uid}:{name}"
 

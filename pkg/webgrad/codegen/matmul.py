@@ -31,7 +31,7 @@ from .matmul_direct import build_direct
 from .matmul_epilogue import prefetch_epilogue
 from .matmul_gemv import build_gemv
 from .matmul_gemv_cpu import build_gemv_cpu
-from .matmul_mma import c_elem, mma_matmul_wgsl, mma_splits, tiling_for
+from .matmul_mma import c_elem, mma_matmul_wgsl, mma_splits, tiling_for, transposed_views_for
 from .mma_emulate import emulate_mma
 from .matmul_splitk import build_split_sum
 from .matmul_tiled import build_tiled
@@ -171,7 +171,7 @@ def _mma_shape(shape, opa, opb, limits):
     def layout(dims, R, C):   # False: row-major [R, C]; True: stored transposed, [C, R]
         if canon(dims[-2]) == canon([(R, C)]) and canon(dims[-1]) == canon([(C, 1)]):
             return False
-        if limits.options.mma_transposed and canon(dims[-2]) == canon([(R, 1)]) and \
+        if transposed_views_for(limits) and canon(dims[-2]) == canon([(R, 1)]) and \
                 canon(dims[-1]) == canon([(C, R)]):
             return True
         return None

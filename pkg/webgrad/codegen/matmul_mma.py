@@ -201,6 +201,18 @@ class MmaTiling:
                  f"{max_workgroup_bytes}")
 
 
+def transposed_views_for(limits):
+    """The precision pass's transposed_views for a mixed program lowered with `limits`
+    (KernelOptions.mma_transposed; None: True where the products run on subgroup matrices,
+    an adapter with shader-f16 and an f16 -> f32 configuration, else False: the views would
+    only move the transposes into the other kernels' reads)."""
+    mode = getattr(getattr(limits, "options", None), "mma_transposed", False)
+    if mode is not None:
+        return mode
+    return bool(getattr(limits, "shader_f16", False) and
+                config_for(getattr(limits, "subgroup_matrix", ())))
+
+
 def config_for(configs):
     """The (m, n, k, subgroup size) of an f16 configuration among the adapter's
     (codegen Limits.subgroup_matrix tuples), preferring 16x16x16; None if there is none."""

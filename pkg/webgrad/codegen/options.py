@@ -318,11 +318,12 @@ class KernelOptions:
     # copy of the transpose (precision.apply_precision's transposed_views): fewer kernels,
     # the forward's f16 copies held until the backward. True: the activations whose f32
     # value no other backward op reads (precision._viewed_transposes); "all": every
-    # transpose; "weights": only the weights' (W^T). The precision pass's part reads it
-    # from compile_module's kernel_options. On an H100 (bench/README.md, 2026-12-06) "all"
+    # transpose; "weights": only the weights' (W^T); None: True where the products run on
+    # subgroup matrices (matmul_mma.transposed_views_for), else False. The backend decides
+    # the precision pass's part for compile_module (Backend.transposed_views). On an H100 (bench/README.md, 2026-12-06) "all"
     # took GPT-2 124M's mixed step 43.3 -> 37.2 ms but its plan 5371 -> 6393 MiB (0.89x
     # torch bf16's peak); "weights" 43.1 ms
-    mma_transposed: bool | str = False
+    mma_transposed: bool | str | None = False
     # the thread copies transpose A's ("a"), B's ("b") or both slabs (True) on their way to
     # workgroup memory (MmaTiling.a_x / b_x): consecutive invocations take consecutive rows,
     # so a subgroup's f16 stores fill consecutive words where 16-byte rows put four
