@@ -215,6 +215,19 @@ def test_emulated_kernel_equals_numpy(t):
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
 
 
+def _stored_as_tiling_says(t, M, N, K, seed):
+    """(WGSL, workgroups, the emulated product, numpy's float64 one, (A16, B16), (A, B) as
+    stored) of random f16 operands, each stored transposed where t.a_t / t.b_t say."""
+    rng = np.random.default_rng(seed)
+    A16 = rng.standard_normal((M, K)).astype(np.float16)
+    B16 = rng.standard_normal((K, N)).astype(np.float16)
+    As = np.ascontiguousarray(A16.T) if t.a_t else A16
+    Bs = np.ascontiguousarray(B16.T) if t.b_t else B16
+    wgsl, groups = mma_matmul_wgsl(M, N, K, t)
+    got = emulate(wgsl, groups, t, As, Bs, c_size=M * N).reshape(M, N).astype(np.float64)
+    return wgsl, groups, got, A16.astype(np.float64) @ B16.astype(np.float64), (A16, B16), (As, Bs)
+
+
 @pytest.mark.parametrize("t", [MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, a_t=True),
                                MmaTiling(bm=64, bn=64, bk=32, sg_m=2, sg_n=2, b_t=True),
                                MmaTiling(bm=64, bn=128, bk=32, sg_m=2, sg_n=2, a_t=True, b_t=True,
@@ -231,15 +244,8 @@ def test_emulated_kernel_with_transposed_operands_equals_numpy(t):
     numpy's product of the same f16 values. The slabs' workgroup memory is theirs
     (workgroup_bytes), and a transposed operand needs copy="threads"."""
     M, N, K = 2 * t.bm, 3 * t.bn, 3 * t.bk
-    rng = np.random.default_rng(19)
-    A16 = rng.standard_normal((M, K)).astype(np.float16)
-    B16 = rng.standard_normal((K, N)).astype(np.float16)
-    As = np.ascontiguousarray(A16.T) if t.a_t else A16
-    Bs = np.ascontiguousarray(B16.T) if t.b_t else B16
-    wgsl, groups = mma_matmul_wgsl(M, N, K, t)
+    wgsl, groups, got, want, (A16, B16), (As, Bs) = _stored_as_tiling_says(t, M, N, K, 19)
     assert ("true, " in wgsl) and groups == (N // t.bn, M // t.bm, 1)
-    got = emulate(wgsl, groups, t, As, Bs, c_size=M * N).reshape(M, N).astype(np.float64)
-    want = A16.astype(np.float64) @ B16.astype(np.float64)
     tol = 2e-3 if t.out == "f16" else 1e-5
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
     # the wrong orientation gives another product: the test can fail
@@ -272,14 +278,7 @@ def test_emulated_kernel_with_transposing_copies_equals_numpy(t):
     the transposed slabs' (shared_rows), and the f16 stores of a subgroup in consecutive
     halves (no two invocations on one bank)."""
     M, N, K = 2 * t.bm, 3 * t.bn, 3 * t.bk
-    rng = np.random.default_rng(23)
-    A16 = rng.standard_normal((M, K)).astype(np.float16)
-    B16 = rng.standard_normal((K, N)).astype(np.float16)
-    As = np.ascontiguousarray(A16.T) if t.a_t else A16
-    Bs = np.ascontiguousarray(B16.T) if t.b_t else B16
-    wgsl, groups = mma_matmul_wgsl(M, N, K, t)
-    got = emulate(wgsl, groups, t, As, Bs, c_size=M * N).reshape(M, N).astype(np.float64)
-    want = A16.astype(np.float64) @ B16.astype(np.float64)
+    wgsl, groups, got, want, _, _ = _stored_as_tiling_says(t, M, N, K, 23)
     tol = 2e-3 if t.out == "f16" else 1e-5
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
     (ra, ca), (rb, cb) = t.slab_rows()
