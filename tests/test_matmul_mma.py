@@ -769,10 +769,11 @@ def test_streaming_epilogues_compute_the_same_on_the_adapter():
     np.testing.assert_allclose(first, ref, rtol=2.0 ** -10, atol=2.0 ** -10 * np.abs(ref).max())
 
 
-def _two_mixed_steps(opts):
-    """Two precision="mixed" AdamW steps of two linear layers on this machine's adapter
-    with kernel options `opts`: (losses, parameters, the pipelines' first lines, the
-    kernels' names)."""
+def _two_mixed_steps(opts, third=False):
+    """Two precision="mixed" AdamW steps of two linear layers (third: and a third, whose
+    weight gradient reads the second's output transposed) on this machine's adapter with
+    kernel options `opts`: (losses, parameters, the pipelines' first lines, the kernels'
+    names)."""
     import webgrad as wg
     from webgrad import Module, ops, optim
 
@@ -781,10 +782,12 @@ def _two_mixed_steps(opts):
             super().__init__()
             self.W1 = self.param([64, 64])
             self.W2 = self.param([64, 64])
+            if third:
+                self.W3 = self.param([64, 64])
 
     def loss(m, f):
-        h = ops.relu(ops.matmul(f["x"], m.W1))
-        return ops.mean_all((ops.matmul(h, m.W2) - f["y"]) ** 2.0)
+        h = ops.matmul(ops.relu(ops.matmul(f["x"], m.W1)), m.W2)
+        return ops.mean_all(((ops.matmul(h, m.W3) if third else h) - f["y"]) ** 2.0)
 
     rng = np.random.default_rng(20)
     feed = {"x": rng.standard_normal((64, 64)).astype(np.float32),
@@ -802,23 +805,26 @@ def _two_mixed_steps(opts):
 @pytest.mark.skipif(not backends.webgpu_available(), reason="no native WebGPU adapter")
 @pytest.mark.parametrize("mode", ["weights", True, "all"])
 def test_mixed_step_reads_its_f16_copies_transposed(mode):
-    """KernelOptions.mma_transposed: a precision="mixed" training step (two linear layers,
+    """KernelOptions.mma_transposed: a precision="mixed" training step (linear layers,
     AdamW) whose input gradient reads W2's f16 copy transposed (b_t; "weights", "all")
-    and whose weight gradients read x's and h's f16 copies transposed (a_t; True, "all"),
-    on this machine's adapter with the subgroup-matrix kernels in plain WGSL
-    (mma_emulate): those rounded copies of transposes are gone, and two steps give the
-    same losses and parameters, bit for bit, as the program that makes them (the same f16
-    values, the same sums in the same order)."""
+    and whose weight gradients read x's and relu's output's f16 copies transposed (a_t;
+    "all") or (True, three layers) the second layer's output's, which nothing else in the
+    backward keeps, on this machine's adapter with the subgroup-matrix kernels in plain
+    WGSL (mma_emulate): those rounded copies of transposes are gone, and two steps give
+    the same losses and parameters, bit for bit, as the program that makes them (the same
+    f16 values, the same sums in the same order)."""
     from webgrad.codegen import KernelOptions
     _f16_backend()
-    runs = {views: _two_mixed_steps(KernelOptions(mma_emulate=True, mma_transposed=views))
+    third = mode is True
+    runs = {views: _two_mixed_steps(KernelOptions(mma_emulate=True, mma_transposed=views), third)
             for views in (False, mode)}
     (l0, p0, h0, k0), (l1, p1, h1, k1) = runs[False], runs[mode]
     assert l1 == l0 and all(np.array_equal(p1[k], p0[k]) for k in p0)
-    # the rounded copies of W2^T (and x^T, h^T) are elementwise kernels; the products stay
-    gone = {"weights": 1, True: 2, "all": 3}[mode]
+    # the rounded copies of W2^T (and x^T, relu's h^T; True: the second output's) are
+    # elementwise kernels; the products stay
+    gone = {"weights": 1, True: 1, "all": 3}[mode]
     assert k1.count("elementwise") == k0.count("elementwise") - gone, (k0, k1)
-    assert sum(" mma " in k for k in k1) == sum(" mma " in k for k in k0) == 5
+    assert sum(" mma " in k for k in k1) == sum(" mma " in k for k in k0) == (8 if third else 5)
     mma = [h for h in h1 if " mma " in h]
     assert any("a_t=True" in h for h in mma) == (mode != "weights"), mma
     assert any("b_t=True" in h for h in mma) == (mode != True), mma
@@ -835,7 +841,7 @@ def test_mixed_step_takes_the_views_where_its_products_run_on_subgroup_matrices(
     import webgrad as wg
     from webgrad.codegen import KernelOptions
     _f16_backend()
-    auto, on = (_two_mixed_steps(KernelOptions(mma_emulate=True, mma_transposed=v))
+    auto, on = (_two_mixed_steps(KernelOptions(mma_emulate=True, mma_transposed=v), third=True)
                 for v in (None, True))
     assert auto[0] == on[0] and auto[2] == on[2] and auto[3] == on[3]
     assert any("a_t=True" in h for h in auto[2])

@@ -799,12 +799,12 @@ def test_f16_values_are_not_rounded_again():
 
 def test_transposed_views_follow_what_the_backward_keeps():
     """apply_precision's transposed_views (KernelOptions.mma_transposed), on a step whose
-    backward transposes an input (x^T of dW1), a softmax's probabilities (P^T of dW2,
-    which softmax's own backward also reads in f32) and a weight (W2^T of dP): True views
-    only x^T (its f16 copy replaces the f32 value the backward would keep; P's f32 value
-    is kept anyway, and the weights' f32 values are persistent), "all" every one,
-    "weights" W2^T; the mixed graph then has no rounded copy of a viewed transpose, and
-    a mode it does not know is refused."""
+    backward transposes an input (x^T of dW1, held for the step anyway), a softmax's
+    probabilities (P^T of dW2; softmax's own backward keeps them in f32), a product's
+    output that nothing else in the backward reads (z^T of dW3) and two weights (W2^T,
+    W3^T; persistent): True views only z^T, where the forward's f16 copy replaces what the
+    copy would have kept; "all" every one, "weights" the weights'; the mixed graph then
+    has no rounded copy of a viewed transpose, and a mode it does not know is refused."""
     from webgrad.compile import build_train_graph, parse_inputs
     from webgrad.precision import _viewed_transposes
 
@@ -812,23 +812,33 @@ def test_transposed_views_follow_what_the_backward_keeps():
         def __init__(self):
             super().__init__()
             self.W1 = self.param([16, 32])
-            self.W2 = self.param([32, 16])
+            self.W2 = self.param([32, 24])
+            self.W3 = self.param([24, 16])
 
     def loss(m, f):
-        p = ops.softmax_last(ops.matmul(f["x"], m.W1))
-        return ops.mean_all((ops.matmul(p, m.W2) - f["y"]) ** 2.0)
+        z = ops.matmul(ops.softmax_last(ops.matmul(f["x"], m.W1)), m.W2)
+        return ops.mean_all((ops.matmul(z, m.W3) - f["y"]) ** 2.0)
 
     ins = parse_inputs({"x": [32, 16], "y": [32, 16]})
     g = build_train_graph(Net, loss, ins, optim.SGD(lr=0.1))[1]
     kinds = {m: sorted(g[g[i].inputs[0]].op for i in _viewed_transposes(g, m))
              for m in (True, "all", "weights", False)}
-    assert kinds == {True: ["input"], "all": ["input", "param", "softmax_last"],
-                     "weights": ["param"], False: []}, kinds
-    for mode, views in ((True, 1), ("all", 3), ("weights", 1), (False, 0)):
+    assert kinds == {True: ["matmul"], "all": ["input", "matmul", "param", "param", "softmax_last"],
+                     "weights": ["param", "param"], False: []}, kinds
+    for mode, views in ((True, 1), ("all", 5), ("weights", 2), (False, 0)):
         mixed = build_train_graph(Net, loss, ins, optim.SGD(lr=0.1), precision="mixed",
                                   transposed_views=mode)[1]
         # a viewed transpose is an f16 transpose of an f16 value; the others a rounded copy
         half_t = [n for n in mixed.nodes if n.op == "transpose" and n.dtype == "f16"]
         assert len(half_t) == views, (mode, [str(n) for n in half_t])
+    # r = a * a: its backward keeps a, so r^T's copy recomputes r from a (no view), where a
+    # product's output nothing else keeps (z above) is viewed
+    def squares(m, f):
+        a = ops.matmul(f["x"], m.W1)
+        return ops.mean_all(ops.matmul(ops.matmul(a * a, m.W2), m.W3) ** 2.0)
+    g2 = build_train_graph(Net, squares, ins, optim.SGD(lr=0.1))[1]
+    assert sorted(g2[g2[i].inputs[0]].op for i in _viewed_transposes(g2, True)) == ["matmul"]
+    assert sorted(g2[g2[i].inputs[0]].op for i in _viewed_transposes(g2, "all")) == \
+        ["input", "matmul", "mul", "param", "param"]
     with pytest.raises(ValueError, match="transposed_views must be False, True, 'all' or 'weights'"):
         _viewed_transposes(g, "some")

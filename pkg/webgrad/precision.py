@@ -30,7 +30,7 @@ from math import prod
 from . import ops
 from .ir import Graph, Node
 from .optim import STATE_PREFIX
-from .primitives import bind
+from .primitives import PRIMS, bind
 from .tensor import Tensor, tracing
 
 PRECISIONS = ("f32", "mixed", "f16")
@@ -105,10 +105,12 @@ def _swaps_last_two(n: Node) -> bool:   # a transpose of the last two axes (W^T,
 def _viewed_transposes(g: Graph, mode: bool | str) -> set[int]:
     """The transposes of the last two axes whose f16 form apply_precision makes a view of
     their input's f16 form (transposed_views): "all" every one; "weights" those of
-    parameters; True those of activations whose f32 value the backward does not read
-    otherwise (the forward's f16 copy then replaces the f32 value the backward would have
-    kept for its rounded copy; where the f32 value is kept anyway, as softmax's
-    probabilities for its own backward, the view would add the f16 copy to it); False none."""
+    parameters; False none; True those of activations where the view costs no memory the
+    rounded copy would not: the backward's products read the value anyway (its f16 copy
+    is held for them), or nothing else in the backward keeps it (neither its f32 value,
+    read by softmax's backward from its probabilities, nor what it is an elementwise
+    function of, GELU's pre-activation or a layer norm's normalised values: the copy
+    recomputes those). The weights' f32 values are persistent: their copies stay."""
     if not mode:
         return set()
     if mode not in (True, "all", "weights"):
@@ -122,10 +124,36 @@ def _viewed_transposes(g: Graph, mode: bool | str) -> set[int]:
     fwd = g.ancestors(loss) if loss is not None else set(n.id for n in g.nodes)
     cons = g.consumers()
 
-    def read_otherwise(x: int) -> bool:   # a backward op reads x's f32 value, not as x^T
-        return any(c not in fwd and not _swaps_last_two(g[c]) for c in cons[x])
-    return {n.id for n in swaps if n.id not in fwd and g[n.inputs[0]].op != "param"
-            and not read_otherwise(n.inputs[0])}
+    def kept(y: int) -> bool:   # read by the backward (other than as a view's x^T)
+        return any(c not in fwd and not _swaps_last_two(g[c]) for c in cons[y])
+
+    def recomputed(x: int) -> bool:  # elementwise, through layout ops, of values kept anyway
+        stack, seen = [x], set()
+        while stack:
+            y = stack.pop()
+            n = g[y]
+            if y in seen or n.op in _LEAVES or (y != x and kept(y)):
+                seen.add(y)
+                continue
+            seen.add(y)
+            if n.op not in _EXPRESSIONS:
+                return False
+            stack.extend(n.inputs)
+        return True
+
+    def viewed(x: int) -> bool:
+        if g[x].op == "param":
+            return False
+        if any(c not in fwd and g[c].op == "matmul" for c in cons[x]):
+            return True   # a backward product reads x: its f16 copy is held anyway
+        return not kept(x) and not recomputed(x)
+    return {n.id for n in swaps if n.id not in fwd and viewed(n.inputs[0])}
+
+
+# values every step holds (feeds, parameters, state, constants), and the ops a copy can
+# recompute from its inputs at the element it stores (primitives' families)
+_LEAVES = frozenset(op for op, p in PRIMS.items() if p.family == "leaf")
+_EXPRESSIONS = frozenset(op for op, p in PRIMS.items() if p.family in ("elementwise", "layout"))
 
 
 def apply_precision(g: Graph, precision: str, *, transposed_views: bool | str = False

@@ -315,15 +315,16 @@ class KernelOptions:
     # [N, K]: MmaTiling.a_t / b_t, the matrices loaded column-major from its slab), and a
     # precision="mixed" program's backward products read the forward's f16 copies
     # transposed (x^T of a weight gradient, W^T of an input gradient) instead of a rounded
-    # copy of the transpose (precision.apply_precision's transposed_views): fewer kernels,
-    # the forward's f16 copies held until the backward. True: the activations whose f32
-    # value no other backward op reads (precision._viewed_transposes); "all": every
-    # transpose; "weights": only the weights' (W^T); None: True where the products run on
-    # subgroup matrices (matmul_mma.transposed_views_for), else False. The backend decides
-    # the precision pass's part for compile_module (Backend.transposed_views). On an H100 (bench/README.md, 2026-12-06) "all"
-    # took GPT-2 124M's mixed step 43.3 -> 37.2 ms but its plan 5371 -> 6393 MiB (0.89x
-    # torch bf16's peak); "weights" 43.1 ms
-    mma_transposed: bool | str | None = False
+    # copy of the transpose (precision.apply_precision's transposed_views). True: where
+    # the view costs no memory (precision._viewed_transposes: a backward product reads the
+    # value anyway, or nothing else in the backward keeps it or what it is computed from);
+    # "all": every transpose; "weights": only the weights' (W^T); None (the default): True
+    # where the products run on subgroup matrices (matmul_mma.transposed_views_for), else
+    # False; the backend decides for compile_module (Backend.transposed_views). On an H100
+    # (bench/README.md, 2026-12-06) "all" took GPT-2 124M's mixed step 43.3 -> 37.2 ms but
+    # its plan 5371 -> 6393 MiB; True plans as False's memory (5326 MiB for the H200) with
+    # 1099 kernels instead of 1147, not yet timed (bench/h200_round.sh 11)
+    mma_transposed: bool | str | None = None
     # the thread copies transpose A's ("a"), B's ("b") or both slabs (True) on their way to
     # workgroup memory (MmaTiling.a_x / b_x): consecutive invocations take consecutive rows,
     # so a subgroup's f16 stores fill consecutive words where 16-byte rows put four
