@@ -107,14 +107,14 @@ case $part in
     step gpt2_peer 105 "$py" bench/gpt2_train.py --rows gpt2 --precision mixed --peers bf16 --track 2 --profile 0
     ;;
 11) # (2026-12-06, close; not yet run) the rounding transposing copies (now in every mixed
-    # step) and mma_transposed's modes: True (activations whose f32 value the backward does
-    # not keep) against "all" and off, each row against torch bf16 in the same call; then
-    # make None (the backend decides: True on subgroup matrices) the default if True holds
-    step gpt2_true 100 "$py" bench/gpt2_train.py --rows gpt2 --precision mixed --peers bf16 --track 2 --profile 0 --set mma_transposed=True
-    step gpt2_off 50 "$py" bench/gpt2_train.py --rows gpt2 --precision mixed --no-torch --profile 0
+    # step) and mma_transposed's modes: the default (None: True on subgroup matrices, views
+    # where they cost no memory) against off and "all", each row against torch bf16 in the
+    # same call; set the default back to False if True is not the quicker
+    step gpt2_default 100 "$py" bench/gpt2_train.py --rows gpt2 --precision mixed --peers bf16 --track 2 --profile 0
+    step gpt2_off 50 "$py" bench/gpt2_train.py --rows gpt2 --precision mixed --no-torch --profile 0 --set mma_transposed=False
     step gpt2_all 50 "$py" bench/gpt2_train.py --rows gpt2 --precision mixed --no-torch --profile 0 --set "mma_transposed='all'"
-    step medium_true 170 "$py" bench/gpt2_train.py --rows medium --precision mixed --peers bf16 --track 1 --steps 6 --profile 0 --set mma_transposed=True
-    step medium_off 100 "$py" bench/gpt2_train.py --rows medium --precision mixed --no-torch --steps 6 --profile 0
+    step medium_default 170 "$py" bench/gpt2_train.py --rows medium --precision mixed --peers bf16 --track 1 --steps 6 --profile 0
+    step medium_off 100 "$py" bench/gpt2_train.py --rows medium --precision mixed --no-torch --steps 6 --profile 0 --set mma_transposed=False
     ;;
 *)  echo "h200_round.sh: PART is 1 to 11" >&2; exit 2 ;;
 esac
