@@ -131,14 +131,14 @@ def _viewed_transposes(g: Graph, mode: bool | str) -> set[int]:
         stack, seen = [x], set()
         while stack:
             y = stack.pop()
-            n = g[y]
-            if y in seen or n.op in _LEAVES or (y != x and kept(y)):
-                seen.add(y)
+            if y in seen:
                 continue
             seen.add(y)
-            if n.op not in _EXPRESSIONS:
+            if g[y].op in _LEAVES or (y != x and kept(y)):
+                continue   # held for the step, or kept for the backward anyway
+            if g[y].op not in _EXPRESSIONS:
                 return False
-            stack.extend(n.inputs)
+            stack.extend(g[y].inputs)
         return True
 
     def viewed(x: int) -> bool:
@@ -164,10 +164,10 @@ def apply_precision(g: Graph, precision: str, *, transposed_views: bool | str = 
     view of the copy the forward's product reads), and a weight gradient's x^T a view of
     x's f16 form, where without it each is a rounded copy of the transpose (a transposing
     copy kernel): for kernels that read an operand stored transposed
-    (KernelOptions.mma_transposed). True: the backward's transposes of activations whose
-    f32 value no other backward op reads (_viewed_transposes); "all": every transpose;
-    "weights": only transposes of parameters (W^T of an input gradient). The values are
-    the same: rounding commutes with the transpose."""
+    (KernelOptions.mma_transposed). True: the backward's transposes of activations where
+    the view holds no more than the copy would (_viewed_transposes); "all": every
+    transpose; "weights": only transposes of parameters (W^T of an input gradient). The
+    values are the same: rounding commutes with the transpose."""
     if precision == "f32":
         return g, {n.id: n.id for n in g.nodes}
     viewed = _viewed_transposes(g, transposed_views)
